@@ -1,0 +1,35 @@
+# Build, prepare and test aenv. `make test` is the whole suite (root).
+CACHE ?= /var/cache/aenv
+BASE_ROOTFS ?= $(CACHE)/base-rootfs
+GO ?= go
+
+.PHONY: build deps base test test-go test-e2e lint clean
+
+build:
+	$(GO) build -o bin/aenv ./cmd/aenv
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o bin/envd ./cmd/envd
+
+deps:
+	scripts/install-deps.sh
+
+# The base template's root filesystem, built once from Debian packages and
+# shared by every test server.
+base: build
+	@if [ ! -x $(BASE_ROOTFS)/bin/bash ]; then bin/aenv template build-base $(BASE_ROOTFS); fi
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+
+# Privileged tests fail instead of skipping when AENV_REQUIRE_PRIVILEGED=1.
+test-go: build base
+	AENV_REQUIRE_PRIVILEGED=1 AENV_BASE_ROOTFS=$(BASE_ROOTFS) AENV_BIN_DIR=$(CURDIR)/bin \
+		$(GO) test -race -count=1 -timeout 30m ./...
+
+test-e2e: build base
+	cd e2e && AENV_BIN_DIR=$(CURDIR)/bin AENV_BASE_ROOTFS=$(BASE_ROOTFS) node --test --test-concurrency=1
+
+test: lint test-go test-e2e
+
+clean:
+	rm -rf bin

@@ -1,0 +1,182 @@
+// Package api serves aenv's HTTP control plane: the E2B-compatible REST
+// routes (so the unmodified E2B SDKs work) and aenv's own extensions. It
+// authenticates callers, validates input, maps the cluster's errors to
+// `{code, message}` JSON with the right status, and hands sandbox traffic to
+// the proxy. Only cmd/aenv imports it.
+package api
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"regexp"
+	"strings"
+
+	"github.com/aenvhq/aenv/internal/cluster"
+	"github.com/aenvhq/aenv/internal/proxy"
+	"github.com/aenvhq/aenv/internal/template"
+)
+
+// MaxBodyBytes bounds control-plane request bodies.
+const MaxBodyBytes = 1 << 20
+
+// Config wires the API.
+type Config struct {
+	Cluster   *cluster.Cluster
+	Templates *template.Store
+	// Proxy serves requests addressed to a sandbox.
+	Proxy http.Handler
+	// APIKey is the key clients must send in X-API-KEY.
+	APIKey string
+	// Domain is reported to clients: sandbox hosts are
+	// `<port>-<id>.<Domain>`.
+	Domain string
+	Logger *slog.Logger
+}
+
+// Server is the API's http.Handler.
+type Server struct {
+	cfg Config
+	log *slog.Logger
+	mux *http.ServeMux
+}
+
+// New builds the API handler.
+func New(cfg Config) *Server {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux()}
+	s.routes()
+	return s
+}
+
+func (s *Server) routes() {
+	m := s.mux
+	m.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
+
+	m.Handle("POST /sandboxes", s.auth(s.createSandbox(defaultTimeoutV1)))
+	m.Handle("POST /v2/sandboxes", s.auth(s.createSandbox(defaultTimeoutV2)))
+	m.Handle("GET /sandboxes", s.auth(s.listSandboxesV1))
+	m.Handle("GET /v2/sandboxes", s.auth(s.listSandboxesV2))
+	m.Handle("GET /sandboxes/{id}", s.auth(s.withID(s.getSandbox)))
+	m.Handle("DELETE /sandboxes/{id}", s.auth(s.withID(s.killSandbox)))
+	m.Handle("POST /sandboxes/{id}/timeout", s.auth(s.withID(s.setTimeout)))
+	m.Handle("POST /sandboxes/{id}/refreshes", s.auth(s.withID(s.refresh)))
+	m.Handle("POST /sandboxes/{id}/connect", s.auth(s.withID(s.connect)))
+	m.Handle("POST /v2/sandboxes/{id}/connect", s.auth(s.withID(s.connect)))
+	m.Handle("POST /sandboxes/{id}/resume", s.auth(s.withID(s.connect)))
+	m.Handle("POST /sandboxes/{id}/pause", s.auth(s.withID(s.pause)))
+	m.Handle("GET /sandboxes/{id}/metrics", s.auth(s.withID(s.metrics)))
+
+	m.Handle("GET /templates", s.auth(http.HandlerFunc(s.listTemplates)))
+	m.Handle("GET /templates/aliases/{alias}", s.auth(http.HandlerFunc(s.getTemplateAlias)))
+
+	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path))
+	})
+}
+
+// ServeHTTP sends sandbox traffic to the proxy and the rest to the API.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if _, _, ok := proxy.Match(r); ok && s.cfg.Proxy != nil {
+		s.cfg.Proxy.ServeHTTP(w, r)
+		return
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, MaxBodyBytes)
+	s.mux.ServeHTTP(w, r)
+}
+
+// auth demands the API key. The comparison is constant-time so the key
+// cannot be guessed byte by byte from response timings.
+func (s *Server) auth(next http.HandlerFunc) http.Handler {
+	want := []byte(s.cfg.APIKey)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get("X-API-Key")
+		if key == "" {
+			key, _ = strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		}
+		if key == "" || subtle.ConstantTimeCompare([]byte(key), want) != 1 {
+			writeError(w, http.StatusUnauthorized, "invalid or missing API key (send it in the X-API-KEY header)")
+			return
+		}
+		next(w, r)
+	})
+}
+
+var sandboxIDPattern = regexp.MustCompile(`^[a-z0-9]{1,64}$`)
+
+// withID validates the {id} path segment before the handler sees it: ids
+// end up in paths on the node, so anything but [a-z0-9] is refused here.
+func (s *Server) withID(next func(http.ResponseWriter, *http.Request, string)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		id := r.PathValue("id")
+		if !sandboxIDPattern.MatchString(id) {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid sandbox id %q: ids match ^[a-z0-9]+$", id))
+			return
+		}
+		next(w, r, id)
+	}
+}
+
+// apiError is E2B's error body.
+type apiError struct {
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+}
+
+func writeError(w http.ResponseWriter, code int, msg string) {
+	writeJSON(w, code, apiError{Code: code, Message: msg})
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// writeClusterError maps the cluster's error classes to statuses; this is
+// the only place where they become HTTP.
+func (s *Server) writeClusterError(w http.ResponseWriter, r *http.Request, err error) {
+	switch {
+	case errors.Is(err, cluster.ErrNotFound):
+		writeError(w, http.StatusNotFound, err.Error())
+	case errors.Is(err, cluster.ErrTemplateNotFound):
+		writeError(w, http.StatusNotFound, err.Error())
+	case errors.Is(err, cluster.ErrInvalid):
+		writeError(w, http.StatusBadRequest, err.Error())
+	case errors.Is(err, cluster.ErrConflict):
+		writeError(w, http.StatusConflict, err.Error())
+	case errors.Is(err, cluster.ErrUnsupported):
+		writeError(w, http.StatusNotImplemented, err.Error())
+	default:
+		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+		writeError(w, http.StatusInternalServerError, err.Error())
+	}
+}
+
+// decodeBody reads a JSON body into v. An empty body leaves v as it is.
+func decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
+	dec := json.NewDecoder(r.Body)
+	err := dec.Decode(v)
+	if errors.Is(err, io.EOF) {
+		return true
+	}
+	if err == nil && dec.More() {
+		err = errors.New("trailing data after the JSON object")
+	}
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body exceeds %d bytes", tooBig.Limit))
+			return false
+		}
+		writeError(w, http.StatusBadRequest, "malformed JSON body: "+err.Error())
+		return false
+	}
+	return true
+}

@@ -1,0 +1,382 @@
+package api
+
+import (
+	"encoding/base64"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/aenvhq/aenv/internal/cluster"
+	"github.com/aenvhq/aenv/internal/template"
+)
+
+// E2B's defaults for a create without a timeout.
+const (
+	defaultTimeoutV1 = 15 * time.Second
+	defaultTimeoutV2 = 300 * time.Second
+)
+
+// createBody is E2B's NewSandbox. Fields the SDK sends that aenv does not
+// act on yet (mcp, network rules, volumes) are accepted and ignored.
+type createBody struct {
+	TemplateID          string            `json:"templateID"`
+	Timeout             *int64            `json:"timeout"`
+	Metadata            map[string]string `json:"metadata"`
+	EnvVars             map[string]string `json:"envVars"`
+	AutoPause           bool              `json:"autoPause"`
+	Secure              bool              `json:"secure"`
+	AllowInternetAccess *bool             `json:"allow_internet_access"`
+	CPUCount            int               `json:"cpuCount"`
+	MemoryMB            int               `json:"memoryMB"`
+}
+
+// sandboxJSON is E2B's Sandbox / SandboxDetail / ListedSandbox in one.
+type sandboxJSON struct {
+	SandboxID          string            `json:"sandboxID"`
+	TemplateID         string            `json:"templateID"`
+	Alias              string            `json:"alias,omitempty"`
+	ClientID           string            `json:"clientID"`
+	StartedAt          *time.Time        `json:"startedAt,omitempty"`
+	EndAt              *time.Time        `json:"endAt,omitempty"`
+	State              string            `json:"state,omitempty"`
+	CPUCount           int               `json:"cpuCount,omitempty"`
+	MemoryMB           int               `json:"memoryMB,omitempty"`
+	DiskSizeMB         int               `json:"diskSizeMB"`
+	EnvdVersion        string            `json:"envdVersion"`
+	EnvdAccessToken    *string           `json:"envdAccessToken"`
+	TrafficAccessToken *string           `json:"trafficAccessToken"`
+	Metadata           map[string]string `json:"metadata,omitempty"`
+	Domain             string            `json:"domain,omitempty"`
+}
+
+func (s *Server) toJSON(sb *cluster.Sandbox, detail bool) sandboxJSON {
+	out := sandboxJSON{
+		SandboxID:   sb.ID,
+		TemplateID:  sb.TemplateID,
+		Alias:       sb.Alias,
+		ClientID:    sb.ClientID,
+		DiskSizeMB:  sb.DiskMB,
+		EnvdVersion: sb.EnvdVersion,
+		Domain:      s.cfg.Domain,
+	}
+	if sb.EnvdAccessToken != "" {
+		tok := sb.EnvdAccessToken
+		out.EnvdAccessToken = &tok
+	}
+	if detail {
+		start, end := sb.StartedAt.UTC(), sb.EndAt.UTC()
+		out.StartedAt, out.EndAt = &start, &end
+		out.State = string(sb.State)
+		out.CPUCount, out.MemoryMB = sb.CPUCount, sb.MemoryMB
+		out.Metadata = sb.Metadata
+		if out.Metadata == nil {
+			out.Metadata = map[string]string{}
+		}
+	}
+	return out
+}
+
+func (s *Server) createSandbox(defaultTimeout time.Duration) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var body createBody
+		if !decodeBody(w, r, &body) {
+			return
+		}
+		if body.TemplateID == "" {
+			body.TemplateID = template.BaseID
+		}
+		if !template.ValidID(body.TemplateID) {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid templateID %q", body.TemplateID))
+			return
+		}
+		timeout := defaultTimeout
+		if body.Timeout != nil {
+			t := *body.Timeout
+			max := int64(s.cfg.Cluster.Limits().MaxTimeout / time.Second)
+			if t < 0 || t > max {
+				writeError(w, http.StatusBadRequest, fmt.Sprintf("timeout must be between 0 and %d seconds, got %d", max, t))
+				return
+			}
+			if t > 0 {
+				timeout = time.Duration(t) * time.Second
+			}
+		}
+		allowInternet := true
+		if body.AllowInternetAccess != nil {
+			allowInternet = *body.AllowInternetAccess
+		}
+		sb, err := s.cfg.Cluster.Create(r.Context(), cluster.CreateRequest{
+			TemplateID:    body.TemplateID,
+			Timeout:       timeout,
+			Metadata:      body.Metadata,
+			EnvVars:       body.EnvVars,
+			AllowInternet: allowInternet,
+			Secure:        body.Secure,
+			AutoPause:     body.AutoPause,
+			CPUCount:      body.CPUCount,
+			MemoryMB:      body.MemoryMB,
+		})
+		if err != nil {
+			s.writeClusterError(w, r, err)
+			return
+		}
+		writeJSON(w, http.StatusCreated, s.toJSON(sb, false))
+	}
+}
+
+func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request, id string) {
+	sb, err := s.cfg.Cluster.Get(id)
+	if err != nil {
+		s.writeClusterError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.toJSON(sb, true))
+}
+
+func (s *Server) killSandbox(w http.ResponseWriter, r *http.Request, id string) {
+	if err := s.cfg.Cluster.Kill(r.Context(), id); err != nil {
+		s.writeClusterError(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// timeoutBody carries {timeout: seconds}; refreshes use {duration}.
+type timeoutBody struct {
+	Timeout  *int64 `json:"timeout"`
+	Duration *int64 `json:"duration"`
+}
+
+func (s *Server) readSeconds(w http.ResponseWriter, r *http.Request, field string, required bool, def time.Duration) (time.Duration, bool) {
+	var body timeoutBody
+	if !decodeBody(w, r, &body) {
+		return 0, false
+	}
+	v := body.Timeout
+	if field == "duration" {
+		v = body.Duration
+	}
+	if v == nil {
+		if required {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("%s (seconds) is required", field))
+			return 0, false
+		}
+		return def, true
+	}
+	max := int64(s.cfg.Cluster.Limits().MaxTimeout / time.Second)
+	if *v <= 0 || *v > max {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("%s must be between 1 and %d seconds, got %d", field, max, *v))
+		return 0, false
+	}
+	return time.Duration(*v) * time.Second, true
+}
+
+func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request, id string) {
+	d, ok := s.readSeconds(w, r, "timeout", true, 0)
+	if !ok {
+		return
+	}
+	if _, err := s.cfg.Cluster.SetTimeout(id, d); err != nil {
+		s.writeClusterError(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) refresh(w http.ResponseWriter, r *http.Request, id string) {
+	d, ok := s.readSeconds(w, r, "duration", false, defaultTimeoutV1)
+	if !ok {
+		return
+	}
+	if _, err := s.cfg.Cluster.Refresh(id, d); err != nil {
+		s.writeClusterError(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) connect(w http.ResponseWriter, r *http.Request, id string) {
+	d, ok := s.readSeconds(w, r, "timeout", false, defaultTimeoutV2)
+	if !ok {
+		return
+	}
+	sb, resumed, err := s.cfg.Cluster.Connect(id, d)
+	if err != nil {
+		s.writeClusterError(w, r, err)
+		return
+	}
+	status := http.StatusOK
+	if resumed {
+		status = http.StatusCreated
+	}
+	writeJSON(w, status, s.toJSON(sb, false))
+}
+
+func (s *Server) pause(w http.ResponseWriter, r *http.Request, id string) {
+	if _, err := s.cfg.Cluster.Get(id); err != nil {
+		s.writeClusterError(w, r, err)
+		return
+	}
+	writeError(w, http.StatusNotImplemented, "pausing sandboxes is not supported yet (it arrives with snapshots)")
+}
+
+// listSandboxesV1 is the old list: running sandboxes, optional metadata
+// filter, no paging.
+func (s *Server) listSandboxesV1(w http.ResponseWriter, r *http.Request) {
+	filter, ok := parseListFilter(w, r)
+	if !ok {
+		return
+	}
+	out := []sandboxJSON{}
+	for _, sb := range s.cfg.Cluster.List(filter) {
+		out = append(out, s.toJSON(sb, true))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+const maxListLimit = 100
+
+// listSandboxesV2 adds state filters and paging through X-Next-Token.
+func (s *Server) listSandboxesV2(w http.ResponseWriter, r *http.Request) {
+	filter, ok := parseListFilter(w, r)
+	if !ok {
+		return
+	}
+	q := r.URL.Query()
+	limit := maxListLimit
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > maxListLimit {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("limit must be between 1 and %d", maxListLimit))
+			return
+		}
+		limit = n
+	}
+	var after pageKey
+	if tok := q.Get("nextToken"); tok != "" {
+		k, err := decodePageKey(tok)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, "invalid nextToken")
+			return
+		}
+		after = k
+	}
+	all := s.cfg.Cluster.List(filter)
+	out := []sandboxJSON{}
+	for i, sb := range all {
+		if !after.before(sb) {
+			continue
+		}
+		if len(out) == limit {
+			w.Header().Set("X-Next-Token", encodePageKey(all[i-1]))
+			break
+		}
+		out = append(out, s.toJSON(sb, true))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func parseListFilter(w http.ResponseWriter, r *http.Request) (cluster.ListFilter, bool) {
+	q := r.URL.Query()
+	var f cluster.ListFilter
+	if md := q.Get("metadata"); md != "" {
+		vals, err := url.ParseQuery(md)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, "metadata must be url-encoded key=value pairs")
+			return f, false
+		}
+		f.Metadata = map[string]string{}
+		for k, v := range vals {
+			f.Metadata[k] = v[len(v)-1]
+		}
+	}
+	for _, st := range q["state"] {
+		for _, one := range strings.Split(st, ",") {
+			switch cluster.State(one) {
+			case cluster.StateRunning, cluster.StatePaused:
+				f.States = append(f.States, cluster.State(one))
+			default:
+				writeError(w, http.StatusBadRequest, fmt.Sprintf("unknown state %q (running, paused)", one))
+				return f, false
+			}
+		}
+	}
+	return f, true
+}
+
+// pageKey is the position after which the next page starts, in the
+// cluster's list order (start time, then id).
+type pageKey struct {
+	startedAt time.Time
+	id        string
+}
+
+func (k pageKey) before(sb *cluster.Sandbox) bool {
+	if k.id == "" {
+		return true
+	}
+	if !sb.StartedAt.Equal(k.startedAt) {
+		return sb.StartedAt.After(k.startedAt)
+	}
+	return sb.ID > k.id
+}
+
+func encodePageKey(sb *cluster.Sandbox) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(sb.StartedAt.Format(time.RFC3339Nano) + "|" + sb.ID))
+}
+
+func decodePageKey(tok string) (pageKey, error) {
+	b, err := base64.RawURLEncoding.DecodeString(tok)
+	if err != nil {
+		return pageKey{}, err
+	}
+	ts, id, ok := strings.Cut(string(b), "|")
+	if !ok || !sandboxIDPattern.MatchString(id) {
+		return pageKey{}, fmt.Errorf("malformed token")
+	}
+	t, err := time.Parse(time.RFC3339Nano, ts)
+	if err != nil {
+		return pageKey{}, err
+	}
+	return pageKey{startedAt: t, id: id}, nil
+}
+
+// metricJSON is one E2B SandboxMetric.
+type metricJSON struct {
+	Timestamp     time.Time `json:"timestamp"`
+	TimestampUnix int64     `json:"timestampUnix"`
+	CPUCount      int       `json:"cpuCount"`
+	CPUUsedPct    float64   `json:"cpuUsedPct"`
+	MemUsed       uint64    `json:"memUsed"`
+	MemTotal      uint64    `json:"memTotal"`
+	MemCache      uint64    `json:"memCache"`
+	DiskUsed      uint64    `json:"diskUsed"`
+	DiskTotal     uint64    `json:"diskTotal"`
+}
+
+// metrics returns one current reading (aenv keeps no history yet); the CPU
+// figure is the average since the sandbox started.
+func (s *Server) metrics(w http.ResponseWriter, r *http.Request, id string) {
+	st, sb, err := s.cfg.Cluster.Stats(r.Context(), id)
+	if err != nil {
+		s.writeClusterError(w, r, err)
+		return
+	}
+	now := time.Now().UTC()
+	var pct float64
+	if el := now.Sub(sb.StartedAt); el > 0 && sb.CPUCount > 0 {
+		pct = 100 * float64(st.CPUUsageNanos) / float64(el.Nanoseconds()) / float64(sb.CPUCount)
+	}
+	writeJSON(w, http.StatusOK, []metricJSON{{
+		Timestamp:     now,
+		TimestampUnix: now.Unix(),
+		CPUCount:      sb.CPUCount,
+		CPUUsedPct:    pct,
+		MemUsed:       st.MemoryBytes,
+		MemTotal:      uint64(sb.MemoryMB) << 20,
+		DiskTotal:     uint64(sb.DiskMB) << 20,
+	}})
+}

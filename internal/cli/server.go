@@ -1,0 +1,62 @@
+package cli
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/aenvhq/aenv/internal/server"
+)
+
+const defaultDataDir = "/var/lib/aenv"
+
+func newServerCmd() *cobra.Command {
+	var cfg server.Config
+	var logLevel string
+	cmd := &cobra.Command{
+		Use:   "server",
+		Short: "Run the aenv server (API, proxy and a local node)",
+		Long: `Run the aenv server: the E2B-compatible API and sandbox proxy, with an
+in-process node that runs sandboxes under gVisor on this host.
+
+On first start it generates an API key into <data-dir>/secrets/api-key
+(mode 0600; AENV_API_KEY overrides) and builds the 'base' template from
+Debian packages (a few minutes, once). Needs root.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var level slog.Level
+			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
+				return err
+			}
+			cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+			if cfg.APIKey == "" {
+				cfg.APIKey = os.Getenv("AENV_API_KEY")
+			}
+			ctx := cmd.Context()
+			srv, err := server.Start(ctx, cfg)
+			if err != nil {
+				return err
+			}
+			<-ctx.Done()
+			cfg.Logger.Info("shutting down: killing sandboxes")
+			sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			return srv.Close(sctx)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Listen, "listen", ":8000", "address of the API and sandbox proxy")
+	f.StringVar(&cfg.DataDir, "data-dir", defaultDataDir, "durable state: API key, templates")
+	f.StringVar(&cfg.RunDir, "run-dir", "/run/aenv", "state that dies with the host: runsc state, network namespaces")
+	f.StringVar(&cfg.RunscPath, "runsc", "", "runsc binary (default: from PATH)")
+	f.StringVar(&cfg.EnvdPath, "envd", "", "static envd binary (default: beside aenv, then PATH)")
+	f.StringVar(&cfg.BaseRootFS, "base-rootfs", os.Getenv("AENV_BASE_ROOTFS"), "prebuilt root filesystem for the base template (env AENV_BASE_ROOTFS)")
+	f.StringVar(&cfg.SandboxCIDR, "sandbox-cidr", "10.231.0.0/16", "IPv4 range cut into one /30 per sandbox for host-side addresses")
+	f.StringVar(&cfg.Domain, "domain", "", "domain sandbox hosts are reported under (<port>-<id>.<domain>; default localhost:<port>)")
+	f.IntVar(&cfg.NetnsPoolSize, "netns-pool", 8, "network namespaces kept ready for new sandboxes")
+	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	return cmd
+}

@@ -1,0 +1,124 @@
+package node
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// envdClient is the node's side of the few plain-HTTP envd calls the
+// platform makes itself (readiness and /init); users' traffic reaches envd
+// through the proxy instead.
+type envdClient struct {
+	base  string
+	token string
+	http  *http.Client
+}
+
+func newEnvdClient(addr netip.Addr, token string) *envdClient {
+	return &envdClient{
+		base:  "http://" + net.JoinHostPort(addr.String(), strconv.Itoa(EnvdPort)),
+		token: token,
+		http: &http.Client{Transport: &http.Transport{
+			// A fresh sandbox's address may be a recycled one: never reuse
+			// a connection across sandboxes.
+			DisableKeepAlives: true,
+			DialContext:       (&net.Dialer{Timeout: time.Second}).DialContext,
+		}},
+	}
+}
+
+// waitReady polls /health until envd answers 204 or ctx ends. The poll is
+// tight because it sits on the create path: envd is usually up within
+// milliseconds of runsc returning.
+func (c *envdClient) waitReady(ctx context.Context) error {
+	delay := 2 * time.Millisecond
+	var lastErr error
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/health", nil)
+		resp, err := c.http.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			err = fmt.Errorf("health answered %s", resp.Status)
+		}
+		lastErr = err
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last error: %v)", ctx.Err(), lastErr)
+		case <-time.After(delay):
+		}
+		if delay < 50*time.Millisecond {
+			delay *= 2
+		}
+	}
+}
+
+// initRequest is envd's POST /init body.
+type initRequest struct {
+	EnvVars     map[string]string `json:"envVars,omitempty"`
+	AccessToken string            `json:"accessToken,omitempty"`
+	DefaultUser string            `json:"defaultUser,omitempty"`
+	Timestamp   time.Time         `json:"timestamp"`
+}
+
+func (c *envdClient) init(ctx context.Context, body initRequest) error {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/init", bytes.NewReader(b))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if c.token != "" {
+		req.Header.Set("X-Access-Token", c.token)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("envd /init answered %s", resp.Status)
+	}
+	return nil
+}
+
+// hostDNSServers returns the host's name servers, for sandboxes to use.
+// Loopback resolvers (systemd-resolved's stub) are unreachable from a
+// sandbox, so they are replaced by a public fallback.
+func hostDNSServers() []string {
+	f, err := os.Open("/etc/resolv.conf")
+	if err != nil {
+		return []string{"1.1.1.1"}
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 2 || fields[0] != "nameserver" {
+			continue
+		}
+		if a, err := netip.ParseAddr(fields[1]); err == nil && a.Is4() && !a.IsLoopback() {
+			out = append(out, a.String())
+		}
+	}
+	if len(out) == 0 {
+		return []string{"1.1.1.1"}
+	}
+	return out
+}

@@ -1,0 +1,146 @@
+// Package proxy carries client traffic to ports inside sandboxes: envd's
+// (49983) for the SDKs and any port a user's program listens on. A request
+// names its sandbox and port either by Host (`<port>-<id>.<domain>`) or by
+// the E2B headers `E2b-Sandbox-Id` / `E2b-Sandbox-Port`. The server package
+// mounts it in front of the API.
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/netip"
+	"regexp"
+	"strconv"
+	"time"
+)
+
+// Headers the E2B SDKs send when E2B_SANDBOX_URL points at one base URL.
+const (
+	HeaderSandboxID   = "E2b-Sandbox-Id"
+	HeaderSandboxPort = "E2b-Sandbox-Port"
+)
+
+// DefaultPort is envd's port, used when a request names no port.
+const DefaultPort = 49983
+
+var hostPattern = regexp.MustCompile(`^([0-9]{1,5})-([a-z0-9]+)\.`)
+var idPattern = regexp.MustCompile(`^[a-z0-9]{1,64}$`)
+
+// Resolver finds where a sandbox is reachable from this host.
+type Resolver interface {
+	SandboxAddr(id string) (netip.Addr, error)
+}
+
+// Proxy is an http.Handler for sandbox traffic. It is safe for concurrent
+// use.
+type Proxy struct {
+	resolve Resolver
+	log     *slog.Logger
+	rp      *httputil.ReverseProxy
+}
+
+type target struct {
+	id   string
+	addr netip.AddrPort
+}
+
+type targetKey struct{}
+
+// New returns a proxy that reaches sandboxes through r.
+func New(r Resolver, log *slog.Logger) *Proxy {
+	if log == nil {
+		log = slog.Default()
+	}
+	p := &Proxy{resolve: r, log: log}
+	transport := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			t := ctx.Value(targetKey{}).(target)
+			d := net.Dialer{Timeout: 5 * time.Second}
+			return d.DialContext(ctx, "tcp", t.addr.String())
+		},
+		MaxIdleConnsPerHost: 32,
+		IdleConnTimeout:     30 * time.Second,
+		// Sandboxes' bodies pass through untouched.
+		DisableCompression: true,
+	}
+	p.rp = &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			t := pr.In.Context().Value(targetKey{}).(target)
+			pr.Out.URL.Scheme = "http"
+			// The pool keys connections by URL host, so each sandbox port
+			// gets its own connections.
+			pr.Out.URL.Host = t.addr.String()
+			pr.Out.Host = pr.In.Host
+			pr.Out.Header.Del(HeaderSandboxID)
+			pr.Out.Header.Del(HeaderSandboxPort)
+			pr.SetXForwarded()
+		},
+		Transport: transport,
+		// Stream every write at once: envd's server streams carry process
+		// output that the client must see before the process ends.
+		FlushInterval: -1,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			t := r.Context().Value(targetKey{}).(target)
+			p.log.Debug("proxying to sandbox", "sandbox_id", t.id, "port", t.addr.Port(), "err", err)
+			writeError(w, http.StatusBadGateway, fmt.Sprintf("sandbox %s is not reachable on port %d", t.id, t.addr.Port()))
+		},
+	}
+	return p
+}
+
+// Match reports whether r is addressed to a sandbox rather than the API,
+// and which sandbox and port.
+func Match(r *http.Request) (id string, port int, ok bool) {
+	if id := r.Header.Get(HeaderSandboxID); id != "" {
+		port := DefaultPort
+		if ps := r.Header.Get(HeaderSandboxPort); ps != "" {
+			p, err := strconv.Atoi(ps)
+			if err != nil {
+				p = -1
+			}
+			port = p
+		}
+		return id, port, true
+	}
+	if m := hostPattern.FindStringSubmatch(r.Host); m != nil {
+		p, _ := strconv.Atoi(m[1])
+		return m[2], p, true
+	}
+	return "", 0, false
+}
+
+// ServeHTTP implements http.Handler.
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	id, port, ok := Match(r)
+	if !ok {
+		writeError(w, http.StatusBadRequest, "request names no sandbox")
+		return
+	}
+	if !idPattern.MatchString(id) {
+		writeError(w, http.StatusBadRequest, "invalid sandbox id")
+		return
+	}
+	if port < 1 || port > 65535 {
+		writeError(w, http.StatusBadRequest, "invalid sandbox port")
+		return
+	}
+	addr, err := p.resolve.SandboxAddr(id)
+	if err != nil {
+		// The SDKs read a 502 on envd's /health as "sandbox not running".
+		writeError(w, http.StatusBadGateway, fmt.Sprintf("sandbox %s not found", id))
+		return
+	}
+	t := target{id: id, addr: netip.AddrPortFrom(addr, uint16(port))}
+	p.rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, t)))
+}
+
+func writeError(w http.ResponseWriter, code int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(map[string]any{"code": code, "message": msg})
+}

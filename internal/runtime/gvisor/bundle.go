@@ -1,0 +1,113 @@
+package gvisor
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/aenvhq/aenv/internal/runtime"
+)
+
+// EnvdGuestPath is where the envd binary appears inside every sandbox.
+const EnvdGuestPath = "/.aenv/envd"
+
+// cpuPeriod is the CFS period used to express CPU counts as a quota.
+const cpuPeriod = 100000
+
+// caps is the capability set of the sandbox's root: what envd needs to
+// switch users and manage files, and what a root shell in a container
+// usually has. gVisor enforces them against its own kernel, not the host's.
+var caps = []string{
+	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD",
+	"CAP_NET_RAW", "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP",
+	"CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
+	"CAP_SYS_PTRACE",
+}
+
+// writeBundle writes the OCI bundle of spec into dir: config.json plus the
+// per-sandbox files bound into the guest.
+func writeBundle(dir string, spec runtime.Spec) error {
+	hostname := spec.Hostname
+	if hostname == "" {
+		hostname = spec.ID
+	}
+	var resolv strings.Builder
+	for _, s := range spec.DNSServers {
+		fmt.Fprintf(&resolv, "nameserver %s\n", s)
+	}
+	files := map[string]string{
+		"resolv.conf": resolv.String(),
+		"hosts":       fmt.Sprintf("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t%s\n", hostname),
+	}
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+			return err
+		}
+	}
+
+	env := []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+	if spec.EnvdAccessToken != "" {
+		env = append(env, "AENV_ENVD_ACCESS_TOKEN="+spec.EnvdAccessToken)
+	}
+	s := specs.Spec{
+		Version: specs.Version,
+		Process: &specs.Process{
+			User: specs.User{UID: 0, GID: 0},
+			Args: []string{EnvdGuestPath, "--port", strconv.Itoa(spec.EnvdPort)},
+			Env:  env,
+			Cwd:  "/",
+			Capabilities: &specs.LinuxCapabilities{
+				Bounding: caps, Effective: caps, Permitted: caps,
+			},
+			Rlimits: []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: 1048576, Soft: 1048576}},
+		},
+		Root:     &specs.Root{Path: spec.RootFS, Readonly: false},
+		Hostname: hostname,
+		Mounts: []specs.Mount{
+			{Destination: "/proc", Type: "proc", Source: "proc"},
+			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+			{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
+			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
+			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+			{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777"}},
+			{Destination: EnvdGuestPath, Type: "bind", Source: spec.EnvdPath, Options: []string{"rbind", "ro"}},
+			{Destination: "/etc/resolv.conf", Type: "bind", Source: filepath.Join(dir, "resolv.conf"), Options: []string{"rbind", "ro"}},
+			{Destination: "/etc/hosts", Type: "bind", Source: filepath.Join(dir, "hosts"), Options: []string{"rbind", "ro"}},
+		},
+		Linux: &specs.Linux{
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace},
+				{Type: specs.IPCNamespace},
+				{Type: specs.UTSNamespace},
+				{Type: specs.MountNamespace},
+				{Type: specs.NetworkNamespace, Path: spec.NetNSPath},
+			},
+			CgroupsPath: "/aenv/" + spec.ID,
+			Resources:   resources(spec),
+		},
+	}
+	b, err := json.MarshalIndent(&s, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "config.json"), b, 0o600)
+}
+
+func resources(spec runtime.Spec) *specs.LinuxResources {
+	r := &specs.LinuxResources{}
+	if spec.MemoryMB > 0 {
+		limit := int64(spec.MemoryMB) << 20
+		r.Memory = &specs.LinuxMemory{Limit: &limit}
+	}
+	if spec.CPUCount > 0 {
+		quota := int64(spec.CPUCount) * cpuPeriod
+		period := uint64(cpuPeriod)
+		r.CPU = &specs.LinuxCPU{Quota: &quota, Period: &period}
+	}
+	return r
+}

@@ -1,0 +1,235 @@
+// Package gvisor is the runtime driver for hosts without KVM: each sandbox is
+// a gVisor sandbox started by the runsc binary (systrap platform), driven
+// over its OCI command line through go-runc. Only the node package imports
+// it.
+package gvisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	runc "github.com/containerd/go-runc"
+
+	"github.com/aenvhq/aenv/internal/runtime"
+	"github.com/aenvhq/aenv/internal/undo"
+)
+
+// Config configures the driver.
+type Config struct {
+	// RunscPath is the static runsc binary; empty means "runsc" from PATH.
+	RunscPath string
+	// StateDir holds runsc's state (--root) and one directory per sandbox
+	// (its OCI bundle and logs). It is wiped of sandboxes on Cleanup.
+	StateDir string
+	// Platform is runsc's --platform; empty means systrap.
+	Platform string
+	// Logger receives the driver's logs.
+	Logger *slog.Logger
+}
+
+// Driver runs sandboxes with runsc. It is safe for concurrent use.
+type Driver struct {
+	cfg  Config
+	runc *runc.Runc
+	log  *slog.Logger
+
+	mu      sync.Mutex
+	running map[string]struct{}
+}
+
+var _ runtime.Runtime = (*Driver)(nil)
+
+// New checks that runsc is usable and returns a driver.
+func New(cfg Config) (*Driver, error) {
+	if cfg.RunscPath == "" {
+		p, err := exec.LookPath("runsc")
+		if err != nil {
+			return nil, fmt.Errorf("finding runsc: %w (install it with scripts/install-deps.sh)", err)
+		}
+		cfg.RunscPath = p
+	}
+	if _, err := os.Stat(cfg.RunscPath); err != nil {
+		return nil, fmt.Errorf("checking runsc: %w", err)
+	}
+	if cfg.Platform == "" {
+		cfg.Platform = "systrap"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if err := os.MkdirAll(filepath.Join(cfg.StateDir, "sandboxes"), 0o700); err != nil {
+		return nil, fmt.Errorf("creating state dir: %w", err)
+	}
+	d := &Driver{
+		cfg:     cfg,
+		log:     cfg.Logger.With("runtime", "gvisor"),
+		running: make(map[string]struct{}),
+		runc: &runc.Runc{
+			Command: cfg.RunscPath,
+			Root:    filepath.Join(cfg.StateDir, "runsc"),
+			// The sandbox must not receive the signals of our process group
+			// (a Ctrl-C on the server would otherwise reach every sandbox).
+			Setpgid: true,
+			ExtraArgs: []string{
+				"--platform=" + cfg.Platform,
+				"--network=sandbox",
+				// Root filesystem writes stay in sandbox memory: the template
+				// tree is shared read-only, and the writes are part of any
+				// checkpoint, so restored copies stay private.
+				"--overlay2=root:memory",
+				"--cpu-num-from-quota",
+			},
+		},
+	}
+	return d, nil
+}
+
+// Name implements runtime.Runtime.
+func (d *Driver) Name() string { return "gvisor" }
+
+// Capabilities implements runtime.Runtime.
+func (d *Driver) Capabilities() runtime.Capabilities {
+	return runtime.Capabilities{Pause: true, Checkpoint: true}
+}
+
+func (d *Driver) sandboxDir(id string) string {
+	return filepath.Join(d.cfg.StateDir, "sandboxes", id)
+}
+
+// Create implements runtime.Runtime.
+func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (err error) {
+	log := d.log.With("sandbox_id", spec.ID)
+	dir := d.sandboxDir(spec.ID)
+	var rollback undo.Stack
+	defer func() {
+		if err != nil {
+			rollback.Run(context.WithoutCancel(ctx), log)
+		}
+	}()
+
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return fmt.Errorf("creating sandbox dir %s: %w", spec.ID, err)
+	}
+	rollback.Push("removing sandbox dir", func(context.Context) error { return os.RemoveAll(dir) })
+
+	if err := writeBundle(dir, spec); err != nil {
+		return fmt.Errorf("writing bundle for %s: %w", spec.ID, err)
+	}
+	logFile, err := os.OpenFile(filepath.Join(dir, "envd.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("opening envd log for %s: %w", spec.ID, err)
+	}
+	defer logFile.Close()
+
+	d.mu.Lock()
+	d.running[spec.ID] = struct{}{}
+	d.mu.Unlock()
+	rollback.Push("forgetting sandbox", func(context.Context) error {
+		d.mu.Lock()
+		delete(d.running, spec.ID)
+		d.mu.Unlock()
+		return nil
+	})
+	// Deleting is idempotent enough to register before run: a failed run can
+	// leave runsc state behind that only delete removes.
+	rollback.Push("deleting runsc container", func(ctx context.Context) error {
+		return d.deleteContainer(ctx, spec.ID)
+	})
+
+	r := *d.runc
+	r.Log = filepath.Join(dir, "runsc.log")
+	if _, err := r.Run(ctx, spec.ID, dir, &runc.CreateOpts{
+		Detach: true,
+		IO:     &fileIO{f: logFile},
+	}); err != nil {
+		return fmt.Errorf("running runsc for %s: %w%s", spec.ID, err, tailLog(r.Log))
+	}
+	log.Debug("sandbox started")
+	return nil
+}
+
+// Kill implements runtime.Runtime.
+func (d *Driver) Kill(ctx context.Context, id string) error {
+	d.mu.Lock()
+	_, ok := d.running[id]
+	delete(d.running, id)
+	d.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("killing %s: %w", id, runtime.ErrNotFound)
+	}
+	err := d.deleteContainer(ctx, id)
+	if rmErr := os.RemoveAll(d.sandboxDir(id)); rmErr != nil && err == nil {
+		err = rmErr
+	}
+	if err != nil {
+		return fmt.Errorf("killing %s: %w", id, err)
+	}
+	return nil
+}
+
+func (d *Driver) deleteContainer(ctx context.Context, id string) error {
+	err := d.runc.Delete(ctx, id, &runc.DeleteOpts{Force: true})
+	if err != nil && strings.Contains(err.Error(), "does not exist") {
+		return nil
+	}
+	return err
+}
+
+// Stats implements runtime.Runtime.
+func (d *Driver) Stats(ctx context.Context, id string) (runtime.Stats, error) {
+	d.mu.Lock()
+	_, ok := d.running[id]
+	d.mu.Unlock()
+	if !ok {
+		return runtime.Stats{}, fmt.Errorf("reading stats of %s: %w", id, runtime.ErrNotFound)
+	}
+	st, err := d.runc.Stats(ctx, id)
+	if err != nil {
+		return runtime.Stats{}, fmt.Errorf("reading stats of %s: %w", id, err)
+	}
+	return runtime.Stats{CPUUsageNanos: st.Cpu.Usage.Total, MemoryBytes: st.Memory.Usage.Usage}, nil
+}
+
+// Cleanup removes every sandbox a previous run of the driver left behind
+// (after a crash the runsc state and sandbox processes may outlive us).
+func (d *Driver) Cleanup(ctx context.Context) error {
+	list, err := d.runc.List(ctx)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		d.log.Warn("listing leftover sandboxes", "err", err)
+	}
+	var errs []error
+	for _, c := range list {
+		d.log.Info("removing leftover sandbox", "sandbox_id", c.ID)
+		if err := d.deleteContainer(ctx, c.ID); err != nil {
+			errs = append(errs, fmt.Errorf("deleting leftover %s: %w", c.ID, err))
+		}
+	}
+	entries, _ := os.ReadDir(filepath.Join(d.cfg.StateDir, "sandboxes"))
+	for _, e := range entries {
+		if err := os.RemoveAll(d.sandboxDir(e.Name())); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// tailLog returns the last lines of runsc's log, to make a failed start
+// explain itself.
+func tailLog(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil || len(b) == 0 {
+		return ""
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) > 5 {
+		lines = lines[len(lines)-5:]
+	}
+	return "\nrunsc log:\n" + strings.Join(lines, "\n")
+}

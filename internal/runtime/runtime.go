@@ -1,0 +1,89 @@
+// Package runtime defines the one interface a node uses to run sandboxes,
+// whatever isolates them (gVisor's runsc here, Firecracker on hosts with
+// KVM). Drivers live in sub-packages; the node package imports this one and
+// picks a driver at start-up. Nothing in this package imports higher layers.
+//
+// A sandbox's life under a driver:
+//
+//	            Create                    Kill
+//	(nothing) ─────────▶ running ─────────────────▶ (nothing)
+//	                        │  ▲
+//	                 Pause* │  │ Resume*
+//	                        ▼  │
+//	                      frozen
+//
+// (*) optional: only drivers whose Capabilities say so. Snapshot, restore
+// and fork arrive with the snapshot work; they will be further small
+// interfaces found by type assertion, as Nomad does for driver extras.
+package runtime
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+)
+
+// ErrNotFound is returned for an id the driver does not know.
+var ErrNotFound = errors.New("sandbox not found")
+
+// Capabilities states, as data, what a driver can do beyond the core.
+type Capabilities struct {
+	// Pause is true when Pause/Resume freeze and thaw a sandbox in place.
+	Pause bool
+	// Checkpoint is true when the driver can save and restore a sandbox's
+	// whole state.
+	Checkpoint bool
+}
+
+// Spec is everything a driver needs to start one sandbox.
+type Spec struct {
+	// ID names the sandbox; it matches ^[a-z0-9]+$.
+	ID string
+	// RootFS is a host directory holding the root filesystem. Drivers must
+	// not write to it: many sandboxes share one template's tree.
+	RootFS string
+	// EnvdPath is the host path of the static envd binary, which becomes
+	// the sandbox's first process.
+	EnvdPath string
+	// EnvdPort is the TCP port envd listens on inside the sandbox.
+	EnvdPort int
+	// EnvdAccessToken, if not empty, must be presented to envd.
+	EnvdAccessToken string
+	// NetNSPath is the network namespace the sandbox joins. It must hold
+	// only lo and eth0 with its address and default route in place.
+	NetNSPath string
+	// HostAddr is the address at which the host reaches the sandbox.
+	HostAddr netip.Addr
+	// CPUCount and MemoryMB bound the sandbox's resources.
+	CPUCount int
+	MemoryMB int
+	// Hostname is the sandbox's host name.
+	Hostname string
+	// DNSServers go into the sandbox's /etc/resolv.conf.
+	DNSServers []string
+}
+
+// Stats is a point-in-time reading of a sandbox's resource use.
+type Stats struct {
+	// CPUUsageNanos is cumulative CPU time used.
+	CPUUsageNanos uint64
+	// MemoryBytes is memory charged to the sandbox on the host.
+	MemoryBytes uint64
+}
+
+// Runtime runs sandboxes on this host. Implementations are safe for
+// concurrent use on different ids.
+type Runtime interface {
+	// Name identifies the driver ("gvisor", "firecracker").
+	Name() string
+	// Capabilities reports what the driver supports.
+	Capabilities() Capabilities
+	// Create starts a sandbox and returns once its first process runs. On
+	// error nothing of the sandbox is left behind.
+	Create(ctx context.Context, spec Spec) error
+	// Kill stops a sandbox and removes every trace of it on the host. Killing
+	// an unknown id returns ErrNotFound.
+	Kill(ctx context.Context, id string) error
+	// Stats reads the sandbox's resource use.
+	Stats(ctx context.Context, id string) (Stats, error)
+}

@@ -1,0 +1,277 @@
+// Package server wires one aenv server process together: the API and proxy
+// in front, the cluster behind them, and (in the single-host default) an
+// in-process node with its runtime, network and templates. It is the only
+// package that knows every layer; cmd/aenv's server command calls it.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/aenvhq/aenv/internal/api"
+	"github.com/aenvhq/aenv/internal/cluster"
+	"github.com/aenvhq/aenv/internal/envd"
+	"github.com/aenvhq/aenv/internal/netns"
+	"github.com/aenvhq/aenv/internal/node"
+	"github.com/aenvhq/aenv/internal/proxy"
+	"github.com/aenvhq/aenv/internal/runtime/gvisor"
+	"github.com/aenvhq/aenv/internal/template"
+)
+
+// Config is everything `aenv server` can be told.
+type Config struct {
+	// Listen is the HTTP address of the API and proxy.
+	Listen string
+	// DataDir holds durable state: secrets and templates.
+	DataDir string
+	// RunDir holds state that dies with the host: runsc's state, network
+	// namespaces.
+	RunDir string
+	// RunscPath is the runsc binary; empty searches PATH.
+	RunscPath string
+	// EnvdPath is the static envd binary; empty looks beside this binary.
+	EnvdPath string
+	// BaseRootFS optionally points the base template at a prebuilt tree.
+	BaseRootFS string
+	// SandboxCIDR is cut into one /30 per sandbox for host-side addresses.
+	SandboxCIDR string
+	// Domain is what clients are told sandbox hosts end in; empty derives
+	// `localhost:<port>` from Listen.
+	Domain string
+	// APIKey overrides the key stored in DataDir.
+	APIKey string
+	// NetnsPoolSize is how many network slots are kept ready.
+	NetnsPoolSize int
+	// Limits bound clients' requests.
+	Limits cluster.Limits
+	Logger *slog.Logger
+}
+
+// Server is a running aenv server.
+type Server struct {
+	cfg      Config
+	log      *slog.Logger
+	http     *http.Server
+	listener net.Listener
+	cluster  *cluster.Cluster
+	node     *node.Node
+	net      *netns.Manager
+	apiKey   string
+}
+
+// Start sets everything up and starts serving; Close undoes it. Start
+// fails with a clear error, leaving nothing behind, when a prerequisite is
+// missing.
+func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Listen == "" {
+		cfg.Listen = ":8000"
+	}
+	if cfg.DataDir == "" {
+		cfg.DataDir = "/var/lib/aenv"
+	}
+	if cfg.RunDir == "" {
+		cfg.RunDir = "/run/aenv"
+	}
+	if cfg.SandboxCIDR == "" {
+		cfg.SandboxCIDR = "10.231.0.0/16"
+	}
+	log := cfg.Logger
+	s := &Server{cfg: cfg, log: log}
+	defer func() {
+		if err != nil {
+			s.Close(context.WithoutCancel(ctx))
+		}
+	}()
+
+	if s.apiKey, err = loadAPIKey(cfg.DataDir, cfg.APIKey, log); err != nil {
+		return nil, err
+	}
+	envdPath, err := findEnvd(cfg.EnvdPath)
+	if err != nil {
+		return nil, err
+	}
+	templates, err := template.NewStore(template.StoreOptions{
+		Dir: filepath.Join(cfg.DataDir, "templates"), BaseRootFS: cfg.BaseRootFS,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := ensureBase(ctx, templates, log); err != nil {
+		return nil, err
+	}
+
+	driver, err := gvisor.New(gvisor.Config{
+		RunscPath: cfg.RunscPath,
+		StateDir:  filepath.Join(cfg.RunDir, "gvisor"),
+		Logger:    log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := driver.Cleanup(ctx); err != nil {
+		log.Warn("cleaning up sandboxes of a previous run", "err", err)
+	}
+
+	prefix, err := netip.ParsePrefix(cfg.SandboxCIDR)
+	if err != nil {
+		return nil, fmt.Errorf("parsing sandbox CIDR %q: %w", cfg.SandboxCIDR, err)
+	}
+	s.net, err = netns.NewManager(ctx, netns.Config{
+		RunDir:   filepath.Join(cfg.RunDir, "netns"),
+		Prefix:   prefix,
+		PoolSize: cfg.NetnsPoolSize,
+		Logger:   log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("setting up sandbox networking: %w", err)
+	}
+
+	hostname, _ := os.Hostname()
+	s.node, err = node.New(node.Config{
+		ID:          hostname,
+		Runtime:     driver,
+		Network:     s.net,
+		Templates:   templates,
+		EnvdPath:    envdPath,
+		EnvdVersion: envd.Version,
+		Logger:      log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.cluster = cluster.New(cluster.Config{Node: s.node, Limits: cfg.Limits, Logger: log})
+
+	s.listener, err = net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("listening on %s: %w", cfg.Listen, err)
+	}
+	domain := cfg.Domain
+	if domain == "" {
+		domain = "localhost:" + portOf(s.listener.Addr())
+	}
+	handler := api.New(api.Config{
+		Cluster:   s.cluster,
+		Templates: templates,
+		Proxy:     proxy.New(s, log),
+		APIKey:    s.apiKey,
+		Domain:    domain,
+		Logger:    log,
+	})
+	s.http = &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+	}
+	go func() {
+		if err := s.http.Serve(s.listener); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("serving HTTP", "err", err)
+		}
+	}()
+	log.Info("aenv server listening", "addr", s.listener.Addr().String(), "domain", domain, "runtime", driver.Name())
+	return s, nil
+}
+
+// SandboxAddr implements proxy.Resolver.
+func (s *Server) SandboxAddr(id string) (netip.Addr, error) {
+	sb, err := s.cluster.Get(id)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	return sb.Addr, nil
+}
+
+// Addr returns the address the server listens on.
+func (s *Server) Addr() net.Addr { return s.listener.Addr() }
+
+// APIKey returns the key clients must present.
+func (s *Server) APIKey() string { return s.apiKey }
+
+// Close stops serving and kills every sandbox.
+func (s *Server) Close(ctx context.Context) error {
+	var errs []error
+	if s.http != nil {
+		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		if err := s.http.Shutdown(sctx); err != nil {
+			s.http.Close()
+		}
+		cancel()
+	} else if s.listener != nil {
+		s.listener.Close()
+	}
+	if s.cluster != nil {
+		errs = append(errs, s.cluster.Close(ctx))
+	}
+	if s.net != nil {
+		errs = append(errs, s.net.Close(ctx))
+	}
+	return errors.Join(errs...)
+}
+
+func portOf(a net.Addr) string {
+	_, port, _ := net.SplitHostPort(a.String())
+	return port
+}
+
+// findEnvd locates the envd binary: explicit path, else beside this
+// executable (bin/aenv and bin/envd ship together), else PATH.
+func findEnvd(explicit string) (string, error) {
+	if explicit != "" {
+		if _, err := os.Stat(explicit); err != nil {
+			return "", fmt.Errorf("finding envd: %w", err)
+		}
+		return filepath.Abs(explicit)
+	}
+	if exe, err := os.Executable(); err == nil {
+		p := filepath.Join(filepath.Dir(exe), "envd")
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+	}
+	for _, dir := range filepath.SplitList(os.Getenv("PATH")) {
+		p := filepath.Join(dir, "envd")
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+	}
+	return "", errors.New("finding envd: no envd binary beside aenv or in PATH (build it with `make build`, or pass --envd)")
+}
+
+// ensureBase builds the base template on first start.
+func ensureBase(ctx context.Context, ts *template.Store, log *slog.Logger) error {
+	if _, err := ts.Get(template.BaseID); err == nil {
+		return nil
+	}
+	dest := ts.BaseRootFS()
+	log.Info("building the base template from Debian packages (first start only; a few minutes)", "dir", dest)
+	start := time.Now()
+	w := &logWriter{log: log}
+	if err := template.BuildBase(ctx, dest, template.BuildOptions{Log: w}); err != nil {
+		return err
+	}
+	log.Info("base template built", "dir", dest, "took", time.Since(start).Round(time.Second))
+	return nil
+}
+
+// logWriter turns a tool's output lines into debug logs.
+type logWriter struct{ log *slog.Logger }
+
+func (w *logWriter) Write(p []byte) (int, error) {
+	for _, line := range strings.Split(strings.TrimSpace(string(p)), "\n") {
+		if line != "" {
+			w.log.Debug(line, "component", "debootstrap")
+		}
+	}
+	return len(p), nil
+}

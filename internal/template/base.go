@@ -1,0 +1,119 @@
+package template
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+)
+
+// BasePackages are installed into the base template on top of Debian's
+// minimal base: what E2B users' code expects to find.
+var BasePackages = []string{
+	"bash", "coreutils", "python3", "ca-certificates", "procps", "iproute2",
+	"curl", "less", "sudo",
+}
+
+// BuildOptions configures BuildBase.
+type BuildOptions struct {
+	// Mirror is the Debian mirror; empty means the first one in this host's
+	// apt sources.
+	Mirror string
+	// Suite is the Debian release; empty means bookworm.
+	Suite string
+	// Log receives debootstrap's progress.
+	Log io.Writer
+}
+
+// BuildBase builds the base root filesystem at dest with debootstrap, from
+// Debian's packages only (no container registry needed), and adds the
+// unprivileged `user` that E2B commands run as by default. It builds into a
+// temporary sibling and renames, so an interrupted build never leaves a
+// half tree at dest.
+func BuildBase(ctx context.Context, dest string, opts BuildOptions) error {
+	if opts.Suite == "" {
+		opts.Suite = "bookworm"
+	}
+	if opts.Mirror == "" {
+		m, err := aptMirror()
+		if err != nil {
+			return fmt.Errorf("building base template: %w", err)
+		}
+		opts.Mirror = m
+	}
+	if opts.Log == nil {
+		opts.Log = io.Discard
+	}
+	if _, err := exec.LookPath("debootstrap"); err != nil {
+		return fmt.Errorf("building base template: debootstrap not installed (apt-get install debootstrap): %w", err)
+	}
+	tmp := dest + ".building"
+	if err := os.RemoveAll(tmp); err != nil {
+		return fmt.Errorf("building base template: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Dir(dest), 0o755); err != nil {
+		return fmt.Errorf("building base template: %w", err)
+	}
+	run := func(name string, args ...string) error {
+		cmd := exec.CommandContext(ctx, name, args...)
+		cmd.Stdout, cmd.Stderr = opts.Log, opts.Log
+		if err := cmd.Run(); err != nil {
+			return fmt.Errorf("running %s: %w", name, err)
+		}
+		return nil
+	}
+	if err := run("debootstrap", "--variant=minbase", "--include="+strings.Join(BasePackages, ","),
+		opts.Suite, tmp, opts.Mirror); err != nil {
+		os.RemoveAll(tmp)
+		return fmt.Errorf("building base template: %w", err)
+	}
+	steps := [][]string{
+		{"chroot", tmp, "useradd", "--create-home", "--shell", "/bin/bash", "--uid", "1000", "user"},
+		{"chroot", tmp, "sh", "-c", "echo 'user ALL=(ALL:ALL) NOPASSWD: ALL' > /etc/sudoers.d/user && chmod 0440 /etc/sudoers.d/user"},
+		{"chroot", tmp, "apt-get", "clean"},
+	}
+	for _, s := range steps {
+		if err := run(s[0], s[1:]...); err != nil {
+			os.RemoveAll(tmp)
+			return fmt.Errorf("building base template: %w", err)
+		}
+	}
+	os.RemoveAll(filepath.Join(tmp, "var/lib/apt/lists"))
+	if err := os.RemoveAll(dest); err != nil {
+		return fmt.Errorf("building base template: %w", err)
+	}
+	if err := os.Rename(tmp, dest); err != nil {
+		return fmt.Errorf("building base template: %w", err)
+	}
+	return nil
+}
+
+// aptMirror reads the first Debian mirror from this host's apt sources, so
+// that the base template comes from wherever this host gets its packages.
+func aptMirror() (string, error) {
+	files := []string{"/etc/apt/sources.list.d/debian.sources", "/etc/apt/sources.list"}
+	for _, f := range files {
+		fh, err := os.Open(f)
+		if err != nil {
+			continue
+		}
+		sc := bufio.NewScanner(fh)
+		for sc.Scan() {
+			fields := strings.Fields(sc.Text())
+			switch {
+			case len(fields) >= 2 && fields[0] == "URIs:":
+				fh.Close()
+				return fields[1], nil
+			case len(fields) >= 3 && fields[0] == "deb" && !strings.Contains(fields[1], "security"):
+				fh.Close()
+				return fields[1], nil
+			}
+		}
+		fh.Close()
+	}
+	return "", fmt.Errorf("no Debian mirror found in apt sources; pass one explicitly")
+}

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs what aenv needs on a Debian 12 host, idempotently: Debian
+# packages, a static runsc built from the pinned gVisor release (cached, so a
+# second run is quick) and the e2e suite's npm packages. Run as root.
+set -euo pipefail
+
+RUNSC_VERSION=v0.0.0-20260905035102-160fafc42237
+CACHE=${AENV_CACHE:-/var/cache/aenv}
+here=$(cd "$(dirname "$0")/.." && pwd)
+
+if [ "$(id -u)" != 0 ]; then
+  echo "install-deps: run as root (sandboxes need namespaces, cgroups and nftables)" >&2
+  exit 1
+fi
+
+pkgs=(debootstrap iproute2 nftables e2fsprogs ca-certificates curl procps psmisc)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install-deps: installing ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# runsc must be built without cgo: a dynamic build fails at every sandbox
+# start. The build takes minutes, so the result is cached per version.
+runsc_bin=$CACHE/runsc-$RUNSC_VERSION/runsc
+if [ ! -x "$runsc_bin" ]; then
+  echo "install-deps: building runsc $RUNSC_VERSION (static; a few minutes, once)"
+  mkdir -p "$(dirname "$runsc_bin")"
+  (cd /tmp && CGO_ENABLED=0 GOBIN="$(dirname "$runsc_bin")" go install "gvisor.dev/gvisor/runsc@$RUNSC_VERSION")
+fi
+install -m 0755 "$runsc_bin" /usr/local/bin/runsc
+
+if [ -f "$here/e2e/package.json" ]; then
+  (cd "$here/e2e" && npm ci --no-audit --no-fund --loglevel=error)
+fi
+echo "install-deps: done (runsc: $(/usr/local/bin/runsc --version | head -1))"
