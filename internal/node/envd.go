@@ -41,7 +41,7 @@ func newEnvdClient(addr netip.Addr, token string) *envdClient {
 // tight because it sits on the create path: envd is usually up within
 // milliseconds of runsc returning.
 func (c *envdClient) waitReady(ctx context.Context) error {
-	delay := 2 * time.Millisecond
+	const delay = 3 * time.Millisecond
 	var lastErr error
 	for {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/health", nil)
@@ -58,9 +58,6 @@ func (c *envdClient) waitReady(ctx context.Context) error {
 		case <-ctx.Done():
 			return fmt.Errorf("%w (last error: %v)", ctx.Err(), lastErr)
 		case <-time.After(delay):
-		}
-		if delay < 50*time.Millisecond {
-			delay *= 2
 		}
 	}
 }

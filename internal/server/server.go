@@ -51,6 +51,9 @@ type Config struct {
 	APIKey string
 	// NetnsPoolSize is how many network slots are kept ready.
 	NetnsPoolSize int
+	// NetnsTag names this server's nftables tables and host interfaces, so
+	// that several servers can share a host.
+	NetnsTag string
 	// Limits bound clients' requests.
 	Limits cluster.Limits
 	Logger *slog.Logger
@@ -132,6 +135,7 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 		RunDir:   filepath.Join(cfg.RunDir, "netns"),
 		Prefix:   prefix,
 		PoolSize: cfg.NetnsPoolSize,
+		Tag:      cfg.NetnsTag,
 		Logger:   log,
 	})
 	if err != nil {

@@ -108,9 +108,20 @@ func aptMirror() (string, error) {
 			case len(fields) >= 2 && fields[0] == "URIs:":
 				fh.Close()
 				return fields[1], nil
-			case len(fields) >= 3 && fields[0] == "deb" && !strings.Contains(fields[1], "security"):
-				fh.Close()
-				return fields[1], nil
+			case len(fields) >= 3 && fields[0] == "deb":
+				uri := fields[1]
+				if strings.HasPrefix(uri, "[") { // deb [options] uri suite
+					for i := 1; i < len(fields); i++ {
+						if strings.HasSuffix(fields[i], "]") && i+1 < len(fields) {
+							uri = fields[i+1]
+							break
+						}
+					}
+				}
+				if !strings.Contains(uri, "security") {
+					fh.Close()
+					return uri, nil
+				}
 			}
 		}
 		fh.Close()

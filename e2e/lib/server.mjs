@@ -1,0 +1,385 @@
+// Test harness: one real `aenv server` per test file, driven through the
+// unmodified e2b SDK and raw HTTP.
+//
+// Usage in a test file:
+//
+//   import { useServer } from './lib/server.mjs'
+//   const srv = useServer({ tag: 'zqlife', cidr: '10.240.0.0/16' })
+//   srv.test('does something', async () => { ... })
+//
+// useServer registers a `before` hook that starts the server (and points the
+// SDK at it through E2B_API_URL / E2B_SANDBOX_URL / E2B_API_KEY) and an
+// `after` hook that kills every sandbox still tracked, checks that the server
+// lists none, stops the server (SIGTERM, SIGKILL after 30 s) and checks that
+// it exited cleanly and left no gVisor process behind.
+//
+// Required environment: AENV_BIN_DIR (holding aenv and envd) and
+// AENV_BASE_ROOTFS (a built base root filesystem). Missing either is an
+// error, never a skip.
+
+import { spawn } from 'node:child_process'
+import fs from 'node:fs'
+import http from 'node:http'
+import net from 'node:net'
+import os from 'node:os'
+import path from 'node:path'
+import { before, after, test as nodeTest } from 'node:test'
+import { Sandbox } from 'e2b'
+
+export const PORT_MIN = 18100
+export const PORT_MAX = 18199
+const STOP_GRACE_MS = 30_000
+const START_TIMEOUT_MS = 90_000
+
+export function sleep(ms) {
+  return new Promise((resolve) => setTimeout(resolve, ms))
+}
+
+/** A short random lower-case suffix, to tell this run's objects apart. */
+export function randomTag(n = 8) {
+  let s = ''
+  while (s.length < n) s += Math.random().toString(36).slice(2)
+  return s.slice(0, n)
+}
+
+/** Polls fn until it returns a truthy value or the time is up. */
+export async function waitFor(fn, { timeoutMs = 10_000, intervalMs = 100, what = 'condition' } = {}) {
+  const deadline = Date.now() + timeoutMs
+  let last
+  for (;;) {
+    try {
+      const v = await fn()
+      if (v) return v
+    } catch (err) {
+      last = err
+    }
+    if (Date.now() > deadline) {
+      throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${last ? `: last error: ${last.message}` : ''}`)
+    }
+    await sleep(intervalMs)
+  }
+}
+
+function portIsFree(port) {
+  return new Promise((resolve) => {
+    const s = net.createServer()
+    s.once('error', () => resolve(false))
+    s.listen(port, '127.0.0.1', () => s.close(() => resolve(true)))
+  })
+}
+
+async function findFreePort(start) {
+  const span = PORT_MAX - PORT_MIN + 1
+  for (let i = 0; i < span; i++) {
+    const port = PORT_MIN + ((start - PORT_MIN + i) % span)
+    if (await portIsFree(port)) return port
+  }
+  throw new Error(`no free port in ${PORT_MIN}-${PORT_MAX}`)
+}
+
+/**
+ * One raw HTTP/1.1 request with node:http, which sends the path verbatim
+ * (no URL normalisation) and lets us set Host.
+ * Returns { status, headers, body (Buffer), text, json (or undefined) }.
+ */
+export function rawRequest({ port, method = 'GET', path: reqPath = '/', headers = {}, body, timeoutMs = 30_000 }) {
+  return new Promise((resolve, reject) => {
+    const hdrs = { ...headers }
+    let payload
+    if (body !== undefined) {
+      payload = Buffer.isBuffer(body) ? body : Buffer.from(typeof body === 'string' ? body : JSON.stringify(body))
+      if (!Object.keys(hdrs).some((h) => h.toLowerCase() === 'content-type')) hdrs['Content-Type'] = 'application/json'
+      hdrs['Content-Length'] = payload.length
+    }
+    const req = http.request(
+      { host: '127.0.0.1', port, method, path: reqPath, headers: hdrs, agent: false, setHost: !Object.keys(hdrs).some((h) => h.toLowerCase() === 'host') },
+      (res) => {
+        const chunks = []
+        res.on('data', (c) => chunks.push(c))
+        res.on('error', reject)
+        res.on('end', () => {
+          const buf = Buffer.concat(chunks)
+          const text = buf.toString('utf8')
+          let json
+          try {
+            json = JSON.parse(text)
+          } catch {
+            json = undefined
+          }
+          resolve({ status: res.statusCode, headers: res.headers, body: buf, text, json })
+        })
+      },
+    )
+    req.setTimeout(timeoutMs, () => req.destroy(new Error(`${method} ${reqPath}: no response within ${timeoutMs} ms`)))
+    req.on('error', (err) => {
+      // The server may answer (e.g. 413) and close before reading the whole
+      // body; a write error after a response is not the caller's concern.
+      reject(err)
+    })
+    if (payload) req.end(payload)
+    else req.end()
+  })
+}
+
+/** Tail of a file, for failure reports. */
+function tailFile(file, lines = 80) {
+  try {
+    const text = fs.readFileSync(file, 'utf8')
+    return text.split('\n').slice(-lines).join('\n')
+  } catch (err) {
+    return `(cannot read ${file}: ${err.message})`
+  }
+}
+
+/** PIDs whose command line mentions needle (other than ours). */
+function pidsMentioning(needle) {
+  const out = []
+  for (const ent of fs.readdirSync('/proc')) {
+    if (!/^\d+$/.test(ent) || Number(ent) === process.pid) continue
+    try {
+      const cmd = fs.readFileSync(`/proc/${ent}/cmdline`, 'utf8').replace(/\0/g, ' ')
+      if (cmd.includes(needle)) out.push(`${ent}: ${cmd.trim()}`)
+    } catch {
+      // gone
+    }
+  }
+  return out
+}
+
+class TestServer {
+  constructor({ tag, cidr, portHint }) {
+    if (!/^[a-z]{1,10}$/.test(tag)) throw new Error(`netns tag ${tag} must be 1-10 lower-case letters`)
+    this.tag = tag
+    this.cidr = cidr
+    this.portHint = portHint
+    this.proc = undefined
+    this.exit = undefined // { code, signal } once exited
+    this.sandboxes = new Set()
+    this.failed = false
+  }
+
+  async start() {
+    const binDir = process.env.AENV_BIN_DIR
+    const baseRootfs = process.env.AENV_BASE_ROOTFS
+    if (!binDir) throw new Error('AENV_BIN_DIR is not set (it must hold the aenv and envd binaries: `make build`)')
+    if (!baseRootfs) throw new Error('AENV_BASE_ROOTFS is not set (it must point at the base root filesystem: `make base`)')
+    const bin = path.join(binDir, 'aenv')
+    try {
+      fs.accessSync(bin, fs.constants.X_OK)
+    } catch {
+      throw new Error(`${bin} is missing or not executable (run \`make build\`)`)
+    }
+    if (!fs.existsSync(path.join(binDir, 'envd'))) throw new Error(`${path.join(binDir, 'envd')} is missing (run \`make build\`)`)
+    if (!fs.existsSync(path.join(baseRootfs, 'bin', 'bash'))) {
+      throw new Error(`base root filesystem ${baseRootfs} is missing or incomplete (no bin/bash; run \`make base\`)`)
+    }
+    if (process.getuid && process.getuid() !== 0) throw new Error('the e2e tests must run as root (the server runs gVisor sandboxes)')
+
+    this.tmp = fs.mkdtempSync(path.join(os.tmpdir(), `aenv-e2e-${this.tag}-`))
+    this.dataDir = path.join(this.tmp, 'data')
+    this.runDir = path.join(this.tmp, 'run')
+    this.logPath = path.join(this.tmp, 'server.log')
+    fs.mkdirSync(this.dataDir)
+    this.port = await findFreePort(this.portHint ?? PORT_MIN)
+    this.url = `http://127.0.0.1:${this.port}`
+
+    const args = [
+      'server',
+      '--listen', `127.0.0.1:${this.port}`,
+      '--data-dir', this.dataDir,
+      '--run-dir', this.runDir,
+      '--base-rootfs', baseRootfs,
+      '--netns-tag', this.tag,
+      '--sandbox-cidr', this.cidr,
+      '--log-level', 'debug',
+    ]
+    const logFd = fs.openSync(this.logPath, 'a')
+    const env = { ...process.env }
+    delete env.AENV_API_KEY
+    this.proc = spawn(bin, args, { stdio: ['ignore', logFd, logFd], env })
+    fs.closeSync(logFd)
+    this.exited = new Promise((resolve) => {
+      this.proc.once('exit', (code, signal) => {
+        this.exit = { code, signal }
+        resolve(this.exit)
+      })
+    })
+    this.proc.once('error', (err) => {
+      this.exit = { code: null, signal: null, error: err }
+    })
+
+    const deadline = Date.now() + START_TIMEOUT_MS
+    for (;;) {
+      if (this.exit) {
+        throw new Error(`aenv server exited during start-up (${JSON.stringify(this.exit)}); log ${this.logPath}:\n${tailFile(this.logPath)}`)
+      }
+      try {
+        const res = await rawRequest({ port: this.port, path: '/health', timeoutMs: 2000 })
+        if (res.status === 200) break
+      } catch {
+        // not listening yet
+      }
+      if (Date.now() > deadline) {
+        await this.stop().catch(() => {})
+        throw new Error(`aenv server did not answer GET /health with 200 within ${START_TIMEOUT_MS} ms; log ${this.logPath}:\n${tailFile(this.logPath)}`)
+      }
+      await sleep(200)
+    }
+
+    const keyPath = path.join(this.dataDir, 'secrets', 'api-key')
+    this.apiKey = fs.readFileSync(keyPath, 'utf8').trim()
+    if (!/^e2b_[0-9a-f]+$/.test(this.apiKey)) throw new Error(`${keyPath} holds ${JSON.stringify(this.apiKey)}, not an e2b_<hex> key`)
+    process.env.E2B_API_URL = this.url
+    process.env.E2B_SANDBOX_URL = this.url
+    process.env.E2B_API_KEY = this.apiKey
+    delete process.env.E2B_DEBUG
+    delete process.env.E2B_DOMAIN
+  }
+
+  /** Raw request to the API (with the right key unless `key` is given; key: null sends none). */
+  async api(method, reqPath, { body, headers = {}, key } = {}) {
+    const h = { ...headers }
+    const k = key === undefined ? this.apiKey : key
+    if (k !== null) h['X-API-KEY'] = k
+    return rawRequest({ port: this.port, method, path: reqPath, headers: h, body })
+  }
+
+  /** Sandbox.create, remembered so that `after` kills it if the test did not. */
+  async create(opts = {}) {
+    const sbx = await Sandbox.create({ timeoutMs: 300_000, ...opts })
+    this.sandboxes.add(sbx.sandboxId)
+    return sbx
+  }
+
+  /** Remember a sandbox id created some other way. */
+  track(id) {
+    this.sandboxes.add(id)
+  }
+
+  /** Kill quietly (for finally blocks); forgets the id. */
+  async kill(sbxOrId) {
+    if (!sbxOrId) return
+    const id = typeof sbxOrId === 'string' ? sbxOrId : sbxOrId.sandboxId
+    this.sandboxes.delete(id)
+    try {
+      await Sandbox.kill(id)
+    } catch (err) {
+      console.error(`# killing sandbox ${id}: ${err.message}`)
+    }
+  }
+
+  logTail(lines = 80) {
+    return tailFile(this.logPath, lines)
+  }
+
+  /** node:test `test` that prints the server log's tail when it fails. */
+  test(name, opts, fn) {
+    if (typeof opts === 'function') {
+      fn = opts
+      opts = {}
+    }
+    return nodeTest(name, { timeout: 120_000, ...opts }, async (t) => {
+      try {
+        await fn(t)
+      } catch (err) {
+        this.failed = true
+        console.error(`# test "${name}" failed; server log ${this.logPath} (last lines):\n${this.logTail()}`)
+        throw err
+      }
+    })
+  }
+
+  async cleanup() {
+    const problems = []
+    if (this.proc && !this.exit) {
+      // Kill what the tests left behind, then check the server agrees that
+      // nothing is running.
+      await Promise.all([...this.sandboxes].map((id) => this.kill(id)))
+      try {
+        const res = await this.api('GET', '/v2/sandboxes')
+        if (res.status !== 200) problems.push(`GET /v2/sandboxes after the tests: ${res.status} ${res.text}`)
+        else if (res.json.length !== 0) {
+          problems.push(`sandboxes still listed after the tests: ${res.json.map((s) => s.sandboxID).join(', ')}`)
+          await Promise.all(res.json.map((s) => this.kill(s.sandboxID)))
+        }
+      } catch (err) {
+        problems.push(`listing sandboxes after the tests: ${err.message}`)
+      }
+    }
+    try {
+      await this.stop()
+    } catch (err) {
+      problems.push(err.message)
+    }
+    const left = this.runDir ? pidsMentioning(this.runDir) : []
+    if (left.length) {
+      problems.push(`processes still mention ${this.runDir} after the server exited:\n${left.join('\n')}`)
+      for (const line of left) {
+        try {
+          process.kill(Number(line.split(':')[0]), 'SIGKILL')
+        } catch {
+          // gone
+        }
+      }
+    }
+    if (problems.length) {
+      this.failed = true
+      console.error(`# server log ${this.logPath} (last lines):\n${this.logTail(120)}`)
+      throw new Error(problems.join('\n'))
+    }
+    if (!this.failed && this.tmp) {
+      // Keep everything for a post-mortem when something failed.
+      fs.rmSync(this.tmp, { recursive: true, force: true, maxRetries: 3 })
+    } else if (this.tmp) {
+      console.error(`# keeping ${this.tmp} for inspection`)
+    }
+  }
+
+  async stop() {
+    if (!this.proc || this.exit) return
+    this.proc.kill('SIGTERM')
+    const timer = sleep(STOP_GRACE_MS).then(() => 'timeout')
+    const res = await Promise.race([this.exited, timer])
+    if (res === 'timeout') {
+      this.proc.kill('SIGKILL')
+      await this.exited
+      throw new Error(`aenv server did not exit within ${STOP_GRACE_MS / 1000}s of SIGTERM (killed it)`)
+    }
+    if (this.exit.code !== 0) {
+      throw new Error(`aenv server exited with ${JSON.stringify(this.exit)} after SIGTERM (want code 0)`)
+    }
+  }
+}
+
+/**
+ * Registers before/after hooks running one server for the calling file.
+ * tag: 1-10 lower-case letters, unique per file (names nftables tables and
+ * interfaces). cidr: a /16 unique per file.
+ */
+export function useServer({ tag, cidr, portHint }) {
+  const srv = new TestServer({ tag, cidr, portHint })
+  before(async () => {
+    await srv.start()
+  }, { timeout: START_TIMEOUT_MS + 40_000 })
+  after(async () => {
+    await srv.cleanup()
+  }, { timeout: 120_000 })
+  return srv
+}
+
+/** Asserts that promise rejects with an instance of cls; returns the error. */
+export async function rejectsWith(promise, cls, what = '') {
+  let err
+  try {
+    await promise
+  } catch (e) {
+    err = e
+  }
+  if (!err) throw new Error(`${what || 'call'}: expected ${cls.name}, but it succeeded`)
+  if (!(err instanceof cls)) {
+    const e = new Error(`${what || 'call'}: expected ${cls.name}, got ${err?.constructor?.name}: ${err?.message}`)
+    e.cause = err
+    throw e
+  }
+  return err
+}

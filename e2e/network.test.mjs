@@ -1,0 +1,142 @@
+// The sandbox proxy: getHost(port) names reach a program listening inside
+// the sandbox; unknown sandboxes and closed ports give 502; envd's access
+// token is enforced for secure sandboxes.
+
+import assert from 'node:assert/strict'
+import crypto from 'node:crypto'
+import { before } from 'node:test'
+import { Sandbox } from 'e2b'
+import { useServer, randomTag, rawRequest, waitFor } from './lib/server.mjs'
+
+const srv = useServer({ tag: 'zqnet', cidr: '10.243.0.0/16', portHint: 18160 })
+
+/** @type {import('e2b').Sandbox} */
+let sbx
+const wwwDir = `/home/user/www-${randomTag(6)}`
+const marker = `marker-${randomTag(10)}.txt`
+const bigData = crypto.randomBytes(3 << 20)
+
+before(async () => {
+  sbx = await srv.create({ timeoutMs: 600_000, metadata: { suite: 'network' } })
+  await sbx.files.write(`${wwwDir}/${marker}`, 'marker content\n')
+  await sbx.files.write(`${wwwDir}/big.bin`, bigData)
+  await sbx.commands.run('python3 -m http.server 8080', { background: true, cwd: wwwDir, timeoutMs: 0 })
+}, { timeout: 90_000 })
+
+/** GET through the proxy with Host set to a getHost() value, retrying until the program answers. */
+async function getViaHost(host, reqPath = '/', { retryUntilOk = true } = {}) {
+  let last
+  await waitFor(async () => {
+    last = await rawRequest({ port: srv.port, path: reqPath, headers: { Host: host } })
+    return !retryUntilOk || last.status === 200
+  }, { timeoutMs: 20_000, intervalMs: 250, what: `GET http://${host}${reqPath} to answer 200 (last: ${last?.status} ${last?.text?.slice(0, 200)})` })
+  return last
+}
+
+srv.test('getHost(port) reaches python3 -m http.server in the sandbox', async () => {
+  const host = sbx.getHost(8080)
+  assert.equal(host, `8080-${sbx.sandboxId}.localhost:${srv.port}`)
+
+  const res = await getViaHost(host, '/')
+  assert.equal(res.status, 200)
+  assert.match(res.headers['content-type'] ?? '', /text\/html/)
+  assert.match(res.text, /Directory listing for \//)
+  assert.ok(res.text.includes(marker), `listing lacks ${marker}:\n${res.text}`)
+  assert.ok(res.text.includes('big.bin'))
+
+  const file = await getViaHost(host, `/${marker}`)
+  assert.equal(file.text, 'marker content\n')
+
+  // A 404 from the program passes through as it is.
+  const missing = await rawRequest({ port: srv.port, path: '/nope.txt', headers: { Host: host } })
+  assert.equal(missing.status, 404)
+})
+
+srv.test('a 3 MiB download through the proxy is byte-exact', async () => {
+  const res = await getViaHost(sbx.getHost(8080), '/big.bin')
+  assert.equal(res.status, 200)
+  assert.equal(res.body.length, bigData.length)
+  assert.ok(Buffer.compare(res.body, bigData) === 0, 'downloaded bytes differ')
+})
+
+srv.test('the E2b-Sandbox-Id / E2b-Sandbox-Port headers route the same way', async () => {
+  const res = await rawRequest({
+    port: srv.port,
+    path: '/',
+    headers: { 'E2b-Sandbox-Id': sbx.sandboxId, 'E2b-Sandbox-Port': '8080' },
+  })
+  assert.equal(res.status, 200)
+  assert.ok(res.text.includes(marker))
+})
+
+srv.test('envd is reachable by host name on port 49983', async () => {
+  const res = await rawRequest({ port: srv.port, path: '/health', headers: { Host: `49983-${sbx.sandboxId}.localhost:${srv.port}` } })
+  assert.equal(res.status, 204)
+})
+
+srv.test('a port nobody listens on gives 502 with a JSON error', async () => {
+  const res = await rawRequest({ port: srv.port, path: '/', headers: { Host: sbx.getHost(8081) } })
+  assert.equal(res.status, 502)
+  assert.equal(res.json?.code, 502)
+  assert.equal(typeof res.json?.message, 'string')
+})
+
+srv.test('an unknown sandbox gives 502 through the proxy', async () => {
+  for (const headers of [
+    { Host: `8080-nosuch${randomTag(10)}.localhost:${srv.port}` },
+    { 'E2b-Sandbox-Id': `nosuch${randomTag(10)}`, 'E2b-Sandbox-Port': '49983' },
+  ]) {
+    const res = await rawRequest({ port: srv.port, path: '/health', headers })
+    assert.equal(res.status, 502, JSON.stringify(headers))
+    assert.equal(res.json?.code, 502)
+  }
+})
+
+srv.test('bad proxy targets are refused with 4xx, never 5xx', async () => {
+  for (const headers of [
+    { 'E2b-Sandbox-Id': '../../etc', 'E2b-Sandbox-Port': '49983' },
+    { 'E2b-Sandbox-Id': sbx.sandboxId.toUpperCase(), 'E2b-Sandbox-Port': '49983' },
+    { 'E2b-Sandbox-Id': sbx.sandboxId, 'E2b-Sandbox-Port': '0' },
+    { 'E2b-Sandbox-Id': sbx.sandboxId, 'E2b-Sandbox-Port': '65536' },
+    { 'E2b-Sandbox-Id': sbx.sandboxId, 'E2b-Sandbox-Port': 'abc' },
+    { Host: `99999-${sbx.sandboxId}.localhost:${srv.port}` },
+  ]) {
+    const res = await rawRequest({ port: srv.port, path: '/health', headers })
+    assert.ok(res.status >= 400 && res.status < 500, `${JSON.stringify(headers)}: ${res.status} ${res.text}`)
+    assert.equal(res.json?.code, res.status, `${JSON.stringify(headers)}: body ${res.text}`)
+  }
+})
+
+srv.test('a sandbox reaches its own program on localhost', async () => {
+  const r = await sbx.commands.run(`python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8080/${marker}').read().decode(), end='')"`)
+  assert.equal(r.stdout, 'marker content\n')
+})
+
+srv.test('secure sandbox: envd demands its access token', async () => {
+  const res = await srv.api('POST', '/v2/sandboxes', { body: { templateID: 'base', timeout: 120, secure: true } })
+  assert.equal(res.status, 201, res.text)
+  const id = res.json.sandboxID
+  srv.track(id)
+  try {
+    const token = res.json.envdAccessToken
+    assert.equal(typeof token, 'string')
+    assert.ok(token.length >= 16, `token ${token}`)
+
+    const route = { 'E2b-Sandbox-Id': id, 'E2b-Sandbox-Port': '49983' }
+    const path = '/files?path=%2Fetc%2Fhosts&username=user'
+    const noToken = await rawRequest({ port: srv.port, path, headers: route })
+    assert.equal(noToken.status, 401, `no token: ${noToken.status} ${noToken.text}`)
+    const badToken = await rawRequest({ port: srv.port, path, headers: { ...route, 'X-Access-Token': token + 'x' } })
+    assert.equal(badToken.status, 401, `bad token: ${badToken.status} ${badToken.text}`)
+    const good = await rawRequest({ port: srv.port, path, headers: { ...route, 'X-Access-Token': token } })
+    assert.equal(good.status, 200, `good token: ${good.status} ${good.text}`)
+    assert.ok(good.text.includes(id), `/etc/hosts lacks the sandbox id:\n${good.text}`)
+
+    // The SDK gets the token from connect and uses it.
+    const conn = await Sandbox.connect(id)
+    const r = await conn.commands.run('echo secure-ok; env | grep -c AENV_ENVD_ACCESS_TOKEN || true')
+    assert.equal(r.stdout, 'secure-ok\n0\n', 'the access token must not leak into process environments')
+  } finally {
+    await srv.kill(id)
+  }
+})

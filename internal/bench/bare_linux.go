@@ -1,0 +1,353 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+)
+
+// MeasureBare measures the baseline: runsc started directly on
+// opts.RootFS with the flags aenv's gVisor driver uses, except networking
+// (--network=none: no namespace to prepare). Needs root. Every container it
+// starts is deleted, and its temporary runsc root removed, before it
+// returns.
+func MeasureBare(ctx context.Context, opts Options) (_ BareResults, err error) {
+	opts = opts.withDefaults()
+	r, err := newBareRunner(opts)
+	if err != nil {
+		return BareResults{}, fmt.Errorf("measuring bare runsc: %w", err)
+	}
+	defer func() {
+		if cerr := runCleanups(ctx, r.close); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("cleaning up bare runsc: %w", cerr))
+		}
+	}()
+	p := newProgress(opts.Progress)
+	var res BareResults
+
+	if res.RunSerial, err = series(ctx, p, "runsc run c=1", 1, opts.Iterations, 1, r.runTrue); err != nil {
+		return res, fmt.Errorf("measuring bare runsc: %w", err)
+	}
+	label := fmt.Sprintf("runsc run c=%d", opts.Concurrency)
+	if res.RunConcurrent, err = series(ctx, p, label, 0, opts.rounds(), opts.Concurrency, r.runTrue); err != nil {
+		return res, fmt.Errorf("measuring bare runsc: %w", err)
+	}
+
+	id, err := r.startSleeper(ctx)
+	if err != nil {
+		return res, fmt.Errorf("measuring bare runsc: %w", err)
+	}
+	defer func() {
+		if cerr := runCleanups(ctx, r.remover(id)); cerr != nil {
+			err = errors.Join(err, cerr)
+		}
+	}()
+	if res.Exec, err = series(ctx, p, "runsc exec", 1, opts.Iterations, 1, r.execer(id, "/bin/true")); err != nil {
+		return res, fmt.Errorf("measuring bare runsc: %w", err)
+	}
+	if res.ExecShell, err = series(ctx, p, "runsc exec bash -l", 1, opts.Iterations, 1, r.execer(id, "/bin/bash", "-l", "-c", "true")); err != nil {
+		return res, fmt.Errorf("measuring bare runsc: %w", err)
+	}
+	return res, nil
+}
+
+// bareRunner starts containers with runsc under a private --root.
+type bareRunner struct {
+	opts Options
+	// dir holds the runsc root and one bundle per container.
+	dir    string
+	prefix string
+	seq    atomic.Int64
+}
+
+// CheckBare reports whether MeasureBare can run with opts: as root, with
+// the runsc binary and a root filesystem that has /bin/true and /bin/bash.
+// It lets a caller fail before spending minutes on the aenv half.
+func CheckBare(opts Options) error {
+	if os.Geteuid() != 0 {
+		return errors.New("checking bare runsc: needs root")
+	}
+	if opts.RunscPath == "" {
+		if _, err := exec.LookPath("runsc"); err != nil {
+			return fmt.Errorf("checking bare runsc: %w", err)
+		}
+	}
+	for _, p := range []string{opts.RunscPath, filepath.Join(opts.RootFS, "bin/true"), filepath.Join(opts.RootFS, "bin/bash")} {
+		if p == "" {
+			continue
+		}
+		if _, err := os.Stat(p); err != nil {
+			return fmt.Errorf("checking bare runsc: %w", err)
+		}
+	}
+	return nil
+}
+
+func newBareRunner(opts Options) (*bareRunner, error) {
+	if err := CheckBare(opts); err != nil {
+		return nil, err
+	}
+	if opts.RunscPath == "" {
+		opts.RunscPath, _ = exec.LookPath("runsc")
+	}
+	dir, err := os.MkdirTemp("", "aenv-bench-")
+	if err != nil {
+		return nil, fmt.Errorf("creating runsc root: %w", err)
+	}
+	if err := os.Mkdir(filepath.Join(dir, "root"), 0o700); err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("creating runsc root: %w", err)
+	}
+	return &bareRunner{opts: opts, dir: dir, prefix: fmt.Sprintf("aenv-bench-%d-", os.Getpid())}, nil
+}
+
+// args returns runsc's command line: the global flags of aenv's gVisor
+// driver (internal/runtime/gvisor) with networking off, then sub.
+func (r *bareRunner) args(sub ...string) []string {
+	return append([]string{
+		"--root=" + filepath.Join(r.dir, "root"),
+		"--platform=systrap",
+		"--network=none",
+		"--overlay2=root:memory",
+		"--cpu-num-from-quota",
+	}, sub...)
+}
+
+// runsc runs runsc with args, its output going to logPath; on failure the
+// error carries the log's tail.
+func (r *bareRunner) runsc(ctx context.Context, logPath string, args ...string) error {
+	log, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer log.Close()
+	cmd := exec.CommandContext(ctx, r.opts.RunscPath, r.args(args...)...)
+	// Files, not pipes: a detached sandbox inherits them and would hold a
+	// pipe open forever. Own process group: a Ctrl-C on the benchmark must
+	// leave the sandboxes to the cleanup rather than kill them half-way.
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("runsc %s: %w%s", args[0], err, tail(logPath))
+	}
+	return nil
+}
+
+// bundle writes a fresh container's OCI bundle running args and returns the
+// container's id and bundle directory.
+func (r *bareRunner) bundle(args ...string) (id, dir string, err error) {
+	id = fmt.Sprintf("%s%d", r.prefix, r.seq.Add(1))
+	dir = filepath.Join(r.dir, id)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return "", "", fmt.Errorf("writing bundle %s: %w", id, err)
+	}
+	if err := writeBareBundle(dir, id, r.opts, args); err != nil {
+		return "", "", fmt.Errorf("writing bundle %s: %w", id, err)
+	}
+	return id, dir, nil
+}
+
+// remover returns the cleanup that deletes container id and its bundle.
+func (r *bareRunner) remover(id string) cleanup {
+	return func(ctx context.Context) error {
+		dir := filepath.Join(r.dir, id)
+		err := r.runsc(ctx, filepath.Join(dir, "delete.log"), "delete", "--force", id)
+		if err != nil && strings.Contains(err.Error(), "does not exist") {
+			err = nil // `runsc run` without --detach deletes on exit.
+		}
+		if rmErr := os.RemoveAll(dir); err == nil {
+			err = rmErr
+		}
+		if err != nil {
+			return fmt.Errorf("deleting container %s: %w", id, err)
+		}
+		return nil
+	}
+}
+
+// runTrue times `runsc run` of /bin/true in a fresh container, from start to
+// exit.
+func (r *bareRunner) runTrue(ctx context.Context) (time.Duration, cleanup, error) {
+	id, dir, err := r.bundle("/bin/true")
+	if err != nil {
+		return 0, nil, err
+	}
+	start := time.Now()
+	err = r.runsc(ctx, filepath.Join(dir, "runsc.log"), "run", "--bundle="+dir, id)
+	return time.Since(start), r.remover(id), err
+}
+
+// startSleeper starts a detached container that sleeps until deleted.
+func (r *bareRunner) startSleeper(ctx context.Context) (string, error) {
+	id, dir, err := r.bundle("/bin/sleep", "infinity")
+	if err != nil {
+		return "", err
+	}
+	if err := r.runsc(ctx, filepath.Join(dir, "runsc.log"), "run", "--detach", "--bundle="+dir, id); err != nil {
+		return "", errors.Join(err, runCleanups(ctx, r.remover(id)))
+	}
+	return id, nil
+}
+
+// execer returns an op timing `runsc exec` of args in container id.
+func (r *bareRunner) execer(id string, args ...string) op {
+	logPath := filepath.Join(r.dir, id, "exec.log")
+	return func(ctx context.Context) (time.Duration, cleanup, error) {
+		start := time.Now()
+		err := r.runsc(ctx, logPath, append([]string{"exec", id}, args...)...)
+		return time.Since(start), nil, err
+	}
+}
+
+// close deletes every container still in the private root, unmounts what
+// runsc left mounted there (its null-netns) and removes the directory.
+func (r *bareRunner) close(ctx context.Context) error {
+	var errs []error
+	entries, _ := os.ReadDir(r.dir)
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), r.prefix) {
+			errs = append(errs, r.remover(e.Name())(ctx))
+		}
+	}
+	mounts, err := mountsUnder(r.dir)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, m := range mounts {
+		if err := unix.Unmount(m, unix.MNT_DETACH); err != nil {
+			errs = append(errs, fmt.Errorf("unmounting %s: %w", m, err))
+		}
+	}
+	if err := os.RemoveAll(r.dir); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// mountsUnder lists this process's mount points below dir, deepest first.
+func mountsUnder(dir string) ([]string, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, fmt.Errorf("reading mounts: %w", err)
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 {
+			continue
+		}
+		// mountinfo escapes space, tab, newline and backslash as octal;
+		// our own temp paths contain none of them.
+		if mp := fields[4]; strings.HasPrefix(mp, dir+"/") {
+			out = append([]string{mp}, out...)
+		}
+	}
+	return out, sc.Err()
+}
+
+// tail returns the last lines of a runsc log, to make a failure explain
+// itself.
+func tail(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil || len(b) == 0 {
+		return ""
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) > 5 {
+		lines = lines[len(lines)-5:]
+	}
+	return ": " + strings.Join(lines, "; ")
+}
+
+// cpuPeriod is the CFS period the driver expresses CPU counts in.
+const cpuPeriod = 100000
+
+// bareCaps is the driver's capability set for the sandbox's root.
+var bareCaps = []string{
+	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD",
+	"CAP_NET_RAW", "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP",
+	"CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
+	"CAP_SYS_PTRACE",
+}
+
+// writeBareBundle writes config.json for a container running args, shaped
+// like the driver's bundles (internal/runtime/gvisor/bundle.go): same mounts
+// (less envd's binary), capabilities, rlimits, namespaces and cgroup limits,
+// so that bare and aenv sandboxes do the same start-up work.
+func writeBareBundle(dir, id string, opts Options, args []string) error {
+	files := map[string]string{
+		"resolv.conf": "",
+		"hosts":       "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t" + id + "\n",
+	}
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+			return err
+		}
+	}
+	res := &specs.LinuxResources{}
+	if opts.MemoryMB > 0 {
+		limit := int64(opts.MemoryMB) << 20
+		res.Memory = &specs.LinuxMemory{Limit: &limit}
+	}
+	if opts.CPUCount > 0 {
+		quota, period := int64(opts.CPUCount)*cpuPeriod, uint64(cpuPeriod)
+		res.CPU = &specs.LinuxCPU{Quota: &quota, Period: &period}
+	}
+	s := specs.Spec{
+		Version: specs.Version,
+		Process: &specs.Process{
+			User: specs.User{UID: 0, GID: 0},
+			Args: args,
+			Env:  []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+			Cwd:  "/",
+			Capabilities: &specs.LinuxCapabilities{
+				Bounding: bareCaps, Effective: bareCaps, Permitted: bareCaps,
+			},
+			Rlimits: []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: 1048576, Soft: 1048576}},
+		},
+		Root:     &specs.Root{Path: opts.RootFS},
+		Hostname: id,
+		Mounts: []specs.Mount{
+			{Destination: "/proc", Type: "proc", Source: "proc"},
+			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+			{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
+			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
+			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+			{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777"}},
+			{Destination: "/etc/resolv.conf", Type: "bind", Source: filepath.Join(dir, "resolv.conf"), Options: []string{"rbind", "ro"}},
+			{Destination: "/etc/hosts", Type: "bind", Source: filepath.Join(dir, "hosts"), Options: []string{"rbind", "ro"}},
+		},
+		Linux: &specs.Linux{
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace},
+				{Type: specs.IPCNamespace},
+				{Type: specs.UTSNamespace},
+				{Type: specs.MountNamespace},
+				{Type: specs.NetworkNamespace},
+			},
+			// One level, unlike the driver's /aenv/<id>: runsc removes the
+			// container's cgroup on delete but not a parent it created.
+			CgroupsPath: "/" + id,
+			Resources:   res,
+		},
+	}
+	b, err := json.MarshalIndent(&s, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "config.json"), b, 0o600)
+}

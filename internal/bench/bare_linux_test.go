@@ -1,0 +1,72 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aenvhq/aenv/internal/testutil"
+)
+
+func TestMeasureBare(t *testing.T) {
+	testutil.RequireRoot(t)
+	runsc := testutil.RequireBinary(t, "runsc", "AENV_RUNSC")
+	rootfs := os.Getenv("AENV_BASE_ROOTFS")
+	if rootfs == "" {
+		testutil.Unavailable(t, "AENV_BASE_ROOTFS is not set")
+	}
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp) // to see that the runsc root is removed
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	res, err := MeasureBare(ctx, Options{
+		Iterations: 2, Concurrency: 2,
+		RunscPath: runsc, RootFS: rootfs,
+		CPUCount: 2, MemoryMB: 512,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, s := range map[string][]time.Duration{
+		"run c=1": res.RunSerial, "run c=2": res.RunConcurrent,
+		"exec": res.Exec, "exec bash": res.ExecShell,
+	} {
+		if len(s) != 2 {
+			t.Errorf("%s: %d samples, want 2", name, len(s))
+		}
+		for _, d := range s {
+			if d <= 0 {
+				t.Errorf("%s: non-positive sample %v", name, d)
+			}
+		}
+	}
+
+	left, _ := os.ReadDir(tmp)
+	for _, e := range left {
+		t.Errorf("left behind in TMPDIR: %s", e.Name())
+	}
+	mounts, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(mounts), tmp) {
+		t.Errorf("mounts left under %s", tmp)
+	}
+	cgroups, _ := filepath.Glob(fmt.Sprintf("/sys/fs/cgroup/*/aenv-bench-%d-*", os.Getpid()))
+	for _, c := range cgroups {
+		t.Errorf("cgroup left behind: %s", c)
+	}
+}
+
+func TestCheckBareRejectsMissingRootFS(t *testing.T) {
+	testutil.RequireRoot(t)
+	runsc := testutil.RequireBinary(t, "runsc", "AENV_RUNSC")
+	if err := CheckBare(Options{RunscPath: runsc, RootFS: t.TempDir()}); err == nil {
+		t.Error("CheckBare accepted a root filesystem without /bin/true")
+	}
+}

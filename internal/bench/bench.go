@@ -1,0 +1,200 @@
+// Package bench measures what a sandbox costs through aenv (create to first
+// command, command round trip) and what the same work costs with bare runsc
+// on the same root filesystem and flags, so that aenv's own overhead is a
+// ratio rather than a guess. Only the CLI (`aenv bench`) and its tests
+// import it.
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/aenvhq/aenv/internal/client"
+)
+
+// Defaults for Options.
+const (
+	DefaultIterations  = 20
+	DefaultConcurrency = 10
+	DefaultTemplate    = "base"
+)
+
+// Options configures both halves of a benchmark; each half reads the fields
+// it needs.
+type Options struct {
+	// Iterations is the number of samples per operation (default 20). The
+	// concurrent operation takes max(1, Iterations/Concurrency) rounds.
+	Iterations int
+	// Concurrency is how many sandboxes start at once in the concurrent
+	// operation (default 10).
+	Concurrency int
+
+	// API is the server under test (aenv half).
+	API API
+	// Template is the template sandboxes are created from (default base).
+	Template string
+
+	// RunscPath and RootFS are the runsc binary and the template's root
+	// filesystem the bare baseline runs (bare half).
+	RunscPath string
+	RootFS    string
+	// CPUCount and MemoryMB size the bare containers' cgroups like the
+	// template's sandboxes (0: no limit).
+	CPUCount, MemoryMB int
+
+	// Progress receives a progress line (rewritten with \r) while a
+	// measurement runs; nil means silent.
+	Progress io.Writer
+}
+
+func (o Options) withDefaults() Options {
+	if o.Iterations <= 0 {
+		o.Iterations = DefaultIterations
+	}
+	if o.Concurrency <= 0 {
+		o.Concurrency = DefaultConcurrency
+	}
+	if o.Template == "" {
+		o.Template = DefaultTemplate
+	}
+	return o
+}
+
+// rounds is the number of concurrent rounds: enough for about Iterations
+// samples, at least one, and always full so that every sample saw the same
+// concurrency.
+func (o Options) rounds() int {
+	return max(1, o.Iterations/o.Concurrency)
+}
+
+// API is the part of the aenv client the benchmark drives; *client.Client
+// implements it.
+type API interface {
+	Create(ctx context.Context, opts client.CreateOptions) (*client.Sandbox, error)
+	Run(ctx context.Context, id, cmd string, opts client.RunOptions) (int, error)
+	Kill(ctx context.Context, id string) error
+}
+
+var _ API = (*client.Client)(nil)
+
+// op is one timed operation: it returns how long the timed part took and a
+// cleanup that runs untimed (after the whole round, so that tearing one
+// sandbox down does not slow the others' start). cleanup may be nil, and is
+// returned even with an error when there is something to clean up.
+type op func(ctx context.Context) (d time.Duration, cleanup cleanup, err error)
+
+// cleanup undoes what an op left running.
+type cleanup func(context.Context) error
+
+// cleanupTimeout bounds the untimed teardown, which still runs after the
+// benchmark's context is cancelled.
+const cleanupTimeout = time.Minute
+
+// series runs o rounds times, conc at once, after warmup untimed runs, and
+// returns the rounds*conc durations. The first error ends the series once
+// the round it happened in is cleaned up.
+func series(ctx context.Context, p *progress, label string, warmup, rounds, conc int, o op) ([]time.Duration, error) {
+	total := rounds * conc
+	p.start(label, total)
+	defer p.end()
+	for i := range warmup {
+		_, c, err := o(ctx)
+		if err = errors.Join(err, runCleanups(ctx, c)); err != nil {
+			return nil, fmt.Errorf("%s: warm-up %d: %w", label, i+1, err)
+		}
+	}
+	out := make([]time.Duration, 0, total)
+	for r := range rounds {
+		durs := make([]time.Duration, conc)
+		errs := make([]error, conc)
+		cleanups := make([]cleanup, conc)
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		done := len(out)
+		gate := make(chan struct{})
+		for i := range conc {
+			wg.Go(func() {
+				<-gate
+				durs[i], cleanups[i], errs[i] = o(ctx)
+				mu.Lock()
+				done++
+				p.update(done)
+				mu.Unlock()
+			})
+		}
+		close(gate)
+		wg.Wait()
+		cerr := runCleanups(ctx, cleanups...)
+		for i, err := range errs {
+			if err != nil {
+				return nil, fmt.Errorf("%s: round %d, sample %d: %w", label, r+1, i+1, errors.Join(err, cerr))
+			}
+		}
+		if cerr != nil {
+			return nil, fmt.Errorf("%s: round %d: %w", label, r+1, cerr)
+		}
+		out = append(out, durs...)
+	}
+	return out, nil
+}
+
+// runCleanups runs every cleanup, even after ctx is cancelled (a benchmark
+// interrupted with Ctrl-C must still leave nothing running), one after
+// another so that they do not compete with each other.
+func runCleanups(ctx context.Context, cleanups ...cleanup) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	var errs []error
+	for _, c := range cleanups {
+		if c != nil {
+			errs = append(errs, c(ctx))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// progress rewrites one line on w: "label: done/total". A nil *progress or
+// nil w prints nothing.
+type progress struct {
+	w            io.Writer
+	label        string
+	total, width int
+}
+
+func newProgress(w io.Writer) *progress { return &progress{w: w} }
+
+func (p *progress) start(label string, total int) {
+	if p == nil {
+		return
+	}
+	p.label, p.total = label, total
+	p.update(0)
+}
+
+func (p *progress) update(done int) {
+	if p == nil || p.w == nil {
+		return
+	}
+	line := fmt.Sprintf("%s: %d/%d", p.label, done, p.total)
+	pad := max(0, p.width-len(line))
+	p.width = len(line)
+	fmt.Fprintf(p.w, "\r%s%s", line, strings.Repeat(" ", pad))
+}
+
+// end blanks the line so that whatever is printed next starts clean.
+func (p *progress) end() {
+	if p == nil || p.w == nil || p.width == 0 {
+		return
+	}
+	fmt.Fprintf(p.w, "\r%s\r", strings.Repeat(" ", p.width))
+	p.width = 0
+}
+
+// errNonZero is returned when the benchmark's trivial command fails, which
+// would make its timing meaningless.
+var errNonZero = errors.New("command exited non-zero")

@@ -1,0 +1,247 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/aenvhq/aenv/internal/client"
+)
+
+func TestSeriesRunsFullConcurrentRoundsAndCleansUpBetween(t *testing.T) {
+	var inFlight, maxInFlight, cleaned atomic.Int32
+	var mu sync.Mutex
+	var events []string
+	o := func(ctx context.Context) (time.Duration, cleanup, error) {
+		n := inFlight.Add(1)
+		for {
+			m := maxInFlight.Load()
+			if n <= m || maxInFlight.CompareAndSwap(m, n) {
+				break
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+		inFlight.Add(-1)
+		return time.Millisecond, func(context.Context) error {
+			if inFlight.Load() != 0 {
+				t.Error("cleanup ran while a timed operation was in flight")
+			}
+			cleaned.Add(1)
+			mu.Lock()
+			events = append(events, "cleanup")
+			mu.Unlock()
+			return nil
+		}, nil
+	}
+	var buf bytes.Buffer
+	got, err := series(context.Background(), newProgress(&buf), "x c=4", 1, 3, 4, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 12 {
+		t.Errorf("got %d samples, want 3 rounds x 4", len(got))
+	}
+	if m := maxInFlight.Load(); m != 4 {
+		t.Errorf("at most %d ran at once, want 4", m)
+	}
+	if c := cleaned.Load(); c != 13 {
+		t.Errorf("%d cleanups, want 13 (12 samples + 1 warm-up)", c)
+	}
+	if !strings.Contains(buf.String(), "x c=4: 12/12") {
+		t.Errorf("progress never reached 12/12: %q", buf.String())
+	}
+	if !strings.HasSuffix(buf.String(), "\r") {
+		t.Errorf("progress line not blanked at the end: %q", buf.String())
+	}
+}
+
+func TestSeriesErrorStillCleansUpTheRound(t *testing.T) {
+	var calls, cleaned atomic.Int32
+	boom := errors.New("boom")
+	o := func(ctx context.Context) (time.Duration, cleanup, error) {
+		c := func(context.Context) error { cleaned.Add(1); return nil }
+		if calls.Add(1) == 2 {
+			return 0, c, boom
+		}
+		return time.Millisecond, c, nil
+	}
+	_, err := series(context.Background(), nil, "x", 0, 5, 3, o)
+	if !errors.Is(err, boom) {
+		t.Fatalf("err = %v, want boom", err)
+	}
+	if calls.Load() != 3 || cleaned.Load() != 3 {
+		t.Errorf("calls=%d cleaned=%d, want the failed round (3) run and cleaned, and no more", calls.Load(), cleaned.Load())
+	}
+}
+
+func TestSeriesReportsCleanupFailure(t *testing.T) {
+	o := func(ctx context.Context) (time.Duration, cleanup, error) {
+		return time.Millisecond, func(context.Context) error { return errors.New("still running") }, nil
+	}
+	if _, err := series(context.Background(), nil, "x", 0, 1, 1, o); err == nil || !strings.Contains(err.Error(), "still running") {
+		t.Errorf("err = %v, want the cleanup's failure", err)
+	}
+}
+
+func TestRounds(t *testing.T) {
+	for _, tt := range []struct{ it, conc, want int }{{20, 10, 2}, {25, 10, 2}, {2, 10, 1}, {100, 10, 10}, {3, 1, 3}} {
+		if got := (Options{Iterations: tt.it, Concurrency: tt.conc}).rounds(); got != tt.want {
+			t.Errorf("rounds(%d, %d) = %d, want %d", tt.it, tt.conc, got, tt.want)
+		}
+	}
+}
+
+// fakeAPI is a server whose sandboxes take a few milliseconds to create.
+type fakeAPI struct {
+	mu      sync.Mutex
+	seq     int
+	live    map[string]bool
+	created int
+	runs    int
+	// exitCode is what `true` returns; failRun makes Run fail instead.
+	exitCode int
+	failRun  error
+	// onCreate, if set, runs inside Create (e.g. to cancel the context).
+	onCreate func()
+}
+
+func newFakeAPI() *fakeAPI { return &fakeAPI{live: map[string]bool{}} }
+
+func (f *fakeAPI) Create(ctx context.Context, opts client.CreateOptions) (*client.Sandbox, error) {
+	if opts.TemplateID != "tpl" || opts.Timeout <= 0 {
+		return nil, fmt.Errorf("bad create options %+v", opts)
+	}
+	if f.onCreate != nil {
+		f.onCreate()
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	time.Sleep(2 * time.Millisecond)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.seq++
+	f.created++
+	id := fmt.Sprintf("sb%d", f.seq)
+	f.live[id] = true
+	return &client.Sandbox{SandboxID: id, EnvdAccessToken: "tok-" + id, CPUCount: 2, MemoryMB: 512}, nil
+}
+
+func (f *fakeAPI) Run(ctx context.Context, id, cmd string, opts client.RunOptions) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.runs++
+	if !f.live[id] {
+		return -1, fmt.Errorf("run in unknown sandbox %s", id)
+	}
+	if cmd != "true" || opts.AccessToken != "tok-"+id {
+		return -1, fmt.Errorf("bad run %q %+v", cmd, opts)
+	}
+	if f.failRun != nil {
+		return -1, f.failRun
+	}
+	return f.exitCode, nil
+}
+
+func (f *fakeAPI) Kill(ctx context.Context, id string) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.live[id] {
+		return fmt.Errorf("kill of unknown sandbox %s", id)
+	}
+	delete(f.live, id)
+	return nil
+}
+
+func (f *fakeAPI) leaked() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for id := range f.live {
+		out = append(out, id)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func TestMeasureAenv(t *testing.T) {
+	api := newFakeAPI()
+	res, err := MeasureAenv(context.Background(), Options{API: api, Template: "tpl", Iterations: 6, Concurrency: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.CreateSerial) != 6 || len(res.CreateConcurrent) != 6 || len(res.Command) != 6 {
+		t.Errorf("samples: serial %d, concurrent %d, command %d; want 6 each",
+			len(res.CreateSerial), len(res.CreateConcurrent), len(res.Command))
+	}
+	for _, d := range slices.Concat(res.CreateSerial, res.CreateConcurrent) {
+		if d < 2*time.Millisecond {
+			t.Errorf("create sample %v shorter than the create itself", d)
+		}
+	}
+	if res.CPUCount != 2 || res.MemoryMB != 512 {
+		t.Errorf("size = %d CPUs, %d MiB; want the server's 2, 512", res.CPUCount, res.MemoryMB)
+	}
+	// 1 warm-up + 6 serial + 6 concurrent + 1 for the command series.
+	if api.created != 14 {
+		t.Errorf("created %d sandboxes, want 14", api.created)
+	}
+	if l := api.leaked(); len(l) > 0 {
+		t.Errorf("sandboxes left running: %v", l)
+	}
+}
+
+func TestMeasureAenvFailsOnNonZeroExitAndKillsEverything(t *testing.T) {
+	api := newFakeAPI()
+	api.exitCode = 1
+	_, err := MeasureAenv(context.Background(), Options{API: api, Template: "tpl", Iterations: 2, Concurrency: 2})
+	if !errors.Is(err, errNonZero) {
+		t.Errorf("err = %v, want a non-zero exit error", err)
+	}
+	if l := api.leaked(); len(l) > 0 {
+		t.Errorf("sandboxes left running: %v", l)
+	}
+}
+
+func TestMeasureAenvCommandFailureKillsItsSandbox(t *testing.T) {
+	api := newFakeAPI()
+	opts := Options{API: api, Template: "tpl", Iterations: 2, Concurrency: 2}
+	// Let the create series pass, then make every Run fail.
+	p := newProgress(nil)
+	api.failRun = errors.New("proxy down")
+	if _, err := measureCommand(context.Background(), p, opts.withDefaults()); err == nil || !strings.Contains(err.Error(), "proxy down") {
+		t.Errorf("err = %v, want the run failure", err)
+	}
+	if l := api.leaked(); len(l) > 0 {
+		t.Errorf("sandboxes left running: %v", l)
+	}
+}
+
+func TestMeasureAenvCancelledStillKills(t *testing.T) {
+	api := newFakeAPI()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var n atomic.Int32
+	api.onCreate = func() {
+		if n.Add(1) == 4 {
+			cancel()
+		}
+	}
+	_, err := MeasureAenv(ctx, Options{API: api, Template: "tpl", Iterations: 10, Concurrency: 5})
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("err = %v, want context.Canceled", err)
+	}
+	if l := api.leaked(); len(l) > 0 {
+		t.Errorf("sandboxes left running after cancel: %v", l)
+	}
+}

@@ -1,0 +1,11 @@
+// Package spec holds the Go code generated from proto/process and
+// proto/filesystem: the envd wire protocol (messages in process and
+// filesystem, Connect clients and handlers in processconnect and
+// filesystemconnect). The envd server implements the handlers; the platform
+// and the tests use the clients. Nothing here is written by hand except this
+// file and gen.sh.
+package spec
+
+// gen.sh builds protoc-gen-go and protoc-gen-connect-go at the versions in
+// go.mod into a temporary directory, so a clean checkout needs only protoc.
+//go:generate sh gen.sh

@@ -1,0 +1,34 @@
+//go:build !linux
+
+package netns
+
+import "context"
+
+// Manager owns the network slots of one host. Only Linux has them; elsewhere
+// every method fails with ErrUnsupported.
+type Manager struct{}
+
+// NewManager fails with ErrUnsupported outside Linux.
+func NewManager(ctx context.Context, cfg Config) (*Manager, error) { return nil, ErrUnsupported }
+
+// Acquire fails with ErrUnsupported outside Linux.
+func (m *Manager) Acquire(ctx context.Context, opts SlotOptions) (*Slot, error) {
+	return nil, ErrUnsupported
+}
+
+// UpdateEgress fails with ErrUnsupported outside Linux.
+func (m *Manager) UpdateEgress(ctx context.Context, s *Slot, opts SlotOptions) error {
+	return ErrUnsupported
+}
+
+// Release fails with ErrUnsupported outside Linux.
+func (m *Manager) Release(ctx context.Context, s *Slot) error { return ErrUnsupported }
+
+// Recycle fails with ErrUnsupported outside Linux.
+func (m *Manager) Recycle(ctx context.Context, s *Slot) error { return ErrUnsupported }
+
+// Close does nothing outside Linux.
+func (m *Manager) Close(ctx context.Context) error { return nil }
+
+// Reap fails with ErrUnsupported outside Linux.
+func Reap(ctx context.Context, cfg Config) error { return ErrUnsupported }

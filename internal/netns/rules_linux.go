@@ -1,0 +1,337 @@
+package netns
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+)
+
+// The nftables rules, host side and router side. Both use inet tables so
+// that the filter chains' drop policies also cover IPv6; every IPv4 match is
+// guarded by `meta nfproto ipv4`.
+
+const egressChain = "egress"
+
+// ipsDstNAT is the conntrack status bit IPS_DST_NAT (linux/netfilter/
+// nf_conntrack_common.h): the connection's destination was rewritten.
+const ipsDstNAT = 1 << 5
+
+// installHostTable replaces (atomically, in one batch) the host-side table:
+//
+//	table inet <tag> {
+//	  chain postrouting { type nat hook postrouting priority srcnat
+//	    ip saddr <prefix> oifname != "<tag>*" masquerade }
+//	  chain forward { type filter hook forward priority filter; policy accept
+//	    iifname "<tag>*" oifname "<tag>*" drop          # slot to slot
+//	    oifname "<tag>*" ct state established,related accept
+//	    oifname "<tag>*" drop                           # only the host opens connections into slots
+//	    iifname "<tag>*" ip daddr <blocked> drop }      # defence in depth; routers drop these first
+//	                                                    # (blocked: see blockedPrefixes, plus <prefix>)
+//	  chain input { type filter hook input priority filter; policy accept
+//	    iifname "<tag>*" ct state established,related accept
+//	    iifname "<tag>*" drop }                         # slots never reach the host
+//	}
+func installHostTable(cfg Config) error {
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("opening nftables: %w", err)
+	}
+	t := &nftables.Table{Name: cfg.Tag, Family: nftables.TableFamilyINet}
+	// add+delete+add: replace whatever an earlier run left, in one
+	// transaction, so the host is never without the rules.
+	c.AddTable(t)
+	c.DelTable(t)
+	c.AddTable(t)
+
+	post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
+	c.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: cat(
+		ipv4Addr(ipSrc, cfg.Prefix, expr.CmpOpEq),
+		ifPrefix(expr.MetaKeyOIFNAME, cfg.Tag, expr.CmpOpNeq),
+		[]expr.Any{&expr.Masq{}},
+	)})
+
+	accept := nftables.ChainPolicyAccept
+	fwd := c.AddChain(&nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept})
+	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: cat(
+		ifPrefix(expr.MetaKeyIIFNAME, cfg.Tag, expr.CmpOpEq),
+		ifPrefix(expr.MetaKeyOIFNAME, cfg.Tag, expr.CmpOpEq),
+		verdict(expr.VerdictDrop),
+	)})
+	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: cat(
+		ifPrefix(expr.MetaKeyOIFNAME, cfg.Tag, expr.CmpOpEq),
+		ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED),
+		verdict(expr.VerdictAccept),
+	)})
+	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: cat(
+		ifPrefix(expr.MetaKeyOIFNAME, cfg.Tag, expr.CmpOpEq),
+		verdict(expr.VerdictDrop),
+	)})
+	for _, p := range cfg.blocked() {
+		c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: cat(
+			ifPrefix(expr.MetaKeyIIFNAME, cfg.Tag, expr.CmpOpEq),
+			ipv4Addr(ipDst, p, expr.CmpOpEq),
+			verdict(expr.VerdictDrop),
+		)})
+	}
+
+	in := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &accept})
+	c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: cat(
+		ifPrefix(expr.MetaKeyIIFNAME, cfg.Tag, expr.CmpOpEq),
+		ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED),
+		verdict(expr.VerdictAccept),
+	)})
+	c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: cat(
+		ifPrefix(expr.MetaKeyIIFNAME, cfg.Tag, expr.CmpOpEq),
+		verdict(expr.VerdictDrop),
+	)})
+
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("installing host nftables table %s: %w", cfg.Tag, err)
+	}
+	return nil
+}
+
+// removeHostTable deletes the host-side table; a missing table is fine.
+func removeHostTable(tag string) error {
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("opening nftables: %w", err)
+	}
+	t := &nftables.Table{Name: tag, Family: nftables.TableFamilyINet}
+	c.AddTable(t) // so that deleting a missing table is not an error
+	c.DelTable(t)
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("removing host nftables table %s: %w", tag, err)
+	}
+	return nil
+}
+
+// installRouterTable writes the router namespace's rules (egress chain
+// empty, i.e. no outbound connections):
+//
+//	table inet <tag> {
+//	  chain prerouting { type nat hook prerouting priority dstnat
+//	    iifname "uplink" ip daddr <HostAddr> dnat ip to 169.254.0.21 }
+//	  chain postrouting { type nat hook postrouting priority srcnat
+//	    oifname "uplink" ip saddr 169.254.0.21 snat ip to <HostAddr> }
+//	  chain forward { type filter hook forward priority filter; policy drop
+//	    ct state established,related accept
+//	    iifname "uplink" oifname "sandbox" ct status dnat accept
+//	    iifname "sandbox" ip saddr != 169.254.0.21 drop   # no spoofing
+//	    iifname "sandbox" ip daddr <blocked> drop
+//	    iifname "sandbox" oifname "uplink" jump egress }
+//	  chain egress { }                                    # see setEgress
+//	  chain input { type filter hook input priority filter; policy drop
+//	    ct state established,related accept
+//	    iifname "lo" accept }
+//	}
+func installRouterTable(c *nftables.Conn, cfg Config, s *Slot) error {
+	t := c.AddTable(&nftables.Table{Name: cfg.Tag, Family: nftables.TableFamilyINet})
+
+	pre := c.AddChain(&nftables.Chain{Name: "prerouting", Table: t, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest})
+	c.AddRule(&nftables.Rule{Table: t, Chain: pre, Exprs: cat(
+		ifName(expr.MetaKeyIIFNAME, routerUplink),
+		ipv4Addr(ipDst, netip.PrefixFrom(s.HostAddr, 32), expr.CmpOpEq),
+		natTo(expr.NATTypeDestNAT, sandboxAddr),
+	)})
+
+	post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
+	c.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: cat(
+		ifName(expr.MetaKeyOIFNAME, routerUplink),
+		ipv4Addr(ipSrc, netip.PrefixFrom(sandboxAddr, 32), expr.CmpOpEq),
+		natTo(expr.NATTypeSourceNAT, s.HostAddr),
+	)})
+
+	egress := c.AddChain(&nftables.Chain{Name: egressChain, Table: t})
+
+	drop := nftables.ChainPolicyDrop
+	fwd := c.AddChain(&nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &drop})
+	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: cat(
+		ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED),
+		verdict(expr.VerdictAccept),
+	)})
+	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: cat(
+		ifName(expr.MetaKeyIIFNAME, routerUplink),
+		ifName(expr.MetaKeyOIFNAME, routerSandbox),
+		ctStatus(ipsDstNAT),
+		verdict(expr.VerdictAccept),
+	)})
+	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: cat(
+		ifName(expr.MetaKeyIIFNAME, routerSandbox),
+		ipv4Addr(ipSrc, netip.PrefixFrom(sandboxAddr, 32), expr.CmpOpNeq),
+		verdict(expr.VerdictDrop),
+	)})
+	for _, p := range cfg.blocked() {
+		c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: cat(
+			ifName(expr.MetaKeyIIFNAME, routerSandbox),
+			ipv4Addr(ipDst, p, expr.CmpOpEq),
+			verdict(expr.VerdictDrop),
+		)})
+	}
+	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: cat(
+		ifName(expr.MetaKeyIIFNAME, routerSandbox),
+		ifName(expr.MetaKeyOIFNAME, routerUplink),
+		[]expr.Any{&expr.Verdict{Kind: expr.VerdictJump, Chain: egress.Name}},
+	)})
+
+	in := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &drop})
+	c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: cat(
+		ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED),
+		verdict(expr.VerdictAccept),
+	)})
+	c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: cat(
+		ifName(expr.MetaKeyIIFNAME, "lo"),
+		verdict(expr.VerdictAccept),
+	)})
+
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("installing router nftables table in %s: %w", s.RouterNSPath, err)
+	}
+	return nil
+}
+
+// setEgress replaces the router's egress chain with opts:
+//
+//	chain egress {
+//	  ip daddr <AllowOut...> accept
+//	  ip daddr <DenyOut...> drop
+//	  meta nfproto ipv4 accept        # only with AllowInternet
+//	}
+//
+// Connections already established keep flowing.
+func setEgress(tag string, s *Slot, opts SlotOptions) error {
+	ns, err := openNS(s.RouterNSPath)
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	c, err := nftables.New(nftables.WithNetNSFd(int(ns.Fd())))
+	if err != nil {
+		return fmt.Errorf("opening nftables in %s: %w", s.RouterNSPath, err)
+	}
+	t := &nftables.Table{Name: tag, Family: nftables.TableFamilyINet}
+	ch := &nftables.Chain{Name: egressChain, Table: t}
+	c.FlushChain(ch)
+	for _, p := range opts.AllowOut {
+		if !p.Addr().Is4() {
+			return fmt.Errorf("setting egress of %s: allowed prefix %s is not IPv4", s.Name, p)
+		}
+		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: cat(
+			ipv4Addr(ipDst, p.Masked(), expr.CmpOpEq), verdict(expr.VerdictAccept))})
+	}
+	for _, p := range opts.DenyOut {
+		if !p.Addr().Is4() {
+			return fmt.Errorf("setting egress of %s: denied prefix %s is not IPv4", s.Name, p)
+		}
+		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: cat(
+			ipv4Addr(ipDst, p.Masked(), expr.CmpOpEq), verdict(expr.VerdictDrop))})
+	}
+	if opts.AllowInternet {
+		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: cat(
+			isIPv4(), verdict(expr.VerdictAccept))})
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("setting egress of %s: %w", s.Name, err)
+	}
+	return nil
+}
+
+// Expression builders. Each returns the expressions of one match, to be
+// concatenated into a rule with cat.
+
+func cat(parts ...[]expr.Any) []expr.Any {
+	var out []expr.Any
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
+}
+
+func verdict(k expr.VerdictKind) []expr.Any { return []expr.Any{&expr.Verdict{Kind: k}} }
+
+// ifName matches an interface name exactly (NUL-padded to IFNAMSIZ).
+func ifName(key expr.MetaKey, name string) []expr.Any {
+	data := make([]byte, unix.IFNAMSIZ)
+	copy(data, name)
+	return []expr.Any{
+		&expr.Meta{Key: key, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: data},
+	}
+}
+
+// ifPrefix matches interface names starting with prefix, like nft's
+// "prefix*": only len(prefix) bytes are compared.
+func ifPrefix(key expr.MetaKey, prefix string, op expr.CmpOp) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: key, Register: 1},
+		&expr.Cmp{Op: op, Register: 1, Data: []byte(prefix)},
+	}
+}
+
+func isIPv4() []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}},
+	}
+}
+
+// Offsets of the addresses in the IPv4 header.
+const (
+	ipSrc = 12
+	ipDst = 16
+)
+
+// ipv4Addr matches (op eq) or excludes (op neq) an IPv4 packet whose source
+// or destination (offset ipSrc or ipDst) lies in p. With neq, non-IPv4
+// packets do not match either.
+func ipv4Addr(offset uint32, p netip.Prefix, op expr.CmpOp) []expr.Any {
+	out := append(isIPv4(), &expr.Payload{
+		OperationType: expr.PayloadLoad, DestRegister: 1,
+		Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4,
+	})
+	if p.Bits() < 32 {
+		mask := binary.BigEndian.AppendUint32(nil, ^uint32(0)<<(32-p.Bits()))
+		if p.Bits() == 0 {
+			mask = []byte{0, 0, 0, 0}
+		}
+		out = append(out, &expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+			Mask: mask, Xor: []byte{0, 0, 0, 0}})
+	}
+	a := p.Masked().Addr().As4()
+	return append(out, &expr.Cmp{Op: op, Register: 1, Data: a[:]})
+}
+
+// ctState matches connections in any of the given states.
+func ctState(bits uint32) []expr.Any { return ctBits(expr.CtKeySTATE, bits) }
+
+// ctStatus matches connections with any of the given IPS_* status bits.
+func ctStatus(bits uint32) []expr.Any { return ctBits(expr.CtKeySTATUS, bits) }
+
+func ctBits(key expr.CtKey, bits uint32) []expr.Any {
+	return []expr.Any{
+		&expr.Ct{Register: 1, Key: key},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+			Mask: binary.NativeEndian.AppendUint32(nil, bits), Xor: []byte{0, 0, 0, 0}},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{0, 0, 0, 0}},
+	}
+}
+
+// natTo rewrites the destination (DNAT) or source (SNAT) to addr.
+func natTo(t expr.NATType, addr netip.Addr) []expr.Any {
+	a := addr.As4()
+	return []expr.Any{
+		&expr.Immediate{Register: 1, Data: a[:]},
+		&expr.NAT{Type: t, Family: unix.NFPROTO_IPV4, RegAddrMin: 1},
+	}
+}

@@ -1,0 +1,137 @@
+package gvisor
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aenvhq/aenv/internal/netns"
+	"github.com/aenvhq/aenv/internal/runtime"
+	"github.com/aenvhq/aenv/internal/testutil"
+)
+
+type fixture struct {
+	driver *Driver
+	net    *netns.Manager
+	rootfs string
+	envd   string
+}
+
+func setup(t *testing.T) *fixture {
+	t.Helper()
+	testutil.RequireRoot(t)
+	runsc := testutil.RequireBinary(t, "runsc", "AENV_RUNSC")
+	rootfs := os.Getenv("AENV_BASE_ROOTFS")
+	bin := os.Getenv("AENV_BIN_DIR")
+	if rootfs == "" || bin == "" {
+		testutil.Unavailable(t, "AENV_BASE_ROOTFS and AENV_BIN_DIR must be set (make build base)")
+	}
+	dir := t.TempDir()
+	d, err := New(Config{RunscPath: runsc, StateDir: filepath.Join(dir, "state")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := netns.NewManager(context.Background(), netns.Config{
+		RunDir: filepath.Join(dir, "netns"), Prefix: netip.MustParsePrefix("10.239.0.0/24"), Tag: "gvt", PoolSize: -1,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close(context.Background()) })
+	return &fixture{driver: d, net: m, rootfs: rootfs, envd: filepath.Join(bin, "envd")}
+}
+
+func (f *fixture) spec(t *testing.T, id string) (runtime.Spec, *netns.Slot) {
+	slot, err := f.net.Acquire(context.Background(), netns.SlotOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.net.Release(context.Background(), slot) })
+	return runtime.Spec{
+		ID: id, RootFS: f.rootfs, EnvdPath: f.envd, EnvdPort: 49983,
+		NetNSPath: slot.SandboxNSPath, HostAddr: slot.HostAddr,
+		CPUCount: 1, MemoryMB: 256,
+	}, slot
+}
+
+func waitHealth(t *testing.T, addr netip.Addr) {
+	t.Helper()
+	url := fmt.Sprintf("http://%s:49983/health", addr)
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		resp, err := http.Get(url)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusNoContent {
+				return
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("envd at %s never became healthy", url)
+}
+
+func TestCreateStatsKill(t *testing.T) {
+	f := setup(t)
+	ctx := context.Background()
+	spec, slot := f.spec(t, "gvtest1")
+	if err := f.driver.Create(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	waitHealth(t, slot.HostAddr)
+
+	limit, err := os.ReadFile("/sys/fs/cgroup/memory/aenv/gvtest1/memory.limit_in_bytes")
+	if err != nil {
+		t.Fatalf("reading the sandbox's memory cgroup: %v", err)
+	}
+	if strings.TrimSpace(string(limit)) != fmt.Sprint(256<<20) {
+		t.Fatalf("memory limit %s, want %d", limit, 256<<20)
+	}
+	st, err := f.driver.Stats(ctx, "gvtest1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.MemoryBytes == 0 || st.CPUUsageNanos == 0 {
+		t.Fatalf("stats %+v: want non-zero memory and CPU", st)
+	}
+	if err := f.driver.Create(ctx, spec); err == nil {
+		t.Fatal("creating a second sandbox with the same id succeeded")
+	}
+	if err := f.driver.Kill(ctx, "gvtest1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(f.driver.sandboxDir("gvtest1")); !os.IsNotExist(err) {
+		t.Fatalf("sandbox dir survived kill: %v", err)
+	}
+	if _, err := os.Stat("/sys/fs/cgroup/memory/aenv/gvtest1"); !os.IsNotExist(err) {
+		t.Fatalf("cgroup survived kill: %v", err)
+	}
+	if err := f.driver.Kill(ctx, "gvtest1"); err == nil {
+		t.Fatal("killing twice succeeded")
+	}
+}
+
+func TestFailedCreateLeavesNothing(t *testing.T) {
+	f := setup(t)
+	spec, _ := f.spec(t, "gvtest2")
+	spec.RootFS = filepath.Join(t.TempDir(), "missing")
+	if err := f.driver.Create(context.Background(), spec); err == nil {
+		t.Fatal("create with a missing rootfs succeeded")
+	}
+	if _, err := os.Stat(f.driver.sandboxDir("gvtest2")); !os.IsNotExist(err) {
+		t.Fatalf("failed create left its dir: %v", err)
+	}
+	list, err := f.driver.runc.List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 0 {
+		t.Fatalf("failed create left runsc containers: %v", list)
+	}
+}

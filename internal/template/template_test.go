@@ -1,0 +1,112 @@
+package template
+
+import (
+	"bufio"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/aenvhq/aenv/internal/testutil"
+)
+
+func TestStoreGetAndList(t *testing.T) {
+	dir := t.TempDir()
+	base := filepath.Join(dir, "prebuilt")
+	if err := os.MkdirAll(filepath.Join(base, "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(base, "bin", "bash"), nil, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	s, err := NewStore(StoreOptions{Dir: filepath.Join(dir, "templates"), BaseRootFS: base})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := s.Get(BaseID)
+	if err != nil {
+		t.Fatalf("base: %v", err)
+	}
+	if b.RootFS != base || b.CPUCount != 2 || b.MemoryMB != 512 {
+		t.Fatalf("base = %+v", b)
+	}
+	if err := s.Put(&Template{ID: "py", Aliases: []string{"python"}, CPUCount: 1, MemoryMB: 256}); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"py", "python"} {
+		got, err := s.Get(name)
+		if err != nil || got.ID != "py" || got.RootFS != filepath.Join(dir, "templates", "py", "rootfs") {
+			t.Fatalf("Get(%q) = %+v, %v", name, got, err)
+		}
+	}
+	for _, bad := range []string{"nope", "../etc", "", "UPPER", "a/b"} {
+		if _, err := s.Get(bad); err == nil {
+			t.Fatalf("Get(%q) succeeded", bad)
+		}
+	}
+	list, err := s.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 2 || list[0].ID != BaseID || list[1].ID != "py" {
+		t.Fatalf("List = %v", list)
+	}
+	if err := s.Put(&Template{ID: "../x"}); err == nil {
+		t.Fatal("Put accepted a traversal id")
+	}
+}
+
+func TestBaseMissing(t *testing.T) {
+	s, err := NewStore(StoreOptions{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Get(BaseID); err == nil {
+		t.Fatal("base found in an empty store")
+	}
+}
+
+// TestBuiltBase checks the tree BuildBase produced (make base builds it
+// with `aenv template build-base`): what E2B users' code relies on.
+func TestBuiltBase(t *testing.T) {
+	root := os.Getenv("AENV_BASE_ROOTFS")
+	if root == "" {
+		testutil.Unavailable(t, "AENV_BASE_ROOTFS not set (make base builds it)")
+	}
+	for _, p := range []string{"bin/bash", "usr/bin/python3", "usr/bin/env", "bin/ls", "etc/ssl/certs", "home/user"} {
+		if _, err := os.Stat(filepath.Join(root, p)); err != nil {
+			t.Errorf("base rootfs lacks %s: %v", p, err)
+		}
+	}
+	f, err := os.Open(filepath.Join(root, "etc/passwd"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	found := false
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), "user:x:1000:1000:") && strings.HasSuffix(sc.Text(), ":/home/user:/bin/bash") {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatal("base rootfs has no user 'user' (uid 1000, home /home/user, bash)")
+	}
+	if _, err := os.Stat(root + ".building"); err == nil {
+		t.Fatal("a half-built tree was left beside the base rootfs")
+	}
+}
+
+func TestAptMirror(t *testing.T) {
+	if _, err := os.Stat("/etc/apt"); err != nil {
+		t.Skip("not a Debian host: no apt sources to read")
+	}
+	m, err := aptMirror()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(m, "http") {
+		t.Fatalf("mirror %q is not a URL", m)
+	}
+}

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One command from a fresh Debian 12 host to a command's output from inside a
+# sandbox: installs the prerequisites, builds aenv, starts the server on its
+# embedded defaults (if none is running), creates a sandbox from `base`, runs
+# a command in it and prints the output. Run as root from the repository.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH=$PATH:/usr/local/go/bin
+
+scripts/install-deps.sh
+make build
+
+url=http://localhost:8000
+if ! curl -fsS "$url/health" >/dev/null 2>&1; then
+  mkdir -p /var/log
+  echo "quickstart: starting 'aenv server' (log: /var/log/aenv.log; the first start builds the base template, a few minutes)"
+  nohup bin/aenv server >/var/log/aenv.log 2>&1 &
+  for _ in $(seq 1 600); do
+    curl -fsS "$url/health" >/dev/null 2>&1 && break
+    if ! kill -0 $! 2>/dev/null; then echo "quickstart: server exited:"; tail -20 /var/log/aenv.log; exit 1; fi
+    sleep 1
+  done
+fi
+
+id=$(bin/aenv create base --timeout 120)
+echo "quickstart: created sandbox $id"
+bin/aenv exec "$id" -- 'echo "hello from $(hostname) as $(whoami)"; python3 --version; uname -a'
+bin/aenv rm "$id" >/dev/null
+echo "quickstart: done. The server keeps running (API key: /var/lib/aenv/secrets/api-key); stop it with: pkill -f 'aenv server'"
