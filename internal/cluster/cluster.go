@@ -53,6 +53,8 @@ type Node interface {
 	Create(ctx context.Context, req node.CreateRequest) (*node.Sandbox, error)
 	Kill(ctx context.Context, id string) error
 	Stats(ctx context.Context, id string) (runtime.Stats, error)
+	// OnExit registers a handler for sandboxes that died on their own.
+	OnExit(fn func(id string))
 }
 
 // Limits bound what a client may ask for.
@@ -134,7 +136,22 @@ func New(cfg Config) *Cluster {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Cluster{cfg: cfg, log: cfg.Logger, records: make(map[string]*record)}
+	c := &Cluster{cfg: cfg, log: cfg.Logger, records: make(map[string]*record)}
+	cfg.Node.OnExit(c.forget)
+	return c
+}
+
+// forget drops the record of a sandbox that no longer exists on its node.
+func (c *Cluster) forget(id string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if r, ok := c.records[id]; ok {
+		if r.timer != nil {
+			r.timer.Stop()
+		}
+		delete(c.records, id)
+		c.log.Warn("sandbox ended on its own", "sandbox_id", id)
+	}
 }
 
 // Limits returns the cluster's limits.

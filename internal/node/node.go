@@ -103,6 +103,7 @@ type Node struct {
 	// pending holds ids being created, so that a concurrent create or kill
 	// of the same id sees it.
 	pending map[string]struct{}
+	onExit  func(id string)
 }
 
 // New returns a node; it does not start anything.
@@ -119,12 +120,51 @@ func New(cfg Config) (*Node, error) {
 	if len(cfg.DNSServers) == 0 {
 		cfg.DNSServers = hostDNSServers()
 	}
-	return &Node{
+	n := &Node{
 		cfg:       cfg,
 		log:       cfg.Logger.With("node_id", cfg.ID),
 		sandboxes: make(map[string]*Sandbox),
 		pending:   make(map[string]struct{}),
-	}, nil
+	}
+	if en, ok := cfg.Runtime.(runtime.ExitNotifier); ok {
+		go n.handleExits(en.Exits())
+	}
+	return n, nil
+}
+
+// OnExit registers fn to be told of every sandbox that died on its own
+// (after the node has cleaned up after it).
+func (n *Node) OnExit(fn func(id string)) {
+	n.mu.Lock()
+	n.onExit = fn
+	n.mu.Unlock()
+}
+
+// handleExits frees what sandboxes that died on their own held (a memory
+// cgroup OOM kill takes the whole gVisor sandbox) and reports them.
+func (n *Node) handleExits(ids <-chan string) {
+	for id := range ids {
+		n.mu.Lock()
+		sb, ok := n.sandboxes[id]
+		delete(n.sandboxes, id)
+		onExit := n.onExit
+		n.mu.Unlock()
+		if !ok {
+			continue // a create in progress fails on its own
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		if err := n.cfg.Runtime.Kill(ctx, id); err != nil && !errors.Is(err, runtime.ErrNotFound) {
+			n.log.Warn("cleaning up exited sandbox", "sandbox_id", id, "err", err)
+		}
+		if err := n.cfg.Network.Release(ctx, sb.slot); err != nil {
+			n.log.Warn("releasing network of exited sandbox", "sandbox_id", id, "err", err)
+		}
+		cancel()
+		n.log.Warn("sandbox exited unexpectedly (out of memory?); cleaned up", "sandbox_id", id)
+		if onExit != nil {
+			onExit(id)
+		}
+	}
 }
 
 // ID returns the node's id.

@@ -71,6 +71,14 @@ type Stats struct {
 	MemoryBytes uint64
 }
 
+// ExitNotifier is implemented by drivers that notice when a sandbox dies on
+// its own (a host OOM kill, a crash), so that the node can clean up after it
+// and tell the control plane.
+type ExitNotifier interface {
+	// Exits delivers the id of every sandbox that ended without Kill.
+	Exits() <-chan string
+}
+
 // Runtime runs sandboxes on this host. Implementations are safe for
 // concurrent use on different ids.
 type Runtime interface {

@@ -312,3 +312,67 @@ func TestKillLeavesNothingBehind(t *testing.T) {
 		t.Fatalf("50 create/kill cycles leaked: before %+v, after %+v", before, after)
 	}
 }
+
+func TestResourceLimits(t *testing.T) {
+	srv, c, _ := startServer(t)
+	ctx := context.Background()
+
+	t.Run("cpu", func(t *testing.T) {
+		sb, err := c.Create(ctx, client.CreateOptions{Timeout: 60, CPUCount: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Kill(ctx, sb.SandboxID)
+		before, _, err := srv.cluster.Stats(ctx, sb.SandboxID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		// Two busy loops would use two cores; the quota allows one.
+		spin := "timeout 3 sh -c 'while :; do :; done'"
+		if _, err := c.Run(ctx, sb.SandboxID, spin+" & "+spin+" & wait", client.RunOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		wall := time.Since(start)
+		after, _, err := srv.cluster.Stats(ctx, sb.SandboxID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		used := time.Duration(after.CPUUsageNanos - before.CPUUsageNanos)
+		if ratio := used.Seconds() / wall.Seconds(); ratio > 1.3 {
+			t.Fatalf("cpuCount=1 sandbox used %.2f cores (%s CPU in %s)", ratio, used, wall)
+		}
+	})
+
+	t.Run("memory", func(t *testing.T) {
+		sb, err := c.Create(ctx, client.CreateOptions{Timeout: 60, MemoryMB: 256})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out bytes.Buffer
+		if _, err := c.Run(ctx, sb.SandboxID, "head -1 /proc/meminfo", client.RunOptions{Stdout: &out}); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(out.String(), fmt.Sprint(256*1024)+" kB") {
+			t.Fatalf("guest sees %q, want MemTotal of 256 MiB", out.String())
+		}
+		// Going past the limit ends the sandbox (the host's memory cgroup
+		// kills gVisor's kernel); the node must notice and clean up.
+		_, _ = c.Run(ctx, sb.SandboxID, `python3 -c "x = bytearray(600 << 20)"`, client.RunOptions{})
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			_, err := c.Get(ctx, sb.SandboxID)
+			if isStatus(err, 404) {
+				break
+			}
+			if time.Now().After(deadline) {
+				c.Kill(ctx, sb.SandboxID)
+				t.Fatalf("sandbox over its memory limit still listed: %v", err)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		if _, err := os.Stat(filepath.Join(srv.cfg.RunDir, "gvisor", "sandboxes", sb.SandboxID)); !os.IsNotExist(err) {
+			t.Fatalf("state of the dead sandbox left behind: %v", err)
+		}
+	})
+}

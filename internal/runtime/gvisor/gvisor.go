@@ -14,8 +14,10 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	runc "github.com/containerd/go-runc"
+	"golang.org/x/sys/unix"
 
 	"github.com/aenvhq/aenv/internal/runtime"
 	"github.com/aenvhq/aenv/internal/undo"
@@ -40,11 +42,21 @@ type Driver struct {
 	runc *runc.Runc
 	log  *slog.Logger
 
-	mu      sync.Mutex
-	running map[string]struct{}
+	exits chan string
+
+	mu sync.Mutex
+	// running maps each sandbox to a pidfd of its sandbox process (-1 while
+	// it starts), which tells without races against pid reuse when it dies.
+	running map[string]int
 }
 
-var _ runtime.Runtime = (*Driver)(nil)
+var (
+	_ runtime.Runtime      = (*Driver)(nil)
+	_ runtime.ExitNotifier = (*Driver)(nil)
+)
+
+// exitPollInterval is how often the driver checks for sandboxes that died.
+const exitPollInterval = time.Second
 
 // New checks that runsc is usable and returns a driver.
 func New(cfg Config) (*Driver, error) {
@@ -70,7 +82,8 @@ func New(cfg Config) (*Driver, error) {
 	d := &Driver{
 		cfg:     cfg,
 		log:     cfg.Logger.With("runtime", "gvisor"),
-		running: make(map[string]struct{}),
+		running: make(map[string]int),
+		exits:   make(chan string, 1024),
 		runc: &runc.Runc{
 			Command: cfg.RunscPath,
 			Root:    filepath.Join(cfg.StateDir, "runsc"),
@@ -88,7 +101,58 @@ func New(cfg Config) (*Driver, error) {
 			},
 		},
 	}
+	go d.watchExits()
 	return d, nil
+}
+
+// Exits implements runtime.ExitNotifier.
+func (d *Driver) Exits() <-chan string { return d.exits }
+
+// watchExits polls the pidfds of running sandboxes; a pidfd becomes
+// readable when its process exits. Polling all of them once a second costs
+// one syscall per tick, where a blocking wait would cost a thread each.
+func (d *Driver) watchExits() {
+	t := time.NewTicker(exitPollInterval)
+	defer t.Stop()
+	for range t.C {
+		d.mu.Lock()
+		var fds []unix.PollFd
+		var ids []string
+		for id, fd := range d.running {
+			if fd >= 0 {
+				fds = append(fds, unix.PollFd{Fd: int32(fd), Events: unix.POLLIN})
+				ids = append(ids, id)
+			}
+		}
+		d.mu.Unlock()
+		if len(fds) == 0 {
+			continue
+		}
+		if _, err := unix.Poll(fds, 0); err != nil {
+			continue
+		}
+		for i, pfd := range fds {
+			if pfd.Revents == 0 {
+				continue
+			}
+			d.mu.Lock()
+			fd, ok := d.running[ids[i]]
+			// Kill may have taken the sandbox meanwhile.
+			if ok && fd == int(pfd.Fd) {
+				d.running[ids[i]] = -1
+				unix.Close(fd)
+			}
+			d.mu.Unlock()
+			if ok && fd == int(pfd.Fd) {
+				d.log.Warn("sandbox exited on its own", "sandbox_id", ids[i])
+				select {
+				case d.exits <- ids[i]:
+				default:
+					d.log.Error("exit queue full; dropping exit event", "sandbox_id", ids[i])
+				}
+			}
+		}
+	}
 }
 
 // Name implements runtime.Runtime.
@@ -129,12 +193,14 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (err error) {
 	defer logFile.Close()
 
 	d.mu.Lock()
-	d.running[spec.ID] = struct{}{}
+	if _, dup := d.running[spec.ID]; dup {
+		d.mu.Unlock()
+		return fmt.Errorf("creating sandbox %s: id in use", spec.ID)
+	}
+	d.running[spec.ID] = -1
 	d.mu.Unlock()
 	rollback.Push("forgetting sandbox", func(context.Context) error {
-		d.mu.Lock()
-		delete(d.running, spec.ID)
-		d.mu.Unlock()
+		d.forget(spec.ID)
 		return nil
 	})
 	// Deleting is idempotent enough to register before run: a failed run can
@@ -151,17 +217,36 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (err error) {
 	}); err != nil {
 		return fmt.Errorf("running runsc for %s: %w%s", spec.ID, err, tailLog(r.Log))
 	}
-	log.Debug("sandbox started")
+	state, err := d.runc.State(ctx, spec.ID)
+	if err != nil {
+		return fmt.Errorf("reading state of %s: %w", spec.ID, err)
+	}
+	pidfd, err := unix.PidfdOpen(state.Pid, 0)
+	if err != nil {
+		return fmt.Errorf("watching sandbox process of %s: %w", spec.ID, err)
+	}
+	d.mu.Lock()
+	d.running[spec.ID] = pidfd
+	d.mu.Unlock()
+	log.Debug("sandbox started", "pid", state.Pid)
 	return nil
+}
+
+// forget drops id from the running set, closing its pidfd.
+func (d *Driver) forget(id string) (known bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	fd, ok := d.running[id]
+	if ok && fd >= 0 {
+		unix.Close(fd)
+	}
+	delete(d.running, id)
+	return ok
 }
 
 // Kill implements runtime.Runtime.
 func (d *Driver) Kill(ctx context.Context, id string) error {
-	d.mu.Lock()
-	_, ok := d.running[id]
-	delete(d.running, id)
-	d.mu.Unlock()
-	if !ok {
+	if !d.forget(id) {
 		return fmt.Errorf("killing %s: %w", id, runtime.ErrNotFound)
 	}
 	err := d.deleteContainer(ctx, id)

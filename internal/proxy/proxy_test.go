@@ -1,0 +1,139 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestMatch(t *testing.T) {
+	cases := []struct {
+		host    string
+		headers map[string]string
+		id      string
+		port    int
+		ok      bool
+	}{
+		{host: "49983-abc123.localhost:8000", id: "abc123", port: 49983, ok: true},
+		{host: "8080-abc.example.com", id: "abc", port: 8080, ok: true},
+		{host: "localhost:8000"},
+		{host: "api.example.com"},
+		{host: "127.0.0.1:8000", headers: map[string]string{HeaderSandboxID: "abc", HeaderSandboxPort: "3000"}, id: "abc", port: 3000, ok: true},
+		{host: "127.0.0.1:8000", headers: map[string]string{HeaderSandboxID: "abc"}, id: "abc", port: DefaultPort, ok: true},
+		{host: "127.0.0.1:8000", headers: map[string]string{HeaderSandboxID: "abc", HeaderSandboxPort: "x"}, id: "abc", port: -1, ok: true},
+	}
+	for _, tc := range cases {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.Host = tc.host
+		for k, v := range tc.headers {
+			r.Header.Set(k, v)
+		}
+		id, port, ok := Match(r)
+		if id != tc.id || port != tc.port || ok != tc.ok {
+			t.Errorf("Match(%q, %v) = %q, %d, %v; want %q, %d, %v", tc.host, tc.headers, id, port, ok, tc.id, tc.port, tc.ok)
+		}
+	}
+}
+
+type resolver map[string]netip.Addr
+
+func (r resolver) SandboxAddr(id string) (netip.Addr, error) {
+	a, ok := r[id]
+	if !ok {
+		return netip.Addr{}, errors.New("not found")
+	}
+	return a, nil
+}
+
+// TestServe proxies to a real listener standing in for a sandbox port and
+// checks routing, header stripping, streaming and the error statuses.
+func TestServe(t *testing.T) {
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get(HeaderSandboxID) != "" {
+			http.Error(w, "routing header leaked", 500)
+			return
+		}
+		if r.URL.Path == "/stream" {
+			for i := range 3 {
+				fmt.Fprintf(w, "chunk%d\n", i)
+				w.(http.Flusher).Flush()
+				time.Sleep(200 * time.Millisecond)
+			}
+			return
+		}
+		fmt.Fprintf(w, "host=%s path=%s", r.Host, r.URL.Path)
+	}))
+	defer backend.Close()
+	_, portStr, _ := net.SplitHostPort(backend.Listener.Addr().String())
+	port, _ := strconv.Atoi(portStr)
+
+	p := New(resolver{"sb1": netip.MustParseAddr("127.0.0.1")}, nil)
+	front := httptest.NewServer(p)
+	defer front.Close()
+
+	get := func(host, path string, hdr map[string]string) (*http.Response, string) {
+		req, _ := http.NewRequest("GET", front.URL+path, nil)
+		req.Host = host
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp, string(b)
+	}
+
+	resp, body := get(fmt.Sprintf("%d-sb1.localhost", port), "/x", nil)
+	if resp.StatusCode != 200 || !strings.Contains(body, "path=/x") {
+		t.Fatalf("host routing: %d %q", resp.StatusCode, body)
+	}
+	resp, body = get("127.0.0.1", "/y", map[string]string{HeaderSandboxID: "sb1", HeaderSandboxPort: portStr})
+	if resp.StatusCode != 200 || !strings.Contains(body, "path=/y") {
+		t.Fatalf("header routing: %d %q", resp.StatusCode, body)
+	}
+	resp, _ = get("127.0.0.1", "/", map[string]string{HeaderSandboxID: "nope", HeaderSandboxPort: portStr})
+	if resp.StatusCode != http.StatusBadGateway {
+		t.Fatalf("unknown sandbox: %d, want 502", resp.StatusCode)
+	}
+	resp, _ = get("127.0.0.1", "/", map[string]string{HeaderSandboxID: "sb1", HeaderSandboxPort: "70000"})
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("bad port: %d, want 400", resp.StatusCode)
+	}
+	resp, _ = get("127.0.0.1", "/", map[string]string{HeaderSandboxID: "../x"})
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("bad id: %d, want 400", resp.StatusCode)
+	}
+	// A port with nothing listening: 502, not a hang.
+	resp, _ = get("1-sb1.localhost", "/", nil)
+	if resp.StatusCode != http.StatusBadGateway {
+		t.Fatalf("closed port: %d, want 502", resp.StatusCode)
+	}
+
+	// Streaming: the first chunk must arrive before the backend finishes.
+	req, _ := http.NewRequest("GET", front.URL+"/stream", nil)
+	req.Host = fmt.Sprintf("%d-sb1.localhost", port)
+	start := time.Now()
+	sresp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sresp.Body.Close()
+	buf := make([]byte, 7)
+	if _, err := io.ReadFull(sresp.Body, buf); err != nil {
+		t.Fatal(err)
+	}
+	if el := time.Since(start); string(buf) != "chunk0\n" || el > 300*time.Millisecond {
+		t.Fatalf("first chunk %q after %s: the proxy buffers streams", buf, el)
+	}
+}
