@@ -139,6 +139,11 @@ func (r *bareRunner) runsc(ctx context.Context, logPath string, args ...string) 
 	// leave the sandboxes to the cleanup rather than kill them half-way.
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// On cancel, ask runsc to stop (it passes the signal to the container
+	// and tears down what it built) rather than kill it half-way through
+	// creating a sandbox; kill only if it does not stop.
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 10 * time.Second
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("runsc %s: %w%s", args[0], err, tail(logPath))
 	}
@@ -166,6 +171,18 @@ func (r *bareRunner) remover(id string) cleanup {
 		err := r.runsc(ctx, filepath.Join(dir, "delete.log"), "delete", "--force", id)
 		if err != nil && strings.Contains(err.Error(), "does not exist") {
 			err = nil // `runsc run` without --detach deletes on exit.
+		}
+		// A runsc killed while creating the container can leave its cgroup
+		// behind with nothing in it.
+		// (v1: one per controller; v2: one in the unified tree.)
+		cgroups, _ := filepath.Glob("/sys/fs/cgroup/*/" + id)
+		if _, err := os.Stat("/sys/fs/cgroup/" + id); err == nil {
+			cgroups = append(cgroups, "/sys/fs/cgroup/"+id)
+		}
+		for _, c := range cgroups {
+			if rmErr := unix.Rmdir(c); rmErr != nil && err == nil {
+				err = fmt.Errorf("removing cgroup %s: %w", c, rmErr)
+			}
 		}
 		if rmErr := os.RemoveAll(dir); err == nil {
 			err = rmErr

@@ -216,7 +216,7 @@ func TestMeasureAenvFailsOnNonZeroExitAndKillsEverything(t *testing.T) {
 func TestMeasureAenvCommandFailureKillsItsSandbox(t *testing.T) {
 	api := newFakeAPI()
 	opts := Options{API: api, Template: "tpl", Iterations: 2, Concurrency: 2}
-	// Let the create series pass, then make every Run fail.
+	// The sandbox is created, then every Run in it fails.
 	p := newProgress(nil)
 	api.failRun = errors.New("proxy down")
 	if _, err := measureCommand(context.Background(), p, opts.withDefaults()); err == nil || !strings.Contains(err.Error(), "proxy down") {

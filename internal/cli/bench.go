@@ -79,7 +79,7 @@ with their ratio. Run it as root on the server's host, with the server idle.`,
 	f.IntVarP(&opts.Iterations, "iterations", "n", bench.DefaultIterations, "samples per operation")
 	f.IntVar(&opts.Concurrency, "concurrency", bench.DefaultConcurrency, "sandboxes started at once in the concurrent measurement")
 	f.StringVar(&opts.Template, "template", bench.DefaultTemplate, "template to create sandboxes from")
-	f.StringVar(&opts.RunscPath, "runsc", "", "runsc binary for the bare baseline (default: from PATH)")
+	f.StringVar(&opts.RunscPath, "runsc", "", "runsc binary for the bare baseline, the one the server uses (default: from PATH)")
 	f.StringVar(&opts.RootFS, "rootfs", firstNonEmpty(os.Getenv("AENV_BASE_ROOTFS"), defaultBaseRootFS),
 		"the template's root filesystem, for the bare baseline (env AENV_BASE_ROOTFS)")
 	f.StringVarP(&output, "output", "o", "table", "table or json")
