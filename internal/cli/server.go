@@ -57,6 +57,7 @@ Debian packages (a few minutes, once). Needs root.`,
 	f.StringVar(&cfg.SandboxCIDR, "sandbox-cidr", "10.231.0.0/16", "IPv4 range cut into one /30 per sandbox for host-side addresses")
 	f.StringVar(&cfg.Domain, "domain", "", "domain sandbox hosts are reported under (<port>-<id>.<domain>; default localhost:<port>)")
 	f.IntVar(&cfg.NetnsPoolSize, "netns-pool", 8, "network namespaces kept ready for new sandboxes")
+	f.IntVar(&cfg.WarmPoolSize, "warm-pool", 2, "base sandboxes kept prestarted so that creates skip the boot (0 disables; each costs ~40 MiB)")
 	f.StringVar(&cfg.NetnsTag, "netns-tag", "aenv", "names this server's nftables tables and host interfaces (lower-case letters; distinct per server on one host)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	return cmd

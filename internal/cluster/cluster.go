@@ -7,7 +7,6 @@ package cluster
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -188,9 +187,7 @@ func (c *Cluster) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 	if err := c.validate(&req); err != nil {
 		return nil, err
 	}
-	id := newID()
 	nsb, err := c.cfg.Node.Create(ctx, node.CreateRequest{
-		SandboxID:  id,
 		TemplateID: req.TemplateID,
 		CPUCount:   req.CPUCount,
 		MemoryMB:   req.MemoryMB,
@@ -204,6 +201,7 @@ func (c *Cluster) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 		}
 		return nil, err
 	}
+	id := nsb.ID
 	r := &record{sb: Sandbox{
 		ID:              id,
 		TemplateID:      nsb.TemplateID,
@@ -403,16 +401,4 @@ func (c *Cluster) Close(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// idAlphabet is what E2B sandbox ids are made of (^[a-z0-9]+$).
-const idAlphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
-
-func newID() string {
-	b := make([]byte, 20)
-	_, _ = rand.Read(b)
-	for i := range b {
-		b[i] = idAlphabet[int(b[i])%len(idAlphabet)]
-	}
-	return string(b)
 }

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -35,6 +36,7 @@ var ErrExists = errors.New("sandbox already exists")
 // Network hands out and takes back per-sandbox network slots.
 type Network interface {
 	Acquire(ctx context.Context, opts netns.SlotOptions) (*netns.Slot, error)
+	UpdateEgress(ctx context.Context, s *netns.Slot, opts netns.SlotOptions) error
 	Release(ctx context.Context, s *netns.Slot) error
 }
 
@@ -56,13 +58,19 @@ type Config struct {
 	DNSServers []string
 	// ReadyTimeout bounds the wait for envd after start; 0 means 15s.
 	ReadyTimeout time.Duration
+	// WarmPoolSize is how many prestarted sandboxes of each of
+	// WarmTemplates the node keeps ready (with the template's default
+	// resources); 0 disables the pool.
+	WarmPoolSize  int
+	WarmTemplates []string
 	// Logger receives the node's logs.
 	Logger *slog.Logger
 }
 
 // CreateRequest describes a sandbox to start.
 type CreateRequest struct {
-	// SandboxID is the new sandbox's id, chosen by the caller.
+	// SandboxID is the new sandbox's id; empty lets the node choose (a
+	// prestarted sandbox comes with its own).
 	SandboxID string
 	// TemplateID is a template id or alias.
 	TemplateID string
@@ -90,7 +98,8 @@ type Sandbox struct {
 	Addr      netip.Addr
 	StartedAt time.Time
 
-	slot *netns.Slot
+	slot   *netns.Slot
+	egress netns.SlotOptions
 }
 
 // Node runs sandboxes on this host. It is safe for concurrent use.
@@ -104,6 +113,7 @@ type Node struct {
 	// of the same id sees it.
 	pending map[string]struct{}
 	onExit  func(id string)
+	pool    *warmPool
 }
 
 // New returns a node; it does not start anything.
@@ -126,6 +136,7 @@ func New(cfg Config) (*Node, error) {
 		sandboxes: make(map[string]*Sandbox),
 		pending:   make(map[string]struct{}),
 	}
+	n.pool = newWarmPool(n, cfg.WarmPoolSize, cfg.WarmTemplates)
 	if en, ok := cfg.Runtime.(runtime.ExitNotifier); ok {
 		go n.handleExits(en.Exits())
 	}
@@ -150,14 +161,14 @@ func (n *Node) handleExits(ids <-chan string) {
 		onExit := n.onExit
 		n.mu.Unlock()
 		if !ok {
-			continue // a create in progress fails on its own
+			if sb = n.pool.remove(id); sb == nil {
+				continue // a create in progress fails on its own
+			}
+			onExit = nil
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		if err := n.cfg.Runtime.Kill(ctx, id); err != nil && !errors.Is(err, runtime.ErrNotFound) {
+		if err := n.destroy(ctx, sb); err != nil {
 			n.log.Warn("cleaning up exited sandbox", "sandbox_id", id, "err", err)
-		}
-		if err := n.cfg.Network.Release(ctx, sb.slot); err != nil {
-			n.log.Warn("releasing network of exited sandbox", "sandbox_id", id, "err", err)
 		}
 		cancel()
 		n.log.Warn("sandbox exited unexpectedly (out of memory?); cleaned up", "sandbox_id", id)
@@ -170,26 +181,61 @@ func (n *Node) handleExits(ids <-chan string) {
 // ID returns the node's id.
 func (n *Node) ID() string { return n.cfg.ID }
 
-// Create starts a sandbox and returns once its envd answers. A failed
-// create leaves nothing behind.
-func (n *Node) Create(ctx context.Context, req CreateRequest) (sb *Sandbox, err error) {
-	log := n.log.With("sandbox_id", req.SandboxID)
+// Create starts a sandbox and returns once its envd answers: a prestarted
+// one from the warm pool when one fits, else a fresh boot. A failed create
+// leaves nothing behind.
+func (n *Node) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) {
 	tpl, err := n.cfg.Templates.Get(req.TemplateID)
 	if err != nil {
-		return nil, fmt.Errorf("creating sandbox %s: %w", req.SandboxID, err)
+		return nil, fmt.Errorf("creating sandbox: %w", err)
 	}
+	start := time.Now()
+	if sb := n.pool.take(tpl, req); sb != nil {
+		if err := n.activate(ctx, sb, req); err != nil {
+			return nil, err
+		}
+		n.log.Info("sandbox created", "sandbox_id", sb.ID, "template_id", tpl.ID, "warm", true,
+			"total_ms", time.Since(start).Milliseconds())
+		return sb, nil
+	}
+	id := req.SandboxID
+	if id == "" {
+		id = NewID()
+	}
+	sb, err := n.boot(ctx, id, tpl, bootOptions{CPUCount: req.CPUCount, MemoryMB: req.MemoryMB, Network: req.Network})
+	if err != nil {
+		return nil, err
+	}
+	if err := n.activate(ctx, sb, req); err != nil {
+		return nil, err
+	}
+	n.log.Info("sandbox created", "sandbox_id", sb.ID, "template_id", tpl.ID, "warm", false,
+		"total_ms", time.Since(start).Milliseconds())
+	return sb, nil
+}
+
+// bootOptions are what a boot needs beyond the template.
+type bootOptions struct {
+	CPUCount, MemoryMB int
+	Network            netns.SlotOptions
+}
+
+// boot starts a sandbox of tpl and waits for its envd; the sandbox is not
+// yet initialised nor registered. On error nothing is left behind.
+func (n *Node) boot(ctx context.Context, id string, tpl *template.Template, opts bootOptions) (sb *Sandbox, err error) {
+	log := n.log.With("sandbox_id", id)
 	n.mu.Lock()
-	_, running := n.sandboxes[req.SandboxID]
-	_, creating := n.pending[req.SandboxID]
+	_, running := n.sandboxes[id]
+	_, creating := n.pending[id]
 	if running || creating {
 		n.mu.Unlock()
-		return nil, fmt.Errorf("creating sandbox %s: %w", req.SandboxID, ErrExists)
+		return nil, fmt.Errorf("creating sandbox %s: %w", id, ErrExists)
 	}
-	n.pending[req.SandboxID] = struct{}{}
+	n.pending[id] = struct{}{}
 	n.mu.Unlock()
 	defer func() {
 		n.mu.Lock()
-		delete(n.pending, req.SandboxID)
+		delete(n.pending, id)
 		n.mu.Unlock()
 	}()
 
@@ -200,68 +246,95 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (sb *Sandbox, err 
 			rollback.Run(context.WithoutCancel(ctx), log)
 		}
 	}()
-
 	sb = &Sandbox{
-		ID:          req.SandboxID,
+		ID:          id,
 		TemplateID:  tpl.ID,
-		CPUCount:    pick(req.CPUCount, tpl.CPUCount),
-		MemoryMB:    pick(req.MemoryMB, tpl.MemoryMB),
+		CPUCount:    pick(opts.CPUCount, tpl.CPUCount),
+		MemoryMB:    pick(opts.MemoryMB, tpl.MemoryMB),
 		DiskMB:      tpl.DiskMB,
 		EnvdVersion: n.cfg.EnvdVersion,
+	}
+	slot, err := n.cfg.Network.Acquire(ctx, opts.Network)
+	if err != nil {
+		return nil, fmt.Errorf("creating sandbox %s: acquiring network: %w", id, err)
+	}
+	rollback.Push("releasing network", func(ctx context.Context) error { return n.cfg.Network.Release(ctx, slot) })
+	sb.slot, sb.Addr, sb.egress = slot, slot.HostAddr, opts.Network
+
+	if err := n.cfg.Runtime.Create(ctx, runtime.Spec{
+		ID:         id,
+		RootFS:     tpl.RootFS,
+		EnvdPath:   n.cfg.EnvdPath,
+		EnvdPort:   EnvdPort,
+		NetNSPath:  slot.SandboxNSPath,
+		HostAddr:   slot.HostAddr,
+		CPUCount:   sb.CPUCount,
+		MemoryMB:   sb.MemoryMB,
+		DNSServers: n.cfg.DNSServers,
+	}); err != nil {
+		return nil, fmt.Errorf("creating sandbox %s: %w", id, err)
+	}
+	rollback.Push("killing sandbox", func(ctx context.Context) error { return n.cfg.Runtime.Kill(ctx, id) })
+	started := time.Now()
+
+	readyCtx, cancel := context.WithTimeout(ctx, n.cfg.ReadyTimeout)
+	defer cancel()
+	if err := newEnvdClient(sb.Addr, "").waitReady(readyCtx); err != nil {
+		return nil, fmt.Errorf("creating sandbox %s: waiting for envd: %w", id, err)
+	}
+	log.Debug("sandbox booted", "template_id", tpl.ID, "addr", sb.Addr,
+		"runtime_ms", started.Sub(start).Milliseconds(),
+		"envd_ready_ms", time.Since(started).Milliseconds())
+	return sb, nil
+}
+
+// activate hands a booted sandbox to its user: egress rules, envd's
+// environment, user and token, then registration. A failure destroys sb.
+func (n *Node) activate(ctx context.Context, sb *Sandbox, req CreateRequest) (err error) {
+	defer func() {
+		if err != nil {
+			n.destroy(context.WithoutCancel(ctx), sb)
+		}
+	}()
+	// Prestarted sandboxes were booted with the pool's egress rules.
+	if !slices.Equal(sb.egress.AllowOut, req.Network.AllowOut) ||
+		!slices.Equal(sb.egress.DenyOut, req.Network.DenyOut) ||
+		sb.egress.AllowInternet != req.Network.AllowInternet {
+		if err := n.cfg.Network.UpdateEgress(ctx, sb.slot, req.Network); err != nil {
+			return fmt.Errorf("creating sandbox %s: setting egress rules: %w", sb.ID, err)
+		}
+		sb.egress = req.Network
 	}
 	if req.Secure {
 		sb.EnvdAccessToken = randomToken()
 	}
-
-	slot, err := n.cfg.Network.Acquire(ctx, req.Network)
-	if err != nil {
-		return nil, fmt.Errorf("creating sandbox %s: acquiring network: %w", req.SandboxID, err)
-	}
-	rollback.Push("releasing network", func(ctx context.Context) error { return n.cfg.Network.Release(ctx, slot) })
-	sb.slot, sb.Addr = slot, slot.HostAddr
-
-	if err := n.cfg.Runtime.Create(ctx, runtime.Spec{
-		ID:              req.SandboxID,
-		RootFS:          tpl.RootFS,
-		EnvdPath:        n.cfg.EnvdPath,
-		EnvdPort:        EnvdPort,
-		EnvdAccessToken: sb.EnvdAccessToken,
-		NetNSPath:       slot.SandboxNSPath,
-		HostAddr:        slot.HostAddr,
-		CPUCount:        sb.CPUCount,
-		MemoryMB:        sb.MemoryMB,
-		DNSServers:      n.cfg.DNSServers,
-	}); err != nil {
-		return nil, fmt.Errorf("creating sandbox %s: %w", req.SandboxID, err)
-	}
-	rollback.Push("killing sandbox", func(ctx context.Context) error { return n.cfg.Runtime.Kill(ctx, req.SandboxID) })
-	started := time.Now()
-
-	envd := newEnvdClient(sb.Addr, sb.EnvdAccessToken)
-	readyCtx, cancel := context.WithTimeout(ctx, n.cfg.ReadyTimeout)
-	defer cancel()
-	if err := envd.waitReady(readyCtx); err != nil {
-		return nil, fmt.Errorf("creating sandbox %s: waiting for envd: %w", req.SandboxID, err)
-	}
-	ready := time.Now()
-	if err := envd.init(ctx, initRequest{
+	// The token goes in through /init rather than the sandbox's start-up
+	// environment, so that prestarted sandboxes can get theirs when taken.
+	if err := newEnvdClient(sb.Addr, "").init(ctx, initRequest{
 		EnvVars:     req.EnvVars,
 		AccessToken: sb.EnvdAccessToken,
 		DefaultUser: "user",
 		Timestamp:   time.Now().UTC(),
 	}); err != nil {
-		return nil, fmt.Errorf("creating sandbox %s: initialising envd: %w", req.SandboxID, err)
+		return fmt.Errorf("creating sandbox %s: initialising envd: %w", sb.ID, err)
 	}
 	sb.StartedAt = time.Now().UTC()
-
 	n.mu.Lock()
 	n.sandboxes[sb.ID] = sb
 	n.mu.Unlock()
-	log.Info("sandbox created", "template_id", tpl.ID, "addr", sb.Addr,
-		"runtime_ms", started.Sub(start).Milliseconds(),
-		"envd_ready_ms", ready.Sub(started).Milliseconds(),
-		"total_ms", time.Since(start).Milliseconds())
-	return sb, nil
+	return nil
+}
+
+// destroy kills a sandbox that is not (or no longer) registered.
+func (n *Node) destroy(ctx context.Context, sb *Sandbox) error {
+	var errs []error
+	if err := n.cfg.Runtime.Kill(ctx, sb.ID); err != nil && !errors.Is(err, runtime.ErrNotFound) {
+		errs = append(errs, err)
+	}
+	if err := n.cfg.Network.Release(ctx, sb.slot); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
 }
 
 // Get returns a running sandbox.
@@ -296,23 +369,16 @@ func (n *Node) Kill(ctx context.Context, id string) error {
 	if !ok {
 		return fmt.Errorf("killing sandbox %s: %w", id, ErrNotFound)
 	}
-	var errs []error
-	if err := n.cfg.Runtime.Kill(ctx, id); err != nil && !errors.Is(err, runtime.ErrNotFound) {
-		errs = append(errs, err)
-	}
-	if err := n.cfg.Network.Release(ctx, sb.slot); err != nil {
-		errs = append(errs, err)
-	}
-	if err := errors.Join(errs...); err != nil {
+	if err := n.destroy(ctx, sb); err != nil {
 		return fmt.Errorf("killing sandbox %s: %w", id, err)
 	}
 	n.log.Info("sandbox killed", "sandbox_id", id)
 	return nil
 }
 
-// Shutdown kills every sandbox.
+// Shutdown kills every sandbox, prestarted ones included.
 func (n *Node) Shutdown(ctx context.Context) error {
-	var errs []error
+	errs := []error{n.pool.close(ctx)}
 	for _, sb := range n.List() {
 		if err := n.Kill(ctx, sb.ID); err != nil {
 			errs = append(errs, err)
@@ -334,6 +400,19 @@ func pick(v, def int) int {
 		return v
 	}
 	return def
+}
+
+// idAlphabet is what E2B sandbox ids are made of (^[a-z0-9]+$).
+const idAlphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+
+// NewID returns a random sandbox id.
+func NewID() string {
+	b := make([]byte, 20)
+	_, _ = rand.Read(b)
+	for i := range b {
+		b[i] = idAlphabet[int(b[i])%len(idAlphabet)]
+	}
+	return string(b)
 }
 
 func randomToken() string {

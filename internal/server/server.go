@@ -51,6 +51,8 @@ type Config struct {
 	APIKey string
 	// NetnsPoolSize is how many network slots are kept ready.
 	NetnsPoolSize int
+	// WarmPoolSize is how many base sandboxes are kept prestarted.
+	WarmPoolSize int
 	// NetnsTag names this server's nftables tables and host interfaces, so
 	// that several servers can share a host.
 	NetnsTag string
@@ -150,7 +152,11 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 		Templates:   templates,
 		EnvdPath:    envdPath,
 		EnvdVersion: envd.Version,
-		Logger:      log,
+		// Keep base sandboxes prestarted: the E2B default template is what
+		// most creates ask for.
+		WarmPoolSize:  cfg.WarmPoolSize,
+		WarmTemplates: []string{template.BaseID},
+		Logger:        log,
 	})
 	if err != nil {
 		return nil, err
@@ -216,6 +222,9 @@ func (s *Server) Close(ctx context.Context) error {
 	}
 	if s.cluster != nil {
 		errs = append(errs, s.cluster.Close(ctx))
+	}
+	if s.node != nil {
+		errs = append(errs, s.node.Shutdown(ctx))
 	}
 	if s.net != nil {
 		errs = append(errs, s.net.Close(ctx))

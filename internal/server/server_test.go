@@ -51,6 +51,7 @@ func startServer(t *testing.T) (*Server, *client.Client, string) {
 		SandboxCIDR:   fmt.Sprintf("10.23%d.0.0/16", 2+n%7),
 		NetnsTag:      "srvt" + string(rune('a'+n%26)),
 		NetnsPoolSize: 2,
+		WarmPoolSize:  2,
 		Logger:        slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
 	})
 	if err != nil {

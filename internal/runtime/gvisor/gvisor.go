@@ -211,13 +211,16 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (err error) {
 
 	r := *d.runc
 	r.Log = filepath.Join(dir, "runsc.log")
-	if _, err := r.Run(ctx, spec.ID, dir, &runc.CreateOpts{
+	// runsc must not be killed half-way through a start because the
+	// caller gave up: that leaves sandbox processes runsc no longer knows.
+	// The rollback removes a finished start instead.
+	if _, err := r.Run(context.WithoutCancel(ctx), spec.ID, dir, &runc.CreateOpts{
 		Detach: true,
 		IO:     &fileIO{f: logFile},
 	}); err != nil {
 		return fmt.Errorf("running runsc for %s: %w%s", spec.ID, err, tailLog(r.Log))
 	}
-	state, err := d.runc.State(ctx, spec.ID)
+	state, err := d.runc.State(context.WithoutCancel(ctx), spec.ID)
 	if err != nil {
 		return fmt.Errorf("reading state of %s: %w", spec.ID, err)
 	}
