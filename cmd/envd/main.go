@@ -74,6 +74,7 @@ func run() error {
 	}
 	hs := envd.NewHTTPServer(ln.Addr().String(), srv.Handler())
 	hs.ReadHeaderTimeout = 30 * time.Second
+	hs.IdleTimeout = 5 * time.Minute
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

@@ -245,7 +245,11 @@ func (s *Server) listSandboxesV2(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	q := r.URL.Query()
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "malformed query string: "+err.Error())
+		return
+	}
 	limit := maxListLimit
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
@@ -280,8 +284,12 @@ func (s *Server) listSandboxesV2(w http.ResponseWriter, r *http.Request) {
 }
 
 func parseListFilter(w http.ResponseWriter, r *http.Request) (cluster.ListFilter, bool) {
-	q := r.URL.Query()
 	var f cluster.ListFilter
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "malformed query string: "+err.Error())
+		return f, false
+	}
 	if md := q.Get("metadata"); md != "" {
 		vals, err := url.ParseQuery(md)
 		if err != nil {

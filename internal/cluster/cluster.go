@@ -74,6 +74,9 @@ var DefaultLimits = Limits{MaxTimeout: 24 * time.Hour, MaxCPUCount: 8, MaxMemory
 type Config struct {
 	Node   Node
 	Limits Limits
+	// OnGone, if set, is called after a sandbox is killed or died, e.g. to
+	// cut the proxy's connections to it.
+	OnGone func(id string)
 	Logger *slog.Logger
 }
 
@@ -150,6 +153,13 @@ func (c *Cluster) forget(id string) {
 		}
 		delete(c.records, id)
 		c.log.Warn("sandbox ended on its own", "sandbox_id", id)
+	}
+	c.gone(id)
+}
+
+func (c *Cluster) gone(id string) {
+	if c.cfg.OnGone != nil {
+		c.cfg.OnGone(id)
 	}
 }
 
@@ -333,7 +343,9 @@ func (c *Cluster) Kill(ctx context.Context, id string) error {
 	if !ok {
 		return fmt.Errorf("%w: %s", ErrNotFound, id)
 	}
-	return c.cfg.Node.Kill(ctx, id)
+	err := c.cfg.Node.Kill(ctx, id)
+	c.gone(id)
+	return err
 }
 
 // SetTimeout moves a sandbox's deadline to now + d.

@@ -10,6 +10,9 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+
+	"github.com/aenvhq/aenv/internal/envd/spec/filesystem/filesystemconnect"
+	"github.com/aenvhq/aenv/internal/envd/spec/process/processconnect"
 )
 
 // accessTokenHeader carries the sandbox's access token on every request.
@@ -29,12 +32,19 @@ func (s *Server) withAuth(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		if errw.IsSupported(r) {
+		if isRPC(r) {
 			_ = errw.Write(w, r, connect.NewError(connect.CodeUnauthenticated, errUnauthorized))
 			return
 		}
 		writeJSONError(w, http.StatusUnauthorized, errUnauthorized.Error())
 	})
+}
+
+// isRPC tells Connect calls from the plain HTTP endpoints, which answer
+// errors differently.
+func isRPC(r *http.Request) bool {
+	return strings.HasPrefix(r.URL.Path, "/"+processconnect.ProcessName+"/") ||
+		strings.HasPrefix(r.URL.Path, "/"+filesystemconnect.FilesystemName+"/")
 }
 
 // validSignature checks the signature query parameter the SDK derives from

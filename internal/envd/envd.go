@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
+	"sync/atomic"
 
 	"connectrpc.com/connect"
 
@@ -70,6 +71,8 @@ type Server struct {
 	procs    *procTable
 	watchers *watcherTable
 	cpu      *cpuSampler
+
+	warnedUser atomic.Bool // the missing default user was logged
 
 	handler   http.Handler
 	closeOnce sync.Once

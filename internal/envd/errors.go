@@ -19,7 +19,6 @@ var (
 	errInvalid        = errors.New("invalid argument")
 	errUnknownUser    = errors.New("unknown user")
 	errUnauthorized   = errors.New("missing or wrong access token")
-	errNoSpace        = errors.New("no space left on device")
 	errProcessExited  = errors.New("process has exited")
 	errNotImplemented = errors.New("not supported on this platform")
 )
@@ -40,7 +39,7 @@ func classify(err error) connect.Code {
 		return connect.CodeUnauthenticated
 	case errors.Is(err, fs.ErrPermission):
 		return connect.CodePermissionDenied
-	case errors.Is(err, errNoSpace), errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
 		return connect.CodeResourceExhausted
 	case errors.Is(err, errNotImplemented):
 		return connect.CodeUnimplemented

@@ -82,8 +82,8 @@ func copyTree(src, dst string) error {
 				return err
 			}
 		}
-		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-			_ = os.Lchown(target, int(st.Uid), int(st.Gid))
+		if uid, gid, _, ok := fileOwner(fi); ok {
+			_ = os.Lchown(target, int(uid), int(gid))
 		}
 		return nil
 	})

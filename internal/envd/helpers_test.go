@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -54,6 +55,9 @@ type envOption func(*envd.Options)
 // passwd whose "user" has its home in a temporary directory.
 func newEnv(t *testing.T, opts ...envOption) *env {
 	t.Helper()
+	if runtime.GOOS != "linux" {
+		t.Skip("envd runs only on Linux")
+	}
 	root := t.TempDir()
 	// t.TempDir makes <tmp>/<TestName><n>/<seq>, both 0700; the
 	// unprivileged user must be able to reach its home below them.
@@ -160,7 +164,14 @@ func collect[T interface{ GetEvent() *process.ProcessEvent }](s interface {
 	eventStream
 	Msg() T
 }) (*result, error) {
-	r := &result{}
+	return drain(&result{}, s)
+}
+
+// drain adds the rest of a stream to r.
+func drain[T interface{ GetEvent() *process.ProcessEvent }](r *result, s interface {
+	eventStream
+	Msg() T
+}) (*result, error) {
 	for s.Receive() {
 		if err := r.add(s.Msg().GetEvent()); err != nil {
 			return r, err

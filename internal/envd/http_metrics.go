@@ -2,6 +2,7 @@ package envd
 
 import (
 	"net/http"
+	"sync"
 	"time"
 )
 
@@ -18,6 +19,14 @@ type metrics struct {
 	MemUsedMiB  uint64  `json:"mem_used_mib"`
 	DiskTotal   uint64  `json:"disk_total"`
 	DiskUsed    uint64  `json:"disk_used"`
+}
+
+// cpuSampler turns the cumulative counters of /proc/stat into a usage
+// percentage between two calls.
+type cpuSampler struct {
+	mu        sync.Mutex
+	busy, all uint64
+	sampledAt time.Time
 }
 
 func (s *Server) handleMetrics(w http.ResponseWriter, r *http.Request) {

@@ -8,19 +8,10 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
 )
-
-// cpuSampler turns the cumulative counters of /proc/stat into a usage
-// percentage between two calls.
-type cpuSampler struct {
-	mu        sync.Mutex
-	busy, all uint64
-	sampledAt time.Time
-}
 
 // cpuWindow is how long the first call (with no earlier sample) measures.
 const cpuWindow = 100 * time.Millisecond

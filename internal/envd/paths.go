@@ -32,7 +32,10 @@ func isDir(p string) bool {
 // anyone; otherwise (tests on a laptop) only itself.
 func canSwitchUser(u *sysUser) (bool, error) {
 	if os.Geteuid() == 0 {
-		return true, nil
+		// Staying root needs no setuid/setgroups, and so works even when
+		// the sandbox withheld CAP_SETUID and CAP_SETGID from envd.
+		sameIDs := u.UID == 0 && u.GID == uint32(os.Getegid())
+		return !sameIDs, nil
 	}
 	if u.UID == uint32(os.Geteuid()) {
 		return false, nil

@@ -79,6 +79,10 @@ func (s *Server) processEnv(u *sysUser, reqEnv map[string]string, withPty bool) 
 			env[k] = v
 		}
 	}
+	if withPty {
+		// envd's own TERM describes no terminal the client has.
+		env["TERM"] = "xterm-256color"
+	}
 	env["HOME"] = u.Home
 	env["USER"] = u.Name
 	env["LOGNAME"] = u.Name
@@ -88,9 +92,6 @@ func (s *Server) processEnv(u *sysUser, reqEnv map[string]string, withPty bool) 
 	}
 	maps.Copy(env, s.cfg.env())
 	maps.Copy(env, reqEnv)
-	if withPty && env["TERM"] == "" {
-		env["TERM"] = "xterm-256color"
-	}
 	delete(env, AccessTokenEnv)
 	out := make([]string, 0, len(env))
 	for _, k := range slices.Sorted(maps.Keys(env)) {

@@ -165,7 +165,7 @@ func TestStdinSendInputAndCloseStdin(t *testing.T) {
 	if _, err := e.proc.CloseStdin(ctx, req(e, &process.CloseStdinRequest{Process: pidSel(pid)}, "")); err != nil {
 		t.Fatal(err)
 	}
-	rest, err := collect(s)
+	rest, err := drain(&result{pid: pid}, s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,7 +197,7 @@ func TestSendSignal(t *testing.T) {
 	if _, err := e.proc.SendSignal(ctx, req(e, &process.SendSignalRequest{Process: pidSel(pid), Signal: process.Signal_SIGNAL_SIGTERM}, "")); err != nil {
 		t.Fatal(err)
 	}
-	r, err := collect(s)
+	r, err := drain(&result{pid: pid}, s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -265,7 +265,7 @@ func TestListAndConnectToBackgroundProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, s := range streams {
-		r, err := collect(s)
+		r, err := drain(&result{pid: pid}, s)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -294,7 +294,7 @@ func TestTimeoutKillsProcessButCancelDoesNot(t *testing.T) {
 	tctx, cancel := context.WithTimeout(ctx, 700*time.Millisecond)
 	defer cancel()
 	pid, s := startBackground(t, e, tctx, &process.StartRequest{Process: bashCmd("sleep 30")})
-	_, err := collect(s)
+	_, err := drain(&result{pid: pid}, s)
 	if c := connectCode(err); c != connect.CodeDeadlineExceeded {
 		t.Fatalf("stream ended with %v, want deadline_exceeded", err)
 	}
@@ -383,7 +383,7 @@ func TestPty(t *testing.T) {
 	}, "")); err != nil {
 		t.Fatal(err)
 	}
-	rest, err := collect(s)
+	rest, err := drain(&result{pid: pid}, s)
 	if err != nil {
 		t.Fatal(err)
 	}

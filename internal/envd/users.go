@@ -164,7 +164,7 @@ func (s *Server) resolveUser(name string) (*sysUser, error) {
 		return u, nil
 	}
 	if name == "root" || !explicit {
-		if !explicit {
+		if !explicit && s.warnedUser.Swap(true) == false {
 			s.log.Warn("default user does not exist, using root", "user", name)
 		}
 		u := rootUser

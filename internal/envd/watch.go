@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/fsnotify/fsnotify"
 
@@ -33,7 +34,14 @@ type dirWatcher struct {
 
 	closeOnce sync.Once
 	done      chan struct{}
+
+	// synthetic holds creates reported from scanning a new directory, so
+	// that inotify's own report of the same create is not sent twice.
+	synthetic map[string]time.Time
 }
+
+// syntheticTTL is how long a scanned create suppresses inotify's.
+const syntheticTTL = 2 * time.Second
 
 func newDirWatcher(root string, opts watchOptions, db *userDB, log *slog.Logger) (*dirWatcher, error) {
 	fi, err := os.Stat(root)
@@ -50,7 +58,7 @@ func newDirWatcher(root string, opts watchOptions, db *userDB, log *slog.Logger)
 	if err != nil {
 		return nil, fmt.Errorf("watching %s: %w", root, err)
 	}
-	d := &dirWatcher{root: root, opts: opts, db: db, log: log, w: w, done: make(chan struct{})}
+	d := &dirWatcher{root: root, opts: opts, db: db, log: log, w: w, done: make(chan struct{}), synthetic: map[string]time.Time{}}
 	if err := w.Add(root); err != nil {
 		w.Close()
 		return nil, fmt.Errorf("watching %s: %w", root, err)
@@ -110,28 +118,20 @@ func (d *dirWatcher) run(emit func(*filesystem.FilesystemEvent)) {
 				}
 				continue
 			}
-			rel, err := filepath.Rel(d.root, ev.Name)
-			if err != nil {
-				continue
+			if ev.Has(fsnotify.Create) {
+				if at, ok := d.synthetic[ev.Name]; ok && time.Since(at) < syntheticTTL {
+					delete(d.synthetic, ev.Name)
+					if ev.Op == fsnotify.Create {
+						continue
+					}
+					ev.Op &^= fsnotify.Create
+				}
 			}
+			d.emit(ev.Name, ev.Op, emit)
 			if d.opts.recursive && ev.Has(fsnotify.Create) {
 				if fi, err := os.Lstat(ev.Name); err == nil && fi.IsDir() {
-					if err := d.w.Add(ev.Name); err == nil {
-						d.addSubdirs(ev.Name)
-					}
+					d.watchNewDir(ev.Name, emit)
 				}
-			}
-			for _, o := range fsnotifyOps {
-				if !ev.Has(o.op) {
-					continue
-				}
-				fe := &filesystem.FilesystemEvent{Name: rel, Type: o.t}
-				if d.opts.includeEntry && o.op != fsnotify.Remove && o.op != fsnotify.Rename {
-					if e, err := statEntry(d.db, ev.Name); err == nil {
-						fe.Entry = e
-					}
-				}
-				emit(fe)
 			}
 		case err, ok := <-d.w.Errors:
 			if !ok {
@@ -144,6 +144,55 @@ func (d *dirWatcher) run(emit func(*filesystem.FilesystemEvent)) {
 			}
 		}
 	}
+}
+
+// emit sends one protocol event per operation in op.
+func (d *dirWatcher) emit(path string, op fsnotify.Op, emit func(*filesystem.FilesystemEvent)) {
+	rel, err := filepath.Rel(d.root, path)
+	if err != nil {
+		return
+	}
+	for _, o := range fsnotifyOps {
+		if !op.Has(o.op) {
+			continue
+		}
+		fe := &filesystem.FilesystemEvent{Name: rel, Type: o.t}
+		if d.opts.includeEntry && o.op != fsnotify.Remove && o.op != fsnotify.Rename {
+			if e, err := statEntry(d.db, path); err == nil {
+				fe.Entry = e
+			}
+		}
+		emit(fe)
+	}
+}
+
+// watchNewDir watches a directory that appeared under a recursive watch.
+// Whatever was created in it before the watch was in place (mkdir -p a/b;
+// touch a/b/f happens faster than that) is reported as created now.
+func (d *dirWatcher) watchNewDir(dir string, emit func(*filesystem.FilesystemEvent)) {
+	now := time.Now()
+	for p, at := range d.synthetic {
+		if now.Sub(at) >= syntheticTTL {
+			delete(d.synthetic, p)
+		}
+	}
+	if err := d.w.Add(dir); err != nil {
+		d.log.Debug("watching new subdirectory", "path", dir, "err", err)
+		return
+	}
+	_ = filepath.WalkDir(dir, func(p string, de fs.DirEntry, err error) error {
+		if err != nil || p == dir {
+			return nil
+		}
+		if de.IsDir() {
+			if err := d.w.Add(p); err != nil {
+				d.log.Debug("watching new subdirectory", "path", p, "err", err)
+			}
+		}
+		d.synthetic[p] = now
+		d.emit(p, fsnotify.Create, emit)
+		return nil
+	})
 }
 
 // watcherTable holds the watchers of the polling API (CreateWatcher).

@@ -16,6 +16,7 @@ import (
 	"net/netip"
 	"regexp"
 	"strconv"
+	"sync"
 	"time"
 )
 
@@ -42,6 +43,43 @@ type Proxy struct {
 	resolve Resolver
 	log     *slog.Logger
 	rp      *httputil.ReverseProxy
+
+	mu    sync.Mutex
+	conns map[string]map[*trackedConn]struct{} // upstream connections by sandbox
+}
+
+// trackedConn is an upstream connection the proxy can cut when its sandbox
+// goes away: a dead sandbox's network vanishes without a reset, and the
+// client would otherwise wait for TCP to time out.
+type trackedConn struct {
+	net.Conn
+	p    *Proxy
+	id   string
+	once sync.Once
+}
+
+func (c *trackedConn) Close() error {
+	c.once.Do(func() {
+		c.p.mu.Lock()
+		delete(c.p.conns[c.id], c)
+		if len(c.p.conns[c.id]) == 0 {
+			delete(c.p.conns, c.id)
+		}
+		c.p.mu.Unlock()
+	})
+	return c.Conn.Close()
+}
+
+// Forget closes every connection to sandbox id; call it when the sandbox
+// is killed or dies.
+func (p *Proxy) Forget(id string) {
+	p.mu.Lock()
+	conns := p.conns[id]
+	delete(p.conns, id)
+	p.mu.Unlock()
+	for c := range conns {
+		c.Conn.Close()
+	}
 }
 
 type target struct {
@@ -56,12 +94,23 @@ func New(r Resolver, log *slog.Logger) *Proxy {
 	if log == nil {
 		log = slog.Default()
 	}
-	p := &Proxy{resolve: r, log: log}
+	p := &Proxy{resolve: r, log: log, conns: map[string]map[*trackedConn]struct{}{}}
 	transport := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			t := ctx.Value(targetKey{}).(target)
-			d := net.Dialer{Timeout: 5 * time.Second}
-			return d.DialContext(ctx, "tcp", t.addr.String())
+			d := net.Dialer{Timeout: 5 * time.Second, KeepAlive: 15 * time.Second}
+			c, err := d.DialContext(ctx, "tcp", t.addr.String())
+			if err != nil {
+				return nil, err
+			}
+			tc := &trackedConn{Conn: c, p: p, id: t.id}
+			p.mu.Lock()
+			if p.conns[t.id] == nil {
+				p.conns[t.id] = map[*trackedConn]struct{}{}
+			}
+			p.conns[t.id][tc] = struct{}{}
+			p.mu.Unlock()
+			return tc, nil
 		},
 		MaxIdleConnsPerHost: 32,
 		IdleConnTimeout:     30 * time.Second,
@@ -72,9 +121,11 @@ func New(r Resolver, log *slog.Logger) *Proxy {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			t := pr.In.Context().Value(targetKey{}).(target)
 			pr.Out.URL.Scheme = "http"
-			// The pool keys connections by URL host, so each sandbox port
-			// gets its own connections.
-			pr.Out.URL.Host = t.addr.String()
+			// The transport pools connections by URL host. Keying them by
+			// sandbox id (not address) keeps a connection to a killed
+			// sandbox from serving the next sandbox that gets its address;
+			// the dialer resolves the real address from the context.
+			pr.Out.URL.Host = net.JoinHostPort(t.id, strconv.Itoa(int(t.addr.Port())))
 			pr.Out.Host = pr.In.Host
 			pr.Out.Header.Del(HeaderSandboxID)
 			pr.Out.Header.Del(HeaderSandboxPort)

@@ -70,6 +70,7 @@ type Server struct {
 	cluster  *cluster.Cluster
 	node     *node.Node
 	net      *netns.Manager
+	driver   *gvisor.Driver
 	apiKey   string
 }
 
@@ -88,6 +89,9 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 	}
 	if cfg.RunDir == "" {
 		cfg.RunDir = "/run/aenv"
+	}
+	if cfg.NetnsTag == "" {
+		cfg.NetnsTag = "aenv"
 	}
 	if cfg.SandboxCIDR == "" {
 		cfg.SandboxCIDR = "10.231.0.0/16"
@@ -120,11 +124,15 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 	driver, err := gvisor.New(gvisor.Config{
 		RunscPath: cfg.RunscPath,
 		StateDir:  filepath.Join(cfg.RunDir, "gvisor"),
-		Logger:    log,
+		// One cgroup parent per server instance, named like its network
+		// tag, so that servers sharing a host stay apart.
+		CgroupParent: "/" + cfg.NetnsTag,
+		Logger:       log,
 	})
 	if err != nil {
 		return nil, err
 	}
+	s.driver = driver
 	if err := driver.Cleanup(ctx); err != nil {
 		log.Warn("cleaning up sandboxes of a previous run", "err", err)
 	}
@@ -161,7 +169,8 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 	if err != nil {
 		return nil, err
 	}
-	s.cluster = cluster.New(cluster.Config{Node: s.node, Limits: cfg.Limits, Logger: log})
+	prx := proxy.New(s, log)
+	s.cluster = cluster.New(cluster.Config{Node: s.node, Limits: cfg.Limits, OnGone: prx.Forget, Logger: log})
 
 	s.listener, err = net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -174,7 +183,7 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 	handler := api.New(api.Config{
 		Cluster:   s.cluster,
 		Templates: templates,
-		Proxy:     proxy.New(s, log),
+		Proxy:     prx,
 		APIKey:    s.apiKey,
 		Domain:    domain,
 		Logger:    log,
@@ -228,6 +237,9 @@ func (s *Server) Close(ctx context.Context) error {
 	}
 	if s.net != nil {
 		errs = append(errs, s.net.Close(ctx))
+	}
+	if s.driver != nil {
+		errs = append(errs, s.driver.Close())
 	}
 	return errors.Join(errs...)
 }

@@ -2,8 +2,8 @@
 // proto/filesystem: the envd wire protocol (messages in process and
 // filesystem, Connect clients and handlers in processconnect and
 // filesystemconnect). The envd server implements the handlers; the platform
-// and the tests use the clients. Nothing here is written by hand except this
-// file and gen.sh.
+// and the tests use the clients. Only this file, gen.sh and the doc.go files
+// are written by hand.
 package spec
 
 // gen.sh builds protoc-gen-go and protoc-gen-connect-go at the versions in

@@ -30,8 +30,9 @@ var caps = []string{
 }
 
 // writeBundle writes the OCI bundle of spec into dir: config.json plus the
-// per-sandbox files bound into the guest.
-func writeBundle(dir string, spec runtime.Spec) error {
+// per-sandbox files bound into the guest. The sandbox's cgroup is
+// cgroupPath.
+func writeBundle(dir string, spec runtime.Spec, cgroupPath string) error {
 	hostname := spec.Hostname
 	if hostname == "" {
 		hostname = spec.ID
@@ -87,7 +88,7 @@ func writeBundle(dir string, spec runtime.Spec) error {
 				{Type: specs.MountNamespace},
 				{Type: specs.NetworkNamespace, Path: spec.NetNSPath},
 			},
-			CgroupsPath: "/aenv/" + spec.ID,
+			CgroupsPath: cgroupPath,
 			Resources:   resources(spec),
 		},
 	}

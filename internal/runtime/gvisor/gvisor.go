@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -32,6 +33,9 @@ type Config struct {
 	StateDir string
 	// Platform is runsc's --platform; empty means systrap.
 	Platform string
+	// CgroupParent is the cgroup under which each sandbox gets its own;
+	// empty means /aenv. Servers sharing a host should differ.
+	CgroupParent string
 	// Logger receives the driver's logs.
 	Logger *slog.Logger
 }
@@ -75,6 +79,9 @@ func New(cfg Config) (*Driver, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.CgroupParent == "" {
+		cfg.CgroupParent = "/aenv"
 	}
 	if err := os.MkdirAll(filepath.Join(cfg.StateDir, "sandboxes"), 0o700); err != nil {
 		return nil, fmt.Errorf("creating state dir: %w", err)
@@ -183,7 +190,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (err error) {
 	}
 	rollback.Push("removing sandbox dir", func(context.Context) error { return os.RemoveAll(dir) })
 
-	if err := writeBundle(dir, spec); err != nil {
+	if err := writeBundle(dir, spec, path.Join(d.cfg.CgroupParent, spec.ID)); err != nil {
 		return fmt.Errorf("writing bundle for %s: %w", spec.ID, err)
 	}
 	logFile, err := os.OpenFile(filepath.Join(dir, "envd.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
@@ -306,6 +313,24 @@ func (d *Driver) Cleanup(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// Close releases what runsc keeps for all sandboxes of the driver's root:
+// it leaves a "null-netns" namespace mount there. Call it after every
+// sandbox is gone.
+func (d *Driver) Close() error {
+	p := filepath.Join(d.runc.Root, "null-netns")
+	// runsc may have stacked several mounts there; peel them all.
+	for range 1000 {
+		err := unix.Unmount(p, unix.MNT_DETACH)
+		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("unmounting %s: %w", p, err)
+		}
+	}
+	return fmt.Errorf("unmounting %s: still mounted", p)
 }
 
 // tailLog returns the last lines of runsc's log, to make a failed start

@@ -33,7 +33,7 @@ func setup(t *testing.T) *fixture {
 		testutil.Unavailable(t, "AENV_BASE_ROOTFS and AENV_BIN_DIR must be set (make build base)")
 	}
 	dir := t.TempDir()
-	d, err := New(Config{RunscPath: runsc, StateDir: filepath.Join(dir, "state")})
+	d, err := New(Config{RunscPath: runsc, StateDir: filepath.Join(dir, "state"), CgroupParent: "/aenvgvt"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +86,7 @@ func TestCreateStatsKill(t *testing.T) {
 	}
 	waitHealth(t, slot.HostAddr)
 
-	limit, err := os.ReadFile("/sys/fs/cgroup/memory/aenv/gvtest1/memory.limit_in_bytes")
+	limit, err := os.ReadFile("/sys/fs/cgroup/memory/aenvgvt/gvtest1/memory.limit_in_bytes")
 	if err != nil {
 		t.Fatalf("reading the sandbox's memory cgroup: %v", err)
 	}
@@ -109,11 +109,14 @@ func TestCreateStatsKill(t *testing.T) {
 	if _, err := os.Stat(f.driver.sandboxDir("gvtest1")); !os.IsNotExist(err) {
 		t.Fatalf("sandbox dir survived kill: %v", err)
 	}
-	if _, err := os.Stat("/sys/fs/cgroup/memory/aenv/gvtest1"); !os.IsNotExist(err) {
+	if _, err := os.Stat("/sys/fs/cgroup/memory/aenvgvt/gvtest1"); !os.IsNotExist(err) {
 		t.Fatalf("cgroup survived kill: %v", err)
 	}
 	if err := f.driver.Kill(ctx, "gvtest1"); err == nil {
 		t.Fatal("killing twice succeeded")
+	}
+	if err := f.driver.Close(); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -133,5 +136,8 @@ func TestFailedCreateLeavesNothing(t *testing.T) {
 	}
 	if len(list) != 0 {
 		t.Fatalf("failed create left runsc containers: %v", list)
+	}
+	if err := f.driver.Close(); err != nil {
+		t.Fatal(err)
 	}
 }
