@@ -80,6 +80,9 @@ func (p *Proxy) Forget(id string) {
 	for c := range conns {
 		c.Conn.Close()
 	}
+	if len(conns) > 0 {
+		p.log.Debug("closed connections to a gone sandbox", "sandbox_id", id, "count", len(conns))
+	}
 }
 
 type target struct {
