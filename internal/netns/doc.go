@@ -43,9 +43,17 @@
 //
 // NewManager removes leftovers of a previous run (see Reap), sets up the host
 // side and starts filling a pool of ready slots in the background. Acquire
-// takes a slot from the pool (or builds one) and applies its egress policy;
-// Release destroys it. A sandbox namespace is single-use once runsc has run
-// in it (runsc removes eth0's address), unless Recycle puts the address and
-// route back. Close destroys every slot the manager still holds, including
-// acquired ones, and removes the host-side rules.
+// takes a slot from the pool (or builds one) and applies its egress policy.
+// Release destroys a slot: its namespaces at once, its host-side interface
+// in the background (the kernel spends tens of milliseconds on that). A
+// sandbox namespace is single-use once runsc has run in it (runsc removes
+// eth0's address), unless Recycle puts the address and route back, which
+// it does only when no process is left in the namespace. Close destroys
+// every slot the manager still has, including acquired ones, and removes
+// the host-side rules.
+//
+// Measured here (2 cores, kernel 6.18, otherwise idle): building a slot
+// takes about 7 ms, Acquire from the pool 15-60 µs (0.3 ms more when it
+// opens egress: an nftables commit), Recycle about 1.3 ms, Release under
+// 1 ms. Under heavy load on the host, all of these take several times as long.
 package netns

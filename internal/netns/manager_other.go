@@ -4,6 +4,9 @@ package netns
 
 import "context"
 
+// nftConn stands in for the nftables connection a Linux slot keeps.
+type nftConn = *struct{}
+
 // Manager owns the network slots of one host. Only Linux has them; elsewhere
 // every method fails with ErrUnsupported.
 type Manager struct{}

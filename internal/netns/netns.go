@@ -93,7 +93,8 @@ type Config struct {
 	Prefix netip.Prefix
 	// Tag names the nftables tables (host and router) and prefixes the
 	// host-side interface names (Tag + slot index). Lower-case letters only,
-	// so that no tag's interface names can be mistaken for another's.
+	// at most 10. Managers on one host need distinct tags, none a prefix of
+	// another, and distinct prefixes: Reap removes everything of its tag.
 	Tag string
 	// PoolSize is how many ready slots are kept; negative disables the pool.
 	PoolSize int
@@ -223,9 +224,15 @@ type Slot struct {
 	// and of its peer (for guests that configure their own kernel).
 	SandboxMAC, GatewayMAC net.HardwareAddr
 
-	hostIf   string       // host-side interface name (== Name)
-	hostPeer netip.Prefix // host side of the uplink, the router's gateway
-	uplink   netip.Prefix // HostAddr with its prefix length
+	hostIf    string       // host-side interface name (== Name)
+	hostIndex int          // and its ifindex
+	hostPeer  netip.Prefix // host side of the uplink, the router's gateway
+	uplink    netip.Prefix // HostAddr with its prefix length
+
+	// nft is an nftables connection into the router namespace, kept while
+	// the slot waits in the pool so that Acquire need not open one. The
+	// slot's current owner (pool, or Acquire in progress) uses it.
+	nft nftConn
 }
 
 func (cfg Config) newSlot(index int) *Slot {

@@ -45,7 +45,11 @@ func TestHostReachesSandboxes(t *testing.T) {
 			t.Fatalf("Release: %v", err)
 		}
 	}
-	mustNotReach(t, "", hostPort(a.HostAddr, envdPort))
+	// Whatever is left of the slot while the kernel tears it down may
+	// refuse the connection, but the sandbox must not answer.
+	if got, err := dialFrom("", hostPort(a.HostAddr, envdPort), blockedTimeout); err == nil {
+		t.Errorf("released slot still answers as %q", got)
+	}
 	if err := m.Release(ctx, a); !errors.Is(err, ErrNotHeld) {
 		t.Errorf("second Release: %v, want ErrNotHeld", err)
 	}
@@ -235,25 +239,13 @@ func TestConcurrentAcquire(t *testing.T) {
 	wg.Wait()
 }
 
-// setPoolSize changes the pool's target; lowering it to 0 idles the filler,
-// which lets a test decide what goes into the pool.
-func (m *Manager) setPoolSize(n int) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.poolSize = n
-}
-
 func TestRecycle(t *testing.T) {
-	m, _ := newTestManager(t, 1)
+	m, _ := newUnfilledManager(t, 1)
 	ctx := context.Background()
 	inet := newTestNet(t)
 	listenIn(t, inet.path, hostPort(inet.addr, 8080), "internet")
-	waitPool(t, m, 1)
 
-	// Take the pooled slot with the filler idle, so that its place is free.
-	m.setPoolSize(0)
 	s := acquire(t, m, SlotOptions{AllowInternet: true})
-	m.setPoolSize(1)
 	listenIn(t, s.SandboxNSPath, envdInside, "first")
 	mustReach(t, "", hostPort(s.HostAddr, envdPort), "first")
 	mustReach(t, s.SandboxNSPath, hostPort(inet.addr, 8080), "internet")
@@ -264,7 +256,7 @@ func TestRecycle(t *testing.T) {
 		t.Fatalf("Recycle: %v", err)
 	}
 	r := acquire(t, m, SlotOptions{})
-	if r.Name != s.Name {
+	if r != s {
 		t.Fatalf("got slot %s, want the recycled %s", r.Name, s.Name)
 	}
 	listenIn(t, r.SandboxNSPath, "169.254.0.21:8080", "second")
@@ -273,18 +265,20 @@ func TestRecycle(t *testing.T) {
 	mustNotReach(t, r.SandboxNSPath, hostPort(inet.addr, 8080))
 
 	t.Run("pool full", func(t *testing.T) {
-		waitPool(t, m, 1)
+		other := acquire(t, m, SlotOptions{})
+		if err := m.Recycle(ctx, other); err != nil {
+			t.Fatal(err)
+		}
 		if err := m.Recycle(ctx, r); err != nil {
-			t.Fatalf("Recycle: %v", err)
+			t.Fatal(err)
 		}
 		if m.poolLen() != 1 || fileExists(r.SandboxNSPath) {
 			t.Fatalf("recycled into a full pool (pool %d)", m.poolLen())
 		}
+		acquire(t, m, SlotOptions{}) // empty the pool again
 	})
 	t.Run("namespace in use", func(t *testing.T) {
-		m.setPoolSize(0)
 		s := acquire(t, m, SlotOptions{})
-		m.setPoolSize(1)
 		holder := exec.Command("nsenter", "--net="+s.SandboxNSPath, "sleep", "30")
 		if err := holder.Start(); err != nil {
 			t.Fatal(err)

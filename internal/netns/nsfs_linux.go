@@ -107,6 +107,55 @@ func unshareNamespaces() (p namespacePair, err error) {
 	return p, nil
 }
 
+// inNS runs fn on a thread switched into the namespace ns; sockets fn
+// makes stay in ns. The thread is switched back afterwards (or, failing
+// that, discarded), so no thread has to be created per call, as
+// nftables.WithNetNSFd does.
+func inNS(ns *os.File, fn func() error) error {
+	ch := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := openNS("/proc/thread-self/ns/net")
+		if err != nil {
+			runtime.UnlockOSThread()
+			ch <- err
+			return
+		}
+		defer orig.Close()
+		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
+			ch <- fmt.Errorf("entering namespace %s: %w", ns.Name(), err)
+			return
+		}
+		ferr := fn()
+		if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
+			ch <- errors.Join(ferr, fmt.Errorf("returning to the original network namespace: %w", err))
+			return // still locked: Go ends the thread with the goroutine
+		}
+		runtime.UnlockOSThread()
+		ch <- ferr
+	}()
+	return <-ch
+}
+
+// nftAt opens a lasting nftables connection inside the namespace at path.
+func nftAt(path string) (*nftables.Conn, error) {
+	ns, err := openNS(path)
+	if err != nil {
+		return nil, err
+	}
+	defer ns.Close()
+	var c *nftables.Conn
+	err = inNS(ns, func() (err error) {
+		c, err = nftables.New(nftables.AsLasting())
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("opening nftables in %s: %w", path, err)
+	}
+	return c, nil
+}
+
 func openNS(path string) (*os.File, error) {
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {

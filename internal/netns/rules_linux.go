@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -15,6 +16,17 @@ import (
 // guarded by `meta nfproto ipv4`.
 
 const egressChain = "egress"
+
+// nftConn is the type of Slot.nft.
+type nftConn = *nftables.Conn
+
+// dropNFT closes the slot's kept nftables connection, if any.
+func (s *Slot) dropNFT() {
+	if s.nft != nil {
+		s.nft.CloseLasting()
+		s.nft = nil
+	}
+}
 
 // ipsDstNAT is the conntrack status bit IPS_DST_NAT (linux/netfilter/
 // nf_conntrack_common.h): the connection's destination was rewritten.
@@ -211,29 +223,27 @@ func installRouterTable(c *nftables.Conn, cfg Config, s *Slot) error {
 //
 // Connections already established keep flowing.
 func setEgress(tag string, s *Slot, opts SlotOptions) error {
-	ns, err := openNS(s.RouterNSPath)
-	if err != nil {
-		return err
+	for _, p := range append(slices.Clone(opts.AllowOut), opts.DenyOut...) {
+		if !p.Addr().Is4() {
+			return fmt.Errorf("setting egress of %s: prefix %s is not IPv4", s.Name, p)
+		}
 	}
-	defer ns.Close()
-	c, err := nftables.New(nftables.WithNetNSFd(int(ns.Fd())))
-	if err != nil {
-		return fmt.Errorf("opening nftables in %s: %w", s.RouterNSPath, err)
+	c := s.nft
+	if c == nil {
+		var err error
+		if c, err = nftAt(s.RouterNSPath); err != nil {
+			return fmt.Errorf("setting egress of %s: %w", s.Name, err)
+		}
+		defer c.CloseLasting()
 	}
 	t := &nftables.Table{Name: tag, Family: nftables.TableFamilyINet}
 	ch := &nftables.Chain{Name: egressChain, Table: t}
 	c.FlushChain(ch)
 	for _, p := range opts.AllowOut {
-		if !p.Addr().Is4() {
-			return fmt.Errorf("setting egress of %s: allowed prefix %s is not IPv4", s.Name, p)
-		}
 		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: cat(
 			ipv4Addr(ipDst, p.Masked(), expr.CmpOpEq), verdict(expr.VerdictAccept))})
 	}
 	for _, p := range opts.DenyOut {
-		if !p.Addr().Is4() {
-			return fmt.Errorf("setting egress of %s: denied prefix %s is not IPv4", s.Name, p)
-		}
 		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: cat(
 			ipv4Addr(ipDst, p.Masked(), expr.CmpOpEq), verdict(expr.VerdictDrop))})
 	}

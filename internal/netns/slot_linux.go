@@ -41,7 +41,7 @@ func buildSlot(cfg Config, index int) (_ *Slot, err error) {
 	if err != nil {
 		return nil, wrap(err)
 	}
-	defer nss.close() // the bind mounts keep the namespaces alive
+	defer func() { nss.close() }() // the bind mounts keep the namespaces alive
 	if err := bindNS(nss.router, s.RouterNSPath); err != nil {
 		return nil, wrap(err)
 	}
@@ -64,6 +64,7 @@ func buildSlot(cfg Config, index int) (_ *Slot, err error) {
 	if err := netlink.LinkAdd(hostIf); err != nil {
 		return nil, wrap(fmt.Errorf("creating uplink %s: %w", s.hostIf, err))
 	}
+	s.hostIndex = hostIf.Attrs().Index // LinkAdd looked it up
 	undo = append(undo, func() error { return deleteLink(s.hostIf) })
 	if err := netlink.AddrAdd(hostIf, &netlink.Addr{IPNet: ipNet(s.hostPeer)}); err != nil {
 		return nil, wrap(fmt.Errorf("addressing uplink %s: %w", s.hostIf, err))
@@ -75,6 +76,7 @@ func buildSlot(cfg Config, index int) (_ *Slot, err error) {
 	if err := configureSandbox(nss.sandboxNL, false); err != nil {
 		return nil, wrap(err)
 	}
+	s.nft, nss.routerNFT = nss.routerNFT, nil // kept for Acquire's egress update
 	return s, nil
 }
 
@@ -150,12 +152,22 @@ func configureSandbox(h *netlink.Handle, replace bool) error {
 	return nil
 }
 
-// unbindSlot removes the slot's namespace files. The kernel then frees both
-// namespaces, and with the router namespace goes eth0's veth pair, even if
-// some process still holds the sandbox namespace. What remains is the host
-// side of the uplink; see deleteLink.
-func unbindSlot(s *Slot) error {
-	err := errors.Join(unbindNS(s.SandboxNSPath), unbindNS(s.RouterNSPath))
+// detachSlot cuts the slot off and removes its namespace files: it takes
+// the host side of the uplink down, so that nothing passes between host and
+// slot from here on, and unmounts both namespaces. The kernel then frees
+// them, and with the router namespace goes eth0's veth pair, even if some
+// process still holds the sandbox namespace. What remains is the host-side
+// interface; see deleteLink.
+func detachSlot(s *Slot) error {
+	s.dropNFT()
+	var down error
+	if s.hostIndex != 0 {
+		err := netlink.LinkSetDown(&netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: s.hostIndex}})
+		if err != nil && !errors.Is(err, unix.ENODEV) {
+			down = fmt.Errorf("taking %s down: %w", s.hostIf, err)
+		}
+	}
+	err := errors.Join(down, unbindNS(s.SandboxNSPath), unbindNS(s.RouterNSPath))
 	if err != nil {
 		return fmt.Errorf("destroying slot %s: %w", s.Name, err)
 	}
