@@ -98,6 +98,10 @@ type Config struct {
 	Tag string
 	// PoolSize is how many ready slots are kept; negative disables the pool.
 	PoolSize int
+	// DNSServers may be reached on port 53 (UDP and TCP) by sandboxes with
+	// egress, even inside the always-blocked ranges: a host's resolver is
+	// often on a private address (a cloud VPC's, a LAN's).
+	DNSServers []netip.Addr
 	// Logger receives background errors (pool refill); nil discards.
 	Logger *slog.Logger
 }
@@ -118,6 +122,11 @@ func (cfg Config) withDefaults() (Config, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	for _, a := range cfg.DNSServers {
+		if !a.Is4() {
+			return cfg, fmt.Errorf("checking config: DNS server %s is not IPv4", a)
+		}
 	}
 	if !cfg.Prefix.Addr().Is4() || cfg.Prefix.Bits() > 30 || cfg.Prefix.Masked() != cfg.Prefix {
 		return cfg, fmt.Errorf("checking config: prefix %s must be a masked IPv4 prefix of /30 or wider", cfg.Prefix)

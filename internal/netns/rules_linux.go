@@ -84,6 +84,13 @@ func installHostTable(cfg Config) error {
 		ifPrefix(expr.MetaKeyOIFNAME, cfg.Tag, expr.CmpOpEq),
 		verdict(expr.VerdictDrop),
 	)})
+	for _, dns := range dnsMatches(cfg.DNSServers) {
+		c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: cat(
+			ifPrefix(expr.MetaKeyIIFNAME, cfg.Tag, expr.CmpOpEq),
+			dns,
+			verdict(expr.VerdictAccept),
+		)})
+	}
 	for _, p := range cfg.blocked() {
 		c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: cat(
 			ifPrefix(expr.MetaKeyIIFNAME, cfg.Tag, expr.CmpOpEq),
@@ -183,6 +190,17 @@ func installRouterTable(c *nftables.Conn, cfg Config, s *Slot) error {
 		ipv4Addr(ipSrc, netip.PrefixFrom(sandboxAddr, 32), expr.CmpOpNeq),
 		verdict(expr.VerdictDrop),
 	)})
+	// DNS to the configured resolvers goes through the egress chain even
+	// when they sit in a blocked range: with egress on it is accepted there;
+	// with egress off the chain returns and the drops below apply.
+	for _, dns := range dnsMatches(cfg.DNSServers) {
+		c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: cat(
+			ifName(expr.MetaKeyIIFNAME, routerSandbox),
+			ifName(expr.MetaKeyOIFNAME, routerUplink),
+			dns,
+			[]expr.Any{&expr.Verdict{Kind: expr.VerdictJump, Chain: egress.Name}},
+		)})
+	}
 	for _, p := range cfg.blocked() {
 		c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: cat(
 			ifName(expr.MetaKeyIIFNAME, routerSandbox),
@@ -255,6 +273,27 @@ func setEgress(tag string, s *Slot, opts SlotOptions) error {
 		return fmt.Errorf("setting egress of %s: %w", s.Name, err)
 	}
 	return nil
+}
+
+// dnsMatches returns, for each resolver, the matches of DNS traffic to it:
+// one for UDP and one for TCP, destination port 53.
+func dnsMatches(servers []netip.Addr) [][]expr.Any {
+	var out [][]expr.Any
+	for _, a := range servers {
+		for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
+			out = append(out, cat(
+				isIPv4(),
+				ipv4Addr(ipDst, netip.PrefixFrom(a, 32), expr.CmpOpEq),
+				[]expr.Any{
+					&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+					&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
+					&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+					&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{0, 53}},
+				},
+			))
+		}
+	}
+	return out
 }
 
 // Expression builders. Each returns the expressions of one match, to be

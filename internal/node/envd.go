@@ -1,7 +1,6 @@
 package node
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -9,9 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"os"
 	"strconv"
-	"strings"
 	"time"
 )
 
@@ -92,30 +89,4 @@ func (c *envdClient) init(ctx context.Context, body initRequest) error {
 		return fmt.Errorf("envd /init answered %s", resp.Status)
 	}
 	return nil
-}
-
-// hostDNSServers returns the host's name servers, for sandboxes to use.
-// Loopback resolvers (systemd-resolved's stub) are unreachable from a
-// sandbox, so they are replaced by a public fallback.
-func hostDNSServers() []string {
-	f, err := os.Open("/etc/resolv.conf")
-	if err != nil {
-		return []string{"1.1.1.1"}
-	}
-	defer f.Close()
-	var out []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 2 || fields[0] != "nameserver" {
-			continue
-		}
-		if a, err := netip.ParseAddr(fields[1]); err == nil && a.Is4() && !a.IsLoopback() {
-			out = append(out, a.String())
-		}
-	}
-	if len(out) == 0 {
-		return []string{"1.1.1.1"}
-	}
-	return out
 }

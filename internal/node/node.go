@@ -54,7 +54,7 @@ type Config struct {
 	EnvdPath string
 	// EnvdVersion is the version the envd binary reports.
 	EnvdVersion string
-	// DNSServers are given to sandboxes; empty means the host's.
+	// DNSServers go into sandboxes' resolv.conf.
 	DNSServers []string
 	// ReadyTimeout bounds the wait for envd after start; 0 means 15s.
 	ReadyTimeout time.Duration
@@ -126,9 +126,6 @@ func New(cfg Config) (*Node, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
-	}
-	if len(cfg.DNSServers) == 0 {
-		cfg.DNSServers = hostDNSServers()
 	}
 	n := &Node{
 		cfg:       cfg,

@@ -141,12 +141,14 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("parsing sandbox CIDR %q: %w", cfg.SandboxCIDR, err)
 	}
+	dns := netns.HostDNSServers("/etc/resolv.conf")
 	s.net, err = netns.NewManager(ctx, netns.Config{
-		RunDir:   filepath.Join(cfg.RunDir, "netns"),
-		Prefix:   prefix,
-		PoolSize: cfg.NetnsPoolSize,
-		Tag:      cfg.NetnsTag,
-		Logger:   log,
+		DNSServers: dns,
+		RunDir:     filepath.Join(cfg.RunDir, "netns"),
+		Prefix:     prefix,
+		PoolSize:   cfg.NetnsPoolSize,
+		Tag:        cfg.NetnsTag,
+		Logger:     log,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("setting up sandbox networking: %w", err)
@@ -160,6 +162,7 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 		Templates:   templates,
 		EnvdPath:    envdPath,
 		EnvdVersion: envd.Version,
+		DNSServers:  addrStrings(dns),
 		// Keep base sandboxes prestarted: the E2B default template is what
 		// most creates ask for.
 		WarmPoolSize:  cfg.WarmPoolSize,
@@ -242,6 +245,14 @@ func (s *Server) Close(ctx context.Context) error {
 		errs = append(errs, s.driver.Close())
 	}
 	return errors.Join(errs...)
+}
+
+func addrStrings(as []netip.Addr) []string {
+	out := make([]string, len(as))
+	for i, a := range as {
+		out[i] = a.String()
+	}
+	return out
 }
 
 func portOf(a net.Addr) string {
