@@ -73,6 +73,12 @@ func (s *Server) routes() {
 	m.Handle("POST /sandboxes/{id}/pause", s.auth(s.withID(s.pause)))
 	m.Handle("GET /sandboxes/{id}/metrics", s.auth(s.withID(s.metrics)))
 
+	m.Handle("POST /sandboxes/{id}/snapshots", s.auth(s.withID(s.createSnapshot)))
+	m.Handle("POST /sandboxes/{id}/fork", s.auth(s.withID(s.fork)))
+	m.Handle("GET /snapshots", s.auth(http.HandlerFunc(s.listSnapshots)))
+	m.Handle("GET /snapshots/{snapshotID}", s.auth(http.HandlerFunc(s.getSnapshot)))
+	m.Handle("DELETE /templates/{templateID}", s.auth(http.HandlerFunc(s.deleteTemplate)))
+
 	m.Handle("GET /templates", s.auth(http.HandlerFunc(s.listTemplates)))
 	m.Handle("GET /templates/aliases/{alias}", s.auth(http.HandlerFunc(s.getTemplateAlias)))
 

@@ -68,6 +68,8 @@ func (s *Server) toJSON(sb *cluster.Sandbox, detail bool) sandboxJSON {
 	}
 	if detail {
 		start, end := sb.StartedAt.UTC(), sb.EndAt.UTC()
+		// E2B keeps an end time on paused sandboxes too; ours is when it
+		// was paused, since a paused sandbox has no deadline.
 		out.StartedAt, out.EndAt = &start, &end
 		out.State = string(sb.State)
 		out.CPUCount, out.MemoryMB = sb.CPUCount, sb.MemoryMB
@@ -203,7 +205,7 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request, id string) {
 	if !ok {
 		return
 	}
-	sb, resumed, err := s.cfg.Cluster.Connect(id, d)
+	sb, resumed, err := s.cfg.Cluster.Connect(r.Context(), id, d)
 	if err != nil {
 		s.writeClusterError(w, r, err)
 		return
@@ -216,11 +218,11 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request, id string) {
 }
 
 func (s *Server) pause(w http.ResponseWriter, r *http.Request, id string) {
-	if _, err := s.cfg.Cluster.Get(id); err != nil {
+	if err := s.cfg.Cluster.Pause(r.Context(), id); err != nil {
 		s.writeClusterError(w, r, err)
 		return
 	}
-	writeError(w, http.StatusNotImplemented, "pausing sandboxes is not supported yet (it arrives with snapshots)")
+	w.WriteHeader(http.StatusNoContent)
 }
 
 // listSandboxesV1 is the old list: running sandboxes, optional metadata
@@ -298,7 +300,9 @@ func parseListFilter(w http.ResponseWriter, r *http.Request) (cluster.ListFilter
 		}
 		f.Metadata = map[string]string{}
 		for k, v := range vals {
-			f.Metadata[k] = v[len(v)-1]
+			// The E2B SDKs encode each key and value before encoding the
+			// whole parameter, so undo that layer too.
+			f.Metadata[unescapeOnce(k)] = unescapeOnce(v[len(v)-1])
 		}
 	}
 	for _, st := range q["state"] {
@@ -313,6 +317,13 @@ func parseListFilter(w http.ResponseWriter, r *http.Request) (cluster.ListFilter
 		}
 	}
 	return f, true
+}
+
+func unescapeOnce(s string) string {
+	if u, err := url.QueryUnescape(s); err == nil {
+		return u
+	}
+	return s
 }
 
 // pageKey is the position after which the next page starts, in the
@@ -366,17 +377,18 @@ type metricJSON struct {
 }
 
 // metrics returns one current reading (aenv keeps no history yet); the CPU
-// figure is the average since the sandbox started.
+// figure is the average since the previous reading (or the sandbox's
+// start).
 func (s *Server) metrics(w http.ResponseWriter, r *http.Request, id string) {
-	st, sb, err := s.cfg.Cluster.Stats(r.Context(), id)
+	st, sb, err := s.cfg.Cluster.Usage(r.Context(), id)
 	if err != nil {
 		s.writeClusterError(w, r, err)
 		return
 	}
 	now := time.Now().UTC()
 	var pct float64
-	if el := now.Sub(sb.StartedAt); el > 0 && sb.CPUCount > 0 {
-		pct = 100 * float64(st.CPUUsageNanos) / float64(el.Nanoseconds()) / float64(sb.CPUCount)
+	if el := now.Sub(st.Since); el > 0 && sb.CPUCount > 0 {
+		pct = min(100, 100*float64(st.CPUSinceNanos)/float64(el.Nanoseconds())/float64(sb.CPUCount))
 	}
 	writeJSON(w, http.StatusOK, []metricJSON{{
 		Timestamp:     now,

@@ -19,7 +19,7 @@ import (
 
 	"github.com/aenvhq/aenv/internal/netns"
 	"github.com/aenvhq/aenv/internal/node"
-	"github.com/aenvhq/aenv/internal/runtime"
+	"github.com/aenvhq/aenv/internal/snapshot"
 )
 
 // Errors the API maps to status codes.
@@ -51,9 +51,13 @@ type Node interface {
 	ID() string
 	Create(ctx context.Context, req node.CreateRequest) (*node.Sandbox, error)
 	Kill(ctx context.Context, id string) error
-	Stats(ctx context.Context, id string) (runtime.Stats, error)
+	Usage(ctx context.Context, id string) (node.Usage, error)
 	// OnExit registers a handler for sandboxes that died on their own.
 	OnExit(fn func(id string))
+	Snapshot(ctx context.Context, id string, opts node.SnapshotOptions) (*snapshot.Snapshot, error)
+	Snapshots(kinds ...snapshot.Kind) ([]*snapshot.Snapshot, error)
+	GetSnapshot(idOrName string) (*snapshot.Snapshot, error)
+	DeleteSnapshot(id string) error
 }
 
 // Limits bound what a client may ask for.
@@ -74,10 +78,13 @@ var DefaultLimits = Limits{MaxTimeout: 24 * time.Hour, MaxCPUCount: 8, MaxMemory
 type Config struct {
 	Node   Node
 	Limits Limits
-	// OnGone, if set, is called after a sandbox is killed or died, e.g. to
-	// cut the proxy's connections to it.
+	// OnGone, if set, is called after a sandbox is killed, paused or died,
+	// e.g. to cut the proxy's connections to it.
 	OnGone func(id string)
-	Logger *slog.Logger
+	// StateDir keeps the records of paused sandboxes, so that they survive
+	// a restart; empty keeps them in memory only.
+	StateDir string
+	Logger   *slog.Logger
 }
 
 // Sandbox is the control plane's record of a sandbox. Values returned by
@@ -100,6 +107,8 @@ type Sandbox struct {
 	AutoPause       bool
 	// Addr is where the sandbox's ports are reached from this host.
 	Addr netip.Addr
+	// SnapshotID holds a paused sandbox's state.
+	SnapshotID string
 }
 
 // CreateRequest describes a sandbox to create.
@@ -118,6 +127,9 @@ type CreateRequest struct {
 type record struct {
 	sb    Sandbox
 	timer *time.Timer
+	// busy is set while a pause, resume or snapshot runs, so that two of
+	// them cannot interleave on one sandbox.
+	busy bool
 }
 
 // Cluster tracks sandboxes. It is safe for concurrent use.
@@ -140,6 +152,7 @@ func New(cfg Config) *Cluster {
 	}
 	c := &Cluster{cfg: cfg, log: cfg.Logger, records: make(map[string]*record)}
 	cfg.Node.OnExit(c.forget)
+	c.loadPaused()
 	return c
 }
 
@@ -211,26 +224,34 @@ func (c *Cluster) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 		}
 		return nil, err
 	}
+	return c.register(ctx, nsb, req.TemplateID, req.Metadata, req.Timeout, req.AutoPause)
+}
+
+// netipZero is the address of a sandbox that has none (paused).
+var netipZero netip.Addr
+
+// register records a sandbox a node started and arms its timeout.
+func (c *Cluster) register(ctx context.Context, nsb *node.Sandbox, requestedTemplate string, metadata map[string]string, timeout time.Duration, autoPause bool) (*Sandbox, error) {
 	id := nsb.ID
 	r := &record{sb: Sandbox{
 		ID:              id,
 		TemplateID:      nsb.TemplateID,
 		ClientID:        c.cfg.Node.ID(),
 		NodeID:          c.cfg.Node.ID(),
-		Metadata:        maps.Clone(req.Metadata),
+		Metadata:        maps.Clone(metadata),
 		State:           StateRunning,
 		StartedAt:       nsb.StartedAt,
-		EndAt:           nsb.StartedAt.Add(req.Timeout),
+		EndAt:           nsb.StartedAt.Add(timeout),
 		CPUCount:        nsb.CPUCount,
 		MemoryMB:        nsb.MemoryMB,
 		DiskMB:          nsb.DiskMB,
 		EnvdVersion:     nsb.EnvdVersion,
 		EnvdAccessToken: nsb.EnvdAccessToken,
-		AutoPause:       req.AutoPause,
+		AutoPause:       autoPause,
 		Addr:            nsb.Addr,
 	}}
-	if req.TemplateID != nsb.TemplateID {
-		r.sb.Alias = req.TemplateID
+	if requestedTemplate != nsb.TemplateID {
+		r.sb.Alias = requestedTemplate
 	}
 	c.mu.Lock()
 	if c.closed {
@@ -241,6 +262,7 @@ func (c *Cluster) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 	c.records[id] = r
 	c.armLocked(r)
 	out := r.sb
+	out.Metadata = maps.Clone(r.sb.Metadata)
 	c.mu.Unlock()
 	return &out, nil
 }
@@ -258,11 +280,20 @@ func (c *Cluster) armLocked(r *record) {
 func (c *Cluster) expire(id string) {
 	c.mu.Lock()
 	r, ok := c.records[id]
-	if !ok || time.Now().Before(r.sb.EndAt) {
+	if !ok || time.Now().Before(r.sb.EndAt) || r.sb.State != StateRunning {
 		c.mu.Unlock()
 		return
 	}
+	autoPause := r.sb.AutoPause
 	c.mu.Unlock()
+	if autoPause {
+		c.log.Info("sandbox timed out; pausing it", "sandbox_id", id)
+		if err := c.Pause(context.Background(), id); err == nil || errors.Is(err, ErrNotFound) {
+			return
+		} else {
+			c.log.Warn("pausing timed-out sandbox failed; killing it", "sandbox_id", id, "err", err)
+		}
+	}
 	c.log.Info("sandbox timed out", "sandbox_id", id)
 	if err := c.Kill(context.Background(), id); err != nil && !errors.Is(err, ErrNotFound) {
 		c.log.Warn("killing timed-out sandbox", "sandbox_id", id, "err", err)
@@ -343,6 +374,13 @@ func (c *Cluster) Kill(ctx context.Context, id string) error {
 	if !ok {
 		return fmt.Errorf("%w: %s", ErrNotFound, id)
 	}
+	if r.sb.State == StatePaused {
+		c.removePausedRecord(id)
+		if err := c.cfg.Node.DeleteSnapshot(r.sb.SnapshotID); err != nil {
+			c.log.Warn("deleting paused sandbox's snapshot", "sandbox_id", id, "err", err)
+		}
+		return nil
+	}
 	err := c.cfg.Node.Kill(ctx, id)
 	c.gone(id)
 	return err
@@ -368,6 +406,9 @@ func (c *Cluster) extend(id string, d time.Duration, onlyLater bool) (*Sandbox, 
 	if !ok {
 		return nil, fmt.Errorf("%w: %s", ErrNotFound, id)
 	}
+	if r.sb.State != StateRunning {
+		return nil, fmt.Errorf("%w: sandbox %s is %s (connect resumes it)", ErrConflict, id, r.sb.State)
+	}
 	end := time.Now().UTC().Add(d)
 	if onlyLater && end.Before(r.sb.EndAt) {
 		out := r.sb
@@ -379,22 +420,17 @@ func (c *Cluster) extend(id string, d time.Duration, onlyLater bool) (*Sandbox, 
 	return &out, nil
 }
 
-// Connect returns a running sandbox, extending its deadline to at least
-// now + d. resumed reports whether it had to be resumed first (never, until
-// pause exists).
-func (c *Cluster) Connect(id string, d time.Duration) (sb *Sandbox, resumed bool, err error) {
-	sb, err = c.Refresh(id, d)
-	return sb, false, err
-}
-
-// Stats reads a sandbox's resource use from its node.
-func (c *Cluster) Stats(ctx context.Context, id string) (runtime.Stats, *Sandbox, error) {
+// Usage reads a sandbox's resource use from its node.
+func (c *Cluster) Usage(ctx context.Context, id string) (node.Usage, *Sandbox, error) {
 	sb, err := c.Get(id)
 	if err != nil {
-		return runtime.Stats{}, nil, err
+		return node.Usage{}, nil, err
 	}
-	st, err := c.cfg.Node.Stats(ctx, id)
-	return st, sb, err
+	if sb.State != StateRunning {
+		return node.Usage{Since: time.Now()}, sb, nil // a paused sandbox uses nothing
+	}
+	u, err := c.cfg.Node.Usage(ctx, id)
+	return u, sb, err
 }
 
 // Close kills every sandbox; the cluster accepts no creates afterwards.
@@ -402,8 +438,11 @@ func (c *Cluster) Close(ctx context.Context) error {
 	c.mu.Lock()
 	c.closed = true
 	ids := make([]string, 0, len(c.records))
-	for id := range c.records {
-		ids = append(ids, id)
+	for id, r := range c.records {
+		// Paused sandboxes outlive the server: their state is on disk.
+		if r.sb.State == StateRunning {
+			ids = append(ids, id)
+		}
 	}
 	c.mu.Unlock()
 	var errs []error

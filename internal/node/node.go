@@ -20,6 +20,7 @@ import (
 
 	"github.com/aenvhq/aenv/internal/netns"
 	"github.com/aenvhq/aenv/internal/runtime"
+	"github.com/aenvhq/aenv/internal/snapshot"
 	"github.com/aenvhq/aenv/internal/template"
 	"github.com/aenvhq/aenv/internal/undo"
 )
@@ -50,6 +51,8 @@ type Config struct {
 	Network Network
 	// Templates resolves template ids to root filesystems.
 	Templates *template.Store
+	// Snapshots holds saved sandbox states; nil disables snapshots.
+	Snapshots *snapshot.Catalog
 	// EnvdPath is the static envd binary placed in every sandbox.
 	EnvdPath string
 	// EnvdVersion is the version the envd binary reports.
@@ -100,6 +103,9 @@ type Sandbox struct {
 
 	slot   *netns.Slot
 	egress netns.SlotOptions
+	// cpuBase and cpuAt are the previous CPU reading, for Usage.
+	cpuBase uint64
+	cpuAt   time.Time
 }
 
 // Node runs sandboxes on this host. It is safe for concurrent use.
@@ -182,6 +188,11 @@ func (n *Node) ID() string { return n.cfg.ID }
 // one from the warm pool when one fits, else a fresh boot. A failed create
 // leaves nothing behind.
 func (n *Node) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) {
+	if n.cfg.Snapshots != nil {
+		if snap, err := n.cfg.Snapshots.Get(req.TemplateID); err == nil {
+			return n.restore(ctx, snap, req)
+		}
+	}
 	tpl, err := n.cfg.Templates.Get(req.TemplateID)
 	if err != nil {
 		return nil, fmt.Errorf("creating sandbox: %w", err)
@@ -215,6 +226,9 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) 
 type bootOptions struct {
 	CPUCount, MemoryMB int
 	Network            netns.SlotOptions
+	// ImageDir, when set, restores the saved state there instead of
+	// booting.
+	ImageDir string
 }
 
 // boot starts a sandbox of tpl and waits for its envd; the sandbox is not
@@ -258,7 +272,7 @@ func (n *Node) boot(ctx context.Context, id string, tpl *template.Template, opts
 	rollback.Push("releasing network", func(ctx context.Context) error { return n.cfg.Network.Release(ctx, slot) })
 	sb.slot, sb.Addr, sb.egress = slot, slot.HostAddr, opts.Network
 
-	if err := n.cfg.Runtime.Create(ctx, runtime.Spec{
+	spec := runtime.Spec{
 		ID:         id,
 		RootFS:     tpl.RootFS,
 		EnvdPath:   n.cfg.EnvdPath,
@@ -268,7 +282,15 @@ func (n *Node) boot(ctx context.Context, id string, tpl *template.Template, opts
 		CPUCount:   sb.CPUCount,
 		MemoryMB:   sb.MemoryMB,
 		DNSServers: n.cfg.DNSServers,
-	}); err != nil {
+	}
+	if opts.ImageDir == "" {
+		err = n.cfg.Runtime.Create(ctx, spec)
+	} else if cp, ok := n.cfg.Runtime.(runtime.Checkpointer); ok {
+		err = cp.Restore(ctx, spec, opts.ImageDir)
+	} else {
+		err = fmt.Errorf("runtime %s cannot restore snapshots", n.cfg.Runtime.Name())
+	}
+	if err != nil {
 		return nil, fmt.Errorf("creating sandbox %s: %w", id, err)
 	}
 	rollback.Push("killing sandbox", func(ctx context.Context) error { return n.cfg.Runtime.Kill(ctx, id) })
@@ -315,11 +337,21 @@ func (n *Node) activate(ctx context.Context, sb *Sandbox, req CreateRequest) (er
 	}); err != nil {
 		return fmt.Errorf("creating sandbox %s: initialising envd: %w", sb.ID, err)
 	}
+	n.register(ctx, sb)
+	return nil
+}
+
+// register makes sb visible, starting its CPU accounting now (a prestarted
+// sandbox's boot is not its user's).
+func (n *Node) register(ctx context.Context, sb *Sandbox) {
 	sb.StartedAt = time.Now().UTC()
+	sb.cpuAt = sb.StartedAt
+	if st, err := n.cfg.Runtime.Stats(ctx, sb.ID); err == nil {
+		sb.cpuBase = st.CPUUsageNanos
+	}
 	n.mu.Lock()
 	n.sandboxes[sb.ID] = sb
 	n.mu.Unlock()
-	return nil
 }
 
 // destroy kills a sandbox that is not (or no longer) registered.
@@ -384,12 +416,33 @@ func (n *Node) Shutdown(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// Stats reads a sandbox's resource use from the runtime.
-func (n *Node) Stats(ctx context.Context, id string) (runtime.Stats, error) {
-	if _, err := n.Get(id); err != nil {
-		return runtime.Stats{}, err
+// Usage is a sandbox's resource use: memory now, and CPU time used since
+// the previous reading (or since the sandbox was handed out).
+type Usage struct {
+	MemoryBytes   uint64
+	CPUSinceNanos uint64
+	Since         time.Time
+}
+
+// Usage reads a sandbox's resource use from the runtime.
+func (n *Node) Usage(ctx context.Context, id string) (Usage, error) {
+	sb, err := n.Get(id)
+	if err != nil {
+		return Usage{}, err
 	}
-	return n.cfg.Runtime.Stats(ctx, id)
+	st, err := n.cfg.Runtime.Stats(ctx, id)
+	if err != nil {
+		return Usage{}, err
+	}
+	now := time.Now()
+	n.mu.Lock()
+	u := Usage{MemoryBytes: st.MemoryBytes, Since: sb.cpuAt}
+	if st.CPUUsageNanos >= sb.cpuBase {
+		u.CPUSinceNanos = st.CPUUsageNanos - sb.cpuBase
+	}
+	sb.cpuBase, sb.cpuAt = st.CPUUsageNanos, now
+	n.mu.Unlock()
+	return u, nil
 }
 
 func pick(v, def int) int {

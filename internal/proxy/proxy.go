@@ -190,6 +190,11 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	t := target{id: id, addr: netip.AddrPortFrom(addr, uint16(port))}
+	// Go's HTTP/1 server stops reading a request body once the handler
+	// has flushed response headers, which would cut envd's streams while
+	// the request body is still being copied upstream. Full duplex keeps
+	// both directions open, as a proxy needs.
+	_ = http.NewResponseController(w).EnableFullDuplex()
 	p.rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, t)))
 }
 

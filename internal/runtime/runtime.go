@@ -79,6 +79,26 @@ type ExitNotifier interface {
 	Exits() <-chan string
 }
 
+// CheckpointOptions tune Checkpoint.
+type CheckpointOptions struct {
+	// LeaveRunning keeps the sandbox running after its state is saved
+	// (snapshot, fork); otherwise it is stopped (pause).
+	LeaveRunning bool
+}
+
+// Checkpointer is implemented by drivers that can save a sandbox's whole
+// state (memory, processes, files written) and start new sandboxes from
+// it: the basis of snapshot, pause/resume and fork.
+type Checkpointer interface {
+	// Checkpoint saves sandbox id's state into the empty directory
+	// imageDir. Without LeaveRunning the sandbox stops; Kill removes it.
+	Checkpoint(ctx context.Context, id, imageDir string, opts CheckpointOptions) error
+	// Restore starts a new sandbox, spec.ID, from the state in imageDir.
+	// spec must name the same root filesystem the state was saved from;
+	// its network namespace may differ. On error nothing is left behind.
+	Restore(ctx context.Context, spec Spec, imageDir string) error
+}
+
 // Runtime runs sandboxes on this host. Implementations are safe for
 // concurrent use on different ids.
 type Runtime interface {

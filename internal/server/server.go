@@ -24,6 +24,7 @@ import (
 	"github.com/aenvhq/aenv/internal/node"
 	"github.com/aenvhq/aenv/internal/proxy"
 	"github.com/aenvhq/aenv/internal/runtime/gvisor"
+	"github.com/aenvhq/aenv/internal/snapshot"
 	"github.com/aenvhq/aenv/internal/template"
 )
 
@@ -154,8 +155,13 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 		return nil, fmt.Errorf("setting up sandbox networking: %w", err)
 	}
 
+	snapshots, err := snapshot.Open(filepath.Join(cfg.DataDir, "snapshots"))
+	if err != nil {
+		return nil, err
+	}
 	hostname, _ := os.Hostname()
 	s.node, err = node.New(node.Config{
+		Snapshots:   snapshots,
 		ID:          hostname,
 		Runtime:     driver,
 		Network:     s.net,
@@ -173,7 +179,13 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 		return nil, err
 	}
 	prx := proxy.New(s, log)
-	s.cluster = cluster.New(cluster.Config{Node: s.node, Limits: cfg.Limits, OnGone: prx.Forget, Logger: log})
+	s.cluster = cluster.New(cluster.Config{
+		Node:     s.node,
+		Limits:   cfg.Limits,
+		OnGone:   prx.Forget,
+		StateDir: cfg.DataDir,
+		Logger:   log,
+	})
 
 	s.listener, err = net.Listen("tcp", cfg.Listen)
 	if err != nil {

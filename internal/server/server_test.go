@@ -118,9 +118,8 @@ func TestTimeoutKillsSandbox(t *testing.T) {
 	t.Fatalf("sandbox %s still exists 10s after its 1s timeout", sb.SandboxID)
 }
 
-// rawRequest sends a request with the API key and returns status and the
-// decoded {code, message} body.
-func rawRequest(t *testing.T, srv *Server, method, url, body string) (int, map[string]any) {
+// doRequest sends a request with the API key and returns status and body.
+func doRequest(t *testing.T, srv *Server, method, url, body string) (int, []byte) {
 	t.Helper()
 	req, _ := http.NewRequest(method, url, strings.NewReader(body))
 	req.Header.Set("X-API-Key", srv.APIKey())
@@ -131,9 +130,16 @@ func rawRequest(t *testing.T, srv *Server, method, url, body string) (int, map[s
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+// rawRequest is doRequest with the body decoded as {code, message}.
+func rawRequest(t *testing.T, srv *Server, method, url, body string) (int, map[string]any) {
+	t.Helper()
+	status, b := doRequest(t, srv, method, url, body)
 	var m map[string]any
 	_ = json.Unmarshal(b, &m)
-	return resp.StatusCode, m
+	return status, m
 }
 
 func TestBadInputLeavesNothing(t *testing.T) {

@@ -35,6 +35,13 @@ type Template struct {
 	MemoryMB  int       `json:"memoryMB"`
 	DiskMB    int       `json:"diskSizeMB"`
 	CreatedAt time.Time `json:"createdAt"`
+	// StartCmd and ReadyCmd start the template's service and tell when it
+	// is up (recorded by `aenv pull`; not run yet).
+	StartCmd string `json:"startCmd,omitempty"`
+	ReadyCmd string `json:"readyCmd,omitempty"`
+	// Image is the configuration of the OCI image the template was pulled
+	// from; nil for templates made otherwise.
+	Image *ImageConfig `json:"image,omitempty"`
 	// RootFS is the host directory of the root filesystem (not stored).
 	RootFS string `json:"-"`
 }
@@ -177,4 +184,28 @@ func (s *Store) Put(t *Template) error {
 		return fmt.Errorf("storing template %s: %w", t.ID, err)
 	}
 	return os.Rename(tmp, filepath.Join(dir, "template.json"))
+}
+
+// ErrProtected is returned when deleting a template that must exist.
+var ErrProtected = errors.New("template cannot be deleted")
+
+// Delete removes a template and its root filesystem. The base template
+// cannot be deleted.
+func (s *Store) Delete(idOrAlias string) error {
+	t, err := s.Get(idOrAlias)
+	if err != nil {
+		return err
+	}
+	if t.ID == BaseID {
+		return fmt.Errorf("deleting template %s: %w", t.ID, ErrProtected)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	dir := filepath.Join(s.dir, t.ID)
+	// Hide it first, so that a crash mid-removal leaves no broken template.
+	tmp := filepath.Join(s.dir, "."+t.ID+".deleting")
+	if err := os.Rename(dir, tmp); err != nil {
+		return fmt.Errorf("deleting template %s: %w", t.ID, err)
+	}
+	return os.RemoveAll(tmp)
 }

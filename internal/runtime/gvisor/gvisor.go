@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -57,6 +58,7 @@ type Driver struct {
 var (
 	_ runtime.Runtime      = (*Driver)(nil)
 	_ runtime.ExitNotifier = (*Driver)(nil)
+	_ runtime.Checkpointer = (*Driver)(nil)
 )
 
 // exitPollInterval is how often the driver checks for sandboxes that died.
@@ -175,7 +177,45 @@ func (d *Driver) sandboxDir(id string) string {
 }
 
 // Create implements runtime.Runtime.
-func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (err error) {
+func (d *Driver) Create(ctx context.Context, spec runtime.Spec) error {
+	return d.start(ctx, spec, "")
+}
+
+// Restore implements runtime.Checkpointer.
+func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, imageDir string) error {
+	return d.start(ctx, spec, imageDir)
+}
+
+// Checkpoint implements runtime.Checkpointer. Without LeaveRunning runsc
+// stops the sandbox once its state is saved; Kill then removes it.
+func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts runtime.CheckpointOptions) error {
+	d.mu.Lock()
+	_, ok := d.running[id]
+	d.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("checkpointing %s: %w", id, runtime.ErrNotFound)
+	}
+	var actions []runc.CheckpointAction
+	if opts.LeaveRunning {
+		actions = append(actions, runc.LeaveRunning)
+	}
+	if err := d.runc.Checkpoint(context.WithoutCancel(ctx), id, &runc.CheckpointOpts{ImagePath: imageDir}, actions...); err != nil {
+		return fmt.Errorf("checkpointing %s: %w%s", id, err, tailLog(filepath.Join(d.sandboxDir(id), "runsc.log")))
+	}
+	if !opts.LeaveRunning {
+		// The stop is ours: do not report it as a death.
+		d.mu.Lock()
+		if fd := d.running[id]; fd >= 0 {
+			unix.Close(fd)
+			d.running[id] = -1
+		}
+		d.mu.Unlock()
+	}
+	return nil
+}
+
+// start runs a sandbox: a fresh boot, or a restore when imageDir is set.
+func (d *Driver) start(ctx context.Context, spec runtime.Spec, imageDir string) (err error) {
 	log := d.log.With("sandbox_id", spec.ID)
 	dir := d.sandboxDir(spec.ID)
 	var rollback undo.Stack
@@ -221,11 +261,23 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (err error) {
 	// runsc must not be killed half-way through a start because the
 	// caller gave up: that leaves sandbox processes runsc no longer knows.
 	// The rollback removes a finished start instead.
-	if _, err := r.Run(context.WithoutCancel(ctx), spec.ID, dir, &runc.CreateOpts{
-		Detach: true,
-		IO:     &fileIO{f: logFile},
-	}); err != nil {
-		return fmt.Errorf("running runsc for %s: %w%s", spec.ID, err, tailLog(r.Log))
+	if imageDir == "" {
+		_, err = r.Run(context.WithoutCancel(ctx), spec.ID, dir, &runc.CreateOpts{
+			Detach: true,
+			IO:     &fileIO{f: logFile},
+		})
+	} else {
+		// --direct reads the pages file with O_DIRECT: measured fastest
+		// for images on local disk.
+		_, err = r.Restore(context.WithoutCancel(ctx), spec.ID, dir, &runc.RestoreOpts{
+			CheckpointOpts: runc.CheckpointOpts{ImagePath: imageDir},
+			Detach:         true,
+			IO:             &fileIO{f: logFile},
+			ExtraArgs:      []string{"--direct"},
+		})
+	}
+	if err != nil {
+		return fmt.Errorf("starting runsc for %s: %w%s", spec.ID, err, tailLog(r.Log))
 	}
 	state, err := d.runc.State(context.WithoutCancel(ctx), spec.ID)
 	if err != nil {
@@ -277,7 +329,9 @@ func (d *Driver) deleteContainer(ctx context.Context, id string) error {
 	return err
 }
 
-// Stats implements runtime.Runtime.
+// Stats implements runtime.Runtime. It reads the sandbox's cgroup files
+// directly: that costs microseconds where `runsc events --stats` costs a
+// process start (and go-runc's reader of it races with its own Wait).
 func (d *Driver) Stats(ctx context.Context, id string) (runtime.Stats, error) {
 	d.mu.Lock()
 	_, ok := d.running[id]
@@ -285,11 +339,24 @@ func (d *Driver) Stats(ctx context.Context, id string) (runtime.Stats, error) {
 	if !ok {
 		return runtime.Stats{}, fmt.Errorf("reading stats of %s: %w", id, runtime.ErrNotFound)
 	}
-	st, err := d.runc.Stats(ctx, id)
+	cg := path.Join(d.cfg.CgroupParent, id)
+	cpu, err := readUint(filepath.Join("/sys/fs/cgroup/cpuacct", cg, "cpuacct.usage"))
 	if err != nil {
 		return runtime.Stats{}, fmt.Errorf("reading stats of %s: %w", id, err)
 	}
-	return runtime.Stats{CPUUsageNanos: st.Cpu.Usage.Total, MemoryBytes: st.Memory.Usage.Usage}, nil
+	mem, err := readUint(filepath.Join("/sys/fs/cgroup/memory", cg, "memory.usage_in_bytes"))
+	if err != nil {
+		return runtime.Stats{}, fmt.Errorf("reading stats of %s: %w", id, err)
+	}
+	return runtime.Stats{CPUUsageNanos: cpu, MemoryBytes: mem}, nil
+}
+
+func readUint(p string) (uint64, error) {
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
 }
 
 // Cleanup removes every sandbox a previous run of the driver left behind

@@ -1,0 +1,171 @@
+package api
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/aenvhq/aenv/internal/cluster"
+	"github.com/aenvhq/aenv/internal/snapshot"
+	"github.com/aenvhq/aenv/internal/template"
+)
+
+// snapshotJSON is E2B's SnapshotInfo, with aenv's extra detail.
+type snapshotJSON struct {
+	SnapshotID string    `json:"snapshotID"`
+	Names      []string  `json:"names"`
+	SandboxID  string    `json:"sandboxID,omitempty"`
+	TemplateID string    `json:"templateID,omitempty"`
+	CPUCount   int       `json:"cpuCount,omitempty"`
+	MemoryMB   int       `json:"memoryMB,omitempty"`
+	SizeBytes  int64     `json:"sizeBytes"`
+	CreatedAt  time.Time `json:"createdAt"`
+}
+
+func toSnapshotJSON(s *snapshot.Snapshot) snapshotJSON {
+	names := s.Names
+	if names == nil {
+		names = []string{}
+	}
+	return snapshotJSON{
+		SnapshotID: s.ID, Names: names, SandboxID: s.SandboxID, TemplateID: s.TemplateID,
+		CPUCount: s.CPUCount, MemoryMB: s.MemoryMB, SizeBytes: s.SizeBytes, CreatedAt: s.CreatedAt,
+	}
+}
+
+func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request, id string) {
+	var body struct {
+		Name string `json:"name"`
+	}
+	if !decodeBody(w, r, &body) {
+		return
+	}
+	snap, err := s.cfg.Cluster.Snapshot(r.Context(), id, body.Name)
+	if err != nil {
+		s.writeClusterError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, toSnapshotJSON(snap))
+}
+
+func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	all, err := s.cfg.Cluster.Snapshots()
+	if err != nil {
+		s.writeClusterError(w, r, err)
+		return
+	}
+	limit := maxListLimit
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > maxListLimit {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("limit must be between 1 and %d", maxListLimit))
+			return
+		}
+		limit = n
+	}
+	after := q.Get("nextToken")
+	out := []snapshotJSON{}
+	for _, snap := range all {
+		if sid := q.Get("sandboxID"); sid != "" && snap.SandboxID != sid {
+			continue
+		}
+		if name := q.Get("name"); name != "" && !contains(snap.Names, name) {
+			continue
+		}
+		if after != "" {
+			if snap.ID == after {
+				after = ""
+			}
+			continue
+		}
+		if len(out) == limit {
+			w.Header().Set("X-Next-Token", out[len(out)-1].SnapshotID)
+			break
+		}
+		out = append(out, toSnapshotJSON(snap))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func contains(list []string, v string) bool {
+	for _, x := range list {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
+	snap, err := s.cfg.Cluster.GetSnapshot(r.PathValue("snapshotID"))
+	if err != nil {
+		s.writeClusterError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, toSnapshotJSON(snap))
+}
+
+// deleteTemplate deletes a snapshot (E2B deletes snapshots through the
+// template route) or a template.
+func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("templateID")
+	err := s.cfg.Cluster.DeleteSnapshot(id)
+	if errors.Is(err, cluster.ErrNotFound) {
+		err = s.cfg.Templates.Delete(id)
+		if errors.Is(err, template.ErrNotFound) {
+			writeError(w, http.StatusNotFound, fmt.Sprintf("no template or snapshot %q", id))
+			return
+		}
+		if errors.Is(err, template.ErrProtected) {
+			writeError(w, http.StatusBadRequest, err.Error())
+			return
+		}
+	}
+	if err != nil {
+		s.writeClusterError(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// forkResultJSON is one child's outcome.
+type forkResultJSON struct {
+	Sandbox *sandboxJSON `json:"sandbox,omitempty"`
+	Error   *apiError    `json:"error,omitempty"`
+}
+
+func (s *Server) fork(w http.ResponseWriter, r *http.Request, id string) {
+	var body struct {
+		Count   *int   `json:"count"`
+		Timeout *int64 `json:"timeout"`
+	}
+	if !decodeBody(w, r, &body) {
+		return
+	}
+	count := 1
+	if body.Count != nil {
+		count = *body.Count
+	}
+	timeout := defaultTimeoutV2
+	if body.Timeout != nil {
+		timeout = time.Duration(*body.Timeout) * time.Second
+	}
+	results, err := s.cfg.Cluster.Fork(r.Context(), id, count, timeout)
+	if err != nil {
+		s.writeClusterError(w, r, err)
+		return
+	}
+	out := make([]forkResultJSON, len(results))
+	for i, res := range results {
+		if res.Err != nil {
+			out[i].Error = &apiError{Code: http.StatusInternalServerError, Message: res.Err.Error()}
+			continue
+		}
+		sb := s.toJSON(res.Sandbox, false)
+		out[i].Sandbox = &sb
+	}
+	writeJSON(w, http.StatusOK, out)
+}

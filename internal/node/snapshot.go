@@ -1,0 +1,145 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/aenvhq/aenv/internal/runtime"
+	"github.com/aenvhq/aenv/internal/snapshot"
+)
+
+// ErrUnsupported is returned when the runtime or configuration cannot do
+// what was asked.
+var ErrUnsupported = errors.New("not supported")
+
+// SnapshotOptions tune Snapshot.
+type SnapshotOptions struct {
+	// Kind is what the snapshot is for.
+	Kind snapshot.Kind
+	// Names are user-facing names that resolve to the snapshot.
+	Names []string
+	// Stop ends the sandbox once its state is saved (pause); its CPU,
+	// memory and network are released.
+	Stop bool
+}
+
+// Snapshot saves the whole state of a running sandbox (memory, processes,
+// files) as a new snapshot. Without Stop the sandbox keeps running; a
+// failed snapshot leaves it as it was and no snapshot behind.
+func (n *Node) Snapshot(ctx context.Context, id string, opts SnapshotOptions) (*snapshot.Snapshot, error) {
+	cp, ok := n.cfg.Runtime.(runtime.Checkpointer)
+	if !ok || n.cfg.Snapshots == nil {
+		return nil, fmt.Errorf("snapshotting sandbox %s: runtime %s: %w", id, n.cfg.Runtime.Name(), ErrUnsupported)
+	}
+	sb, err := n.Get(id)
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	snap := &snapshot.Snapshot{
+		ID:              NewID(),
+		Names:           opts.Names,
+		Kind:            opts.Kind,
+		SandboxID:       id,
+		TemplateID:      sb.TemplateID,
+		CPUCount:        sb.CPUCount,
+		MemoryMB:        sb.MemoryMB,
+		DiskMB:          sb.DiskMB,
+		EnvdVersion:     sb.EnvdVersion,
+		EnvdAccessToken: sb.EnvdAccessToken,
+	}
+	dir, err := n.cfg.Snapshots.Begin(snap.ID)
+	if err != nil {
+		return nil, err
+	}
+	if err := cp.Checkpoint(ctx, id, dir, runtime.CheckpointOptions{LeaveRunning: !opts.Stop}); err != nil {
+		n.cfg.Snapshots.Abort(snap.ID)
+		return nil, fmt.Errorf("snapshotting sandbox %s: %w", id, err)
+	}
+	saved := time.Now()
+	if err := n.cfg.Snapshots.Commit(snap); err != nil {
+		n.cfg.Snapshots.Abort(snap.ID)
+		if opts.Stop {
+			// The sandbox is already stopped; without its state it is gone.
+			n.unregister(id)
+			n.destroy(context.WithoutCancel(ctx), sb)
+			n.notifyExit(id)
+		}
+		return nil, fmt.Errorf("snapshotting sandbox %s: %w", id, err)
+	}
+	if opts.Stop {
+		n.unregister(id)
+		if err := n.destroy(context.WithoutCancel(ctx), sb); err != nil {
+			n.log.Warn("releasing paused sandbox", "sandbox_id", id, "err", err)
+		}
+	}
+	n.log.Info("sandbox snapshotted", "sandbox_id", id, "snapshot_id", snap.ID, "kind", snap.Kind,
+		"stopped", opts.Stop, "size_bytes", snap.SizeBytes,
+		"checkpoint_ms", saved.Sub(start).Milliseconds(), "total_ms", time.Since(start).Milliseconds())
+	return snap, nil
+}
+
+// restore starts a sandbox from a snapshot. The state, envd's included
+// (environment, token, running processes), comes back as it was saved.
+func (n *Node) restore(ctx context.Context, snap *snapshot.Snapshot, req CreateRequest) (*Sandbox, error) {
+	tpl, err := n.cfg.Templates.Get(snap.TemplateID)
+	if err != nil {
+		return nil, fmt.Errorf("restoring snapshot %s: its template: %w", snap.ID, err)
+	}
+	id := req.SandboxID
+	if id == "" {
+		id = NewID()
+	}
+	start := time.Now()
+	sb, err := n.boot(ctx, id, tpl, bootOptions{
+		CPUCount: snap.CPUCount, MemoryMB: snap.MemoryMB, Network: req.Network, ImageDir: snap.Dir,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("restoring snapshot %s: %w", snap.ID, err)
+	}
+	sb.EnvdAccessToken = snap.EnvdAccessToken
+	n.register(ctx, sb)
+	n.log.Info("sandbox restored", "sandbox_id", id, "snapshot_id", snap.ID, "total_ms", time.Since(start).Milliseconds())
+	return sb, nil
+}
+
+// Snapshots lists the snapshots of the given kinds.
+func (n *Node) Snapshots(kinds ...snapshot.Kind) ([]*snapshot.Snapshot, error) {
+	if n.cfg.Snapshots == nil {
+		return nil, nil
+	}
+	return n.cfg.Snapshots.List(kinds...)
+}
+
+// GetSnapshot returns a snapshot by id or name.
+func (n *Node) GetSnapshot(idOrName string) (*snapshot.Snapshot, error) {
+	if n.cfg.Snapshots == nil {
+		return nil, fmt.Errorf("looking up snapshot %q: %w", idOrName, snapshot.ErrNotFound)
+	}
+	return n.cfg.Snapshots.Get(idOrName)
+}
+
+// DeleteSnapshot removes a snapshot.
+func (n *Node) DeleteSnapshot(id string) error {
+	if n.cfg.Snapshots == nil {
+		return fmt.Errorf("deleting snapshot %q: %w", id, snapshot.ErrNotFound)
+	}
+	return n.cfg.Snapshots.Delete(id)
+}
+
+func (n *Node) unregister(id string) {
+	n.mu.Lock()
+	delete(n.sandboxes, id)
+	n.mu.Unlock()
+}
+
+func (n *Node) notifyExit(id string) {
+	n.mu.Lock()
+	fn := n.onExit
+	n.mu.Unlock()
+	if fn != nil {
+		fn(id)
+	}
+}

@@ -1,0 +1,276 @@
+// Package snapshot keeps the node's catalog of saved sandbox states: the
+// runtime's checkpoint image plus what is needed to start sandboxes from it
+// again (template, resources, envd token). A snapshot is staged in a
+// partial directory and becomes visible only once it is complete, so a
+// crash or a full disk in the middle never leaves a half snapshot in the
+// catalog nor touches earlier ones. The node package imports it.
+package snapshot
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+)
+
+// ErrNotFound is returned for an unknown snapshot id or name.
+var ErrNotFound = errors.New("snapshot not found")
+
+// Kind says what a snapshot is for.
+type Kind string
+
+// Kinds of snapshots.
+const (
+	// KindSnapshot is one a user asked for; it is listed and can be used as
+	// a template.
+	KindSnapshot Kind = "snapshot"
+	// KindPause holds a paused sandbox; resuming consumes it.
+	KindPause Kind = "pause"
+	// KindFork is the transient state children of a fork start from.
+	KindFork Kind = "fork"
+)
+
+var validID = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+
+// ValidID reports whether s can name a snapshot.
+func ValidID(s string) bool { return validID.MatchString(s) }
+
+// Snapshot describes one saved state.
+type Snapshot struct {
+	ID    string   `json:"snapshotID"`
+	Names []string `json:"names"`
+	Kind  Kind     `json:"kind"`
+	// SandboxID is the sandbox the state was saved from.
+	SandboxID string `json:"sandboxID"`
+	// TemplateID is the template whose root filesystem the state runs on.
+	TemplateID      string    `json:"templateID"`
+	CPUCount        int       `json:"cpuCount"`
+	MemoryMB        int       `json:"memoryMB"`
+	DiskMB          int       `json:"diskSizeMB"`
+	EnvdVersion     string    `json:"envdVersion"`
+	EnvdAccessToken string    `json:"envdAccessToken,omitempty"`
+	CreatedAt       time.Time `json:"createdAt"`
+	SizeBytes       int64     `json:"sizeBytes"`
+	// Dir holds the runtime's image (not stored).
+	Dir string `json:"-"`
+}
+
+// Catalog is the snapshots under one directory. It is safe for concurrent
+// use.
+type Catalog struct {
+	dir string
+	mu  sync.Mutex
+}
+
+const partialSuffix = ".partial"
+
+// Open opens (creating if needed) the catalog in dir and removes what an
+// interrupted save left behind.
+func Open(dir string) (*Catalog, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("opening snapshot catalog: %w", err)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("opening snapshot catalog: %w", err)
+	}
+	for _, e := range entries {
+		if strings.HasSuffix(e.Name(), partialSuffix) {
+			os.RemoveAll(filepath.Join(dir, e.Name()))
+		}
+	}
+	return &Catalog{dir: dir}, nil
+}
+
+// Begin returns an empty staging directory for snapshot id's image.
+func (c *Catalog) Begin(id string) (string, error) {
+	if !ValidID(id) {
+		return "", fmt.Errorf("staging snapshot %q: invalid id", id)
+	}
+	dir := filepath.Join(c.dir, id+partialSuffix)
+	if err := os.RemoveAll(dir); err != nil {
+		return "", fmt.Errorf("staging snapshot %s: %w", id, err)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return "", fmt.Errorf("staging snapshot %s: %w", id, err)
+	}
+	return dir, nil
+}
+
+// Abort discards a staged snapshot.
+func (c *Catalog) Abort(id string) {
+	os.RemoveAll(filepath.Join(c.dir, id+partialSuffix))
+}
+
+// Commit publishes the staged snapshot s.ID with s's metadata: the
+// metadata is synced into the staging dir, which is then renamed into
+// place in one step.
+func (c *Catalog) Commit(s *Snapshot) error {
+	staging := filepath.Join(c.dir, s.ID+partialSuffix)
+	size, err := dirSize(staging)
+	if err != nil {
+		return fmt.Errorf("committing snapshot %s: %w", s.ID, err)
+	}
+	s.SizeBytes = size
+	if s.CreatedAt.IsZero() {
+		s.CreatedAt = time.Now().UTC()
+	}
+	b, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := writeSynced(filepath.Join(staging, "meta.json"), b); err != nil {
+		return fmt.Errorf("committing snapshot %s: %w", s.ID, err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, n := range s.Names {
+		if other, err := c.getLocked(n); err == nil && other.ID != s.ID {
+			return fmt.Errorf("committing snapshot %s: name %q is taken by %s", s.ID, n, other.ID)
+		}
+	}
+	final := filepath.Join(c.dir, s.ID)
+	if err := os.Rename(staging, final); err != nil {
+		return fmt.Errorf("committing snapshot %s: %w", s.ID, err)
+	}
+	s.Dir = final
+	return nil
+}
+
+func writeSynced(path string, b []byte) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+func dirSize(dir string) (int64, error) {
+	var total int64
+	err := filepath.WalkDir(dir, func(_ string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if !d.IsDir() {
+			info, err := d.Info()
+			if err != nil {
+				return err
+			}
+			total += info.Size()
+		}
+		return nil
+	})
+	return total, err
+}
+
+// Get returns the snapshot with the given id or name.
+func (c *Catalog) Get(idOrName string) (*Snapshot, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.getLocked(idOrName)
+}
+
+func (c *Catalog) getLocked(idOrName string) (*Snapshot, error) {
+	if !ValidID(idOrName) {
+		return nil, fmt.Errorf("looking up snapshot %q: %w", idOrName, ErrNotFound)
+	}
+	if s, err := c.read(idOrName); err == nil {
+		return s, nil
+	}
+	all, _ := c.listLocked()
+	for _, s := range all {
+		for _, n := range s.Names {
+			if n == idOrName {
+				return s, nil
+			}
+		}
+	}
+	return nil, fmt.Errorf("looking up snapshot %q: %w", idOrName, ErrNotFound)
+}
+
+func (c *Catalog) read(id string) (*Snapshot, error) {
+	dir := filepath.Join(c.dir, id)
+	b, err := os.ReadFile(filepath.Join(dir, "meta.json"))
+	if err != nil {
+		return nil, err
+	}
+	var s Snapshot
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, fmt.Errorf("reading snapshot %s: %w", id, err)
+	}
+	s.Dir = dir
+	return &s, nil
+}
+
+// List returns the snapshots of the given kinds (all when none), oldest
+// first.
+func (c *Catalog) List(kinds ...Kind) ([]*Snapshot, error) {
+	c.mu.Lock()
+	all, err := c.listLocked()
+	c.mu.Unlock()
+	if err != nil || len(kinds) == 0 {
+		return all, err
+	}
+	var out []*Snapshot
+	for _, s := range all {
+		for _, k := range kinds {
+			if s.Kind == k {
+				out = append(out, s)
+			}
+		}
+	}
+	return out, nil
+}
+
+func (c *Catalog) listLocked() ([]*Snapshot, error) {
+	entries, err := os.ReadDir(c.dir)
+	if err != nil {
+		return nil, fmt.Errorf("listing snapshots: %w", err)
+	}
+	var out []*Snapshot
+	for _, e := range entries {
+		if !e.IsDir() || strings.HasSuffix(e.Name(), partialSuffix) {
+			continue
+		}
+		if s, err := c.read(e.Name()); err == nil {
+			out = append(out, s)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if !out[i].CreatedAt.Equal(out[j].CreatedAt) {
+			return out[i].CreatedAt.Before(out[j].CreatedAt)
+		}
+		return out[i].ID < out[j].ID
+	})
+	return out, nil
+}
+
+// Delete removes a snapshot.
+func (c *Catalog) Delete(id string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, err := c.read(id); err != nil || !ValidID(id) {
+		return fmt.Errorf("deleting snapshot %q: %w", id, ErrNotFound)
+	}
+	// Rename first so that a crash mid-removal cannot leave a snapshot
+	// that looks complete but is not.
+	tmp := filepath.Join(c.dir, id+".deleting"+partialSuffix)
+	if err := os.Rename(filepath.Join(c.dir, id), tmp); err != nil {
+		return fmt.Errorf("deleting snapshot %s: %w", id, err)
+	}
+	return os.RemoveAll(tmp)
+}
