@@ -166,3 +166,118 @@ func postJSON(t *testing.T, srv *Server, url, body string) []byte {
 	}
 	return b
 }
+
+func TestSnapshotAsTemplate(t *testing.T) {
+	srv, c, url := startServer(t)
+	ctx := context.Background()
+	sb, err := c.Create(ctx, client.CreateOptions{Timeout: 120})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Kill(ctx, sb.SandboxID)
+	runOut(t, c, sb.SandboxID, "echo from-snapshot > /home/user/marker")
+
+	var snap struct {
+		SnapshotID string   `json:"snapshotID"`
+		Names      []string `json:"names"`
+	}
+	b := postJSON(t, srv, url+"/sandboxes/"+sb.SandboxID+"/snapshots", `{"name":"my-snap"}`)
+	if err := json.Unmarshal(b, &snap); err != nil || snap.SnapshotID == "" || len(snap.Names) != 1 || snap.Names[0] != "my-snap" {
+		t.Fatalf("snapshot response %s: %v", b, err)
+	}
+	// The source keeps running.
+	runOut(t, c, sb.SandboxID, "true")
+	if status, _ := rawRequest(t, srv, "POST", url+"/sandboxes/"+sb.SandboxID+"/snapshots", `{"name":"my-snap"}`); status != 409 {
+		t.Fatalf("second snapshot with the same name: %d, want 409", status)
+	}
+	for _, ref := range []string{snap.SnapshotID, "my-snap"} {
+		child, err := c.Create(ctx, client.CreateOptions{TemplateID: ref, Timeout: 60})
+		if err != nil {
+			t.Fatalf("create from %s: %v", ref, err)
+		}
+		if got := runOut(t, c, child.SandboxID, "cat /home/user/marker"); got != "from-snapshot" {
+			t.Fatalf("sandbox from %s sees %q", ref, got)
+		}
+		c.Kill(ctx, child.SandboxID)
+	}
+	_, list := doRequest(t, srv, "GET", url+"/snapshots", "")
+	if !strings.Contains(string(list), snap.SnapshotID) {
+		t.Fatalf("GET /snapshots = %s, want %s in it", list, snap.SnapshotID)
+	}
+	if status, _ := doRequest(t, srv, "DELETE", url+"/templates/"+snap.SnapshotID, ""); status != 204 {
+		t.Fatalf("delete snapshot: %d", status)
+	}
+	if _, err := c.Create(ctx, client.CreateOptions{TemplateID: "my-snap", Timeout: 60}); !isStatus(err, 404) {
+		t.Fatalf("create from a deleted snapshot: %v, want 404", err)
+	}
+	if status, _ := doRequest(t, srv, "DELETE", url+"/templates/base", ""); status != 400 {
+		t.Fatalf("deleting base: %d, want 400", status)
+	}
+}
+
+func TestPausedSurvivesRestart(t *testing.T) {
+	srv, c, url := startServer(t)
+	ctx := context.Background()
+	sb, err := c.Create(ctx, client.CreateOptions{Timeout: 120, Metadata: map[string]string{"k": "v"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := sb.SandboxID
+	runOut(t, c, id, "echo survived > /home/user/f && "+counterCmd)
+	before := counter(t, c, id)
+	if status, body := rawRequest(t, srv, "POST", url+"/sandboxes/"+id+"/pause", ""); status != 204 {
+		t.Fatalf("pause: %d %v", status, body)
+	}
+	cfg := srv.cfg
+	if err := srv.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	srv2, err := Start(ctx, cfg)
+	if err != nil {
+		t.Fatalf("restarting: %v", err)
+	}
+	defer srv2.Close(ctx)
+	url2 := "http://" + srv2.Addr().String()
+	c2 := client.New(url2, srv2.APIKey())
+	got, err := c2.Get(ctx, id)
+	if err != nil || got.State != "paused" || got.Metadata["k"] != "v" {
+		t.Fatalf("after restart: %+v %v", got, err)
+	}
+	if status, body := rawRequest(t, srv2, "POST", url2+"/sandboxes/"+id+"/connect", `{"timeout":60}`); status != 201 {
+		t.Fatalf("resume after restart: %d %v", status, body)
+	}
+	defer c2.Kill(ctx, id)
+	if got := runOut(t, c2, id, "cat /home/user/f"); got != "survived" {
+		t.Fatalf("file after restart+resume: %q", got)
+	}
+	if n := counter(t, c2, id); n < before {
+		t.Fatalf("counter %d after resume < %d before pause", n, before)
+	}
+}
+
+func TestAutoPauseOnTimeout(t *testing.T) {
+	srv, c, url := startServer(t)
+	ctx := context.Background()
+	status, b := doRequest(t, srv, "POST", url+"/v2/sandboxes", `{"timeout": 2, "autoPause": true}`)
+	if status != 201 {
+		t.Fatalf("create: %d %s", status, b)
+	}
+	var sb client.Sandbox
+	json.Unmarshal(b, &sb)
+	defer c.Kill(ctx, sb.SandboxID)
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		got, err := c.Get(ctx, sb.SandboxID)
+		if err != nil {
+			t.Fatalf("autoPause sandbox vanished at its timeout: %v", err)
+		}
+		if got.State == "paused" {
+			if n := sandboxProcs(sb.SandboxID); n != 0 {
+				t.Fatalf("paused sandbox still has %d processes", n)
+			}
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatal("sandbox with autoPause was not paused at its timeout")
+}
