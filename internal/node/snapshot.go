@@ -52,7 +52,7 @@ func (n *Node) Snapshot(ctx context.Context, id string, opts SnapshotOptions) (*
 	}
 	dir, err := n.cfg.Snapshots.Begin(snap.ID)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("snapshotting sandbox %s: %w", id, err)
 	}
 	if err := cp.Checkpoint(ctx, id, dir, runtime.CheckpointOptions{LeaveRunning: !opts.Stop}); err != nil {
 		n.cfg.Snapshots.Abort(snap.ID)

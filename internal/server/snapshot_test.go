@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/aenvhq/aenv/internal/client"
 )
 
@@ -280,4 +282,43 @@ func TestAutoPauseOnTimeout(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	t.Fatal("sandbox with autoPause was not paused at its timeout")
+}
+
+// TestStoreRefusingWrites makes the snapshot store read-only: snapshot and
+// pause fail with a clear error and the sandbox keeps running untouched.
+func TestStoreRefusingWrites(t *testing.T) {
+	srv, c, url := startServer(t)
+	ctx := context.Background()
+	sb, err := c.Create(ctx, client.CreateOptions{Timeout: 120})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := sb.SandboxID
+	defer c.Kill(ctx, id)
+	runOut(t, c, id, counterCmd)
+
+	dir := filepath.Join(srv.cfg.DataDir, "snapshots")
+	if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Unmount(dir, unix.MNT_DETACH)
+	if err := unix.Mount("", dir, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY, ""); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{"/sandboxes/" + id + "/snapshots", "/sandboxes/" + id + "/pause"} {
+		status, body := rawRequest(t, srv, "POST", url+path, `{}`)
+		msg, _ := body["message"].(string)
+		if status != 500 || !strings.Contains(msg, "read-only file system") {
+			t.Fatalf("POST %s on a read-only store: %d %v, want 500 naming the cause", path, status, body)
+		}
+		got, err := c.Get(ctx, id)
+		if err != nil || got.State != "running" {
+			t.Fatalf("after a failed %s: %+v %v", path, got, err)
+		}
+		a := counter(t, c, id)
+		time.Sleep(200 * time.Millisecond)
+		if b := counter(t, c, id); b <= a {
+			t.Fatalf("sandbox stopped working after a failed %s", path)
+		}
+	}
 }
