@@ -2,7 +2,6 @@
 // envs/cwd/user, background commands, stdin, timeouts.
 
 import assert from 'node:assert/strict'
-import { before } from 'node:test'
 import { CommandExitError, SandboxError, TimeoutError } from 'e2b'
 import { useServer, randomTag, rejectsWith, waitFor, sleep } from './lib/server.mjs'
 
@@ -10,7 +9,7 @@ const srv = useServer({ tag: 'zqcmd', cidr: '10.241.0.0/16', portHint: 18120 })
 
 /** @type {import('e2b').Sandbox} */
 let sbx
-before(async () => {
+srv.setup(async () => {
   sbx = await srv.create({ timeoutMs: 600_000, metadata: { suite: 'commands' } })
 }, { timeout: 60_000 })
 
@@ -179,7 +178,7 @@ srv.test('timeoutMs bounds a command: error quickly, process and children killed
   await waitFor(async () => !(await sbx.commands.list()).some((p) => p.args.join(' ').includes(secs)),
     { timeoutMs: 5000, what: 'the timed-out command to leave commands.list()' })
   await waitFor(async () => (await sbx.commands.run(`ps -eo args | grep -c '^sleep ${secs}' || true`)).stdout.trim() === '0',
-    { timeoutMs: 5000, what: `the timed-out command's child "sleep ${secs}" to be killed` })
+    { timeoutMs: 5000, what: () => `the timed-out command's child "sleep ${secs}" to be killed` })
 })
 
 srv.test('a background command outlives its request and can be reconnected', async () => {
@@ -223,4 +222,26 @@ srv.test('the sandbox environment: hostname, login shell PATH, network tools', a
   assert.equal(host, sbx.sandboxId)
   assert.match(py, /python3$/)
   assert.ok(path.split(':').includes('/usr/bin'), `PATH ${path}`)
+})
+
+srv.test('pty: interactive shell with size, input, resize and exit', async () => {
+  let out = ''
+  const dec = new TextDecoder()
+  const term = await sbx.pty.create({ cols: 80, rows: 24, onData: (d) => { out += dec.decode(d, { stream: true }) }, timeoutMs: 60_000 })
+  try {
+    assert.ok(term.pid > 0)
+    await sbx.pty.sendInput(term.pid, new TextEncoder().encode('stty size; tty; echo pty-$((6*7))\n'))
+    await waitFor(() => /pty-42/.test(out) && /24 80/.test(out), { timeoutMs: 10_000, what: () => `pty output (got ${JSON.stringify(out.slice(-300))})` })
+    assert.match(out, /\/dev\/pts\/\d+/)
+
+    await sbx.pty.resize(term.pid, { cols: 100, rows: 30 })
+    await sbx.pty.sendInput(term.pid, new TextEncoder().encode('stty size\n'))
+    await waitFor(() => /30 100/.test(out), { timeoutMs: 10_000, what: () => `the new pty size (got ${JSON.stringify(out.slice(-300))})` })
+
+    await sbx.pty.sendInput(term.pid, new TextEncoder().encode('exit 0\n'))
+    const r = await term.wait()
+    assert.equal(r.exitCode, 0)
+  } finally {
+    await sbx.pty.kill(term.pid).catch(() => {})
+  }
 })

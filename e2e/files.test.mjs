@@ -3,7 +3,6 @@
 
 import assert from 'node:assert/strict'
 import crypto from 'node:crypto'
-import { before } from 'node:test'
 import { FileNotFoundError, NotFoundError, SandboxError, FileType } from 'e2b'
 import { useServer, randomTag, rejectsWith, waitFor } from './lib/server.mjs'
 
@@ -12,7 +11,7 @@ const srv = useServer({ tag: 'zqfile', cidr: '10.242.0.0/16', portHint: 18140 })
 /** @type {import('e2b').Sandbox} */
 let sbx
 let base // a fresh directory per test run
-before(async () => {
+srv.setup(async () => {
   sbx = await srv.create({ timeoutMs: 600_000, metadata: { suite: 'files' } })
   base = `/home/user/e2e-${randomTag(6)}`
 }, { timeout: 60_000 })
@@ -73,6 +72,39 @@ srv.test('1 MiB of random bytes round-trips (multipart and octet-stream)', async
     const back = await sbx.files.read(`${base}/bin/${f}`, { format: 'bytes' })
     assert.ok(Buffer.compare(Buffer.from(back), small) === 0, f)
   }
+})
+
+srv.test('streams: read as a stream, write from a stream, gzip', async () => {
+  const data = crypto.randomBytes(512 * 1024)
+  const p = `${base}/stream/in.bin`
+  // Upload from a ReadableStream (the SDK sends it as one octet-stream body).
+  const src = new ReadableStream({
+    start(controller) {
+      for (let off = 0; off < data.length; off += 64 * 1024) controller.enqueue(new Uint8Array(data.subarray(off, off + 64 * 1024)))
+      controller.close()
+    },
+  })
+  const info = await sbx.files.write(p, src)
+  assert.equal(info.path, p)
+
+  const stream = await sbx.files.read(p, { format: 'stream' })
+  const chunks = []
+  for await (const c of stream) chunks.push(Buffer.from(c))
+  assert.ok(Buffer.compare(Buffer.concat(chunks), data) === 0, 'streamed read differs')
+
+  // gzip both ways.
+  const gp = `${base}/stream/gz.txt`
+  const text = 'compress me '.repeat(10_000)
+  await sbx.files.write(gp, text, { gzip: true })
+  assert.equal(await sbx.files.read(gp, { gzip: true }), text)
+  assert.equal(await sbx.files.read(gp), text)
+})
+
+srv.test('writing over a directory or reading a directory is an error', async () => {
+  await sbx.files.makeDir(`${base}/isdir`)
+  await assert.rejects(sbx.files.write(`${base}/isdir`, 'x'), SandboxError)
+  await assert.rejects(sbx.files.read(`${base}/isdir`), SandboxError)
+  assert.equal((await sbx.files.getInfo(`${base}/isdir`)).type, FileType.DIR)
 })
 
 srv.test('write several files at once', async () => {
@@ -204,16 +236,28 @@ srv.test('remove files and directories', async () => {
   assert.deepEqual(await sbx.files.list(dir), [])
 })
 
-srv.test('permissions: the default user cannot read root-only files; root can', async () => {
+srv.test('the user option: files written as root belong to root', async () => {
+  // As in E2B, envd acts for the named user when creating files (ownership,
+  // home directory); it is not a permission boundary inside the sandbox.
   const p = `/root/secret-${randomTag(6)}.txt`
   const info = await sbx.files.write(p, 'top secret', { user: 'root' })
   assert.equal(info.path, p)
-  const r = await sbx.commands.run(`stat -c %U ${p}`, { user: 'root' })
-  assert.equal(r.stdout, 'root\n')
+  const r = await sbx.commands.run(`stat -c %U:%G ${p}`, { user: 'root' })
+  assert.equal(r.stdout, 'root:root\n')
   assert.equal(await sbx.files.read(p, { user: 'root' }), 'top secret')
-  await assert.rejects(sbx.files.read(p), SandboxError, 'user read a root-only file')
-  await assert.rejects(sbx.files.write('/etc/e2e-denied', 'x'), SandboxError, 'user wrote into /etc')
-  assert.equal(await sbx.files.exists('/etc/e2e-denied', { user: 'root' }), false)
+  assert.equal((await sbx.files.getInfo(p, { user: 'root' })).owner, 'root')
+
+  // A relative path is relative to that user's home.
+  const name = `rootrel-${randomTag(6)}.txt`
+  await sbx.files.write(name, 'r', { user: 'root' })
+  assert.equal(await sbx.files.read(`/root/${name}`, { user: 'root' }), 'r')
+  assert.equal(await sbx.files.exists(`/home/user/${name}`), false)
+
+  // Parent directories created for the default user belong to it.
+  const d = `${base}/owned/x/y`
+  await sbx.files.write(`${d}/f.txt`, 'f')
+  const o = await sbx.commands.run(`stat -c %U ${base}/owned ${base}/owned/x ${d} ${d}/f.txt`)
+  assert.equal(o.stdout, 'user\nuser\nuser\nuser\n')
 })
 
 srv.test('relative paths resolve against the user home', async () => {
@@ -228,28 +272,32 @@ srv.test('watchDir reports files created and written afterwards', async () => {
   const dir = `${base}/watch`
   await sbx.files.makeDir(dir)
   const events = []
-  const handle = await sbx.files.watchDir(dir, (ev) => events.push(ev), { timeoutMs: 60_000 })
+  let exit = 'still running'
+  const handle = await sbx.files.watchDir(dir, (ev) => events.push(ev), {
+    timeoutMs: 60_000,
+    onExit: (err) => { exit = err ? `ended with ${err.constructor.name}: ${err.message}` : 'ended' },
+  })
   try {
     await sbx.files.write(`${dir}/new.txt`, 'hello')
     await waitFor(() => {
       const types = new Set(events.filter((e) => e.name === 'new.txt').map((e) => e.type))
       return types.has('create') && types.has('write')
-    }, { timeoutMs: 10_000, what: `create and write events for new.txt (got ${JSON.stringify(events)})` })
+    }, { timeoutMs: 10_000, what: () => `create and write events for new.txt (got ${JSON.stringify(events)}; watch stream ${exit})` })
 
     // Changes made by a command are seen too.
     await sbx.commands.run(`echo x > ${dir}/by-cmd.txt`)
     await waitFor(() => events.some((e) => e.name === 'by-cmd.txt' && e.type === 'create'),
-      { timeoutMs: 10_000, what: 'a create event for by-cmd.txt' })
+      { timeoutMs: 10_000, what: () => `a create event for by-cmd.txt (got ${JSON.stringify(events)}; watch stream ${exit})` })
 
     await sbx.files.remove(`${dir}/new.txt`)
     await waitFor(() => events.some((e) => e.name === 'new.txt' && e.type === 'remove'),
-      { timeoutMs: 10_000, what: 'a remove event for new.txt' })
+      { timeoutMs: 10_000, what: () => `a remove event for new.txt (got ${JSON.stringify(events)}; watch stream ${exit})` })
 
     // Without recursive, events in subdirectories are not reported.
     await sbx.files.makeDir(`${dir}/sub`)
     await sbx.files.write(`${dir}/sub/inner.txt`, 'i')
     await sbx.files.write(`${dir}/after.txt`, 'a')
-    await waitFor(() => events.some((e) => e.name === 'after.txt'), { timeoutMs: 10_000, what: 'events for after.txt' })
+    await waitFor(() => events.some((e) => e.name === 'after.txt'), { timeoutMs: 10_000, what: () => `events for after.txt (got ${JSON.stringify(events)}; watch stream ${exit})` })
     assert.ok(!events.some((e) => e.name.includes('inner.txt')), `non-recursive watch reported ${JSON.stringify(events)}`)
   } finally {
     await handle.stop()
@@ -268,11 +316,16 @@ srv.test('recursive watchDir reports events in subdirectories', async () => {
   const dir = `${base}/rwatch`
   await sbx.files.makeDir(`${dir}/sub`)
   const events = []
-  const handle = await sbx.files.watchDir(dir, (ev) => events.push(ev), { recursive: true, timeoutMs: 60_000 })
+  let exit = 'still running'
+  const handle = await sbx.files.watchDir(dir, (ev) => events.push(ev), {
+    recursive: true,
+    timeoutMs: 60_000,
+    onExit: (err) => { exit = err ? `ended with ${err.constructor.name}: ${err.message}` : 'ended' },
+  })
   try {
     await sbx.files.write(`${dir}/sub/inner.txt`, 'i')
     await waitFor(() => events.some((e) => e.name === 'sub/inner.txt' && e.type === 'create'),
-      { timeoutMs: 10_000, what: `a create event named sub/inner.txt (got ${JSON.stringify(events)})` })
+      { timeoutMs: 10_000, what: () => `a create event named sub/inner.txt (got ${JSON.stringify(events)}; watch stream ${exit})` })
   } finally {
     await handle.stop()
   }

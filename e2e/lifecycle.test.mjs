@@ -228,6 +228,23 @@ srv.test('kill, then getInfo / connect / setTimeout report not found', async () 
   }
 })
 
+srv.test('killing a sandbox ends a command in flight promptly', async () => {
+  const sbx = await srv.create({ timeoutMs: 60_000 })
+  try {
+    let started = false
+    const run = sbx.commands.run('echo started; sleep 60', { onStdout: () => { started = true } })
+    run.catch(() => {}) // observed below
+    await waitFor(() => started, { timeoutMs: 10_000, what: 'the command to start' })
+    const t = Date.now()
+    assert.equal(await sbx.kill(), true)
+    srv.sandboxes.delete(sbx.sandboxId)
+    await assert.rejects(run, SandboxError)
+    assert.ok(Date.now() - t < 10_000, `the command's run() settled ${Date.now() - t} ms after the kill`)
+  } finally {
+    await srv.kill(sbx)
+  }
+})
+
 srv.test('unknown sandbox id: not found everywhere', async () => {
   const id = 'nosuch' + randomTag(14)
   await rejectsWith(Sandbox.getInfo(id), SandboxNotFoundError, 'getInfo')
@@ -260,11 +277,13 @@ srv.test('getMetrics of a running sandbox', async () => {
     const metrics = await sbx.getMetrics()
     assert.ok(Array.isArray(metrics) && metrics.length >= 1, `metrics ${JSON.stringify(metrics)}`)
     const m = metrics.at(-1)
+    console.error(`# metrics: ${JSON.stringify(m)}`)
     assert.ok(m.timestamp instanceof Date && !Number.isNaN(m.timestamp.getTime()))
     assert.ok(m.cpuCount > 0, `cpuCount ${m.cpuCount}`)
     assert.ok(m.memTotal > 0, `memTotal ${m.memTotal}`)
     assert.ok(m.memUsed > 0 && m.memUsed <= m.memTotal, `memUsed ${m.memUsed} of ${m.memTotal}`)
-    assert.ok(m.cpuUsedPct >= 0 && m.cpuUsedPct <= 100 * m.cpuCount, `cpuUsedPct ${m.cpuUsedPct}`)
+    // A percentage of the sandbox's CPUs, so 0-100 (the server divides by cpuCount).
+    assert.ok(m.cpuUsedPct >= 0 && m.cpuUsedPct <= 100, `cpuUsedPct ${m.cpuUsedPct} (cpuCount ${m.cpuCount})`)
   } finally {
     await srv.kill(sbx)
   }

@@ -4,7 +4,8 @@
 
 import assert from 'node:assert/strict'
 import crypto from 'node:crypto'
-import { before } from 'node:test'
+import net from 'node:net'
+import os from 'node:os'
 import { Sandbox } from 'e2b'
 import { useServer, randomTag, rawRequest, waitFor } from './lib/server.mjs'
 
@@ -16,7 +17,7 @@ const wwwDir = `/home/user/www-${randomTag(6)}`
 const marker = `marker-${randomTag(10)}.txt`
 const bigData = crypto.randomBytes(3 << 20)
 
-before(async () => {
+srv.setup(async () => {
   sbx = await srv.create({ timeoutMs: 600_000, metadata: { suite: 'network' } })
   await sbx.files.write(`${wwwDir}/${marker}`, 'marker content\n')
   await sbx.files.write(`${wwwDir}/big.bin`, bigData)
@@ -29,7 +30,7 @@ async function getViaHost(host, reqPath = '/', { retryUntilOk = true } = {}) {
   await waitFor(async () => {
     last = await rawRequest({ port: srv.port, path: reqPath, headers: { Host: host } })
     return !retryUntilOk || last.status === 200
-  }, { timeoutMs: 20_000, intervalMs: 250, what: `GET http://${host}${reqPath} to answer 200 (last: ${last?.status} ${last?.text?.slice(0, 200)})` })
+  }, { timeoutMs: 20_000, intervalMs: 250, what: () => `GET http://${host}${reqPath} to answer 200 (last: ${last?.status} ${last?.text?.slice(0, 200)})` })
   return last
 }
 
@@ -138,5 +139,67 @@ srv.test('secure sandbox: envd demands its access token', async () => {
     assert.equal(r.stdout, 'secure-ok\n0\n', 'the access token must not leak into process environments')
   } finally {
     await srv.kill(id)
+  }
+})
+
+/**
+ * Runs a TCP connect probe inside sbx against every [host, port]; returns
+ * the targets that accepted a connection.
+ */
+async function reachableFrom(box, targets) {
+  const script = `
+import socket, sys, threading
+res = {}
+def probe(h, p):
+    try:
+        socket.create_connection((h, p), timeout=3).close()
+        res[(h, p)] = 'open'
+    except Exception as e:
+        res[(h, p)] = 'closed'
+ts = [threading.Thread(target=probe, args=(h, int(p))) for h, p in (a.split(':') for a in sys.argv[1:])]
+[t.start() for t in ts]
+[t.join() for t in ts]
+print(' '.join(f'{h}:{p}' for (h, p), v in res.items() if v == 'open'))
+`
+  await box.files.write('/tmp/probe.py', script)
+  const r = await box.commands.run(`python3 /tmp/probe.py ${targets.map(([h, p]) => `${h}:${p}`).join(' ')}`, { timeoutMs: 30_000 })
+  return r.stdout.trim().split(/\s+/).filter(Boolean)
+}
+
+srv.test('sandboxes reach neither each other nor the host', { timeout: 120_000 }, async () => {
+  // sbx's address as the host sees it: envd's peer inside sbx is the host
+  // end of sbx's /30, and sbx is the next address.
+  const ss = await sbx.commands.run('ss -tn', { user: 'root' })
+  const m = ss.stdout.match(/:49983\s+\[?(?:::ffff:)?(\d+\.\d+\.\d+\.\d+)\]?:\d+/)
+  assert.ok(m, `cannot find envd's peer in:\n${ss.stdout}`)
+  const hostEnd = m[1].split('.').map(Number)
+  const aAddr = [...hostEnd.slice(0, 3), hostEnd[3] + 1].join('.')
+  // Sanity: the host reaches sbx's program at that address.
+  const direct = await new Promise((resolve) => {
+    const c = net.connect({ host: aAddr, port: 8080, timeout: 3000 }, () => { c.destroy(); resolve(true) })
+    c.on('error', () => resolve(false))
+    c.on('timeout', () => { c.destroy(); resolve(false) })
+  })
+  assert.equal(direct, true, `the host cannot reach ${aAddr}:8080, so the address derivation is wrong`)
+
+  // A service on the host, listening on every address.
+  const listener = net.createServer((c) => c.destroy())
+  await new Promise((resolve) => listener.listen(0, '0.0.0.0', resolve))
+  const hostPort = listener.address().port
+  const hostAddrs = Object.values(os.networkInterfaces()).flat()
+    .filter((a) => a.family === 'IPv4' && !a.internal).map((a) => a.address)
+
+  const b = await srv.create({ timeoutMs: 120_000 })
+  try {
+    const targets = [
+      ['127.0.0.1', 49983], // b's own envd: proves the probe works
+      [aAddr, 8080], [aAddr, 49983], // another sandbox
+      ...hostAddrs.map((h) => [h, hostPort]), // the host
+    ]
+    const open = await reachableFrom(b, targets)
+    assert.deepEqual(open, ['127.0.0.1:49983'], `sandbox ${b.sandboxId} reached: ${open.join(', ')} (of ${targets.length} probed)`)
+  } finally {
+    await srv.kill(b)
+    listener.close()
   }
 })

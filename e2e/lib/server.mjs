@@ -10,14 +10,22 @@
 // useServer registers a `before` hook that starts the server (and points the
 // SDK at it through E2B_API_URL / E2B_SANDBOX_URL / E2B_API_KEY) and an
 // `after` hook that kills every sandbox still tracked, checks that the server
-// lists none, stops the server (SIGTERM, SIGKILL after 30 s) and checks that
-// it exited cleanly and left no gVisor process behind.
+// lists none, stops the server (SIGTERM; after 30 s SIGQUIT for a goroutine
+// dump in the log, then SIGKILL) and checks that it exited with status 0 and
+// left no process or mount behind.
 //
 // Required environment: AENV_BIN_DIR (holding aenv and envd) and
 // AENV_BASE_ROOTFS (a built base root filesystem). Missing either is an
-// error, never a skip.
+// error, never a skip. Optional: AENV_RUNSC, the runsc binary when it is not
+// in PATH. Run as root:
+//
+//   cd e2e && AENV_BIN_DIR=$PWD/../bin AENV_BASE_ROOTFS=/var/cache/aenv/base-rootfs \
+//     node --test --test-concurrency=1
+//
+// A failed test prints the tail of its server's log; the server's temporary
+// directory (data, run dir, server.log) is kept when anything failed.
 
-import { spawn } from 'node:child_process'
+import { execFileSync, spawn } from 'node:child_process'
 import fs from 'node:fs'
 import http from 'node:http'
 import net from 'node:net'
@@ -42,7 +50,7 @@ export function randomTag(n = 8) {
   return s.slice(0, n)
 }
 
-/** Polls fn until it returns a truthy value or the time is up. */
+/** Polls fn until it returns a truthy value or the time is up; what (a string or a function returning one) names it in the error. */
 export async function waitFor(fn, { timeoutMs = 10_000, intervalMs = 100, what = 'condition' } = {}) {
   const deadline = Date.now() + timeoutMs
   let last
@@ -54,7 +62,8 @@ export async function waitFor(fn, { timeoutMs = 10_000, intervalMs = 100, what =
       last = err
     }
     if (Date.now() > deadline) {
-      throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${last ? `: last error: ${last.message}` : ''}`)
+      const desc = typeof what === 'function' ? what() : what
+      throw new Error(`timed out after ${timeoutMs} ms waiting for ${desc}${last ? `: last error: ${last.message}` : ''}`)
     }
     await sleep(intervalMs)
   }
@@ -84,6 +93,7 @@ async function findFreePort(start) {
  */
 export function rawRequest({ port, method = 'GET', path: reqPath = '/', headers = {}, body, timeoutMs = 30_000 }) {
   return new Promise((resolve, reject) => {
+    let responded = false
     const hdrs = { ...headers }
     let payload
     if (body !== undefined) {
@@ -94,6 +104,7 @@ export function rawRequest({ port, method = 'GET', path: reqPath = '/', headers 
     const req = http.request(
       { host: '127.0.0.1', port, method, path: reqPath, headers: hdrs, agent: false, setHost: !Object.keys(hdrs).some((h) => h.toLowerCase() === 'host') },
       (res) => {
+        responded = true
         const chunks = []
         res.on('data', (c) => chunks.push(c))
         res.on('error', reject)
@@ -113,22 +124,47 @@ export function rawRequest({ port, method = 'GET', path: reqPath = '/', headers 
     req.setTimeout(timeoutMs, () => req.destroy(new Error(`${method} ${reqPath}: no response within ${timeoutMs} ms`)))
     req.on('error', (err) => {
       // The server may answer (e.g. 413) and close before reading the whole
-      // body; a write error after a response is not the caller's concern.
-      reject(err)
+      // body; a write error after the response started is not the caller's
+      // concern (a broken response body errors on res instead).
+      if (!responded) reject(err)
     })
     if (payload) req.end(payload)
     else req.end()
   })
 }
 
-/** Tail of a file, for failure reports. */
+/** An error with its chain of causes, on one line. */
+export function describeError(err) {
+  const parts = []
+  for (let e = err, i = 0; e && i < 5; e = e.cause, i++) {
+    parts.push(`${e?.constructor?.name ?? typeof e}: ${e?.message ?? String(e)}${e?.code ? ` (${e.code})` : ''}`)
+  }
+  return parts.join(' <- ')
+}
+
+/**
+ * Tail of a file, for failure reports. A Go goroutine dump (after SIGQUIT)
+ * is cut off: it is long, and the file keeps it.
+ */
 function tailFile(file, lines = 80) {
   try {
-    const text = fs.readFileSync(file, 'utf8')
+    let text = fs.readFileSync(file, 'utf8')
+    const dump = text.indexOf('\nSIGQUIT: quit')
+    if (dump >= 0) text = text.slice(0, dump) + `\n(goroutine dump after SIGQUIT: see ${file})`
     return text.split('\n').slice(-lines).join('\n')
   } catch (err) {
     return `(cannot read ${file}: ${err.message})`
   }
+}
+
+/** Mount points at or below dir. */
+function mountsUnder(dir) {
+  const out = []
+  for (const line of fs.readFileSync('/proc/self/mounts', 'utf8').split('\n')) {
+    const mp = line.split(' ')[1]
+    if (mp && (mp === dir || mp.startsWith(dir + '/'))) out.push(mp.replace(/\\040/g, ' '))
+  }
+  return out
 }
 
 /** PIDs whose command line mentions needle (other than ours). */
@@ -156,6 +192,15 @@ class TestServer {
     this.exit = undefined // { code, signal } once exited
     this.sandboxes = new Set()
     this.failed = false
+  }
+
+  /** Starts the server once, however many hooks ask. */
+  ensureStarted() {
+    this.starting ??= this.start().catch((err) => {
+      this.failed = true
+      throw err
+    })
+    return this.starting
   }
 
   async start() {
@@ -193,6 +238,9 @@ class TestServer {
       '--sandbox-cidr', this.cidr,
       '--log-level', 'debug',
     ]
+    // runsc normally comes from PATH (scripts/install-deps.sh puts it in
+    // /usr/local/bin); AENV_RUNSC names another one.
+    if (process.env.AENV_RUNSC) args.push('--runsc', process.env.AENV_RUNSC)
     const logFd = fs.openSync(this.logPath, 'a')
     const env = { ...process.env }
     delete env.AENV_API_KEY
@@ -268,6 +316,28 @@ class TestServer {
     }
   }
 
+  /**
+   * Registers a `before` hook that runs once the server has started
+   * (node:test does not wait for an earlier root-level hook before starting
+   * the next, and runs later hooks even when an earlier one failed).
+   */
+  setup(fn, { timeout = 90_000 } = {}) {
+    before(async () => {
+      try {
+        await this.ensureStarted()
+      } catch (err) {
+        throw new Error(`server did not start: ${err.message}`)
+      }
+      try {
+        await fn()
+      } catch (err) {
+        this.failed = true
+        console.error(`# setup failed: ${describeError(err)}\n# server log ${this.logPath} (last lines):\n${this.logTail()}`)
+        throw err
+      }
+    }, { timeout: timeout + START_TIMEOUT_MS })
+  }
+
   logTail(lines = 80) {
     return tailFile(this.logPath, lines)
   }
@@ -283,7 +353,7 @@ class TestServer {
         await fn(t)
       } catch (err) {
         this.failed = true
-        console.error(`# test "${name}" failed; server log ${this.logPath} (last lines):\n${this.logTail()}`)
+        console.error(`# test "${name}" failed: ${describeError(err)}\n# server log ${this.logPath} (last lines):\n${this.logTail()}`)
         throw err
       }
     })
@@ -310,6 +380,17 @@ class TestServer {
       await this.stop()
     } catch (err) {
       problems.push(err.message)
+    }
+    const mounts = this.tmp ? mountsUnder(this.tmp) : []
+    if (mounts.length) {
+      problems.push(`mounts left under ${this.tmp} after the server exited:\n${mounts.join('\n')}`)
+      for (const m of mounts.reverse()) {
+        try {
+          execFileSync('umount', ['-l', m], { stdio: 'ignore' })
+        } catch {
+          // reported above
+        }
+      }
     }
     const left = this.runDir ? pidsMentioning(this.runDir) : []
     if (left.length) {
@@ -338,12 +419,18 @@ class TestServer {
   async stop() {
     if (!this.proc || this.exit) return
     this.proc.kill('SIGTERM')
-    const timer = sleep(STOP_GRACE_MS).then(() => 'timeout')
-    const res = await Promise.race([this.exited, timer])
+    let timer
+    const timeout = new Promise((resolve) => { timer = setTimeout(() => resolve('timeout'), STOP_GRACE_MS) })
+    const res = await Promise.race([this.exited, timeout])
+    clearTimeout(timer)
     if (res === 'timeout') {
-      this.proc.kill('SIGKILL')
+      // SIGQUIT makes a Go program print every goroutine's stack to the log
+      // (and exit): the record of where shutdown hung.
+      this.proc.kill('SIGQUIT')
+      const quit = await Promise.race([this.exited, sleep(3000).then(() => 'timeout')])
+      if (quit === 'timeout') this.proc.kill('SIGKILL')
       await this.exited
-      throw new Error(`aenv server did not exit within ${STOP_GRACE_MS / 1000}s of SIGTERM (killed it)`)
+      throw new Error(`aenv server did not exit within ${STOP_GRACE_MS / 1000}s of SIGTERM (sent SIGQUIT for a goroutine dump in ${this.logPath}, then killed it)`)
     }
     if (this.exit.code !== 0) {
       throw new Error(`aenv server exited with ${JSON.stringify(this.exit)} after SIGTERM (want code 0)`)
@@ -358,9 +445,7 @@ class TestServer {
  */
 export function useServer({ tag, cidr, portHint }) {
   const srv = new TestServer({ tag, cidr, portHint })
-  before(async () => {
-    await srv.start()
-  }, { timeout: START_TIMEOUT_MS + 40_000 })
+  before(() => srv.ensureStarted(), { timeout: START_TIMEOUT_MS + 40_000 })
   after(async () => {
     await srv.cleanup()
   }, { timeout: 120_000 })
