@@ -3,7 +3,7 @@ CACHE ?= /var/cache/aenv
 BASE_ROOTFS ?= $(CACHE)/base-rootfs
 GO ?= go
 
-.PHONY: build deps base test test-go test-e2e lint clean
+.PHONY: build deps base test test-go test-e2e test-install lint clean
 
 build:
 	$(GO) build -o bin/aenv ./cmd/aenv
@@ -29,7 +29,11 @@ test-go: build base
 test-e2e: build base
 	cd e2e && AENV_BIN_DIR=$(CURDIR)/bin AENV_BASE_ROOTFS=$(BASE_ROOTFS) node --test --test-concurrency=1
 
-test: lint test-go test-e2e
+# scripts/install.sh into scratch paths, checked, then uninstalled (root).
+test-install: base
+	scripts/test-install.sh
+
+test: lint test-go test-e2e test-install
 
 clean:
 	rm -rf bin

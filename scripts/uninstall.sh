@@ -1,0 +1,187 @@
+#!/usr/bin/env bash
+# Undoes scripts/install.sh, idempotently: stops the server (the systemd
+# service, or the background server by its pid file), removes the unit and
+# the binaries. Keeps the data directory (API key, templates, snapshots) and
+# /etc/default/aenv unless --purge. Run as root.
+set -euo pipefail
+
+usage() {
+  cat <<'EOF'
+Usage: sudo scripts/uninstall.sh [OPTIONS]
+
+Stops the aenv server and removes its systemd unit and the aenv and envd
+binaries. The data directory (API key, templates, snapshots) and
+/etc/default/aenv are kept unless --purge.
+
+Options:
+  --prefix DIR       where the binaries were installed (default: from the
+                     unit's ExecStart, else $PREFIX or /usr/local)
+  --unit-name NAME   the unit install.sh was given (default aenv)
+  --purge            also remove /etc/default/NAME, the data and run
+                     directories, the log and /usr/local/bin/runsc
+  --keep-runsc       with --purge: leave /usr/local/bin/runsc (other servers)
+  -h, --help         this help
+EOF
+}
+
+export PATH=$PATH:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+prefix=""
+unit=aenv
+purge=0
+keep_runsc=0
+
+die() { echo "uninstall: $*" >&2; exit 1; }
+say() { echo "uninstall: $*"; }
+
+while [ $# -gt 0 ]; do
+  opt=$1
+  val=""
+  case $opt in
+    --*=*) val=${opt#*=}; opt=${opt%%=*} ;;
+    --prefix | --unit-name)
+      [ $# -ge 2 ] || die "$opt needs a value (see --help)"
+      val=$2
+      shift
+      ;;
+  esac
+  case $opt in
+    --prefix) prefix=$val ;;
+    --unit-name) unit=${val%.service} ;;
+    --purge) purge=1 ;;
+    --keep-runsc) keep_runsc=1 ;;
+    -h | --help) usage; exit 0 ;;
+    *) die "unknown option $1 (see --help)" ;;
+  esac
+  shift
+done
+
+[ "$(id -u)" = 0 ] || die "run as root"
+[[ $unit =~ ^[A-Za-z0-9_.@-]+$ ]] || die "--unit-name $unit: letters, digits and _ . @ - only"
+
+unit_file=/etc/systemd/system/$unit.service
+env_file=/etc/default/$unit
+pid_file=/run/$unit.pid
+log_file=/var/log/$unit.log
+
+if [ -z "$prefix" ] && [ -f "$unit_file" ]; then
+  prefix=$(sed -n 's|^ExecStart=\(/.*\)/bin/aenv server.*|\1|p' "$unit_file" | tail -1)
+fi
+prefix=${prefix:-${PREFIX:-/usr/local}}
+
+envval() {
+  [ -f "$2" ] || return 0
+  sed -n "s/^[[:space:]]*$1=//p" "$2" | tail -1 | sed -e 's/^"\(.*\)"$/\1/' -e "s/^'\(.*\)'\$/\1/"
+}
+data_dir=$(envval AENV_DATA_DIR "$env_file")
+data_dir=${data_dir:-/var/lib/aenv}
+run_dir=$(envval AENV_RUN_DIR "$env_file")
+run_dir=${run_dir:-/run/aenv}
+base=$(envval AENV_BASE_ROOTFS "$env_file")
+
+have_systemd() { [ -d /run/systemd/system ] && command -v systemctl >/dev/null; }
+
+alive() {
+  [ -n "$1" ] && [ -r "/proc/$1/stat" ] || return 1
+  local stat
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  stat=${stat##*) }
+  [ "${stat%% *}" != Z ]
+}
+
+# ours PID: the process runs PREFIX/bin/aenv (or did, before it was replaced).
+ours() {
+  alive "$1" || return 1
+  local exe want
+  exe=$(readlink "/proc/$1/exe" 2>/dev/null) || return 1
+  exe=${exe% (deleted)}
+  want=$(readlink -f "$prefix/bin" 2>/dev/null || echo "$prefix/bin")/aenv
+  [ "$exe" = "$want" ]
+}
+
+# --- stop --------------------------------------------------------------------
+
+if have_systemd && { [ -f "$unit_file" ] || systemctl cat "$unit" >/dev/null 2>&1; }; then
+  if systemctl is-active --quiet "$unit"; then
+    say "stopping $unit (its sandboxes are killed)"
+  fi
+  systemctl disable --now --quiet "$unit" 2>/dev/null || systemctl stop "$unit" 2>/dev/null || true
+fi
+
+if [ -f "$pid_file" ]; then
+  pid=$(cat "$pid_file" 2>/dev/null || true)
+  if ours "$pid"; then
+    say "stopping the server (pid $pid; its sandboxes are killed)"
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 1 120); do
+      alive "$pid" || break
+      sleep 0.5
+    done
+    if alive "$pid"; then
+      say "server $pid still running after 60s: killing it"
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+  elif [ -n "$pid" ] && alive "$pid"; then
+    say "$pid_file names pid $pid, which is not $prefix/bin/aenv: leaving it alone"
+  fi
+  rm -f "$pid_file"
+fi
+
+# --- remove ------------------------------------------------------------------
+
+if [ -e "$unit_file" ]; then
+  rm -f "$unit_file"
+  say "removed $unit_file"
+  if have_systemd; then
+    systemctl daemon-reload
+    systemctl reset-failed "$unit" 2>/dev/null || true
+  fi
+fi
+
+for b in aenv envd; do
+  if [ -e "$prefix/bin/$b" ]; then
+    rm -f "$prefix/bin/$b"
+    say "removed $prefix/bin/$b"
+  fi
+done
+
+# rmtree DIR removes DIR unless it is not a sensible thing to remove.
+rmtree() {
+  case $1 in
+    "" | / | /bin | /boot | /dev | /etc | /home | /lib* | /proc | /root | /run | /sbin | /sys | /tmp | /usr | /usr/* | /var | /var/lib | /var/cache)
+      say "not removing $1"
+      return 0
+      ;;
+  esac
+  [[ $1 == /* ]] || { say "not removing $1 (not an absolute path)"; return 0; }
+  if [ -e "$1" ]; then
+    # Never into a mount a killed server may have left behind.
+    if rm -rf --one-file-system "$1" 2>/dev/null; then
+      say "removed $1"
+    else
+      say "could not remove all of $1 (something is mounted in it?)"
+    fi
+  fi
+}
+
+if [ "$purge" = 1 ]; then
+  [ -e "$env_file" ] && rm -f "$env_file" && say "removed $env_file"
+  if [ -n "$base" ] && [[ $base != "$data_dir"/* ]] && [ -e "$base" ]; then
+    say "keeping $base (the base template, outside $data_dir): remove it yourself if nothing else uses it"
+  fi
+  rmtree "$data_dir"
+  rmtree "$run_dir"
+  [ -e "$log_file" ] && rm -f "$log_file" && say "removed $log_file"
+  if [ "$keep_runsc" = 0 ] && [ -e /usr/local/bin/runsc ]; then
+    rm -f /usr/local/bin/runsc
+    say "removed /usr/local/bin/runsc"
+  fi
+  if [ -d "${AENV_CACHE:-/var/cache/aenv}" ]; then
+    say "keeping the build cache ${AENV_CACHE:-/var/cache/aenv} (runsc, base template): remove it yourself to reclaim the space"
+  fi
+else
+  kept=()
+  [ -e "$data_dir" ] && kept+=("$data_dir (API key, templates)")
+  [ -e "$env_file" ] && kept+=("$env_file")
+  [ ${#kept[@]} -eq 0 ] || say "kept ${kept[*]}; --purge removes them"
+fi
+say "done"
