@@ -112,9 +112,8 @@ func (c *Cluster) Connect(ctx context.Context, id string, d time.Duration) (sb *
 	out.Metadata = maps.Clone(r.sb.Metadata)
 	c.mu.Unlock()
 	c.removePausedRecord(id)
-	if err := c.cfg.Node.DeleteSnapshot(oldSnap); err != nil {
-		c.log.Warn("deleting consumed pause snapshot", "sandbox_id", id, "snapshot_id", oldSnap, "err", err)
-	}
+	// Removing a large image takes a while; the caller need not wait.
+	go c.deleteSnapshotQuietly(oldSnap, "consumed pause snapshot")
 	return &out, true, nil
 }
 
@@ -180,11 +179,7 @@ func (c *Cluster) Fork(ctx context.Context, id string, count int, timeout time.D
 		}
 		return nil, err
 	}
-	defer func() {
-		if err := c.cfg.Node.DeleteSnapshot(snap.ID); err != nil {
-			c.log.Warn("deleting fork snapshot", "snapshot_id", snap.ID, "err", err)
-		}
-	}()
+	defer func() { go c.deleteSnapshotQuietly(snap.ID, "fork snapshot") }()
 
 	results := make([]ForkResult, count)
 	sem := make(chan struct{}, forkParallelism)
@@ -209,6 +204,12 @@ func (c *Cluster) Fork(ctx context.Context, id string, count int, timeout time.D
 	}
 	wg.Wait()
 	return results, nil
+}
+
+func (c *Cluster) deleteSnapshotQuietly(id, what string) {
+	if err := c.cfg.Node.DeleteSnapshot(id); err != nil {
+		c.log.Warn("deleting "+what, "snapshot_id", id, "err", err)
+	}
 }
 
 // Snapshots lists user snapshots.

@@ -261,10 +261,13 @@ func (d *Driver) start(ctx context.Context, spec runtime.Spec, imageDir string) 
 	// runsc must not be killed half-way through a start because the
 	// caller gave up: that leaves sandbox processes runsc no longer knows.
 	// The rollback removes a finished start instead.
+	// The pid file saves a `runsc state` (a process start) per sandbox.
+	pidFile := filepath.Join(dir, "pid")
 	if imageDir == "" {
 		_, err = r.Run(context.WithoutCancel(ctx), spec.ID, dir, &runc.CreateOpts{
-			Detach: true,
-			IO:     &fileIO{f: logFile},
+			Detach:  true,
+			IO:      &fileIO{f: logFile},
+			PidFile: pidFile,
 		})
 	} else {
 		// --direct reads the pages file with O_DIRECT: measured fastest
@@ -273,24 +276,25 @@ func (d *Driver) start(ctx context.Context, spec runtime.Spec, imageDir string) 
 			CheckpointOpts: runc.CheckpointOpts{ImagePath: imageDir},
 			Detach:         true,
 			IO:             &fileIO{f: logFile},
+			PidFile:        pidFile,
 			ExtraArgs:      []string{"--direct"},
 		})
 	}
 	if err != nil {
 		return fmt.Errorf("starting runsc for %s: %w%s", spec.ID, err, tailLog(r.Log))
 	}
-	state, err := d.runc.State(context.WithoutCancel(ctx), spec.ID)
+	pid, err := readPid(pidFile)
 	if err != nil {
-		return fmt.Errorf("reading state of %s: %w", spec.ID, err)
+		return fmt.Errorf("reading pid of %s: %w", spec.ID, err)
 	}
-	pidfd, err := unix.PidfdOpen(state.Pid, 0)
+	pidfd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
 		return fmt.Errorf("watching sandbox process of %s: %w", spec.ID, err)
 	}
 	d.mu.Lock()
 	d.running[spec.ID] = pidfd
 	d.mu.Unlock()
-	log.Debug("sandbox started", "pid", state.Pid)
+	log.Debug("sandbox started", "pid", pid)
 	return nil
 }
 
@@ -349,6 +353,11 @@ func (d *Driver) Stats(ctx context.Context, id string) (runtime.Stats, error) {
 		return runtime.Stats{}, fmt.Errorf("reading stats of %s: %w", id, err)
 	}
 	return runtime.Stats{CPUUsageNanos: cpu, MemoryBytes: mem}, nil
+}
+
+func readPid(p string) (int, error) {
+	n, err := readUint(p)
+	return int(n), err
 }
 
 func readUint(p string) (uint64, error) {
