@@ -50,7 +50,7 @@ func MeasureAenv(ctx context.Context, opts Options) (AenvResults, error) {
 			return 0, kill, err
 		}
 		d := time.Since(start)
-		size.Do(func() { res.CPUCount, res.MemoryMB = sb.CPUCount, sb.MemoryMB })
+		size.Do(func() { res.CPUCount, res.MemoryMB = sandboxSize(ctx, opts.API, sb) })
 		return d, kill, nil
 	}
 	if res.CreateSerial, err = series(ctx, p, "create c=1", 1, opts.Iterations, 1, create); err != nil {
@@ -65,6 +65,24 @@ func MeasureAenv(ctx context.Context, opts Options) (AenvResults, error) {
 		return res, fmt.Errorf("measuring aenv: %w", err)
 	}
 	return res, nil
+}
+
+// getter is an API that can describe a sandbox in full.
+type getter interface {
+	Get(ctx context.Context, id string) (*client.Sandbox, error)
+}
+
+// sandboxSize returns sb's CPU count and memory. E2B's create answer does
+// not carry them; the full description (if api has it) does.
+func sandboxSize(ctx context.Context, api API, sb *client.Sandbox) (cpus, memoryMB int) {
+	if sb.CPUCount == 0 {
+		if g, ok := api.(getter); ok {
+			if full, err := g.Get(ctx, sb.SandboxID); err == nil {
+				return full.CPUCount, full.MemoryMB
+			}
+		}
+	}
+	return sb.CPUCount, sb.MemoryMB
 }
 
 // measureCommand times `true` opts.Iterations times in one sandbox.

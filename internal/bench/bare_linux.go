@@ -153,12 +153,17 @@ func (r *bareRunner) runsc(ctx context.Context, logPath string, args ...string) 
 // bundle writes a fresh container's OCI bundle running args and returns the
 // container's id and bundle directory.
 func (r *bareRunner) bundle(args ...string) (id, dir string, err error) {
+	return r.bundleWith(r.opts, args...)
+}
+
+// bundleWith is bundle with opts' size and envd instead of the runner's.
+func (r *bareRunner) bundleWith(opts Options, args ...string) (id, dir string, err error) {
 	id = fmt.Sprintf("%s%d", r.prefix, r.seq.Add(1))
 	dir = filepath.Join(r.dir, id)
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return "", "", fmt.Errorf("writing bundle %s: %w", id, err)
 	}
-	if err := writeBareBundle(dir, id, r.opts, args); err != nil {
+	if err := writeBareBundle(dir, id, opts, args); err != nil {
 		return "", "", fmt.Errorf("writing bundle %s: %w", id, err)
 	}
 	return id, dir, nil
@@ -301,10 +306,15 @@ var bareCaps = []string{
 	"CAP_SYS_PTRACE",
 }
 
+// envdGuestPath is where the driver mounts envd in every sandbox
+// (internal/runtime/gvisor.EnvdGuestPath).
+const envdGuestPath = "/.aenv/envd"
+
 // writeBareBundle writes config.json for a container running args, shaped
 // like the driver's bundles (internal/runtime/gvisor/bundle.go): same mounts
-// (less envd's binary), capabilities, rlimits, namespaces and cgroup limits,
-// so that bare and aenv sandboxes do the same start-up work.
+// (envd's binary only when opts.EnvdPath is set), capabilities, rlimits,
+// namespaces and cgroup limits, so that bare and aenv sandboxes do the same
+// start-up work.
 func writeBareBundle(dir, id string, opts Options, args []string) error {
 	files := map[string]string{
 		"resolv.conf": "",
@@ -361,6 +371,9 @@ func writeBareBundle(dir, id string, opts Options, args []string) error {
 			CgroupsPath: "/" + id,
 			Resources:   res,
 		},
+	}
+	if opts.EnvdPath != "" {
+		s.Mounts = append(s.Mounts, specs.Mount{Destination: envdGuestPath, Type: "bind", Source: opts.EnvdPath, Options: []string{"rbind", "ro"}})
 	}
 	b, err := json.MarshalIndent(&s, "", "  ")
 	if err != nil {

@@ -17,3 +17,15 @@ func MeasureBare(ctx context.Context, opts Options) (BareResults, error) {
 func CheckBare(opts Options) error {
 	return fmt.Errorf("checking bare runsc: %w", errors.ErrUnsupported)
 }
+
+// MeasureSnapshot fails with errors.ErrUnsupported: runsc runs on Linux
+// only.
+func MeasureSnapshot(ctx context.Context, opts Options) (SnapshotResults, error) {
+	return SnapshotResults{}, fmt.Errorf("measuring snapshots: %w", errors.ErrUnsupported)
+}
+
+// MeasureBareSnapshot fails with errors.ErrUnsupported: runsc runs on
+// Linux only.
+func MeasureBareSnapshot(ctx context.Context, opts Options) ([]SizeSamples, error) {
+	return nil, fmt.Errorf("measuring bare runsc snapshots: %w", errors.ErrUnsupported)
+}

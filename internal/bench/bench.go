@@ -1,8 +1,8 @@
 // Package bench measures what a sandbox costs through aenv (create to first
-// command, command round trip) and what the same work costs with bare runsc
-// on the same root filesystem and flags, so that aenv's own overhead is a
-// ratio rather than a guess. Only the CLI (`aenv bench`) and its tests
-// import it.
+// command, command round trip; snapshot, pause, resume and fork) and what
+// the same work costs with bare runsc on the same root filesystem and
+// flags, so that aenv's own overhead is a ratio rather than a guess. Only
+// the CLI (`aenv bench`) and its tests import it.
 package bench
 
 import (
@@ -22,6 +22,15 @@ const (
 	DefaultIterations  = 20
 	DefaultConcurrency = 10
 	DefaultTemplate    = "base"
+	// DefaultSnapshotIterations is low because every sample of the
+	// snapshot suite saves or restores a whole sandbox.
+	DefaultSnapshotIterations = 5
+	// DefaultPauseCount is how many sandboxes the memory measurement
+	// pauses at once.
+	DefaultPauseCount = 20
+	// DefaultCgroupParent is the server's default --netns-tag, under which
+	// its sandboxes' cgroups live.
+	DefaultCgroupParent = "aenv"
 )
 
 // Options configures both halves of a benchmark; each half reads the fields
@@ -47,9 +56,40 @@ type Options struct {
 	// template's sandboxes (0: no limit).
 	CPUCount, MemoryMB int
 
+	// SnapshotIterations is the number of samples per snapshot-suite
+	// operation (default 5); the larger forks take fewer (forkIterations).
+	SnapshotIterations int
+	// Sizes are the sandbox sizes the snapshot suite measures (default: a
+	// fresh base sandbox, "small", and one whose process holds 256 MiB it
+	// wrote, "256MiB dirty").
+	Sizes []Size
+	// ForkCounts are the numbers of children forked at once (default 1,
+	// 4, 16).
+	ForkCounts []int
+	// PauseCount is how many small sandboxes the memory measurement
+	// pauses (default 20; negative skips it).
+	PauseCount int
+	// CgroupParent is the server's cgroup parent (its --netns-tag, default
+	// aenv): sandbox id's memory cgroup is
+	// /sys/fs/cgroup/memory/<CgroupParent>/<id>.
+	CgroupParent string
+	// Snapshots is the server under test for the snapshot suite (aenv
+	// half).
+	Snapshots SnapshotAPI
+	// EnvdPath, when set, is the envd binary the bare snapshot baseline
+	// runs as its containers' first process, like aenv's sandboxes, so
+	// that both save and restore the same processes; empty runs sleep.
+	EnvdPath string
+
 	// Progress receives a progress line (rewritten with \r) while a
 	// measurement runs; nil means silent.
 	Progress io.Writer
+
+	// settle is the pause before each memory reading (default
+	// memorySettle) and cgroupRoot the memory cgroup hierarchy (default
+	// /sys/fs/cgroup/memory); tests shorten and move them.
+	settle     time.Duration
+	cgroupRoot string
 }
 
 func (o Options) withDefaults() Options {
@@ -61,6 +101,27 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Template == "" {
 		o.Template = DefaultTemplate
+	}
+	if o.SnapshotIterations <= 0 {
+		o.SnapshotIterations = DefaultSnapshotIterations
+	}
+	if len(o.Sizes) == 0 {
+		o.Sizes = defaultSizes()
+	}
+	if len(o.ForkCounts) == 0 {
+		o.ForkCounts = defaultForkCounts()
+	}
+	if o.PauseCount == 0 {
+		o.PauseCount = DefaultPauseCount
+	}
+	if o.CgroupParent == "" {
+		o.CgroupParent = DefaultCgroupParent
+	}
+	if o.settle == 0 {
+		o.settle = memorySettle
+	}
+	if o.cgroupRoot == "" {
+		o.cgroupRoot = cgroupRoot
 	}
 	return o
 }

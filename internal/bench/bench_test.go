@@ -245,3 +245,30 @@ func TestMeasureAenvCancelledStillKills(t *testing.T) {
 		t.Errorf("sandboxes left running after cancel: %v", l)
 	}
 }
+
+// sizelessAPI answers creates without the size, as E2B's create does, and
+// tells it on Get.
+type sizelessAPI struct{ *fakeAPI }
+
+func (s sizelessAPI) Create(ctx context.Context, opts client.CreateOptions) (*client.Sandbox, error) {
+	sb, err := s.fakeAPI.Create(ctx, opts)
+	if sb != nil {
+		sb.CPUCount, sb.MemoryMB = 0, 0
+	}
+	return sb, err
+}
+
+func (s sizelessAPI) Get(ctx context.Context, id string) (*client.Sandbox, error) {
+	return &client.Sandbox{SandboxID: id, CPUCount: 3, MemoryMB: 768}, nil
+}
+
+func TestMeasureAenvAsksForTheSizeTheCreateAnswerLacks(t *testing.T) {
+	api := sizelessAPI{newFakeAPI()}
+	res, err := MeasureAenv(context.Background(), Options{API: api, Template: "tpl", Iterations: 1, Concurrency: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.CPUCount != 3 || res.MemoryMB != 768 {
+		t.Errorf("size = %d CPUs, %d MiB; want Get's 3, 768", res.CPUCount, res.MemoryMB)
+	}
+}

@@ -4,19 +4,31 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
+	"math"
+	"slices"
 	"text/tabwriter"
 	"time"
 )
 
 // Report pairs each aenv measurement with its bare runsc baseline.
 type Report struct {
-	CPUs        int    `json:"cpus"`
-	Iterations  int    `json:"iterations"`
-	Concurrency int    `json:"concurrency"`
-	Template    string `json:"template"`
-	Runsc       string `json:"runsc"`
-	RootFS      string `json:"rootfs"`
-	Rows        []Row  `json:"rows"`
+	CPUs int `json:"cpus"`
+	// Iterations and Concurrency are the create suite's (0 when it did not
+	// run); SnapshotIterations the snapshot suite's.
+	Iterations         int    `json:"iterations,omitempty"`
+	Concurrency        int    `json:"concurrency,omitempty"`
+	SnapshotIterations int    `json:"snapshot_iterations,omitempty"`
+	Template           string `json:"template"`
+	Runsc              string `json:"runsc"`
+	RootFS             string `json:"rootfs"`
+	Rows               []Row  `json:"rows"`
+	// Sizes describe the sandboxes of the snapshot suite.
+	Sizes []SizeInfo `json:"sizes,omitempty"`
+	// Targets are the goals the measurements are checked against.
+	Targets []Target `json:"targets,omitempty"`
+	// Memory is what pausing sandboxes freed; nil if not measured.
+	Memory *MemoryReport `json:"memory,omitempty"`
 }
 
 // Row is one operation measured both ways.
@@ -30,30 +42,163 @@ type Row struct {
 	RatioP50 float64 `json:"ratio_p50,omitempty"`
 }
 
-// NewReport summarises both halves' samples. opts must be the options the
-// measurements ran with (their defaults applied here too).
-func NewReport(opts Options, cpus int, a AenvResults, b BareResults) Report {
+// SizeInfo is how big a snapshot-suite sandbox was, both ways.
+type SizeInfo struct {
+	Name string `json:"name"`
+	// MemoryMiB is the running sandbox's memory cgroup usage, ImageMiB
+	// the size of a saved image of it.
+	AenvMemoryMiB float64 `json:"aenv_memory_mib"`
+	BareMemoryMiB float64 `json:"bare_memory_mib"`
+	AenvImageMiB  float64 `json:"aenv_image_mib"`
+	BareImageMiB  float64 `json:"bare_image_mib"`
+}
+
+// Target is one goal and whether the measurements met it.
+type Target struct {
+	Name  string `json:"name"`
+	Value string `json:"value"`
+	Met   bool   `json:"met"`
+}
+
+// MemoryReport is MemoryResults in MiB.
+type MemoryReport struct {
+	Sandboxes int `json:"sandboxes"`
+	// Running, Paused and Resumed are the readings at each stage.
+	Running MemoryStage `json:"running"`
+	Paused  MemoryStage `json:"paused"`
+	Resumed MemoryStage `json:"resumed"`
+	// FreedPerSandboxMiB is the host memory (MemAvailable) pausing freed,
+	// per sandbox; CgroupPerSandboxMiB a running sandbox's cgroup usage.
+	FreedPerSandboxMiB  float64  `json:"freed_per_sandbox_mib"`
+	CgroupPerSandboxMiB float64  `json:"cgroup_per_sandbox_mib"`
+	Pause               Summary  `json:"pause"`
+	Resume              Summary  `json:"resume"`
+	LeftProcesses       []string `json:"left_processes,omitempty"`
+}
+
+// MemoryStage is one MemorySample in MiB.
+type MemoryStage struct {
+	AvailableMiB float64 `json:"available_mib"`
+	ShmemMiB     float64 `json:"shmem_mib"`
+	CgroupMiB    float64 `json:"cgroup_mib"`
+	Cgroups      int     `json:"cgroups"`
+}
+
+// ResumeTarget is how much slower than a bare `runsc restore` aenv's
+// resume may be at the median.
+const ResumeTarget = 1.2
+
+// NewReport starts a report of measurements made with opts (their
+// defaults applied here too); Add* fill it.
+func NewReport(opts Options, cpus int) Report {
 	opts = opts.withDefaults()
-	row := func(op, base string, aenv, bare []time.Duration) Row {
-		r := Row{Operation: op, Baseline: base, Aenv: Summarize(aenv), Bare: Summarize(bare)}
-		r.RatioP50 = Ratio(r.Aenv.P50, r.Bare.P50)
-		return r
-	}
-	c := opts.Concurrency
 	return Report{
-		CPUs:        cpus,
-		Iterations:  opts.Iterations,
-		Concurrency: c,
-		Template:    opts.Template,
-		Runsc:       opts.RunscPath,
-		RootFS:      opts.RootFS,
-		Rows: []Row{
-			row("create to first command, c=1", "runsc run /bin/true", a.CreateSerial, b.RunSerial),
-			row(fmt.Sprintf("create to first command, c=%d", c), fmt.Sprintf("runsc run /bin/true, %d at once", c), a.CreateConcurrent, b.RunConcurrent),
-			row("command round trip", "runsc exec /bin/true", a.Command, b.Exec),
-			row("command round trip", "runsc exec /bin/bash -l -c true", a.Command, b.ExecShell),
-		},
+		CPUs:     cpus,
+		Template: opts.Template,
+		Runsc:    opts.RunscPath,
+		RootFS:   opts.RootFS,
+		Rows:     []Row{},
 	}
+}
+
+func newRow(op, base string, aenv, bare []time.Duration) Row {
+	r := Row{Operation: op, Baseline: base, Aenv: Summarize(aenv), Bare: Summarize(bare)}
+	r.RatioP50 = Ratio(r.Aenv.P50, r.Bare.P50)
+	return r
+}
+
+// AddCreate adds the create suite's rows; opts are the options it ran
+// with.
+func (r *Report) AddCreate(opts Options, a AenvResults, b BareResults) {
+	opts = opts.withDefaults()
+	c := opts.Concurrency
+	r.Iterations, r.Concurrency = opts.Iterations, c
+	r.Rows = append(r.Rows,
+		newRow("create to first command, c=1", "runsc run /bin/true", a.CreateSerial, b.RunSerial),
+		newRow(fmt.Sprintf("create to first command, c=%d", c), fmt.Sprintf("runsc run /bin/true, %d at once", c), a.CreateConcurrent, b.RunConcurrent),
+		newRow("command round trip", "runsc exec /bin/true", a.Command, b.Exec),
+		newRow("command round trip", "runsc exec /bin/bash -l -c true", a.Command, b.ExecShell),
+	)
+}
+
+// AddSnapshot adds the snapshot suite's rows, sizes, targets and memory;
+// the halves' sizes are paired by name.
+func (r *Report) AddSnapshot(opts Options, res SnapshotResults) {
+	opts = opts.withDefaults()
+	r.SnapshotIterations = opts.SnapshotIterations
+	bare := map[string]SnapshotSamples{}
+	for _, s := range res.Bare {
+		bare[s.Size.Name] = s.Samples
+	}
+	for _, as := range res.Aenv {
+		name := as.Size.Name
+		x, y := as.Samples, bare[name]
+		r.Rows = append(r.Rows,
+			newRow("snapshot (leave running), "+name, "runsc checkpoint --leave-running", x.Snapshot, y.Snapshot),
+			newRow("pause, "+name, "runsc checkpoint + runsc delete", x.Pause, y.Pause),
+			newRow("resume, "+name, "runsc restore --direct --detach", x.Resume, y.Resume),
+			newRow("resume + first command, "+name, "runsc restore --direct + runsc exec /bin/true", x.ResumeCommand, y.ResumeCommand),
+			newRow("create from snapshot to first command, "+name, "runsc restore --direct (new container) + exec", x.FromSnapshot, y.FromSnapshot),
+		)
+		for _, n := range slices.Sorted(maps.Keys(x.Fork)) {
+			base := fmt.Sprintf("runsc checkpoint --leave-running + %d restore", n)
+			if n > 1 {
+				base += fmt.Sprintf("s, %d at a time", forkParallelism)
+			}
+			r.Rows = append(r.Rows, newRow(fmt.Sprintf("fork %d, %s: wall", n, name), base, x.Fork[n], y.Fork[n]))
+			if n > 1 {
+				r.Rows = append(r.Rows, newRow(fmt.Sprintf("fork %d, %s: per child", n, name), "the same, per restore",
+					perChild(x.Fork[n], n), perChild(y.Fork[n], n)))
+			}
+		}
+		r.Sizes = append(r.Sizes, SizeInfo{
+			Name:          name,
+			AenvMemoryMiB: mib(x.MemoryBytes), BareMemoryMiB: mib(y.MemoryBytes),
+			AenvImageMiB: mib(x.ImageBytes), BareImageMiB: mib(y.ImageBytes),
+		})
+		ratio := Ratio(Summarize(x.Resume).P50, Summarize(y.Resume).P50)
+		r.Targets = append(r.Targets, Target{
+			Name:  fmt.Sprintf("resume p50 within %.1fx of bare restore, %s", ResumeTarget, name),
+			Value: FormatRatio(ratio),
+			Met:   ratio > 0 && ratio <= ResumeTarget,
+		})
+	}
+	if m := res.Memory; m != nil {
+		r.Memory = &MemoryReport{
+			Sandboxes:           m.Sandboxes,
+			Running:             stage(m.Running),
+			Paused:              stage(m.Paused),
+			Resumed:             stage(m.Resumed),
+			FreedPerSandboxMiB:  mib(m.FreedPerSandbox()),
+			CgroupPerSandboxMiB: mib(m.CgroupPerSandbox()),
+			Pause:               Summarize(m.Pause),
+			Resume:              Summarize(m.Resume),
+			LeftProcesses:       m.LeftProcesses,
+		}
+		r.Targets = append(r.Targets, Target{
+			Name:  "paused sandboxes keep no cgroup and no process",
+			Value: fmt.Sprintf("%d cgroups, %d processes", m.Paused.Cgroups, len(m.LeftProcesses)),
+			Met:   m.Paused.Cgroups == 0 && len(m.LeftProcesses) == 0,
+		})
+	}
+}
+
+// perChild divides each fork's wall time by its number of children.
+func perChild(samples []time.Duration, children int) []time.Duration {
+	out := make([]time.Duration, len(samples))
+	for i, d := range samples {
+		out[i] = d / time.Duration(children)
+	}
+	return out
+}
+
+func stage(s MemorySample) MemoryStage {
+	return MemoryStage{AvailableMiB: mib(s.AvailableBytes), ShmemMiB: mib(s.ShmemBytes), CgroupMiB: mib(s.CgroupBytes), Cgroups: s.Cgroups}
+}
+
+// mib converts bytes to MiB rounded to a tenth.
+func mib(b int64) float64 {
+	return math.Round(float64(b)/(1<<20)*10) / 10
 }
 
 // WriteJSON writes r as indented JSON, durations in milliseconds.
@@ -65,9 +210,14 @@ func (r Report) WriteJSON(w io.Writer) error {
 
 // WriteTable writes r for a terminal.
 func (r Report) WriteTable(w io.Writer) error {
-	fmt.Fprintf(w, "aenv bench: %d CPUs, %d iterations, concurrency %d, template %s\n",
-		r.CPUs, r.Iterations, r.Concurrency, r.Template)
-	fmt.Fprintf(w, "bare baseline: %s on %s\n\n", r.Runsc, r.RootFS)
+	fmt.Fprintf(w, "aenv bench: %d CPUs, template %s", r.CPUs, r.Template)
+	if r.Iterations > 0 {
+		fmt.Fprintf(w, ", %d iterations, concurrency %d", r.Iterations, r.Concurrency)
+	}
+	if r.SnapshotIterations > 0 {
+		fmt.Fprintf(w, ", %d snapshot iterations", r.SnapshotIterations)
+	}
+	fmt.Fprintf(w, "\nbare baseline: %s on %s\n\n", r.Runsc, r.RootFS)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "OPERATION\tN\tAENV P50\tAENV P95\tBARE P50\tBARE P95\tAENV/BARE P50\tBARE RUNSC DID")
 	for _, row := range r.Rows {
@@ -78,6 +228,43 @@ func (r Report) WriteTable(w io.Writer) error {
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if len(r.Sizes) > 0 {
+		fmt.Fprintln(w, "\nsnapshot-suite sandboxes (memory cgroup usage while running; saved image):")
+		for _, s := range r.Sizes {
+			fmt.Fprintf(w, "  %s: aenv %.1f MiB, image %.1f MiB; bare %.1f MiB, image %.1f MiB\n",
+				s.Name, s.AenvMemoryMiB, s.AenvImageMiB, s.BareMemoryMiB, s.BareImageMiB)
+		}
+	}
+	if m := r.Memory; m != nil {
+		fmt.Fprintf(w, "\nmemory, %d small sandboxes paused one by one, then resumed:\n", m.Sandboxes)
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "  STAGE\tHOST MemAvailable\tHOST Shmem\tSANDBOX CGROUPS\tCGROUP USAGE (SUM)")
+		for _, st := range []struct {
+			name string
+			s    MemoryStage
+		}{{"running", m.Running}, {"paused", m.Paused}, {"resumed", m.Resumed}} {
+			fmt.Fprintf(tw, "  %s\t%.1f MiB\t%.1f MiB\t%d\t%.1f MiB\n", st.name, st.s.AvailableMiB, st.s.ShmemMiB, st.s.Cgroups, st.s.CgroupMiB)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "  freed by pausing: %.1f MiB of host memory per sandbox (a running one's cgroup: %.1f MiB)\n",
+			m.FreedPerSandboxMiB, m.CgroupPerSandboxMiB)
+		fmt.Fprintf(w, "  pause p50 %s, resume p50 %s\n", FormatDuration(m.Pause.P50), FormatDuration(m.Resume.P50))
+		for _, p := range m.LeftProcesses {
+			fmt.Fprintf(w, "  process left by a paused sandbox: %s\n", p)
+		}
+	}
+	if len(r.Targets) > 0 {
+		fmt.Fprintln(w, "\ntargets:")
+		for _, t := range r.Targets {
+			verdict := "met"
+			if !t.Met {
+				verdict = "MISSED"
+			}
+			fmt.Fprintf(w, "  %-6s %s: %s\n", verdict, t.Name, t.Value)
+		}
 	}
 	_, err := fmt.Fprintln(w, "\naenv runs a command as the E2B SDKs do: /bin/bash -l -c CMD through envd.\n"+
 		"N is aenv/bare samples; percentiles are nearest-rank.")

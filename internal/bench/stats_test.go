@@ -126,7 +126,10 @@ func testReport() Report {
 		Exec:      ms(10, 11, 12),
 		ExecShell: ms(16, 17, 18),
 	}
-	return NewReport(Options{Iterations: 4, Concurrency: 2, RunscPath: "/usr/bin/runsc", RootFS: "/rootfs"}, 2, a, b)
+	opts := Options{Iterations: 4, Concurrency: 2, RunscPath: "/usr/bin/runsc", RootFS: "/rootfs"}
+	r := NewReport(opts, 2)
+	r.AddCreate(opts, a, b)
+	return r
 }
 
 func TestNewReportPairsOperations(t *testing.T) {

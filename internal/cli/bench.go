@@ -5,7 +5,9 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -16,21 +18,43 @@ import (
 // filesystem.
 const defaultBaseRootFS = "/var/cache/aenv/base-rootfs"
 
+// Bench suites.
+const (
+	suiteCreate   = "create"
+	suiteSnapshot = "snapshot"
+	suiteAll      = "all"
+)
+
 func newBenchCmd() *cobra.Command {
 	var opts bench.Options
-	var output string
+	var output, suite string
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure sandbox latency against bare runsc",
-		Long: `Measure a running server (--url, --key): create to first command one at a
-time and --concurrency at once, and the round trip of a command in a running
-sandbox. Then measure the same work with bare runsc on this host, on the
-template's root filesystem and with the server's runsc flags, and print both
-with their ratio. Run it as root on the server's host, with the server idle.`,
+		Long: `Measure a running server (--url, --key), then the same work with bare runsc
+on this host, on the template's root filesystem and with the server's runsc
+flags, and print both with their ratio. Run it as root on the server's host,
+with the server idle.
+
+The create suite: create to first command one at a time and --concurrency at
+once, and the round trip of a command in a running sandbox.
+
+The snapshot suite, for a fresh sandbox and one holding 256 MiB of written
+memory: snapshot (leaving it running), pause, resume (and its first
+command), create from a snapshot, and fork of 1, 4 and 16 children; then
+what pausing --pause-count sandboxes frees, read from /proc/meminfo and the
+sandboxes' memory cgroups under --cgroup-parent (the server's --netns-tag).
+Its aenv and bare samples alternate, so that both see the same load on the
+host. It makes the snapshot requests itself, so it takes the key from --key,
+AENV_API_KEY, E2B_API_KEY or the local server's key file, not from 'aenv auth'.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "table" && output != "json" {
 				return fmt.Errorf("unknown --output %q (table or json)", output)
+			}
+			runCreate, runSnapshot, err := benchSuites(suite)
+			if err != nil {
+				return err
 			}
 			if opts.RunscPath == "" {
 				p, err := exec.LookPath("runsc")
@@ -39,36 +63,56 @@ with their ratio. Run it as root on the server's host, with the server idle.`,
 				}
 				opts.RunscPath = p
 			}
+			if opts.EnvdPath == "" {
+				opts.EnvdPath = findBenchEnvd()
+			}
 			if err := bench.CheckBare(opts); err != nil {
 				return err
+			}
+			if runSnapshot && opts.PauseCount >= 0 {
+				if err := checkCgroupParent(opts.CgroupParent); err != nil {
+					return err
+				}
 			}
 			// The bench command is built without the shared globals; the
 			// persistent --url and --key are read from the parsed flags.
 			g := &globals{}
 			g.url, _ = cmd.Flags().GetString("url")
 			g.key, _ = cmd.Flags().GetString("key")
-			c, err := g.client()
+			api, err := benchAPI(g)
 			if err != nil {
 				return err
 			}
-			opts.API = c
+			opts.API, opts.Snapshots = api, api
 			if isTerminal(cmd.ErrOrStderr()) {
 				// A line rewritten with \r is noise in a log file.
 				opts.Progress = cmd.ErrOrStderr()
 			}
 
 			ctx := cmd.Context()
-			a, err := bench.MeasureAenv(ctx, opts)
-			if err != nil {
-				return err
+			report := bench.NewReport(opts, runtime.NumCPU())
+			if runCreate {
+				a, err := bench.MeasureAenv(ctx, opts)
+				if err != nil {
+					return err
+				}
+				// Size the bare containers like the server sized its sandboxes.
+				opts.CPUCount, opts.MemoryMB = a.CPUCount, a.MemoryMB
+				b, err := bench.MeasureBare(ctx, opts)
+				if err != nil {
+					return err
+				}
+				report.AddCreate(opts, a, b)
 			}
-			// Size the bare containers like the server sized its sandboxes.
-			opts.CPUCount, opts.MemoryMB = a.CPUCount, a.MemoryMB
-			b, err := bench.MeasureBare(ctx, opts)
-			if err != nil {
-				return err
+			if runSnapshot {
+				// Both halves at once, sample by sample; the bare
+				// containers are sized like the server's sandboxes.
+				res, err := bench.MeasureSnapshot(ctx, opts)
+				if err != nil {
+					return err
+				}
+				report.AddSnapshot(opts, res)
 			}
-			report := bench.NewReport(opts, runtime.NumCPU(), a, b)
 			if output == "json" {
 				return report.WriteJSON(cmd.OutOrStdout())
 			}
@@ -76,14 +120,74 @@ with their ratio. Run it as root on the server's host, with the server idle.`,
 		},
 	}
 	f := cmd.Flags()
-	f.IntVarP(&opts.Iterations, "iterations", "n", bench.DefaultIterations, "samples per operation")
+	f.StringVar(&suite, "suite", suiteAll, "what to measure: create, snapshot or all")
+	f.IntVarP(&opts.Iterations, "iterations", "n", bench.DefaultIterations, "samples per operation of the create suite")
 	f.IntVar(&opts.Concurrency, "concurrency", bench.DefaultConcurrency, "sandboxes started at once in the concurrent measurement")
+	f.IntVar(&opts.SnapshotIterations, "snapshot-iterations", bench.DefaultSnapshotIterations, "samples per operation of the snapshot suite (forks of 4 and 16 take fewer)")
+	f.IntVar(&opts.PauseCount, "pause-count", bench.DefaultPauseCount, "small sandboxes held paused together to measure the memory pausing frees (negative: skip)")
+	f.StringVar(&opts.CgroupParent, "cgroup-parent", bench.DefaultCgroupParent, "the server's --netns-tag: its sandboxes' memory cgroups are /sys/fs/cgroup/memory/<this>/<id>")
 	f.StringVar(&opts.Template, "template", bench.DefaultTemplate, "template to create sandboxes from")
 	f.StringVar(&opts.RunscPath, "runsc", "", "runsc binary for the bare baseline, the one the server uses (default: from PATH)")
+	f.StringVar(&opts.EnvdPath, "envd", "", "envd binary the bare snapshot baseline runs, as the server's sandboxes do (default: beside aenv, then PATH; none: sleep)")
 	f.StringVar(&opts.RootFS, "rootfs", firstNonEmpty(os.Getenv("AENV_BASE_ROOTFS"), defaultBaseRootFS),
 		"the template's root filesystem, for the bare baseline (env AENV_BASE_ROOTFS)")
 	f.StringVarP(&output, "output", "o", "table", "table or json")
 	return cmd
+}
+
+// benchSuites parses --suite.
+func benchSuites(suite string) (create, snapshot bool, err error) {
+	switch suite {
+	case suiteCreate:
+		return true, false, nil
+	case suiteSnapshot:
+		return false, true, nil
+	case suiteAll:
+		return true, true, nil
+	}
+	return false, false, fmt.Errorf("unknown --suite %q (create, snapshot or all)", suite)
+}
+
+// benchAPI finds the server as every client command does. The bench
+// package makes the snapshot requests itself, so it needs the key too:
+// from --key, AENV_API_KEY, E2B_API_KEY or this host's server key file.
+func benchAPI(g *globals) (*bench.HTTPAPI, error) {
+	c, err := g.client()
+	if err != nil {
+		return nil, err
+	}
+	key := firstNonEmpty(g.key, os.Getenv("AENV_API_KEY"), os.Getenv("E2B_API_KEY"))
+	if key == "" {
+		b, err := os.ReadFile(localKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("no API key for the benchmark: pass --key or set AENV_API_KEY")
+		}
+		key = strings.TrimSpace(string(b))
+	}
+	return bench.NewHTTPAPI(c.URL(), key), nil
+}
+
+// findBenchEnvd looks for envd beside this binary, then in PATH; "" when
+// there is none.
+func findBenchEnvd() string {
+	if exe, err := os.Executable(); err == nil {
+		p := filepath.Join(filepath.Dir(exe), "envd")
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	p, _ := exec.LookPath("envd")
+	return p
+}
+
+// checkCgroupParent fails early when the server's cgroup parent is not
+// there: the memory measurement would otherwise find no sandbox cgroups.
+func checkCgroupParent(parent string) error {
+	p := filepath.Join("/sys/fs/cgroup/memory", parent)
+	if _, err := os.Stat(p); err != nil {
+		return fmt.Errorf("checking --cgroup-parent: %w (pass the server's --netns-tag)", err)
+	}
+	return nil
 }
 
 // isTerminal reports whether w is a character device (a terminal).

@@ -6,27 +6,96 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
+	"regexp"
+	"strings"
 
 	"github.com/spf13/cobra"
 
 	"github.com/aenvhq/aenv/internal/client"
 )
 
+// defaultURL is the server a client talks to when nothing names one.
+const defaultURL = "http://localhost:8000"
+
 // exitError carries a command's exit status up to main (e.g. `aenv exec`
-// exits with the remote command's code).
+// exits with the remote command's code). Whatever there was to say has
+// been said by the time it is returned.
 type exitError struct{ code int }
 
 func (e *exitError) Error() string { return fmt.Sprintf("exit status %d", e.code) }
+
+// usageError is a mistake in the command line, as opposed to a failure
+// while running it: it names the command and its usage line.
+type usageError struct {
+	cmd *cobra.Command
+	err error
+}
+
+func (e *usageError) Error() string {
+	return fmt.Sprintf("%s: %v (usage: %s; see '%s --help')",
+		strings.TrimPrefix(e.cmd.CommandPath(), "aenv "), e.err, e.cmd.UseLine(), e.cmd.CommandPath())
+}
+
+func (e *usageError) Unwrap() error { return e.err }
 
 // globals are the flags every client command shares.
 type globals struct {
 	url string
 	key string
+	// keyFile replaces localKeyFile (tests).
+	keyFile string
 }
 
-// Run executes the CLI with args and returns the process exit code.
+// Options are the process's streams, replaceable for tests.
+type Options struct {
+	Stdin          io.Reader
+	Stdout, Stderr io.Writer
+}
+
+// Run executes the CLI with args on the process's standard streams and
+// returns the process exit code. A non-nil error is meant for the user as
+// one line, prefixed with "aenv: ".
 func Run(ctx context.Context, args []string) (int, error) {
+	return RunWith(ctx, args, Options{Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr})
+}
+
+// RunWith is Run with the given streams. Commands that need a terminal
+// (an interactive shell, hidden key input, progress) find one only when
+// the streams are *os.File terminals.
+func RunWith(ctx context.Context, args []string, o Options) (int, error) {
+	root := newRootCmd()
+	root.SetIn(o.Stdin)
+	root.SetOut(o.Stdout)
+	root.SetErr(o.Stderr)
+	root.SetArgs(args)
+	err := root.ExecuteContext(ctx)
+	var ee *exitError
+	if errors.As(err, &ee) {
+		return ee.code, nil
+	}
+	var ce *codeError
+	if errors.As(err, &ce) {
+		return ce.code, oneLine(err)
+	}
+	if err != nil {
+		if m := cobraUnknown.FindStringSubmatch(err.Error()); m != nil {
+			err = unknownCommand(root, m[1])
+		}
+		if client.IsStatus(err, http.StatusUnauthorized) {
+			err = fmt.Errorf("%w; check --key, AENV_API_KEY or run 'aenv auth'", err)
+		}
+		return 1, oneLine(err)
+	}
+	return 0, nil
+}
+
+// cobraUnknown matches cobra's own (multi-line) unknown command error.
+var cobraUnknown = regexp.MustCompile(`^unknown command "([^"]*)" for "aenv"`)
+
+func newRootCmd() *cobra.Command {
 	g := &globals{}
 	root := &cobra.Command{
 		Use:   "aenv",
@@ -35,48 +104,140 @@ func Run(ctx context.Context, args []string) (int, error) {
 
 Start a server with 'aenv server', then create sandboxes and run commands in
 them with this CLI or with the unmodified E2B SDKs (set E2B_API_URL,
-E2B_SANDBOX_URL and E2B_API_KEY to the server's URL and key).`,
-		SilenceUsage:  true,
-		SilenceErrors: true,
+E2B_SANDBOX_URL and E2B_API_KEY to the server's URL and key).
+
+The server and key come from, in order: --url/--key, AENV_API_URL and
+AENV_API_KEY, E2B_API_URL and E2B_API_KEY, the file 'aenv auth' writes
+(~/.config/aenv/credentials; its key only goes to its own URL), the local
+server's key file (` + localKeyFile + `), and ` + defaultURL + `.`,
+		SilenceUsage:       true,
+		SilenceErrors:      true,
+		DisableSuggestions: true,
 	}
-	root.PersistentFlags().StringVar(&g.url, "url", "", "server URL (env AENV_API_URL or E2B_API_URL; default http://localhost:8000)")
-	root.PersistentFlags().StringVar(&g.key, "key", "", "API key (env AENV_API_KEY or E2B_API_KEY; default: read from the local server's data dir)")
+	root.PersistentFlags().StringVar(&g.url, "url", "", "server URL (env AENV_API_URL or E2B_API_URL; default: from 'aenv auth', else "+defaultURL+")")
+	root.PersistentFlags().StringVar(&g.key, "key", "", "API key (env AENV_API_KEY or E2B_API_KEY; default: from 'aenv auth', else the local server's key file)")
 	root.AddCommand(
 		newServerCmd(),
+		newAuthCmd(g),
 		newCreateCmd(g),
+		newStartCmd(g),
+		newConnectCmd(g),
 		newExecCmd(g),
+		newUploadCmd(g),
+		newDownloadCmd(g),
 		newListCmd(g),
 		newRemoveCmd(g),
+		newTimeoutCmd(g),
+		newPauseCmd(g),
+		newResumeCmd(g),
 		newBenchCmd(),
-		newTemplateCmd(),
+		newTemplateCmd(g),
+		newPullCmd(),
 		newVersionCmd(),
 	)
-	root.SetArgs(args)
-	err := root.ExecuteContext(ctx)
-	var ee *exitError
-	if errors.As(err, &ee) {
-		return ee.code, nil
-	}
-	if err != nil {
-		return 1, err
-	}
-	return 0, nil
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return &usageError{cmd: c, err: err} })
+	wrapArgs(root)
+	return root
 }
 
-// client builds an API client from flags, environment and, failing those,
-// the local server's key file.
-func (g *globals) client() (*client.Client, error) {
-	url := firstNonEmpty(g.url, os.Getenv("AENV_API_URL"), os.Getenv("E2B_API_URL"), "http://localhost:8000")
-	key := firstNonEmpty(g.key, os.Getenv("AENV_API_KEY"), os.Getenv("E2B_API_KEY"))
-	if key == "" {
-		b, err := os.ReadFile(defaultDataDir + "/secrets/api-key")
-		if err != nil {
-			return nil, errors.New("no API key: pass --key, set AENV_API_KEY, or run on the server host as root")
+// wrapArgs makes every command's argument check report a usageError.
+func wrapArgs(c *cobra.Command) {
+	if check := c.Args; check != nil {
+		c.Args = func(cmd *cobra.Command, args []string) error {
+			if err := check(cmd, args); err != nil {
+				return &usageError{cmd: cmd, err: err}
+			}
+			return nil
 		}
-		key = string(trimSpace(b))
+	}
+	for _, sub := range c.Commands() {
+		wrapArgs(sub)
+	}
+}
+
+// unknownCommand says, on one line, that cmd has no subcommand name, and
+// which ones were probably meant.
+func unknownCommand(cmd *cobra.Command, name string) error {
+	msg := fmt.Sprintf("unknown command %q", name)
+	if cmd.HasParent() {
+		msg = fmt.Sprintf("%s: unknown command %q", strings.TrimPrefix(cmd.CommandPath(), "aenv "), name)
+	}
+	if cmd.SuggestionsMinimumDistance <= 0 {
+		cmd.SuggestionsMinimumDistance = 2
+	}
+	if s := cmd.SuggestionsFor(name); len(s) > 0 {
+		msg += fmt.Sprintf("; did you mean %s?", strings.Join(s, " or "))
+	}
+	return fmt.Errorf("%s (see '%s --help')", msg, cmd.CommandPath())
+}
+
+// groupRun is the RunE of a command that only groups others: help without
+// arguments, a clear error for an unknown subcommand.
+func groupRun(cmd *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return cmd.Help()
+	}
+	return unknownCommand(cmd, args[0])
+}
+
+// oneLine keeps an error to one line: whatever a server or library put in
+// it, the user sees `aenv: <what failed>: <why>`.
+func oneLine(err error) error {
+	msg := err.Error()
+	if !strings.ContainsAny(msg, "\r\n") {
+		return err
+	}
+	var parts []string
+	for _, l := range strings.FieldsFunc(msg, func(r rune) bool { return r == '\n' || r == '\r' }) {
+		if l = strings.TrimSpace(l); l != "" {
+			parts = append(parts, l)
+		}
+	}
+	return errors.New(strings.Join(parts, "; "))
+}
+
+// client builds an API client for the server resolveServer finds.
+func (g *globals) client() (*client.Client, error) {
+	url, key, err := g.resolveServer()
+	if err != nil {
+		return nil, err
 	}
 	return client.New(url, key), nil
 }
+
+// resolveServer picks the server URL and key from, in order: flags,
+// AENV_API_*, E2B_API_*, the credentials file (whose key only goes to its
+// own URL), the local server's key file and the default URL.
+func (g *globals) resolveServer() (url, key string, err error) {
+	url = firstNonEmpty(g.url, os.Getenv("AENV_API_URL"), os.Getenv("E2B_API_URL"))
+	key = firstNonEmpty(g.key, os.Getenv("AENV_API_KEY"), os.Getenv("E2B_API_KEY"))
+	if url == "" || key == "" {
+		creds, err := loadCredentials()
+		if err != nil {
+			return "", "", err
+		}
+		if creds != nil {
+			if url == "" {
+				url = creds.URL
+			}
+			if key == "" && sameURL(url, creds.URL) {
+				key = creds.Key
+			}
+		}
+	}
+	url = firstNonEmpty(url, defaultURL)
+	if key == "" {
+		b, err := os.ReadFile(firstNonEmpty(g.keyFile, localKeyFile))
+		if err != nil {
+			return "", "", fmt.Errorf("no API key for %s: run 'aenv auth', pass --key or set AENV_API_KEY", url)
+		}
+		key = strings.TrimSpace(string(b))
+	}
+	return url, key, nil
+}
+
+// localKeyFile is where a server on this host keeps its key.
+const localKeyFile = defaultDataDir + "/secrets/api-key"
 
 func firstNonEmpty(vals ...string) string {
 	for _, v := range vals {
@@ -85,11 +246,4 @@ func firstNonEmpty(vals ...string) string {
 		}
 	}
 	return ""
-}
-
-func trimSpace(b []byte) []byte {
-	for len(b) > 0 && (b[len(b)-1] == '\n' || b[len(b)-1] == ' ' || b[len(b)-1] == '\r') {
-		b = b[:len(b)-1]
-	}
-	return b
 }

@@ -1,10 +1,12 @@
 package cli
 
 import (
-	"encoding/json"
 	"fmt"
-	"os"
+	"maps"
+	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -13,16 +15,86 @@ import (
 	"github.com/aenvhq/aenv/internal/client"
 )
 
+// needArgs accepts exactly the named positional arguments and names the
+// missing ones.
+func needArgs(names ...string) cobra.PositionalArgs {
+	return func(_ *cobra.Command, args []string) error {
+		if len(args) < len(names) {
+			return fmt.Errorf("missing %s", strings.Join(names[len(args):], " and "))
+		}
+		if len(args) > len(names) {
+			return fmt.Errorf("unexpected argument %q", args[len(names)])
+		}
+		return nil
+	}
+}
+
+// atLeastArgs accepts the named positional arguments and any more after.
+func atLeastArgs(names ...string) cobra.PositionalArgs {
+	return func(_ *cobra.Command, args []string) error {
+		if len(args) < len(names) {
+			return fmt.Errorf("missing %s", strings.Join(names[len(args):], " and "))
+		}
+		return nil
+	}
+}
+
+// createFlags are the flags of the commands that create a sandbox.
+type createFlags struct {
+	opts     client.CreateOptions
+	metadata []string
+	envs     []string
+}
+
+func (f *createFlags) add(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.IntVar(&f.opts.Timeout, "timeout", 300, "seconds until the sandbox is killed")
+	fl.IntVar(&f.opts.CPUCount, "cpu", 0, "vCPUs (default: the template's)")
+	fl.IntVar(&f.opts.MemoryMB, "memory", 0, "memory in MiB (default: the template's)")
+	fl.StringArrayVar(&f.metadata, "metadata", nil, "KEY=VALUE metadata to attach (repeatable; 'aenv ls --metadata' filters on it)")
+	fl.StringArrayVar(&f.envs, "env", nil, "KEY=VALUE environment variable for every process in the sandbox (repeatable)")
+	fl.BoolVar(&f.opts.Secure, "secure", false, "make envd demand the sandbox's access token (aenv passes it on by itself)")
+}
+
+// options validates the flags and returns the request for template.
+func (f *createFlags) options(cmd *cobra.Command, template string) (client.CreateOptions, error) {
+	o := f.opts
+	o.TemplateID = template
+	if o.Timeout <= 0 {
+		return o, &usageError{cmd: cmd, err: fmt.Errorf("--timeout must be a positive number of seconds, got %d", o.Timeout)}
+	}
+	if o.CPUCount < 0 || o.MemoryMB < 0 {
+		return o, &usageError{cmd: cmd, err: fmt.Errorf("--cpu and --memory must not be negative")}
+	}
+	var err error
+	if o.Metadata, err = parsePairs(cmd, "metadata", f.metadata); err != nil {
+		return o, err
+	}
+	if o.EnvVars, err = parsePairs(cmd, "env", f.envs); err != nil {
+		return o, err
+	}
+	return o, nil
+}
+
 func newCreateCmd(g *globals) *cobra.Command {
-	var opts client.CreateOptions
+	var f createFlags
 	cmd := &cobra.Command{
 		Use:   "create [TEMPLATE]",
 		Short: "Create a sandbox and print its id",
-		Long:  "Create a sandbox from TEMPLATE (default: base) and print its id.",
-		Args:  cobra.MaximumNArgs(1),
+		Long: `Create a sandbox from TEMPLATE (default: base) and print its id. It runs
+until --timeout passes or 'aenv rm' kills it. 'aenv start' creates one and
+opens a shell in it.`,
+		Example: `  id=$(aenv create base --timeout 600 --metadata owner=ci)
+  aenv exec "$id" -- uname -a`,
+		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			tmpl := "base"
 			if len(args) == 1 {
-				opts.TemplateID = args[0]
+				tmpl = args[0]
+			}
+			opts, err := f.options(cmd, tmpl)
+			if err != nil {
+				return err
 			}
 			c, err := g.client()
 			if err != nil {
@@ -36,110 +108,209 @@ func newCreateCmd(g *globals) *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().IntVar(&opts.Timeout, "timeout", 300, "seconds until the sandbox is killed")
-	cmd.Flags().IntVar(&opts.CPUCount, "cpu", 0, "vCPUs (default: the template's)")
-	cmd.Flags().IntVar(&opts.MemoryMB, "memory", 0, "memory in MiB (default: the template's)")
-	return cmd
-}
-
-func newExecCmd(g *globals) *cobra.Command {
-	var user, cwd string
-	cmd := &cobra.Command{
-		Use:   "exec ID -- COMMAND [ARGS...]",
-		Short: "Run a command in a sandbox, streaming its output",
-		Long: `Run a command in a sandbox with /bin/bash -l -c, streaming stdout and
-stderr as they arrive; aenv exits with the command's exit code.`,
-		Args: cobra.MinimumNArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			sb, err := c.Get(cmd.Context(), args[0])
-			if err != nil {
-				return err
-			}
-			code, err := c.Run(cmd.Context(), args[0], strings.Join(args[1:], " "), client.RunOptions{
-				Stdout: os.Stdout, Stderr: os.Stderr, User: user, Cwd: cwd,
-				AccessToken: sb.EnvdAccessToken,
-			})
-			if err != nil {
-				return err
-			}
-			if code != 0 {
-				return &exitError{code: code}
-			}
-			return nil
-		},
-	}
-	cmd.Flags().StringVar(&user, "user", "", "run as this user (root or user; default user)")
-	cmd.Flags().StringVar(&cwd, "cwd", "", "working directory (default: the user's home)")
+	f.add(cmd)
 	return cmd
 }
 
 func newListCmd(g *globals) *cobra.Command {
 	var output string
+	var metadata, states []string
 	cmd := &cobra.Command{
 		Use:     "ls",
 		Aliases: []string{"list"},
-		Short:   "List running sandboxes",
-		Args:    cobra.NoArgs,
+		Short:   "List sandboxes",
+		Long: `List sandboxes, oldest first. --metadata keeps those whose metadata has
+every given pair; --state keeps those in the given states (running,
+paused; default: all).`,
+		Example: `  aenv ls
+  aenv ls --metadata owner=ci --state running -o json`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkOutput(cmd, output); err != nil {
+				return err
+			}
+			md, err := parsePairs(cmd, "metadata", metadata)
+			if err != nil {
+				return err
+			}
+			var st []string
+			for _, s := range states {
+				for _, one := range strings.Split(s, ",") {
+					if one != "running" && one != "paused" {
+						return &usageError{cmd: cmd, err: fmt.Errorf("unknown --state %q: want running or paused", one)}
+					}
+					st = append(st, one)
+				}
+			}
 			c, err := g.client()
 			if err != nil {
 				return err
 			}
-			list, err := c.List(cmd.Context())
+			list, err := c.ListWith(cmd.Context(), client.ListOptions{Metadata: md, States: st})
 			if err != nil {
 				return err
 			}
 			out := cmd.OutOrStdout()
-			switch output {
-			case "json":
-				enc := json.NewEncoder(out)
-				enc.SetIndent("", "  ")
-				return enc.Encode(list)
-			case "table":
-				tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "ID\tTEMPLATE\tSTATE\tCPU\tMEMORY\tSTARTED\tENDS")
-				for _, sb := range list {
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%dMiB\t%s\t%s\n", sb.SandboxID, sb.TemplateID, sb.State,
-						sb.CPUCount, sb.MemoryMB, sb.StartedAt.Local().Format(time.DateTime), sb.EndAt.Local().Format(time.DateTime))
-				}
-				return tw.Flush()
-			default:
-				return fmt.Errorf("unknown --output %q (table or json)", output)
+			if output == "json" {
+				return writeJSON(out, list)
 			}
+			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tTEMPLATE\tSTATE\tCPU\tMEMORY\tSTARTED\tENDS\tMETADATA")
+			for _, sb := range list {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%dMiB\t%s\t%s\t%s\n", sb.SandboxID, sb.TemplateID, sb.State,
+					sb.CPUCount, sb.MemoryMB, sb.StartedAt.Local().Format(time.DateTime), sb.EndAt.Local().Format(time.DateTime),
+					formatPairs(sb.Metadata))
+			}
+			return tw.Flush()
 		},
 	}
-	cmd.Flags().StringVarP(&output, "output", "o", "table", "table or json")
+	outputFlag(cmd, &output)
+	cmd.Flags().StringArrayVar(&metadata, "metadata", nil, "KEY=VALUE the sandbox's metadata must have (repeatable)")
+	cmd.Flags().StringSliceVar(&states, "state", nil, "running and/or paused (comma-separated or repeated)")
 	return cmd
 }
+
+func formatPairs(m map[string]string) string {
+	if len(m) == 0 {
+		return "-"
+	}
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, k+"="+m[k])
+	}
+	return strings.Join(parts, ",")
+}
+
+// removeParallelism bounds the kills in flight for one 'aenv rm'.
+const removeParallelism = 8
 
 func newRemoveCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:     "rm ID...",
 		Aliases: []string{"kill"},
 		Short:   "Kill sandboxes",
-		Args:    cobra.MinimumNArgs(1),
+		Long: `Kill the given sandboxes and print the id of each one killed. When any
+of them cannot be killed (unknown id, ...) aenv says why and exits 1; the
+others are still killed.`,
+		Args: atLeastArgs("ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()
 			if err != nil {
 				return err
 			}
-			var failed int
-			for _, id := range args {
-				if err := c.Kill(cmd.Context(), id); err != nil {
-					fmt.Fprintln(cmd.ErrOrStderr(), "aenv:", err)
-					failed++
+			errs := make([]error, len(args))
+			var wg sync.WaitGroup
+			sem := make(chan struct{}, removeParallelism)
+			for i, id := range args {
+				wg.Add(1)
+				sem <- struct{}{}
+				go func() {
+					defer wg.Done()
+					defer func() { <-sem }()
+					errs[i] = c.Kill(cmd.Context(), id)
+				}()
+			}
+			wg.Wait()
+			failed := false
+			for i, id := range args {
+				if errs[i] != nil {
+					fmt.Fprintln(cmd.ErrOrStderr(), "aenv:", oneLine(errs[i]))
+					failed = true
 					continue
 				}
 				fmt.Fprintln(cmd.OutOrStdout(), id)
 			}
-			if failed > 0 {
+			if failed {
 				return &exitError{code: 1}
 			}
 			return nil
 		},
 	}
+}
+
+// parseSeconds reads a positive number of seconds.
+func parseSeconds(cmd *cobra.Command, s string) (time.Duration, error) {
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n <= 0 || n > 1<<31 {
+		return 0, &usageError{cmd: cmd, err: fmt.Errorf("SECONDS must be a positive whole number, got %q", s)}
+	}
+	return time.Duration(n) * time.Second, nil
+}
+
+func newTimeoutCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "timeout ID SECONDS",
+		Short: "Set when a sandbox is killed",
+		Long: `Set sandbox ID to be killed SECONDS from now, earlier or later than it
+was due. The server caps SECONDS.`,
+		Example: "  aenv timeout abc123 3600",
+		Args:    needArgs("ID", "SECONDS"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			d, err := parseSeconds(cmd, args[1])
+			if err != nil {
+				return err
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			if err := c.SetTimeout(cmd.Context(), args[0], d); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s is killed at %s\n", args[0], time.Now().Add(d).Local().Format(time.DateTime))
+			return nil
+		},
+	}
+}
+
+func newPauseCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "pause ID",
+		Short: "Pause a sandbox",
+		Long: `Pause sandbox ID: its processes and memory are kept, and 'aenv resume'
+or 'aenv connect' brings it back. Servers that cannot pause yet say so.`,
+		Args: needArgs("ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			if err := c.Pause(cmd.Context(), args[0]); err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), args[0])
+			return nil
+		},
+	}
+}
+
+func newResumeCmd(g *globals) *cobra.Command {
+	var timeout int
+	cmd := &cobra.Command{
+		Use:   "resume ID",
+		Short: "Resume a paused sandbox",
+		Long: `Resume sandbox ID if it is paused and keep it alive for at least
+--timeout seconds. A running sandbox is left running.`,
+		Args: needArgs("ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if timeout <= 0 {
+				return &usageError{cmd: cmd, err: fmt.Errorf("--timeout must be a positive number of seconds, got %d", timeout)}
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			_, resumed, err := c.Connect(cmd.Context(), args[0], time.Duration(timeout)*time.Second)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), args[0])
+			if !resumed {
+				fmt.Fprintf(cmd.ErrOrStderr(), "%s was not paused; it keeps running\n", args[0])
+			}
+			return nil
+		},
+	}
+	cmd.Flags().IntVar(&timeout, "timeout", 300, "seconds the sandbox lives at least from now")
+	return cmd
 }

@@ -1,17 +1,24 @@
 package cli
 
 import (
+	"fmt"
 	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/aenvhq/aenv/internal/template"
 )
 
-func newTemplateCmd() *cobra.Command {
+func newTemplateCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "template",
 		Short: "Manage templates",
+		Long:  "List, remove and build the templates sandboxes are created from.",
+		Args:  cobra.ArbitraryArgs,
+		RunE:  groupRun,
 	}
 	var mirror string
 	build := &cobra.Command{
@@ -21,12 +28,72 @@ func newTemplateCmd() *cobra.Command {
 coreutils and python3, plus the unprivileged 'user') into DIR with
 debootstrap, from this host's Debian mirror. Point a server at it with
 --base-rootfs DIR; a server builds it itself on first start otherwise.`,
-		Args: cobra.ExactArgs(1),
+		Args: needArgs("DIR"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return template.BuildBase(cmd.Context(), args[0], template.BuildOptions{Mirror: mirror, Log: os.Stderr})
 		},
 	}
 	build.Flags().StringVar(&mirror, "mirror", "", "Debian mirror (default: the first in this host's apt sources)")
-	cmd.AddCommand(build)
+	cmd.AddCommand(build, newTemplateListCmd(g), newTemplateRemoveCmd(g))
 	return cmd
+}
+
+func newTemplateListCmd(g *globals) *cobra.Command {
+	var output string
+	cmd := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List templates",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkOutput(cmd, output); err != nil {
+				return err
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			list, err := c.ListTemplates(cmd.Context())
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if output == "json" {
+				return writeJSON(out, list)
+			}
+			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tALIASES\tCPU\tMEMORY\tDISK\tCREATED")
+			for _, t := range list {
+				aliases := strings.Join(t.Aliases, ",")
+				if aliases == "" {
+					aliases = "-"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%dMiB\t%dMiB\t%s\n", t.TemplateID, aliases, t.CPUCount, t.MemoryMB, t.DiskSizeMB,
+					t.CreatedAt.Local().Format(time.DateTime))
+			}
+			return tw.Flush()
+		},
+	}
+	outputFlag(cmd, &output)
+	return cmd
+}
+
+func newTemplateRemoveCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "rm NAME",
+		Short: "Remove a template",
+		Long:  "Remove template NAME (its id) from the server. Running sandboxes made from it keep running.",
+		Args:  needArgs("NAME"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			if err := c.DeleteTemplate(cmd.Context(), args[0]); err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), args[0])
+			return nil
+		},
+	}
 }

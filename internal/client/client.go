@@ -13,12 +13,12 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
 	"connectrpc.com/connect"
 
-	"github.com/aenvhq/aenv/internal/envd/spec/process"
 	"github.com/aenvhq/aenv/internal/envd/spec/process/processconnect"
 )
 
@@ -47,7 +47,48 @@ type APIError struct {
 	Message string `json:"message"`
 }
 
-func (e *APIError) Error() string { return fmt.Sprintf("%d: %s", e.Status, e.Message) }
+func (e *APIError) Error() string {
+	msg := e.Message
+	if msg == "" {
+		msg = http.StatusText(e.Status)
+	}
+	return fmt.Sprintf("%s (HTTP %d)", msg, e.Status)
+}
+
+// IsStatus reports whether err is, or wraps, an APIError with that status.
+func IsStatus(err error, status int) bool {
+	var apiErr *APIError
+	return errors.As(err, &apiErr) && apiErr.Status == status
+}
+
+// apiErrorFrom reads an error response: E2B's {code, message} JSON, or
+// else the body as text.
+func apiErrorFrom(resp *http.Response) *APIError {
+	apiErr := &APIError{}
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if json.Unmarshal(b, apiErr) != nil || apiErr.Message == "" {
+		apiErr.Message = strings.TrimSpace(string(b))
+	}
+	apiErr.Status = resp.StatusCode
+	return apiErr
+}
+
+// send performs req, turning a failure to reach the server into an error
+// that names it.
+func (c *Client) send(req *http.Request) (*http.Response, error) {
+	resp, err := c.http.Do(req)
+	if err != nil {
+		if ctxErr := req.Context().Err(); ctxErr != nil {
+			return nil, ctxErr
+		}
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return nil, fmt.Errorf("cannot reach the server at %s: %w", c.baseURL, err)
+	}
+	return resp, nil
+}
 
 // Sandbox is the server's description of a sandbox.
 type Sandbox struct {
@@ -73,44 +114,52 @@ type CreateOptions struct {
 	EnvVars    map[string]string `json:"envVars,omitempty"`
 	CPUCount   int               `json:"cpuCount,omitempty"`
 	MemoryMB   int               `json:"memoryMB,omitempty"`
+	// Secure makes envd demand the sandbox's access token
+	// (Sandbox.EnvdAccessToken) on every call.
+	Secure bool `json:"secure,omitempty"`
 }
 
 func (c *Client) do(ctx context.Context, method, path string, body, out any) error {
+	_, err := c.doHeader(ctx, method, path, body, out)
+	return err
+}
+
+// doHeader is do that also returns the response's status and headers.
+func (c *Client) doHeader(ctx context.Context, method, path string, body, out any) (*http.Response, error) {
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		rd = bytes.NewReader(b)
 	}
 	req, err := http.NewRequestWithContext(ctx, method, c.baseURL+path, rd)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	req.Header.Set("X-API-Key", c.apiKey)
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	resp, err := c.http.Do(req)
+	resp, err := c.send(req)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
-		apiErr := &APIError{Status: resp.StatusCode}
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-		if json.Unmarshal(b, apiErr) != nil || apiErr.Message == "" {
-			apiErr.Message = strings.TrimSpace(string(b))
+		return resp, apiErrorFrom(resp)
+	}
+	if out != nil && resp.StatusCode != http.StatusNoContent {
+		if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+			return resp, fmt.Errorf("decoding the server's answer: %w", err)
 		}
-		apiErr.Status = resp.StatusCode
-		return apiErr
 	}
-	if out != nil {
-		return json.NewDecoder(resp.Body).Decode(out)
-	}
-	return nil
+	return resp, nil
 }
+
+// URL is the server's base URL.
+func (c *Client) URL() string { return c.baseURL }
 
 // Create starts a sandbox.
 func (c *Client) Create(ctx context.Context, opts CreateOptions) (*Sandbox, error) {
@@ -124,7 +173,7 @@ func (c *Client) Create(ctx context.Context, opts CreateOptions) (*Sandbox, erro
 // Get describes a sandbox.
 func (c *Client) Get(ctx context.Context, id string) (*Sandbox, error) {
 	var sb Sandbox
-	if err := c.do(ctx, http.MethodGet, "/sandboxes/"+id, nil, &sb); err != nil {
+	if err := c.do(ctx, http.MethodGet, "/sandboxes/"+url.PathEscape(id), nil, &sb); err != nil {
 		return nil, fmt.Errorf("getting sandbox %s: %w", id, err)
 	}
 	return &sb, nil
@@ -132,16 +181,105 @@ func (c *Client) Get(ctx context.Context, id string) (*Sandbox, error) {
 
 // List returns the running sandboxes.
 func (c *Client) List(ctx context.Context) ([]Sandbox, error) {
-	var out []Sandbox
-	if err := c.do(ctx, http.MethodGet, "/v2/sandboxes", nil, &out); err != nil {
-		return nil, fmt.Errorf("listing sandboxes: %w", err)
+	return c.ListWith(ctx, ListOptions{})
+}
+
+// ListOptions filters a list of sandboxes.
+type ListOptions struct {
+	// Metadata keeps sandboxes whose metadata has all these pairs.
+	Metadata map[string]string
+	// States keeps sandboxes in one of these states (running, paused);
+	// empty means the server's default.
+	States []string
+}
+
+// ListWith returns the sandboxes that match opts, following the server's
+// pages to the end.
+func (c *Client) ListWith(ctx context.Context, opts ListOptions) ([]Sandbox, error) {
+	q := url.Values{}
+	if len(opts.Metadata) > 0 {
+		md := url.Values{}
+		for k, v := range opts.Metadata {
+			md.Set(k, v)
+		}
+		q.Set("metadata", md.Encode())
 	}
-	return out, nil
+	if len(opts.States) > 0 {
+		q.Set("state", strings.Join(opts.States, ","))
+	}
+	out := []Sandbox{}
+	for {
+		var page []Sandbox
+		path := "/v2/sandboxes"
+		if len(q) > 0 {
+			path += "?" + q.Encode()
+		}
+		resp, err := c.doHeader(ctx, http.MethodGet, path, nil, &page)
+		if err != nil {
+			return nil, fmt.Errorf("listing sandboxes: %w", err)
+		}
+		out = append(out, page...)
+		next := resp.Header.Get("X-Next-Token")
+		if next == "" || len(page) == 0 {
+			return out, nil
+		}
+		q.Set("nextToken", next)
+	}
+}
+
+// CheckKey asks the server for one sandbox, which needs a valid key: a
+// 401 APIError means the key is wrong.
+func (c *Client) CheckKey(ctx context.Context) error {
+	var page []Sandbox
+	if err := c.do(ctx, http.MethodGet, "/v2/sandboxes?limit=1", nil, &page); err != nil {
+		return fmt.Errorf("checking the API key: %w", err)
+	}
+	return nil
+}
+
+// SetTimeout sets a sandbox to be killed timeout from now.
+func (c *Client) SetTimeout(ctx context.Context, id string, timeout time.Duration) error {
+	body := map[string]int64{"timeout": int64(timeout / time.Second)}
+	if err := c.do(ctx, http.MethodPost, "/sandboxes/"+url.PathEscape(id)+"/timeout", body, nil); err != nil {
+		return fmt.Errorf("setting the timeout of sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// Refresh keeps a sandbox alive for at least d from now; it never shortens
+// its life.
+func (c *Client) Refresh(ctx context.Context, id string, d time.Duration) error {
+	body := map[string]int64{"duration": int64(d / time.Second)}
+	if err := c.do(ctx, http.MethodPost, "/sandboxes/"+url.PathEscape(id)+"/refreshes", body, nil); err != nil {
+		return fmt.Errorf("refreshing sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// Connect makes sure a sandbox runs, resuming it when it is paused, and
+// keeps it alive for at least timeout. resumed reports whether it was
+// paused.
+func (c *Client) Connect(ctx context.Context, id string, timeout time.Duration) (sb *Sandbox, resumed bool, err error) {
+	sb = &Sandbox{}
+	body := map[string]int64{"timeout": int64(timeout / time.Second)}
+	resp, err := c.doHeader(ctx, http.MethodPost, "/v2/sandboxes/"+url.PathEscape(id)+"/connect", body, sb)
+	if err != nil {
+		return nil, false, fmt.Errorf("connecting to sandbox %s: %w", id, err)
+	}
+	return sb, resp.StatusCode == http.StatusCreated, nil
+}
+
+// Pause pauses a sandbox.
+func (c *Client) Pause(ctx context.Context, id string) error {
+	if err := c.do(ctx, http.MethodPost, "/sandboxes/"+url.PathEscape(id)+"/pause", nil, nil); err != nil {
+		return fmt.Errorf("pausing sandbox %s: %w", id, err)
+	}
+	return nil
 }
 
 // Kill ends a sandbox.
 func (c *Client) Kill(ctx context.Context, id string) error {
-	if err := c.do(ctx, http.MethodDelete, "/sandboxes/"+id, nil, nil); err != nil {
+	if err := c.do(ctx, http.MethodDelete, "/sandboxes/"+url.PathEscape(id), nil, nil); err != nil {
 		return fmt.Errorf("killing sandbox %s: %w", id, err)
 	}
 	return nil
@@ -169,41 +307,31 @@ func (c *Client) Process(id string, opts RunOptions) processconnect.ProcessClien
 }
 
 // Run runs cmd with `/bin/bash -l -c` in sandbox id, as the E2B SDKs do,
-// streaming its output, and returns its exit code.
+// streaming its output, and returns its exit code. A process killed by a
+// signal is an error. ctx's deadline, if any, bounds the command: envd
+// kills it when it passes.
 func (c *Client) Run(ctx context.Context, id, cmd string, opts RunOptions) (int, error) {
-	stream, err := c.Process(id, opts).Start(ctx, connect.NewRequest(&process.StartRequest{
-		Process: &process.ProcessConfig{
-			Cmd:  "/bin/bash",
-			Args: []string{"-l", "-c", cmd},
-			Envs: opts.Envs,
-			Cwd:  optional(opts.Cwd),
-		},
-	}))
+	p, err := c.StartProcess(ctx, id, ProcessOptions{
+		Cmd:         "/bin/bash",
+		Args:        []string{"-l", "-c", cmd},
+		Envs:        opts.Envs,
+		Cwd:         opts.Cwd,
+		User:        opts.User,
+		AccessToken: opts.AccessToken,
+		Stdout:      opts.Stdout,
+		Stderr:      opts.Stderr,
+	})
 	if err != nil {
 		return -1, fmt.Errorf("running command in %s: %w", id, err)
 	}
-	defer stream.Close()
-	for stream.Receive() {
-		ev := stream.Msg().GetEvent()
-		if d := ev.GetData(); d != nil {
-			if opts.Stdout != nil && len(d.GetStdout()) > 0 {
-				opts.Stdout.Write(d.GetStdout())
-			}
-			if opts.Stderr != nil && len(d.GetStderr()) > 0 {
-				opts.Stderr.Write(d.GetStderr())
-			}
-		}
-		if end := ev.GetEnd(); end != nil {
-			if e := end.GetError(); e != "" && !end.GetExited() {
-				return -1, fmt.Errorf("running command in %s: %s", id, e)
-			}
-			return int(end.GetExitCode()), nil
-		}
-	}
-	if err := stream.Err(); err != nil {
+	st, err := p.Wait()
+	if err != nil {
 		return -1, fmt.Errorf("running command in %s: %w", id, err)
 	}
-	return -1, errors.New("running command: stream ended without an exit status")
+	if !st.Exited {
+		return -1, fmt.Errorf("running command in %s: %s", id, st.Status)
+	}
+	return st.Code, nil
 }
 
 func optional(s string) *string {
@@ -242,6 +370,7 @@ func (i *interceptor) WrapStreamingClient(next connect.StreamingClientFunc) conn
 	return func(ctx context.Context, spec connect.Spec) connect.StreamingClientConn {
 		conn := next(ctx, spec)
 		i.set(conn.RequestHeader())
+		conn.RequestHeader().Set("Keepalive-Ping-Interval", keepaliveSeconds)
 		return conn
 	}
 }

@@ -1,0 +1,189 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// MemoryResults are the host's memory with PauseCount small sandboxes
+// running, then paused, then resumed.
+type MemoryResults struct {
+	// Sandboxes is how many were paused.
+	Sandboxes int
+	// Running, Paused and Resumed are read at each stage.
+	Running, Paused, Resumed MemorySample
+	// LeftProcesses are host processes that still named a paused sandbox
+	// in their command line (there should be none).
+	LeftProcesses []string
+	// Pause and Resume are the latencies of those pauses and resumes.
+	Pause, Resume []time.Duration
+}
+
+// MemorySample is one reading of the host's memory.
+type MemorySample struct {
+	// AvailableBytes is MemAvailable and ShmemBytes Shmem in /proc/meminfo
+	// (a checkpoint image on tmpfs would show there).
+	AvailableBytes, ShmemBytes int64
+	// CgroupBytes sums the memory cgroup usage of the sandboxes that have
+	// a cgroup; Cgroups is how many do.
+	CgroupBytes int64
+	Cgroups     int
+}
+
+// FreedPerSandbox is the host memory pausing freed, per sandbox (by
+// MemAvailable); it can be negative when pausing cost more than it freed.
+func (m MemoryResults) FreedPerSandbox() int64 {
+	if m.Sandboxes == 0 {
+		return 0
+	}
+	return (m.Paused.AvailableBytes - m.Running.AvailableBytes) / int64(m.Sandboxes)
+}
+
+// CgroupPerSandbox is the average cgroup usage of a running sandbox.
+func (m MemoryResults) CgroupPerSandbox() int64 {
+	if m.Running.Cgroups == 0 {
+		return 0
+	}
+	return m.Running.CgroupBytes / int64(m.Running.Cgroups)
+}
+
+// meminfoPath, cgroupRoot and procRoot are the files the memory readings
+// come from.
+const (
+	meminfoPath = "/proc/meminfo"
+	cgroupRoot  = "/sys/fs/cgroup/memory"
+	procRoot    = "/proc"
+)
+
+// sampleMemory reads the host's memory and the cgroups of ids under
+// parent.
+func sampleMemory(root, parent string, ids []string) (MemorySample, error) {
+	f, err := os.Open(meminfoPath)
+	if err != nil {
+		return MemorySample{}, fmt.Errorf("reading host memory: %w", err)
+	}
+	defer f.Close()
+	info, err := parseMeminfo(f)
+	if err != nil {
+		return MemorySample{}, fmt.Errorf("reading host memory: %w", err)
+	}
+	s := MemorySample{AvailableBytes: info["MemAvailable"], ShmemBytes: info["Shmem"]}
+	for _, id := range ids {
+		b, err := cgroupMemory(root, parent, id)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return s, err
+		}
+		s.CgroupBytes += b
+		s.Cgroups++
+	}
+	return s, nil
+}
+
+// parseMeminfo reads /proc/meminfo's "Key: value kB" lines into bytes.
+func parseMeminfo(r io.Reader) (map[string]int64, error) {
+	out := map[string]int64{}
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		key, rest, ok := strings.Cut(sc.Text(), ":")
+		if !ok {
+			continue
+		}
+		fields := strings.Fields(rest)
+		if len(fields) == 0 {
+			continue
+		}
+		v, err := strconv.ParseInt(fields[0], 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("parsing meminfo %s: %w", key, err)
+		}
+		if len(fields) > 1 && fields[1] == "kB" {
+			v <<= 10
+		}
+		out[key] = v
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	if _, ok := out["MemAvailable"]; !ok {
+		return nil, errors.New("no MemAvailable in meminfo")
+	}
+	return out, nil
+}
+
+// cgroupMemory is the memory usage of sandbox id's cgroup under parent in
+// the cgroup v1 memory hierarchy root; an error wrapping fs.ErrNotExist
+// means it has none.
+func cgroupMemory(root, parent, id string) (int64, error) {
+	p := filepath.Join(root, parent, id, "memory.usage_in_bytes")
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return 0, fmt.Errorf("reading cgroup of %s: %w", id, err)
+	}
+	v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("reading cgroup of %s: %w", id, err)
+	}
+	return v, nil
+}
+
+// processesNaming lists "pid: command" for each host process whose
+// command line has one of ids as an argument: runsc's sandbox and gofer
+// processes end with their container's id.
+func processesNaming(ids []string) ([]string, error) {
+	entries, err := os.ReadDir(procRoot)
+	if err != nil {
+		return nil, fmt.Errorf("listing processes: %w", err)
+	}
+	want := map[string]bool{}
+	for _, id := range ids {
+		want[id] = true
+	}
+	var out []string
+	self := strconv.Itoa(os.Getpid())
+	for _, e := range entries {
+		if _, err := strconv.Atoi(e.Name()); err != nil || e.Name() == self {
+			continue
+		}
+		// A process may exit between the listing and the read.
+		b, err := os.ReadFile(filepath.Join(procRoot, e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		if args := splitCmdline(b); namesAny(args, want) {
+			out = append(out, e.Name()+": "+strings.Join(args, " "))
+		}
+	}
+	return out, nil
+}
+
+// splitCmdline splits /proc/PID/cmdline's NUL-separated arguments.
+func splitCmdline(b []byte) []string {
+	b = bytes.TrimRight(b, "\x00")
+	if len(b) == 0 {
+		return nil
+	}
+	return strings.Split(string(b), "\x00")
+}
+
+// namesAny reports whether an argument is one of want, alone or as the
+// last element of a path.
+func namesAny(args []string, want map[string]bool) bool {
+	for _, a := range args {
+		if want[a] || want[filepath.Base(a)] {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,125 @@
+package bench
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseMeminfo(t *testing.T) {
+	in := "MemTotal:       24683776 kB\nMemAvailable:   23500000 kB\nShmem:             12288 kB\nHugePages_Total:       0\n"
+	got, err := parseMeminfo(strings.NewReader(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got["MemAvailable"] != 23500000<<10 || got["Shmem"] != 12288<<10 || got["HugePages_Total"] != 0 {
+		t.Errorf("parseMeminfo = %v", got)
+	}
+	if _, err := parseMeminfo(strings.NewReader("MemTotal: 1 kB\n")); err == nil {
+		t.Error("parseMeminfo accepted a meminfo without MemAvailable")
+	}
+	if _, err := parseMeminfo(strings.NewReader("MemAvailable: lots kB\n")); err == nil {
+		t.Error("parseMeminfo accepted a non-number")
+	}
+}
+
+func TestCgroupMemory(t *testing.T) {
+	root := t.TempDir()
+	dir := filepath.Join(root, "tag", "sb1")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "memory.usage_in_bytes"), []byte("4096\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := cgroupMemory(root, "tag", "sb1"); err != nil || got != 4096 {
+		t.Errorf("cgroupMemory = %d, %v; want 4096", got, err)
+	}
+	if _, err := cgroupMemory(root, "tag", "sb2"); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("cgroupMemory of a sandbox without a cgroup: err = %v, want ErrNotExist", err)
+	}
+	if runtime.GOOS != "linux" {
+		return
+	}
+	s, err := sampleMemory(root, "tag", []string{"sb1", "sb2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Cgroups != 1 || s.CgroupBytes != 4096 || s.AvailableBytes <= 0 {
+		t.Errorf("sampleMemory = %+v, want one cgroup of 4096 bytes and MemAvailable", s)
+	}
+}
+
+func TestMemoryResultsPerSandbox(t *testing.T) {
+	m := MemoryResults{
+		Sandboxes: 4,
+		Running:   MemorySample{AvailableBytes: 1000 << 20, CgroupBytes: 80 << 20, Cgroups: 4},
+		Paused:    MemorySample{AvailableBytes: 1080 << 20},
+	}
+	if got := m.FreedPerSandbox(); got != 20<<20 {
+		t.Errorf("FreedPerSandbox = %d, want 20 MiB", got)
+	}
+	if got := m.CgroupPerSandbox(); got != 20<<20 {
+		t.Errorf("CgroupPerSandbox = %d, want 20 MiB", got)
+	}
+	m.Paused.AvailableBytes = 960 << 20
+	if got := m.FreedPerSandbox(); got != -10<<20 {
+		t.Errorf("FreedPerSandbox when pausing cost memory = %d, want -10 MiB", got)
+	}
+	if (MemoryResults{}).FreedPerSandbox() != 0 || (MemoryResults{}).CgroupPerSandbox() != 0 {
+		t.Error("empty results must give 0, not divide by zero")
+	}
+}
+
+func TestSplitCmdlineAndNamesAny(t *testing.T) {
+	args := splitCmdline([]byte("runsc-gofer\x00--bundle=/x/sandboxes/abc\x00gofer\x00abc\x00"))
+	if !slices.Equal(args, []string{"runsc-gofer", "--bundle=/x/sandboxes/abc", "gofer", "abc"}) {
+		t.Errorf("splitCmdline = %q", args)
+	}
+	if splitCmdline(nil) != nil {
+		t.Error("splitCmdline(nil) not empty")
+	}
+	want := map[string]bool{"abc": true}
+	if !namesAny(args, want) {
+		t.Error("namesAny missed the id")
+	}
+	if namesAny([]string{"sleep", "abcd", "/x/abcd"}, want) {
+		t.Error("namesAny matched a longer name")
+	}
+	if !namesAny([]string{"--root=/run/x/abc"}, want) {
+		t.Error("namesAny missed the id at the end of a path")
+	}
+}
+
+func TestProcessesNaming(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("reads /proc")
+	}
+	// sh -c SCRIPT NAME: the shell's $0, and so its command line, is NAME.
+	name := "aenvbenchtest" + time.Now().Format("150405.000000")
+	cmd := exec.Command("/bin/sh", "-c", "sleep 30", name)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	}()
+	got, err := processesNaming([]string{name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || !strings.Contains(got[0], name) {
+		t.Errorf("processesNaming = %q, want the shell", got)
+	}
+	if got, _ := processesNaming([]string{name + "x"}); len(got) != 0 {
+		t.Errorf("processesNaming of an unused name = %q", got)
+	}
+}

@@ -1,0 +1,39 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/url"
+	"time"
+)
+
+// Template is the server's description of a template.
+type Template struct {
+	TemplateID string    `json:"templateID"`
+	BuildID    string    `json:"buildID"`
+	Aliases    []string  `json:"aliases"`
+	CPUCount   int       `json:"cpuCount"`
+	MemoryMB   int       `json:"memoryMB"`
+	DiskSizeMB int       `json:"diskSizeMB"`
+	Public     bool      `json:"public"`
+	CreatedAt  time.Time `json:"createdAt"`
+	UpdatedAt  time.Time `json:"updatedAt"`
+}
+
+// ListTemplates returns the server's templates.
+func (c *Client) ListTemplates(ctx context.Context) ([]Template, error) {
+	out := []Template{}
+	if err := c.do(ctx, http.MethodGet, "/templates", nil, &out); err != nil {
+		return nil, fmt.Errorf("listing templates: %w", err)
+	}
+	return out, nil
+}
+
+// DeleteTemplate removes a template.
+func (c *Client) DeleteTemplate(ctx context.Context, id string) error {
+	if err := c.do(ctx, http.MethodDelete, "/templates/"+url.PathEscape(id), nil, nil); err != nil {
+		return fmt.Errorf("deleting template %s: %w", id, err)
+	}
+	return nil
+}
