@@ -37,7 +37,7 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[proces
 		return connectError(err)
 	}
 	spec := spawnSpec{
-		argv:       append([]string{cfg.GetCmd()}, cfg.GetArgs()...),
+		argv:       append([]string{shellFallback(cfg.GetCmd())}, cfg.GetArgs()...),
 		env:        s.processEnv(u, cfg.GetEnvs(), msg.Pty != nil),
 		dir:        dir,
 		user:       u,
@@ -99,4 +99,15 @@ func clampU16(v uint32, def uint16) uint16 {
 	default:
 		return uint16(v)
 	}
+}
+
+// shellFallback runs /bin/bash commands with /bin/sh in images that have
+// no bash (busybox, alpine): the SDKs start every command as
+// `/bin/bash -l -c`, and a POSIX shell takes those flags too. argv[0]
+// changes as well, since busybox picks its applet by that name.
+func shellFallback(cmd string) string {
+	if cmd == "/bin/bash" && executable(cmd) != nil && executable("/bin/sh") == nil {
+		return "/bin/sh"
+	}
+	return cmd
 }

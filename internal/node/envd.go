@@ -64,7 +64,9 @@ type initRequest struct {
 	EnvVars     map[string]string `json:"envVars,omitempty"`
 	AccessToken string            `json:"accessToken,omitempty"`
 	DefaultUser string            `json:"defaultUser,omitempty"`
-	Timestamp   time.Time         `json:"timestamp"`
+	// DefaultWorkdir is where commands start when they name no cwd.
+	DefaultWorkdir string    `json:"defaultWorkdir,omitempty"`
+	Timestamp      time.Time `json:"timestamp"`
 }
 
 func (c *envdClient) init(ctx context.Context, body initRequest) error {

@@ -12,9 +12,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -199,7 +201,7 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) 
 	}
 	start := time.Now()
 	if sb := n.pool.take(tpl, req); sb != nil {
-		if err := n.activate(ctx, sb, req); err != nil {
+		if err := n.activate(ctx, sb, tpl, req); err != nil {
 			return nil, err
 		}
 		n.log.Info("sandbox created", "sandbox_id", sb.ID, "template_id", tpl.ID, "warm", true,
@@ -214,7 +216,7 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) 
 	if err != nil {
 		return nil, err
 	}
-	if err := n.activate(ctx, sb, req); err != nil {
+	if err := n.activate(ctx, sb, tpl, req); err != nil {
 		return nil, err
 	}
 	n.log.Info("sandbox created", "sandbox_id", sb.ID, "template_id", tpl.ID, "warm", false,
@@ -309,7 +311,7 @@ func (n *Node) boot(ctx context.Context, id string, tpl *template.Template, opts
 
 // activate hands a booted sandbox to its user: egress rules, envd's
 // environment, user and token, then registration. A failure destroys sb.
-func (n *Node) activate(ctx context.Context, sb *Sandbox, req CreateRequest) (err error) {
+func (n *Node) activate(ctx context.Context, sb *Sandbox, tpl *template.Template, req CreateRequest) (err error) {
 	defer func() {
 		if err != nil {
 			n.destroy(context.WithoutCancel(ctx), sb)
@@ -329,12 +331,25 @@ func (n *Node) activate(ctx context.Context, sb *Sandbox, req CreateRequest) (er
 	}
 	// The token goes in through /init rather than the sandbox's start-up
 	// environment, so that prestarted sandboxes can get theirs when taken.
-	if err := newEnvdClient(sb.Addr, "").init(ctx, initRequest{
+	ireq := initRequest{
 		EnvVars:     req.EnvVars,
 		AccessToken: sb.EnvdAccessToken,
 		DefaultUser: "user",
 		Timestamp:   time.Now().UTC(),
-	}); err != nil {
+	}
+	if img := tpl.Image; img != nil {
+		// The image's environment comes first; the request's wins.
+		env := map[string]string{}
+		for _, kv := range img.Env {
+			if k, v, ok := strings.Cut(kv, "="); ok {
+				env[k] = v
+			}
+		}
+		maps.Copy(env, req.EnvVars)
+		ireq.EnvVars = env
+		ireq.DefaultWorkdir = img.WorkingDir
+	}
+	if err := newEnvdClient(sb.Addr, "").init(ctx, ireq); err != nil {
 		return fmt.Errorf("creating sandbox %s: initialising envd: %w", sb.ID, err)
 	}
 	n.register(ctx, sb)
