@@ -52,7 +52,7 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request, id strin
 
 func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	all, err := s.cfg.Cluster.Snapshots()
+	all, err := s.cfg.Cluster.Snapshots(r.Context())
 	if err != nil {
 		s.writeClusterError(w, r, err)
 		return
@@ -100,7 +100,7 @@ func contains(list []string, v string) bool {
 }
 
 func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
-	snap, err := s.cfg.Cluster.GetSnapshot(r.PathValue("snapshotID"))
+	snap, err := s.cfg.Cluster.GetSnapshot(r.Context(), r.PathValue("snapshotID"))
 	if err != nil {
 		s.writeClusterError(w, r, err)
 		return
@@ -112,7 +112,7 @@ func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
 // template route) or a template.
 func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("templateID")
-	err := s.cfg.Cluster.DeleteSnapshot(id)
+	err := s.cfg.Cluster.DeleteSnapshot(r.Context(), id)
 	if errors.Is(err, cluster.ErrNotFound) {
 		err = s.cfg.Templates.Delete(id)
 		if errors.Is(err, template.ErrNotFound) {

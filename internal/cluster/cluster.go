@@ -55,9 +55,9 @@ type Node interface {
 	// OnExit registers a handler for sandboxes that died on their own.
 	OnExit(fn func(id string))
 	Snapshot(ctx context.Context, id string, opts node.SnapshotOptions) (*snapshot.Snapshot, error)
-	Snapshots(kinds ...snapshot.Kind) ([]*snapshot.Snapshot, error)
-	GetSnapshot(idOrName string) (*snapshot.Snapshot, error)
-	DeleteSnapshot(id string) error
+	Snapshots(ctx context.Context, kinds ...snapshot.Kind) ([]*snapshot.Snapshot, error)
+	GetSnapshot(ctx context.Context, idOrName string) (*snapshot.Snapshot, error)
+	DeleteSnapshot(ctx context.Context, id string) error
 }
 
 // Limits bound what a client may ask for.
@@ -376,7 +376,7 @@ func (c *Cluster) Kill(ctx context.Context, id string) error {
 	}
 	if r.sb.State == StatePaused {
 		c.removePausedRecord(id)
-		if err := c.cfg.Node.DeleteSnapshot(r.sb.SnapshotID); err != nil {
+		if err := c.cfg.Node.DeleteSnapshot(ctx, r.sb.SnapshotID); err != nil {
 			c.log.Warn("deleting paused sandbox's snapshot", "sandbox_id", id, "err", err)
 		}
 		return nil

@@ -130,7 +130,7 @@ func (c *Cluster) Snapshot(ctx context.Context, id, name string) (*snapshot.Snap
 	defer c.release(r)
 	var names []string
 	if name != "" {
-		if _, err := c.cfg.Node.GetSnapshot(name); err == nil {
+		if _, err := c.cfg.Node.GetSnapshot(ctx, name); err == nil {
 			return nil, fmt.Errorf("%w: a snapshot named %q exists", ErrConflict, name)
 		}
 		names = []string{name}
@@ -207,19 +207,21 @@ func (c *Cluster) Fork(ctx context.Context, id string, count int, timeout time.D
 }
 
 func (c *Cluster) deleteSnapshotQuietly(id, what string) {
-	if err := c.cfg.Node.DeleteSnapshot(id); err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := c.cfg.Node.DeleteSnapshot(ctx, id); err != nil {
 		c.log.Warn("deleting "+what, "snapshot_id", id, "err", err)
 	}
 }
 
 // Snapshots lists user snapshots.
-func (c *Cluster) Snapshots() ([]*snapshot.Snapshot, error) {
-	return c.cfg.Node.Snapshots(snapshot.KindSnapshot)
+func (c *Cluster) Snapshots(ctx context.Context) ([]*snapshot.Snapshot, error) {
+	return c.cfg.Node.Snapshots(ctx, snapshot.KindSnapshot)
 }
 
 // GetSnapshot returns a user snapshot by id or name.
-func (c *Cluster) GetSnapshot(idOrName string) (*snapshot.Snapshot, error) {
-	s, err := c.cfg.Node.GetSnapshot(idOrName)
+func (c *Cluster) GetSnapshot(ctx context.Context, idOrName string) (*snapshot.Snapshot, error) {
+	s, err := c.cfg.Node.GetSnapshot(ctx, idOrName)
 	if err != nil || s.Kind != snapshot.KindSnapshot {
 		return nil, fmt.Errorf("%w: snapshot %q", ErrNotFound, idOrName)
 	}
@@ -227,12 +229,12 @@ func (c *Cluster) GetSnapshot(idOrName string) (*snapshot.Snapshot, error) {
 }
 
 // DeleteSnapshot removes a user snapshot.
-func (c *Cluster) DeleteSnapshot(idOrName string) error {
-	s, err := c.GetSnapshot(idOrName)
+func (c *Cluster) DeleteSnapshot(ctx context.Context, idOrName string) error {
+	s, err := c.GetSnapshot(ctx, idOrName)
 	if err != nil {
 		return err
 	}
-	return c.cfg.Node.DeleteSnapshot(s.ID)
+	return c.cfg.Node.DeleteSnapshot(ctx, s.ID)
 }
 
 // pausedRecordPath is where a paused sandbox's record is kept.
@@ -281,7 +283,7 @@ func (c *Cluster) loadPaused() {
 			c.log.Warn("ignoring unreadable paused sandbox record", "file", f, "err", err)
 			continue
 		}
-		if _, err := c.cfg.Node.GetSnapshot(sb.SnapshotID); err != nil {
+		if _, err := c.cfg.Node.GetSnapshot(context.Background(), sb.SnapshotID); err != nil {
 			c.log.Warn("paused sandbox lost its snapshot; dropping it", "sandbox_id", sb.ID, "err", err)
 			os.Remove(f)
 			continue

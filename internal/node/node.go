@@ -190,12 +190,16 @@ func (n *Node) ID() string { return n.cfg.ID }
 // one from the warm pool when one fits, else a fresh boot. A failed create
 // leaves nothing behind.
 func (n *Node) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) {
-	if n.cfg.Snapshots != nil {
-		if snap, err := n.cfg.Snapshots.Get(req.TemplateID); err == nil {
+	tpl, err := n.cfg.Templates.Get(req.TemplateID)
+	if errors.Is(err, template.ErrNotFound) && n.cfg.Snapshots != nil {
+		// Templates are looked up first: they are local, while a snapshot
+		// lookup may ask the remote store.
+		if snap, serr := n.cfg.Snapshots.Fetch(ctx, req.TemplateID); serr == nil {
 			return n.restore(ctx, snap, req)
+		} else if !errors.Is(serr, snapshot.ErrNotFound) {
+			return nil, fmt.Errorf("creating sandbox: %w", serr)
 		}
 	}
-	tpl, err := n.cfg.Templates.Get(req.TemplateID)
 	if err != nil {
 		return nil, fmt.Errorf("creating sandbox: %w", err)
 	}

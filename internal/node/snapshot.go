@@ -59,7 +59,7 @@ func (n *Node) Snapshot(ctx context.Context, id string, opts SnapshotOptions) (*
 		return nil, fmt.Errorf("snapshotting sandbox %s: %w", id, err)
 	}
 	saved := time.Now()
-	if err := n.cfg.Snapshots.Commit(snap); err != nil {
+	if err := n.cfg.Snapshots.Commit(ctx, snap); err != nil {
 		n.cfg.Snapshots.Abort(snap.ID)
 		if opts.Stop {
 			// The sandbox is already stopped; without its state it is gone.
@@ -106,27 +106,27 @@ func (n *Node) restore(ctx context.Context, snap *snapshot.Snapshot, req CreateR
 }
 
 // Snapshots lists the snapshots of the given kinds.
-func (n *Node) Snapshots(kinds ...snapshot.Kind) ([]*snapshot.Snapshot, error) {
+func (n *Node) Snapshots(ctx context.Context, kinds ...snapshot.Kind) ([]*snapshot.Snapshot, error) {
 	if n.cfg.Snapshots == nil {
 		return nil, nil
 	}
-	return n.cfg.Snapshots.List(kinds...)
+	return n.cfg.Snapshots.List(ctx, kinds...)
 }
 
 // GetSnapshot returns a snapshot by id or name.
-func (n *Node) GetSnapshot(idOrName string) (*snapshot.Snapshot, error) {
+func (n *Node) GetSnapshot(ctx context.Context, idOrName string) (*snapshot.Snapshot, error) {
 	if n.cfg.Snapshots == nil {
 		return nil, fmt.Errorf("looking up snapshot %q: %w", idOrName, snapshot.ErrNotFound)
 	}
-	return n.cfg.Snapshots.Get(idOrName)
+	return n.cfg.Snapshots.Get(ctx, idOrName)
 }
 
 // DeleteSnapshot removes a snapshot.
-func (n *Node) DeleteSnapshot(id string) error {
+func (n *Node) DeleteSnapshot(ctx context.Context, id string) error {
 	if n.cfg.Snapshots == nil {
 		return fmt.Errorf("deleting snapshot %q: %w", id, snapshot.ErrNotFound)
 	}
-	return n.cfg.Snapshots.Delete(id)
+	return n.cfg.Snapshots.Delete(ctx, id)
 }
 
 func (n *Node) unregister(id string) {

@@ -25,6 +25,7 @@ import (
 	"github.com/aenvhq/aenv/internal/proxy"
 	"github.com/aenvhq/aenv/internal/runtime/gvisor"
 	"github.com/aenvhq/aenv/internal/snapshot"
+	"github.com/aenvhq/aenv/internal/store"
 	"github.com/aenvhq/aenv/internal/template"
 )
 
@@ -52,6 +53,14 @@ type Config struct {
 	APIKey string
 	// NetnsPoolSize is how many network slots are kept ready.
 	NetnsPoolSize int
+	// StoreURL is where snapshots are kept durably beyond this host: an
+	// absolute path (a shared filesystem), file:// or s3://bucket/prefix
+	// (?endpoint=&region=&path_style=true). Empty keeps them in the data
+	// directory only.
+	StoreURL string
+	// StoreAccessKey and StoreSecretKey are S3 credentials; empty uses the
+	// AWS defaults (AWS_ACCESS_KEY_ID, ...).
+	StoreAccessKey, StoreSecretKey string
 	// WarmPoolSize is how many base sandboxes are kept prestarted.
 	WarmPoolSize int
 	// NetnsTag names this server's nftables tables and host interfaces, so
@@ -72,6 +81,7 @@ type Server struct {
 	node     *node.Node
 	net      *netns.Manager
 	driver   *gvisor.Driver
+	remote   *store.Store
 	apiKey   string
 }
 
@@ -155,7 +165,26 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 		return nil, fmt.Errorf("setting up sandbox networking: %w", err)
 	}
 
-	snapshots, err := snapshot.Open(filepath.Join(cfg.DataDir, "snapshots"))
+	var remote *store.Store
+	if cfg.StoreURL != "" {
+		backend, err := store.Open(ctx, cfg.StoreURL, store.OpenOptions{
+			AccessKeyID: cfg.StoreAccessKey, SecretAccessKey: cfg.StoreSecretKey,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("opening snapshot store: %w", err)
+		}
+		remote, err = store.New(store.Options{
+			Backend:  backend,
+			CacheDir: filepath.Join(cfg.DataDir, "chunk-cache"),
+			Logger:   log,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("opening snapshot store: %w", err)
+		}
+		s.remote = remote
+		log.Info("snapshots are stored durably", "store", backend.String())
+	}
+	snapshots, err := snapshot.Open(filepath.Join(cfg.DataDir, "snapshots"), remote)
 	if err != nil {
 		return nil, err
 	}
@@ -255,6 +284,9 @@ func (s *Server) Close(ctx context.Context) error {
 	}
 	if s.driver != nil {
 		errs = append(errs, s.driver.Close())
+	}
+	if s.remote != nil {
+		errs = append(errs, s.remote.Close())
 	}
 	return errors.Join(errs...)
 }

@@ -1,22 +1,29 @@
 // Package snapshot keeps the node's catalog of saved sandbox states: the
 // runtime's checkpoint image plus what is needed to start sandboxes from it
 // again (template, resources, envd token). A snapshot is staged in a
-// partial directory and becomes visible only once it is complete, so a
-// crash or a full disk in the middle never leaves a half snapshot in the
-// catalog nor touches earlier ones. The node package imports it.
+// partial directory and becomes visible only once it is complete (and,
+// with a remote store, once all its data is stored there), so a crash or a
+// full disk in the middle never leaves a half snapshot in the catalog nor
+// touches earlier ones. The local directory is a cache of the remote
+// store: a snapshot missing locally is fetched from it. The node package
+// imports it.
 package snapshot
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/aenvhq/aenv/internal/store"
 )
 
 // ErrNotFound is returned for an unknown snapshot id or name.
@@ -61,18 +68,20 @@ type Snapshot struct {
 	Dir string `json:"-"`
 }
 
-// Catalog is the snapshots under one directory. It is safe for concurrent
-// use.
+// Catalog is the snapshots under one directory, optionally backed by a
+// durable store shared by every node. It is safe for concurrent use.
 type Catalog struct {
-	dir string
-	mu  sync.Mutex
+	dir    string
+	remote *store.Store
+	mu     sync.Mutex
 }
 
 const partialSuffix = ".partial"
 
 // Open opens (creating if needed) the catalog in dir and removes what an
-// interrupted save left behind.
-func Open(dir string) (*Catalog, error) {
+// interrupted save left behind. With remote, snapshots are also written to
+// (and, when missing here, read from) that store.
+func Open(dir string, remote *store.Store) (*Catalog, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("opening snapshot catalog: %w", err)
 	}
@@ -85,7 +94,7 @@ func Open(dir string) (*Catalog, error) {
 			os.RemoveAll(filepath.Join(dir, e.Name()))
 		}
 	}
-	return &Catalog{dir: dir}, nil
+	return &Catalog{dir: dir, remote: remote}, nil
 }
 
 // Begin returns an empty staging directory for snapshot id's image.
@@ -109,9 +118,10 @@ func (c *Catalog) Abort(id string) {
 }
 
 // Commit publishes the staged snapshot s.ID with s's metadata: the
-// metadata is synced into the staging dir, which is then renamed into
-// place in one step.
-func (c *Catalog) Commit(s *Snapshot) error {
+// metadata is synced into the staging dir, the files go to the remote
+// store (if any; only chunks it lacks are uploaded), and the staging dir is
+// then renamed into place in one step.
+func (c *Catalog) Commit(ctx context.Context, s *Snapshot) error {
 	staging := filepath.Join(c.dir, s.ID+partialSuffix)
 	size, err := dirSize(staging)
 	if err != nil {
@@ -125,15 +135,25 @@ func (c *Catalog) Commit(s *Snapshot) error {
 	if err != nil {
 		return err
 	}
-	if err := writeSynced(filepath.Join(staging, "meta.json"), b); err != nil {
-		return fmt.Errorf("committing snapshot %s: %w", s.ID, err)
-	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	for _, n := range s.Names {
-		if other, err := c.getLocked(n); err == nil && other.ID != s.ID {
+		if other, err := c.getLocked(ctx, n, false); err == nil && other.ID != s.ID {
+			c.mu.Unlock()
 			return fmt.Errorf("committing snapshot %s: name %q is taken by %s", s.ID, n, other.ID)
 		}
+	}
+	c.mu.Unlock()
+	if c.remote != nil {
+		files, err := imageFiles(staging)
+		if err != nil {
+			return fmt.Errorf("committing snapshot %s: %w", s.ID, err)
+		}
+		if _, _, err := c.remote.Save(ctx, s.ID, "", files, b); err != nil {
+			return fmt.Errorf("committing snapshot %s: %w", s.ID, err)
+		}
+	}
+	if err := writeSynced(filepath.Join(staging, metaFile), b); err != nil {
+		return fmt.Errorf("committing snapshot %s: %w", s.ID, err)
 	}
 	final := filepath.Join(c.dir, s.ID)
 	if err := os.Rename(staging, final); err != nil {
@@ -141,6 +161,24 @@ func (c *Catalog) Commit(s *Snapshot) error {
 	}
 	s.Dir = final
 	return nil
+}
+
+const metaFile = "meta.json"
+
+// imageFiles maps the names of the runtime's image files in dir to their
+// paths.
+func imageFiles(dir string) (map[string]string, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	files := map[string]string{}
+	for _, e := range entries {
+		if e.Type().IsRegular() && e.Name() != metaFile {
+			files[e.Name()] = filepath.Join(dir, e.Name())
+		}
+	}
+	return files, nil
 }
 
 func writeSynced(path string, b []byte) error {
@@ -177,34 +215,75 @@ func dirSize(dir string) (int64, error) {
 	return total, err
 }
 
-// Get returns the snapshot with the given id or name.
-func (c *Catalog) Get(idOrName string) (*Snapshot, error) {
+// Get describes the snapshot with the given id or name. Its Dir is empty
+// when only the remote store has its image; Fetch brings it here.
+func (c *Catalog) Get(ctx context.Context, idOrName string) (*Snapshot, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.getLocked(idOrName)
+	return c.getLocked(ctx, idOrName, false)
 }
 
-func (c *Catalog) getLocked(idOrName string) (*Snapshot, error) {
+// Fetch is Get, fetching the image from the remote store when this node
+// does not have it, so that the snapshot can be restored here.
+func (c *Catalog) Fetch(ctx context.Context, idOrName string) (*Snapshot, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.getLocked(ctx, idOrName, true)
+}
+
+func (c *Catalog) getLocked(ctx context.Context, idOrName string, fetch bool) (*Snapshot, error) {
 	if !ValidID(idOrName) {
 		return nil, fmt.Errorf("looking up snapshot %q: %w", idOrName, ErrNotFound)
 	}
 	if s, err := c.read(idOrName); err == nil {
 		return s, nil
 	}
-	all, _ := c.listLocked()
+	all, err := c.listLocked(ctx)
+	if err != nil {
+		return nil, err
+	}
 	for _, s := range all {
-		for _, n := range s.Names {
-			if n == idOrName {
-				return s, nil
-			}
+		if s.ID != idOrName && !slices.Contains(s.Names, idOrName) {
+			continue
 		}
+		if s.Dir != "" || !fetch {
+			return s, nil
+		}
+		return c.fetchLocked(ctx, s)
 	}
 	return nil, fmt.Errorf("looking up snapshot %q: %w", idOrName, ErrNotFound)
 }
 
+// fetchLocked brings a snapshot known only to the remote store into the
+// local directory.
+func (c *Catalog) fetchLocked(ctx context.Context, s *Snapshot) (*Snapshot, error) {
+	staging := filepath.Join(c.dir, s.ID+partialSuffix)
+	os.RemoveAll(staging)
+	if err := c.remote.Restore(ctx, s.ID, staging); err != nil {
+		os.RemoveAll(staging)
+		return nil, fmt.Errorf("fetching snapshot %s: %w", s.ID, err)
+	}
+	b, err := json.Marshal(s)
+	if err != nil {
+		return nil, err
+	}
+	if err := writeSynced(filepath.Join(staging, metaFile), b); err != nil {
+		os.RemoveAll(staging)
+		return nil, fmt.Errorf("fetching snapshot %s: %w", s.ID, err)
+	}
+	final := filepath.Join(c.dir, s.ID)
+	if err := os.Rename(staging, final); err != nil {
+		os.RemoveAll(staging)
+		return nil, fmt.Errorf("fetching snapshot %s: %w", s.ID, err)
+	}
+	out := *s
+	out.Dir = final
+	return &out, nil
+}
+
 func (c *Catalog) read(id string) (*Snapshot, error) {
 	dir := filepath.Join(c.dir, id)
-	b, err := os.ReadFile(filepath.Join(dir, "meta.json"))
+	b, err := os.ReadFile(filepath.Join(dir, metaFile))
 	if err != nil {
 		return nil, err
 	}
@@ -217,37 +296,53 @@ func (c *Catalog) read(id string) (*Snapshot, error) {
 }
 
 // List returns the snapshots of the given kinds (all when none), oldest
-// first.
-func (c *Catalog) List(kinds ...Kind) ([]*Snapshot, error) {
+// first. With a remote store, that store is the catalog; snapshots this
+// node has locally carry their Dir.
+func (c *Catalog) List(ctx context.Context, kinds ...Kind) ([]*Snapshot, error) {
 	c.mu.Lock()
-	all, err := c.listLocked()
+	all, err := c.listLocked(ctx)
 	c.mu.Unlock()
 	if err != nil || len(kinds) == 0 {
 		return all, err
 	}
 	var out []*Snapshot
 	for _, s := range all {
-		for _, k := range kinds {
-			if s.Kind == k {
-				out = append(out, s)
-			}
+		if slices.Contains(kinds, s.Kind) {
+			out = append(out, s)
 		}
 	}
 	return out, nil
 }
 
-func (c *Catalog) listLocked() ([]*Snapshot, error) {
-	entries, err := os.ReadDir(c.dir)
-	if err != nil {
-		return nil, fmt.Errorf("listing snapshots: %w", err)
-	}
+func (c *Catalog) listLocked(ctx context.Context) ([]*Snapshot, error) {
 	var out []*Snapshot
-	for _, e := range entries {
-		if !e.IsDir() || strings.HasSuffix(e.Name(), partialSuffix) {
-			continue
+	if c.remote != nil {
+		manifests, err := c.remote.List(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("listing snapshots: %w", err)
 		}
-		if s, err := c.read(e.Name()); err == nil {
-			out = append(out, s)
+		for _, m := range manifests {
+			var s Snapshot
+			if err := json.Unmarshal(m.Meta, &s); err != nil || s.ID != m.ID {
+				continue // not one of ours
+			}
+			if local, err := c.read(s.ID); err == nil {
+				s.Dir = local.Dir
+			}
+			out = append(out, &s)
+		}
+	} else {
+		entries, err := os.ReadDir(c.dir)
+		if err != nil {
+			return nil, fmt.Errorf("listing snapshots: %w", err)
+		}
+		for _, e := range entries {
+			if !e.IsDir() || strings.HasSuffix(e.Name(), partialSuffix) {
+				continue
+			}
+			if s, err := c.read(e.Name()); err == nil {
+				out = append(out, s)
+			}
 		}
 	}
 	sort.Slice(out, func(i, j int) bool {
@@ -259,18 +354,35 @@ func (c *Catalog) listLocked() ([]*Snapshot, error) {
 	return out, nil
 }
 
-// Delete removes a snapshot.
-func (c *Catalog) Delete(id string) error {
+// Delete removes a snapshot, here and in the remote store.
+func (c *Catalog) Delete(ctx context.Context, id string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if _, err := c.read(id); err != nil || !ValidID(id) {
+	if !ValidID(id) {
 		return fmt.Errorf("deleting snapshot %q: %w", id, ErrNotFound)
 	}
-	// Rename first so that a crash mid-removal cannot leave a snapshot
-	// that looks complete but is not.
-	tmp := filepath.Join(c.dir, id+".deleting"+partialSuffix)
-	if err := os.Rename(filepath.Join(c.dir, id), tmp); err != nil {
-		return fmt.Errorf("deleting snapshot %s: %w", id, err)
+	_, localErr := c.read(id)
+	found := localErr == nil
+	if c.remote != nil {
+		err := c.remote.Delete(ctx, id)
+		switch {
+		case err == nil:
+			found = true
+		case !errors.Is(err, store.ErrNotFound):
+			return fmt.Errorf("deleting snapshot %s: %w", id, err)
+		}
 	}
-	return os.RemoveAll(tmp)
+	if !found {
+		return fmt.Errorf("deleting snapshot %q: %w", id, ErrNotFound)
+	}
+	if localErr == nil {
+		// Rename first so that a crash mid-removal cannot leave a snapshot
+		// that looks complete but is not.
+		tmp := filepath.Join(c.dir, id+".deleting"+partialSuffix)
+		if err := os.Rename(filepath.Join(c.dir, id), tmp); err != nil {
+			return fmt.Errorf("deleting snapshot %s: %w", id, err)
+		}
+		return os.RemoveAll(tmp)
+	}
+	return nil
 }

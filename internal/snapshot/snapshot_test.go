@@ -1,11 +1,16 @@
 package snapshot
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/aenvhq/aenv/internal/store"
 )
+
+var ctx = context.Background()
 
 func stage(t *testing.T, c *Catalog, id string, content string) {
 	t.Helper()
@@ -19,20 +24,20 @@ func stage(t *testing.T, c *Catalog, id string, content string) {
 }
 
 func TestCatalogLifecycle(t *testing.T) {
-	c, err := Open(t.TempDir())
+	c, err := Open(t.TempDir(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	stage(t, c, "s1", "one")
 	// Staged but not committed: invisible.
-	if _, err := c.Get("s1"); !errors.Is(err, ErrNotFound) {
+	if _, err := c.Get(ctx, "s1"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("staged snapshot visible: %v", err)
 	}
-	if err := c.Commit(&Snapshot{ID: "s1", Names: []string{"first"}, Kind: KindSnapshot}); err != nil {
+	if err := c.Commit(ctx, &Snapshot{ID: "s1", Names: []string{"first"}, Kind: KindSnapshot}); err != nil {
 		t.Fatal(err)
 	}
 	for _, ref := range []string{"s1", "first"} {
-		s, err := c.Get(ref)
+		s, err := c.Get(ctx, ref)
 		if err != nil || s.ID != "s1" || s.SizeBytes != 3 || s.Dir == "" {
 			t.Fatalf("Get(%q) = %+v, %v", ref, s, err)
 		}
@@ -41,32 +46,32 @@ func TestCatalogLifecycle(t *testing.T) {
 		}
 	}
 	stage(t, c, "s2", "two")
-	if err := c.Commit(&Snapshot{ID: "s2", Names: []string{"first"}, Kind: KindSnapshot}); err == nil {
+	if err := c.Commit(ctx, &Snapshot{ID: "s2", Names: []string{"first"}, Kind: KindSnapshot}); err == nil {
 		t.Fatal("a second snapshot took a taken name")
 	}
 	stage(t, c, "s3", "three")
-	if err := c.Commit(&Snapshot{ID: "s3", Kind: KindPause}); err != nil {
+	if err := c.Commit(ctx, &Snapshot{ID: "s3", Kind: KindPause}); err != nil {
 		t.Fatal(err)
 	}
-	snaps, _ := c.List(KindSnapshot)
-	pauses, _ := c.List(KindPause)
+	snaps, _ := c.List(ctx, KindSnapshot)
+	pauses, _ := c.List(ctx, KindPause)
 	if len(snaps) != 1 || snaps[0].ID != "s1" || len(pauses) != 1 || pauses[0].ID != "s3" {
 		t.Fatalf("List by kind: %v %v", snaps, pauses)
 	}
-	if err := c.Delete("s1"); err != nil {
+	if err := c.Delete(ctx, "s1"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Get("first"); !errors.Is(err, ErrNotFound) {
+	if _, err := c.Get(ctx, "first"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("deleted snapshot still resolves: %v", err)
 	}
-	if err := c.Delete("s1"); !errors.Is(err, ErrNotFound) {
+	if err := c.Delete(ctx, "s1"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("second delete: %v", err)
 	}
 	for _, bad := range []string{"../x", "", "A"} {
 		if _, err := c.Begin(bad); err == nil {
 			t.Fatalf("Begin(%q) accepted", bad)
 		}
-		if _, err := c.Get(bad); !errors.Is(err, ErrNotFound) {
+		if _, err := c.Get(ctx, bad); !errors.Is(err, ErrNotFound) {
 			t.Fatalf("Get(%q) = %v", bad, err)
 		}
 	}
@@ -76,28 +81,87 @@ func TestCatalogLifecycle(t *testing.T) {
 // snapshot: the half-written one never appears and earlier ones are intact.
 func TestCrashMidSaveKeepsPrevious(t *testing.T) {
 	dir := t.TempDir()
-	c, err := Open(dir)
+	c, err := Open(dir, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	stage(t, c, "old", "intact")
-	if err := c.Commit(&Snapshot{ID: "old", Kind: KindPause}); err != nil {
+	if err := c.Commit(ctx, &Snapshot{ID: "old", Kind: KindPause}); err != nil {
 		t.Fatal(err)
 	}
 	stage(t, c, "new", "half-writ") // no Commit: the process "died"
 
-	c2, err := Open(dir)
+	c2, err := Open(dir, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "new"+partialSuffix)); !os.IsNotExist(err) {
 		t.Fatalf("partial snapshot survived reopening: %v", err)
 	}
-	all, _ := c2.List()
+	all, _ := c2.List(ctx)
 	if len(all) != 1 || all[0].ID != "old" {
 		t.Fatalf("after crash: %v", all)
 	}
 	if b, _ := os.ReadFile(filepath.Join(all[0].Dir, "checkpoint.img")); string(b) != "intact" {
 		t.Fatalf("previous snapshot damaged: %q", b)
+	}
+}
+
+// TestRemoteStore keeps snapshots in a store on a (shared) directory: the
+// catalog lists from it and fetches what this node lost.
+func TestRemoteStore(t *testing.T) {
+	backend, err := store.NewLocal(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	remote, err := store.New(store.Options{Backend: backend})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer remote.Close()
+	dir := t.TempDir()
+	c, err := Open(dir, remote)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stage(t, c, "r1", "remote-data")
+	if err := c.Commit(ctx, &Snapshot{ID: "r1", Names: []string{"named"}, Kind: KindPause, TemplateID: "base"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := remote.Get(ctx, "r1"); err != nil {
+		t.Fatalf("committed snapshot not in the store: %v", err)
+	}
+
+	// This node loses its copy (or another node asks): the catalog still
+	// knows it, and Fetch brings the image back.
+	if err := os.RemoveAll(filepath.Join(dir, "r1")); err != nil {
+		t.Fatal(err)
+	}
+	c2, err := Open(dir, remote)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := c2.Get(ctx, "named")
+	if err != nil || s.ID != "r1" || s.Dir != "" || s.TemplateID != "base" {
+		t.Fatalf("Get from the store = %+v, %v", s, err)
+	}
+	s, err = c2.Fetch(ctx, "named")
+	if err != nil || s.Dir == "" {
+		t.Fatalf("Fetch = %+v, %v", s, err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(s.Dir, "checkpoint.img")); string(b) != "remote-data" {
+		t.Fatalf("fetched image %q", b)
+	}
+	if all, _ := c2.List(ctx, KindPause); len(all) != 1 || all[0].Dir == "" {
+		t.Fatalf("List = %v", all)
+	}
+	if err := c2.Delete(ctx, "r1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := remote.Get(ctx, "r1"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("deleted snapshot still in the store: %v", err)
+	}
+	if _, err := c2.Get(ctx, "r1"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("deleted snapshot still listed: %v", err)
 	}
 }
