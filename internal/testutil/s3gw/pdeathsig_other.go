@@ -1,6 +1,6 @@
 //go:build !linux
 
-package store
+package s3gw
 
 import "os/exec"
 

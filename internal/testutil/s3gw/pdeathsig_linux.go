@@ -1,4 +1,4 @@
-package store
+package s3gw
 
 import (
 	"os/exec"
@@ -6,7 +6,7 @@ import (
 )
 
 // setPdeathsig makes the kernel kill cmd if the test binary dies first, so
-// a crashed test run leaves no server behind.
+// a crashed run leaves no server behind.
 func setPdeathsig(cmd *exec.Cmd) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 }
