@@ -205,12 +205,18 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) 
 	}
 	start := time.Now()
 	if sb := n.pool.take(tpl, req); sb != nil {
-		if err := n.activate(ctx, sb, tpl, req); err != nil {
+		err := n.activate(ctx, sb, tpl, req)
+		if err == nil {
+			n.log.Info("sandbox created", "sandbox_id", sb.ID, "template_id", tpl.ID, "warm", true,
+				"total_ms", time.Since(start).Milliseconds())
+			return sb, nil
+		}
+		if ctx.Err() != nil {
 			return nil, err
 		}
-		n.log.Info("sandbox created", "sandbox_id", sb.ID, "template_id", tpl.ID, "warm", true,
-			"total_ms", time.Since(start).Milliseconds())
-		return sb, nil
+		// A prestarted sandbox that went bad while it waited (activate
+		// destroyed it) must not fail the user's create: boot a fresh one.
+		n.log.Warn("prestarted sandbox unusable; booting a fresh one", "sandbox_id", sb.ID, "err", err)
 	}
 	id := req.SandboxID
 	if id == "" {

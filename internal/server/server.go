@@ -176,7 +176,10 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 		remote, err = store.New(store.Options{
 			Backend:  backend,
 			CacheDir: filepath.Join(cfg.DataDir, "chunk-cache"),
-			Logger:   log,
+			// Pages move around in memory images between snapshots;
+			// content-defined chunks keep a small change a small upload.
+			ContentDefined: true,
+			Logger:         log,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("opening snapshot store: %w", err)

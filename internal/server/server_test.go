@@ -25,6 +25,12 @@ var tagCounter atomic.Int32
 // startServer runs a real server (gVisor, netns, envd) for one test.
 func startServer(t *testing.T) (*Server, *client.Client, string) {
 	t.Helper()
+	return startServerWith(t, nil)
+}
+
+// startServerWith is startServer with a chance to adjust the config.
+func startServerWith(t *testing.T, adjust func(*Config)) (*Server, *client.Client, string) {
+	t.Helper()
 	testutil.RequireRoot(t)
 	runsc := testutil.RequireBinary(t, "runsc", "AENV_RUNSC")
 	base := os.Getenv("AENV_BASE_ROOTFS")
@@ -41,7 +47,7 @@ func startServer(t *testing.T) (*Server, *client.Client, string) {
 	if testing.Verbose() {
 		level = slog.LevelDebug
 	}
-	srv, err := Start(context.Background(), Config{
+	cfg := Config{
 		Listen:        "127.0.0.1:0",
 		DataDir:       filepath.Join(dir, "data"),
 		RunDir:        filepath.Join(dir, "run"),
@@ -53,7 +59,11 @@ func startServer(t *testing.T) (*Server, *client.Client, string) {
 		NetnsPoolSize: 2,
 		WarmPoolSize:  2,
 		Logger:        slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
-	})
+	}
+	if adjust != nil {
+		adjust(&cfg)
+	}
+	srv, err := Start(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("starting server: %v", err)
 	}

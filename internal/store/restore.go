@@ -81,14 +81,16 @@ func (s *Store) restore(ctx context.Context, id, destDir string, st *restoreStat
 	g.SetLimit(s.concurrency)
 	for i, fe := range m.Files {
 		f := temps[i]
+		var next int64
 		for j, c := range fe.Chunks {
+			off := next
+			next += c.Size
 			if c.Hash == s.zeroHash(c.Size) {
 				continue
 			}
 			if gctx.Err() != nil {
 				break
 			}
-			off := int64(j) * m.ChunkSize
 			g.Go(func() error {
 				if err := gctx.Err(); err != nil {
 					return err

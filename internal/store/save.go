@@ -158,34 +158,49 @@ func (r *saveRun) readFile(ctx context.Context, g *errgroup.Group, fe *FileEntry
 		return fmt.Errorf("reading file %s: %s is not a regular file", name, path)
 	}
 	size := fi.Size()
-	n := int((size + s.chunkSize - 1) / s.chunkSize)
-	*fe = FileEntry{Name: name, Size: size, Mode: uint32(fi.Mode().Perm()), Chunks: make([]ChunkRef, n)}
-	r.mu.Lock()
-	r.st.ChunksTotal += n
-	r.mu.Unlock()
-	for i := range n {
+	*fe = FileEntry{Name: name, Size: size, Mode: uint32(fi.Mode().Perm())}
+	// Workers fill refs by index; it has room for the most chunks the
+	// chunker can cut, and fe.Chunks is trimmed to the real count at the
+	// end (workers never touch fe.Chunks itself).
+	refs := make([]ChunkRef, maxChunks(size, s.chunkSize))
+	ch := newChunker(f, s.chunkSize, s.cdc)
+	n := 0
+	for ; ; n++ {
 		if err := ctx.Err(); err != nil {
 			return err // a worker failed; g.Wait has its error
 		}
 		bp := s.bufs.Get().(*[]byte)
-		buf := (*bp)[:min(s.chunkSize, size-int64(i)*s.chunkSize)]
-		if _, err := io.ReadFull(f, buf); err != nil {
+		buf, err := ch.next((*bp)[:0])
+		if err == io.EOF {
 			s.bufs.Put(bp)
-			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-				err = fmt.Errorf("file shrank while being saved: %w", err)
-			}
+			break
+		}
+		if err != nil {
+			s.bufs.Put(bp)
 			return fmt.Errorf("reading file %s: %w", name, err)
 		}
+		if n == len(refs) {
+			s.bufs.Put(bp)
+			return fmt.Errorf("reading file %s: file grew while being saved", name)
+		}
+		i := n
 		g.Go(func() error {
 			defer s.bufs.Put(bp)
 			ref, err := r.storeChunk(ctx, buf)
 			if err != nil {
 				return fmt.Errorf("storing chunk %d of file %s: %w", i, name, err)
 			}
-			fe.Chunks[i] = ref
+			refs[i] = ref
 			return nil
 		})
 	}
+	if ch.total != size {
+		return fmt.Errorf("reading file %s: file changed size while being saved", name)
+	}
+	fe.Chunks = refs[:n]
+	r.mu.Lock()
+	r.st.ChunksTotal += n
+	r.mu.Unlock()
 	return nil
 }
 

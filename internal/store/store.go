@@ -60,6 +60,10 @@ type Options struct {
 	// Concurrency bounds chunk uploads/downloads in flight, and so memory:
 	// about 2*Concurrency*ChunkSize bytes during a Save or Restore.
 	Concurrency int
+	// ContentDefined cuts chunks where the content says, at page
+	// boundaries, instead of every ChunkSize bytes (which is then the
+	// maximum); see chunker.go. Use it for memory images.
+	ContentDefined bool
 	// Compression for new chunks (default zstd). Chunks that do not shrink
 	// are stored raw either way.
 	Compression Compression
@@ -88,6 +92,7 @@ type Options struct {
 type Store struct {
 	b           Backend
 	chunkSize   int64
+	cdc         bool
 	concurrency int
 	compression Compression
 	gcGrace     time.Duration
@@ -116,6 +121,7 @@ func New(opts Options) (*Store, error) {
 	s := &Store{
 		b:           opts.Backend,
 		chunkSize:   opts.ChunkSize,
+		cdc:         opts.ContentDefined,
 		concurrency: opts.Concurrency,
 		compression: opts.Compression,
 		gcGrace:     opts.GCGrace,
@@ -207,7 +213,8 @@ type FileEntry struct {
 }
 
 // ChunkRef names one chunk by the sha256 of its uncompressed content.
-// Every chunk but a file's last is exactly the manifest's ChunkSize.
+// Chunks follow each other in file order; none exceeds the manifest's
+// ChunkSize (see chunker.go for where they are cut).
 type ChunkRef struct {
 	Hash string `json:"hash"`
 	Size int64  `json:"size"`
@@ -314,8 +321,7 @@ func (m *Manifest) check() error {
 			if !isHash(c.Hash) {
 				return fmt.Errorf("file %s chunk %d: bad hash %q", f.Name, i, c.Hash)
 			}
-			last := i == len(f.Chunks)-1
-			if c.Size <= 0 || c.Size > m.ChunkSize || (!last && c.Size != m.ChunkSize) {
+			if c.Size <= 0 || c.Size > m.ChunkSize {
 				return fmt.Errorf("file %s chunk %d: size %d", f.Name, i, c.Size)
 			}
 			sum += c.Size
