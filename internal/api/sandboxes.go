@@ -252,14 +252,9 @@ func (s *Server) listSandboxesV2(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "malformed query string: "+err.Error())
 		return
 	}
-	limit := maxListLimit
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > maxListLimit {
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("limit must be between 1 and %d", maxListLimit))
-			return
-		}
-		limit = n
+	limit, ok := parseLimit(w, q)
+	if !ok {
+		return
 	}
 	var after pageKey
 	if tok := q.Get("nextToken"); tok != "" {
@@ -283,6 +278,20 @@ func (s *Server) listSandboxesV2(w http.ResponseWriter, r *http.Request) {
 		out = append(out, s.toJSON(sb, true))
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// parseLimit reads the page size of a list request.
+func parseLimit(w http.ResponseWriter, q url.Values) (int, bool) {
+	v := q.Get("limit")
+	if v == "" {
+		return maxListLimit, true
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > maxListLimit {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("limit must be between 1 and %d", maxListLimit))
+		return 0, false
+	}
+	return n, true
 }
 
 func parseListFilter(w http.ResponseWriter, r *http.Request) (cluster.ListFilter, bool) {

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/aenvhq/aenv/internal/cluster"
@@ -57,14 +56,9 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 		s.writeClusterError(w, r, err)
 		return
 	}
-	limit := maxListLimit
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > maxListLimit {
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("limit must be between 1 and %d", maxListLimit))
-			return
-		}
-		limit = n
+	limit, ok := parseLimit(w, q)
+	if !ok {
+		return
 	}
 	after := q.Get("nextToken")
 	out := []snapshotJSON{}
