@@ -324,7 +324,11 @@ func readHostState(t testing.TB, cfg Config) hostState {
 	t.Helper()
 	var st hostState
 	entries, _ := os.ReadDir(cfg.RunDir)
-	st.files = len(entries)
+	for _, e := range entries {
+		if e.Name() != selfBoundMarker {
+			st.files++
+		}
+	}
 	mi, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		t.Fatal(err)

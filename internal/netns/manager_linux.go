@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -266,6 +267,7 @@ func (m *Manager) Close(ctx context.Context) error {
 		errs = append(errs, err)
 	}
 	if m.selfBound {
+		os.Remove(filepath.Join(m.cfg.RunDir, selfBoundMarker))
 		if err := unix.Unmount(m.cfg.RunDir, unix.MNT_DETACH); err != nil {
 			errs = append(errs, fmt.Errorf("unmounting run directory %s: %w", m.cfg.RunDir, err))
 		}

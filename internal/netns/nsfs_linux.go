@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"runtime"
 
 	"github.com/google/nftables"
@@ -203,7 +204,10 @@ func makeSharedDir(dir string) (selfBound bool, err error) {
 	}
 	err = unix.Mount("", dir, "none", unix.MS_SHARED|unix.MS_REC, "")
 	if err == nil {
-		return false, nil
+		// Already a mount point: ours, if a manager that crashed left its
+		// self-bind (and marker) behind; the caller then removes it.
+		_, statErr := os.Stat(filepath.Join(dir, selfBoundMarker))
+		return statErr == nil, nil
 	}
 	if err != unix.EINVAL { // EINVAL: dir is not a mount point yet
 		return false, fmt.Errorf("sharing run directory %s: %w", dir, err)
@@ -215,8 +219,17 @@ func makeSharedDir(dir string) (selfBound bool, err error) {
 		unix.Unmount(dir, unix.MNT_DETACH)
 		return false, fmt.Errorf("sharing run directory %s: %w", dir, err)
 	}
+	if err := os.WriteFile(filepath.Join(dir, selfBoundMarker), nil, 0o644); err != nil {
+		unix.Unmount(dir, unix.MNT_DETACH)
+		return false, fmt.Errorf("marking run directory %s: %w", dir, err)
+	}
 	return true, nil
 }
+
+// selfBoundMarker tells a later manager that the run directory's mount is
+// a self-bind of ours (not an administrator's mount), so that it is
+// removed on Close even when the manager that made it crashed.
+const selfBoundMarker = ".aenv-self-bound"
 
 // lockDir takes an exclusive, non-blocking flock on dir, so that two
 // managers (which would reap each other's slots) cannot share a RunDir.
