@@ -103,6 +103,12 @@ func (p *warmPool) refill(ctx context.Context) {
 				if have >= p.size {
 					break
 				}
+				// Boot only while no create is booting: on a small host a
+				// refill during a burst slows the burst's own boots more
+				// than the pool can help it.
+				if !p.waitIdle(ctx) {
+					return
+				}
 				tpl, err := p.n.cfg.Templates.Get(id)
 				if err == nil {
 					var sb *Sandbox
@@ -122,6 +128,24 @@ func (p *warmPool) refill(ctx context.Context) {
 					}
 				}
 			}
+		}
+	}
+}
+
+// waitIdle waits until no sandbox is booting on the node; false if ctx
+// ended first.
+func (p *warmPool) waitIdle(ctx context.Context) bool {
+	for {
+		p.n.mu.Lock()
+		busy := len(p.n.pending)
+		p.n.mu.Unlock()
+		if busy == 0 {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(20 * time.Millisecond):
 		}
 	}
 }
