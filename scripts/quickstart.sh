@@ -9,12 +9,15 @@ export PATH=$PATH:/usr/local/go/bin
 
 scripts/install-deps.sh
 make build
+# The base template's root filesystem, built once from Debian packages.
+make base
+base=${AENV_CACHE:-/var/cache/aenv}/base-rootfs
 
 url=http://localhost:8000
 if ! curl -fsS "$url/health" >/dev/null 2>&1; then
   mkdir -p /var/log
-  echo "quickstart: starting 'aenv server' (log: /var/log/aenv.log; the first start builds the base template, a few minutes)"
-  nohup bin/aenv server >/var/log/aenv.log 2>&1 &
+  echo "quickstart: starting 'aenv server' (log: /var/log/aenv.log)"
+  nohup bin/aenv server --base-rootfs "$base" >/var/log/aenv.log 2>&1 &
   for _ in $(seq 1 600); do
     curl -fsS "$url/health" >/dev/null 2>&1 && break
     if ! kill -0 $! 2>/dev/null; then echo "quickstart: server exited:"; tail -20 /var/log/aenv.log; exit 1; fi
