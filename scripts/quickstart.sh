@@ -18,6 +18,7 @@ if ! curl -fsS "$url/health" >/dev/null 2>&1; then
   mkdir -p /var/log
   echo "quickstart: starting 'aenv server' (log: /var/log/aenv.log)"
   nohup bin/aenv server --base-rootfs "$base" >/var/log/aenv.log 2>&1 &
+  echo $! >/run/aenv-quickstart.pid
   for _ in $(seq 1 600); do
     curl -fsS "$url/health" >/dev/null 2>&1 && break
     if ! kill -0 $! 2>/dev/null; then echo "quickstart: server exited:"; tail -20 /var/log/aenv.log; exit 1; fi
@@ -29,4 +30,4 @@ id=$(bin/aenv create base --timeout 120)
 echo "quickstart: created sandbox $id"
 bin/aenv exec "$id" -- 'echo "hello from $(hostname) as $(whoami)"; python3 --version; uname -a'
 bin/aenv rm "$id" >/dev/null
-echo "quickstart: done. The server keeps running (API key: /var/lib/aenv/secrets/api-key); stop it with: pkill -f 'aenv server'"
+echo "quickstart: done. The server keeps running (API key: /var/lib/aenv/secrets/api-key); stop it with: kill \$(cat /run/aenv-quickstart.pid)"
