@@ -14,8 +14,10 @@ import (
 	"syscall"
 	"time"
 
-	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+
+	"github.com/aenvhq/aenv/internal/runtime"
+	"github.com/aenvhq/aenv/internal/runtime/gvisor"
 )
 
 // MeasureBare measures the baseline: runsc started directly on
@@ -295,87 +297,27 @@ func tail(path string) string {
 	return ": " + strings.Join(lines, "; ")
 }
 
-// cpuPeriod is the CFS period the driver expresses CPU counts in.
-const cpuPeriod = 100000
-
-// bareCaps is the driver's capability set for the sandbox's root.
-var bareCaps = []string{
-	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD",
-	"CAP_NET_RAW", "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP",
-	"CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
-	"CAP_SYS_PTRACE",
-}
-
-// envdGuestPath is where the driver mounts envd in every sandbox
-// (internal/runtime/gvisor.EnvdGuestPath).
-const envdGuestPath = "/.aenv/envd"
+// envdGuestPath is where the driver mounts envd in every sandbox.
+const envdGuestPath = gvisor.EnvdGuestPath
 
 // writeBareBundle writes config.json for a container running args, shaped
-// like the driver's bundles (internal/runtime/gvisor/bundle.go): same mounts
-// (envd's binary only when opts.EnvdPath is set), capabilities, rlimits,
-// namespaces and cgroup limits, so that bare and aenv sandboxes do the same
-// start-up work.
+// exactly like the driver's bundles (gvisor.OCISpec: same mounts, envd's
+// binary only when opts.EnvdPath is set, capabilities, rlimits, namespaces
+// and cgroup limits), so that bare and aenv sandboxes do the same start-up
+// work; only the network namespace is a fresh empty one.
 func writeBareBundle(dir, id string, opts Options, args []string) error {
-	files := map[string]string{
-		"resolv.conf": "",
-		"hosts":       "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t" + id + "\n",
+	spec := runtime.Spec{
+		ID: id, RootFS: opts.RootFS, EnvdPath: opts.EnvdPath,
+		CPUCount: opts.CPUCount, MemoryMB: opts.MemoryMB,
 	}
-	for name, content := range files {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
-			return err
-		}
+	if err := gvisor.WriteBundleFiles(dir, spec); err != nil {
+		return err
 	}
-	res := &specs.LinuxResources{}
-	if opts.MemoryMB > 0 {
-		limit := int64(opts.MemoryMB) << 20
-		res.Memory = &specs.LinuxMemory{Limit: &limit}
-	}
-	if opts.CPUCount > 0 {
-		quota, period := int64(opts.CPUCount)*cpuPeriod, uint64(cpuPeriod)
-		res.CPU = &specs.LinuxCPU{Quota: &quota, Period: &period}
-	}
-	s := specs.Spec{
-		Version: specs.Version,
-		Process: &specs.Process{
-			User: specs.User{UID: 0, GID: 0},
-			Args: args,
-			Env:  []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
-			Cwd:  "/",
-			Capabilities: &specs.LinuxCapabilities{
-				Bounding: bareCaps, Effective: bareCaps, Permitted: bareCaps,
-			},
-			Rlimits: []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: 1048576, Soft: 1048576}},
-		},
-		Root:     &specs.Root{Path: opts.RootFS},
-		Hostname: id,
-		Mounts: []specs.Mount{
-			{Destination: "/proc", Type: "proc", Source: "proc"},
-			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
-			{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
-			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
-			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
-			{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777"}},
-			{Destination: "/etc/resolv.conf", Type: "bind", Source: filepath.Join(dir, "resolv.conf"), Options: []string{"rbind", "ro"}},
-			{Destination: "/etc/hosts", Type: "bind", Source: filepath.Join(dir, "hosts"), Options: []string{"rbind", "ro"}},
-		},
-		Linux: &specs.Linux{
-			Namespaces: []specs.LinuxNamespace{
-				{Type: specs.PIDNamespace},
-				{Type: specs.IPCNamespace},
-				{Type: specs.UTSNamespace},
-				{Type: specs.MountNamespace},
-				{Type: specs.NetworkNamespace},
-			},
-			// One level, unlike the driver's /aenv/<id>: runsc removes the
-			// container's cgroup on delete but not a parent it created.
-			CgroupsPath: "/" + id,
-			Resources:   res,
-		},
-	}
-	if opts.EnvdPath != "" {
-		s.Mounts = append(s.Mounts, specs.Mount{Destination: envdGuestPath, Type: "bind", Source: opts.EnvdPath, Options: []string{"rbind", "ro"}})
-	}
-	b, err := json.MarshalIndent(&s, "", "  ")
+	// One cgroup level, unlike the driver's /<parent>/<id>: runsc removes
+	// the container's cgroup on delete but not a parent it created.
+	s := gvisor.OCISpec(dir, spec, "/"+id)
+	s.Process.Args = args
+	b, err := json.MarshalIndent(s, "", "  ")
 	if err != nil {
 		return err
 	}

@@ -33,29 +33,54 @@ var caps = []string{
 // per-sandbox files bound into the guest. The sandbox's cgroup is
 // cgroupPath.
 func writeBundle(dir string, spec runtime.Spec, cgroupPath string) error {
-	hostname := spec.Hostname
-	if hostname == "" {
-		hostname = spec.ID
+	if err := WriteBundleFiles(dir, spec); err != nil {
+		return err
 	}
+	b, err := json.MarshalIndent(OCISpec(dir, spec, cgroupPath), "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "config.json"), b, 0o600)
+}
+
+// WriteBundleFiles writes the per-sandbox files OCISpec binds into the
+// guest (resolv.conf, hosts) into dir.
+func WriteBundleFiles(dir string, spec runtime.Spec) error {
 	var resolv strings.Builder
 	for _, s := range spec.DNSServers {
 		fmt.Fprintf(&resolv, "nameserver %s\n", s)
 	}
 	files := map[string]string{
 		"resolv.conf": resolv.String(),
-		"hosts":       fmt.Sprintf("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t%s\n", hostname),
+		"hosts":       fmt.Sprintf("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t%s\n", hostname(spec)),
 	}
 	for name, content := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
 			return err
 		}
 	}
+	return nil
+}
 
+func hostname(spec runtime.Spec) string {
+	if spec.Hostname != "" {
+		return spec.Hostname
+	}
+	return spec.ID
+}
+
+// OCISpec is the OCI spec the driver runs spec with: envd as the first
+// process (when spec.EnvdPath is set), the mounts, capabilities, rlimits,
+// namespaces (a new network namespace when spec.NetNSPath is empty) and
+// cgroup limits. It is exported so that the benchmark's bare-runsc
+// baseline starts sandboxes of exactly the same shape. dir holds the files
+// WriteBundleFiles writes.
+func OCISpec(dir string, spec runtime.Spec, cgroupPath string) *specs.Spec {
 	env := []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 	if spec.EnvdAccessToken != "" {
 		env = append(env, "AENV_ENVD_ACCESS_TOKEN="+spec.EnvdAccessToken)
 	}
-	s := specs.Spec{
+	s := &specs.Spec{
 		Version: specs.Version,
 		Process: &specs.Process{
 			User: specs.User{UID: 0, GID: 0},
@@ -68,7 +93,7 @@ func writeBundle(dir string, spec runtime.Spec, cgroupPath string) error {
 			Rlimits: []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: 1048576, Soft: 1048576}},
 		},
 		Root:     &specs.Root{Path: spec.RootFS, Readonly: false},
-		Hostname: hostname,
+		Hostname: hostname(spec),
 		Mounts: []specs.Mount{
 			{Destination: "/proc", Type: "proc", Source: "proc"},
 			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
@@ -76,7 +101,6 @@ func writeBundle(dir string, spec runtime.Spec, cgroupPath string) error {
 			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
 			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
 			{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777"}},
-			{Destination: EnvdGuestPath, Type: "bind", Source: spec.EnvdPath, Options: []string{"rbind", "ro"}},
 			{Destination: "/etc/resolv.conf", Type: "bind", Source: filepath.Join(dir, "resolv.conf"), Options: []string{"rbind", "ro"}},
 			{Destination: "/etc/hosts", Type: "bind", Source: filepath.Join(dir, "hosts"), Options: []string{"rbind", "ro"}},
 		},
@@ -92,11 +116,10 @@ func writeBundle(dir string, spec runtime.Spec, cgroupPath string) error {
 			Resources:   resources(spec),
 		},
 	}
-	b, err := json.MarshalIndent(&s, "", "  ")
-	if err != nil {
-		return err
+	if spec.EnvdPath != "" {
+		s.Mounts = append(s.Mounts, specs.Mount{Destination: EnvdGuestPath, Type: "bind", Source: spec.EnvdPath, Options: []string{"rbind", "ro"}})
 	}
-	return os.WriteFile(filepath.Join(dir, "config.json"), b, 0o600)
+	return s
 }
 
 func resources(spec runtime.Spec) *specs.LinuxResources {
