@@ -16,6 +16,7 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/aenvhq/aenv/internal/build"
 	"github.com/aenvhq/aenv/internal/cluster"
 	"github.com/aenvhq/aenv/internal/proxy"
 	"github.com/aenvhq/aenv/internal/template"
@@ -32,10 +33,16 @@ type Config struct {
 	Proxy http.Handler
 	// APIKey is the key clients must send in X-API-KEY.
 	APIKey string
+	// RateLimit bounds control-plane requests per client address per
+	// second (burst: RateBurst); 0 disables the limit.
+	RateLimit float64
+	RateBurst int
 	// Domain is reported to clients: sandbox hosts are
 	// `<port>-<id>.<Domain>`.
 	Domain string
-	Logger *slog.Logger
+	// BuildHost enables the template-build routes; nil answers them 501.
+	BuildHost *build.Host
+	Logger    *slog.Logger
 }
 
 // Server is the API's http.Handler.
@@ -43,6 +50,7 @@ type Server struct {
 	cfg Config
 	log *slog.Logger
 	mux *http.ServeMux
+	api http.Handler // mux behind the rate limit
 }
 
 // New builds the API handler.
@@ -52,6 +60,10 @@ func New(cfg Config) *Server {
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux()}
 	s.routes()
+	s.api = s.mux
+	if cfg.RateLimit > 0 {
+		s.api = newRateLimiter(cfg.RateLimit, max(cfg.RateBurst, 1)).limit(s.mux)
+	}
 	return s
 }
 
@@ -81,6 +93,11 @@ func (s *Server) routes() {
 
 	m.Handle("GET /templates", s.auth(http.HandlerFunc(s.listTemplates)))
 	m.Handle("GET /templates/aliases/{alias}", s.auth(http.HandlerFunc(s.getTemplateAlias)))
+	b := newBuilds(s)
+	m.Handle("POST /v3/templates", s.auth(b.request))
+	m.Handle("POST /v2/templates/{templateID}/builds/{buildID}", s.auth(b.start))
+	m.Handle("GET /templates/{templateID}/builds/{buildID}/status", s.auth(b.status))
+	m.Handle("GET /templates/{templateID}/files/{hash}", s.auth(b.files))
 
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path))
@@ -94,7 +111,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, MaxBodyBytes)
-	s.mux.ServeHTTP(w, r)
+	s.api.ServeHTTP(w, r)
 }
 
 // auth demands the API key. The comparison is constant-time so the key

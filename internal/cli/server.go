@@ -61,6 +61,10 @@ Debian packages (a few minutes, once). Needs root.`,
 	f.StringVar(&cfg.StoreAccessKey, "store-access-key", "", "S3 access key (default: AWS_ACCESS_KEY_ID and the AWS default chain)")
 	f.StringVar(&cfg.StoreSecretKey, "store-secret-key", "", "S3 secret key (default: AWS_SECRET_ACCESS_KEY and the AWS default chain)")
 	f.IntVar(&cfg.WarmPoolSize, "warm-pool", 2, "base sandboxes kept prestarted so that creates skip the boot (0 disables; each costs ~40 MiB)")
+	f.Float64Var(&cfg.RateLimit, "rate-limit", 100, "control-plane requests per second per client address (0: unlimited); over it clients get 429 with Retry-After")
+	f.IntVar(&cfg.RateBurst, "rate-burst", 200, "requests a client may send at once before --rate-limit applies")
+	f.StringVar(&cfg.TLSCert, "tls-cert", "", "TLS certificate file (with --tls-key: serve HTTPS)")
+	f.StringVar(&cfg.TLSKey, "tls-key", "", "TLS private key file")
 	f.StringVar(&cfg.NetnsTag, "netns-tag", "aenv", "names this server's nftables tables and host interfaces (lower-case letters; distinct per server on one host)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	return cmd

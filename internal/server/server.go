@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/aenvhq/aenv/internal/api"
+	"github.com/aenvhq/aenv/internal/build"
 	"github.com/aenvhq/aenv/internal/cluster"
 	"github.com/aenvhq/aenv/internal/envd"
 	"github.com/aenvhq/aenv/internal/netns"
@@ -61,6 +62,12 @@ type Config struct {
 	// StoreAccessKey and StoreSecretKey are S3 credentials; empty uses the
 	// AWS defaults (AWS_ACCESS_KEY_ID, ...).
 	StoreAccessKey, StoreSecretKey string
+	// RateLimit and RateBurst bound control-plane requests per client
+	// address (requests per second; 0 disables).
+	RateLimit float64
+	RateBurst int
+	// TLSCert and TLSKey, when both set, make the server speak HTTPS.
+	TLSCert, TLSKey string
 	// WarmPoolSize is how many base sandboxes are kept prestarted.
 	WarmPoolSize int
 	// NetnsTag names this server's nftables tables and host interfaces, so
@@ -232,7 +239,10 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 		Templates: templates,
 		Proxy:     prx,
 		APIKey:    s.apiKey,
+		RateLimit: cfg.RateLimit,
+		RateBurst: cfg.RateBurst,
 		Domain:    domain,
+		BuildHost: &build.Host{RunscPath: cfg.RunscPath, StateDir: filepath.Join(cfg.RunDir, "build")},
 		Logger:    log,
 	})
 	s.http = &http.Server{
@@ -240,12 +250,19 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 		ReadHeaderTimeout: 10 * time.Second,
 		MaxHeaderBytes:    64 << 10,
 	}
+	tls := cfg.TLSCert != "" && cfg.TLSKey != ""
 	go func() {
-		if err := s.http.Serve(s.listener); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		var err error
+		if tls {
+			err = s.http.ServeTLS(s.listener, cfg.TLSCert, cfg.TLSKey)
+		} else {
+			err = s.http.Serve(s.listener)
+		}
+		if err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("serving HTTP", "err", err)
 		}
 	}()
-	log.Info("aenv server listening", "addr", s.listener.Addr().String(), "domain", domain, "runtime", driver.Name())
+	log.Info("aenv server listening", "addr", s.listener.Addr().String(), "tls", tls, "domain", domain, "runtime", driver.Name())
 	return s, nil
 }
 

@@ -1,0 +1,383 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/aenvhq/aenv/internal/build"
+	"github.com/aenvhq/aenv/internal/template"
+)
+
+// Build statuses, as E2B names them.
+const (
+	buildWaiting  = "waiting"
+	buildBuilding = "building"
+	buildReady    = "ready"
+	buildError    = "error"
+)
+
+// errCopyUnsupported is the answer to template builds that need uploaded
+// files.
+const errCopyUnsupported = "COPY steps are not supported through the API yet"
+
+// builds runs E2B template builds: a template is requested (POST
+// /v3/templates), then its build started with a step list (POST
+// /v2/templates/{id}/builds/{buildID}) and polled. Builds are kept in
+// memory: a restarted server forgets them, not the templates they made.
+type builds struct {
+	s  *Server
+	mu sync.Mutex
+	// byTemplate holds each template's latest build.
+	byTemplate map[string]*buildRecord
+}
+
+func newBuilds(s *Server) *builds {
+	return &builds{s: s, byTemplate: map[string]*buildRecord{}}
+}
+
+// buildRecord is one build and its log.
+type buildRecord struct {
+	templateID, buildID string
+	cpuCount, memoryMB  int
+	names               []string
+
+	mu      sync.Mutex
+	status  string
+	logs    []buildLogEntry
+	partial []byte
+	reason  *buildReason
+}
+
+// buildLogEntry is E2B's BuildLogEntry.
+type buildLogEntry struct {
+	Timestamp time.Time `json:"timestamp"`
+	Level     string    `json:"level"`
+	Message   string    `json:"message"`
+	Step      string    `json:"step,omitempty"`
+}
+
+// buildReason is E2B's BuildStatusReason.
+type buildReason struct {
+	Message    string          `json:"message"`
+	Step       string          `json:"step,omitempty"`
+	LogEntries []buildLogEntry `json:"logEntries"`
+}
+
+// Write takes the build's output, a log entry per line.
+func (b *buildRecord) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.partial = append(b.partial, p...)
+	for {
+		i := bytes.IndexByte(b.partial, '\n')
+		if i < 0 {
+			break
+		}
+		b.addLocked("info", string(b.partial[:i]))
+		b.partial = b.partial[i+1:]
+	}
+	return len(p), nil
+}
+
+func (b *buildRecord) addLocked(level, msg string) {
+	b.logs = append(b.logs, buildLogEntry{Timestamp: time.Now().UTC(), Level: level, Message: strings.TrimRight(msg, "\r")})
+}
+
+// finish records how the build ended.
+func (b *buildRecord) finish(err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.partial) > 0 {
+		b.addLocked("info", string(b.partial))
+		b.partial = nil
+	}
+	if err == nil {
+		b.status = buildReady
+		return
+	}
+	b.status = buildError
+	b.addLocked("error", err.Error())
+	step := "finalize"
+	var se *build.StepError
+	if errors.As(err, &se) {
+		step = strconv.Itoa(se.Step)
+		if se.Step == 0 {
+			step = "base"
+		}
+	}
+	tail := b.logs[max(0, len(b.logs)-20):]
+	b.reason = &buildReason{Message: err.Error(), Step: step, LogEntries: append([]buildLogEntry(nil), tail...)}
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// requestBody is E2B's TemplateBuildRequestV3.
+type requestBody struct {
+	Name     string   `json:"name"`
+	Alias    string   `json:"alias"`
+	Tags     []string `json:"tags"`
+	CPUCount int      `json:"cpuCount"`
+	MemoryMB int      `json:"memoryMB"`
+}
+
+// request answers POST /v3/templates: it names the template (its name is
+// its id, as with `aenv pull --name`) and reserves a build.
+func (bs *builds) request(w http.ResponseWriter, r *http.Request) {
+	if bs.s.cfg.BuildHost == nil {
+		writeError(w, http.StatusNotImplemented, "template builds are not enabled on this server")
+		return
+	}
+	var body requestBody
+	if !decodeBody(w, r, &body) {
+		return
+	}
+	name := body.Name
+	if name == "" {
+		name = body.Alias
+	}
+	tags := body.Tags
+	if n, tag, ok := strings.Cut(name, ":"); ok {
+		name, tags = n, append(tags, tag)
+	}
+	if name == "" {
+		name = "tpl-" + randomHex(8)
+	}
+	if !template.ValidID(name) {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid template name %q: lower-case letters, digits, '.', '_' and '-', at most 63, starting with a letter or digit", name))
+		return
+	}
+	if name == template.BaseID {
+		writeError(w, http.StatusBadRequest, "template name \"base\" is reserved for the built-in base template")
+		return
+	}
+	if body.CPUCount < 0 || body.MemoryMB < 0 {
+		writeError(w, http.StatusBadRequest, "cpuCount and memoryMB must not be negative")
+		return
+	}
+	rec := &buildRecord{
+		templateID: name, buildID: randomHex(16), status: buildWaiting,
+		cpuCount: body.CPUCount, memoryMB: body.MemoryMB, names: []string{name},
+	}
+	bs.mu.Lock()
+	if old := bs.byTemplate[name]; old != nil {
+		old.mu.Lock()
+		busy := old.status == buildBuilding
+		old.mu.Unlock()
+		if busy {
+			bs.mu.Unlock()
+			writeError(w, http.StatusConflict, fmt.Sprintf("template %s is being built (build %s)", name, old.buildID))
+			return
+		}
+	}
+	bs.byTemplate[name] = rec
+	bs.mu.Unlock()
+	if tags == nil {
+		tags = []string{}
+	}
+	writeJSON(w, http.StatusAccepted, map[string]any{
+		"templateID": rec.templateID, "buildID": rec.buildID, "public": false,
+		"names": rec.names, "aliases": rec.names, "tags": tags,
+	})
+}
+
+// lookup finds the build a path names.
+func (bs *builds) lookup(w http.ResponseWriter, r *http.Request) *buildRecord {
+	id, buildID := r.PathValue("templateID"), r.PathValue("buildID")
+	bs.mu.Lock()
+	rec := bs.byTemplate[id]
+	bs.mu.Unlock()
+	if rec == nil || rec.buildID != buildID {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("build %s of template %s not found", buildID, id))
+		return nil
+	}
+	return rec
+}
+
+// startBody is E2B's TemplateBuildStartV2.
+type startBody struct {
+	FromImage         string         `json:"fromImage"`
+	FromTemplate      string         `json:"fromTemplate"`
+	FromImageRegistry map[string]any `json:"fromImageRegistry"`
+	StartCmd          string         `json:"startCmd"`
+	ReadyCmd          string         `json:"readyCmd"`
+	Force             bool           `json:"force"`
+	Steps             []struct {
+		Type      string   `json:"type"`
+		Args      []string `json:"args"`
+		Force     bool     `json:"force"`
+		FilesHash string   `json:"filesHash"`
+	} `json:"steps"`
+}
+
+// start answers POST /v2/templates/{templateID}/builds/{buildID}: it
+// checks the steps and runs the build in the background.
+func (bs *builds) start(w http.ResponseWriter, r *http.Request) {
+	if bs.s.cfg.BuildHost == nil {
+		writeError(w, http.StatusNotImplemented, "template builds are not enabled on this server")
+		return
+	}
+	rec := bs.lookup(w, r)
+	if rec == nil {
+		return
+	}
+	var body startBody
+	if !decodeBody(w, r, &body) {
+		return
+	}
+	df, err := toDockerfile(body)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	rec.mu.Lock()
+	if rec.status != buildWaiting {
+		st := rec.status
+		rec.mu.Unlock()
+		writeError(w, http.StatusConflict, fmt.Sprintf("build %s was started already (%s)", rec.buildID, st))
+		return
+	}
+	rec.status = buildBuilding
+	rec.mu.Unlock()
+
+	log := bs.s.log.With("template_id", rec.templateID, "build_id", rec.buildID)
+	opts := build.Options{
+		Host:  *bs.s.cfg.BuildHost,
+		Store: bs.s.cfg.Templates,
+		Template: template.Template{
+			ID: rec.templateID, CPUCount: rec.cpuCount, MemoryMB: rec.memoryMB,
+			StartCmd: body.StartCmd, ReadyCmd: body.ReadyCmd,
+		},
+		Log:    rec,
+		Logger: log,
+	}
+	log.Info("template build started", "from", df.From, "steps", len(df.Steps))
+	go func() {
+		_, err := build.Run(context.WithoutCancel(r.Context()), df, opts)
+		rec.finish(err)
+		if err != nil {
+			log.Warn("template build failed", "err", err)
+			return
+		}
+		log.Info("template build finished")
+	}()
+	w.WriteHeader(http.StatusAccepted)
+}
+
+// toDockerfile maps E2B's build steps onto the builder's. Steps start as
+// E2B's do: as `user` in /home/user.
+func toDockerfile(body startBody) (*build.Dockerfile, error) {
+	if body.FromImageRegistry != nil {
+		return nil, errors.New("fromImageRegistry (registry credentials) is not supported yet; log in on the server host with docker login")
+	}
+	df := &build.Dockerfile{User: "user", Workdir: "/home/user"}
+	switch {
+	case body.FromImage != "" && body.FromTemplate != "":
+		return nil, errors.New("give one of fromImage and fromTemplate, not both")
+	case body.FromImage != "":
+		df.From, df.FromKind = body.FromImage, build.FromImage
+	case body.FromTemplate != "":
+		df.From, df.FromKind = body.FromTemplate, build.FromTemplate
+	default:
+		return nil, errors.New("fromImage or fromTemplate is required")
+	}
+	for i, s := range body.Steps {
+		bad := func(why string) error {
+			return fmt.Errorf("step %d (%s): %s", i+1, s.Type, why)
+		}
+		switch strings.ToUpper(s.Type) {
+		case "RUN":
+			if len(s.Args) < 1 || len(s.Args) > 2 || s.Args[0] == "" {
+				return nil, bad("args are [command] or [command, user]")
+			}
+			st := build.Step{Kind: build.StepRun, Args: []string{s.Args[0]}, Shell: true}
+			if len(s.Args) == 2 {
+				st.User = s.Args[1]
+			}
+			df.Steps = append(df.Steps, st)
+		case "ENV":
+			if len(s.Args) == 0 || len(s.Args)%2 != 0 {
+				return nil, bad("args are name, value pairs")
+			}
+			df.Steps = append(df.Steps, build.Step{Kind: build.StepEnv, Args: s.Args})
+		case "WORKDIR", "USER":
+			if len(s.Args) != 1 || s.Args[0] == "" {
+				return nil, bad("args are one value")
+			}
+			df.Steps = append(df.Steps, build.Step{Kind: strings.ToUpper(s.Type), Args: s.Args})
+		case "COPY", "ADD":
+			return nil, errors.New(errCopyUnsupported)
+		default:
+			return nil, bad("unsupported step type")
+		}
+	}
+	return df, nil
+}
+
+// statusBody is E2B's TemplateBuildInfo.
+type statusBody struct {
+	TemplateID string          `json:"templateID"`
+	BuildID    string          `json:"buildID"`
+	Status     string          `json:"status"`
+	Logs       []string        `json:"logs"`
+	LogEntries []buildLogEntry `json:"logEntries"`
+	Reason     *buildReason    `json:"reason,omitempty"`
+}
+
+// status answers GET /templates/{templateID}/builds/{buildID}/status with
+// the log entries from logsOffset on (at most limit of them).
+func (bs *builds) status(w http.ResponseWriter, r *http.Request) {
+	rec := bs.lookup(w, r)
+	if rec == nil {
+		return
+	}
+	offset, limit := 0, -1
+	q := r.URL.Query()
+	for name, dst := range map[string]*int{"logsOffset": &offset, "limit": &limit} {
+		if v := q.Get(name); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 0 {
+				writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid %s %q", name, v))
+				return
+			}
+			*dst = n
+		}
+	}
+	rec.mu.Lock()
+	entries := []buildLogEntry{}
+	if offset < len(rec.logs) {
+		entries = append(entries, rec.logs[offset:]...)
+	}
+	out := statusBody{
+		TemplateID: rec.templateID, BuildID: rec.buildID, Status: rec.status,
+		Reason: rec.reason,
+	}
+	rec.mu.Unlock()
+	if limit >= 0 && len(entries) > limit {
+		entries = entries[:limit]
+	}
+	out.LogEntries = entries
+	out.Logs = make([]string, len(entries))
+	for i, e := range entries {
+		out.Logs[i] = e.Message
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// files answers the SDK's upload-link request, made before a build with
+// COPY steps.
+func (bs *builds) files(w http.ResponseWriter, r *http.Request) {
+	writeError(w, http.StatusBadRequest, errCopyUnsupported)
+}
