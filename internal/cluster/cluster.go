@@ -109,6 +109,9 @@ type Sandbox struct {
 	Addr netip.Addr
 	// SnapshotID holds a paused sandbox's state.
 	SnapshotID string
+	// AllowInternet is the sandbox's egress setting, kept so that a resumed
+	// sandbox or a fork's children get the same.
+	AllowInternet bool
 }
 
 // CreateRequest describes a sandbox to create.
@@ -224,34 +227,47 @@ func (c *Cluster) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 		}
 		return nil, err
 	}
-	return c.register(ctx, nsb, req.TemplateID, req.Metadata, req.Timeout, req.AutoPause)
+	return c.register(ctx, nsb, registration{
+		requestedTemplate: req.TemplateID, metadata: req.Metadata, timeout: req.Timeout,
+		autoPause: req.AutoPause, allowInternet: req.AllowInternet,
+	})
+}
+
+// registration is what a new record takes beyond the node's description.
+type registration struct {
+	requestedTemplate string
+	metadata          map[string]string
+	timeout           time.Duration
+	autoPause         bool
+	allowInternet     bool
 }
 
 // netipZero is the address of a sandbox that has none (paused).
 var netipZero netip.Addr
 
 // register records a sandbox a node started and arms its timeout.
-func (c *Cluster) register(ctx context.Context, nsb *node.Sandbox, requestedTemplate string, metadata map[string]string, timeout time.Duration, autoPause bool) (*Sandbox, error) {
+func (c *Cluster) register(ctx context.Context, nsb *node.Sandbox, reg registration) (*Sandbox, error) {
 	id := nsb.ID
 	r := &record{sb: Sandbox{
 		ID:              id,
 		TemplateID:      nsb.TemplateID,
 		ClientID:        c.cfg.Node.ID(),
 		NodeID:          c.cfg.Node.ID(),
-		Metadata:        maps.Clone(metadata),
+		Metadata:        maps.Clone(reg.metadata),
 		State:           StateRunning,
 		StartedAt:       nsb.StartedAt,
-		EndAt:           nsb.StartedAt.Add(timeout),
+		EndAt:           nsb.StartedAt.Add(reg.timeout),
 		CPUCount:        nsb.CPUCount,
 		MemoryMB:        nsb.MemoryMB,
 		DiskMB:          nsb.DiskMB,
 		EnvdVersion:     nsb.EnvdVersion,
 		EnvdAccessToken: nsb.EnvdAccessToken,
-		AutoPause:       autoPause,
+		AutoPause:       reg.autoPause,
+		AllowInternet:   reg.allowInternet,
 		Addr:            nsb.Addr,
 	}}
-	if requestedTemplate != nsb.TemplateID {
-		r.sb.Alias = requestedTemplate
+	if reg.requestedTemplate != nsb.TemplateID {
+		r.sb.Alias = reg.requestedTemplate
 	}
 	c.mu.Lock()
 	if c.closed {

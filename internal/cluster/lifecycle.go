@@ -96,7 +96,7 @@ func (c *Cluster) Connect(ctx context.Context, id string, d time.Duration) (sb *
 	nsb, err := c.cfg.Node.Create(ctx, node.CreateRequest{
 		SandboxID:  id,
 		TemplateID: r.sb.SnapshotID,
-		Network:    netns.SlotOptions{AllowInternet: true},
+		Network:    netns.SlotOptions{AllowInternet: r.sb.AllowInternet},
 	})
 	if err != nil {
 		return nil, false, fmt.Errorf("resuming sandbox %s: %w", id, err)
@@ -192,13 +192,16 @@ func (c *Cluster) Fork(ctx context.Context, id string, count int, timeout time.D
 			defer func() { <-sem }()
 			nsb, err := c.cfg.Node.Create(ctx, node.CreateRequest{
 				TemplateID: snap.ID,
-				Network:    netns.SlotOptions{AllowInternet: true},
+				Network:    netns.SlotOptions{AllowInternet: parent.AllowInternet},
 			})
 			if err != nil {
 				results[i].Err = err
 				return
 			}
-			sb, err := c.register(ctx, nsb, parent.TemplateID, parent.Metadata, timeout, parent.AutoPause)
+			sb, err := c.register(ctx, nsb, registration{
+				requestedTemplate: parent.TemplateID, metadata: parent.Metadata, timeout: timeout,
+				autoPause: parent.AutoPause, allowInternet: parent.AllowInternet,
+			})
 			results[i] = ForkResult{Sandbox: sb, Err: err}
 		}()
 	}
