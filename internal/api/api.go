@@ -25,6 +25,9 @@ import (
 // MaxBodyBytes bounds control-plane request bodies.
 const MaxBodyBytes = 1 << 20
 
+// MaxUploadBytes bounds a template build's file upload (a COPY's files).
+const MaxUploadBytes = 4 << 30
+
 // Config wires the API.
 type Config struct {
 	Cluster   *cluster.Cluster
@@ -98,6 +101,7 @@ func (s *Server) routes() {
 	m.Handle("POST /v2/templates/{templateID}/builds/{buildID}", s.auth(b.start))
 	m.Handle("GET /templates/{templateID}/builds/{buildID}/status", s.auth(b.status))
 	m.Handle("GET /templates/{templateID}/files/{hash}", s.auth(b.files))
+	m.Handle("PUT /templates/{templateID}/files/{hash}", s.auth(b.upload))
 
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path))
@@ -110,7 +114,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.cfg.Proxy.ServeHTTP(w, r)
 		return
 	}
-	r.Body = http.MaxBytesReader(w, r.Body, MaxBodyBytes)
+	limit := int64(MaxBodyBytes)
+	if r.Method == http.MethodPut && strings.HasPrefix(r.URL.Path, "/templates/") && strings.Contains(r.URL.Path, "/files/") {
+		limit = MaxUploadBytes
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, limit)
 	s.api.ServeHTTP(w, r)
 }
 

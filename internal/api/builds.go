@@ -8,6 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,10 +28,6 @@ const (
 	buildReady    = "ready"
 	buildError    = "error"
 )
-
-// errCopyUnsupported is the answer to template builds that need uploaded
-// files.
-const errCopyUnsupported = "COPY steps are not supported through the API yet"
 
 // builds runs E2B template builds: a template is requested (POST
 // /v3/templates), then its build started with a step list (POST
@@ -88,7 +88,15 @@ func (b *buildRecord) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// maxLogEntries bounds what a build's log keeps in memory.
+const maxLogEntries = 50000
+
 func (b *buildRecord) addLocked(level, msg string) {
+	if len(b.logs) == maxLogEntries-1 && level != "error" {
+		level, msg = "warn", "(log truncated: later output is not kept)"
+	} else if len(b.logs) >= maxLogEntries-1 && level != "error" {
+		return
+	}
 	b.logs = append(b.logs, buildLogEntry{Timestamp: time.Now().UTC(), Level: level, Message: strings.TrimRight(msg, "\r")})
 }
 
@@ -237,7 +245,7 @@ func (bs *builds) start(w http.ResponseWriter, r *http.Request) {
 	if !decodeBody(w, r, &body) {
 		return
 	}
-	df, err := toDockerfile(body)
+	df, err := toDockerfile(body, bs.filesDir())
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
@@ -277,8 +285,10 @@ func (bs *builds) start(w http.ResponseWriter, r *http.Request) {
 }
 
 // toDockerfile maps E2B's build steps onto the builder's. Steps start as
-// E2B's do: as `user` in /home/user.
-func toDockerfile(body startBody) (*build.Dockerfile, error) {
+// E2B's do: as `user` in /home/user; COPY gives files to the current
+// user unless it names one. COPY sources come from filesDir.
+func toDockerfile(body startBody, filesDir string) (*build.Dockerfile, error) {
+	user := "user"
 	if body.FromImageRegistry != nil {
 		return nil, errors.New("fromImageRegistry (registry credentials) is not supported yet; log in on the server host with docker login")
 	}
@@ -316,9 +326,31 @@ func toDockerfile(body startBody) (*build.Dockerfile, error) {
 			if len(s.Args) != 1 || s.Args[0] == "" {
 				return nil, bad("args are one value")
 			}
+			if strings.EqualFold(s.Type, "USER") {
+				user = s.Args[0]
+			}
 			df.Steps = append(df.Steps, build.Step{Kind: strings.ToUpper(s.Type), Args: s.Args})
-		case "COPY", "ADD":
-			return nil, errors.New(errCopyUnsupported)
+		case "COPY":
+			// [src, dest, user, mode], the files uploaded beforehand
+			// under filesHash.
+			if len(s.Args) < 2 || len(s.Args) > 4 || s.Args[0] == "" || s.Args[1] == "" {
+				return nil, bad("args are [src, dest, user, mode]")
+			}
+			if !filesHash.MatchString(s.FilesHash) {
+				return nil, bad("filesHash is missing or invalid")
+			}
+			dir := filepath.Join(filesDir, s.FilesHash)
+			if _, err := os.Stat(filepath.Join(dir, uploadDone)); err != nil {
+				return nil, bad("its files were not uploaded (GET /templates/{templateID}/files/{hash} gives the upload URL)")
+			}
+			st := build.Step{Kind: build.StepCopy, Args: s.Args[:2], Context: filepath.Join(dir, "files"), Chown: user}
+			if len(s.Args) > 2 && s.Args[2] != "" {
+				st.Chown = s.Args[2]
+			}
+			if len(s.Args) > 3 {
+				st.Chmod = s.Args[3]
+			}
+			df.Steps = append(df.Steps, st)
 		default:
 			return nil, bad("unsupported step type")
 		}
@@ -376,8 +408,95 @@ func (bs *builds) status(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
+// filesHash is what a COPY's uploaded files are keyed by (the SDK's
+// sha256 of them).
+var filesHash = regexp.MustCompile(`^[a-zA-Z0-9_-]{1,128}$`)
+
+// uploadDone marks an upload directory complete.
+const uploadDone = "complete"
+
+// filesDir is where uploaded COPY sources are kept, one directory per
+// hash.
+func (bs *builds) filesDir() string {
+	dir := bs.s.cfg.BuildHost.StateDir
+	if dir == "" {
+		dir = filepath.Join(os.TempDir(), "aenv-build")
+	}
+	return filepath.Join(dir, "files")
+}
+
 // files answers the SDK's upload-link request, made before a build with
-// COPY steps.
+// COPY steps: whether the files are here already, and where to PUT them.
 func (bs *builds) files(w http.ResponseWriter, r *http.Request) {
-	writeError(w, http.StatusBadRequest, errCopyUnsupported)
+	if bs.s.cfg.BuildHost == nil {
+		writeError(w, http.StatusNotImplemented, "template builds are not enabled on this server")
+		return
+	}
+	hash := r.PathValue("hash")
+	if !filesHash.MatchString(hash) {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid files hash %q", hash))
+		return
+	}
+	_, err := os.Stat(filepath.Join(bs.filesDir(), hash, uploadDone))
+	scheme := "http"
+	if r.TLS != nil {
+		scheme = "https"
+	}
+	writeJSON(w, http.StatusCreated, map[string]any{
+		"present": err == nil,
+		"url":     fmt.Sprintf("%s://%s/templates/%s/files/%s", scheme, r.Host, url.PathEscape(r.PathValue("templateID")), hash),
+		// The SDK sends these with the upload; the caller has the key.
+		"headers": map[string]string{"X-API-Key": bs.s.cfg.APIKey},
+	})
+}
+
+// upload takes a COPY's files as the SDK sends them: a (gzipped) tar of
+// them, relative to its context directory. Bodies are bounded by
+// MaxUploadBytes.
+func (bs *builds) upload(w http.ResponseWriter, r *http.Request) {
+	if bs.s.cfg.BuildHost == nil {
+		writeError(w, http.StatusNotImplemented, "template builds are not enabled on this server")
+		return
+	}
+	hash := r.PathValue("hash")
+	if !filesHash.MatchString(hash) {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid files hash %q", hash))
+		return
+	}
+	final := filepath.Join(bs.filesDir(), hash)
+	if _, err := os.Stat(filepath.Join(final, uploadDone)); err == nil {
+		w.WriteHeader(http.StatusOK)
+		return
+	}
+	if err := os.MkdirAll(bs.filesDir(), 0o700); err != nil {
+		writeError(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	tmp := filepath.Join(bs.filesDir(), ".upload-"+randomHex(8))
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		writeError(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	err := build.UnpackContext(r.Body, filepath.Join(tmp, "files"))
+	if err == nil {
+		err = os.WriteFile(filepath.Join(tmp, uploadDone), nil, 0o600)
+	}
+	if err == nil {
+		os.RemoveAll(final) // an incomplete earlier upload
+		err = os.Rename(tmp, final)
+	}
+	if err != nil {
+		os.RemoveAll(tmp)
+		var tooBig *http.MaxBytesError
+		switch {
+		case errors.As(err, &tooBig):
+			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("uploaded files exceed %d bytes (the API's body limit)", tooBig.Limit))
+		case errors.Is(err, build.ErrInvalid):
+			writeError(w, http.StatusBadRequest, err.Error())
+		default:
+			writeError(w, http.StatusBadRequest, err.Error())
+		}
+		return
+	}
+	w.WriteHeader(http.StatusOK)
 }

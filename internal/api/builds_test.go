@@ -139,15 +139,36 @@ func TestTemplateBuildAPI(t *testing.T) {
 	if req.TemplateID != "apibuilt" || req.BuildID == "" || len(req.Names) != 1 {
 		t.Fatalf("request answer = %+v", req)
 	}
-	// COPY needs uploads, which are not there yet.
+	// A COPY whose files were not uploaded is refused.
 	var apiErr struct {
 		Code    int    `json:"code"`
 		Message string `json:"message"`
 	}
-	copyBody := map[string]any{"fromTemplate": "base", "steps": []map[string]any{{"type": "COPY", "args": []string{"a", "/a", "", ""}}}}
+	copyBody := map[string]any{"fromTemplate": "base", "steps": []map[string]any{{"type": "COPY", "args": []string{"a", "/a", "", ""}, "filesHash": "0123"}}}
 	if code := call(t, url, key, "POST", "/v2/templates/apibuilt/builds/"+req.BuildID, copyBody, &apiErr); code != http.StatusBadRequest ||
-		apiErr.Code != 400 || !strings.Contains(apiErr.Message, "COPY") {
+		apiErr.Code != 400 || !strings.Contains(apiErr.Message, "uploaded") {
 		t.Fatalf("COPY build: %d %+v", code, apiErr)
+	}
+	// Upload the files of a COPY as the SDK does.
+	var link struct {
+		Present bool              `json:"present"`
+		URL     string            `json:"url"`
+		Headers map[string]string `json:"headers"`
+	}
+	if code := call(t, url, key, "GET", "/templates/apibuilt/files/cafe01", nil, &link); code != http.StatusCreated || link.Present || link.URL == "" {
+		t.Fatalf("upload link: %d %+v", code, link)
+	}
+	up, _ := http.NewRequest("PUT", link.URL, bytes.NewReader(tarOf(t, "app/config.txt", "copied via the API\n")))
+	for k, v := range link.Headers {
+		up.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(up)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("upload: %d", resp.StatusCode)
 	}
 	body := map[string]any{
 		"fromTemplate": "base",
@@ -156,6 +177,7 @@ func TestTemplateBuildAPI(t *testing.T) {
 			{"type": "RUN", "args": []string{"echo $GREETING from $(id -un) > /made-by-build", "root"}},
 			{"type": "RUN", "args": []string{"id -un > whoami && echo built-step-output"}},
 			{"type": "WORKDIR", "args": []string{"/opt/w"}},
+			{"type": "COPY", "args": []string{"app/config.txt", "/opt/w/", "", "0600"}, "filesHash": "cafe01"},
 		},
 		"startCmd": "", "readyCmd": "",
 	}
@@ -199,8 +221,8 @@ func TestTemplateBuildAPI(t *testing.T) {
 	}
 	defer c.Kill(ctx, sb.SandboxID)
 	var out bytes.Buffer
-	code, err := c.Run(ctx, sb.SandboxID, "cat /made-by-build /home/user/whoami; test -d /opt/w", client.RunOptions{Stdout: &out})
-	if err != nil || code != 0 || out.String() != "hello from root\nuser\n" {
+	code, err := c.Run(ctx, sb.SandboxID, "cat /made-by-build /home/user/whoami /opt/w/config.txt; stat -c '%U %a' /opt/w/config.txt", client.RunOptions{Stdout: &out})
+	if err != nil || code != 0 || out.String() != "hello from root\nuser\ncopied via the API\nuser 600\n" {
 		t.Fatalf("in the sandbox: code %d, %v, output %q", code, err, out.String())
 	}
 

@@ -133,6 +133,7 @@ server's key file (` + localKeyFile + `), and ` + defaultURL + `.`,
 		newBenchCmd(),
 		newTemplateCmd(g),
 		newPullCmd(),
+		newBuildCmd(),
 		newVersionCmd(),
 	)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return &usageError{cmd: c, err: err} })
