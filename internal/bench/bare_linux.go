@@ -147,7 +147,7 @@ func (r *bareRunner) runsc(ctx context.Context, logPath string, args ...string) 
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = 10 * time.Second
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("runsc %s: %w%s", args[0], err, tail(logPath))
+		return fmt.Errorf("runsc %s: %w%s", args[0], err, gvisor.TailLog(logPath))
 	}
 	return nil
 }
@@ -281,20 +281,6 @@ func mountsUnder(dir string) ([]string, error) {
 		}
 	}
 	return out, sc.Err()
-}
-
-// tail returns the last lines of a runsc log, to make a failure explain
-// itself.
-func tail(path string) string {
-	b, err := os.ReadFile(path)
-	if err != nil || len(b) == 0 {
-		return ""
-	}
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	if len(lines) > 5 {
-		lines = lines[len(lines)-5:]
-	}
-	return ": " + strings.Join(lines, "; ")
 }
 
 // envdGuestPath is where the driver mounts envd in every sandbox.

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/aenvhq/aenv/internal/runtime/gvisor"
 )
 
 // MeasureSnapshot runs the snapshot suite on both halves: for each of
@@ -315,7 +317,7 @@ func (r *bareRunner) waitDirty(ctx context.Context, id string) error {
 		return r.runsc(ctx, filepath.Join(dir, "exec.log"), "exec", id, "/bin/test", "-e", readyFile) == nil, nil
 	})
 	if err != nil {
-		return fmt.Errorf("%w%s", err, tail(filepath.Join(dir, "runsc.log")))
+		return fmt.Errorf("%w%s", err, gvisor.TailLog(filepath.Join(dir, "runsc.log")))
 	}
 	return nil
 }

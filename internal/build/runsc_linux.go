@@ -18,6 +18,8 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+
+	"github.com/aenvhq/aenv/internal/runtime/gvisor"
 )
 
 // mountDir is where COPY sources appear inside a step's sandbox; Run
@@ -196,17 +198,10 @@ func writeConfig(bundle, rootfs string, spec runSpec) error {
 	} else {
 		proc.Capabilities = &specs.LinuxCapabilities{Bounding: caps}
 	}
-	mounts := []specs.Mount{
-		{Destination: "/proc", Type: "proc", Source: "proc"},
-		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
-		{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
-		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
-		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
-		// Sandboxes get a fresh tmpfs on /tmp, hiding whatever a build
-		// would leave there; so do steps (runsc would otherwise mount one
-		// only where /tmp is empty).
-		{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777"}},
-	}
+	// The tmpfs on /tmp (from KernelMounts) hides whatever a build would
+	// leave there, as sandboxes will see it; runsc would otherwise mount
+	// one only where /tmp is empty.
+	mounts := gvisor.KernelMounts()
 	for i, m := range spec.mounts {
 		mounts = append(mounts, specs.Mount{
 			Destination: fmt.Sprintf("/%s/src%d", mountDir, i), Type: "bind", Source: m,

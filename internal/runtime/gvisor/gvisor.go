@@ -200,7 +200,7 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts runti
 		actions = append(actions, runc.LeaveRunning)
 	}
 	if err := d.runc.Checkpoint(context.WithoutCancel(ctx), id, &runc.CheckpointOpts{ImagePath: imageDir}, actions...); err != nil {
-		return fmt.Errorf("checkpointing %s: %w%s", id, err, tailLog(filepath.Join(d.sandboxDir(id), "runsc.log")))
+		return fmt.Errorf("checkpointing %s: %w%s", id, err, TailLog(filepath.Join(d.sandboxDir(id), "runsc.log")))
 	}
 	if !opts.LeaveRunning {
 		// The stop is ours: do not report it as a death.
@@ -281,7 +281,7 @@ func (d *Driver) start(ctx context.Context, spec runtime.Spec, imageDir string) 
 		})
 	}
 	if err != nil {
-		return fmt.Errorf("starting runsc for %s: %w%s", spec.ID, err, tailLog(r.Log))
+		return fmt.Errorf("starting runsc for %s: %w%s", spec.ID, err, TailLog(r.Log))
 	}
 	pid, err := readPid(pidFile)
 	if err != nil {
@@ -409,9 +409,10 @@ func (d *Driver) Close() error {
 	return fmt.Errorf("unmounting %s: still mounted", p)
 }
 
-// tailLog returns the last lines of runsc's log, to make a failed start
-// explain itself.
-func tailLog(path string) string {
+// TailLog returns the last lines of a runsc log file, prefixed for
+// appending to an error, to make a failed runsc call explain itself; empty
+// if there is nothing to show.
+func TailLog(path string) string {
 	b, err := os.ReadFile(path)
 	if err != nil || len(b) == 0 {
 		return ""
