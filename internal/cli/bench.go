@@ -7,7 +7,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -148,23 +147,13 @@ func benchSuites(suite string) (create, snapshot bool, err error) {
 	return false, false, fmt.Errorf("unknown --suite %q (create, snapshot or all)", suite)
 }
 
-// benchAPI finds the server as every client command does. The bench
-// package makes the snapshot requests itself, so it needs the key too:
-// from --key, AENV_API_KEY, E2B_API_KEY or this host's server key file.
+// benchAPI finds the server as every client command does.
 func benchAPI(g *globals) (*bench.HTTPAPI, error) {
 	c, err := g.client()
 	if err != nil {
 		return nil, err
 	}
-	key := firstNonEmpty(g.key, os.Getenv("AENV_API_KEY"), os.Getenv("E2B_API_KEY"))
-	if key == "" {
-		b, err := os.ReadFile(localKeyFile)
-		if err != nil {
-			return nil, fmt.Errorf("no API key for the benchmark: pass --key or set AENV_API_KEY")
-		}
-		key = strings.TrimSpace(string(b))
-	}
-	return bench.NewHTTPAPI(c.URL(), key), nil
+	return &bench.HTTPAPI{Client: c}, nil
 }
 
 // findBenchEnvd looks for envd beside this binary, then in PATH; "" when
