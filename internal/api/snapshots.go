@@ -108,6 +108,18 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("templateID")
 	err := s.cfg.Cluster.DeleteSnapshot(r.Context(), id)
 	if errors.Is(err, cluster.ErrNotFound) {
+		// A template's tree is what its sandboxes and snapshots run on.
+		if t, terr := s.cfg.Templates.Get(id); terr == nil && t.ID != template.BaseID {
+			n, uerr := s.cfg.Cluster.TemplateUsers(r.Context(), t.ID)
+			if uerr != nil {
+				s.writeClusterError(w, r, uerr)
+				return
+			}
+			if n > 0 {
+				writeError(w, http.StatusConflict, fmt.Sprintf("template %s is in use by %d sandboxes or snapshots; kill or delete them first", t.ID, n))
+				return
+			}
+		}
 		err = s.cfg.Templates.Delete(id)
 		if errors.Is(err, template.ErrNotFound) {
 			writeError(w, http.StatusNotFound, fmt.Sprintf("no template or snapshot %q", id))

@@ -267,8 +267,9 @@ func newPauseCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "pause ID",
 		Short: "Pause a sandbox",
-		Long: `Pause sandbox ID: its processes and memory are kept, and 'aenv resume'
-or 'aenv connect' brings it back. Servers that cannot pause yet say so.`,
+		Long: `Pause sandbox ID: its whole state (processes, memory, files) is saved
+and its CPU and memory go back to the host; 'aenv resume' or 'aenv connect'
+brings it back, on this server even after a restart.`,
 		Args: needArgs("ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()

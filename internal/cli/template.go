@@ -82,7 +82,7 @@ func newTemplateRemoveCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "rm NAME",
 		Short: "Remove a template",
-		Long:  "Remove template NAME (its id) from the server. Running sandboxes made from it keep running.",
+		Long:  "Remove template NAME (its id) from the server. The server refuses while sandboxes or snapshots still use it.",
 		Args:  needArgs("NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()

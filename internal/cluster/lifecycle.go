@@ -295,3 +295,27 @@ func (c *Cluster) loadPaused() {
 		c.log.Info("paused sandbox restored from disk", "sandbox_id", sb.ID)
 	}
 }
+
+// TemplateUsers counts the sandboxes (running or paused) and snapshots that
+// run on template templateID's root filesystem: while there are any, the
+// template must not be deleted.
+func (c *Cluster) TemplateUsers(ctx context.Context, templateID string) (int, error) {
+	n := 0
+	c.mu.Lock()
+	for _, r := range c.records {
+		if r.sb.TemplateID == templateID {
+			n++
+		}
+	}
+	c.mu.Unlock()
+	snaps, err := c.cfg.Node.Snapshots(ctx)
+	if err != nil {
+		return 0, err
+	}
+	for _, s := range snaps {
+		if s.TemplateID == templateID {
+			n++
+		}
+	}
+	return n, nil
+}

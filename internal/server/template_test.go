@@ -62,4 +62,17 @@ func TestBusyboxTemplate(t *testing.T) {
 	if got != "yes also user /work" {
 		t.Fatalf("got %q, want image env, request env, default user and the image's working dir", got)
 	}
+
+	// A template in use cannot be deleted from under its sandbox.
+	url := "http://" + srv.Addr().String()
+	if status, body := rawRequest(t, srv, "DELETE", url+"/templates/tiny", ""); status != 409 {
+		t.Fatalf("deleting a template in use: %d %v, want 409", status, body)
+	}
+	runOut(t, c, sb.SandboxID, "true")
+	if err := c.Kill(ctx, sb.SandboxID); err != nil {
+		t.Fatal(err)
+	}
+	if status, body := rawRequest(t, srv, "DELETE", url+"/templates/tiny", ""); status != 204 {
+		t.Fatalf("deleting an unused template: %d %v, want 204", status, body)
+	}
 }
