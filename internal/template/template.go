@@ -94,6 +94,10 @@ func (s *Store) Get(idOrAlias string) (*Template, error) {
 	if idOrAlias == BaseID {
 		return s.base()
 	}
+	// Most lookups name an id: read it directly before scanning aliases.
+	if t, err := s.read(idOrAlias); err == nil {
+		return t, nil
+	}
 	all, err := s.List()
 	if err != nil {
 		return nil, err
