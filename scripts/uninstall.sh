@@ -102,7 +102,7 @@ ours() {
 
 if have_systemd && { [ -f "$unit_file" ] || systemctl cat "$unit" >/dev/null 2>&1; }; then
   if systemctl is-active --quiet "$unit"; then
-    say "stopping $unit (its sandboxes are killed)"
+    say "stopping $unit"
   fi
   systemctl disable --now --quiet "$unit" 2>/dev/null || systemctl stop "$unit" 2>/dev/null || true
 fi
@@ -110,7 +110,7 @@ fi
 if [ -f "$pid_file" ]; then
   pid=$(cat "$pid_file" 2>/dev/null || true)
   if ours "$pid"; then
-    say "stopping the server (pid $pid; its sandboxes are killed)"
+    say "stopping the server (pid $pid)"
     kill -TERM "$pid" 2>/dev/null || true
     for _ in $(seq 1 120); do
       alive "$pid" || break
@@ -124,6 +124,18 @@ if [ -f "$pid_file" ]; then
     say "$pid_file names pid $pid, which is not $prefix/bin/aenv: leaving it alone"
   fi
   rm -f "$pid_file"
+fi
+
+# Sandboxes outlive a stopped server (the next start takes them over);
+# uninstalling ends them, with the server's own settings.
+if [ -x "$prefix/bin/aenv" ]; then
+  opts=$(envval AENV_OPTS "$env_file")
+  # shellcheck disable=SC2086 # AENV_OPTS is a list of flags, as in the unit
+  if ! "$prefix/bin/aenv" server --cleanup --data-dir "$data_dir" --run-dir "$run_dir" $opts >"$run_dir.cleanup.log" 2>&1; then
+    say "removing the server's leftover sandboxes failed:"
+    tail -n 5 "$run_dir.cleanup.log" >&2
+  fi
+  rm -f "$run_dir.cleanup.log"
 fi
 
 # --- remove ------------------------------------------------------------------

@@ -237,6 +237,8 @@ class TestServer {
       '--netns-tag', this.tag,
       '--sandbox-cidr', this.cidr,
       '--log-level', 'debug',
+      // Sandboxes outlive a stopped server by default; tests must not leak.
+      '--on-stop', 'kill',
     ]
     // runsc normally comes from PATH (scripts/install-deps.sh puts it in
     // /usr/local/bin); AENV_RUNSC names another one.

@@ -184,6 +184,11 @@ func (s *Server) writeClusterError(w http.ResponseWriter, r *http.Request, err e
 		writeError(w, http.StatusConflict, err.Error())
 	case errors.Is(err, cluster.ErrUnsupported):
 		writeError(w, http.StatusNotImplemented, err.Error())
+	case errors.Is(err, cluster.ErrUnavailable):
+		// Running sandboxes keep running; only changes wait for the store.
+		w.Header().Set("Retry-After", "2")
+		s.log.Warn("state store unavailable", "method", r.Method, "path", r.URL.Path, "err", err)
+		writeError(w, http.StatusServiceUnavailable, "the state store is unavailable; try again shortly: "+err.Error())
 	default:
 		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 		writeError(w, http.StatusInternalServerError, err.Error())

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/aenvhq/aenv/internal/client"
+	"github.com/aenvhq/aenv/internal/cluster"
 	"github.com/aenvhq/aenv/internal/server"
 	"github.com/aenvhq/aenv/internal/testutil"
 )
@@ -48,6 +49,7 @@ func startServer(t *testing.T) (url, key string) {
 		NetnsTag:      "bldt",
 		NetnsPoolSize: 1,
 		WarmPoolSize:  0,
+		OnStop:        cluster.StopKill,
 		Logger:        slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
 	})
 	if err != nil {

@@ -130,7 +130,7 @@ func (s *Server) createSandbox(defaultTimeout time.Duration) http.HandlerFunc {
 }
 
 func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request, id string) {
-	sb, err := s.cfg.Cluster.Get(id)
+	sb, err := s.cfg.Cluster.Get(r.Context(), id)
 	if err != nil {
 		s.writeClusterError(w, r, err)
 		return
@@ -181,7 +181,7 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request, id string) {
 	if !ok {
 		return
 	}
-	if _, err := s.cfg.Cluster.SetTimeout(id, d); err != nil {
+	if _, err := s.cfg.Cluster.SetTimeout(r.Context(), id, d); err != nil {
 		s.writeClusterError(w, r, err)
 		return
 	}
@@ -193,7 +193,7 @@ func (s *Server) refresh(w http.ResponseWriter, r *http.Request, id string) {
 	if !ok {
 		return
 	}
-	if _, err := s.cfg.Cluster.Refresh(id, d); err != nil {
+	if _, err := s.cfg.Cluster.Refresh(r.Context(), id, d); err != nil {
 		s.writeClusterError(w, r, err)
 		return
 	}

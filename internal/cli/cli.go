@@ -134,6 +134,8 @@ server's key file (` + localKeyFile + `), and ` + defaultURL + `.`,
 		newTemplateCmd(g),
 		newPullCmd(),
 		newBuildCmd(),
+		newStateCmd(),
+		newEtcdCmd(),
 		newVersionCmd(),
 	)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return &usageError{cmd: c, err: err} })

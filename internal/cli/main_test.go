@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/aenvhq/aenv/internal/client"
+	"github.com/aenvhq/aenv/internal/cluster"
 	"github.com/aenvhq/aenv/internal/server"
 	"github.com/aenvhq/aenv/internal/testutil"
 )
@@ -97,6 +98,7 @@ func startServer(t *testing.T) *testEnv {
 			NetnsTag:      "clit",
 			NetnsPoolSize: 2,
 			WarmPoolSize:  1,
+			OnStop:        cluster.StopKill,
 			Logger:        slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
 		})
 	})

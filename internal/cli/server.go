@@ -2,12 +2,14 @@ package cli
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/aenvhq/aenv/internal/cluster"
 	"github.com/aenvhq/aenv/internal/server"
 )
 
@@ -15,7 +17,8 @@ const defaultDataDir = "/var/lib/aenv"
 
 func newServerCmd() *cobra.Command {
 	var cfg server.Config
-	var logLevel string
+	var logLevel, onStop string
+	var drain, cleanup bool
 	cmd := &cobra.Command{
 		Use:   "server",
 		Short: "Run the aenv server (API, proxy and a local node)",
@@ -24,7 +27,17 @@ in-process node that runs sandboxes under gVisor on this host.
 
 On first start it generates an API key into <data-dir>/secrets/api-key
 (mode 0600; AENV_API_KEY overrides) and builds the 'base' template from
-Debian packages (a few minutes, once). Needs root.`,
+Debian packages (a few minutes, once). Needs root.
+
+The live state (sandbox records, deadlines) is kept in etcd: by default an
+embedded member in <data-dir>/etcd that listens only on a unix socket in
+<run-dir>; --etcd-endpoints uses an external cluster instead (the server
+waits for it, retrying, if it is down at start).
+
+Stopping the server (SIGTERM, an upgrade, even kill -9) does not stop the
+sandboxes: the next start takes them over, running as they were.
+--drain-on-stop pauses them on SIGTERM instead (a host that is going away),
+and --on-stop=kill kills them.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var level slog.Level
@@ -35,14 +48,37 @@ Debian packages (a few minutes, once). Needs root.`,
 			if cfg.APIKey == "" {
 				cfg.APIKey = os.Getenv("AENV_API_KEY")
 			}
+			if drain {
+				onStop = "pause"
+			}
+			stopTimeout := 30 * time.Second
+			switch onStop {
+			case "keep":
+				cfg.OnStop = cluster.StopKeep
+			case "pause":
+				cfg.OnStop = cluster.StopPause
+				// Pausing writes every sandbox's memory to disk.
+				stopTimeout = 10 * time.Minute
+			case "kill":
+				cfg.OnStop = cluster.StopKill
+			default:
+				return fmt.Errorf("--on-stop must be keep, pause or kill, not %q", onStop)
+			}
 			ctx := cmd.Context()
+			if cleanup {
+				if err := server.Cleanup(ctx, cfg); err != nil {
+					return err
+				}
+				cfg.Logger.Info("removed the sandboxes and network slots a stopped server left", "run_dir", cfg.RunDir)
+				return nil
+			}
 			srv, err := server.Start(ctx, cfg)
 			if err != nil {
 				return err
 			}
 			<-ctx.Done()
-			cfg.Logger.Info("shutting down: killing sandboxes")
-			sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			cfg.Logger.Info("shutting down", "sandboxes", onStop)
+			sctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
 			defer cancel()
 			return srv.Close(sctx)
 		},
@@ -66,6 +102,14 @@ Debian packages (a few minutes, once). Needs root.`,
 	f.StringVar(&cfg.TLSCert, "tls-cert", "", "TLS certificate file (with --tls-key: serve HTTPS)")
 	f.StringVar(&cfg.TLSKey, "tls-key", "", "TLS private key file")
 	f.StringVar(&cfg.NetnsTag, "netns-tag", "aenv", "names this server's nftables tables and host interfaces (lower-case letters; distinct per server on one host)")
+	f.StringSliceVar(&cfg.EtcdEndpoints, "etcd-endpoints", nil, "external etcd cluster for the live state (URL[,URL...]; default: an embedded member in <data-dir>/etcd)")
+	f.StringVar(&cfg.EtcdCAFile, "etcd-ca", "", "CA certificate to verify --etcd-endpoints")
+	f.StringVar(&cfg.EtcdCertFile, "etcd-cert", "", "client certificate for --etcd-endpoints")
+	f.StringVar(&cfg.EtcdKeyFile, "etcd-key", "", "client key for --etcd-endpoints")
+	f.StringSliceVar(&cfg.EtcdClientURLs, "etcd-listen", nil, "loopback URLs the embedded etcd listens on instead of its unix socket (e.g. http://127.0.0.1:23790)")
+	f.StringVar(&onStop, "on-stop", "keep", "what stopping the server does with running sandboxes: keep (the next start takes them over), pause or kill")
+	f.BoolVar(&drain, "drain-on-stop", false, "pause every running sandbox on SIGTERM (same as --on-stop=pause), for a host that is going away")
+	f.BoolVar(&cleanup, "cleanup", false, "do not serve: kill every sandbox a stopped server with these settings left running, remove its network slots, and exit (for uninstalling)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	return cmd
 }

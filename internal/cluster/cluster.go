@@ -1,8 +1,10 @@
 // Package cluster is the control plane's model of the sandboxes it runs:
 // their records (metadata, owners, deadlines), their placement on nodes and
 // the timeouts that end them. The api package drives it; it drives nodes.
-// Today the records live in memory and the one node is in-process; the
-// node seam is the Node interface, so a remote node slots in behind it.
+// The records live in the state store (etcd), never only in this process:
+// a restarted server finds every sandbox where it left it, and the
+// deadlines are enforced by whichever server wins the election. The node
+// seam is the Node interface; today the one node is in-process.
 package cluster
 
 import (
@@ -20,6 +22,7 @@ import (
 	"github.com/aenvhq/aenv/internal/netns"
 	"github.com/aenvhq/aenv/internal/node"
 	"github.com/aenvhq/aenv/internal/snapshot"
+	"github.com/aenvhq/aenv/internal/state"
 )
 
 // Errors the API maps to status codes.
@@ -34,6 +37,8 @@ var (
 	ErrConflict = errors.New("conflict")
 	// ErrUnsupported: the operation is not available yet.
 	ErrUnsupported = errors.New("not supported")
+	// ErrUnavailable: the state store cannot be reached; try again later.
+	ErrUnavailable = state.ErrUnavailable
 )
 
 // State is a sandbox's lifecycle state as E2B names it.
@@ -54,6 +59,9 @@ type Node interface {
 	Usage(ctx context.Context, id string) (node.Usage, error)
 	// OnExit registers a handler for sandboxes that died on their own.
 	OnExit(fn func(id string))
+	// List returns the sandboxes the node runs (after a restart, those it
+	// recovered), for reconciling with the records.
+	List() []*node.Sandbox
 	Snapshot(ctx context.Context, id string, opts node.SnapshotOptions) (*snapshot.Snapshot, error)
 	Snapshots(ctx context.Context, kinds ...snapshot.Kind) ([]*snapshot.Snapshot, error)
 	GetSnapshot(ctx context.Context, idOrName string) (*snapshot.Snapshot, error)
@@ -78,43 +86,54 @@ var DefaultLimits = Limits{MaxTimeout: 24 * time.Hour, MaxCPUCount: 8, MaxMemory
 type Config struct {
 	Node   Node
 	Limits Limits
+	// State holds the records; required.
+	State state.Store
 	// OnGone, if set, is called after a sandbox is killed, paused or died,
 	// e.g. to cut the proxy's connections to it.
 	OnGone func(id string)
-	// StateDir keeps the records of paused sandboxes, so that they survive
-	// a restart; empty keeps them in memory only.
-	StateDir string
-	Logger   *slog.Logger
+	// LegacyStateDir is where servers before the state store kept the
+	// records of paused sandboxes (<dir>/paused/*.json); Open moves them
+	// into the store once.
+	LegacyStateDir string
+	// Candidate names this server in the deadline election; it must be
+	// unique to one server at a time (a restarted server evicts its dead
+	// predecessor by it). Empty means the node's id.
+	Candidate string
+	// TickInterval is how often the elected server looks for deadlines
+	// that passed; 0 means 250ms.
+	TickInterval time.Duration
+	Logger       *slog.Logger
 }
 
 // Sandbox is the control plane's record of a sandbox. Values returned by
 // the cluster are copies.
 type Sandbox struct {
-	ID              string
-	TemplateID      string
-	Alias           string
-	ClientID        string
-	NodeID          string
-	Metadata        map[string]string
-	State           State
-	StartedAt       time.Time
-	EndAt           time.Time
-	CPUCount        int
-	MemoryMB        int
-	DiskMB          int
-	EnvdVersion     string
-	EnvdAccessToken string
-	AutoPause       bool
-	// Addr is where the sandbox's ports are reached from this host.
-	Addr netip.Addr
+	ID              string            `json:"id"`
+	TemplateID      string            `json:"templateID"`
+	Alias           string            `json:"alias,omitempty"`
+	ClientID        string            `json:"clientID"`
+	NodeID          string            `json:"nodeID"`
+	Metadata        map[string]string `json:"metadata,omitempty"`
+	State           State             `json:"state"`
+	StartedAt       time.Time         `json:"startedAt"`
+	EndAt           time.Time         `json:"endAt"`
+	CPUCount        int               `json:"cpuCount"`
+	MemoryMB        int               `json:"memoryMB"`
+	DiskMB          int               `json:"diskMB"`
+	EnvdVersion     string            `json:"envdVersion"`
+	EnvdAccessToken string            `json:"envdAccessToken,omitempty"`
+	AutoPause       bool              `json:"autoPause,omitempty"`
+	// Addr is where the sandbox's ports are reached from its node.
+	Addr netip.Addr `json:"addr,omitzero"`
 	// SnapshotID holds a paused sandbox's state.
-	SnapshotID string
+	SnapshotID string `json:"snapshotID,omitempty"`
 	// AllowInternet is the sandbox's egress setting, kept so that a resumed
 	// sandbox or a fork's children get the same.
-	AllowInternet bool
+	AllowInternet bool `json:"allowInternet,omitempty"`
 }
 
-// CreateRequest describes a sandbox to create.
+// CreateRequest describes a sandbox to create. EnvVars are handed to the
+// sandbox and never stored: they are the user's secrets.
 type CreateRequest struct {
 	TemplateID    string
 	Timeout       time.Duration
@@ -127,47 +146,77 @@ type CreateRequest struct {
 	MemoryMB      int
 }
 
-type record struct {
-	sb    Sandbox
-	timer *time.Timer
-	// busy is set while a pause, resume or snapshot runs, so that two of
-	// them cannot interleave on one sandbox.
-	busy bool
-}
-
 // Cluster tracks sandboxes. It is safe for concurrent use.
 type Cluster struct {
-	cfg Config
-	log *slog.Logger
+	cfg  Config
+	log  *slog.Logger
+	recs *records
 
-	mu      sync.Mutex
-	records map[string]*record
-	closed  bool
+	mu     sync.Mutex
+	closed bool
+	// expiring holds the ids whose timeout this server is handling.
+	expiring map[string]bool
+
+	stop context.CancelFunc
+	bg   sync.WaitGroup
 }
 
-// New returns a cluster with no sandboxes.
-func New(cfg Config) *Cluster {
+// Open loads the records from the state store, moves legacy paused
+// records into it, reconciles the records with the sandboxes the node
+// runs (see reconcile) and starts following the store and campaigning to
+// enforce deadlines. Close stops that.
+func Open(ctx context.Context, cfg Config) (*Cluster, error) {
+	if cfg.State == nil || cfg.Node == nil {
+		return nil, errors.New("opening cluster: a state store and a node are required")
+	}
 	if cfg.Limits == (Limits{}) {
 		cfg.Limits = DefaultLimits
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	c := &Cluster{cfg: cfg, log: cfg.Logger, records: make(map[string]*record)}
+	if cfg.TickInterval == 0 {
+		cfg.TickInterval = 250 * time.Millisecond
+	}
+	if cfg.Candidate == "" {
+		cfg.Candidate = cfg.Node.ID()
+	}
+	c := &Cluster{cfg: cfg, log: cfg.Logger, recs: newRecords(cfg.State), expiring: map[string]bool{}}
+	if err := c.migrateLegacy(ctx); err != nil {
+		return nil, err
+	}
+	rev, err := c.recs.load(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.reconcile(ctx); err != nil {
+		return nil, err
+	}
 	cfg.Node.OnExit(c.forget)
-	c.loadPaused()
-	return c
+	bg, stop := context.WithCancel(context.WithoutCancel(ctx))
+	c.stop = stop
+	c.bg.Add(2)
+	go func() {
+		defer c.bg.Done()
+		c.recs.follow(bg, rev, func(err error) { c.log.Warn("following sandbox records", "err", err) })
+	}()
+	go func() {
+		defer c.bg.Done()
+		c.campaign(bg)
+	}()
+	return c, nil
 }
 
-// forget drops the record of a sandbox that no longer exists on its node.
+// forget drops the record of a sandbox that died on its own on its node,
+// leaving the reason for whoever asks for it.
 func (c *Cluster) forget(id string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if r, ok := c.records[id]; ok {
-		if r.timer != nil {
-			r.timer.Stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, _, ok := c.recs.get(id); ok {
+		reason := "the sandbox exited unexpectedly (out of memory?)"
+		if err := c.recs.remove(ctx, id, reason); err != nil {
+			c.log.Error("removing record of exited sandbox", "sandbox_id", id, "err", err)
 		}
-		delete(c.records, id)
 		c.log.Warn("sandbox ended on its own", "sandbox_id", id)
 	}
 	c.gone(id)
@@ -245,10 +294,12 @@ type registration struct {
 // netipZero is the address of a sandbox that has none (paused).
 var netipZero netip.Addr
 
-// register records a sandbox a node started and arms its timeout.
+// register stores the record of a sandbox a node started. If the record
+// cannot be stored the sandbox is killed: a sandbox nobody can find must
+// not run.
 func (c *Cluster) register(ctx context.Context, nsb *node.Sandbox, reg registration) (*Sandbox, error) {
 	id := nsb.ID
-	r := &record{sb: Sandbox{
+	r := record{Sandbox: Sandbox{
 		ID:              id,
 		TemplateID:      nsb.TemplateID,
 		ClientID:        c.cfg.Node.ID(),
@@ -267,66 +318,50 @@ func (c *Cluster) register(ctx context.Context, nsb *node.Sandbox, reg registrat
 		Addr:            nsb.Addr,
 	}}
 	if reg.requestedTemplate != nsb.TemplateID {
-		r.sb.Alias = reg.requestedTemplate
+		r.Alias = reg.requestedTemplate
 	}
 	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		_ = c.cfg.Node.Kill(context.WithoutCancel(ctx), id)
-		return nil, errors.New("creating sandbox: server is shutting down")
-	}
-	c.records[id] = r
-	c.armLocked(r)
-	out := r.sb
-	out.Metadata = maps.Clone(r.sb.Metadata)
+	closed := c.closed
 	c.mu.Unlock()
+	var err error
+	if closed {
+		err = errors.New("server is shutting down")
+	} else {
+		err = c.recs.create(ctx, r)
+	}
+	if err != nil {
+		if kerr := c.cfg.Node.Kill(context.WithoutCancel(ctx), id); kerr != nil {
+			c.log.Error("killing unrecorded sandbox", "sandbox_id", id, "err", kerr)
+		}
+		return nil, fmt.Errorf("creating sandbox %s: %w", id, err)
+	}
+	out := r.Sandbox
 	return &out, nil
 }
 
-// armLocked (re)starts r's timeout timer for its EndAt.
-func (c *Cluster) armLocked(r *record) {
-	if r.timer != nil {
-		r.timer.Stop()
-	}
-	id := r.sb.ID
-	r.timer = time.AfterFunc(time.Until(r.sb.EndAt), func() { c.expire(id) })
-}
-
-// expire ends a sandbox whose deadline passed (unless it moved meanwhile).
-func (c *Cluster) expire(id string) {
-	c.mu.Lock()
-	r, ok := c.records[id]
-	if !ok || time.Now().Before(r.sb.EndAt) || r.sb.State != StateRunning {
-		c.mu.Unlock()
-		return
-	}
-	autoPause := r.sb.AutoPause
-	c.mu.Unlock()
-	if autoPause {
-		c.log.Info("sandbox timed out; pausing it", "sandbox_id", id)
-		if err := c.Pause(context.Background(), id); err == nil || errors.Is(err, ErrNotFound) {
-			return
-		} else {
-			c.log.Warn("pausing timed-out sandbox failed; killing it", "sandbox_id", id, "err", err)
+// Get returns a copy of a sandbox's record. For an id that is gone for a
+// known reason (lost, died) in the last 24 h the ErrNotFound says why.
+func (c *Cluster) Get(ctx context.Context, id string) (*Sandbox, error) {
+	r, _, ok := c.recs.get(id)
+	if !ok {
+		var err error
+		if r, _, err = c.recs.fetch(ctx, id); err != nil {
+			if errors.Is(err, state.ErrNotFound) {
+				return nil, c.notFound(ctx, id)
+			}
+			return nil, fmt.Errorf("looking up sandbox %s: %w", id, err)
 		}
 	}
-	c.log.Info("sandbox timed out", "sandbox_id", id)
-	if err := c.Kill(context.Background(), id); err != nil && !errors.Is(err, ErrNotFound) {
-		c.log.Warn("killing timed-out sandbox", "sandbox_id", id, "err", err)
-	}
+	out := r.Sandbox
+	return &out, nil
 }
 
-// Get returns a copy of a sandbox's record.
-func (c *Cluster) Get(id string) (*Sandbox, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	r, ok := c.records[id]
-	if !ok {
-		return nil, fmt.Errorf("%w: %s", ErrNotFound, id)
+// notFound is the ErrNotFound for id, with the reason it is gone if known.
+func (c *Cluster) notFound(ctx context.Context, id string) error {
+	if why := c.recs.whyGone(ctx, id); why != "" {
+		return fmt.Errorf("%w: %s: %s", ErrNotFound, id, why)
 	}
-	out := r.sb
-	out.Metadata = maps.Clone(r.sb.Metadata)
-	return &out, nil
+	return fmt.Errorf("%w: %s", ErrNotFound, id)
 }
 
 // ListFilter selects sandboxes.
@@ -339,17 +374,14 @@ type ListFilter struct {
 
 // List returns the sandboxes matching f, ordered by start time then id.
 func (c *Cluster) List(f ListFilter) []*Sandbox {
-	c.mu.Lock()
 	var out []*Sandbox
-	for _, r := range c.records {
-		if !f.match(&r.sb) {
+	for _, r := range c.recs.all() {
+		if !f.match(&r.Sandbox) {
 			continue
 		}
-		sb := r.sb
-		sb.Metadata = maps.Clone(r.sb.Metadata)
+		sb := r.Sandbox
 		out = append(out, &sb)
 	}
-	c.mu.Unlock()
 	sort.Slice(out, func(i, j int) bool {
 		if !out[i].StartedAt.Equal(out[j].StartedAt) {
 			return out[i].StartedAt.Before(out[j].StartedAt)
@@ -376,69 +408,67 @@ func (f ListFilter) match(sb *Sandbox) bool {
 	return false
 }
 
-// Kill ends a sandbox and forgets it.
+// Kill ends a sandbox and forgets it. The record goes first: once Kill
+// has begun no other server can pause or resume the sandbox.
 func (c *Cluster) Kill(ctx context.Context, id string) error {
-	c.mu.Lock()
-	r, ok := c.records[id]
-	if ok {
-		delete(c.records, id)
-		if r.timer != nil {
-			r.timer.Stop()
-		}
+	sb, err := c.Get(ctx, id)
+	if err != nil {
+		return err
 	}
-	c.mu.Unlock()
-	if !ok {
-		return fmt.Errorf("%w: %s", ErrNotFound, id)
+	if err := c.recs.remove(ctx, id, ""); err != nil {
+		return err
 	}
-	if r.sb.State == StatePaused {
-		c.removePausedRecord(id)
-		if err := c.cfg.Node.DeleteSnapshot(ctx, r.sb.SnapshotID); err != nil {
+	if sb.State == StatePaused {
+		if err := c.cfg.Node.DeleteSnapshot(ctx, sb.SnapshotID); err != nil {
 			c.log.Warn("deleting paused sandbox's snapshot", "sandbox_id", id, "err", err)
 		}
 		return nil
 	}
-	err := c.cfg.Node.Kill(ctx, id)
+	err = c.cfg.Node.Kill(ctx, id)
 	c.gone(id)
+	if errors.Is(err, node.ErrNotFound) {
+		return nil // it died meanwhile; the record is gone either way
+	}
 	return err
 }
 
 // SetTimeout moves a sandbox's deadline to now + d.
-func (c *Cluster) SetTimeout(id string, d time.Duration) (*Sandbox, error) {
-	return c.extend(id, d, false)
+func (c *Cluster) SetTimeout(ctx context.Context, id string, d time.Duration) (*Sandbox, error) {
+	return c.extend(ctx, id, d, false)
 }
 
 // Refresh moves a sandbox's deadline to now + d unless it is already later.
-func (c *Cluster) Refresh(id string, d time.Duration) (*Sandbox, error) {
-	return c.extend(id, d, true)
+func (c *Cluster) Refresh(ctx context.Context, id string, d time.Duration) (*Sandbox, error) {
+	return c.extend(ctx, id, d, true)
 }
 
-func (c *Cluster) extend(id string, d time.Duration, onlyLater bool) (*Sandbox, error) {
+func (c *Cluster) extend(ctx context.Context, id string, d time.Duration, onlyLater bool) (*Sandbox, error) {
 	if d <= 0 || d > c.cfg.Limits.MaxTimeout {
 		return nil, fmt.Errorf("%w: timeout must be between 1s and %s", ErrInvalid, c.cfg.Limits.MaxTimeout)
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	r, ok := c.records[id]
-	if !ok {
-		return nil, fmt.Errorf("%w: %s", ErrNotFound, id)
+	r, err := c.recs.mutate(ctx, id, func(r *record) error {
+		if r.State != StateRunning {
+			return fmt.Errorf("%w: sandbox %s is %s (connect resumes it)", ErrConflict, id, r.State)
+		}
+		end := time.Now().UTC().Add(d)
+		if onlyLater && end.Before(r.EndAt) {
+			return errUnchanged
+		}
+		r.EndAt = end
+		return nil
+	})
+	if err != nil {
+		if errors.Is(err, ErrNotFound) {
+			return nil, c.notFound(ctx, id)
+		}
+		return nil, err
 	}
-	if r.sb.State != StateRunning {
-		return nil, fmt.Errorf("%w: sandbox %s is %s (connect resumes it)", ErrConflict, id, r.sb.State)
-	}
-	end := time.Now().UTC().Add(d)
-	if onlyLater && end.Before(r.sb.EndAt) {
-		out := r.sb
-		return &out, nil
-	}
-	r.sb.EndAt = end
-	c.armLocked(r)
-	out := r.sb
-	return &out, nil
+	return &r.Sandbox, nil
 }
 
 // Usage reads a sandbox's resource use from its node.
 func (c *Cluster) Usage(ctx context.Context, id string) (node.Usage, *Sandbox, error) {
-	sb, err := c.Get(id)
+	sb, err := c.Get(ctx, id)
 	if err != nil {
 		return node.Usage{}, nil, err
 	}
@@ -449,23 +479,50 @@ func (c *Cluster) Usage(ctx context.Context, id string) (node.Usage, *Sandbox, e
 	return u, sb, err
 }
 
-// Close kills every sandbox; the cluster accepts no creates afterwards.
-func (c *Cluster) Close(ctx context.Context) error {
+// StopMode says what Close does with running sandboxes.
+type StopMode int
+
+// Stop modes.
+const (
+	// StopKeep leaves them running and recorded, for the next server.
+	StopKeep StopMode = iota
+	// StopPause pauses each one first (a host that is going away).
+	StopPause
+	// StopKill kills each one and removes its record.
+	StopKill
+)
+
+// Close stops following the store and campaigning; the cluster accepts no
+// creates afterwards. What happens to the node's running sandboxes is
+// mode's.
+func (c *Cluster) Close(ctx context.Context, mode StopMode) error {
 	c.mu.Lock()
 	c.closed = true
-	ids := make([]string, 0, len(c.records))
-	for id, r := range c.records {
-		// Paused sandboxes outlive the server: their state is on disk.
-		if r.sb.State == StateRunning {
-			ids = append(ids, id)
-		}
-	}
 	c.mu.Unlock()
 	var errs []error
-	for _, id := range ids {
-		if err := c.Kill(ctx, id); err != nil && !errors.Is(err, ErrNotFound) {
-			errs = append(errs, err)
+	if mode != StopKeep {
+		self := c.cfg.Node.ID()
+		for _, r := range c.recs.all() {
+			if r.State != StateRunning || r.NodeID != self {
+				continue
+			}
+			var err error
+			if mode == StopPause {
+				if err = c.Pause(ctx, r.ID); err != nil {
+					c.log.Warn("pausing sandbox on stop failed; it keeps running", "sandbox_id", r.ID, "err", err)
+				} else {
+					c.log.Info("sandbox paused on stop", "sandbox_id", r.ID)
+				}
+				continue
+			}
+			if err = c.Kill(ctx, r.ID); err != nil && !errors.Is(err, ErrNotFound) {
+				errs = append(errs, err)
+			}
 		}
 	}
+	if c.stop != nil {
+		c.stop()
+	}
+	c.bg.Wait()
 	return errors.Join(errs...)
 }

@@ -2,12 +2,9 @@ package cluster
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
-	"os"
-	"path/filepath"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -16,59 +13,67 @@ import (
 	"github.com/aenvhq/aenv/internal/snapshot"
 )
 
-// claim marks a running sandbox busy for a state change; release undoes it.
-func (c *Cluster) claim(id string, want State) (*record, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	r, ok := c.records[id]
-	if !ok {
-		return nil, fmt.Errorf("%w: %s", ErrNotFound, id)
-	}
-	if r.busy {
-		return nil, fmt.Errorf("%w: sandbox %s is being paused, resumed or snapshotted", ErrConflict, id)
-	}
-	if r.sb.State != want {
-		return nil, fmt.Errorf("%w: sandbox %s is %s", ErrConflict, id, r.sb.State)
-	}
-	r.busy = true
-	return r, nil
+// claim marks a sandbox in state want busy with op, in the store, so that
+// no other operation (from this server or another) interleaves; release
+// clears the mark. A mark older than staleOp is taken over.
+func (c *Cluster) claim(ctx context.Context, id string, want State, op string) (record, error) {
+	return c.recs.mutate(ctx, id, func(r *record) error {
+		if r.Op != "" && time.Since(r.OpSince) < staleOp {
+			return fmt.Errorf("%w: sandbox %s is busy (%s in progress)", ErrConflict, id, r.Op)
+		}
+		if r.State != want {
+			return fmt.Errorf("%w: sandbox %s is %s", ErrConflict, id, r.State)
+		}
+		r.Op, r.OpSince = op, time.Now().UTC()
+		return nil
+	})
 }
 
-func (c *Cluster) release(r *record) {
-	c.mu.Lock()
-	r.busy = false
-	c.mu.Unlock()
+func (c *Cluster) release(ctx context.Context, id, op string) {
+	_, err := c.recs.mutate(context.WithoutCancel(ctx), id, func(r *record) error {
+		if r.Op != op {
+			return errUnchanged
+		}
+		r.Op, r.OpSince = "", time.Time{}
+		return nil
+	})
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		c.log.Warn("clearing operation mark", "sandbox_id", id, "op", op, "err", err)
+	}
 }
 
 // Pause saves a running sandbox's whole state and releases its CPU, memory
 // and network; Connect resumes it. Pausing a paused sandbox is ErrConflict.
 func (c *Cluster) Pause(ctx context.Context, id string) error {
-	r, err := c.claim(id, StateRunning)
-	if err != nil {
+	if _, err := c.claim(ctx, id, StateRunning, "pause"); err != nil {
 		return err
 	}
-	defer c.release(r)
 	snap, err := c.cfg.Node.Snapshot(ctx, id, node.SnapshotOptions{Kind: snapshot.KindPause, Stop: true})
 	if err != nil {
+		c.release(ctx, id, "pause")
 		if errors.Is(err, node.ErrUnsupported) {
 			return fmt.Errorf("%w: %v", ErrUnsupported, err)
 		}
 		return err
 	}
 	c.gone(id)
-	c.mu.Lock()
-	if r.timer != nil {
-		r.timer.Stop()
+	return c.finishPause(context.WithoutCancel(ctx), id, snap.ID)
+}
+
+// finishPause records that sandbox id is paused in snapshot snapID. A
+// sandbox killed meanwhile takes its snapshot with it.
+func (c *Cluster) finishPause(ctx context.Context, id, snapID string) error {
+	_, err := c.recs.mutate(ctx, id, func(r *record) error {
+		r.State = StatePaused
+		r.SnapshotID = snapID
+		r.Addr = netipZero
+		r.Op, r.OpSince = "", time.Time{}
+		return nil
+	})
+	if errors.Is(err, ErrNotFound) {
+		c.deleteSnapshotQuietly(snapID, "pause snapshot of a killed sandbox")
 	}
-	r.sb.State = StatePaused
-	r.sb.SnapshotID = snap.ID
-	r.sb.Addr = netipZero
-	sb := r.sb
-	c.mu.Unlock()
-	if err := c.savePausedRecord(&sb); err != nil {
-		c.log.Warn("persisting paused sandbox record", "sandbox_id", id, "err", err)
-	}
-	return nil
+	return err
 }
 
 // Connect returns a sandbox ready for use, extending its deadline to at
@@ -77,44 +82,58 @@ func (c *Cluster) Connect(ctx context.Context, id string, d time.Duration) (sb *
 	if d <= 0 || d > c.cfg.Limits.MaxTimeout {
 		return nil, false, fmt.Errorf("%w: timeout must be between 1s and %s", ErrInvalid, c.cfg.Limits.MaxTimeout)
 	}
-	c.mu.Lock()
-	r, ok := c.records[id]
-	paused := ok && r.sb.State == StatePaused
-	c.mu.Unlock()
-	if !ok {
-		return nil, false, fmt.Errorf("%w: %s", ErrNotFound, id)
-	}
-	if !paused {
-		sb, err := c.Refresh(id, d)
-		return sb, false, err
-	}
-	r, err = c.claim(id, StatePaused)
+	cur, err := c.Get(ctx, id)
 	if err != nil {
 		return nil, false, err
 	}
-	defer c.release(r)
+	if cur.State != StatePaused {
+		sb, err := c.Refresh(ctx, id, d)
+		return sb, false, err
+	}
+	r, err := c.claim(ctx, id, StatePaused, "resume")
+	if err != nil {
+		return nil, false, err
+	}
 	nsb, err := c.cfg.Node.Create(ctx, node.CreateRequest{
 		SandboxID:  id,
-		TemplateID: r.sb.SnapshotID,
-		Network:    netns.SlotOptions{AllowInternet: r.sb.AllowInternet},
+		TemplateID: r.SnapshotID,
+		Network:    netns.SlotOptions{AllowInternet: r.AllowInternet},
 	})
 	if err != nil {
+		c.release(ctx, id, "resume")
 		return nil, false, fmt.Errorf("resuming sandbox %s: %w", id, err)
 	}
-	oldSnap := r.sb.SnapshotID
-	c.mu.Lock()
-	r.sb.State = StateRunning
-	r.sb.SnapshotID = ""
-	r.sb.Addr = nsb.Addr
-	r.sb.EndAt = time.Now().UTC().Add(d)
-	c.armLocked(r)
-	out := r.sb
-	out.Metadata = maps.Clone(r.sb.Metadata)
-	c.mu.Unlock()
-	c.removePausedRecord(id)
+	out, err := c.finishResume(context.WithoutCancel(ctx), id, nsb.Addr, time.Now().UTC().Add(d))
+	if err != nil {
+		return nil, false, err
+	}
+	return out, true, nil
+}
+
+// finishResume records that paused sandbox id runs again at addr, and
+// drops the pause snapshot it was resumed from.
+func (c *Cluster) finishResume(ctx context.Context, id string, addr netip.Addr, end time.Time) (*Sandbox, error) {
+	var oldSnap string
+	r, err := c.recs.mutate(ctx, id, func(r *record) error {
+		oldSnap = r.SnapshotID
+		r.State = StateRunning
+		r.SnapshotID = ""
+		r.Addr = addr
+		r.EndAt = end
+		r.NodeID = c.cfg.Node.ID()
+		r.Op, r.OpSince = "", time.Time{}
+		return nil
+	})
+	if err != nil {
+		// Killed while it resumed: the sandbox must not run unrecorded.
+		if kerr := c.cfg.Node.Kill(ctx, id); kerr != nil && !errors.Is(kerr, node.ErrNotFound) {
+			c.log.Error("killing resumed sandbox without a record", "sandbox_id", id, "err", kerr)
+		}
+		return nil, fmt.Errorf("resuming sandbox %s: %w", id, err)
+	}
 	// Removing a large image takes a while; the caller need not wait.
 	go c.deleteSnapshotQuietly(oldSnap, "consumed pause snapshot")
-	return &out, true, nil
+	return &r.Sandbox, nil
 }
 
 // Snapshot saves a running sandbox's state as a snapshot usable as a
@@ -123,11 +142,10 @@ func (c *Cluster) Snapshot(ctx context.Context, id, name string) (*snapshot.Snap
 	if name != "" && !snapshot.ValidID(name) {
 		return nil, fmt.Errorf("%w: invalid snapshot name %q", ErrInvalid, name)
 	}
-	r, err := c.claim(id, StateRunning)
-	if err != nil {
+	if _, err := c.claim(ctx, id, StateRunning, "snapshot"); err != nil {
 		return nil, err
 	}
-	defer c.release(r)
+	defer c.release(ctx, id, "snapshot")
 	var names []string
 	if name != "" {
 		if _, err := c.cfg.Node.GetSnapshot(ctx, name); err == nil {
@@ -165,14 +183,13 @@ func (c *Cluster) Fork(ctx context.Context, id string, count int, timeout time.D
 	if timeout <= 0 || timeout > c.cfg.Limits.MaxTimeout {
 		return nil, fmt.Errorf("%w: timeout must be between 1s and %s", ErrInvalid, c.cfg.Limits.MaxTimeout)
 	}
-	r, err := c.claim(id, StateRunning)
+	r, err := c.claim(ctx, id, StateRunning, "fork")
 	if err != nil {
 		return nil, err
 	}
-	parent := r.sb
-	parent.Metadata = maps.Clone(r.sb.Metadata)
+	parent := r.Sandbox
 	snap, err := c.cfg.Node.Snapshot(ctx, id, node.SnapshotOptions{Kind: snapshot.KindFork})
-	c.release(r)
+	c.release(ctx, id, "fork")
 	if err != nil {
 		if errors.Is(err, node.ErrUnsupported) {
 			return nil, fmt.Errorf("%w: %v", ErrUnsupported, err)
@@ -240,74 +257,16 @@ func (c *Cluster) DeleteSnapshot(ctx context.Context, idOrName string) error {
 	return c.cfg.Node.DeleteSnapshot(ctx, s.ID)
 }
 
-// pausedRecordPath is where a paused sandbox's record is kept.
-func (c *Cluster) pausedRecordPath(id string) string {
-	return filepath.Join(c.cfg.StateDir, "paused", id+".json")
-}
-
-func (c *Cluster) savePausedRecord(sb *Sandbox) error {
-	if c.cfg.StateDir == "" {
-		return nil
-	}
-	b, err := json.Marshal(sb)
-	if err != nil {
-		return err
-	}
-	p := c.pausedRecordPath(sb.ID)
-	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
-		return err
-	}
-	if err := os.WriteFile(p+".tmp", b, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(p+".tmp", p)
-}
-
-func (c *Cluster) removePausedRecord(id string) {
-	if c.cfg.StateDir != "" {
-		os.Remove(c.pausedRecordPath(id))
-	}
-}
-
-// loadPaused brings back the paused sandboxes of an earlier run whose
-// snapshots still exist.
-func (c *Cluster) loadPaused() {
-	if c.cfg.StateDir == "" {
-		return
-	}
-	files, _ := filepath.Glob(filepath.Join(c.cfg.StateDir, "paused", "*.json"))
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
-		var sb Sandbox
-		if err := json.Unmarshal(b, &sb); err != nil || sb.State != StatePaused {
-			c.log.Warn("ignoring unreadable paused sandbox record", "file", f, "err", err)
-			continue
-		}
-		if _, err := c.cfg.Node.GetSnapshot(context.Background(), sb.SnapshotID); err != nil {
-			c.log.Warn("paused sandbox lost its snapshot; dropping it", "sandbox_id", sb.ID, "err", err)
-			os.Remove(f)
-			continue
-		}
-		c.records[sb.ID] = &record{sb: sb}
-		c.log.Info("paused sandbox restored from disk", "sandbox_id", sb.ID)
-	}
-}
-
 // TemplateUsers counts the sandboxes (running or paused) and snapshots that
 // run on template templateID's root filesystem: while there are any, the
 // template must not be deleted.
 func (c *Cluster) TemplateUsers(ctx context.Context, templateID string) (int, error) {
 	n := 0
-	c.mu.Lock()
-	for _, r := range c.records {
-		if r.sb.TemplateID == templateID {
+	for _, r := range c.recs.all() {
+		if r.TemplateID == templateID {
 			n++
 		}
 	}
-	c.mu.Unlock()
 	snaps, err := c.cfg.Node.Snapshots(ctx)
 	if err != nil {
 		return 0, err

@@ -39,6 +39,9 @@ type Manager struct {
 	pool     []*Slot
 	held     map[*Slot]struct{}
 	filling  int // pool builds in flight
+	// leftovers are intact slots of an earlier manager, kept for Adopt
+	// (Config.KeepLeftovers), by name.
+	leftovers map[string]*Slot
 
 	ops    sync.WaitGroup // builds and destroys in flight, awaited by Close
 	dels   chan struct{}  // semaphore of background interface deletions
@@ -85,8 +88,14 @@ func newManager(ctx context.Context, cfg Config, fill bool) (*Manager, error) {
 		lock.Close()
 		return nil, fmt.Errorf("starting netns manager: %w", err)
 	}
-	if err := reap(ctx, cfg); err != nil {
+	kept, err := reap(ctx, cfg, cfg.KeepLeftovers)
+	if err != nil {
 		return fail(err)
+	}
+	m.leftovers = map[string]*Slot{}
+	for _, s := range kept {
+		m.used[s.Index] = true
+		m.leftovers[s.Name] = s
 	}
 	if m.selfBound, err = makeSharedDir(cfg.RunDir); err != nil {
 		return fail(err)
@@ -253,7 +262,10 @@ func (m *Manager) Close(ctx context.Context) error {
 	for s := range m.held {
 		slots = append(slots, s)
 	}
-	m.pool, m.held = nil, map[*Slot]struct{}{}
+	for _, s := range m.leftovers {
+		slots = append(slots, s)
+	}
+	m.pool, m.held, m.leftovers = nil, map[*Slot]struct{}{}, nil
 	m.mu.Unlock()
 
 	var errs []error

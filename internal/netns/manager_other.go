@@ -30,6 +30,15 @@ func (m *Manager) Release(ctx context.Context, s *Slot) error { return ErrUnsupp
 // Recycle fails with ErrUnsupported outside Linux.
 func (m *Manager) Recycle(ctx context.Context, s *Slot) error { return ErrUnsupported }
 
+// Adopt fails with ErrUnsupported outside Linux.
+func (m *Manager) Adopt(name string) (*Slot, error) { return nil, ErrUnsupported }
+
+// ReleaseLeftovers does nothing outside Linux.
+func (m *Manager) ReleaseLeftovers(ctx context.Context) error { return nil }
+
+// Detach does nothing outside Linux.
+func (m *Manager) Detach(ctx context.Context) error { return nil }
+
 // Close does nothing outside Linux.
 func (m *Manager) Close(ctx context.Context) error { return nil }
 

@@ -104,6 +104,11 @@ type Config struct {
 	DNSServers []netip.Addr
 	// Logger receives background errors (pool refill); nil discards.
 	Logger *slog.Logger
+	// KeepLeftovers makes NewManager keep the intact slots a previous
+	// manager of this RunDir left (their sandboxes may still run after a
+	// restart) instead of reaping them: Adopt takes them back, and
+	// ReleaseLeftovers destroys the rest.
+	KeepLeftovers bool
 }
 
 // withDefaults returns cfg with zero fields filled in and checks it.

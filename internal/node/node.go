@@ -41,6 +41,10 @@ type Network interface {
 	Acquire(ctx context.Context, opts netns.SlotOptions) (*netns.Slot, error)
 	UpdateEgress(ctx context.Context, s *netns.Slot, opts netns.SlotOptions) error
 	Release(ctx context.Context, s *netns.Slot) error
+	// Adopt takes back, by name, a slot an earlier process handed out
+	// (see Recover); ReleaseLeftovers destroys those nobody adopted.
+	Adopt(name string) (*netns.Slot, error)
+	ReleaseLeftovers(ctx context.Context) error
 }
 
 // Config wires a node.
@@ -68,6 +72,11 @@ type Config struct {
 	// resources); 0 disables the pool.
 	WarmPoolSize  int
 	WarmTemplates []string
+	// StateDir keeps a small local record of each sandbox handed out, so
+	// that a restarted node takes its running sandboxes over (Recover);
+	// empty keeps none. It belongs in the run directory: its records mean
+	// nothing after a reboot.
+	StateDir string
 	// Logger receives the node's logs.
 	Logger *slog.Logger
 }
@@ -374,6 +383,10 @@ func (n *Node) register(ctx context.Context, sb *Sandbox) {
 	if st, err := n.cfg.Runtime.Stats(ctx, sb.ID); err == nil {
 		sb.cpuBase = st.CPUUsageNanos
 	}
+	if err := n.saveRecord(sb); err != nil {
+		// The sandbox works; only a restart of this process would lose it.
+		n.log.Warn("keeping local record", "sandbox_id", sb.ID, "err", err)
+	}
 	n.mu.Lock()
 	n.sandboxes[sb.ID] = sb
 	n.mu.Unlock()
@@ -381,6 +394,7 @@ func (n *Node) register(ctx context.Context, sb *Sandbox) {
 
 // destroy kills a sandbox that is not (or no longer) registered.
 func (n *Node) destroy(ctx context.Context, sb *Sandbox) error {
+	n.removeRecord(sb.ID)
 	var errs []error
 	if err := n.cfg.Runtime.Kill(ctx, sb.ID); err != nil && !errors.Is(err, runtime.ErrNotFound) {
 		errs = append(errs, err)
@@ -430,12 +444,27 @@ func (n *Node) Kill(ctx context.Context, id string) error {
 	return nil
 }
 
-// Shutdown kills every sandbox, prestarted ones included.
-func (n *Node) Shutdown(ctx context.Context) error {
+// StopMode says what Close does with the sandboxes a node runs.
+type StopMode int
+
+// Stop modes.
+const (
+	// StopKeep leaves running sandboxes running, for the next process of
+	// this node to Recover (a restart or an upgrade loses nothing).
+	StopKeep StopMode = iota
+	// StopKill kills every sandbox.
+	StopKill
+)
+
+// Close stops the node: prestarted sandboxes are killed, and the others
+// as mode says. Pausing them first (a host going away) is the caller's.
+func (n *Node) Close(ctx context.Context, mode StopMode) error {
 	errs := []error{n.pool.close(ctx)}
-	for _, sb := range n.List() {
-		if err := n.Kill(ctx, sb.ID); err != nil {
-			errs = append(errs, err)
+	if mode == StopKill {
+		for _, sb := range n.List() {
+			if err := n.Kill(ctx, sb.ID); err != nil {
+				errs = append(errs, err)
+			}
 		}
 	}
 	return errors.Join(errs...)

@@ -79,6 +79,20 @@ type ExitNotifier interface {
 	Exits() <-chan string
 }
 
+// Recoverer is implemented by drivers whose sandboxes outlive the process
+// that started them, so that a restarted node takes them over instead of
+// losing them (as Nomad's RecoverTask does). At start the node asks for the
+// Leftovers, Recovers those it still has a record of, and Kills the rest.
+type Recoverer interface {
+	// Leftovers lists the sandboxes a previous process of this driver
+	// left on the host, whether or not they still run.
+	Leftovers(ctx context.Context) ([]string, error)
+	// Recover takes over leftover sandbox id as if this process had
+	// started it: Kill, Stats, Checkpoint and exit events work on it again.
+	// A leftover that no longer runs is ErrNotFound.
+	Recover(ctx context.Context, id string) error
+}
+
 // CheckpointOptions tune Checkpoint.
 type CheckpointOptions struct {
 	// LeaveRunning keeps the sandbox running after its state is saved
@@ -109,8 +123,9 @@ type Runtime interface {
 	// Create starts a sandbox and returns once its first process runs. On
 	// error nothing of the sandbox is left behind.
 	Create(ctx context.Context, spec Spec) error
-	// Kill stops a sandbox and removes every trace of it on the host. Killing
-	// an unknown id returns ErrNotFound.
+	// Kill stops a sandbox and removes every trace of it on the host,
+	// leftovers of an earlier process included. Killing an unknown id
+	// returns ErrNotFound.
 	Kill(ctx context.Context, id string) error
 	// Stats reads the sandbox's resource use.
 	Stats(ctx context.Context, id string) (Stats, error)

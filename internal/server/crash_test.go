@@ -22,43 +22,89 @@ import (
 type serverProc struct {
 	cmd      *exec.Cmd
 	url, key string
+	log      string
+	started  time.Time
+	ready    time.Duration // from the process start to the first /health
+	waitc    chan struct{} // closed when the process has exited
 }
 
-func startServerProc(t *testing.T, dataDir, runDir string) *serverProc {
+// kill9 kills the server with SIGKILL and waits for it to be gone.
+func (p *serverProc) kill9() {
+	p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.waitc
+}
+
+// stop sends SIGTERM and waits up to limit for the server to exit,
+// killing it (and failing t) after that.
+func (p *serverProc) stop(t *testing.T, limit time.Duration) {
 	t.Helper()
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.waitc:
+	case <-time.After(limit):
+		p.kill9()
+		t.Errorf("server did not stop within %s of SIGTERM; log %s", limit, p.log)
+	}
+}
+
+func startServerProc(t *testing.T, dataDir, runDir string, extra ...string) *serverProc {
+	t.Helper()
+	if os.Getenv("AENV_BIN_DIR") == "" || os.Getenv("AENV_BASE_ROOTFS") == "" {
+		testutil.Unavailable(t, "AENV_BIN_DIR and AENV_BASE_ROOTFS must be set (make build base)")
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	addr := l.Addr().String()
 	l.Close()
-	logf, err := os.OpenFile(filepath.Join(filepath.Dir(dataDir), "server.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	logPath := filepath.Join(filepath.Dir(dataDir), "server.log")
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer logf.Close()
-	cmd := exec.Command(filepath.Join(os.Getenv("AENV_BIN_DIR"), "aenv"), "server",
+	args := append([]string{"server",
 		"--listen", addr, "--data-dir", dataDir, "--run-dir", runDir,
 		"--base-rootfs", os.Getenv("AENV_BASE_ROOTFS"), "--netns-tag", "crasht",
-		"--sandbox-cidr", "10.238.0.0/16", "--warm-pool", "0", "--log-level", "debug")
+		"--sandbox-cidr", "10.238.0.0/16", "--warm-pool", "0", "--log-level", "debug"}, extra...)
+	cmd := exec.Command(filepath.Join(os.Getenv("AENV_BIN_DIR"), "aenv"), args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	started := time.Now()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p := &serverProc{cmd: cmd, url: "http://" + addr}
+	exited := make(chan struct{})
+	p := &serverProc{cmd: cmd, url: "http://" + addr, log: logPath, started: started, waitc: exited}
+	go func() { cmd.Wait(); close(exited) }()
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
 		if resp, err := http.Get(p.url + "/health"); err == nil {
 			resp.Body.Close()
+			p.ready = time.Since(started)
 			b, _ := os.ReadFile(filepath.Join(dataDir, "secrets", "api-key"))
 			p.key = strings.TrimSpace(string(b))
+			p.waitc = exited
 			return p
 		}
-		time.Sleep(100 * time.Millisecond)
+		select {
+		case <-exited:
+			t.Fatalf("server exited during start-up; log %s:\n%s", logPath, tail(logPath))
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
 	cmd.Process.Kill()
-	t.Fatalf("server did not come up; see %s", logf.Name())
+	t.Fatalf("server did not come up; log %s:\n%s", logPath, tail(logPath))
 	return nil
+}
+
+// tail returns the end of a log file, for failure messages.
+func tail(path string) string {
+	b, _ := os.ReadFile(path)
+	if len(b) > 4000 {
+		b = b[len(b)-4000:]
+	}
+	return string(b)
 }
 
 // TestKill9MidPause kills the server with SIGKILL while it writes a
@@ -67,9 +113,6 @@ func startServerProc(t *testing.T, dataDir, runDir string) *serverProc {
 func TestKill9MidPause(t *testing.T) {
 	testutil.RequireRoot(t)
 	testutil.RequireBinary(t, "runsc", "AENV_RUNSC")
-	if os.Getenv("AENV_BIN_DIR") == "" || os.Getenv("AENV_BASE_ROOTFS") == "" {
-		testutil.Unavailable(t, "AENV_BIN_DIR and AENV_BASE_ROOTFS must be set (make build base)")
-	}
 	dir := t.TempDir()
 	dataDir, runDir := filepath.Join(dir, "data"), filepath.Join(dir, "run")
 	p := startServerProc(t, dataDir, runDir)
@@ -77,12 +120,12 @@ func TestKill9MidPause(t *testing.T) {
 	c := client.New(p.url, p.key)
 	sb, err := c.Create(ctx, client.CreateOptions{Timeout: 300, MemoryMB: 1024})
 	if err != nil {
-		p.cmd.Process.Kill()
+		p.kill9()
 		t.Fatal(err)
 	}
 	runOut(t, c, sb.SandboxID, "echo precious > /home/user/f")
 	if _, err := snapshotVia(p, sb.SandboxID, "before-crash"); err != nil {
-		p.cmd.Process.Kill()
+		p.kill9()
 		t.Fatal(err)
 	}
 	// Enough dirty memory that the pause takes a while to write.
@@ -103,27 +146,16 @@ func TestKill9MidPause(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			p.cmd.Process.Kill()
+			p.kill9()
 			t.Fatal("the pause never started writing its snapshot")
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
 	time.Sleep(50 * time.Millisecond)
-	p.cmd.Process.Signal(syscall.SIGKILL)
-	p.cmd.Wait()
+	p.kill9()
 
-	p2 := startServerProc(t, dataDir, runDir)
-	defer func() {
-		p2.cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { p2.cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(60 * time.Second):
-			p2.cmd.Process.Kill()
-			t.Error("restarted server did not stop on SIGTERM")
-		}
-	}()
+	p2 := startServerProc(t, dataDir, runDir, "--on-stop", "kill")
+	defer p2.stop(t, 60*time.Second)
 	if partial, _ := filepath.Glob(filepath.Join(snapDir, "*.partial")); len(partial) != 0 {
 		t.Fatalf("partial snapshots left after restart: %v", partial)
 	}
@@ -136,18 +168,29 @@ func TestKill9MidPause(t *testing.T) {
 		t.Fatalf("sandbox from the earlier snapshot sees %q", got)
 	}
 	c2.Kill(ctx, child.SandboxID)
-	// The crashed server's sandboxes were cleaned up at restart.
-	list, err := c2.List(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range list {
-		if s.State == "running" {
-			t.Fatalf("a sandbox of the crashed server is listed as running: %+v", s)
+	// The pause was cut short: the restart either finds the sandbox still
+	// running and keeps it, or finds it stopped without a complete
+	// snapshot and reports it lost, leaving nothing of it on the host.
+	got, err := c2.Get(ctx, sb.SandboxID)
+	switch {
+	case err == nil && got.State == "running":
+		if f := runOut(t, c2, sb.SandboxID, "cat /home/user/f"); f != "precious" {
+			t.Fatalf("the kept sandbox sees %q", f)
 		}
+		c2.Kill(ctx, sb.SandboxID)
+	case isStatus(err, 404):
+		if !strings.Contains(err.Error(), "lost") && !strings.Contains(err.Error(), "exited") {
+			t.Errorf("404 for the lost sandbox does not say why: %v", err)
+		}
+	default:
+		t.Fatalf("after a kill -9 mid-pause the sandbox is %+v, %v", got, err)
+	}
+	deadline = time.Now().Add(10 * time.Second)
+	for sandboxProcs(sb.SandboxID) != 0 && time.Now().Before(deadline) {
+		time.Sleep(200 * time.Millisecond)
 	}
 	if n := sandboxProcs(sb.SandboxID); n != 0 {
-		t.Fatalf("%d processes of the crashed server's sandbox survived the restart", n)
+		t.Fatalf("%d processes of the crashed server's sandbox are still there", n)
 	}
 }
 

@@ -16,7 +16,7 @@ import (
 // egressRules lists the egress chain of a sandbox's router namespace.
 func egressRules(t *testing.T, srv *Server, id string) string {
 	t.Helper()
-	sb, err := srv.cluster.Get(id)
+	sb, err := srv.cluster.Get(context.Background(), id)
 	if err != nil {
 		t.Fatal(err)
 	}

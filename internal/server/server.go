@@ -26,6 +26,7 @@ import (
 	"github.com/aenvhq/aenv/internal/proxy"
 	"github.com/aenvhq/aenv/internal/runtime/gvisor"
 	"github.com/aenvhq/aenv/internal/snapshot"
+	"github.com/aenvhq/aenv/internal/state"
 	"github.com/aenvhq/aenv/internal/store"
 	"github.com/aenvhq/aenv/internal/template"
 )
@@ -75,6 +76,19 @@ type Config struct {
 	NetnsTag string
 	// Limits bound clients' requests.
 	Limits cluster.Limits
+	// EtcdEndpoints name an external etcd cluster for the live state;
+	// empty runs an embedded member in <data-dir>/etcd, reached through a
+	// unix socket in the run directory.
+	EtcdEndpoints []string
+	// EtcdCAFile, EtcdCertFile and EtcdKeyFile are TLS for EtcdEndpoints.
+	EtcdCAFile, EtcdCertFile, EtcdKeyFile string
+	// EtcdClientURLs make the embedded member listen on these loopback
+	// URLs instead of its unix socket (to back up or inspect it with
+	// etcdctl, or to let a second server share it).
+	EtcdClientURLs []string
+	// OnStop says what stopping the server does with running sandboxes:
+	// keep them for the next start (the default), pause them, or kill them.
+	OnStop cluster.StopMode
 	Logger *slog.Logger
 }
 
@@ -88,6 +102,7 @@ type Server struct {
 	node     *node.Node
 	net      *netns.Manager
 	driver   *gvisor.Driver
+	state    *state.Etcd
 	remote   *store.Store
 	apiKey   string
 }
@@ -125,6 +140,9 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 	if s.apiKey, err = loadAPIKey(cfg.DataDir, cfg.APIKey, log); err != nil {
 		return nil, err
 	}
+	if err := s.openState(ctx); err != nil {
+		return nil, err
+	}
 	envdPath, err := findEnvd(cfg.EnvdPath)
 	if err != nil {
 		return nil, err
@@ -151,9 +169,6 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 		return nil, err
 	}
 	s.driver = driver
-	if err := driver.Cleanup(ctx); err != nil {
-		log.Warn("cleaning up sandboxes of a previous run", "err", err)
-	}
 
 	prefix, err := netip.ParsePrefix(cfg.SandboxCIDR)
 	if err != nil {
@@ -167,6 +182,8 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 		PoolSize:   cfg.NetnsPoolSize,
 		Tag:        cfg.NetnsTag,
 		Logger:     log,
+		// The slots of sandboxes that outlived the previous process.
+		KeepLeftovers: true,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("setting up sandbox networking: %w", err)
@@ -212,19 +229,33 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 		// most creates ask for.
 		WarmPoolSize:  cfg.WarmPoolSize,
 		WarmTemplates: []string{template.BaseID},
+		StateDir:      filepath.Join(cfg.RunDir, "node"),
 		Logger:        log,
 	})
 	if err != nil {
 		return nil, err
 	}
+	if _, err := s.node.Recover(ctx); err != nil {
+		return nil, err
+	}
+	if err := driver.Cleanup(ctx); err != nil {
+		log.Warn("cleaning up sandboxes of a previous run", "err", err)
+	}
 	prx := proxy.New(s, log)
-	s.cluster = cluster.New(cluster.Config{
-		Node:     s.node,
-		Limits:   cfg.Limits,
-		OnGone:   prx.Forget,
-		StateDir: cfg.DataDir,
-		Logger:   log,
+	s.cluster, err = cluster.Open(ctx, cluster.Config{
+		Node:           s.node,
+		State:          s.state,
+		Limits:         cfg.Limits,
+		OnGone:         prx.Forget,
+		LegacyStateDir: cfg.DataDir,
+		// One server per data directory on a host: its restarted self has
+		// the same name, whatever port it listens on.
+		Candidate: hostname + ":" + cfg.DataDir,
+		Logger:    log,
 	})
+	if err != nil {
+		return nil, err
+	}
 
 	s.listener, err = net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -266,9 +297,32 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 	return s, nil
 }
 
+// openState opens the live state: the external etcd cluster, waiting
+// (with backoff, logging why) until it answers, or the embedded member.
+func (s *Server) openState(ctx context.Context) error {
+	cfg := s.cfg
+	st, err := state.Open(ctx, state.Config{
+		Endpoints: cfg.EtcdEndpoints,
+		CAFile:    cfg.EtcdCAFile, CertFile: cfg.EtcdCertFile, KeyFile: cfg.EtcdKeyFile,
+		DataDir:    filepath.Join(cfg.DataDir, "etcd"),
+		SocketDir:  cfg.RunDir,
+		ClientURLs: cfg.EtcdClientURLs,
+		Logger:     s.log,
+	})
+	if err != nil {
+		return fmt.Errorf("opening the state store: %w", err)
+	}
+	s.state = st
+	if err := st.WaitReady(ctx); err != nil {
+		return fmt.Errorf("waiting for the state store: %w", err)
+	}
+	s.log.Info("state store ready", "etcd", strings.Join(st.Endpoints(), ","), "embedded", len(cfg.EtcdEndpoints) == 0)
+	return nil
+}
+
 // SandboxAddr implements proxy.Resolver.
 func (s *Server) SandboxAddr(id string) (netip.Addr, error) {
-	sb, err := s.cluster.Get(id)
+	sb, err := s.cluster.Get(context.Background(), id)
 	if err != nil {
 		return netip.Addr{}, err
 	}
@@ -281,7 +335,8 @@ func (s *Server) Addr() net.Addr { return s.listener.Addr() }
 // APIKey returns the key clients must present.
 func (s *Server) APIKey() string { return s.apiKey }
 
-// Close stops serving and kills every sandbox.
+// Close stops serving. Running sandboxes keep running for the next start
+// unless Config.OnStop says to pause or kill them.
 func (s *Server) Close(ctx context.Context) error {
 	var errs []error
 	if s.http != nil {
@@ -294,19 +349,36 @@ func (s *Server) Close(ctx context.Context) error {
 		s.listener.Close()
 	}
 	if s.cluster != nil {
-		errs = append(errs, s.cluster.Close(ctx))
+		errs = append(errs, s.cluster.Close(ctx, s.cfg.OnStop))
 	}
+	kept := false
 	if s.node != nil {
-		errs = append(errs, s.node.Shutdown(ctx))
+		mode := node.StopKeep
+		if s.cfg.OnStop == cluster.StopKill {
+			mode = node.StopKill
+		}
+		errs = append(errs, s.node.Close(ctx, mode))
+		kept = len(s.node.List()) > 0
 	}
 	if s.net != nil {
-		errs = append(errs, s.net.Close(ctx))
+		if kept {
+			// Their slots and the host rules that isolate them stay.
+			errs = append(errs, s.net.Detach(ctx))
+		} else {
+			errs = append(errs, s.net.Close(ctx))
+		}
 	}
 	if s.driver != nil {
 		errs = append(errs, s.driver.Close())
 	}
 	if s.remote != nil {
 		errs = append(errs, s.remote.Close())
+	}
+	if s.state != nil {
+		errs = append(errs, s.state.Close())
+	}
+	if kept {
+		s.log.Info("running sandboxes keep running for the next start", "count", len(s.node.List()))
 	}
 	return errors.Join(errs...)
 }
@@ -374,4 +446,47 @@ func (w *logWriter) Write(p []byte) (int, error) {
 		}
 	}
 	return len(p), nil
+}
+
+// Cleanup removes every sandbox and network slot that a stopped server
+// with this configuration left running on the host (sandboxes outlive
+// their server; see Config.OnStop), for uninstalling. It refuses while a
+// server uses the same run directory.
+func Cleanup(ctx context.Context, cfg Config) error {
+	if cfg.RunDir == "" {
+		cfg.RunDir = "/run/aenv"
+	}
+	if cfg.NetnsTag == "" {
+		cfg.NetnsTag = "aenv"
+	}
+	if cfg.SandboxCIDR == "" {
+		cfg.SandboxCIDR = "10.231.0.0/16"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	prefix, err := netip.ParsePrefix(cfg.SandboxCIDR)
+	if err != nil {
+		return fmt.Errorf("parsing sandbox CIDR %q: %w", cfg.SandboxCIDR, err)
+	}
+	netCfg := netns.Config{RunDir: filepath.Join(cfg.RunDir, "netns"), Prefix: prefix, Tag: cfg.NetnsTag, Logger: cfg.Logger}
+	// Reap fails with ErrBusy while a server holds the run directory:
+	// check that before touching its sandboxes.
+	if err := netns.Reap(ctx, netCfg); err != nil {
+		return fmt.Errorf("cleaning up: %w", err)
+	}
+	driver, err := gvisor.New(gvisor.Config{
+		RunscPath:    cfg.RunscPath,
+		StateDir:     filepath.Join(cfg.RunDir, "gvisor"),
+		CgroupParent: "/" + cfg.NetnsTag,
+		Logger:       cfg.Logger,
+	})
+	if err != nil {
+		return fmt.Errorf("cleaning up: %w", err)
+	}
+	errs := []error{driver.Cleanup(ctx), driver.Close(), os.RemoveAll(filepath.Join(cfg.RunDir, "node"))}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("cleaning up: %w", err)
+	}
+	return nil
 }

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/aenvhq/aenv/internal/client"
+	"github.com/aenvhq/aenv/internal/cluster"
 	"github.com/aenvhq/aenv/internal/testutil"
 )
 
@@ -58,7 +59,9 @@ func startServerWith(t *testing.T, adjust func(*Config)) (*Server, *client.Clien
 		NetnsTag:      "srvt" + string(rune('a'+n%26)),
 		NetnsPoolSize: 2,
 		WarmPoolSize:  2,
-		Logger:        slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
+		// Sandboxes must not outlive the test.
+		OnStop: cluster.StopKill,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
 	}
 	if adjust != nil {
 		adjust(&cfg)

@@ -59,6 +59,7 @@ var (
 	_ runtime.Runtime      = (*Driver)(nil)
 	_ runtime.ExitNotifier = (*Driver)(nil)
 	_ runtime.Checkpointer = (*Driver)(nil)
+	_ runtime.Recoverer    = (*Driver)(nil)
 )
 
 // exitPollInterval is how often the driver checks for sandboxes that died.
@@ -312,7 +313,7 @@ func (d *Driver) forget(id string) (known bool) {
 
 // Kill implements runtime.Runtime.
 func (d *Driver) Kill(ctx context.Context, id string) error {
-	if !d.forget(id) {
+	if !d.forget(id) && !d.isLeftover(ctx, id) {
 		return fmt.Errorf("killing %s: %w", id, runtime.ErrNotFound)
 	}
 	err := d.deleteContainer(ctx, id)
@@ -368,23 +369,95 @@ func readUint(p string) (uint64, error) {
 	return strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
 }
 
-// Cleanup removes every sandbox a previous run of the driver left behind
-// (after a crash the runsc state and sandbox processes may outlive us).
-func (d *Driver) Cleanup(ctx context.Context) error {
+// Leftovers implements runtime.Recoverer: the containers runsc knows under
+// the driver's root and the sandbox directories, whichever exist (a crash
+// mid-start can leave either without the other). Sandboxes this process
+// runs are not leftovers.
+func (d *Driver) Leftovers(ctx context.Context) ([]string, error) {
 	list, err := d.runc.List(ctx)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("listing leftover sandboxes: %w", err)
+	}
+	seen := map[string]bool{}
+	var ids []string
+	add := func(id string) {
+		d.mu.Lock()
+		_, ours := d.running[id]
+		d.mu.Unlock()
+		if !ours && !seen[id] {
+			seen[id] = true
+			ids = append(ids, id)
+		}
+	}
+	for _, c := range list {
+		add(c.ID)
+	}
+	entries, err := os.ReadDir(filepath.Join(d.cfg.StateDir, "sandboxes"))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("listing leftover sandboxes: %w", err)
+	}
+	for _, e := range entries {
+		add(e.Name())
+	}
+	return ids, nil
+}
+
+// isLeftover reports whether id is a sandbox of an earlier process that
+// this one has not recovered.
+func (d *Driver) isLeftover(ctx context.Context, id string) bool {
+	if _, err := os.Stat(d.sandboxDir(id)); err == nil {
+		return true
+	}
+	_, err := d.runc.State(ctx, id)
+	return err == nil
+}
+
+// Recover implements runtime.Recoverer. The sandbox process is found by the
+// pid file its start wrote and watched by a pidfd from then on, exactly as
+// one this process started.
+func (d *Driver) Recover(ctx context.Context, id string) error {
+	st, err := d.runc.State(ctx, id)
+	if err != nil {
+		return fmt.Errorf("recovering %s: %w (%v)", id, runtime.ErrNotFound, err)
+	}
+	if st.Status != "running" {
+		return fmt.Errorf("recovering %s: %w (runsc says %s)", id, runtime.ErrNotFound, st.Status)
+	}
+	pid, err := readPid(filepath.Join(d.sandboxDir(id), "pid"))
+	if err != nil {
+		pid = st.Pid
+	}
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return fmt.Errorf("recovering %s: watching pid %d: %w (%v)", id, pid, runtime.ErrNotFound, err)
+	}
+	d.mu.Lock()
+	if _, dup := d.running[id]; dup {
+		d.mu.Unlock()
+		unix.Close(pidfd)
+		return fmt.Errorf("recovering %s: already running under this driver", id)
+	}
+	d.running[id] = pidfd
+	d.mu.Unlock()
+	d.log.Info("sandbox recovered", "sandbox_id", id, "pid", pid)
+	return nil
+}
+
+// Cleanup removes every sandbox a previous run of the driver left behind
+// that this process has not recovered (after a crash the runsc state and
+// sandbox processes may outlive us).
+func (d *Driver) Cleanup(ctx context.Context) error {
+	ids, err := d.Leftovers(ctx)
+	if err != nil {
 		d.log.Warn("listing leftover sandboxes", "err", err)
 	}
 	var errs []error
-	for _, c := range list {
-		d.log.Info("removing leftover sandbox", "sandbox_id", c.ID)
-		if err := d.deleteContainer(ctx, c.ID); err != nil {
-			errs = append(errs, fmt.Errorf("deleting leftover %s: %w", c.ID, err))
+	for _, id := range ids {
+		d.log.Info("removing leftover sandbox", "sandbox_id", id)
+		if err := d.deleteContainer(ctx, id); err != nil {
+			errs = append(errs, fmt.Errorf("deleting leftover %s: %w", id, err))
 		}
-	}
-	entries, _ := os.ReadDir(filepath.Join(d.cfg.StateDir, "sandboxes"))
-	for _, e := range entries {
-		if err := os.RemoveAll(d.sandboxDir(e.Name())); err != nil {
+		if err := os.RemoveAll(d.sandboxDir(id)); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -392,9 +465,16 @@ func (d *Driver) Cleanup(ctx context.Context) error {
 }
 
 // Close releases what runsc keeps for all sandboxes of the driver's root:
-// it leaves a "null-netns" namespace mount there. Call it after every
-// sandbox is gone.
+// it leaves a "null-netns" namespace mount there. While sandboxes still
+// run (they outlive the process on a restart) it leaves that mount, which
+// they share, for the next process.
 func (d *Driver) Close() error {
+	d.mu.Lock()
+	n := len(d.running)
+	d.mu.Unlock()
+	if n > 0 {
+		return nil
+	}
 	p := filepath.Join(d.runc.Root, "null-netns")
 	// runsc may have stacked several mounts there; peel them all.
 	for range 1000 {

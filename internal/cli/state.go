@@ -1,0 +1,176 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/aenvhq/aenv/internal/state"
+)
+
+func newStateCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "state",
+		Short: "Back up and restore the server's live state (etcd)",
+		Long: `Back up and restore the live state of an aenv server: its sandbox
+records and deadlines, kept in etcd (by default an embedded member in
+<data-dir>/etcd, reached through <run-dir>/etcd.sock).
+
+Templates and snapshots are not part of it: they live in the data directory
+or the snapshot store.`,
+	}
+	cmd.AddCommand(newStateBackupCmd(), newStateRestoreCmd())
+	return cmd
+}
+
+func newStateBackupCmd() *cobra.Command {
+	var dataDir, runDir string
+	var endpoints []string
+	cmd := &cobra.Command{
+		Use:   "backup FILE",
+		Short: "Write a consistent snapshot of the live state to FILE",
+		Long: `Write a consistent snapshot of the live state to FILE, while the server runs
+(through its etcd) or, when it is stopped, from its data directory.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			cfg := state.Config{Endpoints: endpoints, Logger: quietLogger()}
+			if len(endpoints) == 0 {
+				sock := filepath.Join(runDir, state.SocketName)
+				if _, err := os.Stat(sock); err == nil {
+					cfg.Endpoints = []string{"unix://" + sock}
+				} else {
+					// No server: open its data directory ourselves.
+					tmp, err := os.MkdirTemp("", "aenv-state-")
+					if err != nil {
+						return err
+					}
+					defer os.RemoveAll(tmp)
+					cfg.DataDir, cfg.SocketDir = filepath.Join(dataDir, "etcd"), tmp
+					if _, err := os.Stat(cfg.DataDir); err != nil {
+						return fmt.Errorf("backing up: no running server (%s) and no state in %s", sock, cfg.DataDir)
+					}
+				}
+			}
+			st, err := state.Open(ctx, cfg)
+			if err != nil {
+				return fmt.Errorf("backing up: %w", err)
+			}
+			defer st.Close()
+			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			if err := st.WaitReady(wctx); err != nil {
+				return fmt.Errorf("backing up: %w", err)
+			}
+			tmp := args[0] + ".partial"
+			f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+			if err != nil {
+				return fmt.Errorf("backing up: %w", err)
+			}
+			if err := st.Backup(ctx, f); err != nil {
+				f.Close()
+				os.Remove(tmp)
+				return fmt.Errorf("backing up: %w", err)
+			}
+			if err := f.Sync(); err != nil {
+				f.Close()
+				os.Remove(tmp)
+				return fmt.Errorf("backing up: %w", err)
+			}
+			f.Close()
+			if err := os.Rename(tmp, args[0]); err != nil {
+				return fmt.Errorf("backing up: %w", err)
+			}
+			fi, _ := os.Stat(args[0])
+			fmt.Fprintf(cmd.OutOrStdout(), "state backed up to %s (%d bytes)\n", args[0], fi.Size())
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&dataDir, "data-dir", defaultDataDir, "the server's data directory")
+	cmd.Flags().StringVar(&runDir, "run-dir", "/run/aenv", "the server's run directory (where its etcd socket is)")
+	cmd.Flags().StringSliceVar(&endpoints, "etcd-endpoints", nil, "back up this external etcd cluster instead")
+	return cmd
+}
+
+func newStateRestoreCmd() *cobra.Command {
+	var dataDir string
+	cmd := &cobra.Command{
+		Use:   "restore FILE",
+		Short: "Replace the embedded live state with a backup (server stopped)",
+		Long: `Replace the embedded etcd's data in <data-dir>/etcd with the backup in FILE.
+Stop the server first; the current data is moved aside to
+<data-dir>/etcd.old-<time>, not deleted. On its next start the server
+reconciles the restored records with the sandboxes that really run.
+For an external etcd cluster use etcdutl instead.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			dir := filepath.Join(dataDir, "etcd")
+			if err := state.RestoreEmbedded(cmd.Context(), args[0], dir); err != nil {
+				return fmt.Errorf("restoring: %w", err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "state restored into %s from %s\n", dir, args[0])
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&dataDir, "data-dir", defaultDataDir, "the server's data directory")
+	return cmd
+}
+
+// newEtcdCmd runs a standalone etcd member from the embedded server code,
+// for an external state cluster (several hosts) and for tests that need
+// one as a separate process.
+func newEtcdCmd() *cobra.Command {
+	var mc state.MemberConfig
+	var clientURLs, peerURLs string
+	var logLevel string
+	cmd := &cobra.Command{
+		Use:   "etcd",
+		Short: "Run an etcd member for an external state cluster",
+		Long: `Run one etcd member, with the same compaction and quota settings as the
+embedded one, until SIGTERM. Point servers at a cluster of them with
+'aenv server --etcd-endpoints'. Any etcd v3 cluster works as well.
+
+Example, one member:
+  aenv etcd --name s1 --data-dir /var/lib/aenv-etcd \
+    --listen-client http://10.0.0.5:2379 --listen-peer http://10.0.0.5:2380 --new`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var level slog.Level
+			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
+				return err
+			}
+			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+			mc.ClientURLs = strings.Split(clientURLs, ",")
+			mc.PeerURLs = strings.Split(peerURLs, ",")
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, os.Interrupt)
+			defer stop()
+			log.Info("etcd member starting", "name", mc.Name, "client", clientURLs, "peer", peerURLs)
+			return state.RunMember(ctx, mc, log)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&mc.Name, "name", "default", "member name, unique in the cluster")
+	f.StringVar(&mc.DataDir, "data-dir", "", "the member's data directory (required)")
+	f.StringVar(&clientURLs, "listen-client", "", "client URLs to listen on and advertise (comma-separated, required)")
+	f.StringVar(&peerURLs, "listen-peer", "", "peer URLs to listen on and advertise (comma-separated, required)")
+	f.StringVar(&mc.InitialCluster, "initial-cluster", "", "name=peerURL,... of every member (default: this member alone)")
+	f.BoolVar(&mc.NewCluster, "new", false, "bootstrap a new cluster (first start of every member)")
+	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	for _, name := range []string{"data-dir", "listen-client", "listen-peer"} {
+		cmd.MarkFlagRequired(name)
+	}
+	return cmd
+}
+
+// quietLogger logs only errors, for commands whose output is the result.
+func quietLogger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+}

@@ -1,0 +1,358 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/aenvhq/aenv/internal/node"
+	"github.com/aenvhq/aenv/internal/snapshot"
+	"github.com/aenvhq/aenv/internal/state"
+)
+
+// fakeNode stands in for the node seam in these unit tests of the
+// cluster's own rules (records, reconciling, deadlines); the real node is
+// driven end to end by the server tests.
+type fakeNode struct {
+	id string
+
+	mu      sync.Mutex
+	running map[string]*node.Sandbox
+	snaps   map[string]*snapshot.Snapshot
+	killed  []string
+	onExit  func(string)
+	seq     int
+}
+
+func newFakeNode(id string) *fakeNode {
+	return &fakeNode{id: id, running: map[string]*node.Sandbox{}, snaps: map[string]*snapshot.Snapshot{}}
+}
+
+func (n *fakeNode) ID() string { return n.id }
+
+func (n *fakeNode) Create(ctx context.Context, req node.CreateRequest) (*node.Sandbox, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	id := req.SandboxID
+	if id == "" {
+		n.seq++
+		id = fmt.Sprintf("sb%d", n.seq)
+	}
+	if snap, ok := n.snaps[req.TemplateID]; ok && snap.Kind == snapshot.KindPause && snap.SandboxID != id {
+		return nil, errors.New("pause snapshot of another sandbox")
+	}
+	sb := &node.Sandbox{ID: id, TemplateID: "base", CPUCount: 2, MemoryMB: 512, StartedAt: time.Now().UTC(),
+		Addr: netip.MustParseAddr("10.0.0.1")}
+	n.running[id] = sb
+	return sb, nil
+}
+
+func (n *fakeNode) Kill(ctx context.Context, id string) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.killed = append(n.killed, id)
+	if _, ok := n.running[id]; !ok {
+		return node.ErrNotFound
+	}
+	delete(n.running, id)
+	return nil
+}
+
+func (n *fakeNode) Usage(ctx context.Context, id string) (node.Usage, error) {
+	return node.Usage{}, nil
+}
+func (n *fakeNode) OnExit(fn func(string)) { n.onExit = fn }
+
+func (n *fakeNode) List() []*node.Sandbox {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var out []*node.Sandbox
+	for _, sb := range n.running {
+		out = append(out, sb)
+	}
+	return out
+}
+
+func (n *fakeNode) Snapshot(ctx context.Context, id string, opts node.SnapshotOptions) (*snapshot.Snapshot, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if _, ok := n.running[id]; !ok {
+		return nil, node.ErrNotFound
+	}
+	n.seq++
+	s := &snapshot.Snapshot{ID: fmt.Sprintf("snap%d", n.seq), Kind: opts.Kind, SandboxID: id, CreatedAt: time.Now()}
+	n.snaps[s.ID] = s
+	if opts.Stop {
+		delete(n.running, id)
+	}
+	return s, nil
+}
+
+func (n *fakeNode) Snapshots(ctx context.Context, kinds ...snapshot.Kind) ([]*snapshot.Snapshot, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var out []*snapshot.Snapshot
+	for _, s := range n.snaps {
+		for _, k := range kinds {
+			if s.Kind == k {
+				out = append(out, s)
+			}
+		}
+	}
+	return out, nil
+}
+
+func (n *fakeNode) GetSnapshot(ctx context.Context, id string) (*snapshot.Snapshot, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if s, ok := n.snaps[id]; ok {
+		return s, nil
+	}
+	return nil, snapshot.ErrNotFound
+}
+
+func (n *fakeNode) DeleteSnapshot(ctx context.Context, id string) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	delete(n.snaps, id)
+	return nil
+}
+
+func (n *fakeNode) isRunning(id string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	_, ok := n.running[id]
+	return ok
+}
+
+func openCluster(t *testing.T, st state.Store, n Node) *Cluster {
+	t.Helper()
+	c, err := Open(context.Background(), Config{State: st, Node: n, TickInterval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func create(t *testing.T, c *Cluster, timeout time.Duration) *Sandbox {
+	t.Helper()
+	sb, err := c.Create(context.Background(), CreateRequest{TemplateID: "base", Timeout: timeout,
+		Metadata: map[string]string{"k": "v"}, EnvVars: map[string]string{"SECRET": "hunter2"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sb
+}
+
+// TestRecordsOutliveTheCluster: a new Cluster on the same store sees every
+// sandbox as the old one left it, and user secrets are not in the store.
+func TestRecordsOutliveTheCluster(t *testing.T) {
+	ctx := context.Background()
+	st := state.NewMemory()
+	n := newFakeNode("n1")
+	c := openCluster(t, st, n)
+	a := create(t, c, time.Hour)
+	b := create(t, c, time.Hour)
+	if err := c.Pause(ctx, b.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(ctx, StopKeep); err != nil {
+		t.Fatal(err)
+	}
+	entries, _, err := st.List(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if strings.Contains(string(e.Value), "hunter2") {
+			t.Fatalf("an env var is stored in plain text under %s", e.Key)
+		}
+	}
+
+	c2 := openCluster(t, st, n)
+	defer c2.Close(ctx, StopKeep)
+	got, err := c2.Get(ctx, a.ID)
+	if err != nil || got.State != StateRunning || got.Metadata["k"] != "v" || !got.EndAt.Equal(a.EndAt) {
+		t.Fatalf("running sandbox after reopening: %+v, %v", got, err)
+	}
+	got, err = c2.Get(ctx, b.ID)
+	if err != nil || got.State != StatePaused || got.SnapshotID == "" {
+		t.Fatalf("paused sandbox after reopening: %+v, %v", got, err)
+	}
+	if _, resumed, err := c2.Connect(ctx, b.ID, time.Minute); err != nil || !resumed {
+		t.Fatalf("resume after reopening: %v %v", resumed, err)
+	}
+}
+
+// TestReconcile: a record whose sandbox is gone is reported lost with its
+// reason; a sandbox without a record is killed; a pause cut short after
+// its snapshot was saved is finished.
+func TestReconcile(t *testing.T) {
+	ctx := context.Background()
+	st := state.NewMemory()
+	n := newFakeNode("n1")
+	c := openCluster(t, st, n)
+	lost := create(t, c, time.Hour)
+	kept := create(t, c, time.Hour)
+	pausing := create(t, c, time.Hour)
+	c.Close(ctx, StopKeep)
+
+	// Behind the cluster's back: one sandbox dies, one appears without a
+	// record, and one is mid-pause with its snapshot saved.
+	n.mu.Lock()
+	delete(n.running, lost.ID)
+	n.running["orphan"] = &node.Sandbox{ID: "orphan"}
+	n.mu.Unlock()
+	if _, err := c.recs.mutate(ctx, pausing.ID, func(r *record) error {
+		r.Op, r.OpSince = "pause", time.Now()
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.Snapshot(ctx, pausing.ID, node.SnapshotOptions{Kind: snapshot.KindPause, Stop: true}); err != nil {
+		t.Fatal(err)
+	}
+
+	c2 := openCluster(t, st, n)
+	defer c2.Close(ctx, StopKeep)
+	_, err := c2.Get(ctx, lost.ID)
+	if !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), "lost") {
+		t.Fatalf("lost sandbox: %v, want ErrNotFound saying it was lost", err)
+	}
+	if n.isRunning("orphan") {
+		t.Fatal("a sandbox without a record was left running")
+	}
+	if got, err := c2.Get(ctx, kept.ID); err != nil || got.State != StateRunning {
+		t.Fatalf("kept sandbox: %+v %v", got, err)
+	}
+	if got, err := c2.Get(ctx, pausing.ID); err != nil || got.State != StatePaused || got.SnapshotID == "" {
+		t.Fatalf("sandbox whose pause was cut short: %+v %v, want paused", got, err)
+	}
+	if l := c2.List(ListFilter{}); len(l) != 2 {
+		t.Fatalf("listed %d sandboxes, want 2", len(l))
+	}
+}
+
+// TestDeadlinesByOneLeader: two clusters on one store (two API servers);
+// a deadline is enforced once, also one that passed while neither ran.
+func TestDeadlinesByOneLeader(t *testing.T) {
+	ctx := context.Background()
+	st := state.NewMemory()
+	n := newFakeNode("n1")
+	c := openCluster(t, st, n)
+	early := create(t, c, time.Hour)
+	// Make its deadline pass while no cluster runs.
+	if _, err := c.recs.mutate(ctx, early.ID, func(r *record) error {
+		r.EndAt = time.Now().Add(-time.Minute)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	c.Close(ctx, StopKeep)
+	if !n.isRunning(early.ID) {
+		t.Fatal("closing the cluster killed a sandbox")
+	}
+
+	c1 := openCluster(t, st, n)
+	defer c1.Close(ctx, StopKeep)
+	c2 := openCluster(t, st, n)
+	defer c2.Close(ctx, StopKeep)
+	waitFor(t, func() bool { return !n.isRunning(early.ID) }, "the overdue sandbox to be killed")
+
+	later := create(t, c2, 300*time.Millisecond)
+	waitFor(t, func() bool { return !n.isRunning(later.ID) }, "a sandbox to time out")
+	n.mu.Lock()
+	kills := 0
+	for _, id := range n.killed {
+		if id == later.ID {
+			kills++
+		}
+	}
+	n.mu.Unlock()
+	if kills != 1 {
+		t.Fatalf("the timed-out sandbox was killed %d times, want once", kills)
+	}
+	if _, err := c1.Get(ctx, later.ID); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("the other server still sees the timed-out sandbox: %v", err)
+	}
+}
+
+// TestStoreDown: with the store unreachable, changes fail with
+// ErrUnavailable, reads of known sandboxes still work.
+func TestStoreDown(t *testing.T) {
+	ctx := context.Background()
+	st := &flakyStore{Store: state.NewMemory()}
+	n := newFakeNode("n1")
+	c := openCluster(t, st, n)
+	defer c.Close(ctx, StopKeep)
+	sb := create(t, c, time.Hour)
+	st.down.Store(true)
+	if _, err := c.Create(ctx, CreateRequest{TemplateID: "base", Timeout: time.Minute}); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("create with the store down: %v, want ErrUnavailable", err)
+	}
+	if len(n.List()) != 1 {
+		t.Fatalf("a create that could not be recorded left a sandbox running")
+	}
+	if _, err := c.SetTimeout(ctx, sb.ID, time.Minute); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("set timeout with the store down: %v, want ErrUnavailable", err)
+	}
+	if got, err := c.Get(ctx, sb.ID); err != nil || got.ID != sb.ID {
+		t.Fatalf("get of a known sandbox with the store down: %v", err)
+	}
+	st.down.Store(false)
+	if _, err := c.SetTimeout(ctx, sb.ID, time.Minute); err != nil {
+		t.Fatalf("set timeout once the store is back: %v", err)
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool, what string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// flakyStore answers ErrUnavailable to every read and write while down,
+// as an etcd without quorum does.
+type flakyStore struct {
+	state.Store
+	down atomic.Bool
+}
+
+func (s *flakyStore) err() error {
+	if s.down.Load() {
+		return fmt.Errorf("flaky: %w", state.ErrUnavailable)
+	}
+	return nil
+}
+
+func (s *flakyStore) Get(ctx context.Context, key string) (state.Entry, error) {
+	if err := s.err(); err != nil {
+		return state.Entry{}, err
+	}
+	return s.Store.Get(ctx, key)
+}
+
+func (s *flakyStore) Create(ctx context.Context, key string, v []byte, o state.WriteOptions) (int64, error) {
+	if err := s.err(); err != nil {
+		return 0, err
+	}
+	return s.Store.Create(ctx, key, v, o)
+}
+
+func (s *flakyStore) Update(ctx context.Context, key string, v []byte, rev int64, o state.WriteOptions) (int64, error) {
+	if err := s.err(); err != nil {
+		return 0, err
+	}
+	return s.Store.Update(ctx, key, v, rev, o)
+}

@@ -1,0 +1,152 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"time"
+)
+
+// electionName is the election whose winner enforces deadlines: exactly
+// one server at a time pauses or kills sandboxes whose timeout passed, so
+// that two servers never race to end the same sandbox, and a deadline that
+// passed while no server ran is enforced by the first one back.
+const electionName = "deadlines"
+
+// leaderTTL is the lease of the leader's session: a leader that dies
+// without resigning is replaced within about this long.
+const leaderTTL = 10 * time.Second
+
+// sweepEvery is how often the leader removes expired tombstones.
+const sweepEvery = time.Minute
+
+// campaign runs for election until ctx ends; while this server leads it
+// enforces deadlines.
+func (c *Cluster) campaign(ctx context.Context) {
+	backoff := time.Second
+	for ctx.Err() == nil {
+		err := c.leadOnce(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			c.log.Warn("deadline election", "err", err, "retry_in", backoff)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 30*time.Second)
+	}
+}
+
+// leadOnce waits to win the election, then enforces deadlines until the
+// leadership or ctx ends.
+func (c *Cluster) leadOnce(ctx context.Context) error {
+	sess, err := c.cfg.State.NewSession(ctx, leaderTTL)
+	if err != nil {
+		return err
+	}
+	defer sess.Close(context.WithoutCancel(ctx))
+	// A candidacy under our name is an earlier process of this server that
+	// died (kill -9, a crash) still leading: waiting out its lease would
+	// leave deadlines unenforced for that long after a restart.
+	if err := c.cfg.State.Evict(ctx, electionName, c.cfg.Candidate); err != nil {
+		return err
+	}
+	lead, err := c.cfg.State.Campaign(ctx, sess, electionName, c.cfg.Candidate)
+	if err != nil {
+		return err
+	}
+	c.log.Info("this server now enforces sandbox deadlines", "candidate", c.cfg.Candidate)
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		lead.Resign(rctx)
+		cancel()
+	}()
+	tick := time.NewTicker(c.cfg.TickInterval)
+	defer tick.Stop()
+	lastSweep := time.Time{}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-lead.Done():
+			return errors.New("lost leadership")
+		case <-tick.C:
+		}
+		c.expireDue(ctx)
+		if time.Since(lastSweep) > sweepEvery {
+			lastSweep = time.Now()
+			c.sweepTombstones(ctx)
+		}
+	}
+}
+
+// expireDue starts ending every running sandbox whose deadline passed.
+func (c *Cluster) expireDue(ctx context.Context) {
+	now := time.Now()
+	for _, r := range c.recs.all() {
+		if r.State != StateRunning || r.Op != "" || now.Before(r.EndAt) {
+			continue
+		}
+		c.mu.Lock()
+		busy := c.expiring[r.ID]
+		c.expiring[r.ID] = true
+		c.mu.Unlock()
+		if busy {
+			continue
+		}
+		c.bg.Add(1)
+		go func() {
+			defer c.bg.Done()
+			defer func() {
+				c.mu.Lock()
+				delete(c.expiring, r.ID)
+				c.mu.Unlock()
+			}()
+			c.expire(ctx, r.ID)
+		}()
+	}
+}
+
+// expire ends a sandbox whose deadline passed (unless it moved meanwhile):
+// it pauses it when it asked for that, else kills it.
+func (c *Cluster) expire(ctx context.Context, id string) {
+	sb, err := c.Get(ctx, id)
+	if err != nil || sb.State != StateRunning || time.Now().Before(sb.EndAt) {
+		return
+	}
+	if sb.AutoPause {
+		c.log.Info("sandbox timed out; pausing it", "sandbox_id", id)
+		err := c.Pause(ctx, id)
+		if err == nil || errors.Is(err, ErrNotFound) || errors.Is(err, ErrConflict) {
+			return
+		}
+		c.log.Warn("pausing timed-out sandbox failed; killing it", "sandbox_id", id, "err", err)
+	}
+	c.log.Info("sandbox timed out", "sandbox_id", id)
+	if err := c.Kill(ctx, id); err != nil && !errors.Is(err, ErrNotFound) {
+		c.log.Warn("killing timed-out sandbox", "sandbox_id", id, "err", err)
+	}
+}
+
+// sweepTombstones removes the reasons of sandboxes lost over a day ago.
+func (c *Cluster) sweepTombstones(ctx context.Context) {
+	entries, _, err := c.cfg.State.List(ctx, tombstonePrefix)
+	if err != nil {
+		c.log.Warn("listing tombstones", "err", err)
+		return
+	}
+	for _, e := range entries {
+		var t tombstone
+		if json.Unmarshal(e.Value, &t) == nil && time.Since(t.At) < tombstoneTTL {
+			continue
+		}
+		if err := c.cfg.State.Delete(ctx, e.Key, e.Revision); err != nil {
+			c.log.Debug("removing tombstone", "sandbox_id", strings.TrimPrefix(e.Key, tombstonePrefix), "err", err)
+		}
+	}
+}

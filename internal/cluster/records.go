@@ -1,0 +1,322 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/aenvhq/aenv/internal/state"
+)
+
+// Keys in the state store.
+const (
+	sandboxPrefix   = "sandboxes/"
+	tombstonePrefix = "tombstones/"
+)
+
+// tombstoneTTL is how long a lost sandbox's id keeps answering with the
+// reason it is gone (the SDKs know only running and paused).
+const tombstoneTTL = 24 * time.Hour
+
+// record is a sandbox's entry in the state store: the Sandbox plus the
+// operation in progress on it. Op doubles as the lock that keeps two
+// pauses, resumes or snapshots from interleaving, across servers too.
+type record struct {
+	Sandbox
+	// Op is the state change in progress ("pause", "resume", "snapshot",
+	// "fork"), empty when none.
+	Op string `json:"op,omitempty"`
+	// OpSince is when Op began; an Op older than staleOp is taken to be
+	// left by a server that died (restart recovery clears its own).
+	OpSince time.Time `json:"opSince,omitzero"`
+}
+
+// staleOp is how long an operation may hold a sandbox before another
+// server may take it: far longer than a pause of the largest sandbox.
+const staleOp = 15 * time.Minute
+
+// tombstone says why a sandbox id is gone.
+type tombstone struct {
+	Reason string    `json:"reason"`
+	At     time.Time `json:"at"`
+}
+
+func sandboxKey(id string) string   { return sandboxPrefix + id }
+func tombstoneKey(id string) string { return tombstonePrefix + id }
+
+// cached is a record as the cache holds it, with the store revision it
+// was read or written at.
+type cached struct {
+	rec record
+	rev int64
+}
+
+// records is the cluster's read cache of the sandbox records in the
+// store, kept current by a watch: reads (every proxied request resolves
+// its sandbox) cost no round trip to etcd, and writes go to the store
+// with compare-and-swap on the revision the cache holds. A write made here
+// is in the cache at once, so a client reads its own writes; another
+// server's writes arrive with the watch, milliseconds later.
+type records struct {
+	st state.Store
+
+	mu sync.Mutex
+	m  map[string]*cached
+	// gone holds when ids were deleted here, so that an older event
+	// still on its way through the watch cannot bring them back. Ids are
+	// random and never reused, so an entry can simply expire once any
+	// event of it must have arrived (goneFor).
+	gone map[string]time.Time
+}
+
+// goneFor is far beyond any watch delay.
+const goneFor = time.Minute
+
+func newRecords(st state.Store) *records {
+	return &records{st: st, m: map[string]*cached{}, gone: map[string]time.Time{}}
+}
+
+func encodeRecord(r *record) ([]byte, error) { return json.Marshal(r) }
+
+func decodeRecord(e state.Entry) (record, error) {
+	var r record
+	if err := json.Unmarshal(e.Value, &r); err != nil {
+		return r, fmt.Errorf("decoding record %s: %w", e.Key, err)
+	}
+	return r, nil
+}
+
+// load fills the cache from the store and returns the revision to watch
+// from.
+func (rs *records) load(ctx context.Context) (int64, error) {
+	entries, rev, err := rs.st.List(ctx, sandboxPrefix)
+	if err != nil {
+		return 0, fmt.Errorf("loading sandbox records: %w", err)
+	}
+	m := make(map[string]*cached, len(entries))
+	for _, e := range entries {
+		r, err := decodeRecord(e)
+		if err != nil {
+			return 0, err
+		}
+		m[r.ID] = &cached{rec: r, rev: e.Revision}
+	}
+	rs.mu.Lock()
+	rs.m = m
+	rs.mu.Unlock()
+	return rev, nil
+}
+
+// follow applies the store's changes to the cache until ctx ends,
+// reloading when the watch falls behind compaction or breaks.
+func (rs *records) follow(ctx context.Context, rev int64, onErr func(error)) {
+	for ctx.Err() == nil {
+		for ev := range rs.st.Watch(ctx, sandboxPrefix, rev) {
+			if ev.Err != nil {
+				if ctx.Err() == nil {
+					onErr(ev.Err)
+				}
+				break
+			}
+			rs.apply(ev)
+			rev = ev.Entry.Revision
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		// The watch ended: start over from a fresh list, after a pause so
+		// that a store that is down is not hammered.
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+		if r, err := rs.load(ctx); err == nil {
+			rev = r
+		} else if ctx.Err() == nil {
+			onErr(err)
+		}
+	}
+}
+
+func (rs *records) apply(ev state.Event) {
+	id := strings.TrimPrefix(ev.Entry.Key, sandboxPrefix)
+	rev := ev.Entry.Revision
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if at, ok := rs.gone[id]; ok {
+		if time.Since(at) < goneFor {
+			return
+		}
+		delete(rs.gone, id)
+	}
+	cur, ok := rs.m[id]
+	if ok && cur.rev >= rev {
+		return
+	}
+	switch ev.Type {
+	case state.EventDelete:
+		delete(rs.m, id)
+	case state.EventPut:
+		r, err := decodeRecord(ev.Entry)
+		if err != nil {
+			return
+		}
+		rs.m[id] = &cached{rec: r, rev: rev}
+	}
+}
+
+// set puts a record written at rev into the cache.
+func (rs *records) set(r record, rev int64) {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if cur, ok := rs.m[r.ID]; ok && cur.rev > rev {
+		return
+	}
+	r.Metadata = maps.Clone(r.Metadata)
+	rs.m[r.ID] = &cached{rec: r, rev: rev}
+}
+
+// drop removes a deleted record from the cache for good.
+func (rs *records) drop(id string) {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	delete(rs.m, id)
+	now := time.Now()
+	for gid, at := range rs.gone {
+		if now.Sub(at) > goneFor {
+			delete(rs.gone, gid)
+		}
+	}
+	rs.gone[id] = now
+}
+
+// get returns a copy of the cached record and its revision.
+func (rs *records) get(id string) (record, int64, bool) {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	c, ok := rs.m[id]
+	if !ok {
+		return record{}, 0, false
+	}
+	r := c.rec
+	r.Metadata = maps.Clone(c.rec.Metadata)
+	return r, c.rev, true
+}
+
+// all returns copies of every cached record.
+func (rs *records) all() []record {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	out := make([]record, 0, len(rs.m))
+	for _, c := range rs.m {
+		r := c.rec
+		r.Metadata = maps.Clone(c.rec.Metadata)
+		out = append(out, r)
+	}
+	return out
+}
+
+// fetch reads a record from the store (for ids the cache does not have
+// yet: another server's create the watch has not delivered).
+func (rs *records) fetch(ctx context.Context, id string) (record, int64, error) {
+	e, err := rs.st.Get(ctx, sandboxKey(id))
+	if err != nil {
+		return record{}, 0, err
+	}
+	r, err := decodeRecord(e)
+	if err != nil {
+		return record{}, 0, err
+	}
+	rs.set(r, e.Revision)
+	return r, e.Revision, nil
+}
+
+// create stores a new record.
+func (rs *records) create(ctx context.Context, r record) error {
+	b, err := encodeRecord(&r)
+	if err != nil {
+		return err
+	}
+	rev, err := rs.st.Create(ctx, sandboxKey(r.ID), b, state.WriteOptions{})
+	if err != nil {
+		return fmt.Errorf("storing record of %s: %w", r.ID, err)
+	}
+	rs.set(r, rev)
+	return nil
+}
+
+// errUnchanged, returned by a mutate function, ends mutate without a write.
+var errUnchanged = errors.New("unchanged")
+
+// mutate applies fn to id's record with compare-and-swap, retrying on
+// conflicts with a fresh read, and returns the record as stored. fn may
+// return errUnchanged to skip the write; any other error aborts.
+func (rs *records) mutate(ctx context.Context, id string, fn func(r *record) error) (record, error) {
+	r, rev, ok := rs.get(id)
+	for attempt := 0; ; attempt++ {
+		if !ok || attempt > 0 {
+			var err error
+			if r, rev, err = rs.fetch(ctx, id); err != nil {
+				if errors.Is(err, state.ErrNotFound) {
+					rs.drop(id)
+					return record{}, fmt.Errorf("%w: %s", ErrNotFound, id)
+				}
+				return record{}, err
+			}
+		}
+		if err := fn(&r); err != nil {
+			if errors.Is(err, errUnchanged) {
+				return r, nil
+			}
+			return record{}, err
+		}
+		b, err := encodeRecord(&r)
+		if err != nil {
+			return record{}, err
+		}
+		nrev, err := rs.st.Update(ctx, sandboxKey(id), b, rev, state.WriteOptions{})
+		if err == nil {
+			rs.set(r, nrev)
+			return r, nil
+		}
+		if !errors.Is(err, state.ErrConflict) && !errors.Is(err, state.ErrNotFound) || attempt >= 20 {
+			return record{}, fmt.Errorf("updating record of %s: %w", id, err)
+		}
+	}
+}
+
+// remove deletes id's record, optionally leaving a tombstone that says
+// why it is gone.
+func (rs *records) remove(ctx context.Context, id, reason string) error {
+	if reason != "" {
+		b, _ := json.Marshal(tombstone{Reason: reason, At: time.Now().UTC()})
+		if _, err := rs.st.Put(ctx, tombstoneKey(id), b, state.WriteOptions{}); err != nil {
+			return fmt.Errorf("recording why %s is gone: %w", id, err)
+		}
+	}
+	err := rs.st.Delete(ctx, sandboxKey(id), 0)
+	if err != nil && !errors.Is(err, state.ErrNotFound) {
+		return fmt.Errorf("deleting record of %s: %w", id, err)
+	}
+	rs.drop(id)
+	return nil
+}
+
+// whyGone returns the reason a recently lost sandbox is gone, or "".
+func (rs *records) whyGone(ctx context.Context, id string) string {
+	e, err := rs.st.Get(ctx, tombstoneKey(id))
+	if err != nil {
+		return ""
+	}
+	var t tombstone
+	if json.Unmarshal(e.Value, &t) != nil || time.Since(t.At) > tombstoneTTL {
+		return ""
+	}
+	return t.Reason
+}

@@ -1,0 +1,160 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/aenvhq/aenv/internal/node"
+	"github.com/aenvhq/aenv/internal/snapshot"
+	"github.com/aenvhq/aenv/internal/state"
+)
+
+// resumedGrace is the least time a sandbox whose resume a restart cut
+// short gets before its deadline, so that its client can reconnect.
+const resumedGrace = 5 * time.Minute
+
+// reconcile brings the records of this node's sandboxes and what the node
+// really runs (after a restart: what it recovered) into agreement, and
+// finishes or rolls back the operations a kill -9 cut short:
+//
+//   - a running record whose sandbox runs: kept; a cut-short snapshot,
+//     fork or pause that left it running is rolled back.
+//   - a running record whose sandbox is gone: if a pause was under way
+//     and its snapshot is complete, the pause is finished; otherwise the
+//     sandbox is lost: the record goes, and for a day its id answers with
+//     the reason.
+//   - a paused record whose sandbox runs here: its resume got as far as
+//     the restore, so the resume is finished.
+//   - a sandbox the node runs without any record (a create cut short
+//     before it was recorded): killed.
+func (c *Cluster) reconcile(ctx context.Context) error {
+	self := c.cfg.Node.ID()
+	running := map[string]*node.Sandbox{}
+	for _, sb := range c.cfg.Node.List() {
+		running[sb.ID] = sb
+	}
+	var errs []error
+	for _, r := range c.recs.all() {
+		nsb, runs := running[r.ID]
+		delete(running, r.ID)
+		switch {
+		case r.State == StateRunning && r.NodeID != self:
+			// Another node's; it reconciles its own.
+		case r.State == StateRunning && runs:
+			if r.Op != "" {
+				c.log.Info("operation cut short by a restart; the sandbox kept running", "sandbox_id", r.ID, "op", r.Op)
+				c.release(ctx, r.ID, r.Op)
+			}
+		case r.State == StateRunning && r.Op == "pause":
+			if snap := c.pauseSnapshotOf(ctx, r.ID); snap != "" {
+				c.log.Info("finishing a pause cut short by a restart", "sandbox_id", r.ID, "snapshot_id", snap)
+				errs = append(errs, c.finishPause(ctx, r.ID, snap))
+				continue
+			}
+			errs = append(errs, c.lose(ctx, r.ID, "the server stopped while pausing it, before its state was saved"))
+		case r.State == StateRunning:
+			errs = append(errs, c.lose(ctx, r.ID, fmt.Sprintf("it was not running when node %s restarted", self)))
+		case r.State == StatePaused && runs:
+			c.log.Info("finishing a resume cut short by a restart", "sandbox_id", r.ID)
+			end := time.Now().UTC().Add(resumedGrace)
+			if r.EndAt.After(end) {
+				end = r.EndAt
+			}
+			if _, err := c.finishResume(ctx, r.ID, nsb.Addr, end); err != nil {
+				errs = append(errs, err)
+			}
+		case r.State == StatePaused && r.Op != "":
+			c.release(ctx, r.ID, r.Op)
+		}
+	}
+	for id := range running {
+		c.log.Warn("removing a sandbox without a record (its create was cut short)", "sandbox_id", id)
+		if err := c.cfg.Node.Kill(ctx, id); err != nil && !errors.Is(err, node.ErrNotFound) {
+			errs = append(errs, err)
+		}
+	}
+	c.dropForkSnapshots(ctx)
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("reconciling sandbox records: %w", err)
+	}
+	return nil
+}
+
+// lose removes the record of a sandbox that no longer exists, leaving why.
+func (c *Cluster) lose(ctx context.Context, id, why string) error {
+	c.log.Warn("sandbox lost", "sandbox_id", id, "reason", why)
+	return c.recs.remove(ctx, id, "sandbox lost: "+why)
+}
+
+// pauseSnapshotOf returns the newest complete pause snapshot of sandbox
+// id, or "".
+func (c *Cluster) pauseSnapshotOf(ctx context.Context, id string) string {
+	snaps, err := c.cfg.Node.Snapshots(ctx, snapshot.KindPause)
+	if err != nil {
+		return ""
+	}
+	var best *snapshot.Snapshot
+	for _, s := range snaps {
+		if s.SandboxID == id && (best == nil || s.CreatedAt.After(best.CreatedAt)) {
+			best = s
+		}
+	}
+	if best == nil {
+		return ""
+	}
+	return best.ID
+}
+
+// dropForkSnapshots removes the transient snapshots of forks a restart cut
+// short; a fork in progress holds its own for seconds, not this long.
+func (c *Cluster) dropForkSnapshots(ctx context.Context) {
+	snaps, err := c.cfg.Node.Snapshots(ctx, snapshot.KindFork)
+	if err != nil {
+		return
+	}
+	for _, s := range snaps {
+		if time.Since(s.CreatedAt) > staleOp {
+			c.deleteSnapshotQuietly(s.ID, "fork snapshot left by a restart")
+		}
+	}
+}
+
+// migrateLegacy moves the paused-sandbox records that servers before the
+// state store kept as files into the store, once: each file is removed
+// only after its record is stored (or found already there).
+func (c *Cluster) migrateLegacy(ctx context.Context) error {
+	if c.cfg.LegacyStateDir == "" {
+		return nil
+	}
+	files, _ := filepath.Glob(filepath.Join(c.cfg.LegacyStateDir, "paused", "*.json"))
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return fmt.Errorf("migrating paused record %s: %w", f, err)
+		}
+		// Old records are the Sandbox struct without JSON tags; field
+		// names match the tags case-insensitively.
+		var r record
+		if err := json.Unmarshal(b, &r.Sandbox); err != nil || r.State != StatePaused || r.ID == "" {
+			c.log.Warn("ignoring unreadable paused sandbox record", "file", f, "err", err)
+			os.Rename(f, f+".unreadable")
+			continue
+		}
+		if _, err := c.cfg.Node.GetSnapshot(ctx, r.SnapshotID); err != nil {
+			c.log.Warn("paused sandbox lost its snapshot; dropping it", "sandbox_id", r.ID, "err", err)
+			os.Remove(f)
+			continue
+		}
+		if err := c.recs.create(ctx, r); err != nil && !errors.Is(err, state.ErrExists) {
+			return fmt.Errorf("migrating paused record %s: %w", f, err)
+		}
+		os.Remove(f)
+		c.log.Info("paused sandbox record moved into the state store", "sandbox_id", r.ID)
+	}
+	return nil
+}

@@ -1,0 +1,172 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/aenvhq/aenv/internal/netns"
+	"github.com/aenvhq/aenv/internal/runtime"
+)
+
+// localRecord is what the node keeps on this host of each sandbox it
+// hands out, so that a restarted node process can take the sandbox over
+// (see Recover): the parts that only this host knows, like which network
+// slot the sandbox runs in. It lives in the run directory because it means
+// nothing once the host reboots, and neither do the sandboxes.
+type localRecord struct {
+	ID              string            `json:"id"`
+	TemplateID      string            `json:"templateID"`
+	CPUCount        int               `json:"cpuCount"`
+	MemoryMB        int               `json:"memoryMB"`
+	DiskMB          int               `json:"diskMB"`
+	EnvdVersion     string            `json:"envdVersion"`
+	EnvdAccessToken string            `json:"envdAccessToken,omitempty"`
+	Addr            netip.Addr        `json:"addr"`
+	StartedAt       time.Time         `json:"startedAt"`
+	Slot            string            `json:"slot"`
+	Egress          netns.SlotOptions `json:"egress"`
+}
+
+func (n *Node) recordPath(id string) string {
+	return filepath.Join(n.cfg.StateDir, "sandboxes", id+".json")
+}
+
+// saveRecord writes sb's local record; without a StateDir the node keeps
+// none and its sandboxes die with it.
+func (n *Node) saveRecord(sb *Sandbox) error {
+	if n.cfg.StateDir == "" {
+		return nil
+	}
+	rec := localRecord{
+		ID: sb.ID, TemplateID: sb.TemplateID, CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB,
+		DiskMB: sb.DiskMB, EnvdVersion: sb.EnvdVersion, EnvdAccessToken: sb.EnvdAccessToken,
+		Addr: sb.Addr, StartedAt: sb.StartedAt, Slot: sb.slot.Name, Egress: sb.egress,
+	}
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	p := n.recordPath(sb.ID)
+	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+		return fmt.Errorf("saving record of %s: %w", sb.ID, err)
+	}
+	if err := os.WriteFile(p+".tmp", b, 0o600); err != nil {
+		return fmt.Errorf("saving record of %s: %w", sb.ID, err)
+	}
+	if err := os.Rename(p+".tmp", p); err != nil {
+		return fmt.Errorf("saving record of %s: %w", sb.ID, err)
+	}
+	return nil
+}
+
+func (n *Node) removeRecord(id string) {
+	if n.cfg.StateDir != "" {
+		os.Remove(n.recordPath(id))
+	}
+}
+
+// recoverProbeTimeout bounds the health check of a recovered sandbox's
+// envd: one that does not answer that fast is not worth keeping.
+const recoverProbeTimeout = 3 * time.Second
+
+// Recover takes over the sandboxes an earlier process of this node left
+// running on the host (after a restart, an upgrade or a kill -9): each one
+// with a local record gets its network slot and its runtime watch back and
+// must answer on envd; the others, and what is left of sandboxes that
+// died meanwhile, are removed. It returns the sandboxes it kept, which the
+// caller reconciles with the control plane's records. Call it once, before
+// the first Create.
+func (n *Node) Recover(ctx context.Context) ([]*Sandbox, error) {
+	rec, ok := n.cfg.Runtime.(runtime.Recoverer)
+	if !ok {
+		return nil, nil
+	}
+	ids, err := rec.Leftovers(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("recovering sandboxes: %w", err)
+	}
+	var kept []*Sandbox
+	seen := map[string]bool{}
+	for _, id := range ids {
+		seen[id] = true
+		sb, err := n.recoverOne(ctx, rec, id)
+		if err != nil {
+			n.log.Warn("sandbox of an earlier run not recovered; removing it", "sandbox_id", id, "err", err)
+			n.removeRecord(id)
+			if kerr := n.cfg.Runtime.Kill(ctx, id); kerr != nil && !errors.Is(kerr, runtime.ErrNotFound) {
+				n.log.Warn("removing unrecovered sandbox", "sandbox_id", id, "err", kerr)
+			}
+			continue
+		}
+		kept = append(kept, sb)
+	}
+	// Records of sandboxes the runtime no longer has at all.
+	if n.cfg.StateDir != "" {
+		files, _ := filepath.Glob(filepath.Join(n.cfg.StateDir, "sandboxes", "*.json"))
+		for _, f := range files {
+			if id := filepath.Base(f[:len(f)-len(".json")]); !seen[id] {
+				os.Remove(f)
+			}
+		}
+	}
+	if err := n.cfg.Network.ReleaseLeftovers(ctx); err != nil {
+		n.log.Warn("releasing network slots of gone sandboxes", "err", err)
+	}
+	if len(ids) > 0 {
+		n.log.Info("recovered sandboxes of an earlier run", "recovered", len(kept), "removed", len(ids)-len(kept))
+	}
+	return kept, nil
+}
+
+// recoverOne takes over one leftover sandbox; on error the caller removes
+// it, and the slot (if adopted) is released here.
+func (n *Node) recoverOne(ctx context.Context, rec runtime.Recoverer, id string) (_ *Sandbox, err error) {
+	if n.cfg.StateDir == "" {
+		return nil, errors.New("this node keeps no local records")
+	}
+	b, err := os.ReadFile(n.recordPath(id))
+	if err != nil {
+		return nil, fmt.Errorf("no local record (a create or a pause was cut short): %w", err)
+	}
+	var lr localRecord
+	if err := json.Unmarshal(b, &lr); err != nil {
+		return nil, fmt.Errorf("reading local record: %w", err)
+	}
+	slot, err := n.cfg.Network.Adopt(lr.Slot)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			n.cfg.Network.Release(context.WithoutCancel(ctx), slot)
+		}
+	}()
+	if err := rec.Recover(ctx, id); err != nil {
+		return nil, err
+	}
+	pctx, cancel := context.WithTimeout(ctx, recoverProbeTimeout)
+	defer cancel()
+	if err := newEnvdClient(slot.HostAddr, "").waitReady(pctx); err != nil {
+		return nil, fmt.Errorf("envd does not answer: %w", err)
+	}
+	sb := &Sandbox{
+		ID: lr.ID, TemplateID: lr.TemplateID, CPUCount: lr.CPUCount, MemoryMB: lr.MemoryMB,
+		DiskMB: lr.DiskMB, EnvdVersion: lr.EnvdVersion, EnvdAccessToken: lr.EnvdAccessToken,
+		Addr: slot.HostAddr, StartedAt: lr.StartedAt, slot: slot, egress: lr.Egress,
+	}
+	sb.cpuAt = time.Now()
+	if st, err := n.cfg.Runtime.Stats(ctx, id); err == nil {
+		sb.cpuBase = st.CPUUsageNanos
+	}
+	n.mu.Lock()
+	n.sandboxes[id] = sb
+	n.mu.Unlock()
+	n.log.Info("sandbox recovered", "sandbox_id", id, "slot", slot.Name)
+	return sb, nil
+}

@@ -1,0 +1,267 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/aenvhq/aenv/internal/client"
+	"github.com/aenvhq/aenv/internal/state"
+	"github.com/aenvhq/aenv/internal/testutil"
+)
+
+// TestRestartKeepsSandboxes runs the restart suite on the embedded etcd.
+func TestRestartKeepsSandboxes(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequireBinary(t, "runsc", "AENV_RUNSC")
+	restartSuite(t, nil)
+}
+
+// TestRestartKeepsSandboxesExternalEtcd runs the same suite against an
+// external etcd member running as its own process.
+func TestRestartKeepsSandboxesExternalEtcd(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequireBinary(t, "runsc", "AENV_RUNSC")
+	m := startEtcdProc(t, t.TempDir())
+	defer m.stop()
+	restartSuite(t, []string{"--etcd-endpoints", m.url})
+}
+
+// restartSuite: a sandbox with a counter running in memory survives kill -9
+// of the server and a SIGTERM, and keeps counting, with its files and
+// envd processes intact; a timeout that passed while the server was down
+// is enforced after the restart; a paused sandbox resumes after a
+// restart; records and sandboxes reconcile both ways.
+func restartSuite(t *testing.T, extra []string) {
+	dir := t.TempDir()
+	dataDir, runDir := filepath.Join(dir, "data"), filepath.Join(dir, "run")
+	ctx := context.Background()
+	p := startServerProc(t, dataDir, runDir, extra...)
+	defer func() {
+		p.stop(t, 60*time.Second)
+		if t.Failed() {
+			t.Logf("server log (without debug lines):\n%s", logWithout(p.log, "level=DEBUG"))
+		}
+		// What the stopped server kept must not outlive the test.
+		if err := Cleanup(context.Background(), Config{RunDir: runDir, NetnsTag: "crasht", SandboxCIDR: "10.238.0.0/16"}); err != nil {
+			t.Errorf("cleaning up: %v", err)
+		}
+	}()
+	c := client.New(p.url, p.key)
+
+	keep, err := c.Create(ctx, client.CreateOptions{Timeout: 600})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runOut(t, c, keep.SandboxID, "echo precious > /home/user/f")
+	runOut(t, c, keep.SandboxID, counterCmd)
+	// A long-lived envd process, started through the API.
+	runOut(t, c, keep.SandboxID, "nohup sleep 3600 >/dev/null 2>&1 & echo $! > /tmp/sleeper")
+	sleeper := runOut(t, c, keep.SandboxID, "cat /tmp/sleeper")
+	short, err := c.Create(ctx, client.CreateOptions{Timeout: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	paused, err := c.Create(ctx, client.CreateOptions{Timeout: 600})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runOut(t, c, paused.SandboxID, "echo asleep > /home/user/p")
+	if err := c.Pause(ctx, paused.SandboxID); err != nil {
+		t.Fatal(err)
+	}
+	before := counter(t, c, keep.SandboxID)
+
+	// kill -9, and stay down past the short sandbox's deadline.
+	p.kill9()
+	time.Sleep(5 * time.Second)
+	p = startServerProc(t, dataDir, runDir, extra...)
+	c = client.New(p.url, p.key)
+	t.Logf("restarted after kill -9: serving %s after the process started", p.ready)
+	if got := counter(t, c, keep.SandboxID); got <= before {
+		t.Fatalf("counter after kill -9 and restart is %d, was %d: the sandbox's memory was lost", got, before)
+	}
+	if f := runOut(t, c, keep.SandboxID, "cat /home/user/f"); f != "precious" {
+		t.Fatalf("file after restart: %q", f)
+	}
+	if out := runOut(t, c, keep.SandboxID, "kill -0 "+sleeper+" && echo alive"); out != "alive" {
+		t.Fatalf("the envd process %s did not survive: %q", sleeper, out)
+	}
+	waitGone(t, c, short.SandboxID, 10*time.Second)
+	if n := sandboxProcs(short.SandboxID); n != 0 {
+		t.Errorf("%d processes of the timed-out sandbox remain", n)
+	}
+
+	// SIGTERM keeps sandboxes running too.
+	before = counter(t, c, keep.SandboxID)
+	p.stop(t, 60*time.Second)
+	if n := sandboxProcs(keep.SandboxID); n == 0 {
+		t.Fatal("SIGTERM killed the running sandbox")
+	}
+	p = startServerProc(t, dataDir, runDir, extra...)
+	c = client.New(p.url, p.key)
+	if got := counter(t, c, keep.SandboxID); got <= before {
+		t.Fatalf("counter after SIGTERM and restart is %d, was %d", got, before)
+	}
+	sb, resumed, err := c.Connect(ctx, paused.SandboxID, time.Minute)
+	if err != nil || !resumed {
+		t.Fatalf("resuming the paused sandbox after restarts: %+v resumed=%v %v", sb, resumed, err)
+	}
+	if f := runOut(t, c, paused.SandboxID, "cat /home/user/p"); f != "asleep" {
+		t.Fatalf("resumed sandbox's file: %q", f)
+	}
+
+	// Reconcile both ways, behind a stopped server's back: one sandbox
+	// dies, and another loses its record.
+	p.stop(t, 60*time.Second)
+	runsc := testutil.RequireBinary(t, "runsc", "AENV_RUNSC")
+	del := exec.Command(runsc, "--root", filepath.Join(runDir, "gvisor", "runsc"), "delete", "--force", keep.SandboxID)
+	if out, err := del.CombinedOutput(); err != nil {
+		t.Fatalf("runsc delete: %v: %s", err, out)
+	}
+	deleteRecord(t, dataDir, extra, paused.SandboxID)
+	p = startServerProc(t, dataDir, runDir, extra...)
+	c = client.New(p.url, p.key)
+	_, err = c.Get(ctx, keep.SandboxID)
+	if !isStatus(err, 404) || !strings.Contains(err.Error(), "lost") {
+		t.Fatalf("a sandbox that died while the server was down: %v, want 404 saying it was lost", err)
+	}
+	if b, _ := os.ReadFile(p.log); !strings.Contains(string(b), "sandbox lost") {
+		t.Errorf("the server log does not say the sandbox was lost")
+	}
+	if _, err := c.Get(ctx, paused.SandboxID); !isStatus(err, 404) {
+		t.Fatalf("a sandbox without a record: %v, want 404", err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for sandboxProcs(paused.SandboxID) != 0 && time.Now().Before(deadline) {
+		time.Sleep(200 * time.Millisecond)
+	}
+	if n := sandboxProcs(paused.SandboxID); n != 0 {
+		t.Fatalf("a sandbox without a record still has %d processes", n)
+	}
+	list, err := c.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 0 {
+		t.Fatalf("sandboxes listed after reconciling: %+v", list)
+	}
+}
+
+// waitGone waits until id answers 404.
+func waitGone(t *testing.T, c *client.Client, id string, limit time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for {
+		_, err := c.Get(context.Background(), id)
+		if isStatus(err, 404) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox %s still there %s after its deadline passed: %v", id, limit, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// deleteRecord removes a sandbox's record from a stopped server's state.
+func deleteRecord(t *testing.T, dataDir string, extra []string, id string) {
+	t.Helper()
+	cfg := state.Config{DataDir: filepath.Join(dataDir, "etcd"), SocketDir: t.TempDir()}
+	if len(extra) == 2 && extra[0] == "--etcd-endpoints" {
+		cfg = state.Config{Endpoints: []string{extra[1]}}
+	}
+	ctx := context.Background()
+	st, err := state.Open(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if err := st.Delete(ctx, "sandboxes/"+id, 0); err != nil {
+		t.Fatalf("deleting record of %s: %v", id, err)
+	}
+}
+
+// etcdProc is `aenv etcd` run as a separate process: an external etcd.
+type etcdProc struct {
+	cmd   *exec.Cmd
+	url   string
+	waitc chan struct{}
+	args  []string
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func startEtcdProc(t *testing.T, dir string) *etcdProc {
+	t.Helper()
+	if os.Getenv("AENV_BIN_DIR") == "" {
+		testutil.Unavailable(t, "AENV_BIN_DIR must be set (make build)")
+	}
+	client, peer := freePort(t), freePort(t)
+	m := &etcdProc{url: "http://127.0.0.1:" + strconv.Itoa(client), args: []string{"etcd", "--name", "ext",
+		"--data-dir", filepath.Join(dir, "etcd"),
+		"--listen-client", fmt.Sprintf("http://127.0.0.1:%d", client),
+		"--listen-peer", fmt.Sprintf("http://127.0.0.1:%d", peer), "--new", "--log-level", "warn"}}
+	m.start(t, filepath.Join(dir, "etcd.log"))
+	return m
+}
+
+func (m *etcdProc) start(t *testing.T, logPath string) {
+	t.Helper()
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	m.cmd = exec.Command(filepath.Join(os.Getenv("AENV_BIN_DIR"), "aenv"), m.args...)
+	m.cmd.Stdout, m.cmd.Stderr = logf, logf
+	m.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := m.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	m.waitc = make(chan struct{})
+	go func() { m.cmd.Wait(); close(m.waitc) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if resp, err := http.Get(m.url + "/health"); err == nil {
+			resp.Body.Close()
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("etcd member did not come up; log %s:\n%s", logPath, tail(logPath))
+}
+
+func (m *etcdProc) stop() {
+	m.cmd.Process.Signal(syscall.SIGKILL)
+	<-m.waitc
+}
+
+// logWithout returns a log file's lines that do not contain drop.
+func logWithout(path, drop string) string {
+	b, _ := os.ReadFile(path)
+	var keep []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if !strings.Contains(l, drop) {
+			keep = append(keep, l)
+		}
+	}
+	return strings.Join(keep, "\n")
+}
