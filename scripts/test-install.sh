@@ -104,9 +104,9 @@ check "aenv and envd are installed in PREFIX/bin" test -x "$prefix/bin/aenv" -a 
 exec_line="ExecStart=$prefix/bin/aenv server --listen \${AENV_LISTEN} --data-dir \${AENV_DATA_DIR} --run-dir \${AENV_RUN_DIR} \$AENV_OPTS"
 check "unit: ExecStart runs PREFIX/bin/aenv server with the settings" grep -qxF "$exec_line" "$unit_file"
 check "unit: EnvironmentFile=-$env_file" grep -qxF "EnvironmentFile=-$env_file" "$unit_file"
-check "unit: Restart=on-failure, KillMode=mixed, TimeoutStopSec=60, Delegate=yes" \
-  sh -c "grep -qx Restart=on-failure '$unit_file' && grep -qx KillMode=mixed '$unit_file' &&
-    grep -qx TimeoutStopSec=60 '$unit_file' && grep -qx Delegate=yes '$unit_file' && grep -q '^LimitNOFILE=' '$unit_file'"
+check "unit: Restart=on-failure, KillMode=process (sandboxes outlive a restart), TimeoutStopSec=600, Delegate=yes" \
+  sh -c "grep -qx Restart=on-failure '$unit_file' && grep -qx KillMode=process '$unit_file' &&
+    grep -qx TimeoutStopSec=600 '$unit_file' && grep -qx Delegate=yes '$unit_file' && grep -q '^LimitNOFILE=' '$unit_file'"
 if command -v systemd-analyze >/dev/null; then
   check "unit: systemd-analyze verify accepts it" systemd-analyze verify "$unit_file"
 fi
@@ -138,6 +138,25 @@ if id=$(cli create base --timeout 120 2>"$tmp/create.err") && [ -n "$id" ]; then
   ok "aenv create prints a sandbox id ($id)"
   out=$(cli exec "$id" -- echo ok 2>&1)
   if [ "$out" = ok ]; then ok "aenv exec ... -- echo ok prints ok"; else fail "aenv exec ... -- echo ok prints ok" "$out"; fi
+
+  # A restart of the service keeps the sandbox, and the counter running
+  # in its memory, going.
+  cli exec "$id" -- 'nohup sh -c "i=0; while :; do i=\$((i+1)); echo \$i >/tmp/n; sleep 0.1; done" >/dev/null 2>&1 &' >/dev/null 2>&1
+  sleep 1
+  n1=$(cli exec "$id" -- cat /tmp/n 2>&1)
+  if have_systemd; then
+    systemctl restart "$unit"
+  else
+    pid=$(server_pid) && kill -TERM "$pid"
+    for _ in $(seq 1 120); do [ -d "/proc/$pid" ] || break; sleep 0.5; done
+    "$here/scripts/install.sh" "${args[@]}" --bin-dir "$prefix/bin" >"$tmp/restart.out" 2>&1
+  fi
+  for _ in $(seq 1 60); do healthy && break; sleep 0.5; done
+  check "the server is back after a restart with a new pid" sh -c "[ -n \"\$(cat /proc/$(server_pid)/stat 2>/dev/null)\" ] && [ '$(server_pid)' != '$pid1' ]"
+  n2=$(cli exec "$id" -- cat /tmp/n 2>&1)
+  check "the sandbox survives the restart and its counter goes on ($n1 then $n2)" \
+    sh -c "[ '$n1' -gt 0 ] 2>/dev/null && [ '$n2' -gt '$n1' ] 2>/dev/null"
+  pid1=$(server_pid)
   check "aenv rm removes the sandbox" cli rm "$id"
 else
   fail "aenv create prints a sandbox id" "$(cat "$tmp/create.err")"

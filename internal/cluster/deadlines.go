@@ -87,14 +87,10 @@ func (c *Cluster) leadOnce(ctx context.Context) error {
 
 // expireDue starts ending every running sandbox whose deadline passed.
 func (c *Cluster) expireDue(ctx context.Context) {
-	now := time.Now()
-	for _, r := range c.recs.all() {
-		if r.State != StateRunning || r.Op != "" || now.Before(r.EndAt) {
-			continue
-		}
+	for _, id := range c.recs.due(time.Now()) {
 		c.mu.Lock()
-		busy := c.expiring[r.ID]
-		c.expiring[r.ID] = true
+		busy := c.expiring[id]
+		c.expiring[id] = true
 		c.mu.Unlock()
 		if busy {
 			continue
@@ -104,10 +100,10 @@ func (c *Cluster) expireDue(ctx context.Context) {
 			defer c.bg.Done()
 			defer func() {
 				c.mu.Lock()
-				delete(c.expiring, r.ID)
+				delete(c.expiring, id)
 				c.mu.Unlock()
 			}()
-			c.expire(ctx, r.ID)
+			c.expire(ctx, id)
 		}()
 	}
 }

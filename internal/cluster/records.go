@@ -222,6 +222,21 @@ func (rs *records) all() []record {
 	return out
 }
 
+// due returns the ids of running sandboxes, no operation in progress,
+// whose deadline is before now. It copies nothing else: the leader calls
+// it several times a second over every record.
+func (rs *records) due(now time.Time) []string {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	var ids []string
+	for id, c := range rs.m {
+		if c.rec.State == StateRunning && c.rec.Op == "" && c.rec.EndAt.Before(now) {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
 // fetch reads a record from the store (for ids the cache does not have
 // yet: another server's create the watch has not delivered).
 func (rs *records) fetch(ctx context.Context, id string) (record, int64, error) {

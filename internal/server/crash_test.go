@@ -36,7 +36,7 @@ func (p *serverProc) kill9() {
 
 // stop sends SIGTERM and waits up to limit for the server to exit,
 // killing it (and failing t) after that.
-func (p *serverProc) stop(t *testing.T, limit time.Duration) {
+func (p *serverProc) stop(t testing.TB, limit time.Duration) {
 	t.Helper()
 	p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
@@ -47,7 +47,7 @@ func (p *serverProc) stop(t *testing.T, limit time.Duration) {
 	}
 }
 
-func startServerProc(t *testing.T, dataDir, runDir string, extra ...string) *serverProc {
+func startServerProc(t testing.TB, dataDir, runDir string, extra ...string) *serverProc {
 	t.Helper()
 	if os.Getenv("AENV_BIN_DIR") == "" || os.Getenv("AENV_BASE_ROOTFS") == "" {
 		testutil.Unavailable(t, "AENV_BIN_DIR and AENV_BASE_ROOTFS must be set (make build base)")

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -211,6 +212,9 @@ func freePort(t *testing.T) int {
 
 func startEtcdProc(t *testing.T, dir string) *etcdProc {
 	t.Helper()
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
 	if os.Getenv("AENV_BIN_DIR") == "" {
 		testutil.Unavailable(t, "AENV_BIN_DIR must be set (make build)")
 	}
@@ -264,4 +268,90 @@ func logWithout(path, drop string) string {
 		}
 	}
 	return strings.Join(keep, "\n")
+}
+
+// TestEtcdOutage: a server whose external etcd is down at start waits for
+// it, saying so, without exiting; while etcd is down later the API answers
+// 503 {code, message} and running sandboxes keep working; service resumes
+// by itself when etcd is back.
+func TestEtcdOutage(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequireBinary(t, "runsc", "AENV_RUNSC")
+	dir := t.TempDir()
+	m := &etcdProc{}
+	etcdDir := filepath.Join(dir, "etcd-member")
+	mm := startEtcdProc(t, etcdDir)
+	mm.stop()
+	*m = *mm
+	dataDir, runDir := filepath.Join(dir, "data"), filepath.Join(dir, "run")
+
+	// Down at start: the server waits and says why.
+	type started struct {
+		p *serverProc
+	}
+	done := make(chan started, 1)
+	go func() { done <- started{startServerProc(t, dataDir, runDir, "--etcd-endpoints", m.url)} }()
+	logPath := filepath.Join(dir, "server.log")
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		b, _ := os.ReadFile(logPath)
+		if strings.Contains(string(b), "unavailable") && strings.Contains(string(b), "retrying") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no log line says etcd is unavailable and retried:\n%s", tail(logPath))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	m.start(t, filepath.Join(etcdDir, "etcd.log"))
+	defer m.stop()
+	p := (<-done).p
+	defer func() {
+		p.stop(t, 60*time.Second)
+		Cleanup(context.Background(), Config{RunDir: runDir, NetnsTag: "crasht", SandboxCIDR: "10.238.0.0/16"})
+	}()
+	ctx := context.Background()
+	c := client.New(p.url, p.key)
+	sb, err := c.Create(ctx, client.CreateOptions{Timeout: 300})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	m.stop()
+	_, err = c.Create(ctx, client.CreateOptions{Timeout: 300})
+	var apiErr *client.APIError
+	if !errors.As(err, &apiErr) || apiErr.Status != 503 || apiErr.Message == "" {
+		t.Fatalf("create with etcd down: %v, want 503 with a message", err)
+	}
+	if out := runOut(t, c, sb.SandboxID, "echo still here"); out != "still here" {
+		t.Fatalf("a running sandbox while etcd is down: %q", out)
+	}
+	if sandboxes := runningSandboxes(t, runDir); sandboxes != 1 {
+		t.Fatalf("%d sandboxes run after a refused create, want 1", sandboxes)
+	}
+
+	m.start(t, filepath.Join(etcdDir, "etcd.log"))
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		sb2, err := c.Create(ctx, client.CreateOptions{Timeout: 300})
+		if err == nil {
+			c.Kill(ctx, sb2.SandboxID)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("creates still fail 30s after etcd came back: %v", err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	c.Kill(ctx, sb.SandboxID)
+}
+
+// runningSandboxes counts the sandbox directories of a server's runtime.
+func runningSandboxes(t *testing.T, runDir string) int {
+	t.Helper()
+	entries, err := os.ReadDir(filepath.Join(runDir, "gvisor", "sandboxes"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(entries)
 }
