@@ -185,10 +185,12 @@ func Open(ctx context.Context, cfg Config) (*Cluster, error) {
 	if err := c.migrateLegacy(ctx); err != nil {
 		return nil, err
 	}
+	start := time.Now()
 	rev, err := c.recs.load(ctx)
 	if err != nil {
 		return nil, err
 	}
+	c.log.Info("sandbox records loaded", "records", len(c.recs.m), "took_ms", time.Since(start).Milliseconds())
 	if err := c.reconcile(ctx); err != nil {
 		return nil, err
 	}

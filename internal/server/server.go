@@ -301,6 +301,7 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 // (with backoff, logging why) until it answers, or the embedded member.
 func (s *Server) openState(ctx context.Context) error {
 	cfg := s.cfg
+	start := time.Now()
 	st, err := state.Open(ctx, state.Config{
 		Endpoints: cfg.EtcdEndpoints,
 		CAFile:    cfg.EtcdCAFile, CertFile: cfg.EtcdCertFile, KeyFile: cfg.EtcdKeyFile,
@@ -316,7 +317,8 @@ func (s *Server) openState(ctx context.Context) error {
 	if err := st.WaitReady(ctx); err != nil {
 		return fmt.Errorf("waiting for the state store: %w", err)
 	}
-	s.log.Info("state store ready", "etcd", strings.Join(st.Endpoints(), ","), "embedded", len(cfg.EtcdEndpoints) == 0)
+	s.log.Info("state store ready", "etcd", strings.Join(st.Endpoints(), ","), "embedded", len(cfg.EtcdEndpoints) == 0,
+		"took_ms", time.Since(start).Milliseconds())
 	return nil
 }
 
