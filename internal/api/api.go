@@ -95,6 +95,8 @@ func (s *Server) routes() {
 	m.Handle("DELETE /templates/{templateID}", s.auth(http.HandlerFunc(s.deleteTemplate)))
 
 	m.Handle("GET /templates", s.auth(http.HandlerFunc(s.listTemplates)))
+	m.Handle("POST /templates/pulls", s.auth(http.HandlerFunc(s.pullTemplate)))
+	m.Handle("POST /templates/builds", s.auth(http.HandlerFunc(s.buildTemplate)))
 	m.Handle("GET /templates/aliases/{alias}", s.auth(http.HandlerFunc(s.getTemplateAlias)))
 	b := newBuilds(s)
 	m.Handle("POST /v3/templates", s.auth(b.request))
@@ -115,7 +117,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	limit := int64(MaxBodyBytes)
-	if r.Method == http.MethodPut && strings.HasPrefix(r.URL.Path, "/templates/") && strings.Contains(r.URL.Path, "/files/") {
+	if r.Method == http.MethodPut && strings.HasPrefix(r.URL.Path, "/templates/") && strings.Contains(r.URL.Path, "/files/") ||
+		r.Method == http.MethodPost && (r.URL.Path == "/templates/pulls" || r.URL.Path == "/templates/builds") {
 		limit = MaxUploadBytes
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, limit)

@@ -19,6 +19,9 @@ type templateJSON struct {
 	Public     bool      `json:"public"`
 	CreatedAt  time.Time `json:"createdAt"`
 	UpdatedAt  time.Time `json:"updatedAt"`
+	// SizeBytes (an aenv extension) is the disk space the root filesystem
+	// takes.
+	SizeBytes int64 `json:"sizeBytes"`
 }
 
 func toTemplateJSON(t *template.Template) templateJSON {
@@ -29,7 +32,7 @@ func toTemplateJSON(t *template.Template) templateJSON {
 	return templateJSON{
 		TemplateID: t.ID, BuildID: t.ID, Aliases: aliases,
 		CPUCount: t.CPUCount, MemoryMB: t.MemoryMB, DiskSizeMB: t.DiskMB,
-		CreatedAt: t.CreatedAt, UpdatedAt: t.CreatedAt,
+		CreatedAt: t.CreatedAt, UpdatedAt: t.CreatedAt, SizeBytes: t.SizeBytes,
 	}
 }
 

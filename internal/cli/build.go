@@ -1,30 +1,33 @@
 package cli
 
 import (
+	"archive/tar"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 
 	"github.com/spf13/cobra"
 
-	"github.com/aenvhq/aenv/internal/build"
+	"github.com/aenvhq/aenv/internal/client"
 	"github.com/aenvhq/aenv/internal/image"
-	"github.com/aenvhq/aenv/internal/template"
 )
 
-func newBuildCmd() *cobra.Command {
+func newBuildCmd(g *globals) *cobra.Command {
 	var (
-		name, contextDir, dataDir, baseRootFS, runsc, startCmd, readyCmd string
-		buildArgs                                                        []string
-		cpu, memory                                                      int
-		insecure                                                         bool
+		name, contextDir, startCmd, readyCmd string
+		buildArgs                            []string
+		cpu, memory                          int
+		insecure                             bool
 	)
 	cmd := &cobra.Command{
 		Use:   "build DOCKERFILE --name NAME",
 		Short: "Make a template from a Dockerfile",
-		Long: `Build the template NAME from a Dockerfile, on the server's host (as root).
+		Long: `Make the server build the template NAME from a Dockerfile. The build
+context (--context, default the Dockerfile's directory) is uploaded, so the
+server may be on another host: only --url and --key are needed.
 
 Supported: one FROM, then RUN (shell and JSON form), ENV, ARG (with
 defaults and --build-arg), WORKDIR, USER, COPY (--chown; sources from the
@@ -39,22 +42,17 @@ Each RUN runs in a gVisor sandbox writing straight into the new template's
 files, as root or the USER, with the ENV, ARG and WORKDIR so far. RUN steps
 have no network access yet: install what you need from the FROM image or
 COPY it in. /tmp is a fresh tmpfs in every step (as in sandboxes), so
-files left there are not part of the template. The build log goes to stderr; a failing step stops the build
-(aenv build exits with its exit code) and leaves no template, and an existing template of the
-same name stays until the new one is complete. The template id is printed
-on stdout.`,
+files left there are not part of the template. The build log goes to
+stderr as the server runs it; a failing step stops the build (aenv build
+exits with its exit code) and leaves no template, and an existing template
+of the same name stays until the new one is complete. The template id is
+printed on stdout.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if name == "" {
 				return fmt.Errorf("--name is required: the template to build from %s", args[0])
 			}
-			f, err := os.Open(args[0])
-			if err != nil {
-				return err
-			}
-			df, err := build.Parse(f)
-			f.Close()
-			if err != nil {
+			if _, err := os.Stat(args[0]); err != nil {
 				return err
 			}
 			if contextDir == "" {
@@ -73,47 +71,87 @@ on stdout.`,
 				}
 				bargs[k] = v
 			}
-			store, err := template.NewStore(template.StoreOptions{
-				Dir: filepath.Join(dataDir, "templates"), BaseRootFS: baseRootFS,
-			})
+			c, err := g.client()
 			if err != nil {
 				return err
 			}
-			res, err := build.Run(cmd.Context(), df, build.Options{
-				Host:  build.Host{RunscPath: runsc},
-				Store: store,
-				Template: template.Template{
-					ID: name, CPUCount: cpu, MemoryMB: memory,
-					StartCmd: startCmd, ReadyCmd: readyCmd,
+			body, dockerfile, err := contextTar(contextDir, args[0])
+			if err != nil {
+				return err
+			}
+			defer body.Close()
+			stderr := cmd.ErrOrStderr()
+			res, err := c.BuildTemplate(cmd.Context(), body, client.BuildOptions{
+				ImportOptions: client.ImportOptions{
+					Name: name, CPUCount: cpu, MemoryMB: memory,
+					StartCmd: startCmd, ReadyCmd: readyCmd, Insecure: insecure,
 				},
-				ContextDir: contextDir,
+				Dockerfile: dockerfile,
 				BuildArgs:  bargs,
-				Insecure:   insecure,
-				Log:        cmd.ErrOrStderr(),
-			})
+			}, client.ImportEvents{Log: func(line string) { fmt.Fprintln(stderr, line) }})
 			// A failing RUN's exit code is the command's.
-			var se *build.StepError
-			if errors.As(err, &se) && se.ExitCode > 0 {
-				return &codeError{code: se.ExitCode, err: err}
+			var ie *client.ImportError
+			if errors.As(err, &ie) && ie.ExitCode > 0 {
+				return &codeError{code: ie.ExitCode, err: err}
 			}
 			if err != nil {
 				return err
 			}
-			fmt.Fprintln(cmd.OutOrStdout(), res.Template.ID)
+			fmt.Fprintln(cmd.OutOrStdout(), res.TemplateID)
 			return nil
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&name, "name", "", "template id to create or replace (required)")
-	f.StringVar(&contextDir, "context", "", "directory COPY reads from (default: the Dockerfile's directory)")
+	f.StringVar(&contextDir, "context", "", "directory COPY reads from, uploaded to the server (default: the Dockerfile's directory)")
 	f.StringArrayVar(&buildArgs, "build-arg", nil, "set a declared ARG: NAME=VALUE (repeatable)")
 	f.IntVar(&cpu, "cpu", image.DefaultCPUCount, "default vCPUs of the template's sandboxes")
 	f.IntVar(&memory, "memory", image.DefaultMemoryMB, "default memory of the template's sandboxes, MiB")
 	f.StringVar(&startCmd, "start-cmd", "", "command that starts the template's service (recorded; not run yet)")
 	f.StringVar(&readyCmd, "ready-cmd", "", "command that succeeds once the service is up (recorded; not run yet)")
 	f.BoolVar(&insecure, "insecure", false, "allow plain HTTP and unverified TLS to the FROM image's registry")
-	f.StringVar(&baseRootFS, "base-rootfs", os.Getenv("AENV_BASE_ROOTFS"), "the server's prebuilt base root filesystem, if it has one (env AENV_BASE_ROOTFS)")
-	f.StringVar(&runsc, "runsc", "", "runsc binary (default: from PATH)")
-	f.StringVar(&dataDir, "data-dir", defaultDataDir, "the server's data directory; the template goes into <data-dir>/templates")
 	return cmd
+}
+
+// outsideDockerfile is where a Dockerfile from outside the context goes
+// in the uploaded context.
+const outsideDockerfile = ".aenv-dockerfile"
+
+// contextTar streams the build context as a tar archive, with the
+// Dockerfile in it, and returns the Dockerfile's path inside.
+func contextTar(contextDir, dockerfile string) (io.ReadCloser, string, error) {
+	absCtx, err := filepath.Abs(contextDir)
+	if err != nil {
+		return nil, "", err
+	}
+	absDf, err := filepath.Abs(dockerfile)
+	if err != nil {
+		return nil, "", err
+	}
+	inside, err := filepath.Rel(absCtx, absDf)
+	var extra []byte
+	if err != nil || !filepath.IsLocal(inside) {
+		if extra, err = os.ReadFile(absDf); err != nil {
+			return nil, "", err
+		}
+		inside = outsideDockerfile
+	}
+	if fi, err := os.Stat(absCtx); err != nil || !fi.IsDir() {
+		return nil, "", fmt.Errorf("build context %s: not a directory", contextDir)
+	}
+	pr, pw := io.Pipe()
+	go func() {
+		tw := tar.NewWriter(pw)
+		err := tw.AddFS(os.DirFS(absCtx))
+		if err == nil && extra != nil {
+			if err = tw.WriteHeader(&tar.Header{Name: outsideDockerfile, Mode: 0o644, Size: int64(len(extra)), Typeflag: tar.TypeReg}); err == nil {
+				_, err = tw.Write(extra)
+			}
+		}
+		if cerr := tw.Close(); err == nil {
+			err = cerr
+		}
+		pw.CloseWithError(err)
+	}()
+	return pr, filepath.ToSlash(inside), nil
 }

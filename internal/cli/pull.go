@@ -1,71 +1,75 @@
 package cli
 
 import (
+	"archive/tar"
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
+	"github.com/aenvhq/aenv/internal/client"
 	"github.com/aenvhq/aenv/internal/image"
-	"github.com/aenvhq/aenv/internal/template"
 )
 
-func newPullCmd() *cobra.Command {
+func newPullCmd(g *globals) *cobra.Command {
 	var (
-		name, dataDir, startCmd, readyCmd string
-		cpu, memory                       int
-		insecure                          bool
+		name, startCmd, readyCmd string
+		cpu, memory              int
+		insecure                 bool
 	)
 	cmd := &cobra.Command{
 		Use:   "pull REF --name NAME",
 		Short: "Make a template from an OCI image",
-		Long: `Pull an OCI image and make it the template NAME, on the server's host.
+		Long: `Make the server pull an OCI image and publish it as the template NAME.
 
 REF names where the image is, as skopeo does:
   docker://REF or REF           a registry ('ubuntu:22.04' is Docker Hub's
-                                library/ubuntu:22.04); credentials come from
-                                the docker config (docker login)
-  oci:PATH[:TAG]                an OCI layout directory
-  docker-archive:PATH[:REF]     a 'docker save' tarball
+                                library/ubuntu:22.04), pulled by the server;
+                                credentials come from the server host's
+                                docker config (docker login)
+  oci:PATH[:TAG]                an OCI layout directory on this machine,
+                                uploaded to the server
+  docker-archive:PATH[:REF]     a 'docker save' tarball on this machine,
+                                uploaded to the server
 
 An index resolves to its linux/amd64 image. The image must have a shell
 (/bin/sh); the template gets the user 'user' (uid 1000) if it lacks one.
 A pull that fails or is interrupted leaves no template behind, and an
 existing template of the same name stays until the new one is complete.
-The server picks the template up on the next create; the template id is
-printed on stdout.`,
+The template id is printed on stdout. Only --url and --key are needed: the
+server may be on another host.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if name == "" {
 				return fmt.Errorf("--name is required: the template to create from %s", args[0])
 			}
-			store, err := template.NewStore(template.StoreOptions{Dir: filepath.Join(dataDir, "templates")})
+			c, err := g.client()
 			if err != nil {
 				return err
 			}
 			ref := args[0]
+			src, cleanup, err := pullSource(ref)
+			if err != nil {
+				return err
+			}
+			defer cleanup()
 			prog := newPullProgress(cmd.ErrOrStderr(), ref)
-			res, err := image.Pull(cmd.Context(), ref, image.PullOptions{
-				Store: store,
-				Template: template.Template{
-					ID: name, CPUCount: cpu, MemoryMB: memory,
-					StartCmd: startCmd, ReadyCmd: readyCmd,
-				},
-				Insecure: insecure,
-				Progress: prog.update,
-			})
+			res, err := c.PullTemplate(cmd.Context(), src, client.ImportOptions{
+				Name: name, CPUCount: cpu, MemoryMB: memory,
+				StartCmd: startCmd, ReadyCmd: readyCmd, Insecure: insecure,
+			}, client.ImportEvents{Progress: prog.update})
 			prog.finish(err)
 			if err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.ErrOrStderr(), "pulled %s (%s): %d layers, %s in %s\n",
-				ref, res.Digest, res.Layers, formatBytes(res.Bytes), res.Duration.Round(100*time.Millisecond))
-			fmt.Fprintln(cmd.OutOrStdout(), res.Template.ID)
+				ref, res.Digest, res.Layers, formatBytes(res.Bytes), (time.Duration(res.DurationMs) * time.Millisecond).Round(100*time.Millisecond))
+			fmt.Fprintln(cmd.OutOrStdout(), res.TemplateID)
 			return nil
 		},
 	}
@@ -76,8 +80,65 @@ printed on stdout.`,
 	f.StringVar(&startCmd, "start-cmd", "", "command that starts the template's service (recorded; not run yet)")
 	f.StringVar(&readyCmd, "ready-cmd", "", "command that succeeds once the service is up (recorded; not run yet)")
 	f.BoolVar(&insecure, "insecure", false, "allow plain HTTP and unverified TLS to the registry (localhost registries get HTTP anyway)")
-	f.StringVar(&dataDir, "data-dir", defaultDataDir, "the server's data directory; the template goes into <data-dir>/templates")
 	return cmd
+}
+
+// pullSource turns REF into what the server is sent: a registry
+// reference as it is, or a local OCI layout (as a tar stream made on the
+// fly) or docker archive (the file) to upload.
+func pullSource(ref string) (client.PullSource, func(), error) {
+	nop := func() {}
+	if rest, ok := strings.CutPrefix(ref, "oci:"); ok {
+		dir, sel := splitLocalRef(rest)
+		if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+			return client.PullSource{}, nop, fmt.Errorf("OCI layout %s: not a directory on this machine", dir)
+		}
+		r, err := tarDir(dir)
+		if err != nil {
+			return client.PullSource{}, nop, err
+		}
+		return client.PullSource{Format: "oci", Ref: sel, Body: r}, func() { r.Close() }, nil
+	}
+	if rest, ok := strings.CutPrefix(ref, "docker-archive:"); ok {
+		file, sel := splitLocalRef(rest)
+		f, err := os.Open(file)
+		if err != nil {
+			return client.PullSource{}, nop, fmt.Errorf("docker archive: %w", err)
+		}
+		return client.PullSource{Format: "docker-archive", Ref: sel, Body: f}, func() { f.Close() }, nil
+	}
+	return client.PullSource{Ref: ref}, nop, nil
+}
+
+// splitLocalRef splits PATH[:REF]: the longest prefix that exists on this
+// machine is the path (REF may have colons of its own).
+func splitLocalRef(s string) (path, ref string) {
+	if _, err := os.Stat(s); err == nil {
+		return s, ""
+	}
+	for i := len(s) - 1; i > 0; i-- {
+		if s[i] == ':' {
+			if _, err := os.Stat(s[:i]); err == nil {
+				return s[:i], s[i+1:]
+			}
+		}
+	}
+	return s, ""
+}
+
+// tarDir streams dir as a tar archive of its directories, regular files
+// and symlinks, relative to dir.
+func tarDir(dir string) (io.ReadCloser, error) {
+	pr, pw := io.Pipe()
+	go func() {
+		tw := tar.NewWriter(pw)
+		err := tw.AddFS(os.DirFS(dir))
+		if cerr := tw.Close(); err == nil {
+			err = cerr
+		}
+		pw.CloseWithError(err)
+	}()
+	return pr, nil
 }
 
 // pullProgress shows a pull's progress: a bar on a terminal, a line per
@@ -97,7 +158,7 @@ func newPullProgress(w io.Writer, ref string) *pullProgress {
 	return &pullProgress{w: w, ref: ref, tty: ok && term.IsTerminal(int(f.Fd()))}
 }
 
-func (p *pullProgress) update(e image.Progress) {
+func (p *pullProgress) update(e client.PullProgress) {
 	if !p.started {
 		p.started = true
 		p.fetched = make([]bool, e.Layers)

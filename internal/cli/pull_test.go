@@ -64,9 +64,10 @@ func busyboxImage(t *testing.T, marker string) v1.Image {
 	return img
 }
 
-// TestPull pulls images through the CLI from an in-process registry, an OCI
-// layout and a docker-archive tarball, and runs commands in sandboxes made
-// from them; bad references fail with one clear line.
+// TestPull pulls images through the CLI and the server's API from an
+// in-process registry, an OCI layout and a docker-archive tarball (those
+// two uploaded), and runs commands in sandboxes made from them; bad
+// references fail with one clear line.
 func TestPull(t *testing.T) {
 	e := startServer(t)
 	dataDir := filepath.Join(shared.dir, "data")
@@ -102,7 +103,8 @@ func TestPull(t *testing.T) {
 		{"docker-archive:" + archive, "pulled-archive", "from-archive"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			out := e.mustRun(t, "pull", tc.ref, "--name", tc.name, "--data-dir", dataDir)
+			// Only --url and --key: local images are uploaded.
+			out := e.mustRun(t, "pull", tc.ref, "--name", tc.name)
 			if !strings.Contains(out, tc.name) {
 				t.Fatalf("pull printed %q, want the template id", out)
 			}
@@ -117,12 +119,56 @@ func TestPull(t *testing.T) {
 	}
 
 	for _, bad := range []string{host + "/test/missing:1", "127.0.0.1:1/x/y:1", "oci:" + filepath.Join(dir, "nope"), "Bad Ref!!"} {
-		r := e.run(t, "", "pull", bad, "--name", "never", "--data-dir", dataDir)
+		r := e.run(t, "", "pull", bad, "--name", "never")
 		if r.code == 0 || strings.Count(strings.TrimSpace(r.stderr), "\n") != 0 || !strings.HasPrefix(r.stderr, "aenv: ") {
 			t.Errorf("pull %q: exit %d, stderr %q: want one error line and a non-zero exit", bad, r.code, r.stderr)
 		}
 	}
 	if _, err := os.Stat(filepath.Join(dataDir, "templates", "never")); !os.IsNotExist(err) {
 		t.Fatalf("a failed pull left a template: %v", err)
+	}
+}
+
+// TestBuild builds templates through the API from a client that knows
+// only the server's URL and key: the context is uploaded, the log comes
+// back, a failing RUN step's exit code is the CLI's and leaves nothing.
+func TestBuild(t *testing.T) {
+	e := startServer(t)
+	dir := t.TempDir()
+	ctxDir := filepath.Join(dir, "ctx")
+	os.MkdirAll(filepath.Join(ctxDir, "sub"), 0o755)
+	os.WriteFile(filepath.Join(ctxDir, "sub", "hello.txt"), []byte("hello from the context\n"), 0o644)
+	os.WriteFile(filepath.Join(ctxDir, "Dockerfile"), []byte(
+		"FROM base\nARG GREETING=hi\nCOPY sub/hello.txt /opt/hello.txt\nRUN echo \"built $GREETING\" | tee /opt/built\n"), 0o644)
+	r := e.run(t, "", "build", filepath.Join(ctxDir, "Dockerfile"), "--name", "built-ctx", "--build-arg", "GREETING=yo")
+	if r.code != 0 {
+		t.Fatalf("build: exit %d, stderr %q", r.code, r.stderr)
+	}
+	if strings.TrimSpace(r.stdout) != "built-ctx" || !strings.Contains(r.stderr, "built yo") {
+		t.Fatalf("build printed %q, log %q", r.stdout, r.stderr)
+	}
+	id := e.create(t, "built-ctx")
+	if got := strings.TrimSpace(e.mustRun(t, "exec", id, "--", "cat /opt/hello.txt /opt/built")); got != "hello from the context\nbuilt yo" {
+		t.Fatalf("sandbox of the built template sees %q", got)
+	}
+
+	// A Dockerfile outside its context, whose RUN fails with code 3.
+	df := filepath.Join(dir, "Failing.Dockerfile")
+	os.WriteFile(df, []byte("FROM base\nRUN exit 3\n"), 0o644)
+	r = e.run(t, "", "build", df, "--context", ctxDir, "--name", "never-built")
+	if r.code != 3 {
+		t.Fatalf("failing build: exit %d, want 3; stderr %q", r.code, r.stderr)
+	}
+	list := e.mustRun(t, "template", "ls")
+	if strings.Contains(list, "never-built") {
+		t.Fatalf("a failed build left a template:\n%s", list)
+	}
+	if !strings.Contains(list, "built-ctx") || !strings.Contains(list, "MiB") {
+		t.Fatalf("template ls does not show the built template with its size:\n%s", list)
+	}
+	// A Dockerfile the server cannot parse is a clear error, before any work.
+	os.WriteFile(df, []byte("FROM base\nADD x /x\n"), 0o644)
+	if r = e.run(t, "", "build", df, "--name", "never-built"); r.code == 0 || !strings.Contains(r.stderr, "ADD") {
+		t.Fatalf("unsupported instruction: exit %d, stderr %q", r.code, r.stderr)
 	}
 }

@@ -62,14 +62,18 @@ func newTemplateListCmd(g *globals) *cobra.Command {
 				return writeJSON(out, list)
 			}
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tALIASES\tCPU\tMEMORY\tDISK\tCREATED")
+			fmt.Fprintln(tw, "ID\tALIASES\tCPU\tMEMORY\tDISK\tSIZE\tCREATED")
 			for _, t := range list {
 				aliases := strings.Join(t.Aliases, ",")
 				if aliases == "" {
 					aliases = "-"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%dMiB\t%dMiB\t%s\n", t.TemplateID, aliases, t.CPUCount, t.MemoryMB, t.DiskSizeMB,
-					t.CreatedAt.Local().Format(time.DateTime))
+				created := "-"
+				if !t.CreatedAt.IsZero() {
+					created = t.CreatedAt.Local().Format(time.DateTime)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%dMiB\t%dMiB\t%s\t%s\n", t.TemplateID, aliases, t.CPUCount, t.MemoryMB, t.DiskSizeMB,
+					formatBytes(t.SizeBytes), created)
 			}
 			return tw.Flush()
 		},

@@ -19,6 +19,8 @@ type Template struct {
 	Public     bool      `json:"public"`
 	CreatedAt  time.Time `json:"createdAt"`
 	UpdatedAt  time.Time `json:"updatedAt"`
+	// SizeBytes is the disk space the template's files take.
+	SizeBytes int64 `json:"sizeBytes"`
 }
 
 // ListTemplates returns the server's templates.

@@ -109,6 +109,11 @@ func (st *Stage) Commit(t *Template) error {
 	if rec.CreatedAt.IsZero() {
 		rec.CreatedAt = time.Now().UTC()
 	}
+	size, err := diskUsage(st.RootFS())
+	if err != nil {
+		return fmt.Errorf("committing template %s: measuring it: %w", st.id, err)
+	}
+	rec.SizeBytes = size
 	b, err := json.MarshalIndent(&rec, "", "  ")
 	if err != nil {
 		return fmt.Errorf("committing template %s: %w", st.id, err)

@@ -14,6 +14,7 @@ import (
 	"regexp"
 	"sort"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -35,6 +36,8 @@ type Template struct {
 	MemoryMB  int       `json:"memoryMB"`
 	DiskMB    int       `json:"diskSizeMB"`
 	CreatedAt time.Time `json:"createdAt"`
+	// SizeBytes is the disk space the root filesystem takes.
+	SizeBytes int64 `json:"sizeBytes,omitempty"`
 	// StartCmd and ReadyCmd start the template's service and tell when it
 	// is up (recorded by `aenv pull`; not run yet).
 	StartCmd string `json:"startCmd,omitempty"`
@@ -55,6 +58,9 @@ type Store struct {
 	baseRootFS string
 
 	mu sync.Mutex
+	// baseSize and baseTime describe the base tree, measured once.
+	baseSize int64
+	baseTime time.Time
 }
 
 // StoreOptions configures a Store.
@@ -73,6 +79,9 @@ func NewStore(opts StoreOptions) (*Store, error) {
 	}
 	return &Store{dir: opts.Dir, baseRootFS: opts.BaseRootFS}, nil
 }
+
+// Dir returns the directory the store keeps its templates in.
+func (s *Store) Dir() string { return s.dir }
 
 // ValidID reports whether s can name a template.
 func ValidID(s string) bool { return validID.MatchString(s) }
@@ -128,6 +137,57 @@ func (s *Store) base() (*Template, error) {
 	return t, nil
 }
 
+// describeBase fills in what the base template's record lacks: the tree
+// is built in place, not committed, so it is measured here, once (not in
+// base, which every create of base calls).
+func (s *Store) describeBase(t *Template) {
+	root := t.RootFS
+	s.mu.Lock()
+	if s.baseSize == 0 {
+		s.baseSize, _ = diskUsage(root)
+		if fi, err := os.Stat(filepath.Join(root, "bin")); err == nil {
+			s.baseTime = fi.ModTime().UTC()
+		}
+	}
+	if t.SizeBytes == 0 {
+		t.SizeBytes = s.baseSize
+	}
+	if t.CreatedAt.IsZero() {
+		t.CreatedAt = s.baseTime
+	}
+	s.mu.Unlock()
+}
+
+// diskUsage is the space the files under root take on disk (allocated
+// blocks, as du counts them; hard links once).
+func diskUsage(root string) (int64, error) {
+	var total int64
+	seen := map[[2]uint64]bool{}
+	err := filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			if st.Nlink > 1 {
+				key := [2]uint64{uint64(st.Dev), st.Ino}
+				if seen[key] {
+					return nil
+				}
+				seen[key] = true
+			}
+			total += st.Blocks * 512
+			return nil
+		}
+		total += fi.Size()
+		return nil
+	})
+	return total, err
+}
+
 func (s *Store) read(id string) (*Template, error) {
 	b, err := os.ReadFile(filepath.Join(s.dir, id, "template.json"))
 	if err != nil {
@@ -149,6 +209,7 @@ func (s *Store) List() ([]*Template, error) {
 	}
 	var out []*Template
 	if b, err := s.base(); err == nil {
+		s.describeBase(b)
 		out = append(out, b)
 	}
 	for _, e := range entries {
