@@ -43,9 +43,10 @@ type Config struct {
 	// Domain is reported to clients: sandbox hosts are
 	// `<port>-<id>.<Domain>`.
 	Domain string
-	// BuildHost enables the template-build routes; nil answers them 501.
-	BuildHost *build.Host
-	Logger    *slog.Logger
+	// BuildSteps runs template builds' steps (the node, through its
+	// runtime driver); nil answers the build routes 501.
+	BuildSteps build.Stepper
+	Logger     *slog.Logger
 }
 
 // Server is the API's http.Handler.

@@ -144,7 +144,7 @@ type requestBody struct {
 // request answers POST /v3/templates: it names the template (its name is
 // its id, as with `aenv pull --name`) and reserves a build.
 func (bs *builds) request(w http.ResponseWriter, r *http.Request) {
-	if bs.s.cfg.BuildHost == nil {
+	if bs.s.cfg.BuildSteps == nil {
 		writeError(w, http.StatusNotImplemented, "template builds are not enabled on this server")
 		return
 	}
@@ -233,7 +233,7 @@ type startBody struct {
 // start answers POST /v2/templates/{templateID}/builds/{buildID}: it
 // checks the steps and runs the build in the background.
 func (bs *builds) start(w http.ResponseWriter, r *http.Request) {
-	if bs.s.cfg.BuildHost == nil {
+	if bs.s.cfg.BuildSteps == nil {
 		writeError(w, http.StatusNotImplemented, "template builds are not enabled on this server")
 		return
 	}
@@ -262,7 +262,7 @@ func (bs *builds) start(w http.ResponseWriter, r *http.Request) {
 
 	log := bs.s.log.With("template_id", rec.templateID, "build_id", rec.buildID)
 	opts := build.Options{
-		Host:  *bs.s.cfg.BuildHost,
+		Steps: bs.s.cfg.BuildSteps,
 		Store: bs.s.cfg.Templates,
 		Template: template.Template{
 			ID: rec.templateID, CPUCount: rec.cpuCount, MemoryMB: rec.memoryMB,
@@ -418,17 +418,13 @@ const uploadDone = "complete"
 // filesDir is where uploaded COPY sources are kept, one directory per
 // hash.
 func (bs *builds) filesDir() string {
-	dir := bs.s.cfg.BuildHost.StateDir
-	if dir == "" {
-		dir = filepath.Join(os.TempDir(), "aenv-build")
-	}
-	return filepath.Join(dir, "files")
+	return filepath.Join(bs.s.cfg.Templates.Dir(), ".build-files")
 }
 
 // files answers the SDK's upload-link request, made before a build with
 // COPY steps: whether the files are here already, and where to PUT them.
 func (bs *builds) files(w http.ResponseWriter, r *http.Request) {
-	if bs.s.cfg.BuildHost == nil {
+	if bs.s.cfg.BuildSteps == nil {
 		writeError(w, http.StatusNotImplemented, "template builds are not enabled on this server")
 		return
 	}
@@ -454,7 +450,7 @@ func (bs *builds) files(w http.ResponseWriter, r *http.Request) {
 // them, relative to its context directory. Bodies are bounded by
 // MaxUploadBytes.
 func (bs *builds) upload(w http.ResponseWriter, r *http.Request) {
-	if bs.s.cfg.BuildHost == nil {
+	if bs.s.cfg.BuildSteps == nil {
 		writeError(w, http.StatusNotImplemented, "template builds are not enabled on this server")
 		return
 	}

@@ -23,7 +23,7 @@ import (
 // startCmd, readyCmd, insecure. Body: the build context as a tar
 // (gzipped or not).
 func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request) {
-	if s.cfg.BuildHost == nil {
+	if s.cfg.BuildSteps == nil {
 		writeError(w, http.StatusNotImplemented, "template builds are not enabled on this server")
 		return
 	}
@@ -76,7 +76,7 @@ func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request) {
 	log.Info("template build started", "from", df.From, "steps", len(df.Steps))
 	es := startEvents(w)
 	res, err := build.Run(context.WithoutCancel(r.Context()), df, build.Options{
-		Host:       *s.cfg.BuildHost,
+		Steps:      s.cfg.BuildSteps,
 		Store:      s.cfg.Templates,
 		Template:   p.tpl,
 		ContextDir: ctxDir,

@@ -30,18 +30,10 @@ import (
 // defaultPath is the PATH of RUN steps when the build sets none.
 const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-// Host is what the builds on one host share.
-type Host struct {
-	// RunscPath is the runsc binary; empty searches PATH.
-	RunscPath string
-	// StateDir holds runsc's state and the OCI bundles of running steps;
-	// empty means a directory under the system's temporary directory.
-	StateDir string
-}
-
 // Options configures Run.
 type Options struct {
-	Host
+	// Steps runs the RUN and COPY steps (the node's runtime driver).
+	Steps Stepper
 	// Store receives the template.
 	Store *template.Store
 	// Template is what to publish: its ID names the template (replacing
@@ -164,7 +156,6 @@ func Run(ctx context.Context, df *Dockerfile, opts Options) (*Result, error) {
 	if err != nil {
 		return fail(err)
 	}
-	defer r.close()
 
 	stage, err := opts.Store.NewStage(tpl.ID)
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aenvhq/aenv/internal/runtime/gvisor"
 	"github.com/aenvhq/aenv/internal/template"
 	"github.com/aenvhq/aenv/internal/testutil"
 )
@@ -82,8 +83,33 @@ func TestContextSources(t *testing.T) {
 	}
 }
 
+// testSteps runs steps through a real gVisor driver whose state lives in
+// StateDir.
+type testSteps struct {
+	*gvisor.Driver
+	StateDir string
+}
+
+// leftovers lists what the driver still holds of finished steps: step
+// bundles and runsc containers.
+func (h testSteps) leftovers(t *testing.T) []string {
+	t.Helper()
+	var left []string
+	bundles, _ := os.ReadDir(filepath.Join(h.StateDir, "steps-bundles"))
+	for _, b := range bundles {
+		left = append(left, "bundle "+b.Name())
+	}
+	containers, _ := os.ReadDir(filepath.Join(h.StateDir, "steps"))
+	for _, c := range containers {
+		if c.Name() != "null-netns" && c.Name() != "runsc.log" {
+			left = append(left, "runsc state "+c.Name())
+		}
+	}
+	return left
+}
+
 // testStore is a template store whose base is the prebuilt tree.
-func testStore(t *testing.T) (*template.Store, Host) {
+func testStore(t *testing.T) (*template.Store, testSteps) {
 	t.Helper()
 	testutil.RequireRoot(t)
 	runsc := testutil.RequireBinary(t, "runsc", "AENV_RUNSC")
@@ -96,7 +122,13 @@ func testStore(t *testing.T) (*template.Store, Host) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return s, Host{RunscPath: runsc, StateDir: filepath.Join(dir, "state")}
+	state := filepath.Join(dir, "state")
+	d, err := gvisor.New(gvisor.Config{RunscPath: runsc, StateDir: state})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return s, testSteps{Driver: d, StateDir: state}
 }
 
 func TestBuild(t *testing.T) {
@@ -124,7 +156,7 @@ RUN id -u > /home/user/uid.txt && pwd > /home/user/pwd.txt
 	}
 	var log bytes.Buffer
 	res, err := Run(context.Background(), df, Options{
-		Host: host, Store: store, ContextDir: ctxDir,
+		Steps: host, Store: store, ContextDir: ctxDir,
 		Template:  template.Template{ID: "built", CPUCount: 1, MemoryMB: 256},
 		BuildArgs: map[string]string{"WHO": "world"},
 		Log:       &log,
@@ -187,7 +219,7 @@ RUN id -u > /home/user/uid.txt && pwd > /home/user/pwd.txt
 			t.Errorf("log lacks %q:\n%s", want, log.String())
 		}
 	}
-	if left, _ := os.ReadDir(host.StateDir); len(left) != 0 {
+	if left := host.leftovers(t); len(left) != 0 {
 		t.Errorf("build state left: %v", left)
 	}
 }
@@ -212,7 +244,7 @@ func TestBuildFailures(t *testing.T) {
 			}
 			var log bytes.Buffer
 			_, err = Run(context.Background(), df, Options{
-				Host: host, Store: store, ContextDir: ctxDir,
+				Steps: host, Store: store, ContextDir: ctxDir,
 				Template: template.Template{ID: c.name}, Log: &log,
 			})
 			var se *StepError
@@ -234,7 +266,7 @@ func TestBuildFailures(t *testing.T) {
 			}
 		})
 	}
-	if left, _ := os.ReadDir(host.StateDir); len(left) != 0 {
+	if left := host.leftovers(t); len(left) != 0 {
 		t.Errorf("build state left: %v", left)
 	}
 }
@@ -274,7 +306,7 @@ func TestBuildCancelled(t *testing.T) {
 		}
 	}()
 	start := time.Now()
-	_, err = Run(ctx, df, Options{Host: host, Store: store, Template: template.Template{ID: "cancelled"}, Log: pw})
+	_, err = Run(ctx, df, Options{Steps: host, Store: store, Template: template.Template{ID: "cancelled"}, Log: pw})
 	pw.Close()
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("err = %v, want context.Canceled", err)
@@ -285,7 +317,7 @@ func TestBuildCancelled(t *testing.T) {
 	if _, err := store.Get("cancelled"); err == nil {
 		t.Fatal("a cancelled build left a template")
 	}
-	if left, _ := os.ReadDir(host.StateDir); len(left) != 0 {
+	if left := host.leftovers(t); len(left) != 0 {
 		t.Errorf("build state left: %v", left)
 	}
 	if out, _ := exec.Command("pgrep", "-f", host.StateDir).Output(); len(out) > 0 {

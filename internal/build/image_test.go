@@ -81,7 +81,7 @@ func TestBuildFromImage(t *testing.T) {
 		t.Fatal(err)
 	}
 	var log bytes.Buffer
-	if _, err := Run(context.Background(), df, Options{Host: host, Store: store, Template: template.Template{ID: "fromimage"}, Log: &log}); err != nil {
+	if _, err := Run(context.Background(), df, Options{Steps: host, Store: store, Template: template.Template{ID: "fromimage"}, Log: &log}); err != nil {
 		t.Fatalf("build: %v\nlog:\n%s", err, log.String())
 	}
 	tpl, err := store.Get("fromimage")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/aenvhq/aenv/internal/runtime"
@@ -142,4 +143,14 @@ func (n *Node) notifyExit(id string) {
 	if fn != nil {
 		fn(id)
 	}
+}
+
+// RunStep runs one step of a template build through the node's runtime
+// driver, like any sandbox of this node (see runtime.Stepper).
+func (n *Node) RunStep(ctx context.Context, spec runtime.StepSpec, out io.Writer) (int, error) {
+	st, ok := n.cfg.Runtime.(runtime.Stepper)
+	if !ok {
+		return -1, fmt.Errorf("running build step: runtime %s: %w", n.cfg.Runtime.Name(), ErrUnsupported)
+	}
+	return st.RunStep(ctx, spec, out)
 }

@@ -20,6 +20,7 @@ package runtime
 import (
 	"context"
 	"errors"
+	"io"
 	"net/netip"
 )
 
@@ -91,6 +92,36 @@ type Recoverer interface {
 	// started it: Kill, Stats, Checkpoint and exit events work on it again.
 	// A leftover that no longer runs is ErrNotFound.
 	Recover(ctx context.Context, id string) error
+}
+
+// StepSpec is one command for a Stepper to run to completion.
+type StepSpec struct {
+	// RootFS is the host directory the command runs in as its root; its
+	// writes land there directly (a template being built).
+	RootFS string
+	// Argv, Env and Cwd are the command, its environment and directory.
+	Argv, Env []string
+	Cwd       string
+	// UID and GID run it; root gets a container build's capabilities.
+	UID, GID uint32
+	// Binds are host paths bound read-only into the tree.
+	Binds []Bind
+}
+
+// Bind is a host path bound read-only at Destination (absolute, inside
+// the root filesystem).
+type Bind struct {
+	Source, Destination string
+}
+
+// Stepper is implemented by drivers that run one command to completion
+// in a root filesystem they write straight into, without network: the
+// RUN and COPY steps of a template build, so that builds run under the
+// same driver, and on the same node, as sandboxes.
+type Stepper interface {
+	// RunStep runs spec, its output going to out, and returns its exit
+	// code. A cancelled ctx kills it; nothing of it is left afterwards.
+	RunStep(ctx context.Context, spec StepSpec, out io.Writer) (int, error)
 }
 
 // CheckpointOptions tune Checkpoint.

@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/aenvhq/aenv/internal/api"
-	"github.com/aenvhq/aenv/internal/build"
 	"github.com/aenvhq/aenv/internal/cluster"
 	"github.com/aenvhq/aenv/internal/envd"
 	"github.com/aenvhq/aenv/internal/netns"
@@ -266,15 +265,15 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 		domain = "localhost:" + portOf(s.listener.Addr())
 	}
 	handler := api.New(api.Config{
-		Cluster:   s.cluster,
-		Templates: templates,
-		Proxy:     prx,
-		APIKey:    s.apiKey,
-		RateLimit: cfg.RateLimit,
-		RateBurst: cfg.RateBurst,
-		Domain:    domain,
-		BuildHost: &build.Host{RunscPath: cfg.RunscPath, StateDir: filepath.Join(cfg.RunDir, "build")},
-		Logger:    log,
+		Cluster:    s.cluster,
+		Templates:  templates,
+		Proxy:      prx,
+		APIKey:     s.apiKey,
+		RateLimit:  cfg.RateLimit,
+		RateBurst:  cfg.RateBurst,
+		Domain:     domain,
+		BuildSteps: s.node,
+		Logger:     log,
 	})
 	s.http = &http.Server{
 		Handler:           handler,

@@ -475,7 +475,14 @@ func (d *Driver) Close() error {
 	if n > 0 {
 		return nil
 	}
-	p := filepath.Join(d.runc.Root, "null-netns")
+	if err := unmountAll(filepath.Join(d.stepsRoot(), "null-netns")); err != nil {
+		return err
+	}
+	return unmountAll(filepath.Join(d.runc.Root, "null-netns"))
+}
+
+// unmountAll peels every mount off p.
+func unmountAll(p string) error {
 	// runsc may have stacked several mounts there; peel them all.
 	for range 1000 {
 		err := unix.Unmount(p, unix.MNT_DETACH)

@@ -1,0 +1,146 @@
+package gvisor
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/aenvhq/aenv/internal/runtime"
+)
+
+var _ runtime.Stepper = (*Driver)(nil)
+
+// stepCaps is what a step running as root may do, as in a container build.
+var stepCaps = []string{
+	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD",
+	"CAP_NET_RAW", "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP",
+	"CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
+}
+
+// stepsRoot is runsc's --root for build steps: they run with other global
+// flags than sandboxes (no network, writes straight into the tree), so
+// they get a root of their own.
+func (d *Driver) stepsRoot() string { return filepath.Join(d.cfg.StateDir, "steps") }
+
+// stepArgs are runsc's global flags for build steps.
+func (d *Driver) stepArgs(args ...string) []string {
+	return append([]string{
+		"--root", d.stepsRoot(),
+		"--platform=" + d.cfg.Platform,
+		// No network during builds for now; never the host's.
+		"--network=none",
+		// Writes land in the tree being built.
+		"--overlay2=none",
+	}, args...)
+}
+
+// RunStep implements runtime.Stepper: one runsc sandbox per step, run in
+// the foreground (runsc run) so that its output and exit code are the
+// command's.
+func (d *Driver) RunStep(ctx context.Context, spec runtime.StepSpec, out io.Writer) (int, error) {
+	var b [8]byte
+	rand.Read(b[:])
+	id := "step-" + hex.EncodeToString(b[:])
+	bundle := filepath.Join(d.cfg.StateDir, "steps-bundles", id)
+	if err := os.MkdirAll(bundle, 0o700); err != nil {
+		return -1, fmt.Errorf("running build step: %w", err)
+	}
+	defer os.RemoveAll(bundle)
+	if err := writeStepConfig(bundle, spec); err != nil {
+		return -1, fmt.Errorf("running build step: writing bundle: %w", err)
+	}
+	cmd := exec.Command(d.cfg.RunscPath, d.stepArgs("run", "--bundle", bundle, id)...)
+	cmd.Stdout, cmd.Stderr = out, out
+	// A Ctrl-C meant for us must not reach the step half-way; a cancelled
+	// ctx kills it below.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return -1, fmt.Errorf("running build step: starting runsc: %w", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	var err error
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		d.deleteStep(id)
+		select {
+		case err = <-done:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			err = <-done
+		}
+		d.deleteStep(id)
+		return -1, ctx.Err()
+	}
+	if err == nil {
+		return 0, nil
+	}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		d.deleteStep(id) // in case runsc itself failed half-way
+		return ee.ExitCode(), nil
+	}
+	return -1, fmt.Errorf("running build step: %w", err)
+}
+
+// deleteStep removes a step's sandbox, running or not.
+func (d *Driver) deleteStep(id string) {
+	cmd := exec.Command(d.cfg.RunscPath, d.stepArgs("delete", "--force", id)...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		d.log.Debug("deleting build step sandbox", "id", id, "err", err, "out", string(out))
+	}
+}
+
+// writeStepConfig writes the OCI config of one step.
+func writeStepConfig(bundle string, spec runtime.StepSpec) error {
+	proc := &specs.Process{
+		User:    specs.User{UID: spec.UID, GID: spec.GID},
+		Args:    spec.Argv,
+		Env:     spec.Env,
+		Cwd:     spec.Cwd,
+		Rlimits: []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: 1048576, Soft: 1048576}},
+	}
+	if spec.UID == 0 {
+		proc.Capabilities = &specs.LinuxCapabilities{Bounding: stepCaps, Effective: stepCaps, Permitted: stepCaps}
+	} else {
+		proc.Capabilities = &specs.LinuxCapabilities{Bounding: stepCaps}
+	}
+	// The tmpfs on /tmp (from KernelMounts) hides whatever a build would
+	// leave there, as sandboxes will see it; runsc would otherwise mount
+	// one only where /tmp is empty.
+	mounts := KernelMounts()
+	for _, b := range spec.Binds {
+		mounts = append(mounts, specs.Mount{Destination: b.Destination, Type: "bind", Source: b.Source,
+			Options: []string{"rbind", "ro"}})
+	}
+	s := specs.Spec{
+		Version:  specs.Version,
+		Process:  proc,
+		Root:     &specs.Root{Path: spec.RootFS},
+		Hostname: "build",
+		Mounts:   mounts,
+		Linux: &specs.Linux{
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace}, {Type: specs.IPCNamespace}, {Type: specs.UTSNamespace},
+				{Type: specs.MountNamespace}, {Type: specs.NetworkNamespace},
+			},
+		},
+	}
+	b, err := json.MarshalIndent(&s, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o600)
+}
