@@ -79,4 +79,3 @@ func (r *runner) removeMountPoints(rootfs string) error {
 	}
 	return os.RemoveAll(p)
 }
-
