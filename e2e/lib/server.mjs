@@ -183,11 +183,12 @@ function pidsMentioning(needle) {
 }
 
 class TestServer {
-  constructor({ tag, cidr, portHint }) {
+  constructor({ tag, cidr, portHint, onStop = 'kill' }) {
     if (!/^[a-z]{1,10}$/.test(tag)) throw new Error(`netns tag ${tag} must be 1-10 lower-case letters`)
     this.tag = tag
     this.cidr = cidr
     this.portHint = portHint
+    this.onStop = onStop
     this.proc = undefined
     this.exit = undefined // { code, signal } once exited
     this.sandboxes = new Set()
@@ -227,7 +228,29 @@ class TestServer {
     fs.mkdirSync(this.dataDir)
     this.port = await findFreePort(this.portHint ?? PORT_MIN)
     this.url = `http://127.0.0.1:${this.port}`
+    await this.launch()
+  }
 
+  /**
+   * Stops the server with signal (SIGKILL: a crash; SIGTERM: a restart)
+   * and starts it again on the same port and directories, as an upgrade
+   * or `systemctl restart` would, after downMs without a server.
+   */
+  async restart(signal = 'SIGKILL', { downMs = 0 } = {}) {
+    this.proc.kill(signal)
+    await this.exited
+    if (signal === 'SIGTERM' && this.exit.code !== 0) {
+      throw new Error(`aenv server exited with ${JSON.stringify(this.exit)} after SIGTERM (want code 0)`)
+    }
+    if (downMs) await sleep(downMs)
+    this.exit = undefined
+    await this.launch()
+  }
+
+  /** Spawns the server on this.port and waits until it answers. */
+  async launch() {
+    const bin = path.join(process.env.AENV_BIN_DIR, 'aenv')
+    const baseRootfs = process.env.AENV_BASE_ROOTFS
     const args = [
       'server',
       '--listen', `127.0.0.1:${this.port}`,
@@ -237,8 +260,9 @@ class TestServer {
       '--netns-tag', this.tag,
       '--sandbox-cidr', this.cidr,
       '--log-level', 'debug',
-      // Sandboxes outlive a stopped server by default; tests must not leak.
-      '--on-stop', 'kill',
+      // Sandboxes outlive a stopped server by default; tests must not
+      // leak, so they are killed unless the test restarts the server.
+      '--on-stop', this.onStop,
     ]
     // runsc normally comes from PATH (scripts/install-deps.sh puts it in
     // /usr/local/bin); AENV_RUNSC names another one.
@@ -443,10 +467,12 @@ class TestServer {
 /**
  * Registers before/after hooks running one server for the calling file.
  * tag: 1-10 lower-case letters, unique per file (names nftables tables and
- * interfaces). cidr: a /16 unique per file.
+ * interfaces). cidr: a /16 unique per file. onStop: the server's
+ * --on-stop ('kill' unless the file restarts the server with its
+ * sandboxes running: 'keep').
  */
-export function useServer({ tag, cidr, portHint }) {
-  const srv = new TestServer({ tag, cidr, portHint })
+export function useServer({ tag, cidr, portHint, onStop }) {
+  const srv = new TestServer({ tag, cidr, portHint, onStop })
   before(() => srv.ensureStarted(), { timeout: START_TIMEOUT_MS + 40_000 })
   after(async () => {
     await srv.cleanup()
