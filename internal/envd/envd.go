@@ -13,6 +13,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 
@@ -57,12 +58,19 @@ type Options struct {
 	// waits only for the processes it started, so that the rest of the
 	// program keeps its children.
 	ReapAll bool
+	// InitFrom decides which peers may call /init, which sets the access
+	// token, the default user and the environment. nil admits only peers
+	// outside the sandbox (see fromOutside): the node that started it,
+	// never a process inside it, which would otherwise make itself root.
+	InitFrom func(peer netip.Addr) bool
 }
 
 // Server is an envd instance. Create it with New, serve Handler, and Close
 // it when done.
 type Server struct {
-	log     *slog.Logger
+	// initFrom admits /init's callers (Options.InitFrom).
+	initFrom func(netip.Addr) bool
+	log      *slog.Logger
 	etcDir  string
 	baseEnv []string
 
@@ -99,6 +107,7 @@ func New(opts Options) (*Server, error) {
 		etcDir:   etc,
 		baseEnv:  opts.BaseEnv,
 		cfg:      newRuntimeConfig(opts.AccessToken, defUser),
+		initFrom: opts.InitFrom,
 		procs:    newProcTable(),
 		watchers: newWatcherTable(),
 		cpu:      &cpuSampler{},

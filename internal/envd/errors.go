@@ -21,6 +21,7 @@ var (
 	errUnauthorized   = errors.New("missing or wrong access token")
 	errProcessExited  = errors.New("process has exited")
 	errNotImplemented = errors.New("not supported on this platform")
+	errForbidden      = errors.New("forbidden")
 )
 
 // classify maps an error to a Connect code; OS errors are recognised too.
@@ -37,7 +38,7 @@ func classify(err error) connect.Code {
 		return connect.CodeInvalidArgument
 	case errors.Is(err, errUnauthorized):
 		return connect.CodeUnauthenticated
-	case errors.Is(err, fs.ErrPermission):
+	case errors.Is(err, fs.ErrPermission), errors.Is(err, errForbidden):
 		return connect.CodePermissionDenied
 	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
 		return connect.CodeResourceExhausted

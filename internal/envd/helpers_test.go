@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -93,6 +94,8 @@ func newEnv(t *testing.T, opts ...envOption) *env {
 		Logger:  slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		EtcDir:  etc,
 		BaseEnv: append(os.Environ(), envd.AccessTokenEnv+"=leaked"),
+		// The tests play the node from loopback.
+		InitFrom: func(netip.Addr) bool { return true },
 	}
 	for _, opt := range opts {
 		opt(&o)

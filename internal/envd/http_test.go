@@ -27,6 +27,8 @@ import (
 
 	"github.com/aenvhq/aenv/internal/envd/spec/filesystem"
 	"github.com/aenvhq/aenv/internal/envd/spec/process"
+
+	"github.com/aenvhq/aenv/internal/envd"
 )
 
 type written struct {
@@ -331,5 +333,20 @@ func TestTokenSetByInit(t *testing.T) {
 	}
 	if res, _ := e.httpDo("GET", "/envs", nil, nil); res.StatusCode != 401 {
 		t.Fatalf("token from /init not enforced: %d", res.StatusCode)
+	}
+}
+
+// TestInitOnlyFromOutside: by default /init refuses callers on loopback or
+// on the sandbox's own addresses, token or not, and changes nothing.
+func TestInitOnlyFromOutside(t *testing.T) {
+	e := newEnv(t, func(o *envd.Options) { o.InitFrom = nil })
+	res, b := e.httpDo("POST", "/init", strings.NewReader(`{"accessToken":"stolen","defaultUser":"root","envVars":{"LD_PRELOAD":"/x.so"}}`), nil)
+	if res.StatusCode != http.StatusForbidden || !strings.Contains(string(b), "platform") {
+		t.Fatalf("/init from loopback: %d %s, want 403", res.StatusCode, b)
+	}
+	// Nothing changed: no token is demanded, LD_PRELOAD is not set.
+	res, b = e.httpDo("GET", "/envs", nil, nil)
+	if res.StatusCode != 200 || strings.Contains(string(b), "LD_PRELOAD") {
+		t.Fatalf("/envs after the refused /init: %d %s", res.StatusCode, b)
 	}
 }

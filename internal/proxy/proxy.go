@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/netip"
+	"path"
 	"regexp"
 	"strconv"
 	"sync"
@@ -181,6 +182,13 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if port < 1 || port > 65535 {
 		writeError(w, http.StatusBadRequest, "invalid sandbox port")
+		return
+	}
+	if port == DefaultPort && path.Clean("/"+r.URL.Path) == "/init" {
+		// envd takes its configuration (token, default user, environment)
+		// from its node only; forwarded, it would let anyone who knows a
+		// sandbox id take the sandbox over.
+		writeError(w, http.StatusForbidden, "envd's /init is not reachable through the proxy")
 		return
 	}
 	addr, err := p.resolve.SandboxAddr(id)

@@ -114,6 +114,13 @@ func TestServe(t *testing.T) {
 	if resp.StatusCode != http.StatusBadRequest {
 		t.Fatalf("bad id: %d, want 400", resp.StatusCode)
 	}
+	// envd's /init is never forwarded, however the path is spelled.
+	for _, path := range []string{"/init", "//init", "/./init", "/x/../init"} {
+		resp, _ = get("127.0.0.1", path, map[string]string{HeaderSandboxID: "sb1"})
+		if resp.StatusCode != http.StatusForbidden {
+			t.Fatalf("%s through the proxy: %d, want 403", path, resp.StatusCode)
+		}
+	}
 	// A port with nothing listening: 502, not a hang.
 	resp, _ = get("1-sb1.localhost", "/", nil)
 	if resp.StatusCode != http.StatusBadGateway {
