@@ -71,8 +71,8 @@ type Server struct {
 	// initFrom admits /init's callers (Options.InitFrom).
 	initFrom func(netip.Addr) bool
 	log      *slog.Logger
-	etcDir  string
-	baseEnv []string
+	etcDir   string
+	baseEnv  []string
 
 	cfg      *runtimeConfig
 	reaper   *reaper
