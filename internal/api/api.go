@@ -188,6 +188,9 @@ func (s *Server) writeClusterError(w http.ResponseWriter, r *http.Request, err e
 		writeError(w, http.StatusConflict, err.Error())
 	case errors.Is(err, cluster.ErrUnsupported):
 		writeError(w, http.StatusNotImplemented, err.Error())
+	case errors.Is(err, cluster.ErrNoCapacity):
+		w.Header().Set("Retry-After", "5")
+		writeError(w, http.StatusServiceUnavailable, err.Error())
 	case errors.Is(err, cluster.ErrUnavailable):
 		// Running sandboxes keep running; only changes wait for the store.
 		w.Header().Set("Retry-After", "2")

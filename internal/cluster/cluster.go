@@ -39,6 +39,8 @@ var (
 	ErrUnsupported = errors.New("not supported")
 	// ErrUnavailable: the state store cannot be reached; try again later.
 	ErrUnavailable = state.ErrUnavailable
+	// ErrNoCapacity: no node can take the sandbox now; try again later.
+	ErrNoCapacity = errors.New("no capacity")
 )
 
 // State is a sandbox's lifecycle state as E2B names it.
@@ -276,7 +278,7 @@ func (c *Cluster) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 		if isTemplateNotFound(err) {
 			return nil, fmt.Errorf("%w: %q", ErrTemplateNotFound, req.TemplateID)
 		}
-		return nil, err
+		return nil, classifyNodeError(err)
 	}
 	return c.register(ctx, nsb, registration{
 		requestedTemplate: req.TemplateID, metadata: req.Metadata, timeout: req.Timeout,

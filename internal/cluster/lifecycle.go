@@ -101,7 +101,7 @@ func (c *Cluster) Connect(ctx context.Context, id string, d time.Duration) (sb *
 	})
 	if err != nil {
 		c.release(ctx, id, "resume")
-		return nil, false, fmt.Errorf("resuming sandbox %s: %w", id, err)
+		return nil, false, fmt.Errorf("resuming sandbox %s: %w", id, classifyNodeError(err))
 	}
 	out, err := c.finishResume(context.WithoutCancel(ctx), id, nsb.Addr, time.Now().UTC().Add(d))
 	if err != nil {
@@ -212,7 +212,7 @@ func (c *Cluster) Fork(ctx context.Context, id string, count int, timeout time.D
 				Network:    netns.SlotOptions{AllowInternet: parent.AllowInternet},
 			})
 			if err != nil {
-				results[i].Err = err
+				results[i].Err = classifyNodeError(err)
 				return
 			}
 			sb, err := c.register(ctx, nsb, registration{

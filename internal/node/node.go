@@ -72,6 +72,8 @@ type Config struct {
 	// resources); 0 disables the pool.
 	WarmPoolSize  int
 	WarmTemplates []string
+	// Capacity is what the node may hand out (zero fields: the host's).
+	Capacity Capacity
 	// StateDir keeps a small local record of each sandbox handed out, so
 	// that a restarted node takes its running sandboxes over (Recover);
 	// empty keeps none. It belongs in the run directory: its records mean
@@ -127,8 +129,8 @@ type Node struct {
 	mu        sync.Mutex
 	sandboxes map[string]*Sandbox
 	// pending holds ids being created, so that a concurrent create or kill
-	// of the same id sees it.
-	pending map[string]struct{}
+	// of the same id sees it, with the memory (MiB) admitted for each.
+	pending map[string]int
 	onExit  func(id string)
 	pool    *warmPool
 }
@@ -141,6 +143,7 @@ func New(cfg Config) (*Node, error) {
 	if cfg.ReadyTimeout == 0 {
 		cfg.ReadyTimeout = 15 * time.Second
 	}
+	cfg.Capacity = cfg.Capacity.withDefaults()
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -148,7 +151,7 @@ func New(cfg Config) (*Node, error) {
 		cfg:       cfg,
 		log:       cfg.Logger.With("node_id", cfg.ID),
 		sandboxes: make(map[string]*Sandbox),
-		pending:   make(map[string]struct{}),
+		pending:   make(map[string]int),
 	}
 	n.pool = newWarmPool(n, cfg.WarmPoolSize, cfg.WarmTemplates)
 	if en, ok := cfg.Runtime.(runtime.ExitNotifier); ok {
@@ -256,6 +259,9 @@ type bootOptions struct {
 // yet initialised nor registered. On error nothing is left behind.
 func (n *Node) boot(ctx context.Context, id string, tpl *template.Template, opts bootOptions) (sb *Sandbox, err error) {
 	log := n.log.With("sandbox_id", id)
+	memMB, cpus := pick(opts.MemoryMB, tpl.MemoryMB), pick(opts.CPUCount, tpl.CPUCount)
+	poolMB := n.pool.memoryMB()
+	used := memoryUsed()
 	n.mu.Lock()
 	_, running := n.sandboxes[id]
 	_, creating := n.pending[id]
@@ -263,7 +269,11 @@ func (n *Node) boot(ctx context.Context, id string, tpl *template.Template, opts
 		n.mu.Unlock()
 		return nil, fmt.Errorf("creating sandbox %s: %w", id, ErrExists)
 	}
-	n.pending[id] = struct{}{}
+	if err := n.cfg.Capacity.admit(memMB, cpus, n.committedMBLocked(poolMB), used); err != nil {
+		n.mu.Unlock()
+		return nil, fmt.Errorf("creating sandbox %s: %w", id, err)
+	}
+	n.pending[id] = memMB
 	n.mu.Unlock()
 	defer func() {
 		n.mu.Lock()

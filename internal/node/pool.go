@@ -70,6 +70,19 @@ func (p *warmPool) take(tpl *template.Template, req CreateRequest) *Sandbox {
 	return sb
 }
 
+// memoryMB is the memory the prestarted sandboxes are configured with.
+func (p *warmPool) memoryMB() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	total := 0
+	for _, list := range p.ready {
+		for _, sb := range list {
+			total += sb.MemoryMB
+		}
+	}
+	return total
+}
+
 // remove drops a prestarted sandbox that died; it returns nil if id is not
 // in the pool.
 func (p *warmPool) remove(id string) *Sandbox {

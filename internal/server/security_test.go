@@ -2,11 +2,13 @@ package server
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"strings"
 	"testing"
 
 	"github.com/aenvhq/aenv/internal/client"
+	"github.com/aenvhq/aenv/internal/node"
 )
 
 // TestInitTakeover: nobody but the node configures envd. Through the proxy
@@ -50,4 +52,43 @@ except urllib.error.HTTPError as e:
 		t.Fatalf("after the attempts commands run as uid %s, want 1000 (and need no token)", who)
 	}
 	_ = srv
+}
+
+// TestAdmission: a sandbox larger than the node is refused with 400; one
+// that does not fit the node's overcommitted memory now gets 503 with
+// Retry-After and the reason, and fits again once another one is gone.
+func TestAdmission(t *testing.T) {
+	_, c, _ := startServerWith(t, func(cfg *Config) {
+		cfg.WarmPoolSize = 0
+		cfg.Capacity = node.Capacity{MemoryMB: 2048, CPUCount: 2, MemoryOvercommit: 1}
+	})
+	ctx := context.Background()
+	for _, big := range []client.CreateOptions{{MemoryMB: 4096}, {CPUCount: 4}} {
+		big.Timeout = 60
+		if _, err := c.Create(ctx, big); !isStatus(err, 400) {
+			t.Fatalf("create %+v on a 2 GiB, 2-CPU node: %v, want 400", big, err)
+		}
+	}
+	a, err := c.Create(ctx, client.CreateOptions{Timeout: 60, MemoryMB: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := c.Create(ctx, client.CreateOptions{Timeout: 60, MemoryMB: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Kill(ctx, b.SandboxID)
+	_, err = c.Create(ctx, client.CreateOptions{Timeout: 60, MemoryMB: 512})
+	var apiErr *client.APIError
+	if !errors.As(err, &apiErr) || apiErr.Status != 503 || !strings.Contains(apiErr.Message, "commit") {
+		t.Fatalf("create on a full node: %v, want 503 saying why", err)
+	}
+	if err := c.Kill(ctx, a.SandboxID); err != nil {
+		t.Fatal(err)
+	}
+	d, err := c.Create(ctx, client.CreateOptions{Timeout: 60, MemoryMB: 512})
+	if err != nil {
+		t.Fatalf("create after a sandbox left: %v", err)
+	}
+	c.Kill(ctx, d.SandboxID)
 }

@@ -85,6 +85,9 @@ type Config struct {
 	// URLs instead of its unix socket (to back up or inspect it with
 	// etcdctl, or to let a second server share it).
 	EtcdClientURLs []string
+	// Capacity is what the local node admits (zero fields: the host's
+	// memory and CPUs, overcommit 4, high-water 90%).
+	Capacity node.Capacity
 	// OnStop says what stopping the server does with running sandboxes:
 	// keep them for the next start (the default), pause them, or kill them.
 	OnStop cluster.StopMode
@@ -229,6 +232,7 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 		WarmPoolSize:  cfg.WarmPoolSize,
 		WarmTemplates: []string{template.BaseID},
 		StateDir:      filepath.Join(cfg.RunDir, "node"),
+		Capacity:      cfg.Capacity,
 		Logger:        log,
 	})
 	if err != nil {

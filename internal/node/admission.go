@@ -1,0 +1,132 @@
+package node
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	goruntime "runtime"
+	"strconv"
+	"strings"
+)
+
+// Admission errors. The cluster maps them to statuses: a sandbox that can
+// never fit is the client's mistake (400); one that does not fit now is
+// worth retrying (503 with Retry-After).
+var (
+	// ErrTooLarge: the sandbox asks for more than this node has at all.
+	ErrTooLarge = errors.New("larger than the node")
+	// ErrNoCapacity: the node cannot take the sandbox now.
+	ErrNoCapacity = errors.New("node is full")
+)
+
+// Capacity is what a node may hand out, and how far it overcommits.
+type Capacity struct {
+	// MemoryMB and CPUCount are the node's size; a sandbox larger than
+	// either is refused outright. Zero means the host's physical memory
+	// and CPU count.
+	MemoryMB, CPUCount int
+	// MemoryOvercommit bounds the memory all sandboxes are configured
+	// with together, as a multiple of MemoryMB (default 4): gVisor
+	// sandboxes use what they touch, not what they may.
+	MemoryOvercommit float64
+	// MemoryHighWater refuses new sandboxes while the host's real memory
+	// use is above this fraction (default 0.9).
+	MemoryHighWater float64
+}
+
+// withDefaults fills in zero fields from the host.
+func (c Capacity) withDefaults() Capacity {
+	if c.MemoryMB <= 0 {
+		if total, _, err := hostMemory(); err == nil {
+			c.MemoryMB = int(total >> 20)
+		}
+	}
+	if c.CPUCount <= 0 {
+		c.CPUCount = hostCPUs()
+	}
+	if c.MemoryOvercommit <= 0 {
+		c.MemoryOvercommit = 4
+	}
+	if c.MemoryHighWater <= 0 || c.MemoryHighWater > 1 {
+		c.MemoryHighWater = 0.9
+	}
+	return c
+}
+
+// admit is the node's admission rule for one more sandbox of memMB and
+// cpus, with committedMB configured on the node already (prestarted
+// sandboxes included) and usedFraction of the host's memory really in
+// use (negative when unknown).
+func (c Capacity) admit(memMB, cpus, committedMB int, usedFraction float64) error {
+	switch {
+	case memMB > c.MemoryMB:
+		return fmt.Errorf("%w: memoryMB %d exceeds the node's %d MiB", ErrTooLarge, memMB, c.MemoryMB)
+	case cpus > c.CPUCount:
+		return fmt.Errorf("%w: cpuCount %d exceeds the node's %d CPUs", ErrTooLarge, cpus, c.CPUCount)
+	}
+	if limit := int(c.MemoryOvercommit * float64(c.MemoryMB)); committedMB+memMB > limit {
+		return fmt.Errorf("%w: sandboxes hold %d MiB of the %d MiB the node may commit (%g x %d MiB); %d MiB more does not fit",
+			ErrNoCapacity, committedMB, limit, c.MemoryOvercommit, c.MemoryMB, memMB)
+	}
+	if usedFraction > c.MemoryHighWater {
+		return fmt.Errorf("%w: host memory is %.0f%% used, above the %.0f%% high-water mark",
+			ErrNoCapacity, 100*usedFraction, 100*c.MemoryHighWater)
+	}
+	return nil
+}
+
+// hostMemory reads the host's total and available memory in bytes.
+func hostMemory() (total, available uint64, err error) {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 0, 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 2 {
+			continue
+		}
+		kb, err := strconv.ParseUint(fields[1], 10, 64)
+		if err != nil {
+			continue
+		}
+		switch fields[0] {
+		case "MemTotal:":
+			total = kb << 10
+		case "MemAvailable:":
+			available = kb << 10
+		}
+	}
+	if total == 0 {
+		return 0, 0, errors.New("reading /proc/meminfo: no MemTotal")
+	}
+	return total, available, sc.Err()
+}
+
+// memoryUsed is the fraction of the host's memory in use, or -1.
+func memoryUsed() float64 {
+	total, avail, err := hostMemory()
+	if err != nil || avail > total {
+		return -1
+	}
+	return float64(total-avail) / float64(total)
+}
+
+func hostCPUs() int { return goruntime.NumCPU() }
+
+// committedMB is the memory the node's sandboxes are configured with:
+// running, prestarted and being created. The caller holds n.mu; poolMB is
+// the prestarted sandboxes', read before.
+func (n *Node) committedMBLocked(poolMB int) int {
+	total := poolMB
+	for _, sb := range n.sandboxes {
+		total += sb.MemoryMB
+	}
+	for _, mb := range n.pending {
+		total += mb
+	}
+	return total
+}
