@@ -174,32 +174,41 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// writeClusterError maps the cluster's error classes to statuses; this is
-// the only place where they become HTTP.
-func (s *Server) writeClusterError(w http.ResponseWriter, r *http.Request, err error) {
+// clusterStatus is the HTTP status of one of the cluster's error classes;
+// this is the only place where they become HTTP.
+func clusterStatus(err error) int {
 	switch {
-	case errors.Is(err, cluster.ErrNotFound):
-		writeError(w, http.StatusNotFound, err.Error())
-	case errors.Is(err, cluster.ErrTemplateNotFound):
-		writeError(w, http.StatusNotFound, err.Error())
+	case errors.Is(err, cluster.ErrNotFound), errors.Is(err, cluster.ErrTemplateNotFound):
+		return http.StatusNotFound
 	case errors.Is(err, cluster.ErrInvalid):
-		writeError(w, http.StatusBadRequest, err.Error())
+		return http.StatusBadRequest
 	case errors.Is(err, cluster.ErrConflict):
-		writeError(w, http.StatusConflict, err.Error())
+		return http.StatusConflict
 	case errors.Is(err, cluster.ErrUnsupported):
-		writeError(w, http.StatusNotImplemented, err.Error())
+		return http.StatusNotImplemented
+	case errors.Is(err, cluster.ErrNoCapacity), errors.Is(err, cluster.ErrUnavailable):
+		return http.StatusServiceUnavailable
+	default:
+		return http.StatusInternalServerError
+	}
+}
+
+// writeClusterError answers with err's status and message.
+func (s *Server) writeClusterError(w http.ResponseWriter, r *http.Request, err error) {
+	code := clusterStatus(err)
+	msg := err.Error()
+	switch {
 	case errors.Is(err, cluster.ErrNoCapacity):
 		w.Header().Set("Retry-After", "5")
-		writeError(w, http.StatusServiceUnavailable, err.Error())
 	case errors.Is(err, cluster.ErrUnavailable):
 		// Running sandboxes keep running; only changes wait for the store.
 		w.Header().Set("Retry-After", "2")
 		s.log.Warn("state store unavailable", "method", r.Method, "path", r.URL.Path, "err", err)
-		writeError(w, http.StatusServiceUnavailable, "the state store is unavailable; try again shortly: "+err.Error())
-	default:
+		msg = "the state store is unavailable; try again shortly: " + msg
+	case code == http.StatusInternalServerError:
 		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
-		writeError(w, http.StatusInternalServerError, err.Error())
 	}
+	writeError(w, code, msg)
 }
 
 // decodeBody reads a JSON body into v. An empty body leaves v as it is.

@@ -157,6 +157,12 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request, id string) {
 	}
 	timeout := defaultTimeoutV2
 	if body.Timeout != nil {
+		// Checked before the multiplication, which would overflow.
+		max := int64(s.cfg.Cluster.Limits().MaxTimeout / time.Second)
+		if t := *body.Timeout; t < 1 || t > max {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("timeout must be between 1 and %d seconds, got %d", max, t))
+			return
+		}
 		timeout = time.Duration(*body.Timeout) * time.Second
 	}
 	results, err := s.cfg.Cluster.Fork(r.Context(), id, count, timeout)
@@ -167,7 +173,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request, id string) {
 	out := make([]forkResultJSON, len(results))
 	for i, res := range results {
 		if res.Err != nil {
-			out[i].Error = &apiError{Code: http.StatusInternalServerError, Message: res.Err.Error()}
+			out[i].Error = &apiError{Code: clusterStatus(res.Err), Message: res.Err.Error()}
 			continue
 		}
 		sb := s.toJSON(res.Sandbox, false)

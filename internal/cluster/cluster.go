@@ -253,12 +253,53 @@ func (c *Cluster) validate(req *CreateRequest) error {
 	case len(req.EnvVars) > 4*l.MaxMetadata:
 		return fmt.Errorf("%w: at most %d envVars", ErrInvalid, 4*l.MaxMetadata)
 	}
-	for k := range req.EnvVars {
-		if k == "" || strings.ContainsAny(k, "=\x00") {
-			return fmt.Errorf("%w: invalid env var name %q", ErrInvalid, k)
+	envBytes := 0
+	for k, v := range req.EnvVars {
+		if k == "" || strings.ContainsAny(k, "=\x00") || len(k) > maxEnvNameBytes {
+			return fmt.Errorf("%w: invalid env var name %q (no '=' or NUL, at most %d bytes)", ErrInvalid, truncate(k), maxEnvNameBytes)
 		}
+		if len(v) > maxEnvValueBytes || strings.ContainsRune(v, 0) {
+			return fmt.Errorf("%w: envVars[%q] is %d bytes; values are at most %d bytes, without NUL", ErrInvalid, k, len(v), maxEnvValueBytes)
+		}
+		envBytes += len(k) + len(v)
+	}
+	if envBytes > maxEnvTotalBytes {
+		return fmt.Errorf("%w: envVars take %d bytes; at most %d in all", ErrInvalid, envBytes, maxEnvTotalBytes)
+	}
+	metaBytes := 0
+	for k, v := range req.Metadata {
+		if k == "" || len(k) > maxMetadataKeyBytes {
+			return fmt.Errorf("%w: metadata key %q must be 1 to %d bytes", ErrInvalid, truncate(k), maxMetadataKeyBytes)
+		}
+		if len(v) > maxMetadataValueBytes {
+			return fmt.Errorf("%w: metadata[%q] is %d bytes; values are at most %d bytes", ErrInvalid, k, len(v), maxMetadataValueBytes)
+		}
+		metaBytes += len(k) + len(v)
+	}
+	if metaBytes > maxMetadataTotalBytes {
+		return fmt.Errorf("%w: metadata takes %d bytes; at most %d in all", ErrInvalid, metaBytes, maxMetadataTotalBytes)
 	}
 	return nil
+}
+
+// Size limits of what a create may carry. Every process of the sandbox
+// gets the env vars (Linux refuses a single string over 128 KiB in an
+// exec), and every list and record carries the metadata.
+const (
+	maxEnvNameBytes       = 256
+	maxEnvValueBytes      = 32 << 10
+	maxEnvTotalBytes      = 64 << 10
+	maxMetadataKeyBytes   = 128
+	maxMetadataValueBytes = 1 << 10
+	maxMetadataTotalBytes = 16 << 10
+)
+
+// truncate shortens s for an error message.
+func truncate(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "..."
+	}
+	return s
 }
 
 // Create validates req, places the sandbox on a node and starts it.

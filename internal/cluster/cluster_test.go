@@ -356,3 +356,32 @@ func (s *flakyStore) Update(ctx context.Context, key string, v []byte, rev int64
 	}
 	return s.Store.Update(ctx, key, v, rev, o)
 }
+
+// TestSizeLimits: oversize env vars and metadata are refused naming the
+// field, and nothing is started.
+func TestSizeLimits(t *testing.T) {
+	ctx := context.Background()
+	n := newFakeNode("n1")
+	c := openCluster(t, state.NewMemory(), n)
+	defer c.Close(ctx, StopKeep)
+	big := strings.Repeat("x", 900<<10)
+	for _, tc := range []struct {
+		req  CreateRequest
+		want string
+	}{
+		{CreateRequest{EnvVars: map[string]string{"BIG": big}}, `envVars["BIG"]`},
+		{CreateRequest{EnvVars: map[string]string{"A": strings.Repeat("x", 30<<10), "B": strings.Repeat("x", 30<<10), "C": strings.Repeat("x", 30<<10)}}, "envVars take"},
+		{CreateRequest{EnvVars: map[string]string{strings.Repeat("N", 300): "v"}}, "env var name"},
+		{CreateRequest{Metadata: map[string]string{"k": big}}, `metadata["k"]`},
+		{CreateRequest{Metadata: map[string]string{strings.Repeat("k", 200): "v"}}, "metadata key"},
+	} {
+		tc.req.TemplateID, tc.req.Timeout = "base", time.Minute
+		_, err := c.Create(ctx, tc.req)
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("create with %s: %v, want ErrInvalid naming it", tc.want, err)
+		}
+	}
+	if len(n.List()) != 0 {
+		t.Fatal("a refused create started a sandbox")
+	}
+}

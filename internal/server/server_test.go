@@ -185,6 +185,9 @@ func TestBadInputLeavesNothing(t *testing.T) {
 		{"bad list limit", "GET", "/v2/sandboxes?limit=1000", "", 400},
 		{"bad list state", "GET", "/v2/sandboxes?state=dead", "", 400},
 		{"bad next token", "GET", "/v2/sandboxes?nextToken=%%%", "", 400},
+		{"fork timeout overflowing", "POST", "/sandboxes/abc123/fork", `{"count":1,"timeout":36028797018964068}`, 400},
+		{"huge env var", "POST", "/v2/sandboxes", `{"envVars":{"X":"` + strings.Repeat("x", 900<<10) + `"}}`, 400},
+		{"huge metadata value", "POST", "/v2/sandboxes", `{"metadata":{"k":"` + strings.Repeat("x", 900<<10) + `"}}`, 400},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
