@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"time"
 
@@ -19,6 +20,7 @@ func newServerCmd() *cobra.Command {
 	var cfg server.Config
 	var logLevel, onStop string
 	var drain, cleanup bool
+	var egressAllow []string
 	cmd := &cobra.Command{
 		Use:   "server",
 		Short: "Run the aenv server (API, proxy and a local node)",
@@ -64,6 +66,13 @@ and --on-stop=kill kills them.`,
 			default:
 				return fmt.Errorf("--on-stop must be keep, pause or kill, not %q", onStop)
 			}
+			for _, a := range egressAllow {
+				p, err := netip.ParsePrefix(a)
+				if err != nil {
+					return fmt.Errorf("--egress-allow %q: %w", a, err)
+				}
+				cfg.EgressAllow = append(cfg.EgressAllow, p.Masked())
+			}
 			ctx := cmd.Context()
 			if cleanup {
 				if err := server.Cleanup(ctx, cfg); err != nil {
@@ -107,6 +116,7 @@ and --on-stop=kill kills them.`,
 	f.StringVar(&cfg.EtcdCertFile, "etcd-cert", "", "client certificate for --etcd-endpoints")
 	f.StringVar(&cfg.EtcdKeyFile, "etcd-key", "", "client key for --etcd-endpoints")
 	f.StringSliceVar(&cfg.EtcdClientURLs, "etcd-listen", nil, "loopback URLs the embedded etcd listens on instead of its unix socket (e.g. http://127.0.0.1:23790)")
+	f.StringSliceVar(&egressAllow, "egress-allow", nil, "CIDR of the host's own networks that sandboxes may reach after all (they never reach the host's networks otherwise; the private and special ranges stay blocked)")
 	f.IntVar(&cfg.Capacity.MemoryMB, "capacity-memory", 0, "memory (MiB) this host offers sandboxes; larger sandboxes are refused (default: physical memory)")
 	f.IntVar(&cfg.Capacity.CPUCount, "capacity-cpu", 0, "CPUs this host offers; sandboxes with more are refused (default: the host's; CPU is overcommitted freely and enforced by quota)")
 	f.Float64Var(&cfg.Capacity.MemoryOvercommit, "memory-overcommit", 4, "sandboxes' configured memory may add up to this multiple of --capacity-memory; past it creates get 503 with Retry-After")

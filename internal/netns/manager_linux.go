@@ -299,7 +299,10 @@ func (m *Manager) build() (*Slot, error) {
 	if err != nil {
 		return nil, err
 	}
-	s, err := buildSlot(m.cfg, index)
+	m.mu.Lock()
+	cfg := m.cfg // SetHostNetworks may change it
+	m.mu.Unlock()
+	s, err := buildSlot(cfg, index)
 	if err != nil {
 		m.freeIndex(index, !errors.Is(err, errLeftovers))
 		return nil, err

@@ -2,7 +2,10 @@
 
 package netns
 
-import "context"
+import (
+	"context"
+	"net/netip"
+)
 
 // nftConn stands in for the nftables connection a Linux slot keeps.
 type nftConn = *struct{}
@@ -38,6 +41,17 @@ func (m *Manager) ReleaseLeftovers(ctx context.Context) error { return nil }
 
 // Detach does nothing outside Linux.
 func (m *Manager) Detach(ctx context.Context) error { return nil }
+
+// SetHostNetworks fails with ErrUnsupported outside Linux.
+func (m *Manager) SetHostNetworks(ps []netip.Prefix) error { return ErrUnsupported }
+
+// DetectHostNetworks fails with ErrUnsupported outside Linux.
+func DetectHostNetworks(tag string) ([]netip.Prefix, error) { return nil, ErrUnsupported }
+
+// WatchHostNetworks fails with ErrUnsupported outside Linux.
+func WatchHostNetworks(ctx context.Context, tag string, fn func([]netip.Prefix)) error {
+	return ErrUnsupported
+}
 
 // Close does nothing outside Linux.
 func (m *Manager) Close(ctx context.Context) error { return nil }

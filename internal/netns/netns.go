@@ -57,14 +57,28 @@ var blockedPrefixes = []netip.Prefix{
 }
 
 // blocked is blockedPrefixes plus the slots' own range, in case it lies
-// outside them.
+// outside them, and the host's networks that EgressAllow does not exempt.
 func (cfg Config) blocked() []netip.Prefix {
-	for _, p := range blockedPrefixes {
-		if p.Bits() <= cfg.Prefix.Bits() && p.Contains(cfg.Prefix.Addr()) {
-			return blockedPrefixes
+	out := slices.Clone(blockedPrefixes)
+	if !covered(out, cfg.Prefix) {
+		out = append(out, cfg.Prefix)
+	}
+	for _, p := range cfg.HostNetworks {
+		if !covered(out, p) && !covered(cfg.EgressAllow, p) {
+			out = append(out, p)
 		}
 	}
-	return append(slices.Clone(blockedPrefixes), cfg.Prefix)
+	return out
+}
+
+// covered reports whether p lies wholly inside one of ps.
+func covered(ps []netip.Prefix, p netip.Prefix) bool {
+	for _, q := range ps {
+		if q.Bits() <= p.Bits() && q.Contains(p.Addr()) {
+			return true
+		}
+	}
+	return false
 }
 
 // Errors returned by the Manager; match them with errors.Is.
@@ -104,6 +118,16 @@ type Config struct {
 	DNSServers []netip.Addr
 	// Logger receives background errors (pool refill); nil discards.
 	Logger *slog.Logger
+	// HostNetworks are the networks the host itself is on (see
+	// DetectHostNetworks): no sandbox may reach them, whatever its egress
+	// options, except where EgressAllow covers them. SetHostNetworks
+	// changes them while the Manager runs.
+	HostNetworks []netip.Prefix
+	// EgressAllow exempts ranges of HostNetworks from that block (an
+	// operator's choice, e.g. a test network); a sandbox still reaches
+	// them only as its own egress options allow. The always-blocked
+	// ranges stay blocked.
+	EgressAllow []netip.Prefix
 	// KeepLeftovers makes NewManager keep the intact slots a previous
 	// manager of this RunDir left (their sandboxes may still run after a
 	// restart) instead of reaping them: Adopt takes them back, and

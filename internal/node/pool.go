@@ -26,22 +26,31 @@ type warmPool struct {
 	ready map[string][]*Sandbox // by template id
 
 	kick   chan struct{}
+	ctx    context.Context
 	cancel context.CancelFunc
+	once   sync.Once // starts the refill, or (close) marks it never ran
 	done   chan struct{}
 }
 
 func newWarmPool(n *Node, size int, templates []string) *warmPool {
 	p := &warmPool{n: n, size: size, templates: templates, ready: map[string][]*Sandbox{},
 		kick: make(chan struct{}, 1), done: make(chan struct{})}
-	ctx, cancel := context.WithCancel(context.Background())
-	p.cancel = cancel
-	if size <= 0 || len(templates) == 0 {
-		close(p.done)
-		return p
-	}
-	go p.refill(ctx)
-	p.poke()
+	p.ctx, p.cancel = context.WithCancel(context.Background())
 	return p
+}
+
+// start begins prestarting sandboxes. It waits for the node's Start: a
+// refill running while Start recovers an earlier process's sandboxes
+// would look like one of them.
+func (p *warmPool) start() {
+	p.once.Do(func() {
+		if p.size <= 0 || len(p.templates) == 0 {
+			close(p.done)
+			return
+		}
+		go p.refill(p.ctx)
+		p.poke()
+	})
 }
 
 func (p *warmPool) poke() {
@@ -166,6 +175,7 @@ func (p *warmPool) waitIdle(ctx context.Context) bool {
 // close stops refilling and kills every prestarted sandbox.
 func (p *warmPool) close(ctx context.Context) error {
 	p.cancel()
+	p.once.Do(func() { close(p.done) })
 	<-p.done
 	p.mu.Lock()
 	var all []*Sandbox

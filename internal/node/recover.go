@@ -75,14 +75,21 @@ func (n *Node) removeRecord(id string) {
 // envd: one that does not answer that fast is not worth keeping.
 const recoverProbeTimeout = 3 * time.Second
 
-// Recover takes over the sandboxes an earlier process of this node left
-// running on the host (after a restart, an upgrade or a kill -9): each one
-// with a local record gets its network slot and its runtime watch back and
-// must answer on envd; the others, and what is left of sandboxes that
-// died meanwhile, are removed. It returns the sandboxes it kept, which the
-// caller reconciles with the control plane's records. Call it once, before
-// the first Create.
-func (n *Node) Recover(ctx context.Context) ([]*Sandbox, error) {
+// Start takes over the sandboxes an earlier process of this node left
+// running on the host (after a restart, an upgrade or a kill -9), then
+// starts prestarting sandboxes. Each earlier sandbox with a local record
+// gets its network slot and its runtime watch back and must answer on
+// envd; the others, and what is left of sandboxes that died meanwhile,
+// are removed. It returns the sandboxes it kept, which the caller
+// reconciles with the control plane's records. Call it once, before the
+// first Create.
+func (n *Node) Start(ctx context.Context) ([]*Sandbox, error) {
+	kept, err := n.recover(ctx)
+	n.pool.start()
+	return kept, err
+}
+
+func (n *Node) recover(ctx context.Context) ([]*Sandbox, error) {
 	rec, ok := n.cfg.Runtime.(runtime.Recoverer)
 	if !ok {
 		return nil, nil

@@ -85,6 +85,10 @@ type Config struct {
 	// URLs instead of its unix socket (to back up or inspect it with
 	// etcdctl, or to let a second server share it).
 	EtcdClientURLs []string
+	// EgressAllow exempts ranges of the host's own networks, which no
+	// sandbox reaches otherwise (a test network, a service on the LAN
+	// that sandboxes should use).
+	EgressAllow []netip.Prefix
 	// Capacity is what the local node admits (zero fields: the host's
 	// memory and CPUs, overcommit 4, high-water 90%).
 	Capacity node.Capacity
@@ -105,8 +109,10 @@ type Server struct {
 	net      *netns.Manager
 	driver   *gvisor.Driver
 	state    *state.Etcd
-	remote   *store.Store
-	apiKey   string
+	// stopWatch ends the watch on the host's networks.
+	stopWatch context.CancelFunc
+	remote    *store.Store
+	apiKey    string
 }
 
 // Start sets everything up and starts serving; Close undoes it. Start
@@ -177,18 +183,34 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 		return nil, fmt.Errorf("parsing sandbox CIDR %q: %w", cfg.SandboxCIDR, err)
 	}
 	dns := netns.HostDNSServers("/etc/resolv.conf")
+	hostNets, err := netns.DetectHostNetworks(cfg.NetnsTag)
+	if err != nil {
+		return nil, fmt.Errorf("reading the host's networks: %w", err)
+	}
 	s.net, err = netns.NewManager(ctx, netns.Config{
-		DNSServers: dns,
-		RunDir:     filepath.Join(cfg.RunDir, "netns"),
-		Prefix:     prefix,
-		PoolSize:   cfg.NetnsPoolSize,
-		Tag:        cfg.NetnsTag,
-		Logger:     log,
+		HostNetworks: hostNets,
+		EgressAllow:  cfg.EgressAllow,
+		DNSServers:   dns,
+		RunDir:       filepath.Join(cfg.RunDir, "netns"),
+		Prefix:       prefix,
+		PoolSize:     cfg.NetnsPoolSize,
+		Tag:          cfg.NetnsTag,
+		Logger:       log,
 		// The slots of sandboxes that outlived the previous process.
 		KeepLeftovers: true,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("setting up sandbox networking: %w", err)
+	}
+	log.Info("sandboxes are kept off the host's networks", "networks", hostNets, "exempt", cfg.EgressAllow)
+	watchCtx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
+	s.stopWatch = stopWatch
+	if err := netns.WatchHostNetworks(watchCtx, cfg.NetnsTag, func(ps []netip.Prefix) {
+		if err := s.net.SetHostNetworks(ps); err != nil {
+			log.Error("updating the host networks kept from sandboxes", "err", err)
+		}
+	}); err != nil {
+		return nil, err
 	}
 
 	var remote *store.Store
@@ -238,7 +260,7 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := s.node.Recover(ctx); err != nil {
+	if _, err := s.node.Start(ctx); err != nil {
 		return nil, err
 	}
 	if err := driver.Cleanup(ctx); err != nil {
@@ -352,6 +374,9 @@ func (s *Server) Close(ctx context.Context) error {
 		cancel()
 	} else if s.listener != nil {
 		s.listener.Close()
+	}
+	if s.stopWatch != nil {
+		s.stopWatch()
 	}
 	if s.cluster != nil {
 		errs = append(errs, s.cluster.Close(ctx, s.cfg.OnStop))

@@ -1,0 +1,130 @@
+package netns
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// DetectHostNetworks returns the IPv4 networks the host is on: the
+// prefixes of its interfaces' addresses and of its routes (the default
+// route aside), so that sandboxes can be kept off the host's LAN and
+// whatever else it reaches directly, which the fixed private ranges do not
+// cover when the host sits on public or unusual addresses. Interfaces
+// and routes of network slots (names starting with tag) are left out.
+func DetectHostNetworks(tag string) ([]netip.Prefix, error) {
+	links, err := netlink.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("listing interfaces: %w", err)
+	}
+	skip := map[int]bool{}
+	for _, l := range links {
+		a := l.Attrs()
+		if a.Flags&unix.IFF_LOOPBACK != 0 || (tag != "" && strings.HasPrefix(a.Name, tag)) {
+			skip[a.Index] = true
+		}
+	}
+	var out []netip.Prefix
+	add := func(p netip.Prefix) {
+		if p.Addr().Is4() && p.Bits() > 0 && !slices.Contains(out, p.Masked()) {
+			out = append(out, p.Masked())
+		}
+	}
+	addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		return nil, fmt.Errorf("listing addresses: %w", err)
+	}
+	for _, a := range addrs {
+		if skip[a.LinkIndex] || a.IPNet == nil {
+			continue
+		}
+		if ip, ok := netip.AddrFromSlice(a.IP); ok {
+			bits, _ := a.Mask.Size()
+			add(netip.PrefixFrom(ip.Unmap(), bits))
+		}
+	}
+	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return nil, fmt.Errorf("listing routes: %w", err)
+	}
+	for _, r := range routes {
+		if skip[r.LinkIndex] || r.Dst == nil || r.Type == unix.RTN_LOCAL || r.Type == unix.RTN_BROADCAST {
+			continue
+		}
+		if ip, ok := netip.AddrFromSlice(r.Dst.IP); ok {
+			bits, _ := r.Dst.Mask.Size()
+			add(netip.PrefixFrom(ip.Unmap(), bits))
+		}
+	}
+	slices.SortFunc(out, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
+	return out, nil
+}
+
+// WatchHostNetworks calls fn with the host's networks (DetectHostNetworks)
+// whenever its addresses or routes change, until ctx ends. Changes come in
+// bursts (an interface going up adds an address and several routes), so
+// fn runs once a burst has settled.
+func WatchHostNetworks(ctx context.Context, tag string, fn func([]netip.Prefix)) error {
+	addrs := make(chan netlink.AddrUpdate, 64)
+	routes := make(chan netlink.RouteUpdate, 64)
+	done := make(chan struct{})
+	if err := netlink.AddrSubscribe(addrs, done); err != nil {
+		return fmt.Errorf("watching addresses: %w", err)
+	}
+	if err := netlink.RouteSubscribe(routes, done); err != nil {
+		close(done)
+		return fmt.Errorf("watching routes: %w", err)
+	}
+	go func() {
+		defer close(done)
+		last, _ := DetectHostNetworks(tag)
+		var settle <-chan time.Time
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case _, ok := <-addrs:
+				if !ok {
+					return
+				}
+				settle = time.After(500 * time.Millisecond)
+			case _, ok := <-routes:
+				if !ok {
+					return
+				}
+				settle = time.After(500 * time.Millisecond)
+			case <-settle:
+				settle = nil
+				now, err := DetectHostNetworks(tag)
+				if err == nil && !slices.Equal(now, last) {
+					last = now
+					fn(now)
+				}
+			}
+		}
+	}()
+	return nil
+}
+
+// SetHostNetworks replaces the host networks no sandbox may reach
+// (Config.HostNetworks) in the host's rules, atomically, for every slot.
+// Slots built from now on get them in their routers' rules too.
+func (m *Manager) SetHostNetworks(ps []netip.Prefix) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return fmt.Errorf("setting host networks: %w", ErrClosed)
+	}
+	m.cfg.HostNetworks = slices.Clone(ps)
+	if err := installHostTable(m.cfg); err != nil {
+		return fmt.Errorf("setting host networks: %w", err)
+	}
+	m.log.Info("sandboxes are kept off the host's networks", "networks", ps)
+	return nil
+}
