@@ -53,16 +53,9 @@ func (m *Manager) ReleaseLeftovers(ctx context.Context) error {
 // restart of the process. Pooled slots are destroyed. After Detach the
 // Manager is closed.
 func (m *Manager) Detach(ctx context.Context) error {
-	m.mu.Lock()
-	if m.closed {
-		m.mu.Unlock()
+	if !m.shutDown() {
 		return nil
 	}
-	m.closed = true
-	m.mu.Unlock()
-	m.stop()
-	<-m.done
-	m.ops.Wait()
 
 	m.mu.Lock()
 	pooled := m.pool

@@ -246,16 +246,9 @@ func (m *Manager) Recycle(ctx context.Context, s *Slot) error {
 // removes the host-side table. Held slots go too because without the host
 // rules their sandboxes would no longer be isolated from the host.
 func (m *Manager) Close(ctx context.Context) error {
-	m.mu.Lock()
-	if m.closed {
-		m.mu.Unlock()
+	if !m.shutDown() {
 		return nil
 	}
-	m.closed = true
-	m.mu.Unlock()
-	m.stop()
-	<-m.done
-	m.ops.Wait()
 
 	m.mu.Lock()
 	slots := m.pool
@@ -291,6 +284,22 @@ func (m *Manager) Close(ctx context.Context) error {
 		return fmt.Errorf("closing netns manager: %w", err)
 	}
 	return nil
+}
+
+// shutDown marks the manager closed and waits for the pool filler and
+// every build and destroy in flight; false if it was closed already.
+func (m *Manager) shutDown() bool {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return false
+	}
+	m.closed = true
+	m.mu.Unlock()
+	m.stop()
+	<-m.done
+	m.ops.Wait()
+	return true
 }
 
 // build allocates an index and builds a slot on it.

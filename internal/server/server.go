@@ -115,10 +115,8 @@ type Server struct {
 	apiKey    string
 }
 
-// Start sets everything up and starts serving; Close undoes it. Start
-// fails with a clear error, leaving nothing behind, when a prerequisite is
-// missing.
-func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
+// withDefaults fills in the zero fields of cfg.
+func (cfg Config) withDefaults() Config {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -137,6 +135,14 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 	if cfg.SandboxCIDR == "" {
 		cfg.SandboxCIDR = "10.231.0.0/16"
 	}
+	return cfg
+}
+
+// Start sets everything up and starts serving; Close undoes it. Start
+// fails with a clear error, leaving nothing behind, when a prerequisite is
+// missing.
+func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
+	cfg = cfg.withDefaults()
 	log := cfg.Logger
 	s := &Server{cfg: cfg, log: log}
 	defer func() {
@@ -483,18 +489,7 @@ func (w *logWriter) Write(p []byte) (int, error) {
 // their server; see Config.OnStop), for uninstalling. It refuses while a
 // server uses the same run directory.
 func Cleanup(ctx context.Context, cfg Config) error {
-	if cfg.RunDir == "" {
-		cfg.RunDir = "/run/aenv"
-	}
-	if cfg.NetnsTag == "" {
-		cfg.NetnsTag = "aenv"
-	}
-	if cfg.SandboxCIDR == "" {
-		cfg.SandboxCIDR = "10.231.0.0/16"
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
+	cfg = cfg.withDefaults()
 	prefix, err := netip.ParsePrefix(cfg.SandboxCIDR)
 	if err != nil {
 		return fmt.Errorf("parsing sandbox CIDR %q: %w", cfg.SandboxCIDR, err)
