@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -383,5 +385,36 @@ func TestSizeLimits(t *testing.T) {
 	}
 	if len(n.List()) != 0 {
 		t.Fatal("a refused create started a sandbox")
+	}
+}
+
+// TestMigrateLegacyPausedRecords: the paused-sandbox files of servers
+// before the state store move into it on first start; a record whose
+// snapshot is gone is dropped, and the files are removed.
+func TestMigrateLegacyPausedRecords(t *testing.T) {
+	ctx := context.Background()
+	n := newFakeNode("n1")
+	n.snaps["snapkept"] = &snapshot.Snapshot{ID: "snapkept", Kind: snapshot.KindPause, SandboxID: "oldpaused"}
+	dir := t.TempDir()
+	os.MkdirAll(filepath.Join(dir, "paused"), 0o700)
+	// As the old server wrote them: the Sandbox struct without JSON tags.
+	os.WriteFile(filepath.Join(dir, "paused", "oldpaused.json"), []byte(
+		`{"ID":"oldpaused","TemplateID":"base","NodeID":"n1","Metadata":{"k":"v"},"State":"paused","SnapshotID":"snapkept","MemoryMB":512}`), 0o600)
+	os.WriteFile(filepath.Join(dir, "paused", "nosnap.json"), []byte(
+		`{"ID":"nosnap","TemplateID":"base","State":"paused","SnapshotID":"gone"}`), 0o600)
+	c, err := Open(ctx, Config{State: state.NewMemory(), Node: n, LegacyStateDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(ctx, StopKeep)
+	sb, err := c.Get(ctx, "oldpaused")
+	if err != nil || sb.State != StatePaused || sb.SnapshotID != "snapkept" || sb.Metadata["k"] != "v" {
+		t.Fatalf("migrated record: %+v, %v", sb, err)
+	}
+	if _, err := c.Get(ctx, "nosnap"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("a record without its snapshot: %v, want ErrNotFound", err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(dir, "paused", "*.json")); len(left) != 0 {
+		t.Fatalf("legacy files left: %v", left)
 	}
 }

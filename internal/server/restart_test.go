@@ -355,3 +355,44 @@ func runningSandboxes(t *testing.T, runDir string) int {
 	}
 	return len(entries)
 }
+
+// TestDrainOnStop: with --drain-on-stop, SIGTERM pauses every running
+// sandbox (nothing of them is left running), and the next start resumes
+// them on connect with their memory.
+func TestDrainOnStop(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequireBinary(t, "runsc", "AENV_RUNSC")
+	dir := t.TempDir()
+	dataDir, runDir := filepath.Join(dir, "data"), filepath.Join(dir, "run")
+	ctx := context.Background()
+	p := startServerProc(t, dataDir, runDir, "--drain-on-stop")
+	defer func() {
+		p.stop(t, 60*time.Second)
+		Cleanup(context.Background(), Config{RunDir: runDir, NetnsTag: "crasht", SandboxCIDR: "10.238.0.0/16"})
+	}()
+	c := client.New(p.url, p.key)
+	sb, err := c.Create(ctx, client.CreateOptions{Timeout: 600})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runOut(t, c, sb.SandboxID, counterCmd)
+	time.Sleep(300 * time.Millisecond)
+	before := counter(t, c, sb.SandboxID)
+	p.stop(t, 2*time.Minute)
+	if n := sandboxProcs(sb.SandboxID); n != 0 {
+		t.Fatalf("%d processes of the sandbox run after a draining stop", n)
+	}
+	p = startServerProc(t, dataDir, runDir)
+	c = client.New(p.url, p.key)
+	info, err := c.Get(ctx, sb.SandboxID)
+	if err != nil || info.State != "paused" {
+		t.Fatalf("after a draining stop the sandbox is %+v, %v; want paused", info, err)
+	}
+	if _, resumed, err := c.Connect(ctx, sb.SandboxID, time.Minute); err != nil || !resumed {
+		t.Fatalf("resuming a drained sandbox: resumed=%v %v", resumed, err)
+	}
+	if got := counter(t, c, sb.SandboxID); got < before {
+		t.Fatalf("the drained sandbox's counter went from %d to %d: its memory was lost", before, got)
+	}
+	c.Kill(ctx, sb.SandboxID)
+}
