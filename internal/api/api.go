@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/aenvhq/aenv/internal/build"
 	"github.com/aenvhq/aenv/internal/cluster"
@@ -43,6 +44,13 @@ type Config struct {
 	// Domain is reported to clients: sandbox hosts are
 	// `<port>-<id>.<Domain>`.
 	Domain string
+	// BodyTimeout bounds how long a control-plane request may take to send
+	// its body (uploads excepted, which get UploadTimeout), so that slow
+	// clients cannot hold connections open; 0 means 30 s.
+	BodyTimeout time.Duration
+	// UploadTimeout bounds the body of an upload (template pulls, builds
+	// and build files); 0 means an hour.
+	UploadTimeout time.Duration
 	// BuildSteps runs template builds' steps (the node, through its
 	// runtime driver); nil answers the build routes 501.
 	BuildSteps build.Stepper
@@ -61,6 +69,12 @@ type Server struct {
 func New(cfg Config) *Server {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.BodyTimeout <= 0 {
+		cfg.BodyTimeout = 30 * time.Second
+	}
+	if cfg.UploadTimeout <= 0 {
+		cfg.UploadTimeout = time.Hour
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux()}
 	s.routes()
@@ -117,12 +131,15 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.cfg.Proxy.ServeHTTP(w, r)
 		return
 	}
-	limit := int64(MaxBodyBytes)
+	limit, timeout := int64(MaxBodyBytes), s.cfg.BodyTimeout
 	if r.Method == http.MethodPut && strings.HasPrefix(r.URL.Path, "/templates/") && strings.Contains(r.URL.Path, "/files/") ||
 		r.Method == http.MethodPost && (r.URL.Path == "/templates/pulls" || r.URL.Path == "/templates/builds") {
-		limit = MaxUploadBytes
+		limit, timeout = MaxUploadBytes, s.cfg.UploadTimeout
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, limit)
+	// The deadline covers reading the body only; answers (event streams
+	// included) may take as long as they take.
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(timeout))
 	s.api.ServeHTTP(w, r)
 }
 

@@ -310,7 +310,10 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 	s.http = &http.Server{
 		Handler:           handler,
 		ReadHeaderTimeout: 10 * time.Second,
-		MaxHeaderBytes:    64 << 10,
+		// Idle keep-alive connections are closed; streams are not idle
+		// (envd sends keepalives on them).
+		IdleTimeout:    2 * time.Minute,
+		MaxHeaderBytes: 64 << 10,
 	}
 	tls := cfg.TLSCert != "" && cfg.TLSKey != ""
 	go func() {
