@@ -109,6 +109,11 @@ func (s *Server) routes() {
 	m.Handle("GET /snapshots/{snapshotID}", s.auth(http.HandlerFunc(s.getSnapshot)))
 	m.Handle("DELETE /templates/{templateID}", s.auth(http.HandlerFunc(s.deleteTemplate)))
 
+	m.Handle("GET /nodes", s.auth(http.HandlerFunc(s.listNodes)))
+	m.Handle("GET /nodes/{nodeID}", s.auth(withNodeID(s.getNode)))
+	m.Handle("POST /nodes/{nodeID}/drain", s.auth(withNodeID(s.drainNode)))
+	m.Handle("DELETE /nodes/{nodeID}/drain", s.auth(withNodeID(s.drainNode)))
+
 	m.Handle("GET /templates", s.auth(http.HandlerFunc(s.listTemplates)))
 	m.Handle("POST /templates/pulls", s.auth(http.HandlerFunc(s.pullTemplate)))
 	m.Handle("POST /templates/builds", s.auth(http.HandlerFunc(s.buildTemplate)))

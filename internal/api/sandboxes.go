@@ -50,6 +50,9 @@ type sandboxJSON struct {
 	TrafficAccessToken *string           `json:"trafficAccessToken"`
 	Metadata           map[string]string `json:"metadata,omitempty"`
 	Domain             string            `json:"domain,omitempty"`
+	// NodeID (an aenv extension) is the node the sandbox runs or was
+	// paused on.
+	NodeID string `json:"nodeID,omitempty"`
 }
 
 func (s *Server) toJSON(sb *cluster.Sandbox, detail bool) sandboxJSON {
@@ -61,6 +64,7 @@ func (s *Server) toJSON(sb *cluster.Sandbox, detail bool) sandboxJSON {
 		DiskSizeMB:  sb.DiskMB,
 		EnvdVersion: sb.EnvdVersion,
 		Domain:      s.cfg.Domain,
+		NodeID:      sb.NodeID,
 	}
 	if sb.EnvdAccessToken != "" {
 		tok := sb.EnvdAccessToken

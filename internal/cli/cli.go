@@ -136,6 +136,8 @@ server's key file (` + localKeyFile + `), and ` + defaultURL + `.`,
 		newBuildCmd(g),
 		newStateCmd(),
 		newEtcdCmd(),
+		newNodesCmd(g),
+		newNodeCmd(g),
 		newVersionCmd(),
 	)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return &usageError{cmd: c, err: err} })

@@ -307,6 +307,9 @@ func (c *Cluster) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 	if err := c.validate(&req); err != nil {
 		return nil, err
 	}
+	if err := c.admitting(ctx); err != nil {
+		return nil, err
+	}
 	nsb, err := c.cfg.Node.Create(ctx, node.CreateRequest{
 		TemplateID: req.TemplateID,
 		CPUCount:   req.CPUCount,

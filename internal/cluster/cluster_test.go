@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -416,5 +417,47 @@ func TestMigrateLegacyPausedRecords(t *testing.T) {
 	}
 	if left, _ := filepath.Glob(filepath.Join(dir, "paused", "*.json")); len(left) != 0 {
 		t.Fatalf("legacy files left: %v", left)
+	}
+}
+
+// TestNodeRegistry: a registered node is listed ready with what it
+// reports; a drained one takes no creates (ErrNoCapacity) until undrained;
+// one that stops reporting is listed lost; an unknown id is ErrNotFound.
+func TestNodeRegistry(t *testing.T) {
+	ctx := context.Background()
+	st := state.NewMemory()
+	n := newFakeNode("n1")
+	c := openCluster(t, st, n)
+	defer c.Close(ctx, StopKeep)
+	reg, err := RegisterNode(ctx, st, func() NodeInfo {
+		return NodeInfo{ID: "n1", Capacity: NodeUsage{CPUCount: 2, MemoryMB: 4096}, Runtime: "gvisor"}
+	}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	create(t, c, time.Hour)
+	got, err := c.GetNode(ctx, "n1")
+	if err != nil || got.State != NodeReady || got.Capacity.MemoryMB != 4096 || got.Sandboxes != 1 || got.Runtime != "gvisor" {
+		t.Fatalf("registered node: %+v, %v", got, err)
+	}
+	if got, err = c.SetDraining(ctx, "n1", true); err != nil || got.State != NodeDraining {
+		t.Fatalf("draining: %+v, %v", got, err)
+	}
+	if _, err := c.Create(ctx, CreateRequest{TemplateID: "base", Timeout: time.Minute}); !errors.Is(err, ErrNoCapacity) || !strings.Contains(err.Error(), "draining") {
+		t.Fatalf("create on a draining node: %v, want ErrNoCapacity saying so", err)
+	}
+	if _, err := c.SetDraining(ctx, "n1", false); err != nil {
+		t.Fatal(err)
+	}
+	create(t, c, time.Hour)
+	reg.Stop()
+	if err := DeregisterNode(ctx, st, "n1"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := c.GetNode(ctx, "n1"); err != nil || got.State != NodeLost {
+		t.Fatalf("node that stopped reporting: %+v, %v; want lost", got, err)
+	}
+	if _, err := c.GetNode(ctx, "nope"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("unknown node: %v, want ErrNotFound", err)
 	}
 }

@@ -90,6 +90,9 @@ func (c *Cluster) Connect(ctx context.Context, id string, d time.Duration) (sb *
 		sb, err := c.Refresh(ctx, id, d)
 		return sb, false, err
 	}
+	if err := c.admitting(ctx); err != nil {
+		return nil, false, err
+	}
 	r, err := c.claim(ctx, id, StatePaused, "resume")
 	if err != nil {
 		return nil, false, err
@@ -182,6 +185,9 @@ func (c *Cluster) Fork(ctx context.Context, id string, count int, timeout time.D
 	}
 	if timeout <= 0 || timeout > c.cfg.Limits.MaxTimeout {
 		return nil, fmt.Errorf("%w: timeout must be between 1s and %s", ErrInvalid, c.cfg.Limits.MaxTimeout)
+	}
+	if err := c.admitting(ctx); err != nil {
+		return nil, err
 	}
 	r, err := c.claim(ctx, id, StateRunning, "fork")
 	if err != nil {

@@ -130,3 +130,29 @@ func (n *Node) committedMBLocked(poolMB int) int {
 	}
 	return total
 }
+
+// Stats is what a node has and uses now, for the cluster's registry.
+type Stats struct {
+	Capacity Capacity
+	// CommittedMB is the memory its sandboxes (prestarted ones included)
+	// are configured with; UsedMemoryMB the host's memory really in use.
+	CommittedMB, UsedMemoryMB int
+	// Sandboxes counts the running sandboxes handed out.
+	Sandboxes int
+	// Runtime names the driver.
+	Runtime string
+}
+
+// Stats reads the node's capacity and usage.
+func (n *Node) Stats() Stats {
+	poolMB := n.pool.memoryMB()
+	st := Stats{Capacity: n.cfg.Capacity, Runtime: n.cfg.Runtime.Name()}
+	if total, avail, err := hostMemory(); err == nil && avail <= total {
+		st.UsedMemoryMB = int((total - avail) >> 20)
+	}
+	n.mu.Lock()
+	st.CommittedMB = n.committedMBLocked(poolMB)
+	st.Sandboxes = len(n.sandboxes)
+	n.mu.Unlock()
+	return st
+}

@@ -111,8 +111,10 @@ type Server struct {
 	state    *state.Etcd
 	// stopWatch ends the watch on the host's networks.
 	stopWatch context.CancelFunc
-	remote    *store.Store
-	apiKey    string
+	// registration keeps the node in the cluster's registry.
+	registration *cluster.Registration
+	remote       *store.Store
+	apiKey       string
 }
 
 // withDefaults fills in the zero fields of cfg.
@@ -288,6 +290,10 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 		return nil, err
 	}
 
+	if err := s.registerNode(ctx, driver.Version(ctx)); err != nil {
+		return nil, err
+	}
+
 	s.listener, err = net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("listening on %s: %w", cfg.Listen, err)
@@ -329,6 +335,29 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 	}()
 	log.Info("aenv server listening", "addr", s.listener.Addr().String(), "tls", tls, "domain", domain, "runtime", driver.Name())
 	return s, nil
+}
+
+// registerNode keeps the in-process node's record in the cluster's
+// registry until the server stops.
+func (s *Server) registerNode(ctx context.Context, runtimeVersion string) error {
+	report := func() cluster.NodeInfo {
+		st := s.node.Stats()
+		return cluster.NodeInfo{
+			ID:             s.node.ID(),
+			Capacity:       cluster.NodeUsage{CPUCount: st.Capacity.CPUCount, MemoryMB: st.Capacity.MemoryMB},
+			Usage:          cluster.NodeUsage{MemoryMB: st.UsedMemoryMB, CommittedMemoryMB: st.CommittedMB},
+			Sandboxes:      st.Sandboxes,
+			Runtime:        st.Runtime,
+			RuntimeVersion: runtimeVersion,
+			Version:        envd.Version,
+		}
+	}
+	reg, err := cluster.RegisterNode(ctx, s.state, report, s.log)
+	if err != nil {
+		return err
+	}
+	s.registration = reg
+	return nil
 }
 
 // openState opens the live state: the external etcd cluster, waiting
@@ -386,6 +415,16 @@ func (s *Server) Close(ctx context.Context) error {
 	}
 	if s.stopWatch != nil {
 		s.stopWatch()
+	}
+	if s.registration != nil {
+		s.registration.Stop()
+		// A node that keeps its sandboxes for the next start stays
+		// registered until its lease runs out; one that ends them goes.
+		if s.cfg.OnStop != cluster.StopKeep && s.node != nil {
+			if err := cluster.DeregisterNode(ctx, s.state, s.node.ID()); err != nil {
+				s.log.Warn("deregistering node", "err", err)
+			}
+		}
 	}
 	if s.cluster != nil {
 		errs = append(errs, s.cluster.Close(ctx, s.cfg.OnStop))

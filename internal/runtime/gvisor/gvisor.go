@@ -510,3 +510,14 @@ func TailLog(path string) string {
 	}
 	return "\nrunsc log:\n" + strings.Join(lines, "\n")
 }
+
+// Version reports the runsc version ("runsc version X" as runsc prints
+// it), so that snapshots can be restored only where the same runsc runs.
+func (d *Driver) Version(ctx context.Context) string {
+	out, err := exec.CommandContext(ctx, d.cfg.RunscPath, "--version").Output()
+	if err != nil {
+		return "unknown"
+	}
+	line, _, _ := strings.Cut(string(out), "\n")
+	return strings.TrimSpace(strings.TrimPrefix(line, "runsc version "))
+}

@@ -1,0 +1,61 @@
+package api
+
+import (
+	"fmt"
+	"net/http"
+	"regexp"
+
+	"github.com/aenvhq/aenv/internal/cluster"
+)
+
+// nodeIDPattern is what node ids (host names by default) look like.
+var nodeIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$`)
+
+// listNodes answers GET /nodes (an aenv extension): every node the
+// cluster has known, with its state (ready, draining, lost), capacity,
+// usage, sandbox count and runtime.
+func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) {
+	nodes, err := s.cfg.Cluster.Nodes(r.Context())
+	if err != nil {
+		s.writeClusterError(w, r, err)
+		return
+	}
+	if nodes == nil {
+		nodes = []cluster.NodeInfo{}
+	}
+	writeJSON(w, http.StatusOK, nodes)
+}
+
+// withNodeID validates the {nodeID} path segment.
+func withNodeID(next func(http.ResponseWriter, *http.Request, string)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		id := r.PathValue("nodeID")
+		if !nodeIDPattern.MatchString(id) {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid node id %q", id))
+			return
+		}
+		next(w, r, id)
+	}
+}
+
+// getNode answers GET /nodes/{nodeID}.
+func (s *Server) getNode(w http.ResponseWriter, r *http.Request, id string) {
+	n, err := s.cfg.Cluster.GetNode(r.Context(), id)
+	if err != nil {
+		s.writeClusterError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, n)
+}
+
+// drainNode answers POST /nodes/{nodeID}/drain (the node takes no new
+// sandboxes; its running ones keep running) and DELETE, which makes it
+// ready again.
+func (s *Server) drainNode(w http.ResponseWriter, r *http.Request, id string) {
+	n, err := s.cfg.Cluster.SetDraining(r.Context(), id, r.Method == http.MethodPost)
+	if err != nil {
+		s.writeClusterError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, n)
+}

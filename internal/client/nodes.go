@@ -1,0 +1,54 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/url"
+	"time"
+)
+
+// Node is the server's description of a node.
+type Node struct {
+	ID             string    `json:"id"`
+	Address        string    `json:"address,omitempty"`
+	State          string    `json:"state"`
+	Capacity       NodeUsage `json:"capacity"`
+	Usage          NodeUsage `json:"usage"`
+	Sandboxes      int       `json:"sandboxes"`
+	Runtime        string    `json:"runtime"`
+	RuntimeVersion string    `json:"runtimeVersion,omitempty"`
+	Version        string    `json:"version,omitempty"`
+	UpdatedAt      time.Time `json:"updatedAt"`
+}
+
+// NodeUsage is an amount of a node's resources.
+type NodeUsage struct {
+	CPUCount          int `json:"cpuCount"`
+	MemoryMB          int `json:"memoryMB"`
+	CommittedMemoryMB int `json:"committedMemoryMB,omitempty"`
+	DiskMB            int `json:"diskMB,omitempty"`
+}
+
+// Nodes lists the cluster's nodes.
+func (c *Client) Nodes(ctx context.Context) ([]Node, error) {
+	out := []Node{}
+	if err := c.do(ctx, http.MethodGet, "/nodes", nil, &out); err != nil {
+		return nil, fmt.Errorf("listing nodes: %w", err)
+	}
+	return out, nil
+}
+
+// Drain makes node id take no new sandboxes (or, with drain false, take
+// them again).
+func (c *Client) Drain(ctx context.Context, id string, drain bool) (*Node, error) {
+	method := http.MethodPost
+	if !drain {
+		method = http.MethodDelete
+	}
+	var out Node
+	if err := c.do(ctx, method, "/nodes/"+url.PathEscape(id)+"/drain", nil, &out); err != nil {
+		return nil, fmt.Errorf("draining node %s: %w", id, err)
+	}
+	return &out, nil
+}

@@ -1,0 +1,297 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/aenvhq/aenv/internal/state"
+)
+
+// Keys of the node registry. A node's liveness is the leased key: it
+// vanishes when the node stops renewing its lease; the known key outlives
+// it, so that a node that died is reported lost rather than forgotten.
+const (
+	nodeLivePrefix  = "nodes/live/"
+	nodeKnownPrefix = "nodes/known/"
+	nodeDrainPrefix = "nodes/drain/"
+)
+
+// NodeState is what a node is doing, as operators see it.
+type NodeState string
+
+// Node states.
+const (
+	NodeReady    NodeState = "ready"
+	NodeDraining NodeState = "draining"
+	NodeLost     NodeState = "lost"
+)
+
+// NodeInfo is what a node reports about itself: what it has, what it
+// uses, what it runs on.
+type NodeInfo struct {
+	ID string `json:"id"`
+	// Address is where the node's API is reached ("" for the in-process
+	// node of a single-host server).
+	Address string `json:"address,omitempty"`
+	// State is filled in by Nodes from the lease and the drain mark.
+	State     NodeState `json:"state"`
+	Capacity  NodeUsage `json:"capacity"`
+	Usage     NodeUsage `json:"usage"`
+	Sandboxes int       `json:"sandboxes"`
+	// Runtime and RuntimeVersion name the driver; snapshots restore only
+	// where they match.
+	Runtime        string    `json:"runtime"`
+	RuntimeVersion string    `json:"runtimeVersion,omitempty"`
+	Version        string    `json:"version,omitempty"`
+	UpdatedAt      time.Time `json:"updatedAt"`
+}
+
+// NodeUsage is an amount of a node's resources.
+type NodeUsage struct {
+	CPUCount int `json:"cpuCount"`
+	MemoryMB int `json:"memoryMB"`
+	// CommittedMemoryMB is the memory sandboxes are configured with
+	// (usage only).
+	CommittedMemoryMB int `json:"committedMemoryMB,omitempty"`
+	DiskMB            int `json:"diskMB,omitempty"`
+}
+
+// nodeLeaseTTL is how long a node that stopped renewing stays ready.
+const nodeLeaseTTL = 10 * time.Second
+
+// nodeRefresh is how often a node reports its usage.
+const nodeRefresh = 3 * time.Second
+
+// Registration keeps a node's record in the registry; Stop ends it.
+type Registration struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// RegisterNode puts report()'s record in the registry under a lease and
+// returns once it is there; in the background the lease is renewed and
+// the record rewritten every few seconds with fresh usage, until Stop
+// (the record then expires with the lease, unless DeregisterNode removes
+// it at once). A lost lease (the store unreachable for longer than its
+// TTL) is taken again.
+func RegisterNode(ctx context.Context, st state.Store, report func() NodeInfo, log *slog.Logger) (*Registration, error) {
+	sess, err := st.NewSession(ctx, nodeLeaseTTL)
+	if err != nil {
+		return nil, fmt.Errorf("registering node: %w", err)
+	}
+	info, err := putNode(ctx, st, sess, report, true)
+	if err != nil {
+		sess.Close(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("registering node %s: %w", info.ID, err)
+	}
+	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	r := &Registration{cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(r.done)
+		for {
+			keepNode(bg, st, sess, report, log)
+			if bg.Err() != nil {
+				return
+			}
+			log.Warn("node lease lost; registering again", "node_id", info.ID)
+			for bg.Err() == nil {
+				if sess, err = st.NewSession(bg, nodeLeaseTTL); err == nil {
+					break
+				}
+				log.Warn("registering node", "node_id", info.ID, "err", err)
+				sleepCtx(bg, time.Second)
+			}
+		}
+	}()
+	return r, nil
+}
+
+// keepNode rewrites the node's record under sess until ctx ends or the
+// session is lost.
+func keepNode(ctx context.Context, st state.Store, sess state.Session, report func() NodeInfo, log *slog.Logger) {
+	tick := time.NewTicker(nodeRefresh)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-sess.Done():
+			return
+		case <-tick.C:
+		}
+		if info, err := putNode(ctx, st, sess, report, false); err != nil && ctx.Err() == nil {
+			log.Warn("reporting node", "node_id", info.ID, "err", err)
+		}
+	}
+}
+
+// putNode writes the node's live record (and, first, its known one).
+func putNode(ctx context.Context, st state.Store, sess state.Session, report func() NodeInfo, first bool) (NodeInfo, error) {
+	info := report()
+	info.UpdatedAt = time.Now().UTC()
+	b, err := json.Marshal(info)
+	if err != nil {
+		return info, err
+	}
+	if first {
+		if _, err := st.Put(ctx, nodeKnownPrefix+info.ID, b, state.WriteOptions{}); err != nil {
+			return info, err
+		}
+	}
+	_, err = st.Put(ctx, nodeLivePrefix+info.ID, b, state.WriteOptions{Lease: sess.Lease()})
+	return info, err
+}
+
+// Stop ends the registration's renewals and waits for them.
+func (r *Registration) Stop() {
+	r.cancel()
+	<-r.done
+}
+
+// DeregisterNode removes a node's live record, for a node that stops on
+// purpose: the others need not wait for its lease to expire.
+func DeregisterNode(ctx context.Context, st state.Store, id string) error {
+	err := st.Delete(ctx, nodeLivePrefix+id, 0)
+	if err != nil && !errors.Is(err, state.ErrNotFound) {
+		return fmt.Errorf("deregistering node %s: %w", id, err)
+	}
+	return nil
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+}
+
+// Nodes returns every node the cluster has known, with its state:
+// draining if an operator drained it, lost if its lease expired, ready
+// otherwise. A lost node shows what it last reported.
+func (c *Cluster) Nodes(ctx context.Context) ([]NodeInfo, error) {
+	read := func(prefix string) (map[string]NodeInfo, error) {
+		entries, _, err := c.cfg.State.List(ctx, prefix)
+		if err != nil {
+			return nil, fmt.Errorf("listing nodes: %w", err)
+		}
+		out := map[string]NodeInfo{}
+		for _, e := range entries {
+			var n NodeInfo
+			if json.Unmarshal(e.Value, &n) == nil {
+				out[strings.TrimPrefix(e.Key, prefix)] = n
+			}
+		}
+		return out, nil
+	}
+	live, err := read(nodeLivePrefix)
+	if err != nil {
+		return nil, err
+	}
+	known, err := read(nodeKnownPrefix)
+	if err != nil {
+		return nil, err
+	}
+	drains, _, err := c.cfg.State.List(ctx, nodeDrainPrefix)
+	if err != nil {
+		return nil, fmt.Errorf("listing nodes: %w", err)
+	}
+	drained := map[string]bool{}
+	for _, e := range drains {
+		drained[strings.TrimPrefix(e.Key, nodeDrainPrefix)] = true
+	}
+	counts := map[string]int{}
+	for _, r := range c.recs.all() {
+		if r.State == StateRunning {
+			counts[r.NodeID]++
+		}
+	}
+	var out []NodeInfo
+	for id, n := range known {
+		if l, ok := live[id]; ok {
+			n, n.State = l, NodeReady
+		} else {
+			n.State = NodeLost
+		}
+		if drained[id] && n.State == NodeReady {
+			n.State = NodeDraining
+		}
+		n.ID, n.Sandboxes = id, counts[id]
+		out = append(out, n)
+	}
+	for id, l := range live { // registered since known was read
+		if _, ok := known[id]; !ok {
+			l.ID, l.State, l.Sandboxes = id, NodeReady, counts[id]
+			if drained[id] {
+				l.State = NodeDraining
+			}
+			out = append(out, l)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}
+
+// GetNode returns one node (ErrNotFound for an id never seen).
+func (c *Cluster) GetNode(ctx context.Context, id string) (*NodeInfo, error) {
+	all, err := c.Nodes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for i := range all {
+		if all[i].ID == id {
+			return &all[i], nil
+		}
+	}
+	return nil, fmt.Errorf("%w: node %s", ErrNotFound, id)
+}
+
+// SetDraining marks a node draining (it takes no new sandboxes; its
+// running ones keep running) or ready again.
+func (c *Cluster) SetDraining(ctx context.Context, id string, draining bool) (*NodeInfo, error) {
+	if _, err := c.GetNode(ctx, id); err != nil {
+		return nil, err
+	}
+	var err error
+	if draining {
+		_, err = c.cfg.State.Put(ctx, nodeDrainPrefix+id, []byte(time.Now().UTC().Format(time.RFC3339)), state.WriteOptions{})
+		c.log.Info("node draining: it takes no new sandboxes", "node_id", id)
+	} else if err = c.cfg.State.Delete(ctx, nodeDrainPrefix+id, 0); errors.Is(err, state.ErrNotFound) {
+		err = nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("draining node %s: %w", id, err)
+	}
+	return c.GetNode(ctx, id)
+}
+
+// draining reports whether node id is marked draining.
+func (c *Cluster) draining(ctx context.Context, id string) (bool, error) {
+	_, err := c.cfg.State.Get(ctx, nodeDrainPrefix+id)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, state.ErrNotFound):
+		return false, nil
+	default:
+		return false, err
+	}
+}
+
+// admitting refuses new sandboxes while the node is draining.
+func (c *Cluster) admitting(ctx context.Context) error {
+	id := c.cfg.Node.ID()
+	d, err := c.draining(ctx, id)
+	if err != nil {
+		return fmt.Errorf("checking node %s: %w", id, err)
+	}
+	if d {
+		return fmt.Errorf("%w: node %s is draining and takes no new sandboxes", ErrNoCapacity, id)
+	}
+	return nil
+}
