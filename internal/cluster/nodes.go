@@ -81,16 +81,19 @@ type Registration struct {
 // it at once). A lost lease (the store unreachable for longer than its
 // TTL) is taken again.
 func RegisterNode(ctx context.Context, st state.Store, report func() NodeInfo, log *slog.Logger) (*Registration, error) {
-	sess, err := st.NewSession(ctx, nodeLeaseTTL)
+	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	// The session lives until Stop, not until the caller's ctx ends.
+	sess, err := st.NewSession(bg, nodeLeaseTTL)
 	if err != nil {
+		cancel()
 		return nil, fmt.Errorf("registering node: %w", err)
 	}
 	info, err := putNode(ctx, st, sess, report, true)
 	if err != nil {
+		cancel()
 		sess.Close(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("registering node %s: %w", info.ID, err)
 	}
-	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	r := &Registration{cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(r.done)
@@ -100,9 +103,12 @@ func RegisterNode(ctx context.Context, st state.Store, report func() NodeInfo, l
 				return
 			}
 			log.Warn("node lease lost; registering again", "node_id", info.ID)
-			for bg.Err() == nil {
+			for {
 				if sess, err = st.NewSession(bg, nodeLeaseTTL); err == nil {
 					break
+				}
+				if bg.Err() != nil {
+					return
 				}
 				log.Warn("registering node", "node_id", info.ID, "err", err)
 				sleepCtx(bg, time.Second)
