@@ -103,7 +103,9 @@ func (c *Cluster) expireDue(ctx context.Context) {
 				delete(c.expiring, id)
 				c.mu.Unlock()
 			}()
-			c.expire(ctx, id)
+			// Once begun, a pause or kill finishes even if this server
+			// stops leading meanwhile.
+			c.expire(context.WithoutCancel(ctx), id)
 		}()
 	}
 }

@@ -316,7 +316,10 @@ func (d *Driver) Kill(ctx context.Context, id string) error {
 	if !d.forget(id) && !d.isLeftover(ctx, id) {
 		return fmt.Errorf("killing %s: %w", id, runtime.ErrNotFound)
 	}
-	err := d.deleteContainer(ctx, id)
+	// A kill that has begun must finish, whatever happens to its caller:
+	// runsc stopped half-way leaves sandbox processes that nothing knows
+	// of once their directory is gone.
+	err := d.deleteContainer(context.WithoutCancel(ctx), id)
 	if rmErr := os.RemoveAll(d.sandboxDir(id)); rmErr != nil && err == nil {
 		err = rmErr
 	}
