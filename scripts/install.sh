@@ -246,6 +246,26 @@ if [ -n "$base" ] && [ ! -x "$base/bin/bash" ]; then
   changed=1
 fi
 
+# --- kernel settings -----------------------------------------------------------
+
+# Every task in a sandbox is a host task too (gVisor's systrap runs some of
+# its own per guest thread): the kernel's default of 32768 pids is a few
+# busy sandboxes' worth. The server keeps its sandboxes to 3/4 of it.
+pid_max_want=4194304
+if [ "$(cat /proc/sys/kernel/pid_max 2>/dev/null || echo 0)" -lt "$pid_max_want" ]; then
+  if sysctl -qw kernel.pid_max="$pid_max_want" 2>/dev/null; then
+    say "raised kernel.pid_max to $pid_max_want (room for the sandboxes' tasks)"
+  else
+    say "could not raise kernel.pid_max (a container without sysctl rights?); sandboxes get 3/4 of $(cat /proc/sys/kernel/pid_max)"
+  fi
+fi
+# Kept across reboots for the host's main install only (not for scratch
+# installs under another unit name, such as the install test's).
+if [ "$unit" = aenv ] && [ -d /etc/sysctl.d ] && [ ! -f /etc/sysctl.d/90-aenv.conf ]; then
+  echo "# aenv: room for the tasks of many sandboxes (scripts/install.sh)" >/etc/sysctl.d/90-aenv.conf
+  echo "kernel.pid_max = $pid_max_want" >>/etc/sysctl.d/90-aenv.conf
+fi
+
 # --- start -------------------------------------------------------------------
 
 url_of() {

@@ -74,6 +74,9 @@ type Config struct {
 	WarmTemplates []string
 	// Capacity is what the node may hand out (zero fields: the host's).
 	Capacity Capacity
+	// PidsLimit is the processes and threads each user in a sandbox may
+	// run, unless its template sets its own; 0 means 1024.
+	PidsLimit int
 	// StateDir keeps a small local record of each sandbox handed out, so
 	// that a restarted node takes its running sandboxes over (Recover);
 	// empty keeps none. It belongs in the run directory: its records mean
@@ -144,6 +147,9 @@ func New(cfg Config) (*Node, error) {
 		cfg.ReadyTimeout = 15 * time.Second
 	}
 	cfg.Capacity = cfg.Capacity.withDefaults()
+	if cfg.PidsLimit <= 0 {
+		cfg.PidsLimit = 1024
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -312,6 +318,7 @@ func (n *Node) boot(ctx context.Context, id string, tpl *template.Template, opts
 		HostAddr:   slot.HostAddr,
 		CPUCount:   sb.CPUCount,
 		MemoryMB:   sb.MemoryMB,
+		PidsLimit:  pick(tpl.PidsLimit, n.cfg.PidsLimit),
 		DNSServers: n.cfg.DNSServers,
 	}
 	if opts.ImageDir == "" {

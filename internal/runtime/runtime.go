@@ -58,6 +58,10 @@ type Spec struct {
 	// CPUCount and MemoryMB bound the sandbox's resources.
 	CPUCount int
 	MemoryMB int
+	// PidsLimit bounds the processes and threads each user in the sandbox
+	// may run (past it fork fails with EAGAIN and the sandbox lives on);
+	// 0 means no limit.
+	PidsLimit int
 	// Hostname is the sandbox's host name.
 	Hostname string
 	// DNSServers go into the sandbox's /etc/resolv.conf.

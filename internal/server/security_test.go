@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/aenvhq/aenv/internal/client"
 	"github.com/aenvhq/aenv/internal/node"
@@ -91,4 +93,84 @@ func TestAdmission(t *testing.T) {
 		t.Fatalf("create after a sandbox left: %v", err)
 	}
 	c.Kill(ctx, d.SandboxID)
+}
+
+// TestForkBombContained: a fork bomb as the sandbox's user stays inside
+// its pids limit (fork fails with EAGAIN), the sandbox stays alive, and
+// another sandbox keeps answering meanwhile.
+func TestForkBombContained(t *testing.T) {
+	_, c, _ := startServerWith(t, func(cfg *Config) {
+		cfg.WarmPoolSize = 0
+		cfg.PidsLimit = 64
+	})
+	ctx := context.Background()
+	bomb, err := c.Create(ctx, client.CreateOptions{Timeout: 120})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Kill(ctx, bomb.SandboxID)
+	other, err := c.Create(ctx, client.CreateOptions{Timeout: 120})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Kill(ctx, other.SandboxID)
+
+	// The classic bomb, as the sandbox's user, left running.
+	runOut(t, c, bomb.SandboxID, `nohup bash -c ':(){ :|:& };:' >/dev/null 2>&1 &`)
+	time.Sleep(3 * time.Second)
+	if got := runOut(t, c, other.SandboxID, "echo alive"); got != "alive" {
+		t.Fatalf("the other sandbox during the bomb: %q", got)
+	}
+	// Root inside is not bound by the limit: it counts and ends the bomb.
+	asRoot := func(script string) string {
+		t.Helper()
+		var out, errOut strings.Builder
+		code, err := c.Run(ctx, bomb.SandboxID, "python3 -c '"+script+"'", client.RunOptions{User: "root", Stdout: &out, Stderr: &errOut})
+		if err != nil || code != 0 {
+			t.Fatalf("as root in the bombed sandbox: code %d, %v, %s", code, err, errOut.String())
+		}
+		return strings.TrimSpace(out.String())
+	}
+	const userProcs = `
+import os
+def procs():
+    out = []
+    for p in os.listdir("/proc"):
+        try:
+            if p.isdigit() and os.stat("/proc/" + p).st_uid == 1000:
+                out.append(int(p))
+        except OSError:
+            pass
+    return out
+`
+	n, _ := strconv.Atoi(asRoot(userProcs + "print(len(procs()))"))
+	if n == 0 || n > 64+8 {
+		t.Fatalf("%d processes of the user during the bomb, want some and at most the limit of 64", n)
+	}
+	asRoot(userProcs + `
+import signal, time
+for _ in range(50):
+    ps = procs()
+    if not ps:
+        break
+    for p in ps:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass
+    time.sleep(0.1)
+`)
+	// Past the bomb, the sandbox itself is alive and works.
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		var o strings.Builder
+		code, err := c.Run(ctx, bomb.SandboxID, "echo survived", client.RunOptions{Stdout: &o})
+		if err == nil && code == 0 && strings.TrimSpace(o.String()) == "survived" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the bombed sandbox does not work after the bomb: code %d, %v, %q", code, err, o.String())
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
 }

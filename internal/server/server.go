@@ -89,6 +89,10 @@ type Config struct {
 	// sandbox reaches otherwise (a test network, a service on the LAN
 	// that sandboxes should use).
 	EgressAllow []netip.Prefix
+	// PidsLimit is the processes and threads each user in a sandbox may
+	// run (templates may set their own); 0 means 1024. PidsTotal bounds
+	// all sandboxes' host tasks together; 0 means 3/4 of kernel.pid_max.
+	PidsLimit, PidsTotal int
 	// Capacity is what the local node admits (zero fields: the host's
 	// memory and CPUs, overcommit 4, high-water 90%).
 	Capacity node.Capacity
@@ -179,6 +183,7 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 		// One cgroup parent per server instance, named like its network
 		// tag, so that servers sharing a host stay apart.
 		CgroupParent: "/" + cfg.NetnsTag,
+		PidsTotal:    cfg.PidsTotal,
 		Logger:       log,
 	})
 	if err != nil {
@@ -263,6 +268,7 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 		WarmTemplates: []string{template.BaseID},
 		StateDir:      filepath.Join(cfg.RunDir, "node"),
 		Capacity:      cfg.Capacity,
+		PidsLimit:     cfg.PidsLimit,
 		Logger:        log,
 	})
 	if err != nil {

@@ -36,6 +36,9 @@ type Template struct {
 	MemoryMB  int       `json:"memoryMB"`
 	DiskMB    int       `json:"diskSizeMB"`
 	CreatedAt time.Time `json:"createdAt"`
+	// PidsLimit is the processes and threads each user of its sandboxes
+	// may run; 0 takes the server's setting.
+	PidsLimit int `json:"pidsLimit,omitempty"`
 	// SizeBytes is the disk space the root filesystem takes.
 	SizeBytes int64 `json:"sizeBytes,omitempty"`
 	// StartCmd and ReadyCmd start the template's service and tell when it

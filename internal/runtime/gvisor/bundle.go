@@ -110,6 +110,12 @@ func OCISpec(dir string, spec runtime.Spec, cgroupPath string) *specs.Spec {
 			Resources:   resources(spec),
 		},
 	}
+	if spec.PidsLimit > 0 {
+		// gVisor enforces RLIMIT_NPROC in its own kernel: a fork bomb
+		// fails inside the sandbox instead of reaching the host.
+		n := uint64(spec.PidsLimit)
+		s.Process.Rlimits = append(s.Process.Rlimits, specs.POSIXRlimit{Type: "RLIMIT_NPROC", Hard: n, Soft: n})
+	}
 	if spec.EnvdPath != "" {
 		s.Mounts = append(s.Mounts, specs.Mount{Destination: EnvdGuestPath, Type: "bind", Source: spec.EnvdPath, Options: []string{"rbind", "ro"}})
 	}
@@ -141,5 +147,16 @@ func resources(spec runtime.Spec) *specs.LinuxResources {
 		period := uint64(cpuPeriod)
 		r.CPU = &specs.LinuxCPU{Quota: &quota, Period: &period}
 	}
+	if spec.PidsLimit > 0 {
+		limit := hostPidsBackstop(spec.PidsLimit)
+		r.Pids = &specs.LinuxPids{Limit: &limit}
+	}
 	return r
 }
+
+// hostPidsBackstop is the host pids cgroup limit of a sandbox whose users
+// may run guest processes: a backstop for what RLIMIT_NPROC does not stop
+// (root inside is exempt from it), set well above what the guest limit
+// needs, since systrap runs host threads of its own per guest task and
+// the cgroup kills the whole sandbox when gVisor cannot make one.
+func hostPidsBackstop(guest int) int64 { return int64(4*guest + 256) }

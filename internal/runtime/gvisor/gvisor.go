@@ -37,6 +37,10 @@ type Config struct {
 	// CgroupParent is the cgroup under which each sandbox gets its own;
 	// empty means /aenv. Servers sharing a host should differ.
 	CgroupParent string
+	// PidsTotal bounds the host tasks of all the driver's sandboxes
+	// together (the pids cgroup CgroupParent); 0 means three quarters of
+	// kernel.pid_max, so that sandboxes cannot take the host's last pids.
+	PidsTotal int
 	// Logger receives the driver's logs.
 	Logger *slog.Logger
 }
@@ -88,6 +92,9 @@ func New(cfg Config) (*Driver, error) {
 	}
 	if err := os.MkdirAll(filepath.Join(cfg.StateDir, "sandboxes"), 0o700); err != nil {
 		return nil, fmt.Errorf("creating state dir: %w", err)
+	}
+	if err := limitPidsTotal(cfg.CgroupParent, cfg.PidsTotal); err != nil {
+		return nil, err
 	}
 	d := &Driver{
 		cfg:     cfg,
@@ -523,4 +530,23 @@ func (d *Driver) Version(ctx context.Context) string {
 	}
 	line, _, _ := strings.Cut(string(out), "\n")
 	return strings.TrimSpace(strings.TrimPrefix(line, "runsc version "))
+}
+
+// limitPidsTotal sets the pids limit of the cgroup all sandboxes live in.
+func limitPidsTotal(parent string, total int) error {
+	if total <= 0 {
+		n, err := readUint("/proc/sys/kernel/pid_max")
+		if err != nil {
+			return fmt.Errorf("reading kernel.pid_max: %w", err)
+		}
+		total = int(n * 3 / 4)
+	}
+	dir := filepath.Join("/sys/fs/cgroup/pids", parent)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("creating pids cgroup %s: %w", parent, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "pids.max"), []byte(strconv.Itoa(total)), 0); err != nil {
+		return fmt.Errorf("limiting the pids of all sandboxes to %d: %w", total, err)
+	}
+	return nil
 }
