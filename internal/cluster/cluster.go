@@ -59,8 +59,9 @@ type Node interface {
 	Create(ctx context.Context, req node.CreateRequest) (*node.Sandbox, error)
 	Kill(ctx context.Context, id string) error
 	Usage(ctx context.Context, id string) (node.Usage, error)
-	// OnExit registers a handler for sandboxes that died on their own.
-	OnExit(fn func(id string))
+	// OnExit registers a handler for sandboxes that died on their own,
+	// told why.
+	OnExit(fn func(id, reason string))
 	// List returns the sandboxes the node runs (after a restart, those it
 	// recovered), for reconciling with the records.
 	List() []*node.Sandbox
@@ -213,15 +214,14 @@ func Open(ctx context.Context, cfg Config) (*Cluster, error) {
 
 // forget drops the record of a sandbox that died on its own on its node,
 // leaving the reason for whoever asks for it.
-func (c *Cluster) forget(id string) {
+func (c *Cluster) forget(id, reason string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, _, ok := c.recs.get(id); ok {
-		reason := "the sandbox exited unexpectedly (out of memory?)"
 		if err := c.recs.remove(ctx, id, reason); err != nil {
 			c.log.Error("removing record of exited sandbox", "sandbox_id", id, "err", err)
 		}
-		c.log.Warn("sandbox ended on its own", "sandbox_id", id)
+		c.log.Warn("sandbox ended on its own", "sandbox_id", id, "reason", reason)
 	}
 	c.gone(id)
 }

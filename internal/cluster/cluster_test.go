@@ -29,7 +29,7 @@ type fakeNode struct {
 	running map[string]*node.Sandbox
 	snaps   map[string]*snapshot.Snapshot
 	killed  []string
-	onExit  func(string)
+	onExit  func(string, string)
 	seq     int
 }
 
@@ -70,7 +70,7 @@ func (n *fakeNode) Kill(ctx context.Context, id string) error {
 func (n *fakeNode) Usage(ctx context.Context, id string) (node.Usage, error) {
 	return node.Usage{}, nil
 }
-func (n *fakeNode) OnExit(fn func(string)) { n.onExit = fn }
+func (n *fakeNode) OnExit(fn func(string, string)) { n.onExit = fn }
 
 func (n *fakeNode) List() []*node.Sandbox {
 	n.mu.Lock()

@@ -134,7 +134,7 @@ type Node struct {
 	// pending holds ids being created, so that a concurrent create or kill
 	// of the same id sees it, with the memory (MiB) admitted for each.
 	pending map[string]int
-	onExit  func(id string)
+	onExit  func(id, reason string)
 	pool    *warmPool
 }
 
@@ -167,8 +167,9 @@ func New(cfg Config) (*Node, error) {
 }
 
 // OnExit registers fn to be told of every sandbox that died on its own
-// (after the node has cleaned up after it).
-func (n *Node) OnExit(fn func(id string)) {
+// (after the node has cleaned up after it), with the reason, as a user
+// should read it.
+func (n *Node) OnExit(fn func(id, reason string)) {
 	n.mu.Lock()
 	n.onExit = fn
 	n.mu.Unlock()
@@ -176,8 +177,9 @@ func (n *Node) OnExit(fn func(id string)) {
 
 // handleExits frees what sandboxes that died on their own held (a memory
 // cgroup OOM kill takes the whole gVisor sandbox) and reports them.
-func (n *Node) handleExits(ids <-chan string) {
-	for id := range ids {
+func (n *Node) handleExits(exits <-chan runtime.Exit) {
+	for ex := range exits {
+		id := ex.ID
 		n.mu.Lock()
 		sb, ok := n.sandboxes[id]
 		delete(n.sandboxes, id)
@@ -194,9 +196,13 @@ func (n *Node) handleExits(ids <-chan string) {
 			n.log.Warn("cleaning up exited sandbox", "sandbox_id", id, "err", err)
 		}
 		cancel()
-		n.log.Warn("sandbox exited unexpectedly (out of memory?); cleaned up", "sandbox_id", id)
+		reason := "the sandbox exited unexpectedly"
+		if ex.OutOfMemory {
+			reason = fmt.Sprintf("killed: out of memory (memoryMB=%d)", sb.MemoryMB)
+		}
+		n.log.Warn("sandbox ended on its own; cleaned up", "sandbox_id", id, "reason", reason)
 		if onExit != nil {
-			onExit(id)
+			onExit(id, reason)
 		}
 	}
 }

@@ -66,7 +66,7 @@ func (n *Node) Snapshot(ctx context.Context, id string, opts SnapshotOptions) (*
 			// The sandbox is already stopped; without its state it is gone.
 			n.unregister(id)
 			n.destroy(context.WithoutCancel(ctx), sb)
-			n.notifyExit(id)
+			n.notifyExit(id, "its state could not be saved while it was being paused")
 		}
 		return nil, fmt.Errorf("snapshotting sandbox %s: %w", id, err)
 	}
@@ -136,12 +136,12 @@ func (n *Node) unregister(id string) {
 	n.mu.Unlock()
 }
 
-func (n *Node) notifyExit(id string) {
+func (n *Node) notifyExit(id, reason string) {
 	n.mu.Lock()
 	fn := n.onExit
 	n.mu.Unlock()
 	if fn != nil {
-		fn(id)
+		fn(id, reason)
 	}
 }
 

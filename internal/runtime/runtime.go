@@ -80,8 +80,16 @@ type Stats struct {
 // its own (a host OOM kill, a crash), so that the node can clean up after it
 // and tell the control plane.
 type ExitNotifier interface {
-	// Exits delivers the id of every sandbox that ended without Kill.
-	Exits() <-chan string
+	// Exits delivers every sandbox that ended without Kill.
+	Exits() <-chan Exit
+}
+
+// Exit is a sandbox that ended on its own.
+type Exit struct {
+	ID string
+	// OutOfMemory says the host's memory cgroup killed it for going past
+	// its MemoryMB.
+	OutOfMemory bool
 }
 
 // Recoverer is implemented by drivers whose sandboxes outlive the process

@@ -174,3 +174,32 @@ for _ in range(50):
 		time.Sleep(500 * time.Millisecond)
 	}
 }
+
+// TestOutOfMemorySaidPlainly: a sandbox that goes past its memory is
+// ended, and for a day its id answers 404 saying it ran out of memory and
+// how much it had.
+func TestOutOfMemorySaidPlainly(t *testing.T) {
+	_, c, _ := startServerWith(t, func(cfg *Config) { cfg.WarmPoolSize = 0 })
+	ctx := context.Background()
+	sb, err := c.Create(ctx, client.CreateOptions{Timeout: 120, MemoryMB: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Kill(ctx, sb.SandboxID)
+	// The command dies with the sandbox; its error is not the point here.
+	c.Run(ctx, sb.SandboxID, `python3 -c "b = bytearray(700 << 20); import time; time.sleep(60)"`, client.RunOptions{})
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		_, err := c.Get(ctx, sb.SandboxID)
+		if isStatus(err, 404) {
+			if !strings.Contains(err.Error(), "killed: out of memory (memoryMB=256)") {
+				t.Fatalf("404 for the sandbox that ran out of memory says %q", err)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the sandbox is still there 15s after going past its memory: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}

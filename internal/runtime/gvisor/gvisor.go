@@ -51,7 +51,7 @@ type Driver struct {
 	runc *runc.Runc
 	log  *slog.Logger
 
-	exits chan string
+	exits chan runtime.Exit
 
 	mu sync.Mutex
 	// running maps each sandbox to a pidfd of its sandbox process (-1 while
@@ -100,7 +100,7 @@ func New(cfg Config) (*Driver, error) {
 		cfg:     cfg,
 		log:     cfg.Logger.With("runtime", "gvisor"),
 		running: make(map[string]int),
-		exits:   make(chan string, 1024),
+		exits:   make(chan runtime.Exit, 1024),
 		runc: &runc.Runc{
 			Command: cfg.RunscPath,
 			Root:    filepath.Join(cfg.StateDir, "runsc"),
@@ -123,7 +123,23 @@ func New(cfg Config) (*Driver, error) {
 }
 
 // Exits implements runtime.ExitNotifier.
-func (d *Driver) Exits() <-chan string { return d.exits }
+func (d *Driver) Exits() <-chan runtime.Exit { return d.exits }
+
+// oomKilled reports whether the memory cgroup of sandbox id has killed a
+// task for want of memory (cgroup v1's oom_kill counter). It must be read
+// before the sandbox is deleted, which removes the cgroup.
+func (d *Driver) oomKilled(id string) bool {
+	b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory", d.cfg.CgroupParent, id, "memory.oom_control"))
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if n, ok := strings.CutPrefix(line, "oom_kill "); ok {
+			return strings.TrimSpace(n) != "0"
+		}
+	}
+	return false
+}
 
 // watchExits polls the pidfds of running sandboxes; a pidfd becomes
 // readable when its process exits. Polling all of them once a second costs
@@ -161,9 +177,10 @@ func (d *Driver) watchExits() {
 			}
 			d.mu.Unlock()
 			if ok && fd == int(pfd.Fd) {
-				d.log.Warn("sandbox exited on its own", "sandbox_id", ids[i])
+				ex := runtime.Exit{ID: ids[i], OutOfMemory: d.oomKilled(ids[i])}
+				d.log.Warn("sandbox exited on its own", "sandbox_id", ids[i], "out_of_memory", ex.OutOfMemory)
 				select {
-				case d.exits <- ids[i]:
+				case d.exits <- ex:
 				default:
 					d.log.Error("exit queue full; dropping exit event", "sandbox_id", ids[i])
 				}
