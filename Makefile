@@ -3,7 +3,7 @@ CACHE ?= /var/cache/aenv
 BASE_ROOTFS ?= $(CACHE)/base-rootfs
 GO ?= go
 
-.PHONY: build deps base test test-go test-e2e test-install lint clean
+.PHONY: build deps base test test-go test-e2e test-install test-fuzz lint clean
 
 build:
 	$(GO) build -o bin/aenv ./cmd/aenv
@@ -29,11 +29,22 @@ test-go: build base
 test-e2e: build base
 	cd e2e && AENV_BIN_DIR=$(CURDIR)/bin AENV_BASE_ROOTFS=$(BASE_ROOTFS) node --test --test-concurrency=1
 
+# Each fuzz target of a decoder of client input runs briefly (the seed
+# corpora also run in test-go); FUZZTIME=1m digs deeper.
+FUZZTIME ?= 15s
+FUZZ_TARGETS = ./internal/build:FuzzParse ./internal/api:FuzzListQuery ./internal/api:FuzzDecodeBody ./internal/image:FuzzCleanPath
+test-fuzz:
+	@for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; fn=$${t##*:}; start=$$(date +%s); log=$$(mktemp); \
+		$(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) $$pkg >"$$log" 2>&1 || { cat "$$log"; rm -f "$$log"; exit 1; }; rm -f "$$log"; \
+		echo "fuzz $$pkg $$fn: ok ($$(( $$(date +%s) - start ))s)"; \
+	done
+
 # scripts/install.sh into scratch paths, checked, then uninstalled (root).
 test-install: base
 	scripts/test-install.sh
 
-test: lint test-go test-e2e test-install
+test: lint test-go test-fuzz test-e2e test-install
 
 clean:
 	rm -rf bin
