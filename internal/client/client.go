@@ -134,22 +134,15 @@ func (c *Client) doHeader(ctx context.Context, method, path string, body, out an
 		}
 		rd = bytes.NewReader(b)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, c.baseURL+path, rd)
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("X-API-Key", c.apiKey)
+	contentType := ""
 	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
+		contentType = "application/json"
 	}
-	resp, err := c.send(req)
+	resp, err := c.request(ctx, method, path, rd, contentType)
 	if err != nil {
-		return nil, err
+		return resp, err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		return resp, apiErrorFrom(resp)
-	}
 	if out != nil && resp.StatusCode != http.StatusNoContent {
 		if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
 			return resp, fmt.Errorf("decoding the server's answer: %w", err)
@@ -377,4 +370,26 @@ func (i *interceptor) WrapStreamingClient(next connect.StreamingClientFunc) conn
 
 func (i *interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return next
+}
+
+// request sends an authenticated request; a non-2xx answer becomes an
+// *APIError (with the response, its body consumed and closed).
+func (c *Client) request(ctx context.Context, method, path string, body io.Reader, contentType string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, method, c.baseURL+path, body)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("X-API-Key", c.apiKey)
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	resp, err := c.send(req)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode/100 != 2 {
+		defer resp.Body.Close()
+		return resp, apiErrorFrom(resp)
+	}
+	return resp, nil
 }

@@ -146,22 +146,15 @@ func (c *Client) BuildTemplate(ctx context.Context, contextTar io.Reader, opts B
 // importStream posts body and follows the server's event stream to its
 // end.
 func (c *Client) importStream(ctx context.Context, path string, q url.Values, body io.Reader, ev ImportEvents) (*ImportResult, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.baseURL+path+"?"+q.Encode(), body)
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("X-API-Key", c.apiKey)
+	contentType := ""
 	if body != nil {
-		req.Header.Set("Content-Type", "application/x-tar")
+		contentType = "application/x-tar"
 	}
-	resp, err := c.send(req)
+	resp, err := c.request(ctx, http.MethodPost, path+"?"+q.Encode(), body, contentType)
 	if err != nil {
 		return nil, err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		return nil, apiErrorFrom(resp)
-	}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
