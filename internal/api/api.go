@@ -44,6 +44,10 @@ type Config struct {
 	// Domain is reported to clients: sandbox hosts are
 	// `<port>-<id>.<Domain>`.
 	Domain string
+	// AllowInsecure lets sandboxes be created without an envd access
+	// token when the client does not ask for one (secure: false); by
+	// default every sandbox gets one.
+	AllowInsecure bool
 	// BodyTimeout bounds how long a control-plane request may take to send
 	// its body (uploads excepted, which get UploadTimeout), so that slow
 	// clients cannot hold connections open; 0 means 30 s.

@@ -120,7 +120,7 @@ func (s *Server) createSandbox(defaultTimeout time.Duration) http.HandlerFunc {
 			Metadata:      body.Metadata,
 			EnvVars:       body.EnvVars,
 			AllowInternet: allowInternet,
-			Secure:        body.Secure,
+			Secure:        body.Secure || !s.cfg.AllowInsecure,
 			AutoPause:     body.AutoPause,
 			CPUCount:      body.CPUCount,
 			MemoryMB:      body.MemoryMB,

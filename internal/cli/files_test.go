@@ -106,7 +106,7 @@ func TestSecureSandbox(t *testing.T) {
 		t.Fatal("a --secure sandbox has no envd access token")
 	}
 	// Without the token envd refuses: the token is really checked.
-	if _, err := e.c.Run(t.Context(), id, "true", client.RunOptions{}); err == nil {
+	if _, err := client.New(e.url, e.key).Run(t.Context(), id, "true", client.RunOptions{}); err == nil {
 		t.Fatal("a command without the access token ran")
 	}
 

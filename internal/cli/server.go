@@ -117,6 +117,7 @@ and --on-stop=kill kills them.`,
 	f.StringVar(&cfg.EtcdKeyFile, "etcd-key", "", "client key for --etcd-endpoints")
 	f.StringSliceVar(&cfg.EtcdClientURLs, "etcd-listen", nil, "loopback URLs the embedded etcd listens on instead of its unix socket (e.g. http://127.0.0.1:23790)")
 	f.StringSliceVar(&egressAllow, "egress-allow", nil, "CIDR of the host's own networks that sandboxes may reach after all (they never reach the host's networks otherwise; the private and special ranges stay blocked)")
+	f.BoolVar(&cfg.AllowInsecureSandboxes, "allow-insecure-sandboxes", false, "create sandboxes without an envd access token when the client sends secure: false (by default every sandbox has one; the SDKs send it)")
 	f.IntVar(&cfg.PidsLimit, "pids-limit", 1024, "processes and threads each user in a sandbox may run; past it fork fails with EAGAIN inside (templates may set their own)")
 	f.IntVar(&cfg.PidsTotal, "pids-limit-total", 0, "host tasks all sandboxes together may run (default: 3/4 of kernel.pid_max)")
 	f.IntVar(&cfg.Capacity.MemoryMB, "capacity-memory", 0, "memory (MiB) this host offers sandboxes; larger sandboxes are refused (default: physical memory)")

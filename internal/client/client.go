@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -27,11 +28,16 @@ type Client struct {
 	baseURL string
 	apiKey  string
 	http    *http.Client
+	// tokens holds the envd access tokens of the sandboxes this client
+	// created or looked up (id to token), sent with their envd calls
+	// unless the call names its own, as the SDKs do.
+	tokens *sync.Map
 }
 
 // New returns a client for the server at baseURL (e.g. http://localhost:8000).
 func New(baseURL, apiKey string) *Client {
 	return &Client{
+		tokens:  &sync.Map{},
 		baseURL: strings.TrimRight(baseURL, "/"),
 		apiKey:  apiKey,
 		http: &http.Client{Transport: &http.Transport{
@@ -160,7 +166,26 @@ func (c *Client) Create(ctx context.Context, opts CreateOptions) (*Sandbox, erro
 	if err := c.do(ctx, http.MethodPost, "/v2/sandboxes", opts, &sb); err != nil {
 		return nil, fmt.Errorf("creating sandbox: %w", err)
 	}
+	c.remember(&sb)
 	return &sb, nil
+}
+
+// remember keeps sb's envd token for later envd calls.
+func (c *Client) remember(sb *Sandbox) {
+	if sb != nil && sb.EnvdAccessToken != "" {
+		c.tokens.Store(sb.SandboxID, sb.EnvdAccessToken)
+	}
+}
+
+// token is explicit, or else the remembered token of sandbox id.
+func (c *Client) token(id, explicit string) string {
+	if explicit != "" {
+		return explicit
+	}
+	if t, ok := c.tokens.Load(id); ok {
+		return t.(string)
+	}
+	return ""
 }
 
 // Get describes a sandbox.
@@ -169,6 +194,7 @@ func (c *Client) Get(ctx context.Context, id string) (*Sandbox, error) {
 	if err := c.do(ctx, http.MethodGet, "/sandboxes/"+url.PathEscape(id), nil, &sb); err != nil {
 		return nil, fmt.Errorf("getting sandbox %s: %w", id, err)
 	}
+	c.remember(&sb)
 	return &sb, nil
 }
 
@@ -259,6 +285,7 @@ func (c *Client) Connect(ctx context.Context, id string, timeout time.Duration) 
 	if err != nil {
 		return nil, false, fmt.Errorf("connecting to sandbox %s: %w", id, err)
 	}
+	c.remember(sb)
 	return sb, resp.StatusCode == http.StatusCreated, nil
 }
 
@@ -294,6 +321,7 @@ type RunOptions struct {
 // Process returns a Connect client for the process service of sandbox id,
 // reached through the server's proxy.
 func (c *Client) Process(id string, opts RunOptions) processconnect.ProcessClient {
+	opts.AccessToken = c.token(id, opts.AccessToken)
 	return processconnect.NewProcessClient(c.http, c.baseURL,
 		connect.WithProtoJSON(),
 		connect.WithInterceptors(headerInterceptor(id, opts)))

@@ -36,8 +36,8 @@ func (c *Client) filesRequest(ctx context.Context, method, id, remote string, bo
 	}
 	req.Header.Set("E2b-Sandbox-Id", id)
 	req.Header.Set("E2b-Sandbox-Port", envdPort)
-	if opts.AccessToken != "" {
-		req.Header.Set("X-Access-Token", opts.AccessToken)
+	if tok := c.token(id, opts.AccessToken); tok != "" {
+		req.Header.Set("X-Access-Token", tok)
 	}
 	return req, nil
 }

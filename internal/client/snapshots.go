@@ -52,6 +52,7 @@ func (c *Client) Fork(ctx context.Context, id string, count int, timeout time.Du
 		switch {
 		case a.Sandbox != nil:
 			out[i].Sandbox = a.Sandbox
+			c.remember(a.Sandbox)
 		case a.Error != nil:
 			out[i].Err = a.Error
 		default:

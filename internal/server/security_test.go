@@ -46,12 +46,13 @@ try:
 except urllib.error.HTTPError as e:
     print(e.code)
 '`)
-		if got != "403" {
-			t.Fatalf("/init from inside the sandbox via %s answered %s, want 403", addr, got)
+		// 401 (no token) or 403 (not from the node): refused either way.
+		if got != "403" && got != "401" {
+			t.Fatalf("/init from inside the sandbox via %s answered %s, want it refused", addr, got)
 		}
 	}
 	if who := runOut(t, c, sb.SandboxID, "id -u"); who != "1000" {
-		t.Fatalf("after the attempts commands run as uid %s, want 1000 (and need no token)", who)
+		t.Fatalf("after the attempts commands run as uid %s, want 1000 with the sandbox's own token", who)
 	}
 	_ = srv
 }
@@ -201,5 +202,34 @@ func TestOutOfMemorySaidPlainly(t *testing.T) {
 			t.Fatalf("the sandbox is still there 15s after going past its memory: %v", err)
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// TestTokensByDefault: every sandbox gets an envd access token unless the
+// server allows insecure sandboxes and the client asks for none; without
+// it envd refuses.
+func TestTokensByDefault(t *testing.T) {
+	srv, c, url := startServer(t)
+	ctx := context.Background()
+	sb, err := c.Create(ctx, client.CreateOptions{Timeout: 60})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Kill(ctx, sb.SandboxID)
+	if sb.EnvdAccessToken == "" {
+		t.Fatal("a sandbox created without secure has no envd access token")
+	}
+	if _, err := client.New(url, srv.APIKey()).Run(ctx, sb.SandboxID, "true", client.RunOptions{}); err == nil {
+		t.Fatal("envd ran a command without the sandbox's token")
+	}
+
+	_, c2, _ := startServerWith(t, func(cfg *Config) { cfg.AllowInsecureSandboxes = true })
+	open, err := c2.Create(ctx, client.CreateOptions{Timeout: 60})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Kill(ctx, open.SandboxID)
+	if open.EnvdAccessToken != "" {
+		t.Fatal("--allow-insecure-sandboxes still gave a token to a sandbox that asked for none")
 	}
 }

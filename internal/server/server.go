@@ -93,6 +93,9 @@ type Config struct {
 	// run (templates may set their own); 0 means 1024. PidsTotal bounds
 	// all sandboxes' host tasks together; 0 means 3/4 of kernel.pid_max.
 	PidsLimit, PidsTotal int
+	// AllowInsecureSandboxes lets clients create sandboxes without an
+	// envd access token (secure: false); by default every sandbox has one.
+	AllowInsecureSandboxes bool
 	// Capacity is what the local node admits (zero fields: the host's
 	// memory and CPUs, overcommit 4, high-water 90%).
 	Capacity node.Capacity
@@ -309,15 +312,16 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 		domain = "localhost:" + portOf(s.listener.Addr())
 	}
 	handler := api.New(api.Config{
-		Cluster:    s.cluster,
-		Templates:  templates,
-		Proxy:      prx,
-		APIKey:     s.apiKey,
-		RateLimit:  cfg.RateLimit,
-		RateBurst:  cfg.RateBurst,
-		Domain:     domain,
-		BuildSteps: s.node,
-		Logger:     log,
+		Cluster:       s.cluster,
+		Templates:     templates,
+		Proxy:         prx,
+		APIKey:        s.apiKey,
+		RateLimit:     cfg.RateLimit,
+		RateBurst:     cfg.RateBurst,
+		Domain:        domain,
+		BuildSteps:    s.node,
+		AllowInsecure: cfg.AllowInsecureSandboxes,
+		Logger:        log,
 	})
 	s.http = &http.Server{
 		Handler:           handler,

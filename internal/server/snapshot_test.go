@@ -32,6 +32,9 @@ sleep 0.5`
 
 func runOut(t *testing.T, c *client.Client, id, cmd string) string {
 	t.Helper()
+	// Sandboxes made through raw requests (or before a restart) are not
+	// known to c yet: looking one up gives c its envd token.
+	c.Get(context.Background(), id)
 	var out, errOut bytes.Buffer
 	code, err := c.Run(context.Background(), id, cmd, client.RunOptions{Stdout: &out, Stderr: &errOut})
 	if err != nil || code != 0 {
