@@ -423,10 +423,7 @@ type ListFilter struct {
 // List returns the sandboxes matching f, ordered by start time then id.
 func (c *Cluster) List(f ListFilter) []*Sandbox {
 	var out []*Sandbox
-	for _, r := range c.recs.all() {
-		if !f.match(&r.Sandbox) {
-			continue
-		}
+	for _, r := range c.recs.matching(func(r *record) bool { return f.match(&r.Sandbox) }) {
 		sb := r.Sandbox
 		out = append(out, &sb)
 	}

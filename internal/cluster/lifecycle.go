@@ -268,11 +268,11 @@ func (c *Cluster) DeleteSnapshot(ctx context.Context, idOrName string) error {
 // template must not be deleted.
 func (c *Cluster) TemplateUsers(ctx context.Context, templateID string) (int, error) {
 	n := 0
-	for _, r := range c.recs.all() {
+	c.recs.each(func(r *record) {
 		if r.TemplateID == templateID {
 			n++
 		}
-	}
+	})
 	snaps, err := c.cfg.Node.Snapshots(ctx)
 	if err != nil {
 		return 0, err

@@ -212,11 +212,11 @@ func (c *Cluster) Nodes(ctx context.Context) ([]NodeInfo, error) {
 		drained[strings.TrimPrefix(e.Key, nodeDrainPrefix)] = true
 	}
 	counts := map[string]int{}
-	for _, r := range c.recs.all() {
+	c.recs.each(func(r *record) {
 		if r.State == StateRunning {
 			counts[r.NodeID]++
 		}
-	}
+	})
 	var out []NodeInfo
 	for id, n := range known {
 		if l, ok := live[id]; ok {

@@ -211,10 +211,30 @@ func (rs *records) get(id string) (record, int64, bool) {
 
 // all returns copies of every cached record.
 func (rs *records) all() []record {
+	return rs.matching(func(*record) bool { return true })
+}
+
+// each calls fn for every cached record, under the cache's lock: fn
+// must not keep the record nor call into the cache.
+func (rs *records) each(fn func(*record)) {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
-	out := make([]record, 0, len(rs.m))
 	for _, c := range rs.m {
+		fn(&c.rec)
+	}
+}
+
+// matching returns copies of the cached records keep accepts; only those
+// are copied, so that a filtered list of a few out of 100,000 is cheap.
+// keep must not keep the record it is given.
+func (rs *records) matching(keep func(*record) bool) []record {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	var out []record
+	for _, c := range rs.m {
+		if !keep(&c.rec) {
+			continue
+		}
 		r := c.rec
 		r.Metadata = maps.Clone(c.rec.Metadata)
 		out = append(out, r)
