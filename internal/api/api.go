@@ -113,6 +113,7 @@ func (s *Server) routes() {
 	m.Handle("GET /snapshots/{snapshotID}", s.auth(http.HandlerFunc(s.getSnapshot)))
 	m.Handle("DELETE /templates/{templateID}", s.auth(http.HandlerFunc(s.deleteTemplate)))
 
+	m.Handle("GET /metrics", s.auth(s.metricsHandler().ServeHTTP))
 	m.Handle("GET /nodes", s.auth(http.HandlerFunc(s.listNodes)))
 	m.Handle("GET /nodes/{nodeID}", s.auth(withNodeID(s.getNode)))
 	m.Handle("POST /nodes/{nodeID}/drain", s.auth(withNodeID(s.drainNode)))

@@ -22,11 +22,13 @@ const (
 	suiteCreate   = "create"
 	suiteSnapshot = "snapshot"
 	suiteAll      = "all"
+	suiteSoak     = "soak"
 )
 
 func newBenchCmd() *cobra.Command {
 	var opts bench.Options
 	var output, suite string
+	var soakCycles int
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure sandbox latency against bare runsc",
@@ -45,11 +47,38 @@ what pausing --pause-count sandboxes frees, read from /proc/meminfo and the
 sandboxes' memory cgroups under --cgroup-parent (the server's --netns-tag).
 Its aenv and bare samples alternate, so that both see the same load on the
 host. It makes the snapshot requests itself, so it takes the key from --key,
-AENV_API_KEY, E2B_API_KEY or the local server's key file, not from 'aenv auth'.`,
+AENV_API_KEY, E2B_API_KEY or the local server's key file, not from 'aenv auth'.
+
+The soak suite (not part of all) runs --soak-cycles create/exec/kill cycles,
+--concurrency at a time, and prints the server's resident memory, Go heap,
+goroutines and open files (from its /metrics) before and after: a leak per
+sandbox shows as growth.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "table" && output != "json" {
 				return fmt.Errorf("unknown --output %q (table or json)", output)
+			}
+			if suite == suiteSoak {
+				// The soak suite has no bare half: it watches the server.
+				g := &globals{}
+				g.url, _ = cmd.Flags().GetString("url")
+				g.key, _ = cmd.Flags().GetString("key")
+				c, err := g.client()
+				if err != nil {
+					return err
+				}
+				var progress io.Writer
+				if isTerminal(cmd.ErrOrStderr()) {
+					progress = cmd.ErrOrStderr()
+				}
+				res, err := bench.Soak(cmd.Context(), c, opts.Template, soakCycles, opts.Concurrency, progress)
+				if err != nil {
+					return err
+				}
+				if output == "json" {
+					return writeJSON(cmd.OutOrStdout(), res)
+				}
+				return res.WriteTable(cmd.OutOrStdout())
 			}
 			runCreate, runSnapshot, err := benchSuites(suite)
 			if err != nil {
@@ -119,7 +148,8 @@ AENV_API_KEY, E2B_API_KEY or the local server's key file, not from 'aenv auth'.`
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&suite, "suite", suiteAll, "what to measure: create, snapshot or all")
+	f.StringVar(&suite, "suite", suiteAll, "what to measure: create, snapshot, all, or soak (not in all)")
+	f.IntVar(&soakCycles, "soak-cycles", 1000, "create/exec/kill cycles of the soak suite (--concurrency at a time)")
 	f.IntVarP(&opts.Iterations, "iterations", "n", bench.DefaultIterations, "samples per operation of the create suite")
 	f.IntVar(&opts.Concurrency, "concurrency", bench.DefaultConcurrency, "sandboxes started at once in the concurrent measurement")
 	f.IntVar(&opts.SnapshotIterations, "snapshot-iterations", bench.DefaultSnapshotIterations, "samples per operation of the snapshot suite (forks of 4 and 16 take fewer)")

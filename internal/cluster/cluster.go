@@ -436,6 +436,17 @@ func (c *Cluster) List(f ListFilter) []*Sandbox {
 	return out
 }
 
+// Count is how many sandboxes match f (List's length, without copies).
+func (c *Cluster) Count(f ListFilter) int {
+	n := 0
+	c.recs.each(func(r *record) {
+		if f.match(&r.Sandbox) {
+			n++
+		}
+	})
+	return n
+}
+
 func (f ListFilter) match(sb *Sandbox) bool {
 	for k, v := range f.Metadata {
 		if got, ok := sb.Metadata[k]; !ok || got != v {

@@ -1,0 +1,36 @@
+package api
+
+import (
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/aenvhq/aenv/internal/cluster"
+)
+
+// metricsHandler serves GET /metrics (behind the API key) in Prometheus'
+// text format: the server process's own figures (goroutines, memory, open
+// files: what a soak test watches for leaks) and the sandboxes by state.
+// The registry is this server's, not the library's global one.
+func (s *Server) metricsHandler() http.Handler {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	for _, st := range []cluster.State{cluster.StateRunning, cluster.StatePaused} {
+		if s.cfg.Cluster == nil {
+			break
+		}
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "aenv_sandboxes",
+			Help:        "Sandboxes the cluster has, by state.",
+			ConstLabels: prometheus.Labels{"state": string(st)},
+		}, func() float64 {
+			return float64(s.cfg.Cluster.Count(cluster.ListFilter{States: []cluster.State{st}}))
+		}))
+	}
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+}
