@@ -13,6 +13,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"regexp"
 	"strings"
 	"time"
@@ -44,6 +45,13 @@ type Config struct {
 	// Domain is reported to clients: sandbox hosts are
 	// `<port>-<id>.<Domain>`.
 	Domain string
+	// ProxyRateLimit and ProxyRateBurst bound the requests to each
+	// sandbox through the proxy (per second; 0 disables).
+	ProxyRateLimit float64
+	ProxyRateBurst int
+	// TrustedProxies are the addresses of proxies in front of the server
+	// whose X-Forwarded-For names the client, for the rate limit.
+	TrustedProxies []netip.Prefix
 	// AllowInsecure lets sandboxes be created without an envd access
 	// token when the client does not ask for one (secure: false); by
 	// default every sandbox gets one.
@@ -63,10 +71,11 @@ type Config struct {
 
 // Server is the API's http.Handler.
 type Server struct {
-	cfg Config
-	log *slog.Logger
-	mux *http.ServeMux
-	api http.Handler // mux behind the rate limit
+	cfg   Config
+	log   *slog.Logger
+	mux   *http.ServeMux
+	api   http.Handler // mux behind the rate limit
+	proxy http.Handler // cfg.Proxy behind its rate limit
 }
 
 // New builds the API handler.
@@ -84,7 +93,11 @@ func New(cfg Config) *Server {
 	s.routes()
 	s.api = s.mux
 	if cfg.RateLimit > 0 {
-		s.api = newRateLimiter(cfg.RateLimit, max(cfg.RateBurst, 1)).limit(s.mux)
+		s.api = newRateLimiter(cfg.RateLimit, max(cfg.RateBurst, 1)).limit(s.mux, s.clientKey)
+	}
+	s.proxy = cfg.Proxy
+	if cfg.Proxy != nil && cfg.ProxyRateLimit > 0 {
+		s.proxy = newRateLimiter(cfg.ProxyRateLimit, max(cfg.ProxyRateBurst, 1)).limit(cfg.Proxy, sandboxKey)
 	}
 	return s
 }
@@ -137,8 +150,8 @@ func (s *Server) routes() {
 
 // ServeHTTP sends sandbox traffic to the proxy and the rest to the API.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if _, _, ok := proxy.Match(r); ok && s.cfg.Proxy != nil {
-		s.cfg.Proxy.ServeHTTP(w, r)
+	if _, _, ok := proxy.Match(r); ok && s.proxy != nil {
+		s.proxy.ServeHTTP(w, r)
 		return
 	}
 	limit, timeout := int64(MaxBodyBytes), s.cfg.BodyTimeout
@@ -158,16 +171,22 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (s *Server) auth(next http.HandlerFunc) http.Handler {
 	want := []byte(s.cfg.APIKey)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		key := r.Header.Get("X-API-Key")
-		if key == "" {
-			key, _ = strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		}
+		key := requestKey(r)
 		if key == "" || subtle.ConstantTimeCompare([]byte(key), want) != 1 {
 			writeError(w, http.StatusUnauthorized, "invalid or missing API key (send it in the X-API-KEY header)")
 			return
 		}
 		next(w, r)
 	})
+}
+
+// requestKey is the API key a request presents, if any.
+func requestKey(r *http.Request) string {
+	if key := r.Header.Get("X-API-Key"); key != "" {
+		return key
+	}
+	key, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	return key
 }
 
 var sandboxIDPattern = regexp.MustCompile(`^[a-z0-9]{1,64}$`)

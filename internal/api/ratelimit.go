@@ -1,18 +1,24 @@
 package api
 
 import (
-	"net"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
 	"net/http"
+	"net/netip"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"golang.org/x/time/rate"
+
+	"github.com/aenvhq/aenv/internal/proxy"
 )
 
-// rateLimiter bounds control-plane requests per client address, so that
-// one runaway client cannot starve the others (sandbox traffic through the
-// proxy is not limited here). Idle clients' buckets are dropped.
+// rateLimiter bounds requests per client (API key or address) or per
+// sandbox, so that one runaway client or sandbox cannot starve the others.
+// Idle buckets are dropped.
 type rateLimiter struct {
 	perSecond rate.Limit
 	burst     int
@@ -59,19 +65,69 @@ func (l *rateLimiter) allow(client string) (bool, time.Duration) {
 	return true, 0
 }
 
-// limit wraps next with the rate limit: over it, 429 with Retry-After
-// (which the E2B SDKs honour).
-func (l *rateLimiter) limit(next http.Handler) http.Handler {
+// limit wraps next with the rate limit, one bucket per what key(r)
+// returns: over it, 429 with Retry-After (which the E2B SDKs honour).
+func (l *rateLimiter) limit(next http.Handler, key func(*http.Request) string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		host, _, err := net.SplitHostPort(r.RemoteAddr)
-		if err != nil {
-			host = r.RemoteAddr
-		}
-		if ok, wait := l.allow(host); !ok {
+		if ok, wait := l.allow(key(r)); !ok {
 			w.Header().Set("Retry-After", strconv.Itoa(int(wait/time.Second)+1))
 			writeError(w, http.StatusTooManyRequests, "too many requests; retry after "+wait.Round(time.Millisecond).String())
 			return
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// clientKey names who sent a control-plane request, for its rate-limit
+// bucket: the API key when it is a valid one (clients behind one address,
+// such as RL trainers behind a NAT, each get their own), else the client's
+// address. An invalid key must not buy a fresh bucket, so it counts as
+// the address.
+func (s *Server) clientKey(r *http.Request) string {
+	if key := requestKey(r); key != "" && subtle.ConstantTimeCompare([]byte(key), []byte(s.cfg.APIKey)) == 1 {
+		sum := sha256.Sum256([]byte(key))
+		return "key:" + hex.EncodeToString(sum[:8])
+	}
+	return "addr:" + s.clientAddr(r).String()
+}
+
+// clientAddr is the address a request came from: the peer's, or, when the
+// peer is one of the trusted proxies, the last address in X-Forwarded-For
+// that is not one of them.
+func (s *Server) clientAddr(r *http.Request) netip.Addr {
+	peer, err := netip.ParseAddrPort(r.RemoteAddr)
+	if err != nil {
+		return netip.Addr{}
+	}
+	addr := peer.Addr().Unmap()
+	if !s.trusted(addr) {
+		return addr
+	}
+	hops := strings.Split(strings.Join(r.Header.Values("X-Forwarded-For"), ","), ",")
+	for i := len(hops) - 1; i >= 0; i-- {
+		a, err := netip.ParseAddr(strings.TrimSpace(hops[i]))
+		if err != nil {
+			break
+		}
+		if a = a.Unmap(); !s.trusted(a) {
+			return a
+		}
+	}
+	return addr
+}
+
+func (s *Server) trusted(a netip.Addr) bool {
+	for _, p := range s.cfg.TrustedProxies {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// sandboxKey names the sandbox a proxied request is for, for the proxy's
+// rate limit: one busy sandbox must not slow the others.
+func sandboxKey(r *http.Request) string {
+	id, _, _ := proxy.Match(r)
+	return "sandbox:" + id
 }

@@ -3,13 +3,15 @@ package api
 import (
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"strconv"
+	"strings"
 	"testing"
 )
 
 func TestRateLimit(t *testing.T) {
 	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
-	h := newRateLimiter(1, 3).limit(ok)
+	h := newRateLimiter(1, 3).limit(ok, (&Server{}).clientKey)
 	send := func(addr string) *httptest.ResponseRecorder {
 		rec := httptest.NewRecorder()
 		req := httptest.NewRequest("GET", "/v2/sandboxes", nil)
@@ -32,5 +34,44 @@ func TestRateLimit(t *testing.T) {
 	// Another client has its own bucket.
 	if rec := send("10.0.0.2:1"); rec.Code != http.StatusNoContent {
 		t.Fatalf("another client was limited: %d", rec.Code)
+	}
+}
+
+// TestRateLimitKeys: a valid API key has its own bucket wherever its
+// requests come from; an invalid one counts as its address; behind a
+// trusted proxy the forwarded address counts; each sandbox has its own
+// bucket in the proxy.
+func TestRateLimitKeys(t *testing.T) {
+	s := &Server{cfg: Config{APIKey: "e2b_good", TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.9.0.0/16")}}}
+	req := func(addr, key, xff string) *http.Request {
+		r := httptest.NewRequest("GET", "/v2/sandboxes", nil)
+		r.RemoteAddr = addr
+		if key != "" {
+			r.Header.Set("X-API-Key", key)
+		}
+		if xff != "" {
+			r.Header.Set("X-Forwarded-For", xff)
+		}
+		return r
+	}
+	a, b := s.clientKey(req("1.2.3.4:1", "e2b_good", "")), s.clientKey(req("5.6.7.8:1", "e2b_good", ""))
+	if a != b || !strings.HasPrefix(a, "key:") || strings.Contains(a, "e2b_good") {
+		t.Fatalf("one valid key from two addresses: %q and %q, want one hashed key bucket", a, b)
+	}
+	if k := s.clientKey(req("1.2.3.4:1", "e2b_random", "")); k != "addr:1.2.3.4" {
+		t.Fatalf("an invalid key: %q, want the address's bucket", k)
+	}
+	if k := s.clientKey(req("10.9.0.5:1", "", "7.7.7.7, 10.9.1.1")); k != "addr:7.7.7.7" {
+		t.Fatalf("behind a trusted proxy: %q, want the forwarded client", k)
+	}
+	if k := s.clientKey(req("8.8.8.8:1", "", "7.7.7.7")); k != "addr:8.8.8.8" {
+		t.Fatalf("X-Forwarded-For from an untrusted peer: %q, want the peer", k)
+	}
+	p := httptest.NewRequest("GET", "/", nil)
+	p.Header.Set("E2b-Sandbox-Id", "abc")
+	q := httptest.NewRequest("GET", "/", nil)
+	q.Host = "49983-def.localhost"
+	if sandboxKey(p) == sandboxKey(q) || sandboxKey(p) != "sandbox:abc" {
+		t.Fatalf("sandbox buckets: %q, %q", sandboxKey(p), sandboxKey(q))
 	}
 }

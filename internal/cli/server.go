@@ -20,7 +20,7 @@ func newServerCmd() *cobra.Command {
 	var cfg server.Config
 	var logLevel, onStop string
 	var drain, cleanup bool
-	var egressAllow []string
+	var egressAllow, trustedProxies []string
 	cmd := &cobra.Command{
 		Use:   "server",
 		Short: "Run the aenv server (API, proxy and a local node)",
@@ -66,6 +66,13 @@ and --on-stop=kill kills them.`,
 			default:
 				return fmt.Errorf("--on-stop must be keep, pause or kill, not %q", onStop)
 			}
+			for _, a := range trustedProxies {
+				p, err := netip.ParsePrefix(a)
+				if err != nil {
+					return fmt.Errorf("--trusted-proxies %q: %w", a, err)
+				}
+				cfg.TrustedProxies = append(cfg.TrustedProxies, p.Masked())
+			}
 			for _, a := range egressAllow {
 				p, err := netip.ParsePrefix(a)
 				if err != nil {
@@ -106,8 +113,11 @@ and --on-stop=kill kills them.`,
 	f.StringVar(&cfg.StoreAccessKey, "store-access-key", "", "S3 access key (default: AWS_ACCESS_KEY_ID and the AWS default chain)")
 	f.StringVar(&cfg.StoreSecretKey, "store-secret-key", "", "S3 secret key (default: AWS_SECRET_ACCESS_KEY and the AWS default chain)")
 	f.IntVar(&cfg.WarmPoolSize, "warm-pool", 2, "base sandboxes kept prestarted so that creates skip the boot (0 disables; each costs ~40 MiB)")
-	f.Float64Var(&cfg.RateLimit, "rate-limit", 100, "control-plane requests per second per client address (0: unlimited); over it clients get 429 with Retry-After")
+	f.Float64Var(&cfg.RateLimit, "rate-limit", 100, "control-plane requests per second per client (its API key, else its address; 0: unlimited); over it clients get 429 with Retry-After")
 	f.IntVar(&cfg.RateBurst, "rate-burst", 200, "requests a client may send at once before --rate-limit applies")
+	f.Float64Var(&cfg.ProxyRateLimit, "proxy-rate-limit", 1000, "requests per second to each sandbox through the proxy (0: unlimited); over it 429 with Retry-After")
+	f.IntVar(&cfg.ProxyRateBurst, "proxy-rate-burst", 2000, "requests to one sandbox at once before --proxy-rate-limit applies")
+	f.StringSliceVar(&trustedProxies, "trusted-proxies", nil, "CIDRs of proxies in front of the server whose X-Forwarded-For names the client (for the rate limit)")
 	f.StringVar(&cfg.TLSCert, "tls-cert", "", "TLS certificate file (with --tls-key: serve HTTPS)")
 	f.StringVar(&cfg.TLSKey, "tls-key", "", "TLS private key file")
 	f.StringVar(&cfg.NetnsTag, "netns-tag", "aenv", "names this server's nftables tables and host interfaces (lower-case letters; distinct per server on one host)")

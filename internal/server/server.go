@@ -62,10 +62,17 @@ type Config struct {
 	// StoreAccessKey and StoreSecretKey are S3 credentials; empty uses the
 	// AWS defaults (AWS_ACCESS_KEY_ID, ...).
 	StoreAccessKey, StoreSecretKey string
-	// RateLimit and RateBurst bound control-plane requests per client
-	// address (requests per second; 0 disables).
+	// RateLimit and RateBurst bound control-plane requests per client:
+	// its API key, or its address (requests per second; 0 disables).
 	RateLimit float64
 	RateBurst int
+	// ProxyRateLimit and ProxyRateBurst bound requests to each sandbox
+	// through the proxy (per second; 0 disables).
+	ProxyRateLimit float64
+	ProxyRateBurst int
+	// TrustedProxies are proxies in front of the server whose
+	// X-Forwarded-For names the client.
+	TrustedProxies []netip.Prefix
 	// TLSCert and TLSKey, when both set, make the server speak HTTPS.
 	TLSCert, TLSKey string
 	// WarmPoolSize is how many base sandboxes are kept prestarted.
@@ -312,16 +319,19 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 		domain = "localhost:" + portOf(s.listener.Addr())
 	}
 	handler := api.New(api.Config{
-		Cluster:       s.cluster,
-		Templates:     templates,
-		Proxy:         prx,
-		APIKey:        s.apiKey,
-		RateLimit:     cfg.RateLimit,
-		RateBurst:     cfg.RateBurst,
-		Domain:        domain,
-		BuildSteps:    s.node,
-		AllowInsecure: cfg.AllowInsecureSandboxes,
-		Logger:        log,
+		Cluster:        s.cluster,
+		Templates:      templates,
+		Proxy:          prx,
+		APIKey:         s.apiKey,
+		RateLimit:      cfg.RateLimit,
+		RateBurst:      cfg.RateBurst,
+		ProxyRateLimit: cfg.ProxyRateLimit,
+		ProxyRateBurst: cfg.ProxyRateBurst,
+		TrustedProxies: cfg.TrustedProxies,
+		Domain:         domain,
+		BuildSteps:     s.node,
+		AllowInsecure:  cfg.AllowInsecureSandboxes,
+		Logger:         log,
 	})
 	s.http = &http.Server{
 		Handler:           handler,
