@@ -404,6 +404,19 @@ func (c *Cluster) Get(ctx context.Context, id string) (*Sandbox, error) {
 	return &out, nil
 }
 
+// Addr is where sandbox id's ports are reached. The proxy asks it on
+// every request, so it reads the cache without copying the record.
+func (c *Cluster) Addr(ctx context.Context, id string) (netip.Addr, error) {
+	if a, ok := c.recs.addr(id); ok {
+		return a, nil
+	}
+	sb, err := c.Get(ctx, id)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	return sb.Addr, nil
+}
+
 // notFound is the ErrNotFound for id, with the reason it is gone if known.
 func (c *Cluster) notFound(ctx context.Context, id string) error {
 	if why := c.recs.whyGone(ctx, id); why != "" {

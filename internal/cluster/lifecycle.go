@@ -34,7 +34,7 @@ func (c *Cluster) release(ctx context.Context, id, op string) {
 		if r.Op != op {
 			return errUnchanged
 		}
-		r.Op, r.OpSince = "", time.Time{}
+		r.clearOp()
 		return nil
 	})
 	if err != nil && !errors.Is(err, ErrNotFound) {
@@ -67,7 +67,7 @@ func (c *Cluster) finishPause(ctx context.Context, id, snapID string) error {
 		r.State = StatePaused
 		r.SnapshotID = snapID
 		r.Addr = netipZero
-		r.Op, r.OpSince = "", time.Time{}
+		r.clearOp()
 		return nil
 	})
 	if errors.Is(err, ErrNotFound) {
@@ -124,7 +124,7 @@ func (c *Cluster) finishResume(ctx context.Context, id string, addr netip.Addr, 
 		r.Addr = addr
 		r.EndAt = end
 		r.NodeID = c.cfg.Node.ID()
-		r.Op, r.OpSince = "", time.Time{}
+		r.clearOp()
 		return nil
 	})
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/netip"
 	"strings"
 	"sync"
 	"time"
@@ -39,6 +40,9 @@ type record struct {
 // staleOp is how long an operation may hold a sandbox before another
 // server may take it: far longer than a pause of the largest sandbox.
 const staleOp = 15 * time.Minute
+
+// clearOp ends the operation mark.
+func (r *record) clearOp() { r.Op, r.OpSince = "", time.Time{} }
 
 // tombstone says why a sandbox id is gone.
 type tombstone struct {
@@ -207,6 +211,17 @@ func (rs *records) get(id string) (record, int64, bool) {
 	r := c.rec
 	r.Metadata = maps.Clone(c.rec.Metadata)
 	return r, c.rev, true
+}
+
+// addr returns the cached address of id without copying its record.
+func (rs *records) addr(id string) (netip.Addr, bool) {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	c, ok := rs.m[id]
+	if !ok {
+		return netip.Addr{}, false
+	}
+	return c.rec.Addr, true
 }
 
 // all returns copies of every cached record.

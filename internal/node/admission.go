@@ -1,13 +1,11 @@
 package node
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
-	"os"
 	goruntime "runtime"
-	"strconv"
-	"strings"
+
+	"github.com/prometheus/procfs"
 )
 
 // Admission errors. The cluster maps them to statuses: a sandbox that can
@@ -78,32 +76,18 @@ func (c Capacity) admit(memMB, cpus, committedMB int, usedFraction float64) erro
 
 // hostMemory reads the host's total and available memory in bytes.
 func hostMemory() (total, available uint64, err error) {
-	f, err := os.Open("/proc/meminfo")
+	fs, err := procfs.NewDefaultFS()
 	if err != nil {
 		return 0, 0, err
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 2 {
-			continue
-		}
-		kb, err := strconv.ParseUint(fields[1], 10, 64)
-		if err != nil {
-			continue
-		}
-		switch fields[0] {
-		case "MemTotal:":
-			total = kb << 10
-		case "MemAvailable:":
-			available = kb << 10
-		}
+	mi, err := fs.Meminfo()
+	if err != nil {
+		return 0, 0, err
 	}
-	if total == 0 {
-		return 0, 0, errors.New("reading /proc/meminfo: no MemTotal")
+	if mi.MemTotalBytes == nil || mi.MemAvailableBytes == nil {
+		return 0, 0, errors.New("reading /proc/meminfo: no MemTotal or MemAvailable")
 	}
-	return total, available, sc.Err()
+	return *mi.MemTotalBytes, *mi.MemAvailableBytes, nil
 }
 
 // memoryUsed is the fraction of the host's memory in use, or -1.

@@ -18,13 +18,8 @@ import (
 // on its own address), POST /init is refused, and the sandbox's owner
 // keeps using it as before.
 func TestInitTakeover(t *testing.T) {
-	srv, c, url := startServer(t)
-	ctx := context.Background()
-	sb, err := c.Create(ctx, client.CreateOptions{Timeout: 120})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Kill(ctx, sb.SandboxID)
+	_, c, url := startServer(t)
+	sb := mustCreate(t, c, client.CreateOptions{Timeout: 120})
 
 	req, _ := http.NewRequest("POST", url+"/init", strings.NewReader(`{"accessToken":"x","defaultUser":"root"}`))
 	req.Header.Set("E2b-Sandbox-Id", sb.SandboxID)
@@ -54,7 +49,6 @@ except urllib.error.HTTPError as e:
 	if who := runOut(t, c, sb.SandboxID, "id -u"); who != "1000" {
 		t.Fatalf("after the attempts commands run as uid %s, want 1000 with the sandbox's own token", who)
 	}
-	_ = srv
 }
 
 // TestAdmission: a sandbox larger than the node is refused with 400; one
@@ -76,11 +70,7 @@ func TestAdmission(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := c.Create(ctx, client.CreateOptions{Timeout: 60, MemoryMB: 1024})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Kill(ctx, b.SandboxID)
+	mustCreate(t, c, client.CreateOptions{Timeout: 60, MemoryMB: 1024})
 	_, err = c.Create(ctx, client.CreateOptions{Timeout: 60, MemoryMB: 512})
 	var apiErr *client.APIError
 	if !errors.As(err, &apiErr) || apiErr.Status != 503 || !strings.Contains(apiErr.Message, "commit") {
@@ -105,16 +95,8 @@ func TestForkBombContained(t *testing.T) {
 		cfg.PidsLimit = 64
 	})
 	ctx := context.Background()
-	bomb, err := c.Create(ctx, client.CreateOptions{Timeout: 120})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Kill(ctx, bomb.SandboxID)
-	other, err := c.Create(ctx, client.CreateOptions{Timeout: 120})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Kill(ctx, other.SandboxID)
+	bomb := mustCreate(t, c, client.CreateOptions{Timeout: 120})
+	other := mustCreate(t, c, client.CreateOptions{Timeout: 120})
 
 	// The classic bomb, as the sandbox's user, left running.
 	runOut(t, c, bomb.SandboxID, `nohup bash -c ':(){ :|:& };:' >/dev/null 2>&1 &`)
@@ -182,11 +164,7 @@ for _ in range(50):
 func TestOutOfMemorySaidPlainly(t *testing.T) {
 	_, c, _ := startServerWith(t, func(cfg *Config) { cfg.WarmPoolSize = 0 })
 	ctx := context.Background()
-	sb, err := c.Create(ctx, client.CreateOptions{Timeout: 120, MemoryMB: 256})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Kill(ctx, sb.SandboxID)
+	sb := mustCreate(t, c, client.CreateOptions{Timeout: 120, MemoryMB: 256})
 	// The command dies with the sandbox; its error is not the point here.
 	c.Run(ctx, sb.SandboxID, `python3 -c "b = bytearray(700 << 20); import time; time.sleep(60)"`, client.RunOptions{})
 	deadline := time.Now().Add(15 * time.Second)
@@ -211,11 +189,7 @@ func TestOutOfMemorySaidPlainly(t *testing.T) {
 func TestTokensByDefault(t *testing.T) {
 	srv, c, url := startServer(t)
 	ctx := context.Background()
-	sb, err := c.Create(ctx, client.CreateOptions{Timeout: 60})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Kill(ctx, sb.SandboxID)
+	sb := mustCreate(t, c, client.CreateOptions{Timeout: 60})
 	if sb.EnvdAccessToken == "" {
 		t.Fatal("a sandbox created without secure has no envd access token")
 	}
@@ -224,12 +198,19 @@ func TestTokensByDefault(t *testing.T) {
 	}
 
 	_, c2, _ := startServerWith(t, func(cfg *Config) { cfg.AllowInsecureSandboxes = true })
-	open, err := c2.Create(ctx, client.CreateOptions{Timeout: 60})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c2.Kill(ctx, open.SandboxID)
+	open := mustCreate(t, c2, client.CreateOptions{Timeout: 60})
 	if open.EnvdAccessToken != "" {
 		t.Fatal("--allow-insecure-sandboxes still gave a token to a sandbox that asked for none")
 	}
+}
+
+// mustCreate creates a sandbox that is killed when the test ends.
+func mustCreate(t *testing.T, c *client.Client, opts client.CreateOptions) *client.Sandbox {
+	t.Helper()
+	sb, err := c.Create(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Kill(context.Background(), sb.SandboxID) })
+	return sb
 }

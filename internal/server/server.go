@@ -407,11 +407,7 @@ func (s *Server) openState(ctx context.Context) error {
 
 // SandboxAddr implements proxy.Resolver.
 func (s *Server) SandboxAddr(id string) (netip.Addr, error) {
-	sb, err := s.cluster.Get(context.Background(), id)
-	if err != nil {
-		return netip.Addr{}, err
-	}
-	return sb.Addr, nil
+	return s.cluster.Addr(context.Background(), id)
 }
 
 // Addr returns the address the server listens on.
