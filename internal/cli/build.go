@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"archive/tar"
 	"errors"
 	"fmt"
 	"io"
@@ -139,19 +138,9 @@ func contextTar(contextDir, dockerfile string) (io.ReadCloser, string, error) {
 	if fi, err := os.Stat(absCtx); err != nil || !fi.IsDir() {
 		return nil, "", fmt.Errorf("build context %s: not a directory", contextDir)
 	}
-	pr, pw := io.Pipe()
-	go func() {
-		tw := tar.NewWriter(pw)
-		err := tw.AddFS(os.DirFS(absCtx))
-		if err == nil && extra != nil {
-			if err = tw.WriteHeader(&tar.Header{Name: outsideDockerfile, Mode: 0o644, Size: int64(len(extra)), Typeflag: tar.TypeReg}); err == nil {
-				_, err = tw.Write(extra)
-			}
-		}
-		if cerr := tw.Close(); err == nil {
-			err = cerr
-		}
-		pw.CloseWithError(err)
-	}()
-	return pr, filepath.ToSlash(inside), nil
+	extraName := ""
+	if extra != nil {
+		extraName = outsideDockerfile
+	}
+	return tarDir(absCtx, extraName, extra), filepath.ToSlash(inside), nil
 }

@@ -93,10 +93,7 @@ func pullSource(ref string) (client.PullSource, func(), error) {
 		if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
 			return client.PullSource{}, nop, fmt.Errorf("OCI layout %s: not a directory on this machine", dir)
 		}
-		r, err := tarDir(dir)
-		if err != nil {
-			return client.PullSource{}, nop, err
-		}
+		r := tarDir(dir, "", nil)
 		return client.PullSource{Format: "oci", Ref: sel, Body: r}, func() { r.Close() }, nil
 	}
 	if rest, ok := strings.CutPrefix(ref, "docker-archive:"); ok {
@@ -127,18 +124,25 @@ func splitLocalRef(s string) (path, ref string) {
 }
 
 // tarDir streams dir as a tar archive of its directories, regular files
-// and symlinks, relative to dir.
-func tarDir(dir string) (io.ReadCloser, error) {
+// and symlinks, relative to dir, and one more file, extraName holding
+// extra, when extraName is set. It is written as it is read: an upload
+// of a large directory needs no temporary copy.
+func tarDir(dir, extraName string, extra []byte) io.ReadCloser {
 	pr, pw := io.Pipe()
 	go func() {
 		tw := tar.NewWriter(pw)
 		err := tw.AddFS(os.DirFS(dir))
+		if err == nil && extraName != "" {
+			if err = tw.WriteHeader(&tar.Header{Name: extraName, Mode: 0o644, Size: int64(len(extra)), Typeflag: tar.TypeReg}); err == nil {
+				_, err = tw.Write(extra)
+			}
+		}
 		if cerr := tw.Close(); err == nil {
 			err = cerr
 		}
 		pw.CloseWithError(err)
 	}()
-	return pr, nil
+	return pr
 }
 
 // pullProgress shows a pull's progress: a bar on a terminal, a line per

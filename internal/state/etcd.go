@@ -227,17 +227,6 @@ func (e *Etcd) Stats(ctx context.Context) (Stats, error) {
 	return Stats{}, fmt.Errorf("getting etcd stats: %w", errors.Join(errs...))
 }
 
-// compact discards history up to rev at once rather than at the next
-// auto-compaction, so that benchmarks measure what live data costs.
-func (e *Etcd) compact(ctx context.Context, rev int64) error {
-	cctx, cancel := context.WithTimeout(ctx, e.cfg.OpTimeout)
-	defer cancel()
-	if _, err := e.client.Compact(cctx, rev, clientv3.WithCompactPhysical()); err != nil {
-		return e.wrap(fmt.Sprintf("compacting to revision %d", rev), err)
-	}
-	return nil
-}
-
 // Get implements KV with a linearizable read.
 func (e *Etcd) Get(ctx context.Context, key string) (Entry, error) {
 	op := "getting " + key
