@@ -35,6 +35,10 @@ type pullProgressJSON struct {
 // ref naming the image in it; cpuCount, memoryMB, startCmd, readyCmd,
 // insecure (plain HTTP or unverified TLS to the registry).
 func (s *Server) pullTemplate(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.BuildSteps == nil {
+		writeError(w, http.StatusNotImplemented, "templates are pulled on a server with a local node; this one has none (--local-node=false)")
+		return
+	}
 	p, ok := parseImportParams(w, r)
 	if !ok {
 		return

@@ -1,10 +1,15 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/aenvhq/aenv/internal/cluster"
+	"github.com/aenvhq/aenv/internal/server"
 )
 
 func newNodesCmd(g *globals) *cobra.Command {
@@ -44,12 +49,62 @@ lost when a node stopped reporting), capacity, usage and sandbox count.`,
 }
 
 func newNodeCmd(g *globals) *cobra.Command {
+	var cfg server.Config
+	var logLevel, onStop string
+	var egressAllow []string
 	cmd := &cobra.Command{
 		Use:   "node",
-		Short: "Operate on one node",
-		Args:  cobra.ArbitraryArgs,
-		RunE:  groupRun,
+		Short: "Run a node agent that joins a cluster (and operate on nodes)",
+		Long: `Run a node agent: this host runs sandboxes for the cluster's API servers.
+
+  aenv node --join http://SERVER:8000 --token TOKEN --advertise HOST:8100
+
+--join asks that server for the cluster's etcd endpoints (the server must
+reach its etcd over the network: --etcd-endpoints, or --etcd-listen for its
+embedded member); --etcd-endpoints names them directly. The token is the
+cluster's (<data-dir>/secrets/cluster-token on the first server; also read
+from $AENV_CLUSTER_TOKEN or this node's <data-dir>/secrets/cluster-token):
+a node with the wrong one is refused, and the node refuses servers without
+it. Servers reach the node's API and its sandboxes at --advertise.
+
+The node registers its capacity and usage under a 10 s lease. Stopping it
+(even kill -9) leaves its sandboxes running: restarted within the lease it
+takes them over; later, the cluster has reported them lost and the node
+removes them. Needs root.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := hostSettings(&cfg, egressAllow, logLevel); err != nil {
+				return err
+			}
+			switch onStop {
+			case "keep":
+				cfg.OnStop = cluster.StopKeep
+			case "kill":
+				cfg.OnStop = cluster.StopKill
+			default:
+				return fmt.Errorf("--on-stop must be keep or kill, not %q", onStop)
+			}
+			ctx := cmd.Context()
+			a, err := server.StartNode(ctx, cfg)
+			if err != nil {
+				return err
+			}
+			<-ctx.Done()
+			cfg.Logger.Info("shutting down", "sandboxes", onStop)
+			sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			return a.Close(sctx)
+		},
 	}
+	f := cmd.Flags()
+	hostFlags(f, &cfg, &egressAllow, &logLevel)
+	f.StringVar(&cfg.Listen, "listen", server.DefaultNodeListen, "address of the node API and the sandbox traffic servers forward")
+	f.StringVar(&cfg.Advertise, "advertise", "", "host:port servers reach this node at (default: --listen, if it names an address)")
+	f.StringVar(&cfg.Join, "join", "", "URL of a server of the cluster to learn its etcd endpoints from")
+	f.StringVar(&cfg.ClusterToken, "token", "", "the cluster token (default: $AENV_CLUSTER_TOKEN, else <data-dir>/secrets/cluster-token)")
+	f.StringVar(&cfg.NodeID, "node-id", "", "this node's id (default: the hostname)")
+	f.StringVar(&onStop, "on-stop", "keep", "what stopping the node does with running sandboxes: keep (a restart takes them over) or kill")
+
 	var undo bool
 	drain := &cobra.Command{
 		Use:   "drain ID",

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/aenvhq/aenv/internal/cluster"
 	"github.com/aenvhq/aenv/internal/server"
@@ -19,7 +20,7 @@ const defaultDataDir = "/var/lib/aenv"
 func newServerCmd() *cobra.Command {
 	var cfg server.Config
 	var logLevel, onStop string
-	var drain, cleanup bool
+	var drain, cleanup, localNode bool
 	var egressAllow, trustedProxies []string
 	cmd := &cobra.Command{
 		Use:   "server",
@@ -42,11 +43,10 @@ sandboxes: the next start takes them over, running as they were.
 and --on-stop=kill kills them.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var level slog.Level
-			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
+			if err := hostSettings(&cfg, egressAllow, logLevel); err != nil {
 				return err
 			}
-			cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+			cfg.NoLocalNode = !localNode
 			if cfg.APIKey == "" {
 				cfg.APIKey = os.Getenv("AENV_API_KEY")
 			}
@@ -73,13 +73,6 @@ and --on-stop=kill kills them.`,
 				}
 				cfg.TrustedProxies = append(cfg.TrustedProxies, p.Masked())
 			}
-			for _, a := range egressAllow {
-				p, err := netip.ParsePrefix(a)
-				if err != nil {
-					return fmt.Errorf("--egress-allow %q: %w", a, err)
-				}
-				cfg.EgressAllow = append(cfg.EgressAllow, p.Masked())
-			}
 			ctx := cmd.Context()
 			if cleanup {
 				if err := server.Cleanup(ctx, cfg); err != nil {
@@ -100,19 +93,11 @@ and --on-stop=kill kills them.`,
 		},
 	}
 	f := cmd.Flags()
+	hostFlags(f, &cfg, &egressAllow, &logLevel)
+	f.BoolVar(&localNode, "local-node", true, "run a node in this process (the single-host setup); false makes a pure API server for the nodes that join (aenv node)")
+	f.StringVar(&cfg.ClusterToken, "cluster-token", "", "token servers and nodes authenticate each other with (default: $AENV_CLUSTER_TOKEN, else <data-dir>/secrets/cluster-token, generated on first start)")
 	f.StringVar(&cfg.Listen, "listen", ":8000", "address of the API and sandbox proxy")
-	f.StringVar(&cfg.DataDir, "data-dir", defaultDataDir, "durable state: API key, templates")
-	f.StringVar(&cfg.RunDir, "run-dir", "/run/aenv", "state that dies with the host: runsc state, network namespaces")
-	f.StringVar(&cfg.RunscPath, "runsc", "", "runsc binary (default: from PATH)")
-	f.StringVar(&cfg.EnvdPath, "envd", "", "static envd binary (default: beside aenv, then PATH)")
-	f.StringVar(&cfg.BaseRootFS, "base-rootfs", os.Getenv("AENV_BASE_ROOTFS"), "prebuilt root filesystem for the base template (env AENV_BASE_ROOTFS)")
-	f.StringVar(&cfg.SandboxCIDR, "sandbox-cidr", "10.231.0.0/16", "IPv4 range cut into one /30 per sandbox for host-side addresses")
 	f.StringVar(&cfg.Domain, "domain", "", "domain sandbox hosts are reported under (<port>-<id>.<domain>; default localhost:<port>)")
-	f.IntVar(&cfg.NetnsPoolSize, "netns-pool", 8, "network namespaces kept ready for new sandboxes")
-	f.StringVar(&cfg.StoreURL, "store", os.Getenv("AENV_STORE"), "durable snapshot store: /shared/path, file:///path or s3://bucket/prefix?endpoint=URL&region=R&path_style=true (env AENV_STORE; default: the data dir only)")
-	f.StringVar(&cfg.StoreAccessKey, "store-access-key", "", "S3 access key (default: AWS_ACCESS_KEY_ID and the AWS default chain)")
-	f.StringVar(&cfg.StoreSecretKey, "store-secret-key", "", "S3 secret key (default: AWS_SECRET_ACCESS_KEY and the AWS default chain)")
-	f.IntVar(&cfg.WarmPoolSize, "warm-pool", 2, "base sandboxes kept prestarted so that creates skip the boot (0 disables; each costs ~40 MiB)")
 	f.Float64Var(&cfg.RateLimit, "rate-limit", 100, "control-plane requests per second per client (its API key, else its address; 0: unlimited); over it clients get 429 with Retry-After")
 	f.IntVar(&cfg.RateBurst, "rate-burst", 200, "requests a client may send at once before --rate-limit applies")
 	f.Float64Var(&cfg.ProxyRateLimit, "proxy-rate-limit", 1000, "requests per second to each sandbox through the proxy (0: unlimited); over it 429 with Retry-After")
@@ -120,23 +105,56 @@ and --on-stop=kill kills them.`,
 	f.StringSliceVar(&trustedProxies, "trusted-proxies", nil, "CIDRs of proxies in front of the server whose X-Forwarded-For names the client (for the rate limit)")
 	f.StringVar(&cfg.TLSCert, "tls-cert", "", "TLS certificate file (with --tls-key: serve HTTPS)")
 	f.StringVar(&cfg.TLSKey, "tls-key", "", "TLS private key file")
-	f.StringVar(&cfg.NetnsTag, "netns-tag", "aenv", "names this server's nftables tables and host interfaces (lower-case letters; distinct per server on one host)")
-	f.StringSliceVar(&cfg.EtcdEndpoints, "etcd-endpoints", nil, "external etcd cluster for the live state (URL[,URL...]; default: an embedded member in <data-dir>/etcd)")
+	f.StringSliceVar(&cfg.EtcdClientURLs, "etcd-listen", nil, "loopback URLs the embedded etcd listens on instead of its unix socket (e.g. http://127.0.0.1:23790)")
+	f.BoolVar(&cfg.AllowInsecureSandboxes, "allow-insecure-sandboxes", false, "create sandboxes without an envd access token when the client sends secure: false (by default every sandbox has one; the SDKs send it)")
+	f.StringVar(&onStop, "on-stop", "keep", "what stopping the server does with running sandboxes: keep (the next start takes them over), pause or kill")
+	f.BoolVar(&drain, "drain-on-stop", false, "pause every running sandbox on SIGTERM (same as --on-stop=pause), for a host that is going away")
+	f.BoolVar(&cleanup, "cleanup", false, "do not serve: kill every sandbox a stopped server with these settings left running, remove its network slots, and exit (for uninstalling)")
+	return cmd
+}
+
+// hostFlags are the settings of whatever runs sandboxes on this host: the
+// local node of `aenv server` and `aenv node` alike.
+func hostFlags(f *pflag.FlagSet, cfg *server.Config, egressAllow *[]string, logLevel *string) {
+	f.StringVar(&cfg.DataDir, "data-dir", defaultDataDir, "durable state: API key, templates")
+	f.StringVar(&cfg.RunDir, "run-dir", "/run/aenv", "state that dies with the host: runsc state, network namespaces")
+	f.StringVar(&cfg.RunscPath, "runsc", "", "runsc binary (default: from PATH)")
+	f.StringVar(&cfg.EnvdPath, "envd", "", "static envd binary (default: beside aenv, then PATH)")
+	f.StringVar(&cfg.BaseRootFS, "base-rootfs", os.Getenv("AENV_BASE_ROOTFS"), "prebuilt root filesystem for the base template (env AENV_BASE_ROOTFS)")
+	f.StringVar(&cfg.SandboxCIDR, "sandbox-cidr", "10.231.0.0/16", "IPv4 range cut into one /30 per sandbox for host-side addresses")
+	f.IntVar(&cfg.NetnsPoolSize, "netns-pool", 8, "network namespaces kept ready for new sandboxes")
+	f.StringVar(&cfg.StoreURL, "store", os.Getenv("AENV_STORE"), "durable snapshot store: /shared/path, file:///path or s3://bucket/prefix?endpoint=URL&region=R&path_style=true (env AENV_STORE; default: the data dir only)")
+	f.StringVar(&cfg.StoreAccessKey, "store-access-key", "", "S3 access key (default: AWS_ACCESS_KEY_ID and the AWS default chain)")
+	f.StringVar(&cfg.StoreSecretKey, "store-secret-key", "", "S3 secret key (default: AWS_SECRET_ACCESS_KEY and the AWS default chain)")
+	f.IntVar(&cfg.WarmPoolSize, "warm-pool", 2, "base sandboxes kept prestarted so that creates skip the boot (0 disables; each costs ~40 MiB)")
+	f.StringVar(&cfg.NetnsTag, "netns-tag", "aenv", "names this node's nftables tables and host interfaces (lower-case letters; distinct per server or node on one host)")
+	f.StringSliceVar(&cfg.EtcdEndpoints, "etcd-endpoints", nil, "external etcd cluster for the live state (URL[,URL...]; a server's default is an embedded member in <data-dir>/etcd; a node needs these or --join)")
 	f.StringVar(&cfg.EtcdCAFile, "etcd-ca", "", "CA certificate to verify --etcd-endpoints")
 	f.StringVar(&cfg.EtcdCertFile, "etcd-cert", "", "client certificate for --etcd-endpoints")
 	f.StringVar(&cfg.EtcdKeyFile, "etcd-key", "", "client key for --etcd-endpoints")
-	f.StringSliceVar(&cfg.EtcdClientURLs, "etcd-listen", nil, "loopback URLs the embedded etcd listens on instead of its unix socket (e.g. http://127.0.0.1:23790)")
-	f.StringSliceVar(&egressAllow, "egress-allow", nil, "CIDR of the host's own networks that sandboxes may reach after all (they never reach the host's networks otherwise; the private and special ranges stay blocked)")
-	f.BoolVar(&cfg.AllowInsecureSandboxes, "allow-insecure-sandboxes", false, "create sandboxes without an envd access token when the client sends secure: false (by default every sandbox has one; the SDKs send it)")
+	f.StringSliceVar(egressAllow, "egress-allow", nil, "CIDR of the host's own networks that sandboxes may reach after all (they never reach the host's networks otherwise; the private and special ranges stay blocked)")
 	f.IntVar(&cfg.PidsLimit, "pids-limit", 1024, "processes and threads each user in a sandbox may run; past it fork fails with EAGAIN inside (templates may set their own)")
 	f.IntVar(&cfg.PidsTotal, "pids-limit-total", 0, "host tasks all sandboxes together may run (default: 3/4 of kernel.pid_max)")
 	f.IntVar(&cfg.Capacity.MemoryMB, "capacity-memory", 0, "memory (MiB) this host offers sandboxes; larger sandboxes are refused (default: physical memory)")
 	f.IntVar(&cfg.Capacity.CPUCount, "capacity-cpu", 0, "CPUs this host offers; sandboxes with more are refused (default: the host's; CPU is overcommitted freely and enforced by quota)")
 	f.Float64Var(&cfg.Capacity.MemoryOvercommit, "memory-overcommit", 4, "sandboxes' configured memory may add up to this multiple of --capacity-memory; past it creates get 503 with Retry-After")
 	f.Float64Var(&cfg.Capacity.MemoryHighWater, "memory-high-water", 0.9, "refuse creates (503, Retry-After) while the host's real memory use is above this fraction")
-	f.StringVar(&onStop, "on-stop", "keep", "what stopping the server does with running sandboxes: keep (the next start takes them over), pause or kill")
-	f.BoolVar(&drain, "drain-on-stop", false, "pause every running sandbox on SIGTERM (same as --on-stop=pause), for a host that is going away")
-	f.BoolVar(&cleanup, "cleanup", false, "do not serve: kill every sandbox a stopped server with these settings left running, remove its network slots, and exit (for uninstalling)")
-	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
-	return cmd
+	f.StringVar(logLevel, "log-level", "info", "debug, info, warn or error")
+}
+
+// hostSettings applies what hostFlags parsed that needs parsing.
+func hostSettings(cfg *server.Config, egressAllow []string, logLevel string) error {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(logLevel)); err != nil {
+		return err
+	}
+	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	for _, a := range egressAllow {
+		p, err := netip.ParsePrefix(a)
+		if err != nil {
+			return fmt.Errorf("--egress-allow %q: %w", a, err)
+		}
+		cfg.EgressAllow = append(cfg.EgressAllow, p.Masked())
+	}
+	return nil
 }

@@ -19,9 +19,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/aenvhq/aenv/internal/netns"
-	"github.com/aenvhq/aenv/internal/node"
-	"github.com/aenvhq/aenv/internal/snapshot"
+	"connectrpc.com/connect"
+
+	"github.com/aenvhq/aenv/internal/nodeapi"
+	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
 	"github.com/aenvhq/aenv/internal/state"
 )
 
@@ -52,25 +53,6 @@ const (
 	StatePaused  State = "paused"
 )
 
-// Node is what the cluster needs of a node. *node.Node implements it
-// in-process.
-type Node interface {
-	ID() string
-	Create(ctx context.Context, req node.CreateRequest) (*node.Sandbox, error)
-	Kill(ctx context.Context, id string) error
-	Usage(ctx context.Context, id string) (node.Usage, error)
-	// OnExit registers a handler for sandboxes that died on their own,
-	// told why.
-	OnExit(fn func(id, reason string))
-	// List returns the sandboxes the node runs (after a restart, those it
-	// recovered), for reconciling with the records.
-	List() []*node.Sandbox
-	Snapshot(ctx context.Context, id string, opts node.SnapshotOptions) (*snapshot.Snapshot, error)
-	Snapshots(ctx context.Context, kinds ...snapshot.Kind) ([]*snapshot.Snapshot, error)
-	GetSnapshot(ctx context.Context, idOrName string) (*snapshot.Snapshot, error)
-	DeleteSnapshot(ctx context.Context, id string) error
-}
-
 // Limits bound what a client may ask for.
 type Limits struct {
 	// MaxTimeout is the longest a sandbox may live without a refresh.
@@ -87,7 +69,12 @@ var DefaultLimits = Limits{MaxTimeout: 24 * time.Hour, MaxCPUCount: 8, MaxMemory
 
 // Config wires a cluster.
 type Config struct {
-	Node   Node
+	// Local is the node in this process (the single-host default); nil
+	// for a pure API server.
+	Local nodeapi.Node
+	// Dial reaches the node agent registered at address; nil uses only
+	// Local.
+	Dial   func(id, address string) nodeapi.Node
 	Limits Limits
 	// State holds the records; required.
 	State state.Store
@@ -100,7 +87,7 @@ type Config struct {
 	LegacyStateDir string
 	// Candidate names this server in the deadline election; it must be
 	// unique to one server at a time (a restarted server evicts its dead
-	// predecessor by it). Empty means the node's id.
+	// predecessor by it). Required.
 	Candidate string
 	// TickInterval is how often the elected server looks for deadlines
 	// that passed; 0 means 250ms.
@@ -151,9 +138,10 @@ type CreateRequest struct {
 
 // Cluster tracks sandboxes. It is safe for concurrent use.
 type Cluster struct {
-	cfg  Config
-	log  *slog.Logger
-	recs *records
+	cfg   Config
+	log   *slog.Logger
+	recs  *records
+	nodes *fleet
 
 	mu     sync.Mutex
 	closed bool
@@ -169,8 +157,8 @@ type Cluster struct {
 // runs (see reconcile) and starts following the store and campaigning to
 // enforce deadlines. Close stops that.
 func Open(ctx context.Context, cfg Config) (*Cluster, error) {
-	if cfg.State == nil || cfg.Node == nil {
-		return nil, errors.New("opening cluster: a state store and a node are required")
+	if cfg.State == nil || (cfg.Local == nil && cfg.Dial == nil) || cfg.Candidate == "" {
+		return nil, errors.New("opening cluster: a state store, a node (local or remote) and a candidate name are required")
 	}
 	if cfg.Limits == (Limits{}) {
 		cfg.Limits = DefaultLimits
@@ -181,10 +169,9 @@ func Open(ctx context.Context, cfg Config) (*Cluster, error) {
 	if cfg.TickInterval == 0 {
 		cfg.TickInterval = 250 * time.Millisecond
 	}
-	if cfg.Candidate == "" {
-		cfg.Candidate = cfg.Node.ID()
-	}
 	c := &Cluster{cfg: cfg, log: cfg.Logger, recs: newRecords(cfg.State), expiring: map[string]bool{}}
+	c.nodes = newFleet(cfg.State, cfg.Local, cfg.Dial, cfg.Logger)
+	c.nodes.onEvent = c.nodeEvent
 	if err := c.migrateLegacy(ctx); err != nil {
 		return nil, err
 	}
@@ -194,12 +181,17 @@ func Open(ctx context.Context, cfg Config) (*Cluster, error) {
 		return nil, err
 	}
 	c.log.Info("sandbox records loaded", "records", len(c.recs.m), "took_ms", time.Since(start).Milliseconds())
-	if err := c.reconcile(ctx); err != nil {
-		return nil, err
+	if cfg.Local != nil {
+		if err := c.reconcile(ctx, cfg.Local); err != nil {
+			return nil, err
+		}
 	}
-	cfg.Node.OnExit(c.forget)
 	bg, stop := context.WithCancel(context.WithoutCancel(ctx))
 	c.stop = stop
+	if err := c.nodes.start(bg, &c.bg); err != nil {
+		stop()
+		return nil, err
+	}
 	c.bg.Add(2)
 	go func() {
 		defer c.bg.Done()
@@ -212,13 +204,31 @@ func Open(ctx context.Context, cfg Config) (*Cluster, error) {
 	return c, nil
 }
 
-// forget drops the record of a sandbox that died on its own on its node,
-// leaving the reason for whoever asks for it.
-func (c *Cluster) forget(id, reason string) {
+// nodeEvent handles what a node reports on its own.
+func (c *Cluster) nodeEvent(nodeID string, ev *nodev1.Event) {
+	switch ev.Kind {
+	case nodev1.Event_KIND_EXITED, nodev1.Event_KIND_OOM_KILLED:
+		c.forget(nodeID, ev.SandboxId, ev.Reason)
+	case nodev1.Event_KIND_SYNC:
+		if c.cfg.Local == nil || nodeID != c.cfg.Local.ID() {
+			c.bg.Add(1)
+			go func() {
+				defer c.bg.Done()
+				c.syncNode(nodeID)
+			}()
+		}
+	}
+}
+
+// forget drops the record of a sandbox that died on its own on node
+// nodeID, leaving the reason for whoever asks for it. Every server hears
+// it; the first one's removal wins, and a sandbox that lives on another
+// node by now (resumed elsewhere) is not touched.
+func (c *Cluster) forget(nodeID, id, reason string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, _, ok := c.recs.get(id); ok {
-		if err := c.recs.remove(ctx, id, reason); err != nil {
+	if r, _, ok := c.recs.get(id); ok && r.NodeID == nodeID && r.State == StateRunning {
+		if err := c.recs.remove(ctx, id, reason); err != nil && !errors.Is(err, ErrNotFound) {
 			c.log.Error("removing record of exited sandbox", "sandbox_id", id, "err", err)
 		}
 		c.log.Warn("sandbox ended on its own", "sandbox_id", id, "reason", reason)
@@ -302,32 +312,61 @@ func truncate(s string) string {
 	return s
 }
 
-// Create validates req, places the sandbox on a node and starts it.
+// Create validates req, places the sandbox on a node and starts it. A
+// node that turns out to be full (its last report was older than its
+// admission) hands the sandbox to the next candidate.
 func (c *Cluster) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) {
 	if err := c.validate(&req); err != nil {
 		return nil, err
 	}
-	if err := c.admitting(ctx); err != nil {
-		return nil, err
+	wreq := &nodev1.CreateRequest{
+		TemplateId:    req.TemplateID,
+		CpuCount:      int32(req.CPUCount),
+		MemoryMb:      int32(req.MemoryMB),
+		EnvVars:       req.EnvVars,
+		AllowInternet: req.AllowInternet,
+		Secure:        req.Secure,
 	}
-	nsb, err := c.cfg.Node.Create(ctx, node.CreateRequest{
-		TemplateID: req.TemplateID,
-		CPUCount:   req.CPUCount,
-		MemoryMB:   req.MemoryMB,
-		EnvVars:    req.EnvVars,
-		Network:    netns.SlotOptions{AllowInternet: req.AllowInternet},
-		Secure:     req.Secure,
-	})
+	nsb, n, err := c.start(ctx, placement{template: req.TemplateID, memoryMB: req.MemoryMB, cpus: req.CPUCount}, wreq)
 	if err != nil {
-		if isTemplateNotFound(err) {
+		if nodeapi.Code(err) == connect.CodeNotFound {
 			return nil, fmt.Errorf("%w: %q", ErrTemplateNotFound, req.TemplateID)
 		}
-		return nil, classifyNodeError(err)
+		return nil, err
 	}
-	return c.register(ctx, nsb, registration{
+	return c.register(ctx, n, nsb, registration{
 		requestedTemplate: req.TemplateID, metadata: req.Metadata, timeout: req.Timeout,
 		autoPause: req.AutoPause, allowInternet: req.AllowInternet,
 	})
+}
+
+// placeAttempts bounds how many nodes one start tries.
+const placeAttempts = 3
+
+// start places a sandbox and starts it there, moving on to another node
+// when one refuses for lack of room. The error is in the cluster's
+// classes (classifyNodeError).
+func (c *Cluster) start(ctx context.Context, p placement, req *nodev1.CreateRequest) (*nodev1.Sandbox, nodeapi.Node, error) {
+	var err error
+	for range placeAttempts {
+		var n nodeapi.Node
+		if n, err = c.nodes.place(p); err != nil {
+			return nil, nil, err
+		}
+		var nsb *nodev1.Sandbox
+		nsb, err = n.Create(ctx, req)
+		if err == nil {
+			return nsb, n, nil
+		}
+		err = classifyNodeError(err)
+		if !errNodeFull(err) || ctx.Err() != nil {
+			return nil, nil, err
+		}
+		c.log.Info("node full; placing on another", "node_id", n.ID(), "err", err)
+		p.exclude = append(p.exclude, n.ID())
+		p.prefer = ""
+	}
+	return nil, nil, err
 }
 
 // registration is what a new record takes beyond the node's description.
@@ -342,30 +381,32 @@ type registration struct {
 // netipZero is the address of a sandbox that has none (paused).
 var netipZero netip.Addr
 
-// register stores the record of a sandbox a node started. If the record
+// register stores the record of a sandbox node n started. If the record
 // cannot be stored the sandbox is killed: a sandbox nobody can find must
 // not run.
-func (c *Cluster) register(ctx context.Context, nsb *node.Sandbox, reg registration) (*Sandbox, error) {
-	id := nsb.ID
+func (c *Cluster) register(ctx context.Context, n nodeapi.Node, nsb *nodev1.Sandbox, reg registration) (*Sandbox, error) {
+	id := nsb.Id
+	addr, _ := netip.ParseAddr(nsb.Addr)
+	started := nsb.StartedAt.AsTime().UTC()
 	r := record{Sandbox: Sandbox{
 		ID:              id,
-		TemplateID:      nsb.TemplateID,
-		ClientID:        c.cfg.Node.ID(),
-		NodeID:          c.cfg.Node.ID(),
+		TemplateID:      nsb.TemplateId,
+		ClientID:        n.ID(),
+		NodeID:          n.ID(),
 		Metadata:        maps.Clone(reg.metadata),
 		State:           StateRunning,
-		StartedAt:       nsb.StartedAt,
-		EndAt:           nsb.StartedAt.Add(reg.timeout),
-		CPUCount:        nsb.CPUCount,
-		MemoryMB:        nsb.MemoryMB,
-		DiskMB:          nsb.DiskMB,
+		StartedAt:       started,
+		EndAt:           started.Add(reg.timeout),
+		CPUCount:        int(nsb.CpuCount),
+		MemoryMB:        int(nsb.MemoryMb),
+		DiskMB:          int(nsb.DiskMb),
 		EnvdVersion:     nsb.EnvdVersion,
 		EnvdAccessToken: nsb.EnvdAccessToken,
 		AutoPause:       reg.autoPause,
 		AllowInternet:   reg.allowInternet,
-		Addr:            nsb.Addr,
+		Addr:            addr,
 	}}
-	if reg.requestedTemplate != nsb.TemplateID {
+	if reg.requestedTemplate != nsb.TemplateId {
 		r.Alias = reg.requestedTemplate
 	}
 	c.mu.Lock()
@@ -378,8 +419,8 @@ func (c *Cluster) register(ctx context.Context, nsb *node.Sandbox, reg registrat
 		err = c.recs.create(ctx, r)
 	}
 	if err != nil {
-		if kerr := c.cfg.Node.Kill(context.WithoutCancel(ctx), id); kerr != nil {
-			c.log.Error("killing unrecorded sandbox", "sandbox_id", id, "err", kerr)
+		if _, kerr := n.Kill(context.WithoutCancel(ctx), &nodev1.KillRequest{SandboxId: id}); kerr != nil {
+			c.log.Error("killing unrecorded sandbox", "sandbox_id", id, "node_id", n.ID(), "err", kerr)
 		}
 		return nil, fmt.Errorf("creating sandbox %s: %w", id, err)
 	}
@@ -404,17 +445,34 @@ func (c *Cluster) Get(ctx context.Context, id string) (*Sandbox, error) {
 	return &out, nil
 }
 
-// Addr is where sandbox id's ports are reached. The proxy asks it on
-// every request, so it reads the cache without copying the record.
-func (c *Cluster) Addr(ctx context.Context, id string) (netip.Addr, error) {
-	if a, ok := c.recs.addr(id); ok {
-		return a, nil
+// Route is how the proxy reaches a sandbox's ports.
+type Route struct {
+	// Addr is the sandbox's address on its node.
+	Addr netip.Addr
+	// Via is the node agent that forwards to it (host:port); empty when
+	// the sandbox runs on this server's own node.
+	Via string
+}
+
+// Route says how to reach sandbox id's ports. The proxy asks it on every
+// request, so it reads the caches without copying the record.
+func (c *Cluster) Route(ctx context.Context, id string) (Route, error) {
+	a, nodeID, ok := c.recs.addr(id)
+	if !ok {
+		sb, err := c.Get(ctx, id)
+		if err != nil {
+			return Route{}, err
+		}
+		a, nodeID = sb.Addr, sb.NodeID
 	}
-	sb, err := c.Get(ctx, id)
-	if err != nil {
-		return netip.Addr{}, err
+	if !a.IsValid() {
+		return Route{}, fmt.Errorf("%w: sandbox %s is not running", ErrConflict, id)
 	}
-	return sb.Addr, nil
+	via, ok := c.nodes.address(nodeID)
+	if !ok {
+		return Route{}, fmt.Errorf("%w: the node of sandbox %s (%s) is not reachable", ErrUnavailable, id, nodeID)
+	}
+	return Route{Addr: a, Via: via}, nil
 }
 
 // notFound is the ErrNotFound for id, with the reason it is gone if known.
@@ -488,17 +546,23 @@ func (c *Cluster) Kill(ctx context.Context, id string) error {
 		return err
 	}
 	if sb.State == StatePaused {
-		if err := c.cfg.Node.DeleteSnapshot(ctx, sb.SnapshotID); err != nil {
-			c.log.Warn("deleting paused sandbox's snapshot", "sandbox_id", id, "err", err)
-		}
+		c.deleteSnapshotQuietly(sb.SnapshotID, "paused sandbox's snapshot")
 		return nil
 	}
-	err = c.cfg.Node.Kill(ctx, id)
-	c.gone(id)
-	if errors.Is(err, node.ErrNotFound) {
+	defer c.gone(id)
+	n, err := c.nodes.node(sb.NodeID)
+	if err != nil {
+		c.log.Warn("killed sandbox's node is unreachable; its record is gone", "sandbox_id", id, "err", err)
+		return nil
+	}
+	_, err = n.Kill(ctx, &nodev1.KillRequest{SandboxId: id})
+	if nodeapi.Code(err) == connect.CodeNotFound {
 		return nil // it died meanwhile; the record is gone either way
 	}
-	return err
+	if err != nil {
+		return fmt.Errorf("killing sandbox %s on node %s: %w", id, sb.NodeID, err)
+	}
+	return nil
 }
 
 // SetTimeout moves a sandbox's deadline to now + d.
@@ -535,17 +599,32 @@ func (c *Cluster) extend(ctx context.Context, id string, d time.Duration, onlyLa
 	return &r.Sandbox, nil
 }
 
+// Usage is a sandbox's resource use: memory now, and CPU time used since
+// the previous reading (or since the sandbox was handed out).
+type Usage struct {
+	MemoryBytes   uint64
+	CPUSinceNanos uint64
+	Since         time.Time
+}
+
 // Usage reads a sandbox's resource use from its node.
-func (c *Cluster) Usage(ctx context.Context, id string) (node.Usage, *Sandbox, error) {
+func (c *Cluster) Usage(ctx context.Context, id string) (Usage, *Sandbox, error) {
 	sb, err := c.Get(ctx, id)
 	if err != nil {
-		return node.Usage{}, nil, err
+		return Usage{}, nil, err
 	}
 	if sb.State != StateRunning {
-		return node.Usage{Since: time.Now()}, sb, nil // a paused sandbox uses nothing
+		return Usage{Since: time.Now()}, sb, nil // a paused sandbox uses nothing
 	}
-	u, err := c.cfg.Node.Usage(ctx, id)
-	return u, sb, err
+	n, err := c.nodes.node(sb.NodeID)
+	if err != nil {
+		return Usage{}, nil, err
+	}
+	st, err := n.Stats(ctx, &nodev1.StatsRequest{SandboxId: id})
+	if err != nil {
+		return Usage{}, nil, fmt.Errorf("reading usage of sandbox %s: %w", id, err)
+	}
+	return Usage{MemoryBytes: st.MemoryBytes, CPUSinceNanos: st.CpuSinceNanos, Since: st.Since.AsTime()}, sb, nil
 }
 
 // StopMode says what Close does with running sandboxes.
@@ -569,8 +648,8 @@ func (c *Cluster) Close(ctx context.Context, mode StopMode) error {
 	c.closed = true
 	c.mu.Unlock()
 	var errs []error
-	if mode != StopKeep {
-		self := c.cfg.Node.ID()
+	if mode != StopKeep && c.cfg.Local != nil {
+		self := c.cfg.Local.ID()
 		for _, r := range c.recs.all() {
 			if r.State != StateRunning || r.NodeID != self {
 				continue
@@ -592,6 +671,7 @@ func (c *Cluster) Close(ctx context.Context, mode StopMode) error {
 	if c.stop != nil {
 		c.stop()
 	}
+	c.nodes.stopAll()
 	c.bg.Wait()
 	return errors.Join(errs...)
 }

@@ -5,138 +5,25 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/aenvhq/aenv/internal/node"
+	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
 	"github.com/aenvhq/aenv/internal/snapshot"
 	"github.com/aenvhq/aenv/internal/state"
 )
 
-// fakeNode stands in for the node seam in these unit tests of the
-// cluster's own rules (records, reconciling, deadlines); the real node is
-// driven end to end by the server tests.
-type fakeNode struct {
-	id string
+// candidates names each test cluster apart in the deadline election.
+var candidates atomic.Int64
 
-	mu      sync.Mutex
-	running map[string]*node.Sandbox
-	snaps   map[string]*snapshot.Snapshot
-	killed  []string
-	onExit  func(string, string)
-	seq     int
-}
-
-func newFakeNode(id string) *fakeNode {
-	return &fakeNode{id: id, running: map[string]*node.Sandbox{}, snaps: map[string]*snapshot.Snapshot{}}
-}
-
-func (n *fakeNode) ID() string { return n.id }
-
-func (n *fakeNode) Create(ctx context.Context, req node.CreateRequest) (*node.Sandbox, error) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	id := req.SandboxID
-	if id == "" {
-		n.seq++
-		id = fmt.Sprintf("sb%d", n.seq)
-	}
-	if snap, ok := n.snaps[req.TemplateID]; ok && snap.Kind == snapshot.KindPause && snap.SandboxID != id {
-		return nil, errors.New("pause snapshot of another sandbox")
-	}
-	sb := &node.Sandbox{ID: id, TemplateID: "base", CPUCount: 2, MemoryMB: 512, StartedAt: time.Now().UTC(),
-		Addr: netip.MustParseAddr("10.0.0.1")}
-	n.running[id] = sb
-	return sb, nil
-}
-
-func (n *fakeNode) Kill(ctx context.Context, id string) error {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	n.killed = append(n.killed, id)
-	if _, ok := n.running[id]; !ok {
-		return node.ErrNotFound
-	}
-	delete(n.running, id)
-	return nil
-}
-
-func (n *fakeNode) Usage(ctx context.Context, id string) (node.Usage, error) {
-	return node.Usage{}, nil
-}
-func (n *fakeNode) OnExit(fn func(string, string)) { n.onExit = fn }
-
-func (n *fakeNode) List() []*node.Sandbox {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	var out []*node.Sandbox
-	for _, sb := range n.running {
-		out = append(out, sb)
-	}
-	return out
-}
-
-func (n *fakeNode) Snapshot(ctx context.Context, id string, opts node.SnapshotOptions) (*snapshot.Snapshot, error) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if _, ok := n.running[id]; !ok {
-		return nil, node.ErrNotFound
-	}
-	n.seq++
-	s := &snapshot.Snapshot{ID: fmt.Sprintf("snap%d", n.seq), Kind: opts.Kind, SandboxID: id, CreatedAt: time.Now()}
-	n.snaps[s.ID] = s
-	if opts.Stop {
-		delete(n.running, id)
-	}
-	return s, nil
-}
-
-func (n *fakeNode) Snapshots(ctx context.Context, kinds ...snapshot.Kind) ([]*snapshot.Snapshot, error) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	var out []*snapshot.Snapshot
-	for _, s := range n.snaps {
-		for _, k := range kinds {
-			if s.Kind == k {
-				out = append(out, s)
-			}
-		}
-	}
-	return out, nil
-}
-
-func (n *fakeNode) GetSnapshot(ctx context.Context, id string) (*snapshot.Snapshot, error) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if s, ok := n.snaps[id]; ok {
-		return s, nil
-	}
-	return nil, snapshot.ErrNotFound
-}
-
-func (n *fakeNode) DeleteSnapshot(ctx context.Context, id string) error {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	delete(n.snaps, id)
-	return nil
-}
-
-func (n *fakeNode) isRunning(id string) bool {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	_, ok := n.running[id]
-	return ok
-}
-
-func openCluster(t *testing.T, st state.Store, n Node) *Cluster {
+func openCluster(t *testing.T, st state.Store, n *fakeNode) *Cluster {
 	t.Helper()
-	c, err := Open(context.Background(), Config{State: st, Node: n, TickInterval: 20 * time.Millisecond})
+	c, err := Open(context.Background(), Config{State: st, Local: n, Candidate: fmt.Sprintf("server-%d", candidates.Add(1)),
+		TickInterval: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,7 +97,7 @@ func TestReconcile(t *testing.T) {
 	// record, and one is mid-pause with its snapshot saved.
 	n.mu.Lock()
 	delete(n.running, lost.ID)
-	n.running["orphan"] = &node.Sandbox{ID: "orphan"}
+	n.running["orphan"] = &nodev1.Sandbox{Id: "orphan"}
 	n.mu.Unlock()
 	if _, err := c.recs.mutate(ctx, pausing.ID, func(r *record) error {
 		r.Op, r.OpSince = "pause", time.Now()
@@ -218,7 +105,7 @@ func TestReconcile(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := n.Snapshot(ctx, pausing.ID, node.SnapshotOptions{Kind: snapshot.KindPause, Stop: true}); err != nil {
+	if _, err := n.Snapshot(ctx, &nodev1.SnapshotRequest{SandboxId: pausing.ID, Kind: string(snapshot.KindPause), Stop: true}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -299,7 +186,7 @@ func TestStoreDown(t *testing.T) {
 	if _, err := c.Create(ctx, CreateRequest{TemplateID: "base", Timeout: time.Minute}); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("create with the store down: %v, want ErrUnavailable", err)
 	}
-	if len(n.List()) != 1 {
+	if l, _ := n.List(ctx, nil); len(l.Sandboxes) != 1 {
 		t.Fatalf("a create that could not be recorded left a sandbox running")
 	}
 	if _, err := c.SetTimeout(ctx, sb.ID, time.Minute); !errors.Is(err, ErrUnavailable) {
@@ -384,7 +271,7 @@ func TestSizeLimits(t *testing.T) {
 			t.Errorf("create with %s: %v, want ErrInvalid naming it", tc.want, err)
 		}
 	}
-	if len(n.List()) != 0 {
+	if l, _ := n.List(ctx, nil); len(l.Sandboxes) != 0 {
 		t.Fatal("a refused create started a sandbox")
 	}
 }
@@ -403,7 +290,7 @@ func TestMigrateLegacyPausedRecords(t *testing.T) {
 		`{"ID":"oldpaused","TemplateID":"base","NodeID":"n1","Metadata":{"k":"v"},"State":"paused","SnapshotID":"snapkept","MemoryMB":512}`), 0o600)
 	os.WriteFile(filepath.Join(dir, "paused", "nosnap.json"), []byte(
 		`{"ID":"nosnap","TemplateID":"base","State":"paused","SnapshotID":"gone"}`), 0o600)
-	c, err := Open(ctx, Config{State: state.NewMemory(), Node: n, LegacyStateDir: dir})
+	c, err := Open(ctx, Config{State: state.NewMemory(), Local: n, Candidate: "test", LegacyStateDir: dir})
 	if err != nil {
 		t.Fatal(err)
 	}

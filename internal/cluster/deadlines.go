@@ -21,6 +21,10 @@ const leaderTTL = 10 * time.Second
 // sweepEvery is how often the leader removes expired tombstones.
 const sweepEvery = time.Minute
 
+// orphansEvery is how often the leader looks for the running sandboxes of
+// lost nodes.
+const orphansEvery = time.Second
+
 // campaign runs for election until ctx ends; while this server leads it
 // enforces deadlines.
 func (c *Cluster) campaign(ctx context.Context) {
@@ -68,7 +72,7 @@ func (c *Cluster) leadOnce(ctx context.Context) error {
 	}()
 	tick := time.NewTicker(c.cfg.TickInterval)
 	defer tick.Stop()
-	lastSweep := time.Time{}
+	lastSweep, lastOrphans := time.Time{}, time.Time{}
 	for {
 		select {
 		case <-ctx.Done():
@@ -78,6 +82,10 @@ func (c *Cluster) leadOnce(ctx context.Context) error {
 		case <-tick.C:
 		}
 		c.expireDue(ctx)
+		if time.Since(lastOrphans) > orphansEvery {
+			lastOrphans = time.Now()
+			c.loseOrphanedRecords(ctx)
+		}
 		if time.Since(lastSweep) > sweepEvery {
 			lastSweep = time.Now()
 			c.sweepTombstones(ctx)

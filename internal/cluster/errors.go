@@ -1,23 +1,31 @@
 package cluster
 
 import (
-	"errors"
 	"fmt"
 
-	"github.com/aenvhq/aenv/internal/node"
-	"github.com/aenvhq/aenv/internal/template"
+	"connectrpc.com/connect"
+
+	"github.com/aenvhq/aenv/internal/nodeapi"
 )
 
-func isTemplateNotFound(err error) bool { return errors.Is(err, template.ErrNotFound) }
-
-// classifyNodeError puts a node's admission refusals into the cluster's
-// error classes, keeping the node's reason.
+// classifyNodeError puts a node API error into the cluster's error
+// classes, keeping the node's own reason. Not-found is left as it is: what
+// was not found depends on the call.
 func classifyNodeError(err error) error {
-	switch {
-	case errors.Is(err, node.ErrTooLarge):
-		return fmt.Errorf("%w: %w", ErrInvalid, err)
-	case errors.Is(err, node.ErrNoCapacity):
-		return fmt.Errorf("%w: %w", ErrNoCapacity, err)
+	var class error
+	switch nodeapi.Code(err) {
+	case connect.CodeInvalidArgument:
+		class = ErrInvalid
+	case connect.CodeResourceExhausted:
+		class = ErrNoCapacity
+	case connect.CodeFailedPrecondition, connect.CodeAlreadyExists:
+		class = ErrConflict
+	case connect.CodeUnimplemented:
+		class = ErrUnsupported
+	case connect.CodeUnavailable:
+		class = ErrUnavailable
+	default:
+		return err
 	}
-	return err
+	return fmt.Errorf("%w: %s", class, nodeapi.Message(err))
 }

@@ -8,8 +8,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/aenvhq/aenv/internal/netns"
-	"github.com/aenvhq/aenv/internal/node"
+	"connectrpc.com/connect"
+
+	"github.com/aenvhq/aenv/internal/nodeapi"
+	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
 	"github.com/aenvhq/aenv/internal/snapshot"
 )
 
@@ -45,19 +47,30 @@ func (c *Cluster) release(ctx context.Context, id, op string) {
 // Pause saves a running sandbox's whole state and releases its CPU, memory
 // and network; Connect resumes it. Pausing a paused sandbox is ErrConflict.
 func (c *Cluster) Pause(ctx context.Context, id string) error {
-	if _, err := c.claim(ctx, id, StateRunning, "pause"); err != nil {
+	r, err := c.claim(ctx, id, StateRunning, "pause")
+	if err != nil {
 		return err
 	}
-	snap, err := c.cfg.Node.Snapshot(ctx, id, node.SnapshotOptions{Kind: snapshot.KindPause, Stop: true})
+	snap, err := c.snapshotOn(ctx, r.NodeID, &nodev1.SnapshotRequest{SandboxId: id, Kind: string(snapshot.KindPause), Stop: true})
 	if err != nil {
 		c.release(ctx, id, "pause")
-		if errors.Is(err, node.ErrUnsupported) {
-			return fmt.Errorf("%w: %v", ErrUnsupported, err)
-		}
 		return err
 	}
 	c.gone(id)
-	return c.finishPause(context.WithoutCancel(ctx), id, snap.ID)
+	return c.finishPause(context.WithoutCancel(ctx), id, snap.Id)
+}
+
+// snapshotOn asks node nodeID to snapshot a sandbox.
+func (c *Cluster) snapshotOn(ctx context.Context, nodeID string, req *nodev1.SnapshotRequest) (*nodev1.SnapshotInfo, error) {
+	n, err := c.nodes.node(nodeID)
+	if err != nil {
+		return nil, err
+	}
+	snap, err := n.Snapshot(ctx, req)
+	if err != nil {
+		return nil, fmt.Errorf("snapshotting sandbox %s on node %s: %w", req.SandboxId, nodeID, classifyNodeError(err))
+	}
+	return snap, nil
 }
 
 // finishPause records that sandbox id is paused in snapshot snapID. A
@@ -90,32 +103,36 @@ func (c *Cluster) Connect(ctx context.Context, id string, d time.Duration) (sb *
 		sb, err := c.Refresh(ctx, id, d)
 		return sb, false, err
 	}
-	if err := c.admitting(ctx); err != nil {
-		return nil, false, err
-	}
 	r, err := c.claim(ctx, id, StatePaused, "resume")
 	if err != nil {
 		return nil, false, err
 	}
-	nsb, err := c.cfg.Node.Create(ctx, node.CreateRequest{
-		SandboxID:  id,
-		TemplateID: r.SnapshotID,
-		Network:    netns.SlotOptions{AllowInternet: r.AllowInternet},
+	// Any node whose runtime saved the state may resume it; the one it
+	// was paused on still has the image at hand.
+	p := placement{memoryMB: r.MemoryMB, cpus: r.CPUCount, prefer: r.NodeID}
+	if snap, err := c.GetSnapshotAny(ctx, r.SnapshotID); err == nil {
+		p.runtime, p.runtimeVersion = snap.Runtime, snap.RuntimeVersion
+	}
+	nsb, n, err := c.start(ctx, p, &nodev1.CreateRequest{
+		SandboxId:     id,
+		TemplateId:    r.SnapshotID,
+		AllowInternet: r.AllowInternet,
 	})
 	if err != nil {
 		c.release(ctx, id, "resume")
-		return nil, false, fmt.Errorf("resuming sandbox %s: %w", id, classifyNodeError(err))
+		return nil, false, fmt.Errorf("resuming sandbox %s: %w", id, err)
 	}
-	out, err := c.finishResume(context.WithoutCancel(ctx), id, nsb.Addr, time.Now().UTC().Add(d))
+	addr, _ := netip.ParseAddr(nsb.Addr)
+	out, err := c.finishResume(context.WithoutCancel(ctx), n, id, addr, time.Now().UTC().Add(d))
 	if err != nil {
 		return nil, false, err
 	}
 	return out, true, nil
 }
 
-// finishResume records that paused sandbox id runs again at addr, and
-// drops the pause snapshot it was resumed from.
-func (c *Cluster) finishResume(ctx context.Context, id string, addr netip.Addr, end time.Time) (*Sandbox, error) {
+// finishResume records that paused sandbox id runs again at addr on node
+// n, and drops the pause snapshot it was resumed from.
+func (c *Cluster) finishResume(ctx context.Context, n nodeapi.Node, id string, addr netip.Addr, end time.Time) (*Sandbox, error) {
 	var oldSnap string
 	r, err := c.recs.mutate(ctx, id, func(r *record) error {
 		oldSnap = r.SnapshotID
@@ -123,13 +140,13 @@ func (c *Cluster) finishResume(ctx context.Context, id string, addr netip.Addr, 
 		r.SnapshotID = ""
 		r.Addr = addr
 		r.EndAt = end
-		r.NodeID = c.cfg.Node.ID()
+		r.NodeID = n.ID()
 		r.clearOp()
 		return nil
 	})
 	if err != nil {
 		// Killed while it resumed: the sandbox must not run unrecorded.
-		if kerr := c.cfg.Node.Kill(ctx, id); kerr != nil && !errors.Is(kerr, node.ErrNotFound) {
+		if _, kerr := n.Kill(ctx, &nodev1.KillRequest{SandboxId: id}); kerr != nil && nodeapi.Code(kerr) != connect.CodeNotFound {
 			c.log.Error("killing resumed sandbox without a record", "sandbox_id", id, "err", kerr)
 		}
 		return nil, fmt.Errorf("resuming sandbox %s: %w", id, err)
@@ -145,22 +162,23 @@ func (c *Cluster) Snapshot(ctx context.Context, id, name string) (*snapshot.Snap
 	if name != "" && !snapshot.ValidID(name) {
 		return nil, fmt.Errorf("%w: invalid snapshot name %q", ErrInvalid, name)
 	}
-	if _, err := c.claim(ctx, id, StateRunning, "snapshot"); err != nil {
+	r, err := c.claim(ctx, id, StateRunning, "snapshot")
+	if err != nil {
 		return nil, err
 	}
 	defer c.release(ctx, id, "snapshot")
 	var names []string
 	if name != "" {
-		if _, err := c.cfg.Node.GetSnapshot(ctx, name); err == nil {
+		if _, err := c.GetSnapshotAny(ctx, name); err == nil {
 			return nil, fmt.Errorf("%w: a snapshot named %q exists", ErrConflict, name)
 		}
 		names = []string{name}
 	}
-	snap, err := c.cfg.Node.Snapshot(ctx, id, node.SnapshotOptions{Kind: snapshot.KindSnapshot, Names: names})
-	if errors.Is(err, node.ErrUnsupported) {
-		return nil, fmt.Errorf("%w: %v", ErrUnsupported, err)
+	snap, err := c.snapshotOn(ctx, r.NodeID, &nodev1.SnapshotRequest{SandboxId: id, Kind: string(snapshot.KindSnapshot), Names: names})
+	if err != nil {
+		return nil, err
 	}
-	return snap, err
+	return nodeapi.SnapshotFromWire(snap), nil
 }
 
 // ForkResult is the outcome for one child of a fork.
@@ -186,23 +204,22 @@ func (c *Cluster) Fork(ctx context.Context, id string, count int, timeout time.D
 	if timeout <= 0 || timeout > c.cfg.Limits.MaxTimeout {
 		return nil, fmt.Errorf("%w: timeout must be between 1s and %s", ErrInvalid, c.cfg.Limits.MaxTimeout)
 	}
-	if err := c.admitting(ctx); err != nil {
-		return nil, err
-	}
 	r, err := c.claim(ctx, id, StateRunning, "fork")
 	if err != nil {
 		return nil, err
 	}
 	parent := r.Sandbox
-	snap, err := c.cfg.Node.Snapshot(ctx, id, node.SnapshotOptions{Kind: snapshot.KindFork})
+	snap, err := c.snapshotOn(ctx, r.NodeID, &nodev1.SnapshotRequest{SandboxId: id, Kind: string(snapshot.KindFork)})
 	c.release(ctx, id, "fork")
 	if err != nil {
-		if errors.Is(err, node.ErrUnsupported) {
-			return nil, fmt.Errorf("%w: %v", ErrUnsupported, err)
-		}
 		return nil, err
 	}
-	defer func() { go c.deleteSnapshotQuietly(snap.ID, "fork snapshot") }()
+	defer func() { go c.deleteSnapshotQuietly(snap.Id, "fork snapshot") }()
+	// Children start beside their source, whose node has the state at
+	// hand; when it is full they go where there is room, restoring from
+	// the store.
+	p := placement{memoryMB: parent.MemoryMB, cpus: parent.CPUCount, prefer: parent.NodeID,
+		runtime: snap.Runtime, runtimeVersion: snap.RuntimeVersion}
 
 	results := make([]ForkResult, count)
 	sem := make(chan struct{}, forkParallelism)
@@ -213,15 +230,15 @@ func (c *Cluster) Fork(ctx context.Context, id string, count int, timeout time.D
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			nsb, err := c.cfg.Node.Create(ctx, node.CreateRequest{
-				TemplateID: snap.ID,
-				Network:    netns.SlotOptions{AllowInternet: parent.AllowInternet},
+			nsb, n, err := c.start(ctx, p, &nodev1.CreateRequest{
+				TemplateId:    snap.Id,
+				AllowInternet: parent.AllowInternet,
 			})
 			if err != nil {
-				results[i].Err = classifyNodeError(err)
+				results[i].Err = err
 				return
 			}
-			sb, err := c.register(ctx, nsb, registration{
+			sb, err := c.register(ctx, n, nsb, registration{
 				requestedTemplate: parent.TemplateID, metadata: parent.Metadata, timeout: timeout,
 				autoPause: parent.AutoPause, allowInternet: parent.AllowInternet,
 			})
@@ -235,20 +252,74 @@ func (c *Cluster) Fork(ctx context.Context, id string, count int, timeout time.D
 func (c *Cluster) deleteSnapshotQuietly(id, what string) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := c.cfg.Node.DeleteSnapshot(ctx, id); err != nil {
+	if err := c.deleteSnapshot(ctx, id); err != nil {
 		c.log.Warn("deleting "+what, "snapshot_id", id, "err", err)
 	}
 }
 
+// The snapshot catalog is the store's, which every node shares (without
+// a store, the local node's own): any node answers for it.
+
+func (c *Cluster) deleteSnapshot(ctx context.Context, id string) error {
+	n, err := c.nodes.any()
+	if err != nil {
+		return err
+	}
+	if _, err := n.DeleteSnapshot(ctx, &nodev1.DeleteSnapshotRequest{Id: id}); err != nil {
+		return fmt.Errorf("deleting snapshot %s: %w", id, err)
+	}
+	return nil
+}
+
+// snapshots lists the snapshots of the given kinds (all when none).
+func (c *Cluster) snapshots(ctx context.Context, kinds ...snapshot.Kind) ([]*snapshot.Snapshot, error) {
+	n, err := c.nodes.any()
+	if err != nil {
+		return nil, err
+	}
+	req := &nodev1.ListSnapshotsRequest{}
+	for _, k := range kinds {
+		req.Kinds = append(req.Kinds, string(k))
+	}
+	resp, err := n.ListSnapshots(ctx, req)
+	if err != nil {
+		return nil, fmt.Errorf("listing snapshots: %w", err)
+	}
+	out := make([]*snapshot.Snapshot, len(resp.Snapshots))
+	for i, w := range resp.Snapshots {
+		out[i] = nodeapi.SnapshotFromWire(w)
+	}
+	return out, nil
+}
+
+// GetSnapshotAny returns a snapshot of any kind by id or name.
+func (c *Cluster) GetSnapshotAny(ctx context.Context, idOrName string) (*snapshot.Snapshot, error) {
+	n, err := c.nodes.any()
+	if err != nil {
+		return nil, err
+	}
+	w, err := n.GetSnapshot(ctx, &nodev1.GetSnapshotRequest{IdOrName: idOrName})
+	if nodeapi.Code(err) == connect.CodeNotFound {
+		return nil, fmt.Errorf("%w: snapshot %q", ErrNotFound, idOrName)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("looking up snapshot %q: %w", idOrName, err)
+	}
+	return nodeapi.SnapshotFromWire(w), nil
+}
+
 // Snapshots lists user snapshots.
 func (c *Cluster) Snapshots(ctx context.Context) ([]*snapshot.Snapshot, error) {
-	return c.cfg.Node.Snapshots(ctx, snapshot.KindSnapshot)
+	return c.snapshots(ctx, snapshot.KindSnapshot)
 }
 
 // GetSnapshot returns a user snapshot by id or name.
 func (c *Cluster) GetSnapshot(ctx context.Context, idOrName string) (*snapshot.Snapshot, error) {
-	s, err := c.cfg.Node.GetSnapshot(ctx, idOrName)
-	if err != nil || s.Kind != snapshot.KindSnapshot {
+	s, err := c.GetSnapshotAny(ctx, idOrName)
+	if err != nil {
+		return nil, err
+	}
+	if s.Kind != snapshot.KindSnapshot {
 		return nil, fmt.Errorf("%w: snapshot %q", ErrNotFound, idOrName)
 	}
 	return s, nil
@@ -260,7 +331,7 @@ func (c *Cluster) DeleteSnapshot(ctx context.Context, idOrName string) error {
 	if err != nil {
 		return err
 	}
-	return c.cfg.Node.DeleteSnapshot(ctx, s.ID)
+	return c.deleteSnapshot(ctx, s.ID)
 }
 
 // TemplateUsers counts the sandboxes (running or paused) and snapshots that
@@ -273,7 +344,7 @@ func (c *Cluster) TemplateUsers(ctx context.Context, templateID string) (int, er
 			n++
 		}
 	})
-	snaps, err := c.cfg.Node.Snapshots(ctx)
+	snaps, err := c.snapshots(ctx)
 	if err != nil {
 		return 0, err
 	}

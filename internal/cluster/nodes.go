@@ -2,6 +2,9 @@ package cluster
 
 import (
 	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/aenvhq/aenv/internal/nodeapi"
+	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
 	"github.com/aenvhq/aenv/internal/state"
 )
 
@@ -46,10 +51,52 @@ type NodeInfo struct {
 	Sandboxes int       `json:"sandboxes"`
 	// Runtime and RuntimeVersion name the driver; snapshots restore only
 	// where they match.
-	Runtime        string    `json:"runtime"`
-	RuntimeVersion string    `json:"runtimeVersion,omitempty"`
-	Version        string    `json:"version,omitempty"`
-	UpdatedAt      time.Time `json:"updatedAt"`
+	Runtime        string `json:"runtime"`
+	RuntimeVersion string `json:"runtimeVersion,omitempty"`
+	Version        string `json:"version,omitempty"`
+	// Templates are the templates the node holds (ids and aliases).
+	Templates []string `json:"templates,omitempty"`
+	// MemoryOvercommit and MemoryHighWater are the node's admission rule,
+	// which placement applies to its reports.
+	MemoryOvercommit float64   `json:"memoryOvercommit,omitempty"`
+	MemoryHighWater  float64   `json:"memoryHighWater,omitempty"`
+	UpdatedAt        time.Time `json:"updatedAt"`
+}
+
+// InfoFromWire is a node's description as the node API reports it.
+func InfoFromWire(w *nodev1.NodeInfo) NodeInfo {
+	res := func(r *nodev1.Resources) NodeUsage {
+		return NodeUsage{CPUCount: int(r.GetCpuCount()), MemoryMB: int(r.GetMemoryMb()),
+			CommittedMemoryMB: int(r.GetCommittedMemoryMb()), DiskMB: int(r.GetDiskMb())}
+	}
+	return NodeInfo{
+		ID:               w.Id,
+		Capacity:         res(w.Capacity),
+		Usage:            res(w.Usage),
+		Sandboxes:        int(w.Sandboxes),
+		Runtime:          w.Runtime,
+		RuntimeVersion:   w.RuntimeVersion,
+		Version:          w.Version,
+		Templates:        w.Templates,
+		MemoryOvercommit: w.MemoryOvercommit,
+		MemoryHighWater:  w.MemoryHighWater,
+	}
+}
+
+// Reporter is the report function RegisterNode wants for node n, reached
+// at address ("" for an in-process node). A report that fails repeats
+// the last good one.
+func Reporter(n nodeapi.Node, address string) func() NodeInfo {
+	var last NodeInfo
+	return func() NodeInfo {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if w, err := n.Info(ctx, &nodev1.InfoRequest{}); err == nil {
+			last = InfoFromWire(w)
+		}
+		last.ID, last.Address = n.ID(), address
+		return last
+	}
 }
 
 // NodeUsage is an amount of a node's resources.
@@ -273,31 +320,40 @@ func (c *Cluster) SetDraining(ctx context.Context, id string, draining bool) (*N
 	if err != nil {
 		return nil, fmt.Errorf("draining node %s: %w", id, err)
 	}
+	c.nodes.setDrained(id, draining) // placement here sees it at once
 	return c.GetNode(ctx, id)
 }
 
-// draining reports whether node id is marked draining.
-func (c *Cluster) draining(ctx context.Context, id string) (bool, error) {
-	_, err := c.cfg.State.Get(ctx, nodeDrainPrefix+id)
-	switch {
-	case err == nil:
-		return true, nil
-	case errors.Is(err, state.ErrNotFound):
-		return false, nil
-	default:
-		return false, err
-	}
-}
+// tokenKey holds a hash of the cluster token: every server and node must
+// hold the token itself.
+const tokenKey = "cluster/token-sha256"
 
-// admitting refuses new sandboxes while the node is draining.
-func (c *Cluster) admitting(ctx context.Context) error {
-	id := c.cfg.Node.ID()
-	d, err := c.draining(ctx, id)
-	if err != nil {
-		return fmt.Errorf("checking node %s: %w", id, err)
+// ErrWrongToken: the cluster token given is not the cluster's.
+var ErrWrongToken = errors.New("wrong cluster token")
+
+// CheckToken makes sure token is the cluster's. The first server to come
+// (adopt) records it; after that, a process whose token differs is
+// refused (ErrWrongToken).
+func CheckToken(ctx context.Context, st state.Store, token string, adopt bool) error {
+	sum := sha256.Sum256([]byte(token))
+	want := hex.EncodeToString(sum[:])
+	e, err := st.Get(ctx, tokenKey)
+	if errors.Is(err, state.ErrNotFound) && adopt {
+		if _, err := st.Create(ctx, tokenKey, []byte(want), state.WriteOptions{}); err == nil {
+			return nil
+		} else if !errors.Is(err, state.ErrExists) {
+			return fmt.Errorf("recording the cluster token: %w", err)
+		}
+		e, err = st.Get(ctx, tokenKey)
 	}
-	if d {
-		return fmt.Errorf("%w: node %s is draining and takes no new sandboxes", ErrNoCapacity, id)
+	if errors.Is(err, state.ErrNotFound) {
+		return fmt.Errorf("%w: the cluster has no token yet (start a server first)", ErrWrongToken)
+	}
+	if err != nil {
+		return fmt.Errorf("checking the cluster token: %w", err)
+	}
+	if subtle.ConstantTimeCompare(e.Value, []byte(want)) != 1 {
+		return fmt.Errorf("%w: it does not match the token the cluster was set up with", ErrWrongToken)
 	}
 	return nil
 }

@@ -119,28 +119,32 @@ func (rs *records) load(ctx context.Context) (int64, error) {
 // follow applies the store's changes to the cache until ctx ends,
 // reloading when the watch falls behind compaction or breaks.
 func (rs *records) follow(ctx context.Context, rev int64, onErr func(error)) {
+	followPrefix(ctx, rs.st, sandboxPrefix, rev, rs.load, rs.apply, onErr)
+}
+
+// followPrefix calls apply with every change under prefix after rev until
+// ctx ends. When the watch breaks (the store down, history compacted) it
+// starts over from load's fresh list, after a pause so that a store that
+// is down is not hammered.
+func followPrefix(ctx context.Context, st state.Store, prefix string, rev int64,
+	load func(context.Context) (int64, error), apply func(state.Event), onErr func(error)) {
 	for ctx.Err() == nil {
-		for ev := range rs.st.Watch(ctx, sandboxPrefix, rev) {
+		for ev := range st.Watch(ctx, prefix, rev) {
 			if ev.Err != nil {
 				if ctx.Err() == nil {
 					onErr(ev.Err)
 				}
 				break
 			}
-			rs.apply(ev)
+			apply(ev)
 			rev = ev.Entry.Revision
 		}
-		if ctx.Err() != nil {
-			return
-		}
-		// The watch ended: start over from a fresh list, after a pause so
-		// that a store that is down is not hammered.
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(time.Second):
 		}
-		if r, err := rs.load(ctx); err == nil {
+		if r, err := load(ctx); err == nil {
 			rev = r
 		} else if ctx.Err() == nil {
 			onErr(err)
@@ -213,15 +217,16 @@ func (rs *records) get(id string) (record, int64, bool) {
 	return r, c.rev, true
 }
 
-// addr returns the cached address of id without copying its record.
-func (rs *records) addr(id string) (netip.Addr, bool) {
+// addr returns the cached address and node of id without copying its
+// record.
+func (rs *records) addr(id string) (netip.Addr, string, bool) {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	c, ok := rs.m[id]
 	if !ok {
-		return netip.Addr{}, false
+		return netip.Addr{}, "", false
 	}
-	return c.rec.Addr, true
+	return c.rec.Addr, c.rec.NodeID, true
 }
 
 // all returns copies of every cached record.

@@ -5,11 +5,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"time"
 
-	"github.com/aenvhq/aenv/internal/node"
+	"connectrpc.com/connect"
+
+	"github.com/aenvhq/aenv/internal/nodeapi"
+	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
 	"github.com/aenvhq/aenv/internal/snapshot"
 	"github.com/aenvhq/aenv/internal/state"
 )
@@ -32,11 +36,15 @@ const resumedGrace = 5 * time.Minute
 //     the restore, so the resume is finished.
 //   - a sandbox the node runs without any record (a create cut short
 //     before it was recorded): killed.
-func (c *Cluster) reconcile(ctx context.Context) error {
-	self := c.cfg.Node.ID()
-	running := map[string]*node.Sandbox{}
-	for _, sb := range c.cfg.Node.List() {
-		running[sb.ID] = sb
+func (c *Cluster) reconcile(ctx context.Context, n nodeapi.Node) error {
+	self := n.ID()
+	list, err := n.List(ctx, &nodev1.ListRequest{})
+	if err != nil {
+		return fmt.Errorf("reconciling sandbox records: listing node %s: %w", self, err)
+	}
+	running := map[string]*nodev1.Sandbox{}
+	for _, sb := range list.Sandboxes {
+		running[sb.Id] = sb
 	}
 	var errs []error
 	for _, r := range c.recs.all() {
@@ -65,7 +73,8 @@ func (c *Cluster) reconcile(ctx context.Context) error {
 			if r.EndAt.After(end) {
 				end = r.EndAt
 			}
-			if _, err := c.finishResume(ctx, r.ID, nsb.Addr, end); err != nil {
+			addr, _ := netip.ParseAddr(nsb.Addr)
+			if _, err := c.finishResume(ctx, n, r.ID, addr, end); err != nil {
 				errs = append(errs, err)
 			}
 		case r.State == StatePaused && r.Op != "":
@@ -74,7 +83,7 @@ func (c *Cluster) reconcile(ctx context.Context) error {
 	}
 	for id := range running {
 		c.log.Warn("removing a sandbox without a record (its create was cut short)", "sandbox_id", id)
-		if err := c.cfg.Node.Kill(ctx, id); err != nil && !errors.Is(err, node.ErrNotFound) {
+		if _, err := n.Kill(ctx, &nodev1.KillRequest{SandboxId: id}); err != nil && nodeapi.Code(err) != connect.CodeNotFound {
 			errs = append(errs, err)
 		}
 	}
@@ -83,6 +92,93 @@ func (c *Cluster) reconcile(ctx context.Context) error {
 		return fmt.Errorf("reconciling sandbox records: %w", err)
 	}
 	return nil
+}
+
+// orphanRecheck is how long a server that found a sandbox without a
+// record on a node waits before it looks again and removes it: one that
+// was just created has its record written within milliseconds.
+const orphanRecheck = 5 * time.Second
+
+// syncNode brings the records of a remote node's sandboxes and what it
+// runs into agreement, when this server (re)connects to its events: a
+// node that restarted within its lease keeps what it recovered; one that
+// came back with less had sandboxes lost; what it runs that no record
+// names any more (its sandboxes were reported lost while it was away) is
+// removed. Records in the middle of an operation are left to it.
+func (c *Cluster) syncNode(nodeID string) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	n, err := c.nodes.node(nodeID)
+	if err != nil {
+		return
+	}
+	list, err := n.List(ctx, &nodev1.ListRequest{})
+	if err != nil {
+		c.log.Warn("listing a node's sandboxes", "node_id", nodeID, "err", err)
+		return
+	}
+	running := map[string]*nodev1.Sandbox{}
+	for _, sb := range list.Sandboxes {
+		running[sb.Id] = sb
+	}
+	for _, r := range c.recs.all() {
+		if r.NodeID != nodeID {
+			delete(running, r.ID) // resumed or placed elsewhere: not an orphan
+			continue
+		}
+		_, runs := running[r.ID]
+		delete(running, r.ID)
+		if r.State == StateRunning && !runs && r.Op == "" {
+			if err := c.lose(ctx, r.ID, fmt.Sprintf("it was not running when node %s came back", nodeID)); err != nil {
+				c.log.Warn("recording a lost sandbox", "sandbox_id", r.ID, "err", err)
+			}
+		}
+	}
+	if len(running) == 0 {
+		return
+	}
+	select {
+	case <-time.After(orphanRecheck):
+	case <-ctx.Done():
+		return
+	}
+	for id := range running {
+		if _, _, err := c.recs.fetch(ctx, id); !errors.Is(err, state.ErrNotFound) {
+			continue // recorded meanwhile, or the store cannot say
+		}
+		c.log.Warn("removing a sandbox its node runs without a record (reported lost while the node was away)", "sandbox_id", id, "node_id", nodeID)
+		if _, err := n.Kill(ctx, &nodev1.KillRequest{SandboxId: id}); err != nil && nodeapi.Code(err) != connect.CodeNotFound {
+			c.log.Warn("removing an orphaned sandbox", "sandbox_id", id, "node_id", nodeID, "err", err)
+		}
+	}
+}
+
+// lostGrace is how long after a node's lease expired its running
+// sandboxes are reported lost: a node whose lease lapsed for a moment (a
+// store failover) re-registers within it.
+const lostGrace = 3 * time.Second
+
+// loseOrphanedRecords reports lost the running sandboxes of nodes whose
+// lease expired (the deadline leader does this, once). A record in the
+// middle of an operation is left to the server doing it, which fails
+// against the dead node and clears its mark.
+func (c *Cluster) loseOrphanedRecords(ctx context.Context) {
+	type orphan struct{ id, nodeID string }
+	var lost []orphan
+	c.recs.each(func(r *record) {
+		if r.State != StateRunning || (r.Op != "" && time.Since(r.OpSince) < staleOp) {
+			return
+		}
+		if since, ok := c.nodes.lostSince(r.NodeID); ok && time.Since(since) >= lostGrace {
+			lost = append(lost, orphan{r.ID, r.NodeID})
+		}
+	})
+	for _, o := range lost {
+		if err := c.lose(ctx, o.id, fmt.Sprintf("its node %s stopped answering (its lease expired)", o.nodeID)); err != nil {
+			c.log.Warn("recording a lost sandbox", "sandbox_id", o.id, "err", err)
+		}
+		c.gone(o.id)
+	}
 }
 
 // lose removes the record of a sandbox that no longer exists, leaving why.
@@ -94,7 +190,7 @@ func (c *Cluster) lose(ctx context.Context, id, why string) error {
 // pauseSnapshotOf returns the newest complete pause snapshot of sandbox
 // id, or "".
 func (c *Cluster) pauseSnapshotOf(ctx context.Context, id string) string {
-	snaps, err := c.cfg.Node.Snapshots(ctx, snapshot.KindPause)
+	snaps, err := c.snapshots(ctx, snapshot.KindPause)
 	if err != nil {
 		return ""
 	}
@@ -113,7 +209,7 @@ func (c *Cluster) pauseSnapshotOf(ctx context.Context, id string) string {
 // dropForkSnapshots removes the transient snapshots of forks a restart cut
 // short; a fork in progress holds its own for seconds, not this long.
 func (c *Cluster) dropForkSnapshots(ctx context.Context) {
-	snaps, err := c.cfg.Node.Snapshots(ctx, snapshot.KindFork)
+	snaps, err := c.snapshots(ctx, snapshot.KindFork)
 	if err != nil {
 		return
 	}
@@ -145,7 +241,7 @@ func (c *Cluster) migrateLegacy(ctx context.Context) error {
 			os.Rename(f, f+".unreadable")
 			continue
 		}
-		if _, err := c.cfg.Node.GetSnapshot(ctx, r.SnapshotID); err != nil {
+		if _, err := c.GetSnapshotAny(ctx, r.SnapshotID); err != nil {
 			c.log.Warn("paused sandbox lost its snapshot; dropping it", "sandbox_id", r.ID, "err", err)
 			os.Remove(f)
 			continue

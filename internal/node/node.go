@@ -36,6 +36,10 @@ var ErrNotFound = errors.New("sandbox not found")
 // ErrExists is returned when creating a sandbox whose id is taken.
 var ErrExists = errors.New("sandbox already exists")
 
+// ErrIncompatible is returned for a snapshot saved by another runtime or
+// runtime version than this node's.
+var ErrIncompatible = errors.New("snapshot saved by a different runtime")
+
 // Network hands out and takes back per-sandbox network slots.
 type Network interface {
 	Acquire(ctx context.Context, opts netns.SlotOptions) (*netns.Slot, error)
@@ -53,6 +57,9 @@ type Config struct {
 	ID string
 	// Runtime starts and stops sandboxes.
 	Runtime runtime.Runtime
+	// RuntimeVersion is the driver's version, recorded in snapshots: they
+	// restore only under the same runtime and version.
+	RuntimeVersion string
 	// Network provides network slots.
 	Network Network
 	// Templates resolves template ids to root filesystems.
@@ -134,7 +141,7 @@ type Node struct {
 	// pending holds ids being created, so that a concurrent create or kill
 	// of the same id sees it, with the memory (MiB) admitted for each.
 	pending map[string]int
-	onExit  func(id, reason string)
+	onExit  func(Exit)
 	pool    *warmPool
 }
 
@@ -166,10 +173,18 @@ func New(cfg Config) (*Node, error) {
 	return n, nil
 }
 
-// OnExit registers fn to be told of every sandbox that died on its own
-// (after the node has cleaned up after it), with the reason, as a user
-// should read it.
-func (n *Node) OnExit(fn func(id, reason string)) {
+// Exit is a sandbox that died on its own.
+type Exit struct {
+	ID string
+	// Reason says why, as a user should read it.
+	Reason string
+	// OutOfMemory says it was killed for going past its memory limit.
+	OutOfMemory bool
+}
+
+// OnExit registers fn to be told of every sandbox that died on its own,
+// after the node has cleaned up after it.
+func (n *Node) OnExit(fn func(Exit)) {
 	n.mu.Lock()
 	n.onExit = fn
 	n.mu.Unlock()
@@ -202,7 +217,7 @@ func (n *Node) handleExits(exits <-chan runtime.Exit) {
 		}
 		n.log.Warn("sandbox ended on its own; cleaned up", "sandbox_id", id, "reason", reason)
 		if onExit != nil {
-			onExit(id, reason)
+			onExit(Exit{ID: id, Reason: reason, OutOfMemory: ex.OutOfMemory})
 		}
 	}
 }

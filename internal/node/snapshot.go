@@ -50,6 +50,8 @@ func (n *Node) Snapshot(ctx context.Context, id string, opts SnapshotOptions) (*
 		DiskMB:          sb.DiskMB,
 		EnvdVersion:     sb.EnvdVersion,
 		EnvdAccessToken: sb.EnvdAccessToken,
+		Runtime:         n.cfg.Runtime.Name(),
+		RuntimeVersion:  n.cfg.RuntimeVersion,
 	}
 	dir, err := n.cfg.Snapshots.Begin(snap.ID)
 	if err != nil {
@@ -85,6 +87,9 @@ func (n *Node) Snapshot(ctx context.Context, id string, opts SnapshotOptions) (*
 // restore starts a sandbox from a snapshot. The state, envd's included
 // (environment, token, running processes), comes back as it was saved.
 func (n *Node) restore(ctx context.Context, snap *snapshot.Snapshot, req CreateRequest) (*Sandbox, error) {
+	if err := n.CanRestore(snap); err != nil {
+		return nil, err
+	}
 	tpl, err := n.cfg.Templates.Get(snap.TemplateID)
 	if err != nil {
 		return nil, fmt.Errorf("restoring snapshot %s: its template: %w", snap.ID, err)
@@ -104,6 +109,18 @@ func (n *Node) restore(ctx context.Context, snap *snapshot.Snapshot, req CreateR
 	n.register(ctx, sb)
 	n.log.Info("sandbox restored", "sandbox_id", id, "snapshot_id", snap.ID, "total_ms", time.Since(start).Milliseconds())
 	return sb, nil
+}
+
+// CanRestore says whether this node's runtime can restore snap: the
+// runtime and its version must be those that saved it (a snapshot from
+// before they were recorded is taken to match).
+func (n *Node) CanRestore(snap *snapshot.Snapshot) error {
+	rt := n.cfg.Runtime.Name()
+	if snap.Runtime == "" || (snap.Runtime == rt && snap.RuntimeVersion == n.cfg.RuntimeVersion) {
+		return nil
+	}
+	return fmt.Errorf("restoring snapshot %s: %w: it was saved by %s %s and this node runs %s %s",
+		snap.ID, ErrIncompatible, snap.Runtime, snap.RuntimeVersion, rt, n.cfg.RuntimeVersion)
 }
 
 // Snapshots lists the snapshots of the given kinds.
@@ -141,7 +158,7 @@ func (n *Node) notifyExit(id, reason string) {
 	fn := n.onExit
 	n.mu.Unlock()
 	if fn != nil {
-		fn(id, reason)
+		fn(Exit{ID: id, Reason: reason})
 	}
 }
 

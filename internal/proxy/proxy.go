@@ -19,6 +19,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/aenvhq/aenv/internal/nodeapi"
 )
 
 // Headers the E2B SDKs send when E2B_SANDBOX_URL points at one base URL.
@@ -35,7 +37,17 @@ var idPattern = regexp.MustCompile(`^[a-z0-9]{1,64}$`)
 
 // Resolver finds where a sandbox is reachable from this host.
 type Resolver interface {
-	SandboxAddr(id string) (netip.Addr, error)
+	SandboxRoute(id string) (Route, error)
+}
+
+// Route is how a sandbox's ports are reached.
+type Route struct {
+	// Addr is the sandbox's address on its node.
+	Addr netip.Addr
+	// Via, when set, is the node agent (host:port) that runs the sandbox:
+	// requests go to it, naming the sandbox and port in the E2B headers
+	// and carrying the cluster token, and its own proxy dials Addr.
+	Via string
 }
 
 // Proxy is an http.Handler for sandbox traffic. It is safe for concurrent
@@ -89,12 +101,15 @@ func (p *Proxy) Forget(id string) {
 type target struct {
 	id   string
 	addr netip.AddrPort
+	via  string
 }
 
 type targetKey struct{}
 
-// New returns a proxy that reaches sandboxes through r.
-func New(r Resolver, log *slog.Logger) *Proxy {
+// New returns a proxy that reaches sandboxes through r; nodeToken is
+// the cluster token that node agents demand of sandbox traffic routed
+// through them.
+func New(r Resolver, nodeToken string, log *slog.Logger) *Proxy {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -103,7 +118,11 @@ func New(r Resolver, log *slog.Logger) *Proxy {
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			t := ctx.Value(targetKey{}).(target)
 			d := net.Dialer{Timeout: 5 * time.Second, KeepAlive: 15 * time.Second}
-			c, err := d.DialContext(ctx, "tcp", t.addr.String())
+			dest := t.addr.String()
+			if t.via != "" {
+				dest = t.via
+			}
+			c, err := d.DialContext(ctx, "tcp", dest)
 			if err != nil {
 				return nil, err
 			}
@@ -133,6 +152,12 @@ func New(r Resolver, log *slog.Logger) *Proxy {
 			pr.Out.Host = pr.In.Host
 			pr.Out.Header.Del(HeaderSandboxID)
 			pr.Out.Header.Del(HeaderSandboxPort)
+			pr.Out.Header.Del(nodeapi.TokenHeader)
+			if t.via != "" {
+				pr.Out.Header.Set(HeaderSandboxID, t.id)
+				pr.Out.Header.Set(HeaderSandboxPort, strconv.Itoa(int(t.addr.Port())))
+				pr.Out.Header.Set(nodeapi.TokenHeader, nodeToken)
+			}
 			pr.SetXForwarded()
 		},
 		Transport: transport,
@@ -191,13 +216,13 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusForbidden, "envd's /init is not reachable through the proxy")
 		return
 	}
-	addr, err := p.resolve.SandboxAddr(id)
+	route, err := p.resolve.SandboxRoute(id)
 	if err != nil {
 		// The SDKs read a 502 on envd's /health as "sandbox not running".
 		writeError(w, http.StatusBadGateway, fmt.Sprintf("sandbox %s not found", id))
 		return
 	}
-	t := target{id: id, addr: netip.AddrPortFrom(addr, uint16(port))}
+	t := target{id: id, addr: netip.AddrPortFrom(route.Addr, uint16(port)), via: route.Via}
 	// Go's HTTP/1 server stops reading a request body once the handler
 	// has flushed response headers, which would cut envd's streams while
 	// the request body is still being copied upstream. Full duplex keeps

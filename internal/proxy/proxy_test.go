@@ -45,12 +45,12 @@ func TestMatch(t *testing.T) {
 
 type resolver map[string]netip.Addr
 
-func (r resolver) SandboxAddr(id string) (netip.Addr, error) {
+func (r resolver) SandboxRoute(id string) (Route, error) {
 	a, ok := r[id]
 	if !ok {
-		return netip.Addr{}, errors.New("not found")
+		return Route{}, errors.New("not found")
 	}
-	return a, nil
+	return Route{Addr: a}, nil
 }
 
 // TestServe proxies to a real listener standing in for a sandbox port and
@@ -75,7 +75,7 @@ func TestServe(t *testing.T) {
 	_, portStr, _ := net.SplitHostPort(backend.Listener.Addr().String())
 	port, _ := strconv.Atoi(portStr)
 
-	p := New(resolver{"sb1": netip.MustParseAddr("127.0.0.1")}, nil)
+	p := New(resolver{"sb1": netip.MustParseAddr("127.0.0.1")}, "", nil)
 	front := httptest.NewServer(p)
 	defer front.Close()
 

@@ -19,14 +19,12 @@ import (
 
 	"github.com/aenvhq/aenv/internal/api"
 	"github.com/aenvhq/aenv/internal/cluster"
-	"github.com/aenvhq/aenv/internal/envd"
 	"github.com/aenvhq/aenv/internal/netns"
 	"github.com/aenvhq/aenv/internal/node"
+	"github.com/aenvhq/aenv/internal/nodeapi"
 	"github.com/aenvhq/aenv/internal/proxy"
 	"github.com/aenvhq/aenv/internal/runtime/gvisor"
-	"github.com/aenvhq/aenv/internal/snapshot"
 	"github.com/aenvhq/aenv/internal/state"
-	"github.com/aenvhq/aenv/internal/store"
 	"github.com/aenvhq/aenv/internal/template"
 )
 
@@ -109,7 +107,22 @@ type Config struct {
 	// OnStop says what stopping the server does with running sandboxes:
 	// keep them for the next start (the default), pause them, or kill them.
 	OnStop cluster.StopMode
-	Logger *slog.Logger
+	// NoLocalNode makes a pure API server: no node runs in its process,
+	// and it serves the API and proxy for the node agents that join
+	// (`aenv node`). By default a server runs one (the single-host setup).
+	NoLocalNode bool
+	// NodeID names this host's node; empty means the hostname.
+	NodeID string
+	// ClusterToken is what servers and node agents authenticate each
+	// other with; empty reads $AENV_CLUSTER_TOKEN or
+	// <data-dir>/secrets/cluster-token (a server generates it).
+	ClusterToken string
+	// Join is a server's URL a node agent asks for the cluster's etcd
+	// endpoints (instead of EtcdEndpoints).
+	Join string
+	// Advertise is the host:port servers reach a node agent at.
+	Advertise string
+	Logger    *slog.Logger
 }
 
 // Server is a running aenv server.
@@ -119,16 +132,16 @@ type Server struct {
 	http     *http.Server
 	listener net.Listener
 	cluster  *cluster.Cluster
-	node     *node.Node
-	net      *netns.Manager
-	driver   *gvisor.Driver
-	state    *state.Etcd
-	// stopWatch ends the watch on the host's networks.
-	stopWatch context.CancelFunc
-	// registration keeps the node in the cluster's registry.
+	// host is the in-process node's (nil with LocalNode off).
+	host      *host
+	templates *template.Store
+	state     *state.Etcd
+	// registration keeps the in-process node in the cluster's registry.
 	registration *cluster.Registration
-	remote       *store.Store
 	apiKey       string
+	// token is the cluster token; nodeTransport carries it to nodes.
+	token         string
+	nodeTransport http.RoundTripper
 }
 
 // withDefaults fills in the zero fields of cfg.
@@ -150,6 +163,9 @@ func (cfg Config) withDefaults() Config {
 	}
 	if cfg.SandboxCIDR == "" {
 		cfg.SandboxCIDR = "10.231.0.0/16"
+	}
+	if cfg.NodeID == "" {
+		cfg.NodeID, _ = os.Hostname()
 	}
 	return cfg
 }
@@ -173,126 +189,27 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 	if err := s.openState(ctx); err != nil {
 		return nil, err
 	}
-	envdPath, err := findEnvd(cfg.EnvdPath)
-	if err != nil {
+	if s.token, err = loadClusterToken(cfg.DataDir, cfg.ClusterToken, true, log); err != nil {
 		return nil, err
 	}
-	templates, err := template.NewStore(template.StoreOptions{
-		Dir: filepath.Join(cfg.DataDir, "templates"), BaseRootFS: cfg.BaseRootFS,
-	})
-	if err != nil {
-		return nil, err
+	if err := cluster.CheckToken(ctx, s.state, s.token, true); err != nil {
+		return nil, fmt.Errorf("this server's cluster token (%s or $%s): %w", ClusterTokenPath(cfg.DataDir), ClusterTokenEnv, err)
 	}
-	if err := ensureBase(ctx, templates, log); err != nil {
-		return nil, err
-	}
-
-	driver, err := gvisor.New(gvisor.Config{
-		RunscPath: cfg.RunscPath,
-		StateDir:  filepath.Join(cfg.RunDir, "gvisor"),
-		// One cgroup parent per server instance, named like its network
-		// tag, so that servers sharing a host stay apart.
-		CgroupParent: "/" + cfg.NetnsTag,
-		PidsTotal:    cfg.PidsTotal,
-		Logger:       log,
-	})
-	if err != nil {
-		return nil, err
-	}
-	s.driver = driver
-
-	prefix, err := netip.ParsePrefix(cfg.SandboxCIDR)
-	if err != nil {
-		return nil, fmt.Errorf("parsing sandbox CIDR %q: %w", cfg.SandboxCIDR, err)
-	}
-	dns := netns.HostDNSServers("/etc/resolv.conf")
-	hostNets, err := netns.DetectHostNetworks(cfg.NetnsTag)
-	if err != nil {
-		return nil, fmt.Errorf("reading the host's networks: %w", err)
-	}
-	s.net, err = netns.NewManager(ctx, netns.Config{
-		HostNetworks: hostNets,
-		EgressAllow:  cfg.EgressAllow,
-		DNSServers:   dns,
-		RunDir:       filepath.Join(cfg.RunDir, "netns"),
-		Prefix:       prefix,
-		PoolSize:     cfg.NetnsPoolSize,
-		Tag:          cfg.NetnsTag,
-		Logger:       log,
-		// The slots of sandboxes that outlived the previous process.
-		KeepLeftovers: true,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("setting up sandbox networking: %w", err)
-	}
-	log.Info("sandboxes are kept off the host's networks", "networks", hostNets, "exempt", cfg.EgressAllow)
-	watchCtx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
-	s.stopWatch = stopWatch
-	if err := netns.WatchHostNetworks(watchCtx, cfg.NetnsTag, func(ps []netip.Prefix) {
-		if err := s.net.SetHostNetworks(ps); err != nil {
-			log.Error("updating the host networks kept from sandboxes", "err", err)
+	s.nodeTransport = nodeapi.Transport(s.token)
+	if !cfg.NoLocalNode {
+		if s.host, err = openHost(ctx, cfg, log); err != nil {
+			return nil, err
 		}
+		s.templates = s.host.templates
+	} else if s.templates, err = template.NewStore(template.StoreOptions{
+		Dir: filepath.Join(cfg.DataDir, "templates"), BaseRootFS: cfg.BaseRootFS,
 	}); err != nil {
 		return nil, err
 	}
-
-	var remote *store.Store
-	if cfg.StoreURL != "" {
-		backend, err := store.Open(ctx, cfg.StoreURL, store.OpenOptions{
-			AccessKeyID: cfg.StoreAccessKey, SecretAccessKey: cfg.StoreSecretKey,
-		})
-		if err != nil {
-			return nil, fmt.Errorf("opening snapshot store: %w", err)
-		}
-		remote, err = store.New(store.Options{
-			Backend:  backend,
-			CacheDir: filepath.Join(cfg.DataDir, "chunk-cache"),
-			// Pages move around in memory images between snapshots;
-			// content-defined chunks keep a small change a small upload.
-			ContentDefined: true,
-			Logger:         log,
-		})
-		if err != nil {
-			return nil, fmt.Errorf("opening snapshot store: %w", err)
-		}
-		s.remote = remote
-		log.Info("snapshots are stored durably", "store", backend.String())
-	}
-	snapshots, err := snapshot.Open(filepath.Join(cfg.DataDir, "snapshots"), remote)
-	if err != nil {
-		return nil, err
-	}
+	prx := proxy.New(s, s.token, log)
 	hostname, _ := os.Hostname()
-	s.node, err = node.New(node.Config{
-		Snapshots:   snapshots,
-		ID:          hostname,
-		Runtime:     driver,
-		Network:     s.net,
-		Templates:   templates,
-		EnvdPath:    envdPath,
-		EnvdVersion: envd.Version,
-		DNSServers:  addrStrings(dns),
-		// Keep base sandboxes prestarted: the E2B default template is what
-		// most creates ask for.
-		WarmPoolSize:  cfg.WarmPoolSize,
-		WarmTemplates: []string{template.BaseID},
-		StateDir:      filepath.Join(cfg.RunDir, "node"),
-		Capacity:      cfg.Capacity,
-		PidsLimit:     cfg.PidsLimit,
-		Logger:        log,
-	})
-	if err != nil {
-		return nil, err
-	}
-	if _, err := s.node.Start(ctx); err != nil {
-		return nil, err
-	}
-	if err := driver.Cleanup(ctx); err != nil {
-		log.Warn("cleaning up sandboxes of a previous run", "err", err)
-	}
-	prx := proxy.New(s, log)
-	s.cluster, err = cluster.Open(ctx, cluster.Config{
-		Node:           s.node,
+	ccfg := cluster.Config{
+		Dial:           s.dial,
 		State:          s.state,
 		Limits:         cfg.Limits,
 		OnGone:         prx.Forget,
@@ -301,13 +218,17 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 		// the same name, whatever port it listens on.
 		Candidate: hostname + ":" + cfg.DataDir,
 		Logger:    log,
-	})
-	if err != nil {
+	}
+	if s.host != nil {
+		ccfg.Local = s.host.api
+	}
+	if s.cluster, err = cluster.Open(ctx, ccfg); err != nil {
 		return nil, err
 	}
-
-	if err := s.registerNode(ctx, driver.Version(ctx)); err != nil {
-		return nil, err
+	if s.host != nil {
+		if s.registration, err = cluster.RegisterNode(ctx, s.state, cluster.Reporter(s.host.api, ""), log); err != nil {
+			return nil, err
+		}
 	}
 
 	s.listener, err = net.Listen("tcp", cfg.Listen)
@@ -318,9 +239,9 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 	if domain == "" {
 		domain = "localhost:" + portOf(s.listener.Addr())
 	}
-	handler := api.New(api.Config{
+	acfg := api.Config{
 		Cluster:        s.cluster,
-		Templates:      templates,
+		Templates:      s.templates,
 		Proxy:          prx,
 		APIKey:         s.apiKey,
 		RateLimit:      cfg.RateLimit,
@@ -329,10 +250,13 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 		ProxyRateBurst: cfg.ProxyRateBurst,
 		TrustedProxies: cfg.TrustedProxies,
 		Domain:         domain,
-		BuildSteps:     s.node,
 		AllowInsecure:  cfg.AllowInsecureSandboxes,
 		Logger:         log,
-	})
+	}
+	if s.host != nil {
+		acfg.BuildSteps = s.host.node
+	}
+	handler := s.withJoin(api.New(acfg))
 	s.http = &http.Server{
 		Handler:           handler,
 		ReadHeaderTimeout: 10 * time.Second,
@@ -353,37 +277,19 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 			log.Error("serving HTTP", "err", err)
 		}
 	}()
-	log.Info("aenv server listening", "addr", s.listener.Addr().String(), "tls", tls, "domain", domain, "runtime", driver.Name())
+	log.Info("aenv server listening", "addr", s.listener.Addr().String(), "tls", tls, "domain", domain, "local_node", s.host != nil)
 	return s, nil
 }
 
-// registerNode keeps the in-process node's record in the cluster's
-// registry until the server stops.
-func (s *Server) registerNode(ctx context.Context, runtimeVersion string) error {
-	report := func() cluster.NodeInfo {
-		st := s.node.Stats()
-		return cluster.NodeInfo{
-			ID:             s.node.ID(),
-			Capacity:       cluster.NodeUsage{CPUCount: st.Capacity.CPUCount, MemoryMB: st.Capacity.MemoryMB},
-			Usage:          cluster.NodeUsage{MemoryMB: st.UsedMemoryMB, CommittedMemoryMB: st.CommittedMB},
-			Sandboxes:      st.Sandboxes,
-			Runtime:        st.Runtime,
-			RuntimeVersion: runtimeVersion,
-			Version:        envd.Version,
-		}
-	}
-	reg, err := cluster.RegisterNode(ctx, s.state, report, s.log)
-	if err != nil {
-		return err
-	}
-	s.registration = reg
-	return nil
+// openState opens the live state.
+func (s *Server) openState(ctx context.Context) (err error) {
+	s.state, err = openState(ctx, s.cfg, s.log)
+	return err
 }
 
 // openState opens the live state: the external etcd cluster, waiting
 // (with backoff, logging why) until it answers, or the embedded member.
-func (s *Server) openState(ctx context.Context) error {
-	cfg := s.cfg
+func openState(ctx context.Context, cfg Config, log *slog.Logger) (*state.Etcd, error) {
 	start := time.Now()
 	st, err := state.Open(ctx, state.Config{
 		Endpoints: cfg.EtcdEndpoints,
@@ -391,23 +297,29 @@ func (s *Server) openState(ctx context.Context) error {
 		DataDir:    filepath.Join(cfg.DataDir, "etcd"),
 		SocketDir:  cfg.RunDir,
 		ClientURLs: cfg.EtcdClientURLs,
-		Logger:     s.log,
+		Logger:     log,
 	})
 	if err != nil {
-		return fmt.Errorf("opening the state store: %w", err)
+		return nil, fmt.Errorf("opening the state store: %w", err)
 	}
-	s.state = st
 	if err := st.WaitReady(ctx); err != nil {
-		return fmt.Errorf("waiting for the state store: %w", err)
+		st.Close()
+		return nil, fmt.Errorf("waiting for the state store: %w", err)
 	}
-	s.log.Info("state store ready", "etcd", strings.Join(st.Endpoints(), ","), "embedded", len(cfg.EtcdEndpoints) == 0,
+	log.Info("state store ready", "etcd", strings.Join(st.Endpoints(), ","), "embedded", len(cfg.EtcdEndpoints) == 0,
 		"took_ms", time.Since(start).Milliseconds())
-	return nil
+	return st, nil
 }
 
-// SandboxAddr implements proxy.Resolver.
-func (s *Server) SandboxAddr(id string) (netip.Addr, error) {
-	return s.cluster.Addr(context.Background(), id)
+// SandboxRoute implements proxy.Resolver.
+func (s *Server) SandboxRoute(id string) (proxy.Route, error) {
+	r, err := s.cluster.Route(context.Background(), id)
+	return proxy.Route{Addr: r.Addr, Via: r.Via}, err
+}
+
+// dial reaches a node agent with the cluster token.
+func (s *Server) dial(id, address string) nodeapi.Node {
+	return nodeapi.Dial(id, address, s.nodeTransport)
 }
 
 // Addr returns the address the server listens on.
@@ -429,15 +341,12 @@ func (s *Server) Close(ctx context.Context) error {
 	} else if s.listener != nil {
 		s.listener.Close()
 	}
-	if s.stopWatch != nil {
-		s.stopWatch()
-	}
 	if s.registration != nil {
 		s.registration.Stop()
 		// A node that keeps its sandboxes for the next start stays
 		// registered until its lease runs out; one that ends them goes.
-		if s.cfg.OnStop != cluster.StopKeep && s.node != nil {
-			if err := cluster.DeregisterNode(ctx, s.state, s.node.ID()); err != nil {
+		if s.cfg.OnStop != cluster.StopKeep {
+			if err := cluster.DeregisterNode(ctx, s.state, s.host.node.ID()); err != nil {
 				s.log.Warn("deregistering node", "err", err)
 			}
 		}
@@ -445,34 +354,15 @@ func (s *Server) Close(ctx context.Context) error {
 	if s.cluster != nil {
 		errs = append(errs, s.cluster.Close(ctx, s.cfg.OnStop))
 	}
-	kept := false
-	if s.node != nil {
+	if s.host != nil {
 		mode := node.StopKeep
 		if s.cfg.OnStop == cluster.StopKill {
 			mode = node.StopKill
 		}
-		errs = append(errs, s.node.Close(ctx, mode))
-		kept = len(s.node.List()) > 0
-	}
-	if s.net != nil {
-		if kept {
-			// Their slots and the host rules that isolate them stay.
-			errs = append(errs, s.net.Detach(ctx))
-		} else {
-			errs = append(errs, s.net.Close(ctx))
-		}
-	}
-	if s.driver != nil {
-		errs = append(errs, s.driver.Close())
-	}
-	if s.remote != nil {
-		errs = append(errs, s.remote.Close())
+		errs = append(errs, s.host.close(ctx, mode))
 	}
 	if s.state != nil {
 		errs = append(errs, s.state.Close())
-	}
-	if kept {
-		s.log.Info("running sandboxes keep running for the next start", "count", len(s.node.List()))
 	}
 	return errors.Join(errs...)
 }

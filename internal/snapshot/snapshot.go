@@ -64,6 +64,10 @@ type Snapshot struct {
 	EnvdAccessToken string    `json:"envdAccessToken,omitempty"`
 	CreatedAt       time.Time `json:"createdAt"`
 	SizeBytes       int64     `json:"sizeBytes"`
+	// Runtime and RuntimeVersion name the driver that saved the state: a
+	// saved sandbox restores only where both match.
+	Runtime        string `json:"runtime,omitempty"`
+	RuntimeVersion string `json:"runtimeVersion,omitempty"`
 	// Dir holds the runtime's image (not stored).
 	Dir string `json:"-"`
 }

@@ -1,0 +1,178 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
+	"github.com/aenvhq/aenv/internal/snapshot"
+)
+
+// fakeNode stands in for the node API in these unit tests of the
+// cluster's own rules (records, reconciling, deadlines, placement); the
+// real node, in-process and remote, is driven end to end by the server
+// tests. It answers with Connect codes as both real implementations do.
+type fakeNode struct {
+	id string
+	// memoryMB is its capacity; full makes it refuse creates as a node
+	// whose admission says no.
+	memoryMB int
+	full     bool
+
+	mu      sync.Mutex
+	running map[string]*nodev1.Sandbox
+	snaps   map[string]*snapshot.Snapshot
+	killed  []string
+	seq     int
+	events  chan *nodev1.Event
+}
+
+func newFakeNode(id string) *fakeNode {
+	return &fakeNode{id: id, memoryMB: 4096, running: map[string]*nodev1.Sandbox{},
+		snaps: map[string]*snapshot.Snapshot{}, events: make(chan *nodev1.Event, 16)}
+}
+
+func (n *fakeNode) ID() string { return n.id }
+
+func (n *fakeNode) Info(context.Context, *nodev1.InfoRequest) (*nodev1.NodeInfo, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return &nodev1.NodeInfo{Id: n.id, Capacity: &nodev1.Resources{CpuCount: 2, MemoryMb: int32(n.memoryMB)},
+		Usage: &nodev1.Resources{CommittedMemoryMb: int32(512 * len(n.running))}, Runtime: "fake",
+		Sandboxes: int32(len(n.running)), Templates: []string{"base"}}, nil
+}
+
+func (n *fakeNode) Create(ctx context.Context, req *nodev1.CreateRequest) (*nodev1.Sandbox, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.full {
+		return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("node %s is full", n.id))
+	}
+	id := req.SandboxId
+	if id == "" {
+		n.seq++
+		id = fmt.Sprintf("%s-sb%d", n.id, n.seq)
+	}
+	if snap, ok := n.snaps[req.TemplateId]; ok && snap.Kind == snapshot.KindPause && snap.SandboxID != id {
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("pause snapshot of another sandbox"))
+	}
+	if req.TemplateId != "base" && n.snaps[req.TemplateId] == nil {
+		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("template %q not found", req.TemplateId))
+	}
+	sb := &nodev1.Sandbox{Id: id, TemplateId: "base", CpuCount: 2, MemoryMb: 512,
+		StartedAt: timestamppb.New(time.Now()), Addr: "10.0.0.1"}
+	n.running[id] = sb
+	return sb, nil
+}
+
+func (n *fakeNode) Kill(ctx context.Context, req *nodev1.KillRequest) (*nodev1.KillResponse, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.killed = append(n.killed, req.SandboxId)
+	if _, ok := n.running[req.SandboxId]; !ok {
+		return nil, connect.NewError(connect.CodeNotFound, errors.New("sandbox not found"))
+	}
+	delete(n.running, req.SandboxId)
+	return &nodev1.KillResponse{}, nil
+}
+
+func (n *fakeNode) List(context.Context, *nodev1.ListRequest) (*nodev1.ListResponse, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := &nodev1.ListResponse{}
+	for _, sb := range n.running {
+		out.Sandboxes = append(out.Sandboxes, sb)
+	}
+	return out, nil
+}
+
+func (n *fakeNode) Snapshot(ctx context.Context, req *nodev1.SnapshotRequest) (*nodev1.SnapshotInfo, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if _, ok := n.running[req.SandboxId]; !ok {
+		return nil, connect.NewError(connect.CodeNotFound, errors.New("sandbox not found"))
+	}
+	n.seq++
+	s := &snapshot.Snapshot{ID: fmt.Sprintf("snap%d", n.seq), Kind: snapshot.Kind(req.Kind), SandboxID: req.SandboxId,
+		CreatedAt: time.Now(), Runtime: "fake"}
+	n.snaps[s.ID] = s
+	if req.Stop {
+		delete(n.running, req.SandboxId)
+	}
+	return snapshotWire(s), nil
+}
+
+func snapshotWire(s *snapshot.Snapshot) *nodev1.SnapshotInfo {
+	return &nodev1.SnapshotInfo{Id: s.ID, Kind: string(s.Kind), SandboxId: s.SandboxID,
+		CreatedAt: timestamppb.New(s.CreatedAt), Runtime: s.Runtime}
+}
+
+func (n *fakeNode) Stats(context.Context, *nodev1.StatsRequest) (*nodev1.SandboxStats, error) {
+	return &nodev1.SandboxStats{Since: timestamppb.Now()}, nil
+}
+
+func (n *fakeNode) ListSnapshots(ctx context.Context, req *nodev1.ListSnapshotsRequest) (*nodev1.ListSnapshotsResponse, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := &nodev1.ListSnapshotsResponse{}
+	for _, s := range n.snaps {
+		for _, k := range req.Kinds {
+			if string(s.Kind) == k {
+				out.Snapshots = append(out.Snapshots, snapshotWire(s))
+			}
+		}
+		if len(req.Kinds) == 0 {
+			out.Snapshots = append(out.Snapshots, snapshotWire(s))
+		}
+	}
+	return out, nil
+}
+
+func (n *fakeNode) GetSnapshot(ctx context.Context, req *nodev1.GetSnapshotRequest) (*nodev1.SnapshotInfo, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if s, ok := n.snaps[req.IdOrName]; ok {
+		return snapshotWire(s), nil
+	}
+	return nil, connect.NewError(connect.CodeNotFound, errors.New("snapshot not found"))
+}
+
+func (n *fakeNode) DeleteSnapshot(ctx context.Context, req *nodev1.DeleteSnapshotRequest) (*nodev1.DeleteSnapshotResponse, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	delete(n.snaps, req.Id)
+	return &nodev1.DeleteSnapshotResponse{}, nil
+}
+
+func (n *fakeNode) Events(ctx context.Context, fn func(*nodev1.Event)) error {
+	fn(&nodev1.Event{Kind: nodev1.Event_KIND_SYNC})
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case ev := <-n.events:
+			fn(ev)
+		}
+	}
+}
+
+// exit makes sandbox id die on its own, as the node reports it.
+func (n *fakeNode) exit(id, reason string) {
+	n.mu.Lock()
+	delete(n.running, id)
+	n.mu.Unlock()
+	n.events <- &nodev1.Event{Kind: nodev1.Event_KIND_EXITED, SandboxId: id, Reason: reason}
+}
+
+func (n *fakeNode) isRunning(id string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	_, ok := n.running[id]
+	return ok
+}

@@ -1,0 +1,318 @@
+package nodeapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/aenvhq/aenv/internal/netns"
+	"github.com/aenvhq/aenv/internal/node"
+	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
+	"github.com/aenvhq/aenv/internal/snapshot"
+	"github.com/aenvhq/aenv/internal/template"
+)
+
+// Local is the node API answered by a node in this process: the one of a
+// single-host server, and the one a node agent serves (Handler). Its
+// errors are Connect errors too, so callers cannot tell it from Remote.
+type Local struct {
+	n    *node.Node
+	opts LocalOptions
+
+	mu   sync.Mutex
+	subs map[*subscriber]struct{}
+}
+
+// LocalOptions describe what the node package does not know of itself.
+type LocalOptions struct {
+	// Templates lists the templates the node holds (ids and aliases).
+	Templates *template.Store
+	// RuntimeVersion and Version are reported by Info.
+	RuntimeVersion, Version string
+}
+
+type subscriber struct {
+	ch chan *nodev1.Event
+}
+
+// NewLocal serves n's node API. It takes over n's exit reports.
+func NewLocal(n *node.Node, opts LocalOptions) *Local {
+	l := &Local{n: n, opts: opts, subs: map[*subscriber]struct{}{}}
+	n.OnExit(func(ex node.Exit) {
+		kind := nodev1.Event_KIND_EXITED
+		if ex.OutOfMemory {
+			kind = nodev1.Event_KIND_OOM_KILLED
+		}
+		l.Publish(&nodev1.Event{Kind: kind, SandboxId: ex.ID, Reason: ex.Reason})
+	})
+	return l
+}
+
+// Node returns the node Local serves.
+func (l *Local) Node() *node.Node { return l.n }
+
+// Publish sends ev to every subscriber of Events. A subscriber that does
+// not keep up loses its stream (and resynchronises), rather than hold
+// the node up.
+func (l *Local) Publish(ev *nodev1.Event) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for s := range l.subs {
+		select {
+		case s.ch <- ev:
+		default:
+			close(s.ch)
+			delete(l.subs, s)
+		}
+	}
+}
+
+// ID implements Node.
+func (l *Local) ID() string { return l.n.ID() }
+
+// Info implements Node.
+func (l *Local) Info(ctx context.Context, _ *nodev1.InfoRequest) (*nodev1.NodeInfo, error) {
+	st := l.n.Stats()
+	info := &nodev1.NodeInfo{
+		Id:               l.n.ID(),
+		Capacity:         &nodev1.Resources{CpuCount: int32(st.Capacity.CPUCount), MemoryMb: int32(st.Capacity.MemoryMB)},
+		Usage:            &nodev1.Resources{MemoryMb: int32(st.UsedMemoryMB), CommittedMemoryMb: int32(st.CommittedMB)},
+		Sandboxes:        int32(st.Sandboxes),
+		Runtime:          st.Runtime,
+		RuntimeVersion:   l.opts.RuntimeVersion,
+		Version:          l.opts.Version,
+		MemoryOvercommit: st.Capacity.MemoryOvercommit,
+		MemoryHighWater:  st.Capacity.MemoryHighWater,
+	}
+	if l.opts.Templates != nil {
+		if ts, err := l.opts.Templates.List(); err == nil {
+			for _, t := range ts {
+				info.Templates = append(info.Templates, t.ID)
+				info.Templates = append(info.Templates, t.Aliases...)
+			}
+		}
+	}
+	return info, nil
+}
+
+// Create implements Node.
+func (l *Local) Create(ctx context.Context, req *nodev1.CreateRequest) (*nodev1.Sandbox, error) {
+	opts := netns.SlotOptions{AllowInternet: req.AllowInternet}
+	for _, list := range []struct {
+		in  []string
+		out *[]netip.Prefix
+	}{{req.AllowOut, &opts.AllowOut}, {req.DenyOut, &opts.DenyOut}} {
+		for _, s := range list.in {
+			p, err := netip.ParsePrefix(s)
+			if err != nil {
+				return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("egress rule %q: %w", s, err))
+			}
+			*list.out = append(*list.out, p)
+		}
+	}
+	sb, err := l.n.Create(ctx, node.CreateRequest{
+		SandboxID:  req.SandboxId,
+		TemplateID: req.TemplateId,
+		CPUCount:   int(req.CpuCount),
+		MemoryMB:   int(req.MemoryMb),
+		EnvVars:    req.EnvVars,
+		Network:    opts,
+		Secure:     req.Secure,
+	})
+	if err != nil {
+		return nil, wireError(err)
+	}
+	return sandboxToWire(sb), nil
+}
+
+// Kill implements Node.
+func (l *Local) Kill(ctx context.Context, req *nodev1.KillRequest) (*nodev1.KillResponse, error) {
+	if err := l.n.Kill(ctx, req.SandboxId); err != nil {
+		return nil, wireError(err)
+	}
+	return &nodev1.KillResponse{}, nil
+}
+
+// List implements Node.
+func (l *Local) List(ctx context.Context, _ *nodev1.ListRequest) (*nodev1.ListResponse, error) {
+	out := &nodev1.ListResponse{}
+	for _, sb := range l.n.List() {
+		out.Sandboxes = append(out.Sandboxes, sandboxToWire(sb))
+	}
+	return out, nil
+}
+
+// Snapshot implements Node.
+func (l *Local) Snapshot(ctx context.Context, req *nodev1.SnapshotRequest) (*nodev1.SnapshotInfo, error) {
+	kind := snapshot.Kind(req.Kind)
+	switch kind {
+	case snapshot.KindSnapshot, snapshot.KindPause, snapshot.KindFork:
+	default:
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("unknown snapshot kind %q", req.Kind))
+	}
+	s, err := l.n.Snapshot(ctx, req.SandboxId, node.SnapshotOptions{Kind: kind, Names: req.Names, Stop: req.Stop})
+	if err != nil {
+		return nil, wireError(err)
+	}
+	return SnapshotToWire(s), nil
+}
+
+// Stats implements Node.
+func (l *Local) Stats(ctx context.Context, req *nodev1.StatsRequest) (*nodev1.SandboxStats, error) {
+	u, err := l.n.Usage(ctx, req.SandboxId)
+	if err != nil {
+		return nil, wireError(err)
+	}
+	return &nodev1.SandboxStats{MemoryBytes: u.MemoryBytes, CpuSinceNanos: u.CPUSinceNanos, Since: timestamppb.New(u.Since)}, nil
+}
+
+// ListSnapshots implements Node.
+func (l *Local) ListSnapshots(ctx context.Context, req *nodev1.ListSnapshotsRequest) (*nodev1.ListSnapshotsResponse, error) {
+	kinds := make([]snapshot.Kind, len(req.Kinds))
+	for i, k := range req.Kinds {
+		kinds[i] = snapshot.Kind(k)
+	}
+	ss, err := l.n.Snapshots(ctx, kinds...)
+	if err != nil {
+		return nil, wireError(err)
+	}
+	out := &nodev1.ListSnapshotsResponse{}
+	for _, s := range ss {
+		out.Snapshots = append(out.Snapshots, SnapshotToWire(s))
+	}
+	return out, nil
+}
+
+// GetSnapshot implements Node.
+func (l *Local) GetSnapshot(ctx context.Context, req *nodev1.GetSnapshotRequest) (*nodev1.SnapshotInfo, error) {
+	s, err := l.n.GetSnapshot(ctx, req.IdOrName)
+	if err != nil {
+		return nil, wireError(err)
+	}
+	return SnapshotToWire(s), nil
+}
+
+// DeleteSnapshot implements Node.
+func (l *Local) DeleteSnapshot(ctx context.Context, req *nodev1.DeleteSnapshotRequest) (*nodev1.DeleteSnapshotResponse, error) {
+	if err := l.n.DeleteSnapshot(ctx, req.Id); err != nil {
+		return nil, wireError(err)
+	}
+	return &nodev1.DeleteSnapshotResponse{}, nil
+}
+
+// subscriberBuffer is how many events a slow subscriber may fall behind.
+const subscriberBuffer = 256
+
+// Events implements Node.
+func (l *Local) Events(ctx context.Context, fn func(*nodev1.Event)) error {
+	s := &subscriber{ch: make(chan *nodev1.Event, subscriberBuffer)}
+	l.mu.Lock()
+	l.subs[s] = struct{}{}
+	l.mu.Unlock()
+	defer func() {
+		l.mu.Lock()
+		if _, ok := l.subs[s]; ok {
+			delete(l.subs, s)
+		}
+		l.mu.Unlock()
+	}()
+	fn(&nodev1.Event{Kind: nodev1.Event_KIND_SYNC})
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case ev, ok := <-s.ch:
+			if !ok {
+				return errors.New("node events: the subscriber fell behind")
+			}
+			fn(ev)
+		}
+	}
+}
+
+// wireError gives a node error its Connect code.
+func wireError(err error) error {
+	code := connect.CodeInternal
+	switch {
+	case errors.Is(err, context.Canceled):
+		code = connect.CodeCanceled
+	case errors.Is(err, context.DeadlineExceeded):
+		code = connect.CodeDeadlineExceeded
+	case errors.Is(err, node.ErrNotFound), errors.Is(err, snapshot.ErrNotFound), errors.Is(err, template.ErrNotFound):
+		code = connect.CodeNotFound
+	case errors.Is(err, node.ErrTooLarge):
+		code = connect.CodeInvalidArgument
+	case errors.Is(err, node.ErrNoCapacity):
+		code = connect.CodeResourceExhausted
+	case errors.Is(err, node.ErrExists):
+		code = connect.CodeAlreadyExists
+	case errors.Is(err, node.ErrIncompatible):
+		code = connect.CodeFailedPrecondition
+	case errors.Is(err, node.ErrUnsupported):
+		code = connect.CodeUnimplemented
+	}
+	return connect.NewError(code, err)
+}
+
+func sandboxToWire(sb *node.Sandbox) *nodev1.Sandbox {
+	out := &nodev1.Sandbox{
+		Id:              sb.ID,
+		TemplateId:      sb.TemplateID,
+		CpuCount:        int32(sb.CPUCount),
+		MemoryMb:        int32(sb.MemoryMB),
+		DiskMb:          int32(sb.DiskMB),
+		EnvdVersion:     sb.EnvdVersion,
+		EnvdAccessToken: sb.EnvdAccessToken,
+		StartedAt:       timestamppb.New(sb.StartedAt),
+	}
+	if sb.Addr.IsValid() {
+		out.Addr = sb.Addr.String()
+	}
+	return out
+}
+
+// SnapshotToWire is s on the wire.
+func SnapshotToWire(s *snapshot.Snapshot) *nodev1.SnapshotInfo {
+	return &nodev1.SnapshotInfo{
+		Id:              s.ID,
+		Names:           s.Names,
+		Kind:            string(s.Kind),
+		SandboxId:       s.SandboxID,
+		TemplateId:      s.TemplateID,
+		CpuCount:        int32(s.CPUCount),
+		MemoryMb:        int32(s.MemoryMB),
+		DiskMb:          int32(s.DiskMB),
+		EnvdVersion:     s.EnvdVersion,
+		EnvdAccessToken: s.EnvdAccessToken,
+		CreatedAt:       timestamppb.New(s.CreatedAt),
+		SizeBytes:       s.SizeBytes,
+		Runtime:         s.Runtime,
+		RuntimeVersion:  s.RuntimeVersion,
+	}
+}
+
+// SnapshotFromWire is the snapshot description w carries (without a
+// local directory: the image is the node's).
+func SnapshotFromWire(w *nodev1.SnapshotInfo) *snapshot.Snapshot {
+	return &snapshot.Snapshot{
+		ID:              w.Id,
+		Names:           w.Names,
+		Kind:            snapshot.Kind(w.Kind),
+		SandboxID:       w.SandboxId,
+		TemplateID:      w.TemplateId,
+		CPUCount:        int(w.CpuCount),
+		MemoryMB:        int(w.MemoryMb),
+		DiskMB:          int(w.DiskMb),
+		EnvdVersion:     w.EnvdVersion,
+		EnvdAccessToken: w.EnvdAccessToken,
+		CreatedAt:       w.CreatedAt.AsTime(),
+		SizeBytes:       w.SizeBytes,
+		Runtime:         w.Runtime,
+		RuntimeVersion:  w.RuntimeVersion,
+	}
+}

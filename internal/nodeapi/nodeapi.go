@@ -1,0 +1,93 @@
+// Package nodeapi is the seam between the control plane and the nodes that
+// run sandboxes: one interface, Node, with its own wire types (nodev1,
+// generated from proto/node) and its own errors (Connect codes), answered
+// the same by the in-process node of a single-host server (Local) and by a
+// node agent across the network (Remote, served by Handler). The cluster
+// package sees only this interface; it never sees the node package's
+// structs, so that nothing it relies on works in-process and not remotely.
+package nodeapi
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strings"
+
+	"connectrpc.com/connect"
+
+	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
+	"github.com/aenvhq/aenv/internal/nodeapi/nodev1/nodev1connect"
+)
+
+// gen.sh builds the protoc plugins at the versions in go.mod, so a clean
+// checkout needs only protoc.
+//go:generate sh gen.sh
+
+// Node is what the control plane asks of a node. Errors are
+// *connect.Error values whose codes say what went wrong (see Code).
+type Node interface {
+	// ID names the node in the registry and in sandbox records.
+	ID() string
+	Info(context.Context, *nodev1.InfoRequest) (*nodev1.NodeInfo, error)
+	Create(context.Context, *nodev1.CreateRequest) (*nodev1.Sandbox, error)
+	Kill(context.Context, *nodev1.KillRequest) (*nodev1.KillResponse, error)
+	List(context.Context, *nodev1.ListRequest) (*nodev1.ListResponse, error)
+	Snapshot(context.Context, *nodev1.SnapshotRequest) (*nodev1.SnapshotInfo, error)
+	Stats(context.Context, *nodev1.StatsRequest) (*nodev1.SandboxStats, error)
+	ListSnapshots(context.Context, *nodev1.ListSnapshotsRequest) (*nodev1.ListSnapshotsResponse, error)
+	GetSnapshot(context.Context, *nodev1.GetSnapshotRequest) (*nodev1.SnapshotInfo, error)
+	DeleteSnapshot(context.Context, *nodev1.DeleteSnapshotRequest) (*nodev1.DeleteSnapshotResponse, error)
+	// Events calls fn with each event the node reports, beginning with a
+	// SYNC once the subscription is in place, until ctx ends (nil) or the
+	// stream breaks (its error).
+	Events(ctx context.Context, fn func(*nodev1.Event)) error
+}
+
+// Code is err's Connect code: CodeUnknown for an error that is not a
+// node API error.
+func Code(err error) connect.Code { return connect.CodeOf(err) }
+
+// Message is the node's own description of err, without the code prefix
+// Connect adds.
+func Message(err error) string {
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		return ce.Message()
+	}
+	return err.Error()
+}
+
+// TokenHeader carries the cluster token on every request between servers
+// and nodes. It is not Authorization, which sandbox traffic through a
+// node's proxy uses for its own purposes.
+const TokenHeader = "X-Aenv-Cluster-Token"
+
+// RequireToken serves h only to requests that carry token, answering the
+// others 401 and logging who they came from.
+func RequireToken(token string, log *slog.Logger, h http.Handler) http.Handler {
+	want := []byte(token)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got := []byte(r.Header.Get(TokenHeader))
+		if len(want) == 0 || subtle.ConstantTimeCompare(got, want) != 1 {
+			log.Warn("refused a request with a wrong or missing cluster token",
+				"remote", r.RemoteAddr, "path", r.URL.Path)
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusUnauthorized)
+			_ = json.NewEncoder(w).Encode(map[string]any{
+				"code": http.StatusUnauthorized, "message": "wrong or missing cluster token",
+			})
+			return
+		}
+		r.Header.Del(TokenHeader)
+		h.ServeHTTP(w, r)
+	})
+}
+
+// IsRPC reports whether r is a node API call (as opposed to sandbox
+// traffic for the node's proxy).
+func IsRPC(r *http.Request) bool {
+	return strings.HasPrefix(r.URL.Path, "/"+nodev1connect.NodeServiceName+"/")
+}

@@ -1,0 +1,177 @@
+package nodeapi
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
+	"github.com/aenvhq/aenv/internal/nodeapi/nodev1/nodev1connect"
+)
+
+// Handler serves n's node API (the node agent's side); mount it behind
+// RequireToken.
+func Handler(n Node) (string, http.Handler) {
+	return nodev1connect.NewNodeServiceHandler(&handler{n: n})
+}
+
+// handler adapts a Node to the generated handler interface: they differ
+// only in how the event stream is written.
+type handler struct{ n Node }
+
+func (h *handler) Info(ctx context.Context, r *nodev1.InfoRequest) (*nodev1.NodeInfo, error) {
+	return h.n.Info(ctx, r)
+}
+
+func (h *handler) Create(ctx context.Context, r *nodev1.CreateRequest) (*nodev1.Sandbox, error) {
+	return h.n.Create(ctx, r)
+}
+
+func (h *handler) Kill(ctx context.Context, r *nodev1.KillRequest) (*nodev1.KillResponse, error) {
+	return h.n.Kill(ctx, r)
+}
+
+func (h *handler) List(ctx context.Context, r *nodev1.ListRequest) (*nodev1.ListResponse, error) {
+	return h.n.List(ctx, r)
+}
+
+func (h *handler) Snapshot(ctx context.Context, r *nodev1.SnapshotRequest) (*nodev1.SnapshotInfo, error) {
+	return h.n.Snapshot(ctx, r)
+}
+
+func (h *handler) Stats(ctx context.Context, r *nodev1.StatsRequest) (*nodev1.SandboxStats, error) {
+	return h.n.Stats(ctx, r)
+}
+
+func (h *handler) ListSnapshots(ctx context.Context, r *nodev1.ListSnapshotsRequest) (*nodev1.ListSnapshotsResponse, error) {
+	return h.n.ListSnapshots(ctx, r)
+}
+
+func (h *handler) GetSnapshot(ctx context.Context, r *nodev1.GetSnapshotRequest) (*nodev1.SnapshotInfo, error) {
+	return h.n.GetSnapshot(ctx, r)
+}
+
+func (h *handler) DeleteSnapshot(ctx context.Context, r *nodev1.DeleteSnapshotRequest) (*nodev1.DeleteSnapshotResponse, error) {
+	return h.n.DeleteSnapshot(ctx, r)
+}
+
+func (h *handler) Events(ctx context.Context, _ *nodev1.EventsRequest, st *connect.ServerStream[nodev1.Event]) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var sendErr error
+	err := h.n.Events(ctx, func(ev *nodev1.Event) {
+		if sendErr == nil {
+			if sendErr = st.Send(ev); sendErr != nil {
+				cancel()
+			}
+		}
+	})
+	if sendErr != nil {
+		return sendErr
+	}
+	return err
+}
+
+// Remote is the node API of a node agent across the network.
+type Remote struct {
+	id string
+	c  nodev1connect.NodeServiceClient
+}
+
+// Transport is the HTTP transport for node API calls and for sandbox
+// traffic to nodes: short dial timeouts and TCP keepalives, so that a
+// node that vanished is noticed within seconds, and every request
+// carrying token.
+func Transport(token string) http.RoundTripper {
+	d := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 5 * time.Second}
+	return &tokenTransport{token: token, rt: &http.Transport{
+		DialContext:         d.DialContext,
+		MaxIdleConnsPerHost: 64,
+		IdleConnTimeout:     time.Minute,
+		DisableCompression:  true,
+	}}
+}
+
+type tokenTransport struct {
+	token string
+	rt    http.RoundTripper
+}
+
+func (t *tokenTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set(TokenHeader, t.token)
+	return t.rt.RoundTrip(r)
+}
+
+// Dial returns the node API of node id at address (host:port), calling
+// through rt (see Transport).
+func Dial(id, address string, rt http.RoundTripper) *Remote {
+	return &Remote{id: id, c: nodev1connect.NewNodeServiceClient(&http.Client{Transport: rt}, "http://"+address)}
+}
+
+// ID implements Node.
+func (r *Remote) ID() string { return r.id }
+
+// Info implements Node.
+func (r *Remote) Info(ctx context.Context, q *nodev1.InfoRequest) (*nodev1.NodeInfo, error) {
+	return r.c.Info(ctx, q)
+}
+
+// Create implements Node.
+func (r *Remote) Create(ctx context.Context, q *nodev1.CreateRequest) (*nodev1.Sandbox, error) {
+	return r.c.Create(ctx, q)
+}
+
+// Kill implements Node.
+func (r *Remote) Kill(ctx context.Context, q *nodev1.KillRequest) (*nodev1.KillResponse, error) {
+	return r.c.Kill(ctx, q)
+}
+
+// List implements Node.
+func (r *Remote) List(ctx context.Context, q *nodev1.ListRequest) (*nodev1.ListResponse, error) {
+	return r.c.List(ctx, q)
+}
+
+// Snapshot implements Node.
+func (r *Remote) Snapshot(ctx context.Context, q *nodev1.SnapshotRequest) (*nodev1.SnapshotInfo, error) {
+	return r.c.Snapshot(ctx, q)
+}
+
+// Stats implements Node.
+func (r *Remote) Stats(ctx context.Context, q *nodev1.StatsRequest) (*nodev1.SandboxStats, error) {
+	return r.c.Stats(ctx, q)
+}
+
+// ListSnapshots implements Node.
+func (r *Remote) ListSnapshots(ctx context.Context, q *nodev1.ListSnapshotsRequest) (*nodev1.ListSnapshotsResponse, error) {
+	return r.c.ListSnapshots(ctx, q)
+}
+
+// GetSnapshot implements Node.
+func (r *Remote) GetSnapshot(ctx context.Context, q *nodev1.GetSnapshotRequest) (*nodev1.SnapshotInfo, error) {
+	return r.c.GetSnapshot(ctx, q)
+}
+
+// DeleteSnapshot implements Node.
+func (r *Remote) DeleteSnapshot(ctx context.Context, q *nodev1.DeleteSnapshotRequest) (*nodev1.DeleteSnapshotResponse, error) {
+	return r.c.DeleteSnapshot(ctx, q)
+}
+
+// Events implements Node.
+func (r *Remote) Events(ctx context.Context, fn func(*nodev1.Event)) error {
+	st, err := r.c.Events(ctx, &nodev1.EventsRequest{})
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	for st.Receive() {
+		fn(st.Msg())
+	}
+	if ctx.Err() != nil {
+		return nil
+	}
+	return st.Err()
+}

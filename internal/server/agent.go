@@ -1,0 +1,235 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/aenvhq/aenv/internal/cluster"
+	"github.com/aenvhq/aenv/internal/node"
+	"github.com/aenvhq/aenv/internal/nodeapi"
+	"github.com/aenvhq/aenv/internal/proxy"
+	"github.com/aenvhq/aenv/internal/state"
+)
+
+// Agent is a running `aenv node`: this host's node, serving the node API
+// and the sandbox traffic that API servers forward to it, registered in
+// the cluster's registry under a lease.
+type Agent struct {
+	cfg          Config
+	log          *slog.Logger
+	state        *state.Etcd
+	host         *host
+	http         *http.Server
+	listener     net.Listener
+	registration *cluster.Registration
+	advertise    string
+}
+
+// DefaultNodeListen is where a node agent listens unless told otherwise.
+const DefaultNodeListen = ":8100"
+
+// JoinPath is the server route node agents learn the cluster's etcd
+// endpoints from.
+const JoinPath = "/cluster/join"
+
+// StartNode starts a node agent: it reaches the cluster's etcd (told by
+// Config.EtcdEndpoints, or asked of the server at Config.Join), proves it
+// holds the cluster token, takes over the sandboxes an earlier process of
+// it left running, and serves and registers itself at Config.Advertise.
+func StartNode(ctx context.Context, cfg Config) (_ *Agent, err error) {
+	if cfg.Listen == "" {
+		cfg.Listen = DefaultNodeListen
+	}
+	cfg = cfg.withDefaults()
+	log := cfg.Logger
+	a := &Agent{cfg: cfg, log: log}
+	defer func() {
+		if err != nil {
+			a.Close(context.WithoutCancel(ctx))
+		}
+	}()
+	token, err := loadClusterToken(cfg.DataDir, cfg.ClusterToken, false, log)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Join != "" {
+		if cfg.EtcdEndpoints, err = joinCluster(ctx, cfg.Join, token); err != nil {
+			return nil, err
+		}
+	}
+	if len(cfg.EtcdEndpoints) == 0 {
+		return nil, errors.New("starting node: give --join URL (a server of the cluster) or --etcd-endpoints")
+	}
+	if a.state, err = openState(ctx, cfg, log); err != nil {
+		return nil, err
+	}
+	if err := cluster.CheckToken(ctx, a.state, token, false); err != nil {
+		return nil, fmt.Errorf("starting node: %w", err)
+	}
+	if a.listener, err = net.Listen("tcp", cfg.Listen); err != nil {
+		return nil, fmt.Errorf("listening on %s: %w", cfg.Listen, err)
+	}
+	if a.advertise, err = advertised(cfg.Advertise, a.listener.Addr()); err != nil {
+		return nil, err
+	}
+	if a.host, err = openHost(ctx, cfg, log); err != nil {
+		return nil, err
+	}
+	rpcPath, rpc := nodeapi.Handler(a.host.api)
+	prx := proxy.New(localRoutes{a.host.node}, "", log)
+	mux := http.NewServeMux()
+	mux.Handle(rpcPath, rpc)
+	mux.Handle("/", prx)
+	a.http = &http.Server{
+		Handler:           nodeapi.RequireToken(token, log, mux),
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+	}
+	go func() {
+		if err := a.http.Serve(a.listener); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("serving the node API", "err", err)
+		}
+	}()
+	if a.registration, err = cluster.RegisterNode(ctx, a.state, cluster.Reporter(a.host.api, a.advertise), log); err != nil {
+		return nil, err
+	}
+	log.Info("aenv node ready", "node_id", cfg.NodeID, "listen", a.listener.Addr().String(), "advertise", a.advertise,
+		"etcd", strings.Join(cfg.EtcdEndpoints, ","), "runtime", a.host.driver.Name(), "runtime_version", a.host.runtimeVersion)
+	return a, nil
+}
+
+// advertised is the address servers reach the node at: the flag, else
+// the listening address when it names a host.
+func advertised(flag string, listen net.Addr) (string, error) {
+	if flag != "" {
+		if _, _, err := net.SplitHostPort(flag); err != nil {
+			return "", fmt.Errorf("--advertise %q: want host:port: %w", flag, err)
+		}
+		return flag, nil
+	}
+	host, _, _ := net.SplitHostPort(listen.String())
+	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
+		return "", fmt.Errorf("the node listens on all addresses (%s): give --advertise HOST:PORT, where servers reach it", listen)
+	}
+	return listen.String(), nil
+}
+
+// Addr is where the agent listens.
+func (a *Agent) Addr() net.Addr { return a.listener.Addr() }
+
+// ID is the agent's node id.
+func (a *Agent) ID() string { return a.cfg.NodeID }
+
+// Close stops the agent. Its sandboxes keep running for its next start
+// unless Config.OnStop is StopKill; it stays registered until its lease
+// expires unless it killed them.
+func (a *Agent) Close(ctx context.Context) error {
+	var errs []error
+	if a.registration != nil {
+		a.registration.Stop()
+		if a.cfg.OnStop == cluster.StopKill {
+			errs = append(errs, cluster.DeregisterNode(ctx, a.state, a.cfg.NodeID))
+		}
+	}
+	if a.http != nil {
+		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		if err := a.http.Shutdown(sctx); err != nil {
+			a.http.Close()
+		}
+		cancel()
+	} else if a.listener != nil {
+		a.listener.Close()
+	}
+	if a.host != nil {
+		mode := node.StopKeep
+		if a.cfg.OnStop == cluster.StopKill {
+			mode = node.StopKill
+		}
+		errs = append(errs, a.host.close(ctx, mode))
+	}
+	if a.state != nil {
+		errs = append(errs, a.state.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// localRoutes resolves the sandboxes of this host's node for its proxy.
+type localRoutes struct{ n *node.Node }
+
+func (l localRoutes) SandboxRoute(id string) (proxy.Route, error) {
+	sb, err := l.n.Get(id)
+	if err != nil {
+		return proxy.Route{}, err
+	}
+	return proxy.Route{Addr: sb.Addr}, nil
+}
+
+// joinAnswer is what JoinPath returns.
+type joinAnswer struct {
+	EtcdEndpoints []string `json:"etcdEndpoints"`
+}
+
+// joinCluster asks the server at url for the cluster's etcd endpoints.
+func joinCluster(ctx context.Context, url, token string) ([]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(url, "/")+JoinPath, nil)
+	if err != nil {
+		return nil, fmt.Errorf("joining %s: %w", url, err)
+	}
+	req.Header.Set(nodeapi.TokenHeader, token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("joining %s: %w", url, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		var e struct{ Message string }
+		_ = json.NewDecoder(resp.Body).Decode(&e)
+		return nil, fmt.Errorf("joining %s: the server refused (%d): %s", url, resp.StatusCode, e.Message)
+	}
+	var ans joinAnswer
+	if err := json.NewDecoder(resp.Body).Decode(&ans); err != nil || len(ans.EtcdEndpoints) == 0 {
+		return nil, fmt.Errorf("joining %s: no etcd endpoints in the answer (%v)", url, err)
+	}
+	return ans.EtcdEndpoints, nil
+}
+
+// withJoin answers JoinPath, for node agents holding the cluster token,
+// in front of h.
+func (s *Server) withJoin(h http.Handler) http.Handler {
+	join := nodeapi.RequireToken(s.token, s.log, http.HandlerFunc(s.join))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, _, sandbox := proxy.Match(r); r.URL.Path == JoinPath && !sandbox {
+			join.ServeHTTP(w, r)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+func (s *Server) join(w http.ResponseWriter, r *http.Request) {
+	var eps []string
+	for _, e := range s.state.Endpoints() {
+		if !strings.HasPrefix(e, "unix:") {
+			eps = append(eps, e)
+		}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if len(eps) == 0 {
+		w.WriteHeader(http.StatusConflict)
+		_ = json.NewEncoder(w).Encode(map[string]any{"code": http.StatusConflict,
+			"message": "this server's etcd listens only on its unix socket; start the server with --etcd-listen URL or --etcd-endpoints so that nodes can reach it"})
+		return
+	}
+	s.log.Info("a node is joining", "remote", r.RemoteAddr)
+	_ = json.NewEncoder(w).Encode(joinAnswer{EtcdEndpoints: eps})
+}

@@ -1,0 +1,209 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"path/filepath"
+
+	"github.com/aenvhq/aenv/internal/envd"
+	"github.com/aenvhq/aenv/internal/netns"
+	"github.com/aenvhq/aenv/internal/node"
+	"github.com/aenvhq/aenv/internal/nodeapi"
+	"github.com/aenvhq/aenv/internal/runtime/gvisor"
+	"github.com/aenvhq/aenv/internal/snapshot"
+	"github.com/aenvhq/aenv/internal/store"
+	"github.com/aenvhq/aenv/internal/template"
+)
+
+// host is what runs sandboxes on this machine, for the in-process node of
+// `aenv server` and for `aenv node` alike: templates, the runtime
+// driver, sandbox networking, the snapshot catalog and its store, and the
+// node that joins them, answering the node API.
+type host struct {
+	templates      *template.Store
+	driver         *gvisor.Driver
+	net            *netns.Manager
+	stopWatch      context.CancelFunc
+	remote         *store.Store
+	node           *node.Node
+	api            *nodeapi.Local
+	runtimeVersion string
+	log            *slog.Logger
+}
+
+// openHost sets the host up and starts its node, which takes over the
+// sandboxes an earlier process left running. On error nothing is left.
+func openHost(ctx context.Context, cfg Config, log *slog.Logger) (h *host, err error) {
+	h = &host{log: log}
+	defer func() {
+		if err != nil {
+			h.close(context.WithoutCancel(ctx), node.StopKill)
+			h = nil
+		}
+	}()
+	if err := h.open(ctx, cfg, log); err != nil {
+		return nil, err
+	}
+	h.api = nodeapi.NewLocal(h.node, nodeapi.LocalOptions{
+		Templates: h.templates, RuntimeVersion: h.runtimeVersion, Version: envd.Version,
+	})
+	return h, nil
+}
+
+func (h *host) open(ctx context.Context, cfg Config, log *slog.Logger) error {
+	envdPath, err := findEnvd(cfg.EnvdPath)
+	if err != nil {
+		return err
+	}
+	templates, err := template.NewStore(template.StoreOptions{
+		Dir: filepath.Join(cfg.DataDir, "templates"), BaseRootFS: cfg.BaseRootFS,
+	})
+	if err != nil {
+		return err
+	}
+	if err := ensureBase(ctx, templates, log); err != nil {
+		return err
+	}
+	h.templates = templates
+
+	driver, err := gvisor.New(gvisor.Config{
+		RunscPath: cfg.RunscPath,
+		StateDir:  filepath.Join(cfg.RunDir, "gvisor"),
+		// One cgroup parent per server instance, named like its network
+		// tag, so that servers sharing a host stay apart.
+		CgroupParent: "/" + cfg.NetnsTag,
+		PidsTotal:    cfg.PidsTotal,
+		Logger:       log,
+	})
+	if err != nil {
+		return err
+	}
+	h.driver = driver
+
+	prefix, err := netip.ParsePrefix(cfg.SandboxCIDR)
+	if err != nil {
+		return fmt.Errorf("parsing sandbox CIDR %q: %w", cfg.SandboxCIDR, err)
+	}
+	dns := netns.HostDNSServers("/etc/resolv.conf")
+	hostNets, err := netns.DetectHostNetworks(cfg.NetnsTag)
+	if err != nil {
+		return fmt.Errorf("reading the host's networks: %w", err)
+	}
+	h.net, err = netns.NewManager(ctx, netns.Config{
+		HostNetworks: hostNets,
+		EgressAllow:  cfg.EgressAllow,
+		DNSServers:   dns,
+		RunDir:       filepath.Join(cfg.RunDir, "netns"),
+		Prefix:       prefix,
+		PoolSize:     cfg.NetnsPoolSize,
+		Tag:          cfg.NetnsTag,
+		Logger:       log,
+		// The slots of sandboxes that outlived the previous process.
+		KeepLeftovers: true,
+	})
+	if err != nil {
+		return fmt.Errorf("setting up sandbox networking: %w", err)
+	}
+	log.Info("sandboxes are kept off the host's networks", "networks", hostNets, "exempt", cfg.EgressAllow)
+	watchCtx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
+	h.stopWatch = stopWatch
+	if err := netns.WatchHostNetworks(watchCtx, cfg.NetnsTag, func(ps []netip.Prefix) {
+		if err := h.net.SetHostNetworks(ps); err != nil {
+			log.Error("updating the host networks kept from sandboxes", "err", err)
+		}
+	}); err != nil {
+		return err
+	}
+
+	var remote *store.Store
+	if cfg.StoreURL != "" {
+		backend, err := store.Open(ctx, cfg.StoreURL, store.OpenOptions{
+			AccessKeyID: cfg.StoreAccessKey, SecretAccessKey: cfg.StoreSecretKey,
+		})
+		if err != nil {
+			return fmt.Errorf("opening snapshot store: %w", err)
+		}
+		remote, err = store.New(store.Options{
+			Backend:  backend,
+			CacheDir: filepath.Join(cfg.DataDir, "chunk-cache"),
+			// Pages move around in memory images between snapshots;
+			// content-defined chunks keep a small change a small upload.
+			ContentDefined: true,
+			Logger:         log,
+		})
+		if err != nil {
+			return fmt.Errorf("opening snapshot store: %w", err)
+		}
+		h.remote = remote
+		log.Info("snapshots are stored durably", "store", backend.String())
+	}
+	snapshots, err := snapshot.Open(filepath.Join(cfg.DataDir, "snapshots"), remote)
+	if err != nil {
+		return err
+	}
+	h.runtimeVersion = driver.Version(ctx)
+	h.node, err = node.New(node.Config{
+		Snapshots:      snapshots,
+		ID:             cfg.NodeID,
+		Runtime:        driver,
+		RuntimeVersion: h.runtimeVersion,
+		Network:        h.net,
+		Templates:      templates,
+		EnvdPath:       envdPath,
+		EnvdVersion:    envd.Version,
+		DNSServers:     addrStrings(dns),
+		// Keep base sandboxes prestarted: the E2B default template is what
+		// most creates ask for.
+		WarmPoolSize:  cfg.WarmPoolSize,
+		WarmTemplates: []string{template.BaseID},
+		StateDir:      filepath.Join(cfg.RunDir, "node"),
+		Capacity:      cfg.Capacity,
+		PidsLimit:     cfg.PidsLimit,
+		Logger:        log,
+	})
+	if err != nil {
+		return err
+	}
+	if _, err := h.node.Start(ctx); err != nil {
+		return err
+	}
+	if err := driver.Cleanup(ctx); err != nil {
+		log.Warn("cleaning up sandboxes of a previous run", "err", err)
+	}
+	return nil
+}
+
+// close stops the node. Sandboxes that keep running (mode StopKeep) keep
+// their network slots and the host rules that isolate them, for the next
+// process to take over.
+func (h *host) close(ctx context.Context, mode node.StopMode) error {
+	var errs []error
+	if h.stopWatch != nil {
+		h.stopWatch()
+	}
+	kept := 0
+	if h.node != nil {
+		errs = append(errs, h.node.Close(ctx, mode))
+		kept = len(h.node.List())
+	}
+	if h.net != nil {
+		if kept > 0 {
+			errs = append(errs, h.net.Detach(ctx))
+		} else {
+			errs = append(errs, h.net.Close(ctx))
+		}
+	}
+	if h.driver != nil {
+		errs = append(errs, h.driver.Close())
+	}
+	if h.remote != nil {
+		errs = append(errs, h.remote.Close())
+	}
+	if kept > 0 {
+		h.log.Info("running sandboxes keep running for the next start", "count", kept)
+	}
+	return errors.Join(errs...)
+}
