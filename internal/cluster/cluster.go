@@ -349,9 +349,12 @@ const placeAttempts = 3
 func (c *Cluster) start(ctx context.Context, p placement, req *nodev1.CreateRequest) (*nodev1.Sandbox, nodeapi.Node, error) {
 	var err error
 	for range placeAttempts {
-		var n nodeapi.Node
-		if n, err = c.nodes.place(p); err != nil {
-			return nil, nil, err
+		n, perr := c.nodes.place(p)
+		if perr != nil {
+			if err != nil {
+				return nil, nil, err // the last node's own refusal says more
+			}
+			return nil, nil, perr
 		}
 		var nsb *nodev1.Sandbox
 		nsb, err = n.Create(ctx, req)

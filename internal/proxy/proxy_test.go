@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -12,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/aenvhq/aenv/internal/nodeapi"
 )
 
 func TestMatch(t *testing.T) {
@@ -142,5 +145,56 @@ func TestServe(t *testing.T) {
 	}
 	if el := time.Since(start); string(buf) != "chunk0\n" || el > 300*time.Millisecond {
 		t.Fatalf("first chunk %q after %s: the proxy buffers streams", buf, el)
+	}
+}
+
+type viaResolver struct{ via string }
+
+func (r viaResolver) SandboxRoute(id string) (Route, error) {
+	return Route{Addr: netip.MustParseAddr("127.0.0.1"), Via: r.via}, nil
+}
+
+// TestServeVia: a sandbox on another node is reached through that node's
+// proxy, which demands the cluster token; the token and the routing
+// headers never reach the sandbox, and streams stay streams.
+func TestServeVia(t *testing.T) {
+	const token = "cluster-token-for-tests"
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get(nodeapi.TokenHeader) != "" || r.Header.Get(HeaderSandboxID) != "" {
+			http.Error(w, "token or routing header leaked", 500)
+			return
+		}
+		b, _ := io.ReadAll(r.Body)
+		fmt.Fprintf(w, "host=%s path=%s body=%s", r.Host, r.URL.Path, b)
+	}))
+	defer backend.Close()
+	_, port, _ := net.SplitHostPort(backend.Listener.Addr().String())
+
+	log := slog.New(slog.DiscardHandler)
+	nodeSide := httptest.NewServer(nodeapi.RequireToken(token, log, New(resolver{"sb1": netip.MustParseAddr("127.0.0.1")}, "", log)))
+	defer nodeSide.Close()
+	via := strings.TrimPrefix(nodeSide.URL, "http://")
+
+	for _, tc := range []struct {
+		token string
+		want  int
+	}{{token, 200}, {"wrong-token-wrong-token", http.StatusUnauthorized}} {
+		front := httptest.NewServer(New(viaResolver{via}, tc.token, log))
+		req, _ := http.NewRequest("POST", front.URL+"/files", strings.NewReader("payload"))
+		req.Host = port + "-sb1.localhost:8000"
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		front.Close()
+		if tc.want == 200 && (resp.StatusCode != 200 || !strings.Contains(string(b), "path=/files body=payload") ||
+			!strings.Contains(string(b), "host="+port+"-sb1.localhost:8000")) {
+			t.Fatalf("through the node: %d %q", resp.StatusCode, b)
+		}
+		if tc.want != 200 && resp.StatusCode != tc.want {
+			t.Fatalf("a wrong cluster token: %d %q, want %d", resp.StatusCode, b, tc.want)
+		}
 	}
 }

@@ -36,12 +36,11 @@ type host struct {
 
 // openHost sets the host up and starts its node, which takes over the
 // sandboxes an earlier process left running. On error nothing is left.
-func openHost(ctx context.Context, cfg Config, log *slog.Logger) (h *host, err error) {
-	h = &host{log: log}
+func openHost(ctx context.Context, cfg Config, log *slog.Logger) (_ *host, err error) {
+	h := &host{log: log}
 	defer func() {
 		if err != nil {
 			h.close(context.WithoutCancel(ctx), node.StopKill)
-			h = nil
 		}
 	}()
 	if err := h.open(ctx, cfg, log); err != nil {

@@ -1,6 +1,7 @@
 package state
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -233,9 +234,11 @@ func (e *Etcd) Get(ctx context.Context, key string) (Entry, error) {
 	if e.closed.Load() {
 		return Entry{}, fmt.Errorf("%s: %w", op, ErrClosed)
 	}
-	cctx, cancel := context.WithTimeout(ctx, e.cfg.OpTimeout)
-	defer cancel()
-	resp, err := e.client.Get(cctx, e.prefix+key)
+	var resp *clientv3.GetResponse
+	err := e.retrying(ctx, func(cctx context.Context) (err error) {
+		resp, err = e.client.Get(cctx, e.prefix+key)
+		return err
+	})
 	if err != nil {
 		return Entry{}, e.wrap(op, err)
 	}
@@ -304,7 +307,7 @@ func (e *Etcd) Create(ctx context.Context, key string, value []byte, opts WriteO
 	k := e.prefix + key
 	resp, err := e.txn(ctx, op,
 		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(k), "=", 0)},
-		clientv3.OpPut(k, string(value), leaseOpts(opts)...))
+		clientv3.OpPut(k, string(value), leaseOpts(opts)...), value)
 	if err != nil {
 		return 0, err
 	}
@@ -320,7 +323,7 @@ func (e *Etcd) Update(ctx context.Context, key string, value []byte, rev int64, 
 	k := e.prefix + key
 	resp, err := e.txn(ctx, op,
 		[]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(k), "=", rev)},
-		clientv3.OpPut(k, string(value), leaseOpts(opts)...))
+		clientv3.OpPut(k, string(value), leaseOpts(opts)...), value)
 	if err != nil {
 		return 0, err
 	}
@@ -336,9 +339,11 @@ func (e *Etcd) Put(ctx context.Context, key string, value []byte, opts WriteOpti
 	if e.closed.Load() {
 		return 0, fmt.Errorf("%s: %w", op, ErrClosed)
 	}
-	cctx, cancel := context.WithTimeout(ctx, e.cfg.OpTimeout)
-	defer cancel()
-	resp, err := e.client.Put(cctx, e.prefix+key, string(value), leaseOpts(opts)...)
+	var resp *clientv3.PutResponse
+	err := e.retrying(ctx, func(cctx context.Context) (err error) {
+		resp, err = e.client.Put(cctx, e.prefix+key, string(value), leaseOpts(opts)...)
+		return err
+	})
 	if err != nil {
 		return 0, e.wrap(op, err)
 	}
@@ -354,7 +359,7 @@ func (e *Etcd) Delete(ctx context.Context, key string, rev int64) error {
 	if rev > 0 {
 		cmp = clientv3.Compare(clientv3.ModRevision(k), "=", rev)
 	}
-	resp, err := e.txn(ctx, op, []clientv3.Cmp{cmp}, clientv3.OpDelete(k))
+	resp, err := e.txn(ctx, op, []clientv3.Cmp{cmp}, clientv3.OpDelete(k), nil)
 	if err != nil {
 		return err
 	}
@@ -365,18 +370,53 @@ func (e *Etcd) Delete(ctx context.Context, key string, rev int64) error {
 }
 
 // txn runs then if cmps hold, and otherwise reads the key back so that the
-// caller can tell a conflict from a missing key.
-func (e *Etcd) txn(ctx context.Context, op string, cmps []clientv3.Cmp, then clientv3.Op) (*clientv3.TxnResponse, error) {
+// caller can tell a conflict from a missing key. then writes value (nil:
+// deletes the key): when a first attempt timed out and the retry finds the
+// key already as then leaves it, the first attempt was applied and the
+// transaction succeeded.
+func (e *Etcd) txn(ctx context.Context, op string, cmps []clientv3.Cmp, then clientv3.Op, value []byte) (*clientv3.TxnResponse, error) {
 	if e.closed.Load() {
 		return nil, fmt.Errorf("%s: %w", op, ErrClosed)
 	}
-	cctx, cancel := context.WithTimeout(ctx, e.cfg.OpTimeout)
-	defer cancel()
-	resp, err := e.client.Txn(cctx).If(cmps...).Then(then).Else(clientv3.OpGet(string(then.KeyBytes()))).Commit()
+	var resp *clientv3.TxnResponse
+	attempts := 0
+	err := e.retrying(ctx, func(cctx context.Context) (err error) {
+		attempts++
+		resp, err = e.client.Txn(cctx).If(cmps...).Then(then).Else(clientv3.OpGet(string(then.KeyBytes()))).Commit()
+		return err
+	})
 	if err != nil {
 		return nil, e.wrap(op, err)
 	}
+	if attempts > 1 && !resp.Succeeded && len(resp.Responses) > 0 {
+		kvs := resp.Responses[0].GetResponseRange().Kvs
+		if (value == nil && len(kvs) == 0) || (value != nil && len(kvs) == 1 && bytes.Equal(kvs[0].Value, value)) {
+			resp.Succeeded = true
+			if len(kvs) == 1 {
+				resp.Header.Revision = kvs[0].ModRevision
+			}
+		}
+	}
 	return resp, nil
+}
+
+// retrying runs call with half of OpTimeout, and once more with the rest
+// when the first attempt timed out or found no leader: a request that
+// reached a member whose leader just died is lost, and the member waits
+// out its own request timeout before it says so, while a second attempt
+// reaches the new leader at once. Only the retry of a write can find its
+// own first attempt applied; txn deals with that.
+func (e *Etcd) retrying(ctx context.Context, call func(context.Context) error) error {
+	first := e.cfg.OpTimeout / 2
+	cctx, cancel := context.WithTimeout(ctx, first)
+	err := call(cctx)
+	cancel()
+	if err == nil || ctx.Err() != nil || !errors.Is(classify(err), ErrUnavailable) {
+		return err
+	}
+	cctx, cancel = context.WithTimeout(ctx, e.cfg.OpTimeout-first)
+	defer cancel()
+	return call(cctx)
 }
 
 func (e *Etcd) conflict(op string, rev int64, resp *clientv3.TxnResponse) error {

@@ -1,0 +1,175 @@
+// Many hosts on one machine, through the e2b SDK: a 3-member etcd, two API
+// servers without local nodes and three node agents, each in its own
+// network namespace. Sandboxes spread over the nodes and answer through
+// either server; a node killed with -9 has its running sandboxes reported
+// lost and its paused one resumed elsewhere; an etcd member or an API
+// server going away changes nothing; a node restarted within its lease
+// keeps its sandboxes.
+
+import assert from 'node:assert/strict'
+import { Sandbox, SandboxNotFoundError } from 'e2b'
+import { useCluster, } from './lib/cluster.mjs'
+import { waitFor, sleep, rejectsWith } from './lib/server.mjs'
+
+const cl = useCluster({ tag: 'zqmh', subnet: '10.250.7' })
+
+// A counter in the sandbox's memory and processes: it keeps counting only
+// if the very process survives.
+const COUNTER = 'nohup sh -c \'i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done\' >/dev/null 2>&1 &'
+
+async function count(sbx) {
+  return Number((await sbx.commands.run('cat /tmp/count')).stdout.trim())
+}
+
+let sandboxes = []
+const byNode = new Map()
+
+cl.test('30 sandboxes spread over all three nodes and answer through either API server', async () => {
+  for (let i = 0; i < 30; i++) sandboxes.push(await cl.create())
+  for (const sbx of sandboxes) {
+    const node = await cl.nodeOf(sbx.sandboxId)
+    if (!byNode.has(node)) byNode.set(node, [])
+    byNode.get(node).push(sbx)
+  }
+  assert.deepEqual([...byNode.keys()].sort(), ['zqmhn1', 'zqmhn2', 'zqmhn3'], `placement: ${[...byNode].map(([n, l]) => `${n}:${l.length}`)}`)
+  const nodes = (await cl.api('GET', '/nodes')).json
+  for (const n of nodes) {
+    assert.equal(n.state, 'ready')
+    assert.equal(n.sandboxes, byNode.get(n.id).length, `node ${n.id}'s sandbox count`)
+    assert.match(n.address, /^10\.250\.7\.1[1-3]:8100$/)
+  }
+  for (const [j, sbx] of sandboxes.slice(0, 6).entries()) {
+    const other = await Sandbox.connect(sbx.sandboxId, cl.via(j % 2))
+    const r = await other.commands.run('echo hello from $(hostname)')
+    assert.equal(r.stdout.trim(), `hello from ${sbx.sandboxId}`)
+    await other.files.write('/home/user/note.txt', `written through server ${j % 2}`)
+    const back = await Sandbox.connect(sbx.sandboxId, cl.via((j + 1) % 2))
+    assert.equal(await back.files.read('/home/user/note.txt'), `written through server ${j % 2}`)
+  }
+  // Ten sandboxes are enough for the rest.
+  const keep = new Set([...byNode.values()].flatMap((l) => l.slice(0, 3)).map((s) => s.sandboxId))
+  for (const sbx of sandboxes) {
+    if (!keep.has(sbx.sandboxId)) {
+      await sbx.kill()
+      cl.sandboxes.delete(sbx.sandboxId)
+    }
+  }
+  for (const [n, l] of byNode) byNode.set(n, l.filter((s) => keep.has(s.sandboxId)))
+})
+
+cl.test('kill -9 of a node: its running sandboxes are lost within TTL + 5 s, its paused one resumes on another node', async () => {
+  const [paused, ...running] = byNode.get('zqmhn1')
+  await paused.commands.run(COUNTER)
+  await paused.files.write('/home/user/kept.txt', 'kept across the node')
+  await sleep(600)
+  const before = await count(paused)
+  assert.equal(await paused.pause(), true)
+
+  const node = cl.nodes[0]
+  const killedAt = Date.now()
+  await node.kill('SIGKILL')
+  await waitFor(async () => {
+    const listed = (await Sandbox.list(cl.via(0)).nextItems()).map((s) => s.sandboxId)
+    return running.every((s) => !listed.includes(s.sandboxId))
+  }, { timeoutMs: 15_000, what: "the dead node's sandboxes to leave the list" })
+  assert.ok(Date.now() - killedAt <= 15_000, `lost after ${Date.now() - killedAt} ms`)
+  const res = await cl.api('GET', `/sandboxes/${running[0].sandboxId}`)
+  assert.equal(res.status, 404)
+  assert.match(res.json.message, /node zqmhn1 stopped answering/)
+  await rejectsWith(Sandbox.connect(running[0].sandboxId, cl.via(1)), SandboxNotFoundError, 'connect to a lost sandbox')
+  for (const s of running) cl.sandboxes.delete(s.sandboxId)
+  assert.match((await cl.api('GET', '/nodes/zqmhn1')).json.state, /lost/)
+
+  const resumed = await Sandbox.connect(paused.sandboxId, cl.via(1))
+  const where = await cl.nodeOf(paused.sandboxId)
+  assert.notEqual(where, 'zqmhn1')
+  assert.equal(await resumed.files.read('/home/user/kept.txt'), 'kept across the node')
+  const after = await count(resumed)
+  assert.ok(after >= before, `the counter went from ${before} to ${after}: the process did not survive`)
+  await sleep(600)
+  assert.ok((await count(resumed)) > after, 'the counter stopped counting after the resume')
+  byNode.set(where, [...byNode.get(where), resumed])
+  byNode.delete('zqmhn1')
+
+  // The node comes back: nothing it ran is anyone's any more.
+  node.start()
+  await cl.waitNodeUp(node)
+  await cl.waitNodes(['zqmhn1'])
+  await waitFor(() => /removing a sandbox its node runs without a record/.test(cl.servers.map((s) => s.tail(400)).join('\n')),
+    { timeoutMs: 20_000, what: 'the returning node to have its old sandboxes removed' })
+})
+
+cl.test('an etcd member and an API server can go: the cluster keeps serving', async () => {
+  await cl.etcd[2].kill('SIGKILL')
+  const sbx = await cl.create()
+  assert.equal((await sbx.commands.run('echo ok')).stdout.trim(), 'ok')
+
+  // kill -9 of one API server in the middle of traffic through the other.
+  const through1 = await Sandbox.connect(sbx.sandboxId, cl.via(1))
+  let stop = false
+  let served = 0
+  const traffic = (async () => {
+    while (!stop) {
+      assert.equal((await through1.commands.run('echo tick')).stdout.trim(), 'tick')
+      served++
+    }
+  })()
+  await sleep(500)
+  await cl.servers[0].kill('SIGKILL')
+  const before = served
+  await sleep(2000)
+  assert.ok(served > before, 'the other API server stopped serving when one was killed')
+  cl.servers[0].start()
+  await cl.waitServer(cl.servers[0])
+  // The restarted one serves at once, the sandbox included.
+  const through0 = await Sandbox.connect(sbx.sandboxId, cl.via(0))
+  assert.equal((await through0.commands.run('echo again')).stdout.trim(), 'again')
+  stop = true
+  await traffic
+  await sbx.kill()
+  cl.sandboxes.delete(sbx.sandboxId)
+  cl.etcd[2].start()
+})
+
+cl.test('a node restarted within its lease keeps its sandboxes running', async () => {
+  const [sbx] = byNode.get('zqmhn2')
+  await sbx.commands.run(COUNTER)
+  await sleep(600)
+  const node = cl.nodes[1]
+  await node.kill('SIGKILL')
+  node.start()
+  await cl.waitNodeUp(node)
+  const before = await count(sbx)
+  await sleep(600)
+  assert.ok((await count(sbx)) > before, 'the counter stopped: the sandbox did not survive its node restarting')
+  const info = await Sandbox.getInfo(sbx.sandboxId, cl.via(1))
+  assert.equal(info.state, 'running')
+})
+
+cl.test('bad input: a wrong cluster token, an unknown node, a create no node can take', async () => {
+  const intruder = cl.nodeProc(3, ['--join', `http://10.250.7.1:${cl.servers[1].port}`], { token: 'not-the-cluster-token-at-all' })
+  intruder.args[intruder.args.indexOf('--node-id') + 1] = 'intruder'
+  intruder.start()
+  const exit = await intruder.exited
+  assert.notEqual(exit.code, 0)
+  assert.match(intruder.tail(), /wrong or missing cluster token/)
+  assert.match(cl.servers[1].tail(200), /refused a request with a wrong or missing cluster token/)
+
+  const unknown = await cl.api('GET', '/nodes/nosuchnode')
+  assert.equal(unknown.status, 404)
+
+  // Each node offers 8 GiB (--capacity-memory).
+  const big = await cl.api('POST', '/sandboxes', { body: { templateID: 'base', memoryMB: 12288, cpuCount: 2 } })
+  assert.equal(big.status, 400, `a sandbox larger than every node: ${big.status} ${big.text}`)
+  assert.match(big.json.message, /larger than every node/)
+
+  for (const n of ['zqmhn1', 'zqmhn2', 'zqmhn3']) assert.equal((await cl.api('POST', `/nodes/${n}/drain`)).status, 200)
+  try {
+    const full = await cl.api('POST', '/sandboxes', { body: { templateID: 'base' } })
+    assert.equal(full.status, 503)
+    assert.match(full.json.message, /draining/)
+    assert.ok(full.headers['retry-after'], 'a 503 without Retry-After')
+  } finally {
+    for (const n of ['zqmhn1', 'zqmhn2', 'zqmhn3']) await cl.api('DELETE', `/nodes/${n}/drain`)
+  }
+})

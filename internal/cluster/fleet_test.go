@@ -1,0 +1,164 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aenvhq/aenv/internal/nodeapi"
+	"github.com/aenvhq/aenv/internal/state"
+)
+
+// remoteFleet opens a pure API cluster (no local node) over the given
+// fake nodes, each registered at "addr-<id>" as a node agent would be.
+func remoteFleet(t *testing.T, st state.Store, nodes ...*fakeNode) (*Cluster, map[string]*Registration) {
+	t.Helper()
+	ctx := context.Background()
+	byAddr := map[string]*fakeNode{}
+	regs := map[string]*Registration{}
+	for _, n := range nodes {
+		byAddr["addr-"+n.id] = n
+		reg, err := RegisterNode(ctx, st, Reporter(n, "addr-"+n.id), slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatal(err)
+		}
+		regs[n.id] = reg
+		t.Cleanup(reg.Stop)
+	}
+	c, err := Open(ctx, Config{State: st, Candidate: "api", TickInterval: 20 * time.Millisecond,
+		Dial: func(id, addr string) nodeapi.Node { return byAddr[addr] }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(ctx, StopKeep) })
+	waitFor(t, func() bool {
+		_, err := c.nodes.place(placement{})
+		c.nodes.mu.Lock()
+		defer c.nodes.mu.Unlock()
+		return err == nil && len(c.nodes.members) == len(nodes)
+	}, "the nodes to be seen")
+	return c, regs
+}
+
+// TestPlacement: creates spread over every node; a node that turns out to
+// be full hands the create to another; a sandbox larger than every node is
+// ErrInvalid, one that fits nowhere now or only on draining nodes is
+// ErrNoCapacity saying why; each record names its node, and the proxy's
+// route goes through it.
+func TestPlacement(t *testing.T) {
+	ctx := context.Background()
+	st := state.NewMemory()
+	n1, n2, n3 := newFakeNode("n1"), newFakeNode("n2"), newFakeNode("n3")
+	c, _ := remoteFleet(t, st, n1, n2, n3)
+
+	per := map[string]int{}
+	for range 30 {
+		sb := create(t, c, time.Hour)
+		per[sb.NodeID]++
+		if !n1.isRunning(sb.ID) && !n2.isRunning(sb.ID) && !n3.isRunning(sb.ID) {
+			t.Fatalf("sandbox %s runs on no node", sb.ID)
+		}
+		rt, err := c.Route(ctx, sb.ID)
+		if err != nil || rt.Via != "addr-"+sb.NodeID {
+			t.Fatalf("route of a sandbox on %s: %+v, %v", sb.NodeID, rt, err)
+		}
+	}
+	for _, id := range []string{"n1", "n2", "n3"} {
+		if per[id] == 0 {
+			t.Fatalf("no sandbox placed on %s: %v", id, per)
+		}
+	}
+
+	n1.mu.Lock()
+	n1.full = true
+	n1.mu.Unlock()
+	for range 10 {
+		if sb := create(t, c, time.Hour); sb.NodeID == "n1" {
+			t.Fatal("placed on a node that refuses")
+		}
+	}
+
+	_, err := c.Create(ctx, CreateRequest{TemplateID: "base", Timeout: time.Minute, MemoryMB: 8192})
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "larger than every node") {
+		t.Fatalf("a sandbox larger than every node: %v, want ErrInvalid saying so", err)
+	}
+	if _, err := c.Create(ctx, CreateRequest{TemplateID: "nosuch", Timeout: time.Minute}); !errors.Is(err, ErrTemplateNotFound) {
+		t.Fatalf("unknown template: %v, want ErrTemplateNotFound", err)
+	}
+	for _, id := range []string{"n2", "n3"} {
+		if _, err := c.SetDraining(ctx, id, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err = c.Create(ctx, CreateRequest{TemplateID: "base", Timeout: time.Minute})
+	if !errors.Is(err, ErrNoCapacity) {
+		t.Fatalf("only a full node left: %v, want ErrNoCapacity", err)
+	}
+	n1.mu.Lock()
+	n1.full = false
+	n1.mu.Unlock()
+	if sb := create(t, c, time.Hour); sb.NodeID != "n1" {
+		t.Fatalf("with the others draining, placed on %s", sb.NodeID)
+	}
+	if _, err := c.SetDraining(ctx, "n1", true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err = c.Create(ctx, CreateRequest{TemplateID: "base", Timeout: time.Minute}); !errors.Is(err, ErrNoCapacity) || !strings.Contains(err.Error(), "draining") {
+		t.Fatalf("every node draining: %v, want ErrNoCapacity saying so", err)
+	}
+}
+
+// TestNodeLost: when a node's lease goes, its running sandboxes are
+// reported lost (404 with the reason) and its paused ones resume on
+// another node; a sandbox that exits on its own is forgotten with the
+// node's reason; a node that comes back without a record of a sandbox it
+// runs has it removed.
+func TestNodeLost(t *testing.T) {
+	ctx := context.Background()
+	st := state.NewMemory()
+	n1, n2 := newFakeNode("n1"), newFakeNode("n2")
+	c, regs := remoteFleet(t, st, n1, n2)
+	if _, err := c.SetDraining(ctx, "n2", true); err != nil {
+		t.Fatal(err)
+	}
+	running, paused, exits := create(t, c, time.Hour), create(t, c, time.Hour), create(t, c, time.Hour)
+	if running.NodeID != "n1" || paused.NodeID != "n1" {
+		t.Fatalf("placed on %s and %s, want n1", running.NodeID, paused.NodeID)
+	}
+	if err := c.Pause(ctx, paused.ID); err != nil {
+		t.Fatal(err)
+	}
+	n1.exit(exits.ID, "killed: out of memory (memoryMB=512)")
+	waitFor(t, func() bool {
+		_, err := c.Get(ctx, exits.ID)
+		return err != nil && strings.Contains(err.Error(), "out of memory")
+	}, "the exited sandbox to be forgotten with its reason")
+
+	if _, err := c.SetDraining(ctx, "n2", false); err != nil {
+		t.Fatal(err)
+	}
+	regs["n1"].Stop()
+	if err := DeregisterNode(ctx, st, "n1"); err != nil { // as its lease expiring does
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool {
+		_, err := c.Get(ctx, running.ID)
+		return errors.Is(err, ErrNotFound) && strings.Contains(err.Error(), "node n1")
+	}, "the lost node's sandbox to be reported lost")
+	if l := c.List(ListFilter{States: []State{StateRunning}}); len(l) != 0 {
+		t.Fatalf("lost sandboxes still listed: %d", len(l))
+	}
+	// Its paused sandbox's state is in the store: another node resumes it.
+	n2.mu.Lock()
+	for id, s := range n1.snaps {
+		n2.snaps[id] = s
+	}
+	n2.mu.Unlock()
+	sb, resumed, err := c.Connect(ctx, paused.ID, time.Minute)
+	if err != nil || !resumed || sb.NodeID != "n2" || !n2.isRunning(paused.ID) {
+		t.Fatalf("resuming the lost node's paused sandbox: %+v %v %v", sb, resumed, err)
+	}
+}
