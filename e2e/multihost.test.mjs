@@ -7,6 +7,8 @@
 // keeps its sandboxes.
 
 import assert from 'node:assert/strict'
+import { execFileSync } from 'node:child_process'
+import path from 'node:path'
 import { Sandbox, SandboxNotFoundError } from 'e2b'
 import { useCluster, } from './lib/cluster.mjs'
 import { waitFor, sleep, rejectsWith } from './lib/server.mjs'
@@ -144,6 +146,39 @@ cl.test('a node restarted within its lease keeps its sandboxes running', async (
   assert.ok((await count(sbx)) > before, 'the counter stopped: the sandbox did not survive its node restarting')
   const info = await Sandbox.getInfo(sbx.sandboxId, cl.via(1))
   assert.equal(info.state, 'running')
+})
+
+cl.test('migrate: a sandbox with a running counter continues on another node, same id; drain --migrate empties a node', async () => {
+  const [sbx, other] = byNode.get('zqmhn3')
+  await sbx.commands.run(COUNTER)
+  await sbx.files.write('/home/user/moved.txt', 'moved with me')
+  await sleep(600)
+  const before = await count(sbx)
+  const res = await cl.api('POST', `/sandboxes/${sbx.sandboxId}/migrate`, { body: { nodeID: 'zqmhn2' } })
+  assert.equal(res.status, 200, res.text)
+  assert.equal(res.json.sandboxID, sbx.sandboxId)
+  assert.equal(res.json.nodeID, 'zqmhn2')
+  assert.equal(res.json.fromNodeID, 'zqmhn3')
+  console.log(`# migration downtime: ${res.json.downtimeMs} ms`)
+  // The same SDK object (same URL) goes on.
+  const after = await count(sbx)
+  assert.ok(after >= before, `counter ${before} -> ${after}: not the same process`)
+  await sleep(600)
+  assert.ok((await count(sbx)) > after, 'the counter stopped after the migration')
+  assert.equal(await sbx.files.read('/home/user/moved.txt'), 'moved with me')
+  assert.equal(await cl.nodeOf(sbx.sandboxId), 'zqmhn2')
+
+  const bad = await cl.api('POST', `/sandboxes/${other.sandboxId}/migrate`, { body: { nodeID: 'nosuchnode' } })
+  assert.equal(bad.status, 404, bad.text)
+  assert.equal((await other.commands.run('echo still here')).stdout.trim(), 'still here')
+
+  const out = execFileSync(path.join(process.env.AENV_BIN_DIR, 'aenv'), ['node', 'drain', 'zqmhn3', '--migrate',
+    '--url', cl.server().url, '--key', cl.apiKey]).toString()
+  assert.match(out, new RegExp(`${other.sandboxId} -> zqmhn[12]`))
+  const left = (await cl.api('GET', '/v2/sandboxes')).json.filter((s) => s.nodeID === 'zqmhn3')
+  assert.deepEqual(left, [], 'sandboxes left on the drained node')
+  assert.equal((await other.commands.run('echo moved')).stdout.trim(), 'moved')
+  assert.equal((await cl.api('DELETE', '/nodes/zqmhn3/drain')).status, 200)
 })
 
 cl.test('bad input: a wrong cluster token, an unknown node, a create no node can take', async () => {

@@ -122,6 +122,7 @@ func (s *Server) routes() {
 
 	m.Handle("POST /sandboxes/{id}/snapshots", s.auth(s.withID(s.createSnapshot)))
 	m.Handle("POST /sandboxes/{id}/fork", s.auth(s.withID(s.fork)))
+	m.Handle("POST /sandboxes/{id}/migrate", s.auth(s.withID(s.migrate)))
 	m.Handle("GET /snapshots", s.auth(http.HandlerFunc(s.listSnapshots)))
 	m.Handle("GET /snapshots/{snapshotID}", s.auth(http.HandlerFunc(s.getSnapshot)))
 	m.Handle("DELETE /templates/{templateID}", s.auth(http.HandlerFunc(s.deleteTemplate)))

@@ -59,3 +59,35 @@ func (s *Server) drainNode(w http.ResponseWriter, r *http.Request, id string) {
 	}
 	writeJSON(w, http.StatusOK, n)
 }
+
+// migrateBody is POST /sandboxes/{id}/migrate's (an aenv extension).
+type migrateBody struct {
+	// NodeID is where to; empty lets placement choose.
+	NodeID string `json:"nodeID"`
+}
+
+// migrationJSON answers a migration: the sandbox where it runs now, where
+// it came from and how long it did not run.
+type migrationJSON struct {
+	sandboxJSON
+	FromNodeID string `json:"fromNodeID"`
+	DowntimeMs int64  `json:"downtimeMs"`
+}
+
+// migrate moves a running sandbox to another node, keeping its id.
+func (s *Server) migrate(w http.ResponseWriter, r *http.Request, id string) {
+	var body migrateBody
+	if r.ContentLength != 0 && !decodeBody(w, r, &body) {
+		return
+	}
+	if body.NodeID != "" && !nodeIDPattern.MatchString(body.NodeID) {
+		writeError(w, http.StatusBadRequest, "invalid nodeID")
+		return
+	}
+	m, err := s.cfg.Cluster.Migrate(r.Context(), id, body.NodeID)
+	if err != nil {
+		s.writeClusterError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, migrationJSON{sandboxJSON: s.toJSON(m.Sandbox, true), FromNodeID: m.From, DowntimeMs: m.Downtime.Milliseconds()})
+}

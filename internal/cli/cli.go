@@ -137,6 +137,7 @@ server's key file (` + localKeyFile + `), and ` + defaultURL + `.`,
 		newStateCmd(),
 		newEtcdCmd(),
 		newNodesCmd(g),
+		newMigrateCmd(g),
 		newNodeCmd(g),
 		newVersionCmd(),
 	)

@@ -110,6 +110,8 @@ type Sandbox struct {
 	EnvdAccessToken string            `json:"envdAccessToken,omitempty"`
 	Metadata        map[string]string `json:"metadata,omitempty"`
 	Domain          string            `json:"domain,omitempty"`
+	// NodeID is the node the sandbox runs on (an aenv extension).
+	NodeID string `json:"nodeID,omitempty"`
 }
 
 // CreateOptions describes a sandbox to create.

@@ -52,3 +52,24 @@ func (c *Client) Drain(ctx context.Context, id string, drain bool) (*Node, error
 	}
 	return &out, nil
 }
+
+// Migration is the outcome of Migrate.
+type Migration struct {
+	Sandbox
+	FromNodeID string `json:"fromNodeID"`
+	DowntimeMs int64  `json:"downtimeMs"`
+}
+
+// Migrate moves a running sandbox to another node (nodeID, or the one the
+// server picks), keeping its id, processes and files.
+func (c *Client) Migrate(ctx context.Context, id, nodeID string) (*Migration, error) {
+	var out Migration
+	body := map[string]string{}
+	if nodeID != "" {
+		body["nodeID"] = nodeID
+	}
+	if err := c.do(ctx, http.MethodPost, "/sandboxes/"+url.PathEscape(id)+"/migrate", body, &out); err != nil {
+		return nil, fmt.Errorf("migrating sandbox %s: %w", id, err)
+	}
+	return &out, nil
+}

@@ -282,7 +282,7 @@ func TestSizeLimits(t *testing.T) {
 func TestMigrateLegacyPausedRecords(t *testing.T) {
 	ctx := context.Background()
 	n := newFakeNode("n1")
-	n.snaps["snapkept"] = &snapshot.Snapshot{ID: "snapkept", Kind: snapshot.KindPause, SandboxID: "oldpaused"}
+	n.store.put(&snapshot.Snapshot{ID: "snapkept", Kind: snapshot.KindPause, SandboxID: "oldpaused"})
 	dir := t.TempDir()
 	os.MkdirAll(filepath.Join(dir, "paused"), 0o700)
 	// As the old server wrote them: the Sandbox struct without JSON tags.

@@ -27,15 +27,57 @@ type fakeNode struct {
 
 	mu      sync.Mutex
 	running map[string]*nodev1.Sandbox
-	snaps   map[string]*snapshot.Snapshot
 	killed  []string
 	seq     int
 	events  chan *nodev1.Event
+	// store holds the snapshots; nodes made by newFakeNodes share one, as
+	// nodes with a snapshot store do.
+	store *fakeStore
+}
+
+type fakeStore struct {
+	mu    sync.Mutex
+	snaps map[string]*snapshot.Snapshot
+}
+
+func (s *fakeStore) get(id string) *snapshot.Snapshot {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.snaps[id]
+}
+
+func (s *fakeStore) put(snap *snapshot.Snapshot) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.snaps[snap.ID] = snap
+}
+
+func (s *fakeStore) list() []*snapshot.Snapshot {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*snapshot.Snapshot
+	for _, snap := range s.snaps {
+		out = append(out, snap)
+	}
+	return out
 }
 
 func newFakeNode(id string) *fakeNode {
 	return &fakeNode{id: id, memoryMB: 4096, running: map[string]*nodev1.Sandbox{},
-		snaps: map[string]*snapshot.Snapshot{}, events: make(chan *nodev1.Event, 16)}
+		store: &fakeStore{snaps: map[string]*snapshot.Snapshot{}}, events: make(chan *nodev1.Event, 16)}
+}
+
+// newFakeNodes makes nodes that share one snapshot store.
+func newFakeNodes(ids ...string) []*fakeNode {
+	var out []*fakeNode
+	for _, id := range ids {
+		n := newFakeNode(id)
+		if len(out) > 0 {
+			n.store = out[0].store
+		}
+		out = append(out, n)
+	}
+	return out
 }
 
 func (n *fakeNode) ID() string { return n.id }
@@ -59,10 +101,11 @@ func (n *fakeNode) Create(ctx context.Context, req *nodev1.CreateRequest) (*node
 		n.seq++
 		id = fmt.Sprintf("%s-sb%d", n.id, n.seq)
 	}
-	if snap, ok := n.snaps[req.TemplateId]; ok && snap.Kind == snapshot.KindPause && snap.SandboxID != id {
+	snap := n.store.get(req.TemplateId)
+	if snap != nil && snap.Kind == snapshot.KindPause && snap.SandboxID != id {
 		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("pause snapshot of another sandbox"))
 	}
-	if req.TemplateId != "base" && n.snaps[req.TemplateId] == nil {
+	if req.TemplateId != "base" && snap == nil {
 		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("template %q not found", req.TemplateId))
 	}
 	sb := &nodev1.Sandbox{Id: id, TemplateId: "base", CpuCount: 2, MemoryMb: 512,
@@ -101,7 +144,7 @@ func (n *fakeNode) Snapshot(ctx context.Context, req *nodev1.SnapshotRequest) (*
 	n.seq++
 	s := &snapshot.Snapshot{ID: fmt.Sprintf("snap%d", n.seq), Kind: snapshot.Kind(req.Kind), SandboxID: req.SandboxId,
 		CreatedAt: time.Now(), Runtime: "fake"}
-	n.snaps[s.ID] = s
+	n.store.put(s)
 	if req.Stop {
 		delete(n.running, req.SandboxId)
 	}
@@ -118,10 +161,8 @@ func (n *fakeNode) Stats(context.Context, *nodev1.StatsRequest) (*nodev1.Sandbox
 }
 
 func (n *fakeNode) ListSnapshots(ctx context.Context, req *nodev1.ListSnapshotsRequest) (*nodev1.ListSnapshotsResponse, error) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
 	out := &nodev1.ListSnapshotsResponse{}
-	for _, s := range n.snaps {
+	for _, s := range n.store.list() {
 		for _, k := range req.Kinds {
 			if string(s.Kind) == k {
 				out.Snapshots = append(out.Snapshots, snapshotWire(s))
@@ -135,18 +176,16 @@ func (n *fakeNode) ListSnapshots(ctx context.Context, req *nodev1.ListSnapshotsR
 }
 
 func (n *fakeNode) GetSnapshot(ctx context.Context, req *nodev1.GetSnapshotRequest) (*nodev1.SnapshotInfo, error) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if s, ok := n.snaps[req.IdOrName]; ok {
+	if s := n.store.get(req.IdOrName); s != nil {
 		return snapshotWire(s), nil
 	}
 	return nil, connect.NewError(connect.CodeNotFound, errors.New("snapshot not found"))
 }
 
 func (n *fakeNode) DeleteSnapshot(ctx context.Context, req *nodev1.DeleteSnapshotRequest) (*nodev1.DeleteSnapshotResponse, error) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	delete(n.snaps, req.Id)
+	n.store.mu.Lock()
+	defer n.store.mu.Unlock()
+	delete(n.store.snaps, req.Id)
 	return &nodev1.DeleteSnapshotResponse{}, nil
 }
 

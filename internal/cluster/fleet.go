@@ -226,6 +226,16 @@ func (f *fleet) setDrained(id string, drained bool) {
 	f.mu.Unlock()
 }
 
+// runtimeOf is the runtime and version node id reports.
+func (f *fleet) runtimeOf(id string) (string, string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if m, ok := f.members[id]; ok {
+		return m.info.Runtime, m.info.RuntimeVersion
+	}
+	return "", ""
+}
+
 // stopAll ends every event subscription.
 func (f *fleet) stopAll() {
 	f.mu.Lock()
@@ -323,6 +333,16 @@ type placement struct {
 	prefer string
 	// exclude lists nodes already tried.
 	exclude []string
+	// only, when set, is the one node allowed.
+	only string
+}
+
+// describe names where p may go, for errors.
+func (p placement) describe() string {
+	if p.only != "" {
+		return p.only
+	}
+	return "another node"
 }
 
 // placeSamples is K in best-of-K: two random candidates, the one with
@@ -355,7 +375,7 @@ func (f *fleet) place(p placement) (nodeapi.Node, error) {
 	largestMB, largestCPU := 0, 0
 	var why string
 	for id, m := range f.members {
-		if !m.live || m.api == nil || slices.Contains(p.exclude, id) {
+		if !m.live || m.api == nil || slices.Contains(p.exclude, id) || (p.only != "" && id != p.only) {
 			continue
 		}
 		if f.drained[id] {
@@ -383,10 +403,12 @@ func (f *fleet) place(p placement) (nodeapi.Node, error) {
 			why = fmt.Sprintf("node %s has %d of %d MiB committed", id, n.Usage.CommittedMemoryMB, limit)
 			continue
 		}
-		if hw := n.MemoryHighWater; hw > 0 && n.Capacity.MemoryMB > 0 &&
-			float64(n.Usage.MemoryMB) > hw*float64(n.Capacity.MemoryMB) {
+		// The high-water mark is of the host's memory, as the node's own
+		// admission applies it.
+		if hw := n.MemoryHighWater; hw > 0 && n.HostMemoryMB > 0 &&
+			float64(n.Usage.MemoryMB) > hw*float64(n.HostMemoryMB) {
 			hot++
-			why = fmt.Sprintf("node %s uses %d of %d MiB of memory", id, n.Usage.MemoryMB, n.Capacity.MemoryMB)
+			why = fmt.Sprintf("node %s's host uses %d of %d MiB of memory", id, n.Usage.MemoryMB, n.HostMemoryMB)
 			continue
 		}
 		c := cand{id, m, headroom}
@@ -399,6 +421,14 @@ func (f *fleet) place(p placement) (nodeapi.Node, error) {
 		fits = holders
 	}
 	if len(fits) == 0 {
+		if p.only != "" {
+			if m, ok := f.members[p.only]; !ok || !m.live {
+				return nil, fmt.Errorf("%w: node %s is not ready", ErrNotFound, p.only)
+			}
+			if f.drained[p.only] {
+				return nil, fmt.Errorf("%w: node %s is draining", ErrNoCapacity, p.only)
+			}
+		}
 		switch {
 		case ready == 0 && draining > 0:
 			return nil, fmt.Errorf("%w: every node is draining (%d)", ErrNoCapacity, draining)

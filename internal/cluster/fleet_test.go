@@ -119,7 +119,8 @@ func TestPlacement(t *testing.T) {
 func TestNodeLost(t *testing.T) {
 	ctx := context.Background()
 	st := state.NewMemory()
-	n1, n2 := newFakeNode("n1"), newFakeNode("n2")
+	nodes := newFakeNodes("n1", "n2")
+	n1, n2 := nodes[0], nodes[1]
 	c, regs := remoteFleet(t, st, n1, n2)
 	if _, err := c.SetDraining(ctx, "n2", true); err != nil {
 		t.Fatal(err)
@@ -152,13 +153,61 @@ func TestNodeLost(t *testing.T) {
 		t.Fatalf("lost sandboxes still listed: %d", len(l))
 	}
 	// Its paused sandbox's state is in the store: another node resumes it.
-	n2.mu.Lock()
-	for id, s := range n1.snaps {
-		n2.snaps[id] = s
-	}
-	n2.mu.Unlock()
 	sb, resumed, err := c.Connect(ctx, paused.ID, time.Minute)
 	if err != nil || !resumed || sb.NodeID != "n2" || !n2.isRunning(paused.ID) {
 		t.Fatalf("resuming the lost node's paused sandbox: %+v %v %v", sb, resumed, err)
+	}
+}
+
+// TestMigrate: a running sandbox moves to another node under the same id,
+// keeping its deadline; a move to itself or to an unknown node is refused
+// before anything stops; a move whose restore fails there leaves the
+// sandbox running where it was.
+func TestMigrate(t *testing.T) {
+	ctx := context.Background()
+	st := state.NewMemory()
+	nodes := newFakeNodes("n1", "n2")
+	n1, n2 := nodes[0], nodes[1]
+	c, _ := remoteFleet(t, st, n1, n2)
+	if _, err := c.SetDraining(ctx, "n2", true); err != nil {
+		t.Fatal(err)
+	}
+	sb := create(t, c, time.Hour)
+	if _, err := c.SetDraining(ctx, "n2", false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Migrate(ctx, sb.ID, "n1"); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("migrating to its own node: %v, want ErrInvalid", err)
+	}
+	if _, err := c.Migrate(ctx, sb.ID, "nosuch"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("migrating to an unknown node: %v, want ErrNotFound", err)
+	}
+	if !n1.isRunning(sb.ID) {
+		t.Fatal("a refused migration stopped the sandbox")
+	}
+	m, err := c.Migrate(ctx, sb.ID, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Sandbox.ID != sb.ID || m.Sandbox.NodeID != "n2" || m.From != "n1" || !m.Sandbox.EndAt.Equal(sb.EndAt) {
+		t.Fatalf("migration: %+v (was %+v)", m.Sandbox, sb)
+	}
+	if n1.isRunning(sb.ID) || !n2.isRunning(sb.ID) {
+		t.Fatal("the sandbox did not move")
+	}
+	if got, _ := c.Get(ctx, sb.ID); got.NodeID != "n2" || got.State != StateRunning {
+		t.Fatalf("record after the move: %+v", got)
+	}
+	n1.mu.Lock()
+	n1.full = true
+	n1.mu.Unlock()
+	// n1 refuses the restore (its report is older than its refusal): the
+	// sandbox goes back to n2.
+	_, err = c.Migrate(ctx, sb.ID, "n1")
+	if err == nil || !strings.Contains(err.Error(), "runs on node n2 again") {
+		t.Fatalf("a migration whose restore failed: %v", err)
+	}
+	if got, _ := c.Get(ctx, sb.ID); got.NodeID != "n2" || !n2.isRunning(sb.ID) {
+		t.Fatalf("after a failed migration: %+v", got)
 	}
 }

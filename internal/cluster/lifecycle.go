@@ -355,3 +355,81 @@ func (c *Cluster) TemplateUsers(ctx context.Context, templateID string) (int, er
 	}
 	return n, nil
 }
+
+// Migration is the outcome of Migrate.
+type Migration struct {
+	Sandbox *Sandbox
+	// From is the node the sandbox left.
+	From string
+	// Downtime is how long the sandbox did not run: from the start of
+	// its snapshot to the end of its restore.
+	Downtime time.Duration
+}
+
+// Migrate moves a running sandbox to another node (target, or the one
+// placement picks): its whole state is saved, it is restored there under
+// the same id (so the same URL), with its deadline, and its record moves
+// with it. Connections to it are cut: streams end with an error clients
+// retry, and the sandbox's own outbound connections are reset. If the
+// restore fails the sandbox is restored where it was; failing that, it
+// stays paused with its state, never lost.
+func (c *Cluster) Migrate(ctx context.Context, id, target string) (*Migration, error) {
+	r, err := c.claim(ctx, id, StateRunning, "migrate")
+	if err != nil {
+		return nil, err
+	}
+	from := r.NodeID
+	// The target is chosen before anything stops.
+	p := placement{memoryMB: r.MemoryMB, cpus: r.CPUCount, exclude: []string{from}, only: target}
+	p.runtime, p.runtimeVersion = c.nodes.runtimeOf(from)
+	if target == from {
+		c.release(ctx, id, "migrate")
+		return nil, fmt.Errorf("%w: sandbox %s already runs on node %s", ErrInvalid, id, from)
+	}
+	dest, err := c.nodes.place(p)
+	if err != nil {
+		c.release(ctx, id, "migrate")
+		return nil, fmt.Errorf("migrating sandbox %s: %w", id, err)
+	}
+	start := time.Now()
+	snap, err := c.snapshotOn(ctx, from, &nodev1.SnapshotRequest{SandboxId: id, Kind: string(snapshot.KindPause), Stop: true})
+	if err != nil {
+		c.release(ctx, id, "migrate")
+		return nil, fmt.Errorf("migrating sandbox %s: %w", id, err)
+	}
+	c.gone(id)
+	// From here on the sandbox exists only as its saved state: whatever
+	// fails, it must end up running somewhere or recorded as paused.
+	ctx = context.WithoutCancel(ctx)
+	req := &nodev1.CreateRequest{SandboxId: id, TemplateId: snap.Id, AllowInternet: r.AllowInternet}
+	nsb, rerr := dest.Create(ctx, req)
+	if rerr != nil {
+		c.log.Warn("restoring a migrating sandbox on its new node failed; restoring it where it was",
+			"sandbox_id", id, "from", from, "to", dest.ID(), "err", rerr)
+		back, berr := c.nodes.node(from)
+		if berr == nil {
+			dest = back
+			nsb, berr = back.Create(ctx, req)
+		}
+		if berr != nil {
+			c.log.Error("migrating sandbox failed; it stays paused", "sandbox_id", id, "err", berr)
+			if err := c.finishPause(ctx, id, snap.Id); err != nil {
+				return nil, err
+			}
+			return nil, fmt.Errorf("migrating sandbox %s: restoring it on node %s: %w (it is paused; connect resumes it)",
+				id, p.describe(), classifyNodeError(rerr))
+		}
+	}
+	addr, _ := netip.ParseAddr(nsb.Addr)
+	sb, err := c.finishResume(ctx, dest, id, addr, r.EndAt)
+	if err != nil {
+		return nil, err
+	}
+	down := time.Since(start)
+	if rerr != nil {
+		return nil, fmt.Errorf("migrating sandbox %s: restoring it on another node: %w (it runs on node %s again)",
+			id, classifyNodeError(rerr), from)
+	}
+	c.log.Info("sandbox migrated", "sandbox_id", id, "from", from, "to", dest.ID(), "downtime_ms", down.Milliseconds())
+	return &Migration{Sandbox: sb, From: from, Downtime: down}, nil
+}

@@ -58,9 +58,12 @@ type NodeInfo struct {
 	Templates []string `json:"templates,omitempty"`
 	// MemoryOvercommit and MemoryHighWater are the node's admission rule,
 	// which placement applies to its reports.
-	MemoryOvercommit float64   `json:"memoryOvercommit,omitempty"`
-	MemoryHighWater  float64   `json:"memoryHighWater,omitempty"`
-	UpdatedAt        time.Time `json:"updatedAt"`
+	MemoryOvercommit float64 `json:"memoryOvercommit,omitempty"`
+	MemoryHighWater  float64 `json:"memoryHighWater,omitempty"`
+	// HostMemoryMB is the host's physical memory, of which Usage.MemoryMB
+	// is really in use (Capacity may offer less).
+	HostMemoryMB int       `json:"hostMemoryMB,omitempty"`
+	UpdatedAt    time.Time `json:"updatedAt"`
 }
 
 // InfoFromWire is a node's description as the node API reports it.
@@ -80,6 +83,7 @@ func InfoFromWire(w *nodev1.NodeInfo) NodeInfo {
 		Templates:        w.Templates,
 		MemoryOvercommit: w.MemoryOvercommit,
 		MemoryHighWater:  w.MemoryHighWater,
+		HostMemoryMB:     int(w.HostMemoryMb),
 	}
 }
 

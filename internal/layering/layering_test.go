@@ -18,10 +18,12 @@ const module = "github.com/aenvhq/aenv/"
 // forbidden maps a package to module packages it must not import (as
 // prefixes). Test files are exempt: tests may wire anything together.
 var forbidden = map[string][]string{
-	"internal/runtime":  {"internal/node", "internal/cluster", "internal/api", "internal/server", "internal/cli"},
-	"internal/netns":    {"internal/runtime", "internal/node", "internal/cluster", "internal/api", "internal/server", "internal/cli"},
-	"internal/node":     {"internal/cluster", "internal/api", "internal/server", "internal/cli", "internal/proxy"},
-	"internal/cluster":  {"internal/api", "internal/server", "internal/cli", "internal/proxy"},
+	"internal/runtime": {"internal/node", "internal/cluster", "internal/api", "internal/server", "internal/cli"},
+	"internal/netns":   {"internal/runtime", "internal/node", "internal/cluster", "internal/api", "internal/server", "internal/cli"},
+	"internal/node":    {"internal/cluster", "internal/api", "internal/server", "internal/cli", "internal/proxy"},
+	// The cluster sees nodes only through the node API's own types.
+	"internal/cluster":  {"internal/api", "internal/server", "internal/cli", "internal/proxy", "internal/node"},
+	"internal/nodeapi":  {"internal/cluster", "internal/api", "internal/server", "internal/cli", "internal/proxy"},
 	"internal/proxy":    {"internal/api", "internal/server", "internal/cli", "internal/cluster", "internal/node"},
 	"internal/api":      {"internal/server", "internal/cli"},
 	"internal/envd":     {"internal/"}, // runs inside the sandbox: stand-alone

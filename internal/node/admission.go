@@ -119,8 +119,9 @@ func (n *Node) committedMBLocked(poolMB int) int {
 type Stats struct {
 	Capacity Capacity
 	// CommittedMB is the memory its sandboxes (prestarted ones included)
-	// are configured with; UsedMemoryMB the host's memory really in use.
-	CommittedMB, UsedMemoryMB int
+	// are configured with; UsedMemoryMB the host's memory really in use,
+	// of HostMemoryMB.
+	CommittedMB, UsedMemoryMB, HostMemoryMB int
 	// Sandboxes counts the running sandboxes handed out.
 	Sandboxes int
 	// Runtime names the driver.
@@ -132,7 +133,7 @@ func (n *Node) Stats() Stats {
 	poolMB := n.pool.memoryMB()
 	st := Stats{Capacity: n.cfg.Capacity, Runtime: n.cfg.Runtime.Name()}
 	if total, avail, err := hostMemory(); err == nil && avail <= total {
-		st.UsedMemoryMB = int((total - avail) >> 20)
+		st.UsedMemoryMB, st.HostMemoryMB = int((total-avail)>>20), int(total>>20)
 	}
 	n.mu.Lock()
 	st.CommittedMB = n.committedMBLocked(poolMB)

@@ -88,6 +88,7 @@ func (l *Local) Info(ctx context.Context, _ *nodev1.InfoRequest) (*nodev1.NodeIn
 		Version:          l.opts.Version,
 		MemoryOvercommit: st.Capacity.MemoryOvercommit,
 		MemoryHighWater:  st.Capacity.MemoryHighWater,
+		HostMemoryMb:     int32(st.HostMemoryMB),
 	}
 	if l.opts.Templates != nil {
 		if ts, err := l.opts.Templates.List(); err == nil {

@@ -19,8 +19,6 @@ import (
 	"strconv"
 	"sync"
 	"time"
-
-	"github.com/aenvhq/aenv/internal/nodeapi"
 )
 
 // Headers the E2B SDKs send when E2B_SANDBOX_URL points at one base URL.
@@ -106,10 +104,10 @@ type target struct {
 
 type targetKey struct{}
 
-// New returns a proxy that reaches sandboxes through r; nodeToken is
-// the cluster token that node agents demand of sandbox traffic routed
-// through them.
-func New(r Resolver, nodeToken string, log *slog.Logger) *Proxy {
+// New returns a proxy that reaches sandboxes through r. via are the
+// headers requests routed through a node agent carry (its cluster
+// token); clients' own values of them are dropped.
+func New(r Resolver, via http.Header, log *slog.Logger) *Proxy {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -152,11 +150,15 @@ func New(r Resolver, nodeToken string, log *slog.Logger) *Proxy {
 			pr.Out.Host = pr.In.Host
 			pr.Out.Header.Del(HeaderSandboxID)
 			pr.Out.Header.Del(HeaderSandboxPort)
-			pr.Out.Header.Del(nodeapi.TokenHeader)
+			for k := range via {
+				pr.Out.Header.Del(k)
+			}
 			if t.via != "" {
 				pr.Out.Header.Set(HeaderSandboxID, t.id)
 				pr.Out.Header.Set(HeaderSandboxPort, strconv.Itoa(int(t.addr.Port())))
-				pr.Out.Header.Set(nodeapi.TokenHeader, nodeToken)
+				for k, vs := range via {
+					pr.Out.Header[k] = vs
+				}
 			}
 			pr.SetXForwarded()
 		},

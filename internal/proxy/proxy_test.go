@@ -78,7 +78,7 @@ func TestServe(t *testing.T) {
 	_, portStr, _ := net.SplitHostPort(backend.Listener.Addr().String())
 	port, _ := strconv.Atoi(portStr)
 
-	p := New(resolver{"sb1": netip.MustParseAddr("127.0.0.1")}, "", nil)
+	p := New(resolver{"sb1": netip.MustParseAddr("127.0.0.1")}, nil, nil)
 	front := httptest.NewServer(p)
 	defer front.Close()
 
@@ -171,7 +171,7 @@ func TestServeVia(t *testing.T) {
 	_, port, _ := net.SplitHostPort(backend.Listener.Addr().String())
 
 	log := slog.New(slog.DiscardHandler)
-	nodeSide := httptest.NewServer(nodeapi.RequireToken(token, log, New(resolver{"sb1": netip.MustParseAddr("127.0.0.1")}, "", log)))
+	nodeSide := httptest.NewServer(nodeapi.RequireToken(token, log, New(resolver{"sb1": netip.MustParseAddr("127.0.0.1")}, nil, log)))
 	defer nodeSide.Close()
 	via := strings.TrimPrefix(nodeSide.URL, "http://")
 
@@ -179,7 +179,7 @@ func TestServeVia(t *testing.T) {
 		token string
 		want  int
 	}{{token, 200}, {"wrong-token-wrong-token", http.StatusUnauthorized}} {
-		front := httptest.NewServer(New(viaResolver{via}, tc.token, log))
+		front := httptest.NewServer(New(viaResolver{via}, http.Header{nodeapi.TokenHeader: {tc.token}}, log))
 		req, _ := http.NewRequest("POST", front.URL+"/files", strings.NewReader("payload"))
 		req.Host = port + "-sb1.localhost:8000"
 		resp, err := http.DefaultClient.Do(req)

@@ -83,7 +83,7 @@ func StartNode(ctx context.Context, cfg Config) (_ *Agent, err error) {
 		return nil, err
 	}
 	rpcPath, rpc := nodeapi.Handler(a.host.api)
-	prx := proxy.New(localRoutes{a.host.node}, "", log)
+	prx := proxy.New(localRoutes{a.host.node}, nil, log)
 	mux := http.NewServeMux()
 	mux.Handle(rpcPath, rpc)
 	mux.Handle("/", prx)

@@ -206,7 +206,7 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 	}); err != nil {
 		return nil, err
 	}
-	prx := proxy.New(s, s.token, log)
+	prx := proxy.New(s, http.Header{nodeapi.TokenHeader: {s.token}}, log)
 	hostname, _ := os.Hostname()
 	ccfg := cluster.Config{
 		Dial:           s.dial,

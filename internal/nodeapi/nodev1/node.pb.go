@@ -207,8 +207,11 @@ type NodeInfo struct {
 	// memory_overcommit and memory_high_water are the node's admission rule.
 	MemoryOvercommit float64 `protobuf:"fixed64,9,opt,name=memory_overcommit,json=memoryOvercommit,proto3" json:"memory_overcommit,omitempty"`
 	MemoryHighWater  float64 `protobuf:"fixed64,10,opt,name=memory_high_water,json=memoryHighWater,proto3" json:"memory_high_water,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// host_memory_mb is the host's physical memory, which usage.memory_mb
+	// (the host's real use) is a part of; capacity may be set lower.
+	HostMemoryMb  int32 `protobuf:"varint,11,opt,name=host_memory_mb,json=hostMemoryMb,proto3" json:"host_memory_mb,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NodeInfo) Reset() {
@@ -307,6 +310,13 @@ func (x *NodeInfo) GetMemoryOvercommit() float64 {
 func (x *NodeInfo) GetMemoryHighWater() float64 {
 	if x != nil {
 		return x.MemoryHighWater
+	}
+	return 0
+}
+
+func (x *NodeInfo) GetHostMemoryMb() int32 {
+	if x != nil {
+		return x.HostMemoryMb
 	}
 	return 0
 }
@@ -1333,7 +1343,7 @@ const file_node_node_proto_rawDesc = "" +
 	"\tcpu_count\x18\x01 \x01(\x05R\bcpuCount\x12\x1b\n" +
 	"\tmemory_mb\x18\x02 \x01(\x05R\bmemoryMb\x12.\n" +
 	"\x13committed_memory_mb\x18\x03 \x01(\x05R\x11committedMemoryMb\x12\x17\n" +
-	"\adisk_mb\x18\x04 \x01(\x05R\x06diskMb\"\xf0\x02\n" +
+	"\adisk_mb\x18\x04 \x01(\x05R\x06diskMb\"\x96\x03\n" +
 	"\bNodeInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x123\n" +
 	"\bcapacity\x18\x02 \x01(\v2\x17.aenv.node.v1.ResourcesR\bcapacity\x12-\n" +
@@ -1345,7 +1355,8 @@ const file_node_node_proto_rawDesc = "" +
 	"\ttemplates\x18\b \x03(\tR\ttemplates\x12+\n" +
 	"\x11memory_overcommit\x18\t \x01(\x01R\x10memoryOvercommit\x12*\n" +
 	"\x11memory_high_water\x18\n" +
-	" \x01(\x01R\x0fmemoryHighWater\"\x81\x03\n" +
+	" \x01(\x01R\x0fmemoryHighWater\x12$\n" +
+	"\x0ehost_memory_mb\x18\v \x01(\x05R\fhostMemoryMb\"\x81\x03\n" +
 	"\rCreateRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1f\n" +
