@@ -11,7 +11,7 @@ import { execFileSync } from 'node:child_process'
 import path from 'node:path'
 import { Sandbox, SandboxNotFoundError } from 'e2b'
 import { useCluster, } from './lib/cluster.mjs'
-import { waitFor, sleep, rejectsWith } from './lib/server.mjs'
+import { waitFor, sleep, rejectsWith, rawRequest } from './lib/server.mjs'
 
 const cl = useCluster({ tag: 'zqmh', subnet: '10.250.7' })
 
@@ -179,6 +179,22 @@ cl.test('migrate: a sandbox with a running counter continues on another node, sa
   assert.deepEqual(left, [], 'sandboxes left on the drained node')
   assert.equal((await other.commands.run('echo moved')).stdout.trim(), 'moved')
   assert.equal((await cl.api('DELETE', '/nodes/zqmhn3/drain')).status, 200)
+})
+
+cl.test('API keys live in the cluster: a key made on one server works on the other, and a revoked one on neither', async () => {
+  const made = await cl.api('POST', '/keys', { body: { name: 'e2e', maxSandboxes: 1 }, server: cl.servers[0] })
+  assert.equal(made.status, 201, made.text)
+  const key = made.json.key
+  const asUser = (server) => rawRequest({ port: server.port, path: '/v2/sandboxes', headers: { 'X-API-KEY': key } })
+  await waitFor(async () => (await asUser(cl.servers[1])).status === 200, { timeoutMs: 5000, what: 'the other server to accept the key' })
+  const sbx = await Sandbox.create({ ...cl.via(1), apiKey: key })
+  cl.sandboxes.add(sbx.sandboxId)
+  const over = await rawRequest({ port: cl.servers[0].port, method: 'POST', path: '/sandboxes', headers: { 'X-API-KEY': key }, body: { templateID: 'base' } })
+  assert.equal(over.status, 429, `a create past the key's quota of 1: ${over.status} ${over.text}`)
+  await sbx.kill()
+  cl.sandboxes.delete(sbx.sandboxId)
+  assert.equal((await cl.api('DELETE', `/keys/${made.json.id}`, { server: cl.servers[1] })).status, 204)
+  await waitFor(async () => (await asUser(cl.servers[0])).status === 401, { timeoutMs: 5000, what: 'the revoked key to be refused' })
 })
 
 cl.test('bad input: a wrong cluster token, an unknown node, a create no node can take', async () => {

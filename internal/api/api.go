@@ -6,6 +6,7 @@
 package api
 
 import (
+	"context"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
@@ -18,6 +19,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/aenvhq/aenv/internal/apikeys"
 	"github.com/aenvhq/aenv/internal/build"
 	"github.com/aenvhq/aenv/internal/cluster"
 	"github.com/aenvhq/aenv/internal/proxy"
@@ -36,7 +38,12 @@ type Config struct {
 	Templates *template.Store
 	// Proxy serves requests addressed to a sandbox.
 	Proxy http.Handler
-	// APIKey is the key clients must send in X-API-KEY.
+	// Keys are the cluster's API keys; clients send one in X-API-KEY.
+	Keys Keys
+	// KeyStore manages them (the /keys routes); nil answers those 501.
+	KeyStore *apikeys.Store
+	// APIKey, if set, is accepted as an admin key besides Keys (a server
+	// without a cluster's key store, and tests).
 	APIKey string
 	// RateLimit bounds control-plane requests per client address per
 	// second (burst: RateBurst); 0 disables the limit.
@@ -130,8 +137,11 @@ func (s *Server) routes() {
 	m.Handle("GET /metrics", s.auth(s.metricsHandler().ServeHTTP))
 	m.Handle("GET /nodes", s.auth(http.HandlerFunc(s.listNodes)))
 	m.Handle("GET /nodes/{nodeID}", s.auth(withNodeID(s.getNode)))
-	m.Handle("POST /nodes/{nodeID}/drain", s.auth(withNodeID(s.drainNode)))
-	m.Handle("DELETE /nodes/{nodeID}/drain", s.auth(withNodeID(s.drainNode)))
+	m.Handle("POST /nodes/{nodeID}/drain", s.admin(withNodeID(s.drainNode)))
+	m.Handle("DELETE /nodes/{nodeID}/drain", s.admin(withNodeID(s.drainNode)))
+	m.Handle("GET /keys", s.admin(s.listKeys))
+	m.Handle("POST /keys", s.admin(s.createKey))
+	m.Handle("DELETE /keys/{keyID}", s.admin(s.revokeKey))
 
 	m.Handle("GET /templates", s.auth(http.HandlerFunc(s.listTemplates)))
 	m.Handle("POST /templates/pulls", s.auth(http.HandlerFunc(s.pullTemplate)))
@@ -167,18 +177,58 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.api.ServeHTTP(w, r)
 }
 
-// auth demands the API key. The comparison is constant-time so the key
-// cannot be guessed byte by byte from response timings.
+// Keys checks API keys (apikeys.Store).
+type Keys interface {
+	Lookup(key string) (apikeys.Key, bool)
+}
+
+// keyContext carries the caller's key to handlers.
+type keyContext struct{}
+
+// lookupKey finds the key a request presents. The static key is compared
+// in constant time so that it cannot be guessed byte by byte from
+// response timings; stored keys are found by their hash.
+func (s *Server) lookupKey(r *http.Request) (apikeys.Key, bool) {
+	key := requestKey(r)
+	if key == "" {
+		return apikeys.Key{}, false
+	}
+	if s.cfg.APIKey != "" && subtle.ConstantTimeCompare([]byte(key), []byte(s.cfg.APIKey)) == 1 {
+		return apikeys.Key{ID: "server", Name: "server", Admin: true}, true
+	}
+	if s.cfg.Keys != nil {
+		return s.cfg.Keys.Lookup(key)
+	}
+	return apikeys.Key{}, false
+}
+
+// auth demands a valid API key and hands it to next in the context.
 func (s *Server) auth(next http.HandlerFunc) http.Handler {
-	want := []byte(s.cfg.APIKey)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		key := requestKey(r)
-		if key == "" || subtle.ConstantTimeCompare([]byte(key), want) != 1 {
+		k, ok := s.lookupKey(r)
+		if !ok {
 			writeError(w, http.StatusUnauthorized, "invalid or missing API key (send it in the X-API-KEY header)")
+			return
+		}
+		next(w, r.WithContext(context.WithValue(r.Context(), keyContext{}, k)))
+	})
+}
+
+// admin demands an admin key.
+func (s *Server) admin(next http.HandlerFunc) http.Handler {
+	return s.auth(func(w http.ResponseWriter, r *http.Request) {
+		if !callerKey(r).Admin {
+			writeError(w, http.StatusForbidden, "this needs an admin API key")
 			return
 		}
 		next(w, r)
 	})
+}
+
+// callerKey is the key auth accepted for r.
+func callerKey(r *http.Request) apikeys.Key {
+	k, _ := r.Context().Value(keyContext{}).(apikeys.Key)
+	return k
 }
 
 // requestKey is the API key a request presents, if any.
@@ -235,6 +285,8 @@ func clusterStatus(err error) int {
 		return http.StatusNotImplemented
 	case errors.Is(err, cluster.ErrNoCapacity), errors.Is(err, cluster.ErrUnavailable):
 		return http.StatusServiceUnavailable
+	case errors.Is(err, cluster.ErrQuota):
+		return http.StatusTooManyRequests
 	default:
 		return http.StatusInternalServerError
 	}

@@ -442,7 +442,7 @@ func (bs *builds) files(w http.ResponseWriter, r *http.Request) {
 		"present": err == nil,
 		"url":     fmt.Sprintf("%s://%s/templates/%s/files/%s", scheme, r.Host, url.PathEscape(r.PathValue("templateID")), hash),
 		// The SDK sends these with the upload; the caller has the key.
-		"headers": map[string]string{"X-API-Key": bs.s.cfg.APIKey},
+		"headers": map[string]string{"X-API-Key": requestKey(r)},
 	})
 }
 

@@ -2,7 +2,6 @@ package api
 
 import (
 	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/hex"
 	"net/http"
 	"net/netip"
@@ -84,8 +83,8 @@ func (l *rateLimiter) limit(next http.Handler, key func(*http.Request) string) h
 // address. An invalid key must not buy a fresh bucket, so it counts as
 // the address.
 func (s *Server) clientKey(r *http.Request) string {
-	if key := requestKey(r); key != "" && subtle.ConstantTimeCompare([]byte(key), []byte(s.cfg.APIKey)) == 1 {
-		sum := sha256.Sum256([]byte(key))
+	if _, ok := s.lookupKey(r); ok {
+		sum := sha256.Sum256([]byte(requestKey(r)))
 		return "key:" + hex.EncodeToString(sum[:8])
 	}
 	return "addr:" + s.clientAddr(r).String()

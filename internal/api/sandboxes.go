@@ -124,6 +124,7 @@ func (s *Server) createSandbox(defaultTimeout time.Duration) http.HandlerFunc {
 			AutoPause:     body.AutoPause,
 			CPUCount:      body.CPUCount,
 			MemoryMB:      body.MemoryMB,
+			Owner:         owner(r),
 		})
 		if err != nil {
 			s.writeClusterError(w, r, err)

@@ -165,7 +165,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request, id string) {
 		}
 		timeout = time.Duration(*body.Timeout) * time.Second
 	}
-	results, err := s.cfg.Cluster.Fork(r.Context(), id, count, timeout)
+	results, err := s.cfg.Cluster.Fork(r.Context(), id, count, timeout, owner(r))
 	if err != nil {
 		s.writeClusterError(w, r, err)
 		return

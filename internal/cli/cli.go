@@ -138,6 +138,7 @@ server's key file (` + localKeyFile + `), and ` + defaultURL + `.`,
 		newEtcdCmd(),
 		newNodesCmd(g),
 		newMigrateCmd(g),
+		newKeysCmd(g),
 		newNodeCmd(g),
 		newVersionCmd(),
 	)

@@ -42,7 +42,16 @@ var (
 	ErrUnavailable = state.ErrUnavailable
 	// ErrNoCapacity: no node can take the sandbox now; try again later.
 	ErrNoCapacity = errors.New("no capacity")
+	// ErrQuota: the caller's key runs as many sandboxes as it may.
+	ErrQuota = errors.New("sandbox quota reached")
 )
+
+// Owner is the API key a new sandbox counts against.
+type Owner struct {
+	KeyID string
+	// MaxSandboxes bounds the key's running sandboxes (0: no bound).
+	MaxSandboxes int
+}
 
 // State is a sandbox's lifecycle state as E2B names it.
 type State string
@@ -120,6 +129,8 @@ type Sandbox struct {
 	// AllowInternet is the sandbox's egress setting, kept so that a resumed
 	// sandbox or a fork's children get the same.
 	AllowInternet bool `json:"allowInternet,omitempty"`
+	// KeyID is the API key that created it (for the key's quota).
+	KeyID string `json:"keyID,omitempty"`
 }
 
 // CreateRequest describes a sandbox to create. EnvVars are handed to the
@@ -134,6 +145,7 @@ type CreateRequest struct {
 	AutoPause     bool
 	CPUCount      int
 	MemoryMB      int
+	Owner         Owner
 }
 
 // Cluster tracks sandboxes. It is safe for concurrent use.
@@ -319,6 +331,9 @@ func (c *Cluster) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 	if err := c.validate(&req); err != nil {
 		return nil, err
 	}
+	if err := c.withinQuota(req.Owner, 1); err != nil {
+		return nil, err
+	}
 	wreq := &nodev1.CreateRequest{
 		TemplateId:    req.TemplateID,
 		CpuCount:      int32(req.CPUCount),
@@ -336,8 +351,27 @@ func (c *Cluster) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 	}
 	return c.register(ctx, n, nsb, registration{
 		requestedTemplate: req.TemplateID, metadata: req.Metadata, timeout: req.Timeout,
-		autoPause: req.AutoPause, allowInternet: req.AllowInternet,
+		autoPause: req.AutoPause, allowInternet: req.AllowInternet, keyID: req.Owner.KeyID,
 	})
+}
+
+// withinQuota refuses n more sandboxes for a key that runs as many as it
+// may. Servers count from their caches, so two servers creating at once
+// may overshoot by a sandbox or two: a quota, not a security boundary.
+func (c *Cluster) withinQuota(o Owner, n int) error {
+	if o.MaxSandboxes <= 0 {
+		return nil
+	}
+	running := 0
+	c.recs.each(func(r *record) {
+		if r.KeyID == o.KeyID && r.State == StateRunning {
+			running++
+		}
+	})
+	if running+n > o.MaxSandboxes {
+		return fmt.Errorf("%w: the API key runs %d of its %d sandboxes", ErrQuota, running, o.MaxSandboxes)
+	}
+	return nil
 }
 
 // placeAttempts bounds how many nodes one start tries.
@@ -379,6 +413,7 @@ type registration struct {
 	timeout           time.Duration
 	autoPause         bool
 	allowInternet     bool
+	keyID             string
 }
 
 // netipZero is the address of a sandbox that has none (paused).
@@ -407,6 +442,7 @@ func (c *Cluster) register(ctx context.Context, n nodeapi.Node, nsb *nodev1.Sand
 		EnvdAccessToken: nsb.EnvdAccessToken,
 		AutoPause:       reg.autoPause,
 		AllowInternet:   reg.allowInternet,
+		KeyID:           reg.keyID,
 		Addr:            addr,
 	}}
 	if reg.requestedTemplate != nsb.TemplateId {

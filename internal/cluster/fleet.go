@@ -87,7 +87,7 @@ func (f *fleet) start(ctx context.Context, wg *sync.WaitGroup) error {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		followPrefix(ctx, f.st, "nodes/", rev, f.load, f.apply, func(err error) { f.log.Warn("following the node registry", "err", err) })
+		state.Follow(ctx, f.st, "nodes/", rev, f.load, f.apply, func(err error) { f.log.Warn("following the node registry", "err", err) })
 	}()
 	return nil
 }

@@ -197,12 +197,15 @@ const forkParallelism = 2
 // Fork snapshots a running sandbox (which keeps running) and starts count
 // independent children from that state, each with its own id, network,
 // memory and writable files.
-func (c *Cluster) Fork(ctx context.Context, id string, count int, timeout time.Duration) ([]ForkResult, error) {
+func (c *Cluster) Fork(ctx context.Context, id string, count int, timeout time.Duration, owner Owner) ([]ForkResult, error) {
 	if count < 1 || count > MaxForkCount {
 		return nil, fmt.Errorf("%w: count must be between 1 and %d", ErrInvalid, MaxForkCount)
 	}
 	if timeout <= 0 || timeout > c.cfg.Limits.MaxTimeout {
 		return nil, fmt.Errorf("%w: timeout must be between 1s and %s", ErrInvalid, c.cfg.Limits.MaxTimeout)
+	}
+	if err := c.withinQuota(owner, count); err != nil {
+		return nil, err
 	}
 	r, err := c.claim(ctx, id, StateRunning, "fork")
 	if err != nil {
@@ -240,7 +243,7 @@ func (c *Cluster) Fork(ctx context.Context, id string, count int, timeout time.D
 			}
 			sb, err := c.register(ctx, n, nsb, registration{
 				requestedTemplate: parent.TemplateID, metadata: parent.Metadata, timeout: timeout,
-				autoPause: parent.AutoPause, allowInternet: parent.AllowInternet,
+				autoPause: parent.AutoPause, allowInternet: parent.AllowInternet, keyID: owner.KeyID,
 			})
 			results[i] = ForkResult{Sandbox: sb, Err: err}
 		}()

@@ -119,37 +119,7 @@ func (rs *records) load(ctx context.Context) (int64, error) {
 // follow applies the store's changes to the cache until ctx ends,
 // reloading when the watch falls behind compaction or breaks.
 func (rs *records) follow(ctx context.Context, rev int64, onErr func(error)) {
-	followPrefix(ctx, rs.st, sandboxPrefix, rev, rs.load, rs.apply, onErr)
-}
-
-// followPrefix calls apply with every change under prefix after rev until
-// ctx ends. When the watch breaks (the store down, history compacted) it
-// starts over from load's fresh list, after a pause so that a store that
-// is down is not hammered.
-func followPrefix(ctx context.Context, st state.Store, prefix string, rev int64,
-	load func(context.Context) (int64, error), apply func(state.Event), onErr func(error)) {
-	for ctx.Err() == nil {
-		for ev := range st.Watch(ctx, prefix, rev) {
-			if ev.Err != nil {
-				if ctx.Err() == nil {
-					onErr(ev.Err)
-				}
-				break
-			}
-			apply(ev)
-			rev = ev.Entry.Revision
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(time.Second):
-		}
-		if r, err := load(ctx); err == nil {
-			rev = r
-		} else if ctx.Err() == nil {
-			onErr(err)
-		}
-	}
+	state.Follow(ctx, rs.st, sandboxPrefix, rev, rs.load, rs.apply, onErr)
 }
 
 func (rs *records) apply(ev state.Event) {

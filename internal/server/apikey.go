@@ -8,12 +8,10 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
-)
 
-// apiKeyPattern is the shape E2B's SDKs accept.
-var apiKeyPattern = regexp.MustCompile(`^e2b_[0-9a-f]+$`)
+	"github.com/aenvhq/aenv/internal/apikeys"
+)
 
 // APIKeyPath is where the generated key is kept under the data directory.
 func APIKeyPath(dataDir string) string { return filepath.Join(dataDir, "secrets", "api-key") }
@@ -22,7 +20,7 @@ func APIKeyPath(dataDir string) string { return filepath.Join(dataDir, "secrets"
 // stores (mode 0600) and announces.
 func loadAPIKey(dataDir, override string, log *slog.Logger) (string, error) {
 	if override != "" {
-		if !apiKeyPattern.MatchString(override) {
+		if !apikeys.ValidKey(override) {
 			return "", fmt.Errorf("API key override must look like e2b_<hex> (E2B's SDKs refuse other keys)")
 		}
 		return override, nil
@@ -30,7 +28,7 @@ func loadAPIKey(dataDir, override string, log *slog.Logger) (string, error) {
 	path := APIKeyPath(dataDir)
 	if b, err := os.ReadFile(path); err == nil {
 		key := strings.TrimSpace(string(b))
-		if !apiKeyPattern.MatchString(key) {
+		if !apikeys.ValidKey(key) {
 			return "", fmt.Errorf("reading API key: %s does not hold an e2b_<hex> key", path)
 		}
 		log.Info("using API key", "path", path)

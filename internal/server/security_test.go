@@ -214,3 +214,48 @@ func mustCreate(t *testing.T, c *client.Client, opts client.CreateOptions) *clie
 	t.Cleanup(func() { c.Kill(context.Background(), sb.SandboxID) })
 	return sb
 }
+
+// TestKeysAndQuotas: an admin key makes keys; a key with a sandbox quota
+// gets 429 past it, and again room once one of its sandboxes ends; a
+// plain key cannot manage keys or nodes; a revoked key is refused.
+func TestKeysAndQuotas(t *testing.T) {
+	srv, admin, _ := startServerWith(t, func(cfg *Config) { cfg.WarmPoolSize = 0 })
+	ctx := context.Background()
+	url := "http://" + srv.Addr().String()
+	k, err := admin.CreateKey(ctx, "trainer", 1, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	user := client.New(url, k.Key)
+	a := mustCreate(t, user, client.CreateOptions{Timeout: 60})
+	_, err = user.Create(ctx, client.CreateOptions{Timeout: 60})
+	var apiErr *client.APIError
+	if !errors.As(err, &apiErr) || apiErr.Status != 429 || !strings.Contains(apiErr.Message, "1 of its 1 sandboxes") {
+		t.Fatalf("a create past the key's quota: %v, want 429 saying so", err)
+	}
+	// The admin key has no quota.
+	b := mustCreate(t, admin, client.CreateOptions{Timeout: 60})
+	if err := user.Kill(ctx, a.SandboxID); err != nil {
+		t.Fatal(err)
+	}
+	c := mustCreate(t, user, client.CreateOptions{Timeout: 60})
+	for _, id := range []string{b.SandboxID, c.SandboxID} {
+		admin.Kill(ctx, id)
+	}
+	if _, err := user.Keys(ctx); !isStatus(err, 403) {
+		t.Fatalf("listing keys with a plain key: %v, want 403", err)
+	}
+	if _, err := user.Drain(ctx, "any", true); !isStatus(err, 403) {
+		t.Fatalf("draining with a plain key: %v, want 403", err)
+	}
+	keys, err := admin.Keys(ctx)
+	if err != nil || len(keys) != 2 {
+		t.Fatalf("keys: %+v, %v", keys, err)
+	}
+	if err := admin.RevokeKey(ctx, k.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := user.List(ctx); !isStatus(err, 401) {
+		t.Fatalf("a revoked key: %v, want 401", err)
+	}
+}

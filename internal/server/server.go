@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/aenvhq/aenv/internal/api"
+	"github.com/aenvhq/aenv/internal/apikeys"
 	"github.com/aenvhq/aenv/internal/cluster"
 	"github.com/aenvhq/aenv/internal/netns"
 	"github.com/aenvhq/aenv/internal/node"
@@ -139,6 +140,7 @@ type Server struct {
 	// registration keeps the in-process node in the cluster's registry.
 	registration *cluster.Registration
 	apiKey       string
+	keys         *apikeys.Store
 	// token is the cluster token; nodeTransport carries it to nodes.
 	token         string
 	nodeTransport http.RoundTripper
@@ -196,6 +198,13 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 		return nil, fmt.Errorf("this server's cluster token (%s or $%s): %w", ClusterTokenPath(cfg.DataDir), ClusterTokenEnv, err)
 	}
 	s.nodeTransport = nodeapi.Transport(s.token)
+	if s.keys, err = apikeys.Open(ctx, s.state, log); err != nil {
+		return nil, err
+	}
+	// Every server of the cluster accepts this server's key too.
+	if _, err := s.keys.Ensure(ctx, s.apiKey, "server "+cfg.DataDir); err != nil {
+		return nil, fmt.Errorf("recording this server's API key: %w", err)
+	}
 	if !cfg.NoLocalNode {
 		if s.host, err = openHost(ctx, cfg, log); err != nil {
 			return nil, err
@@ -243,7 +252,8 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 		Cluster:        s.cluster,
 		Templates:      s.templates,
 		Proxy:          prx,
-		APIKey:         s.apiKey,
+		Keys:           s.keys,
+		KeyStore:       s.keys,
 		RateLimit:      cfg.RateLimit,
 		RateBurst:      cfg.RateBurst,
 		ProxyRateLimit: cfg.ProxyRateLimit,
@@ -360,6 +370,9 @@ func (s *Server) Close(ctx context.Context) error {
 			mode = node.StopKill
 		}
 		errs = append(errs, s.host.close(ctx, mode))
+	}
+	if s.keys != nil {
+		s.keys.Close()
 	}
 	if s.state != nil {
 		errs = append(errs, s.state.Close())

@@ -1,0 +1,95 @@
+package api
+
+import (
+	"errors"
+	"net/http"
+	"regexp"
+
+	"github.com/aenvhq/aenv/internal/apikeys"
+	"github.com/aenvhq/aenv/internal/cluster"
+)
+
+// owner is who a request's new sandboxes count against.
+func owner(r *http.Request) cluster.Owner {
+	k := callerKey(r)
+	return cluster.Owner{KeyID: k.ID, MaxSandboxes: k.MaxSandboxes}
+}
+
+// createKeyBody is POST /keys's (an aenv extension).
+type createKeyBody struct {
+	Name         string `json:"name"`
+	MaxSandboxes int    `json:"maxSandboxes"`
+	Admin        bool   `json:"admin"`
+}
+
+// createdKeyJSON carries the new key itself, shown this once.
+type createdKeyJSON struct {
+	apikeys.Key
+	Secret string `json:"key"`
+}
+
+func (s *Server) keyStore(w http.ResponseWriter) bool {
+	if s.cfg.KeyStore == nil {
+		writeError(w, http.StatusNotImplemented, "this server keeps no API keys of its own")
+		return false
+	}
+	return true
+}
+
+// listKeys answers GET /keys (admin keys only).
+func (s *Server) listKeys(w http.ResponseWriter, r *http.Request) {
+	if s.keyStore(w) {
+		writeJSON(w, http.StatusOK, s.cfg.KeyStore.List())
+	}
+}
+
+// createKey answers POST /keys (admin keys only).
+func (s *Server) createKey(w http.ResponseWriter, r *http.Request) {
+	if !s.keyStore(w) {
+		return
+	}
+	var body createKeyBody
+	if !decodeBody(w, r, &body) {
+		return
+	}
+	key, k, err := s.cfg.KeyStore.Create(r.Context(), body.Name, body.MaxSandboxes, body.Admin)
+	if err != nil {
+		s.writeKeyError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, createdKeyJSON{Key: k, Secret: key})
+}
+
+var keyIDPattern = regexp.MustCompile(`^k[0-9a-f]{1,64}$`)
+
+// revokeKey answers DELETE /keys/{keyID} (admin keys only).
+func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request) {
+	if !s.keyStore(w) {
+		return
+	}
+	id := r.PathValue("keyID")
+	if !keyIDPattern.MatchString(id) {
+		writeError(w, http.StatusBadRequest, "invalid key id")
+		return
+	}
+	if id == callerKey(r).ID {
+		writeError(w, http.StatusConflict, "a key cannot revoke itself")
+		return
+	}
+	if err := s.cfg.KeyStore.Revoke(r.Context(), id); err != nil {
+		s.writeKeyError(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) writeKeyError(w http.ResponseWriter, r *http.Request, err error) {
+	switch {
+	case errors.Is(err, apikeys.ErrInvalid):
+		writeError(w, http.StatusBadRequest, err.Error())
+	case errors.Is(err, apikeys.ErrNotFound):
+		writeError(w, http.StatusNotFound, err.Error())
+	default:
+		s.writeClusterError(w, r, err)
+	}
+}

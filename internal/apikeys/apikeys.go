@@ -1,0 +1,237 @@
+// Package apikeys keeps the cluster's API keys in the live state store, so
+// that every API server accepts the same keys and a key revoked on one is
+// refused by all of them within milliseconds. Only a key's SHA-256 is
+// stored: the key itself is shown once, when it is created. Each server
+// holds the keys in a cache its watch keeps current, so checking a key
+// costs no round trip.
+package apikeys
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/aenvhq/aenv/internal/state"
+)
+
+const prefix = "apikeys/"
+
+// Errors callers map to statuses.
+var (
+	ErrNotFound = errors.New("API key not found")
+	ErrInvalid  = errors.New("invalid API key request")
+)
+
+// Key is what the cluster knows of an API key.
+type Key struct {
+	ID   string `json:"id"`
+	Name string `json:"name"`
+	// Hint is the key's first characters, to tell keys apart in lists.
+	Hint string `json:"hint"`
+	// Admin keys may manage keys and nodes as well as sandboxes.
+	Admin bool `json:"admin,omitempty"`
+	// MaxSandboxes bounds the running sandboxes created with the key
+	// (0: no bound).
+	MaxSandboxes int       `json:"maxSandboxes,omitempty"`
+	CreatedAt    time.Time `json:"createdAt"`
+	SHA256       string    `json:"sha256"`
+}
+
+// keyPattern is the shape E2B's SDKs accept.
+var keyPattern = regexp.MustCompile(`^e2b_[0-9a-f]+$`)
+
+// ValidKey reports whether s is shaped like an API key.
+func ValidKey(s string) bool { return keyPattern.MatchString(s) }
+
+func hashOf(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(sum[:])
+}
+
+// idOf is a key's id: a short prefix of its hash, so that the same key
+// always gets the same id (a restarted server re-adds its own key as it
+// was) without revealing it.
+func idOf(hash string) string { return "k" + hash[:11] }
+
+// Store is the cluster's keys. It is safe for concurrent use.
+type Store struct {
+	st  state.Store
+	log *slog.Logger
+
+	mu     sync.RWMutex
+	byHash map[string]Key
+
+	stop context.CancelFunc
+	done chan struct{}
+}
+
+// Open loads the keys and follows changes to them until Close.
+func Open(ctx context.Context, st state.Store, log *slog.Logger) (*Store, error) {
+	s := &Store{st: st, log: log, byHash: map[string]Key{}, done: make(chan struct{})}
+	rev, err := s.load(ctx)
+	if err != nil {
+		return nil, err
+	}
+	bg, stop := context.WithCancel(context.WithoutCancel(ctx))
+	s.stop = stop
+	go func() {
+		defer close(s.done)
+		state.Follow(bg, st, prefix, rev, s.load, s.apply, func(err error) { log.Warn("following API keys", "err", err) })
+	}()
+	return s, nil
+}
+
+// Close stops following the store.
+func (s *Store) Close() {
+	s.stop()
+	<-s.done
+}
+
+func (s *Store) load(ctx context.Context) (int64, error) {
+	entries, rev, err := s.st.List(ctx, prefix)
+	if err != nil {
+		return 0, fmt.Errorf("loading API keys: %w", err)
+	}
+	m := make(map[string]Key, len(entries))
+	for _, e := range entries {
+		var k Key
+		if json.Unmarshal(e.Value, &k) == nil && k.SHA256 != "" {
+			m[k.SHA256] = k
+		}
+	}
+	s.mu.Lock()
+	s.byHash = m
+	s.mu.Unlock()
+	return rev, nil
+}
+
+func (s *Store) apply(ev state.Event) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	id := strings.TrimPrefix(ev.Entry.Key, prefix)
+	if ev.Type == state.EventDelete {
+		for h, k := range s.byHash {
+			if k.ID == id {
+				delete(s.byHash, h)
+			}
+		}
+		return
+	}
+	var k Key
+	if json.Unmarshal(ev.Entry.Value, &k) == nil && k.SHA256 != "" {
+		s.byHash[k.SHA256] = k
+	}
+}
+
+// Lookup returns the key a client presented, if the cluster has it.
+// Keys are found by their hash, so the comparison leaks nothing of them.
+func (s *Store) Lookup(key string) (Key, bool) {
+	if !ValidKey(key) {
+		return Key{}, false
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	k, ok := s.byHash[hashOf(key)]
+	return k, ok
+}
+
+// Ensure records key (a server's own, from its data directory) as an
+// admin key, if it is not yet: every server of the cluster then accepts
+// it.
+func (s *Store) Ensure(ctx context.Context, key, name string) (Key, error) {
+	if !ValidKey(key) {
+		return Key{}, fmt.Errorf("%w: keys look like e2b_<hex>", ErrInvalid)
+	}
+	if k, ok := s.Lookup(key); ok {
+		return k, nil
+	}
+	k, err := s.put(ctx, key, name, 0, true)
+	if !errors.Is(err, state.ErrExists) {
+		return k, err
+	}
+	// Another server added it moments ago; its watch event is on the way.
+	e, err := s.st.Get(ctx, prefix+idOf(hashOf(key)))
+	if err != nil {
+		return Key{}, fmt.Errorf("reading API key: %w", err)
+	}
+	if err := json.Unmarshal(e.Value, &k); err != nil {
+		return Key{}, fmt.Errorf("reading API key %s: %w", e.Key, err)
+	}
+	return k, nil
+}
+
+// Create makes a new key; the key itself is returned this once.
+func (s *Store) Create(ctx context.Context, name string, maxSandboxes int, admin bool) (string, Key, error) {
+	if name == "" || len(name) > 128 {
+		return "", Key{}, fmt.Errorf("%w: a key's name must be 1 to 128 characters", ErrInvalid)
+	}
+	if maxSandboxes < 0 {
+		return "", Key{}, fmt.Errorf("%w: maxSandboxes must not be negative", ErrInvalid)
+	}
+	b := make([]byte, 20)
+	_, _ = rand.Read(b)
+	key := "e2b_" + hex.EncodeToString(b)
+	k, err := s.put(ctx, key, name, maxSandboxes, admin)
+	if err != nil {
+		return "", Key{}, err
+	}
+	s.log.Info("API key created", "key_id", k.ID, "name", name, "admin", admin, "max_sandboxes", maxSandboxes)
+	return key, k, nil
+}
+
+func (s *Store) put(ctx context.Context, key, name string, maxSandboxes int, admin bool) (Key, error) {
+	h := hashOf(key)
+	k := Key{ID: idOf(h), Name: name, Hint: key[:8] + "...", Admin: admin, MaxSandboxes: maxSandboxes,
+		CreatedAt: time.Now().UTC(), SHA256: h}
+	b, err := json.Marshal(k)
+	if err != nil {
+		return Key{}, err
+	}
+	if _, err := s.st.Create(ctx, prefix+k.ID, b, state.WriteOptions{}); err != nil {
+		return Key{}, fmt.Errorf("storing API key %s: %w", k.ID, err)
+	}
+	s.mu.Lock()
+	s.byHash[h] = k
+	s.mu.Unlock()
+	return k, nil
+}
+
+// List returns every key, oldest first (without their hashes).
+func (s *Store) List() []Key {
+	s.mu.RLock()
+	out := make([]Key, 0, len(s.byHash))
+	for _, k := range s.byHash {
+		k.SHA256 = ""
+		out = append(out, k)
+	}
+	s.mu.RUnlock()
+	sort.Slice(out, func(i, j int) bool {
+		if !out[i].CreatedAt.Equal(out[j].CreatedAt) {
+			return out[i].CreatedAt.Before(out[j].CreatedAt)
+		}
+		return out[i].ID < out[j].ID
+	})
+	return out
+}
+
+// Revoke removes a key: no server accepts it any more.
+func (s *Store) Revoke(ctx context.Context, id string) error {
+	if err := s.st.Delete(ctx, prefix+id, 0); errors.Is(err, state.ErrNotFound) {
+		return fmt.Errorf("%w: %s", ErrNotFound, id)
+	} else if err != nil {
+		return fmt.Errorf("revoking API key %s: %w", id, err)
+	}
+	s.apply(state.Event{Type: state.EventDelete, Entry: state.Entry{Key: prefix + id}})
+	s.log.Info("API key revoked", "key_id", id)
+	return nil
+}
