@@ -121,17 +121,26 @@ func (c *Cluster) syncNode(nodeID string) {
 	for _, sb := range list.Sandboxes {
 		running[sb.Id] = sb
 	}
-	for _, r := range c.recs.all() {
+	// Only this node's records are looked at: a server syncs with every
+	// node it connects to, and copying every record each time would cost
+	// nodes x records.
+	var gone []string
+	c.recs.each(func(r *record) {
 		if r.NodeID != nodeID {
-			delete(running, r.ID) // resumed or placed elsewhere: not an orphan
-			continue
+			return
 		}
-		_, runs := running[r.ID]
-		delete(running, r.ID)
-		if r.State == StateRunning && !runs && r.Op == "" {
-			if err := c.lose(ctx, r.ID, fmt.Sprintf("it was not running when node %s came back", nodeID)); err != nil {
-				c.log.Warn("recording a lost sandbox", "sandbox_id", r.ID, "err", err)
-			}
+		if _, runs := running[r.ID]; !runs && r.State == StateRunning && r.Op == "" {
+			gone = append(gone, r.ID)
+		}
+	})
+	for id := range running {
+		if _, _, known := c.recs.addr(id); known {
+			delete(running, id) // recorded, here or (resumed) elsewhere: not an orphan
+		}
+	}
+	for _, id := range gone {
+		if err := c.lose(ctx, id, fmt.Sprintf("it was not running when node %s came back", nodeID)); err != nil {
+			c.log.Warn("recording a lost sandbox", "sandbox_id", id, "err", err)
 		}
 	}
 	if len(running) == 0 {
