@@ -3,7 +3,7 @@ CACHE ?= /var/cache/aenv
 BASE_ROOTFS ?= $(CACHE)/base-rootfs
 GO ?= go
 
-.PHONY: build deps base test test-go test-e2e test-install test-fuzz lint clean
+.PHONY: build deps base test test-go test-e2e test-install test-fuzz lint clean bench-cluster
 
 build:
 	$(GO) build -o bin/aenv ./cmd/aenv
@@ -45,6 +45,11 @@ test-install: base
 	scripts/test-install.sh
 
 test: lint test-go test-fuzz test-e2e test-install
+
+# Benchmarks stay out of `make test`. Creates at concurrency 30 on one node
+# and on three (node agents in their own network namespaces).
+bench-cluster: build base
+	cd e2e && AENV_BIN_DIR=$(CURDIR)/bin AENV_BASE_ROOTFS=$(BASE_ROOTFS) node bench/cluster.mjs
 
 clean:
 	rm -rf bin

@@ -94,7 +94,7 @@ class Proc {
   }
 }
 
-class TestCluster {
+export class TestCluster {
   constructor({ tag, subnet, nodes = 3, servers = 2 }) {
     if (!/^[a-z]{2,6}$/.test(tag)) throw new Error(`cluster tag ${tag} must be 2-6 lower-case letters`)
     this.tag = tag

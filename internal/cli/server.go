@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/aenvhq/aenv/internal/cluster"
+	"github.com/aenvhq/aenv/internal/node"
 	"github.com/aenvhq/aenv/internal/server"
 )
 
@@ -134,6 +135,8 @@ func hostFlags(f *pflag.FlagSet, cfg *server.Config, egressAllow *[]string, logL
 	f.StringVar(&cfg.EtcdKeyFile, "etcd-key", "", "client key for --etcd-endpoints")
 	f.StringSliceVar(egressAllow, "egress-allow", nil, "CIDR of the host's own networks that sandboxes may reach after all (they never reach the host's networks otherwise; the private and special ranges stay blocked)")
 	f.IntVar(&cfg.PidsLimit, "pids-limit", 1024, "processes and threads each user in a sandbox may run; past it fork fails with EAGAIN inside (templates may set their own)")
+	f.IntVar(&cfg.DiskMB, "disk-size", node.DefaultDiskMB, "each sandbox's disk in MiB, unless its template sets one: its files go to a sparse file on the host's disk, and past it writes fail with ENOSPC (-1 keeps files in the sandbox's memory)")
+	f.Float64Var(&cfg.Capacity.DiskHighWater, "disk-high-water", 0.95, "refuse creates (503, Retry-After) while the disk under --run-dir is fuller than this fraction")
 	f.IntVar(&cfg.PidsTotal, "pids-limit-total", 0, "host tasks all sandboxes together may run (default: 3/4 of kernel.pid_max)")
 	f.IntVar(&cfg.Capacity.MemoryMB, "capacity-memory", 0, "memory (MiB) this host offers sandboxes; larger sandboxes are refused (default: physical memory)")
 	f.IntVar(&cfg.Capacity.CPUCount, "capacity-cpu", 0, "CPUs this host offers; sandboxes with more are refused (default: the host's; CPU is overcommitted freely and enforced by quota)")

@@ -87,9 +87,10 @@ type Config struct {
 	Limits Limits
 	// State holds the records; required.
 	State state.Store
-	// OnGone, if set, is called after a sandbox is killed, paused or died,
-	// e.g. to cut the proxy's connections to it.
-	OnGone func(id string)
+	// OnGone, if set, is called after a sandbox is killed, paused, moved
+	// or died (reason says why it died), e.g. to cut the proxy's
+	// connections to it.
+	OnGone func(id, reason string)
 	// LegacyStateDir is where servers before the state store kept the
 	// records of paused sandboxes (<dir>/paused/*.json); Open moves them
 	// into the store once.
@@ -245,12 +246,14 @@ func (c *Cluster) forget(nodeID, id, reason string) {
 		}
 		c.log.Warn("sandbox ended on its own", "sandbox_id", id, "reason", reason)
 	}
-	c.gone(id)
+	c.gone(id, reason)
 }
 
-func (c *Cluster) gone(id string) {
+// gone tells OnGone that sandbox id no longer runs where it did, and why
+// when it ended on its own.
+func (c *Cluster) gone(id, reason string) {
 	if c.cfg.OnGone != nil {
-		c.cfg.OnGone(id)
+		c.cfg.OnGone(id, reason)
 	}
 }
 
@@ -588,7 +591,7 @@ func (c *Cluster) Kill(ctx context.Context, id string) error {
 		c.deleteSnapshotQuietly(sb.SnapshotID, "paused sandbox's snapshot")
 		return nil
 	}
-	defer c.gone(id)
+	defer c.gone(id, "")
 	n, err := c.nodes.node(sb.NodeID)
 	if err != nil {
 		c.log.Warn("killed sandbox's node is unreachable; its record is gone", "sandbox_id", id, "err", err)

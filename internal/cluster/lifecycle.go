@@ -56,7 +56,7 @@ func (c *Cluster) Pause(ctx context.Context, id string) error {
 		c.release(ctx, id, "pause")
 		return err
 	}
-	c.gone(id)
+	c.gone(id, "")
 	return c.finishPause(context.WithoutCancel(ctx), id, snap.Id)
 }
 
@@ -400,7 +400,7 @@ func (c *Cluster) Migrate(ctx context.Context, id, target string) (*Migration, e
 		c.release(ctx, id, "migrate")
 		return nil, fmt.Errorf("migrating sandbox %s: %w", id, err)
 	}
-	c.gone(id)
+	c.gone(id, "")
 	// From here on the sandbox exists only as its saved state: whatever
 	// fails, it must end up running somewhere or recorded as paused.
 	ctx = context.WithoutCancel(ctx)

@@ -186,7 +186,7 @@ func (c *Cluster) loseOrphanedRecords(ctx context.Context) {
 		if err := c.lose(ctx, o.id, fmt.Sprintf("its node %s stopped answering (its lease expired)", o.nodeID)); err != nil {
 			c.log.Warn("recording a lost sandbox", "sandbox_id", o.id, "err", err)
 		}
-		c.gone(o.id)
+		c.gone(o.id, fmt.Sprintf("its node %s stopped answering", o.nodeID))
 	}
 }
 

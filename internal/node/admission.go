@@ -6,6 +6,7 @@ import (
 	goruntime "runtime"
 
 	"github.com/prometheus/procfs"
+	"golang.org/x/sys/unix"
 )
 
 // Admission errors. The cluster maps them to statuses: a sandbox that can
@@ -31,6 +32,9 @@ type Capacity struct {
 	// MemoryHighWater refuses new sandboxes while the host's real memory
 	// use is above this fraction (default 0.9).
 	MemoryHighWater float64
+	// DiskHighWater refuses new sandboxes while the disk their files go
+	// to is fuller than this fraction (default 0.95).
+	DiskHighWater float64
 }
 
 // withDefaults fills in zero fields from the host.
@@ -49,14 +53,17 @@ func (c Capacity) withDefaults() Capacity {
 	if c.MemoryHighWater <= 0 || c.MemoryHighWater > 1 {
 		c.MemoryHighWater = 0.9
 	}
+	if c.DiskHighWater <= 0 || c.DiskHighWater > 1 {
+		c.DiskHighWater = 0.95
+	}
 	return c
 }
 
 // admit is the node's admission rule for one more sandbox of memMB and
 // cpus, with committedMB configured on the node already (prestarted
-// sandboxes included) and usedFraction of the host's memory really in
-// use (negative when unknown).
-func (c Capacity) admit(memMB, cpus, committedMB int, usedFraction float64) error {
+// sandboxes included), usedFraction of the host's memory really in use
+// and diskFraction of the sandboxes' disk (negative when unknown).
+func (c Capacity) admit(memMB, cpus, committedMB int, usedFraction, diskFraction float64) error {
 	switch {
 	case memMB > c.MemoryMB:
 		return fmt.Errorf("%w: memoryMB %d exceeds the node's %d MiB", ErrTooLarge, memMB, c.MemoryMB)
@@ -71,7 +78,34 @@ func (c Capacity) admit(memMB, cpus, committedMB int, usedFraction float64) erro
 		return fmt.Errorf("%w: host memory is %.0f%% used, above the %.0f%% high-water mark",
 			ErrNoCapacity, 100*usedFraction, 100*c.MemoryHighWater)
 	}
+	if diskFraction > c.DiskHighWater {
+		return fmt.Errorf("%w: the host's sandbox disk is %.0f%% full, above the %.0f%% high-water mark",
+			ErrNoCapacity, 100*diskFraction, 100*c.DiskHighWater)
+	}
 	return nil
+}
+
+// diskUsed is the fraction of the filesystem holding dir that is in use,
+// or -1.
+func diskUsed(dir string) float64 {
+	total, free, err := diskSpace(dir)
+	if err != nil || total == 0 {
+		return -1
+	}
+	return float64(total-free) / float64(total)
+}
+
+// diskSpace is the size and the space available to unprivileged users of
+// the filesystem holding dir, in bytes.
+func diskSpace(dir string) (total, free uint64, err error) {
+	if dir == "" {
+		return 0, 0, errors.New("no directory")
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return 0, 0, err
+	}
+	return st.Blocks * uint64(st.Bsize), st.Bavail * uint64(st.Bsize), nil
 }
 
 // hostMemory reads the host's total and available memory in bytes.
@@ -124,6 +158,9 @@ type Stats struct {
 	CommittedMB, UsedMemoryMB, HostMemoryMB int
 	// Sandboxes counts the running sandboxes handed out.
 	Sandboxes int
+	// DiskMB and DiskUsedMB are the size and use of the disk the
+	// sandboxes' files go to.
+	DiskMB, DiskUsedMB int
 	// Runtime names the driver.
 	Runtime string
 }
@@ -134,6 +171,9 @@ func (n *Node) Stats() Stats {
 	st := Stats{Capacity: n.cfg.Capacity, Runtime: n.cfg.Runtime.Name()}
 	if total, avail, err := hostMemory(); err == nil && avail <= total {
 		st.UsedMemoryMB, st.HostMemoryMB = int((total-avail)>>20), int(total>>20)
+	}
+	if total, free, err := diskSpace(n.cfg.StateDir); err == nil && free <= total {
+		st.DiskMB, st.DiskUsedMB = int(total>>20), int((total-free)>>20)
 	}
 	n.mu.Lock()
 	st.CommittedMB = n.committedMBLocked(poolMB)

@@ -51,6 +51,10 @@ type Network interface {
 	ReleaseLeftovers(ctx context.Context) error
 }
 
+// DefaultDiskMB is a sandbox's disk unless configured: sparse, so it costs
+// what is written.
+const DefaultDiskMB = 10 << 10
+
 // Config wires a node.
 type Config struct {
 	// ID names this node in logs and records.
@@ -84,6 +88,10 @@ type Config struct {
 	// PidsLimit is the processes and threads each user in a sandbox may
 	// run, unless its template sets its own; 0 means 1024.
 	PidsLimit int
+	// DiskMB is the size of each sandbox's writable filesystem (on the
+	// host's disk, sparse), unless its template sets its own; 0 means
+	// 10 GiB, and a negative value keeps writes in memory.
+	DiskMB int
 	// StateDir keeps a small local record of each sandbox handed out, so
 	// that a restarted node takes its running sandboxes over (Recover);
 	// empty keeps none. It belongs in the run directory: its records mean
@@ -156,6 +164,9 @@ func New(cfg Config) (*Node, error) {
 	cfg.Capacity = cfg.Capacity.withDefaults()
 	if cfg.PidsLimit <= 0 {
 		cfg.PidsLimit = 1024
+	}
+	if cfg.DiskMB == 0 {
+		cfg.DiskMB = DefaultDiskMB
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -278,8 +289,9 @@ type bootOptions struct {
 	CPUCount, MemoryMB int
 	Network            netns.SlotOptions
 	// ImageDir, when set, restores the saved state there instead of
-	// booting.
+	// booting; DiskMB is then the saved sandbox's disk.
 	ImageDir string
+	DiskMB   int
 }
 
 // boot starts a sandbox of tpl and waits for its envd; the sandbox is not
@@ -289,6 +301,7 @@ func (n *Node) boot(ctx context.Context, id string, tpl *template.Template, opts
 	memMB, cpus := pick(opts.MemoryMB, tpl.MemoryMB), pick(opts.CPUCount, tpl.CPUCount)
 	poolMB := n.pool.memoryMB()
 	used := memoryUsed()
+	diskUsed := diskUsed(n.cfg.StateDir)
 	n.mu.Lock()
 	_, running := n.sandboxes[id]
 	_, creating := n.pending[id]
@@ -296,7 +309,7 @@ func (n *Node) boot(ctx context.Context, id string, tpl *template.Template, opts
 		n.mu.Unlock()
 		return nil, fmt.Errorf("creating sandbox %s: %w", id, ErrExists)
 	}
-	if err := n.cfg.Capacity.admit(memMB, cpus, n.committedMBLocked(poolMB), used); err != nil {
+	if err := n.cfg.Capacity.admit(memMB, cpus, n.committedMBLocked(poolMB), used, diskUsed); err != nil {
 		n.mu.Unlock()
 		return nil, fmt.Errorf("creating sandbox %s: %w", id, err)
 	}
@@ -320,8 +333,11 @@ func (n *Node) boot(ctx context.Context, id string, tpl *template.Template, opts
 		TemplateID:  tpl.ID,
 		CPUCount:    pick(opts.CPUCount, tpl.CPUCount),
 		MemoryMB:    pick(opts.MemoryMB, tpl.MemoryMB),
-		DiskMB:      tpl.DiskMB,
+		DiskMB:      pick(tpl.DiskMB, n.cfg.DiskMB),
 		EnvdVersion: n.cfg.EnvdVersion,
+	}
+	if opts.ImageDir != "" {
+		sb.DiskMB = opts.DiskMB // the saved state's layout, whatever the template says now
 	}
 	slot, err := n.cfg.Network.Acquire(ctx, opts.Network)
 	if err != nil {
@@ -340,6 +356,7 @@ func (n *Node) boot(ctx context.Context, id string, tpl *template.Template, opts
 		CPUCount:   sb.CPUCount,
 		MemoryMB:   sb.MemoryMB,
 		PidsLimit:  pick(tpl.PidsLimit, n.cfg.PidsLimit),
+		DiskMB:     max(sb.DiskMB, 0),
 		DNSServers: n.cfg.DNSServers,
 	}
 	if opts.ImageDir == "" {

@@ -52,6 +52,7 @@ func (n *Node) Snapshot(ctx context.Context, id string, opts SnapshotOptions) (*
 		EnvdAccessToken: sb.EnvdAccessToken,
 		Runtime:         n.cfg.Runtime.Name(),
 		RuntimeVersion:  n.cfg.RuntimeVersion,
+		WritableMB:      max(sb.DiskMB, 0),
 	}
 	dir, err := n.cfg.Snapshots.Begin(snap.ID)
 	if err != nil {
@@ -101,6 +102,7 @@ func (n *Node) restore(ctx context.Context, snap *snapshot.Snapshot, req CreateR
 	start := time.Now()
 	sb, err := n.boot(ctx, id, tpl, bootOptions{
 		CPUCount: snap.CPUCount, MemoryMB: snap.MemoryMB, Network: req.Network, ImageDir: snap.Dir,
+		DiskMB: snap.WritableMB,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("restoring snapshot %s: %w", snap.ID, err)

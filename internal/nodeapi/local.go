@@ -24,8 +24,9 @@ type Local struct {
 	n    *node.Node
 	opts LocalOptions
 
-	mu   sync.Mutex
-	subs map[*subscriber]struct{}
+	mu     sync.Mutex
+	subs   map[*subscriber]struct{}
+	onExit []func(id, reason string)
 }
 
 // LocalOptions describe what the node package does not know of itself.
@@ -44,6 +45,12 @@ type subscriber struct {
 func NewLocal(n *node.Node, opts LocalOptions) *Local {
 	l := &Local{n: n, opts: opts, subs: map[*subscriber]struct{}{}}
 	n.OnExit(func(ex node.Exit) {
+		l.mu.Lock()
+		hooks := l.onExit
+		l.mu.Unlock()
+		for _, fn := range hooks {
+			fn(ex.ID, ex.Reason)
+		}
 		kind := nodev1.Event_KIND_EXITED
 		if ex.OutOfMemory {
 			kind = nodev1.Event_KIND_OOM_KILLED
@@ -51,6 +58,14 @@ func NewLocal(n *node.Node, opts LocalOptions) *Local {
 		l.Publish(&nodev1.Event{Kind: kind, SandboxId: ex.ID, Reason: ex.Reason})
 	})
 	return l
+}
+
+// OnExit adds fn to what is told, in this process, of every sandbox that
+// died on its own (before the event goes to subscribers).
+func (l *Local) OnExit(fn func(id, reason string)) {
+	l.mu.Lock()
+	l.onExit = append(l.onExit, fn)
+	l.mu.Unlock()
 }
 
 // Node returns the node Local serves.
@@ -79,9 +94,11 @@ func (l *Local) ID() string { return l.n.ID() }
 func (l *Local) Info(ctx context.Context, _ *nodev1.InfoRequest) (*nodev1.NodeInfo, error) {
 	st := l.n.Stats()
 	info := &nodev1.NodeInfo{
-		Id:               l.n.ID(),
-		Capacity:         &nodev1.Resources{CpuCount: int32(st.Capacity.CPUCount), MemoryMb: int32(st.Capacity.MemoryMB)},
-		Usage:            &nodev1.Resources{MemoryMb: int32(st.UsedMemoryMB), CommittedMemoryMb: int32(st.CommittedMB)},
+		Id: l.n.ID(),
+		Capacity: &nodev1.Resources{CpuCount: int32(st.Capacity.CPUCount), MemoryMb: int32(st.Capacity.MemoryMB),
+			DiskMb: int32(st.DiskMB)},
+		Usage: &nodev1.Resources{MemoryMb: int32(st.UsedMemoryMB), CommittedMemoryMb: int32(st.CommittedMB),
+			DiskMb: int32(st.DiskUsedMB)},
 		Sandboxes:        int32(st.Sandboxes),
 		Runtime:          st.Runtime,
 		RuntimeVersion:   l.opts.RuntimeVersion,

@@ -6,9 +6,12 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -17,6 +20,7 @@ import (
 	"path"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -57,7 +61,18 @@ type Proxy struct {
 
 	mu    sync.Mutex
 	conns map[string]map[*trackedConn]struct{} // upstream connections by sandbox
+	// ended holds why sandboxes that died on their own ended, for the
+	// streams their death cut (see endStream).
+	ended map[string]endReason
 }
+
+type endReason struct {
+	why string
+	at  time.Time
+}
+
+// endedFor is how long a dead sandbox's reason is kept for its streams.
+const endedFor = time.Minute
 
 // trackedConn is an upstream connection the proxy can cut when its sandbox
 // goes away: a dead sandbox's network vanishes without a reset, and the
@@ -82,11 +97,21 @@ func (c *trackedConn) Close() error {
 }
 
 // Forget closes every connection to sandbox id; call it when the sandbox
-// is killed or dies.
-func (p *Proxy) Forget(id string) {
+// is killed or dies. For a sandbox that died, reason says why: the Connect
+// streams the death cuts end with an error that says it.
+func (p *Proxy) Forget(id, reason string) {
 	p.mu.Lock()
 	conns := p.conns[id]
 	delete(p.conns, id)
+	now := time.Now()
+	for k, e := range p.ended {
+		if now.Sub(e.at) > endedFor {
+			delete(p.ended, k)
+		}
+	}
+	if reason != "" {
+		p.ended[id] = endReason{why: reason, at: now}
+	}
 	p.mu.Unlock()
 	for c := range conns {
 		c.Conn.Close()
@@ -111,7 +136,7 @@ func New(r Resolver, via http.Header, log *slog.Logger) *Proxy {
 	if log == nil {
 		log = slog.Default()
 	}
-	p := &Proxy{resolve: r, log: log, conns: map[string]map[*trackedConn]struct{}{}}
+	p := &Proxy{resolve: r, log: log, conns: map[string]map[*trackedConn]struct{}{}, ended: map[string]endReason{}}
 	transport := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			t := ctx.Value(targetKey{}).(target)
@@ -163,6 +188,13 @@ func New(r Resolver, via http.Header, log *slog.Logger) *Proxy {
 			pr.SetXForwarded()
 		},
 		Transport: transport,
+		ModifyResponse: func(resp *http.Response) error {
+			if strings.HasPrefix(resp.Header.Get("Content-Type"), "application/connect+") {
+				t := resp.Request.Context().Value(targetKey{}).(target)
+				resp.Body = &connectStream{body: resp.Body, p: p, id: t.id}
+			}
+			return nil
+		},
 		// Stream every write at once: envd's server streams carry process
 		// output that the client must see before the process ends.
 		FlushInterval: -1,
@@ -237,4 +269,72 @@ func writeError(w http.ResponseWriter, code int, msg string) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
 	_ = json.NewEncoder(w).Encode(map[string]any{"code": code, "message": msg})
+}
+
+// connectStream passes a Connect streaming response through, following
+// its envelopes, so that a stream cut by its sandbox's death between two
+// messages ends with a Connect end-of-stream error saying why ("killed:
+// out of memory") instead of a truncated body the client can only call a
+// protocol error.
+type connectStream struct {
+	body io.ReadCloser
+	p    *Proxy
+	id   string
+	// left is what remains of the message being passed; 0 at a
+	// boundary. hdr collects an envelope header split across reads.
+	left int
+	hdr  []byte
+	tail *bytes.Reader
+}
+
+func (c *connectStream) Read(b []byte) (int, error) {
+	if c.tail != nil {
+		return c.tail.Read(b)
+	}
+	n, err := c.body.Read(b)
+	c.follow(b[:n])
+	if err == nil || err == io.EOF {
+		return n, err
+	}
+	c.p.mu.Lock()
+	e, ok := c.p.ended[c.id]
+	c.p.mu.Unlock()
+	if !ok || c.left != 0 || len(c.hdr) != 0 {
+		return n, err
+	}
+	c.tail = bytes.NewReader(endStream(fmt.Sprintf("sandbox %s ended: %s", c.id, e.why)))
+	return n, nil
+}
+
+// follow advances over the envelopes in b: a flags byte and a 4-byte
+// big-endian length, then that many bytes.
+func (c *connectStream) follow(b []byte) {
+	for len(b) > 0 {
+		if c.left > 0 {
+			k := min(c.left, len(b))
+			c.left -= k
+			b = b[k:]
+			continue
+		}
+		need := 5 - len(c.hdr)
+		k := min(need, len(b))
+		c.hdr = append(c.hdr, b[:k]...)
+		b = b[k:]
+		if len(c.hdr) == 5 {
+			c.left = int(binary.BigEndian.Uint32(c.hdr[1:5]))
+			c.hdr = c.hdr[:0]
+		}
+	}
+}
+
+func (c *connectStream) Close() error { return c.body.Close() }
+
+// endStream is a Connect end-of-stream envelope carrying an unavailable
+// error with msg.
+func endStream(msg string) []byte {
+	payload, _ := json.Marshal(map[string]any{"error": map[string]string{"code": "unavailable", "message": msg}})
+	out := make([]byte, 5, 5+len(payload))
+	out[0] = 0x02 // end of stream
+	binary.BigEndian.PutUint32(out[1:], uint32(len(payload)))
+	return append(out, payload...)
 }

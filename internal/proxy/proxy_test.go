@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -196,5 +197,45 @@ func TestServeVia(t *testing.T) {
 		if tc.want != 200 && resp.StatusCode != tc.want {
 			t.Fatalf("a wrong cluster token: %d %q, want %d", resp.StatusCode, b, tc.want)
 		}
+	}
+}
+
+// TestStreamCutBySandboxDeath: a Connect stream that its sandbox's death
+// cuts between two messages ends with an end-of-stream error saying why,
+// after the messages that got through.
+func TestStreamCutBySandboxDeath(t *testing.T) {
+	msg := []byte(`{"event":{"data":{"stdout":"aGk="}}}`)
+	env := append([]byte{0, 0, 0, 0, byte(len(msg))}, msg...)
+	release := make(chan struct{})
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/connect+json")
+		w.Write(env)
+		w.(http.Flusher).Flush()
+		<-release // the sandbox never answers again
+	}))
+	defer backend.Close()
+	defer close(release)
+	_, port, _ := net.SplitHostPort(backend.Listener.Addr().String())
+	p := New(resolver{"sb1": netip.MustParseAddr("127.0.0.1")}, nil, nil)
+	front := httptest.NewServer(p)
+	defer front.Close()
+	req, _ := http.NewRequest("POST", front.URL+"/process.Process/Start", nil)
+	req.Host = port + "-sb1.localhost"
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	first := make([]byte, len(env))
+	if _, err := io.ReadFull(resp.Body, first); err != nil || !bytes.Equal(first, env) {
+		t.Fatalf("first message: %q %v", first, err)
+	}
+	p.Forget("sb1", "killed: out of memory (memoryMB=256)")
+	rest, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("reading the rest: %v", err)
+	}
+	if len(rest) < 5 || rest[0] != 0x02 || !bytes.Contains(rest[5:], []byte(`"message":"sandbox sb1 ended: killed: out of memory (memoryMB=256)"`)) {
+		t.Fatalf("after the sandbox died: %q, want an end-of-stream error saying why", rest)
 	}
 }

@@ -62,6 +62,11 @@ type Spec struct {
 	// may run (past it fork fails with EAGAIN and the sandbox lives on);
 	// 0 means no limit.
 	PidsLimit int
+	// DiskMB is the size of the sandbox's writable filesystem, whose
+	// files live on the host's disk (a sparse file), not in its memory:
+	// past it writes fail with ENOSPC. 0 keeps the writes in memory. A
+	// restore must be given the size the sandbox was saved with.
+	DiskMB int
 	// Hostname is the sandbox's host name.
 	Hostname string
 	// DNSServers go into the sandbox's /etc/resolv.conf.

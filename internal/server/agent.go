@@ -84,6 +84,9 @@ func StartNode(ctx context.Context, cfg Config) (_ *Agent, err error) {
 	}
 	rpcPath, rpc := nodeapi.Handler(a.host.api)
 	prx := proxy.New(localRoutes{a.host.node}, nil, log)
+	// A sandbox that dies takes its connections with it: its network goes
+	// without a reset, so they would otherwise hang.
+	a.host.api.OnExit(prx.Forget)
 	mux := http.NewServeMux()
 	mux.Handle(rpcPath, rpc)
 	mux.Handle("/", prx)

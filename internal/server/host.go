@@ -161,6 +161,7 @@ func (h *host) open(ctx context.Context, cfg Config, log *slog.Logger) error {
 		StateDir:      filepath.Join(cfg.RunDir, "node"),
 		Capacity:      cfg.Capacity,
 		PidsLimit:     cfg.PidsLimit,
+		DiskMB:        cfg.DiskMB,
 		Logger:        log,
 	})
 	if err != nil {

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"net/http"
@@ -165,8 +166,11 @@ func TestOutOfMemorySaidPlainly(t *testing.T) {
 	_, c, _ := startServerWith(t, func(cfg *Config) { cfg.WarmPoolSize = 0 })
 	ctx := context.Background()
 	sb := mustCreate(t, c, client.CreateOptions{Timeout: 120, MemoryMB: 256})
-	// The command dies with the sandbox; its error is not the point here.
-	c.Run(ctx, sb.SandboxID, `python3 -c "b = bytearray(700 << 20); import time; time.sleep(60)"`, client.RunOptions{})
+	// The command dies with the sandbox, and its stream says why.
+	_, err := c.Run(ctx, sb.SandboxID, `python3 -c "b = bytearray(700 << 20); import time; time.sleep(60)"`, client.RunOptions{})
+	if err == nil || !strings.Contains(err.Error(), "killed: out of memory (memoryMB=256)") {
+		t.Fatalf("the command of a sandbox that ran out of memory ended with %v, want an error saying so", err)
+	}
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		_, err := c.Get(ctx, sb.SandboxID)
@@ -205,7 +209,7 @@ func TestTokensByDefault(t *testing.T) {
 }
 
 // mustCreate creates a sandbox that is killed when the test ends.
-func mustCreate(t *testing.T, c *client.Client, opts client.CreateOptions) *client.Sandbox {
+func mustCreate(t testing.TB, c *client.Client, opts client.CreateOptions) *client.Sandbox {
 	t.Helper()
 	sb, err := c.Create(context.Background(), opts)
 	if err != nil {
@@ -257,5 +261,37 @@ func TestKeysAndQuotas(t *testing.T) {
 	}
 	if _, err := user.List(ctx); !isStatus(err, 401) {
 		t.Fatalf("a revoked key: %v, want 401", err)
+	}
+}
+
+// TestDiskFull: a sandbox's files go to a disk of its own size: df inside
+// shows it, a write past it fails with ENOSPC for the writer, the sandbox
+// and its memory are untouched, and pause and resume keep the files.
+func TestDiskFull(t *testing.T) {
+	_, c, _ := startServerWith(t, func(cfg *Config) { cfg.WarmPoolSize = 0; cfg.DiskMB = 1024 })
+	ctx := context.Background()
+	sb := mustCreate(t, c, client.CreateOptions{Timeout: 300, MemoryMB: 512})
+	if out := runOut(t, c, sb.SandboxID, "df -m / | tail -1 | awk '{print $2}'"); out != "1024" {
+		t.Fatalf("df inside: %q MiB, want 1024", out)
+	}
+	var stderr bytes.Buffer
+	code, err := c.Run(ctx, sb.SandboxID, "dd if=/dev/zero of=/home/user/big bs=1M count=2048", client.RunOptions{Stderr: &stderr})
+	if err != nil {
+		t.Fatalf("writing 2 GiB onto a 1 GiB disk: %v (the sandbox should live)", err)
+	}
+	if code == 0 || !strings.Contains(stderr.String(), "No space left on device") {
+		t.Fatalf("dd past the disk: exit %d, stderr %q; want ENOSPC", code, stderr.String())
+	}
+	if out := runOut(t, c, sb.SandboxID, "echo alive; rm /home/user/big; echo kept > /home/user/kept.txt"); !strings.Contains(out, "alive") {
+		t.Fatalf("after a full disk: %q", out)
+	}
+	if err := c.Pause(ctx, sb.SandboxID); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := c.Connect(ctx, sb.SandboxID, 300*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if out := runOut(t, c, sb.SandboxID, "cat /home/user/kept.txt; df -m / | tail -1 | awk '{print $2}'"); out != "kept\n1024" {
+		t.Fatalf("after pause and resume: %q", out)
 	}
 }

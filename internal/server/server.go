@@ -99,6 +99,10 @@ type Config struct {
 	// run (templates may set their own); 0 means 1024. PidsTotal bounds
 	// all sandboxes' host tasks together; 0 means 3/4 of kernel.pid_max.
 	PidsLimit, PidsTotal int
+	// DiskMB is each sandbox's disk (its writable filesystem, sparse on
+	// the host's disk), unless its template sets one; 0 means 10 GiB and
+	// a negative value keeps sandbox files in memory.
+	DiskMB int
 	// AllowInsecureSandboxes lets clients create sandboxes without an
 	// envd access token (secure: false); by default every sandbox has one.
 	AllowInsecureSandboxes bool

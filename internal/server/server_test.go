@@ -24,13 +24,13 @@ import (
 var tagCounter atomic.Int32
 
 // startServer runs a real server (gVisor, netns, envd) for one test.
-func startServer(t *testing.T) (*Server, *client.Client, string) {
+func startServer(t testing.TB) (*Server, *client.Client, string) {
 	t.Helper()
 	return startServerWith(t, nil)
 }
 
 // startServerWith is startServer with a chance to adjust the config.
-func startServerWith(t *testing.T, adjust func(*Config)) (*Server, *client.Client, string) {
+func startServerWith(t testing.TB, adjust func(*Config)) (*Server, *client.Client, string) {
 	t.Helper()
 	testutil.RequireRoot(t)
 	runsc := testutil.RequireBinary(t, "runsc", "AENV_RUNSC")

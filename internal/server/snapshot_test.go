@@ -30,7 +30,7 @@ while True:
 ' >/dev/null 2>&1 &
 sleep 0.5`
 
-func runOut(t *testing.T, c *client.Client, id, cmd string) string {
+func runOut(t testing.TB, c *client.Client, id, cmd string) string {
 	t.Helper()
 	// Sandboxes made through raw requests (or before a restart) are not
 	// known to c yet: looking one up gives c its envd token.

@@ -68,6 +68,10 @@ type Snapshot struct {
 	// saved sandbox restores only where both match.
 	Runtime        string `json:"runtime,omitempty"`
 	RuntimeVersion string `json:"runtimeVersion,omitempty"`
+	// WritableMB is the size of the disk-backed writable layer the state
+	// was saved with; 0 (snapshots from before disks) is a memory layer.
+	// A restore must use the same.
+	WritableMB int `json:"writableMB,omitempty"`
 	// Dir holds the runtime's image (not stored).
 	Dir string `json:"-"`
 }

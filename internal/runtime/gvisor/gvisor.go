@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -110,10 +111,6 @@ func New(cfg Config) (*Driver, error) {
 			ExtraArgs: []string{
 				"--platform=" + cfg.Platform,
 				"--network=sandbox",
-				// Root filesystem writes stay in sandbox memory: the template
-				// tree is shared read-only, and the writes are part of any
-				// checkpoint, so restored copies stay private.
-				"--overlay2=root:memory",
 				"--cpu-num-from-quota",
 			},
 		},
@@ -283,6 +280,7 @@ func (d *Driver) start(ctx context.Context, spec runtime.Spec, imageDir string) 
 
 	r := *d.runc
 	r.Log = filepath.Join(dir, "runsc.log")
+	r.ExtraArgs = append(slices.Clone(r.ExtraArgs), overlayFlag(dir, spec.DiskMB))
 	// runsc must not be killed half-way through a start because the
 	// caller gave up: that leaves sandbox processes runsc no longer knows.
 	// The rollback removes a finished start instead.
@@ -321,6 +319,19 @@ func (d *Driver) start(ctx context.Context, spec runtime.Spec, imageDir string) 
 	d.mu.Unlock()
 	log.Debug("sandbox started", "pid", pid)
 	return nil
+}
+
+// overlayFlag is where a sandbox's root filesystem writes go. The template
+// tree is shared read-only; the writes go to an upper layer gVisor keeps
+// in a file it creates (and unlinks) in the sandbox's directory, bounded
+// by diskMB, so that files take disk and not memory and a full disk is
+// ENOSPC for the writer. gVisor saves that layer in every checkpoint, so
+// each restored copy gets its own. Without a size the layer is memory.
+func overlayFlag(dir string, diskMB int) string {
+	if diskMB <= 0 {
+		return "--overlay2=root:memory"
+	}
+	return fmt.Sprintf("--overlay2=root:dir=%s,size=%dm", dir, diskMB)
 }
 
 // forget drops id from the running set, closing its pidfd.
