@@ -103,6 +103,8 @@ and --on-stop=kill kills them.`,
 	f.IntVar(&cfg.RateBurst, "rate-burst", 200, "requests a client may send at once before --rate-limit applies")
 	f.Float64Var(&cfg.ProxyRateLimit, "proxy-rate-limit", 1000, "requests per second to each sandbox through the proxy (0: unlimited); over it 429 with Retry-After")
 	f.IntVar(&cfg.ProxyRateBurst, "proxy-rate-burst", 2000, "requests to one sandbox at once before --proxy-rate-limit applies")
+	f.IntVar(&cfg.MaxConnections, "max-connections", server.DefaultMaxConnections, "connections the server holds open at once; past it new ones are closed at once (0: no bound)")
+	f.IntVar(&cfg.MaxConnectionsPerClient, "max-connections-per-client", server.DefaultMaxConnectionsPerClient, "connections one client address may hold open (--trusted-proxies are exempt; 0: no bound)")
 	f.StringSliceVar(&trustedProxies, "trusted-proxies", nil, "CIDRs of proxies in front of the server whose X-Forwarded-For names the client (for the rate limit)")
 	f.StringVar(&cfg.TLSCert, "tls-cert", "", "TLS certificate file (with --tls-key: serve HTTPS)")
 	f.StringVar(&cfg.TLSKey, "tls-key", "", "TLS private key file")

@@ -70,8 +70,13 @@ type Config struct {
 	ProxyRateLimit float64
 	ProxyRateBurst int
 	// TrustedProxies are proxies in front of the server whose
-	// X-Forwarded-For names the client.
+	// X-Forwarded-For names the client (and which MaxConnectionsPerClient
+	// does not bound).
 	TrustedProxies []netip.Prefix
+	// MaxConnections and MaxConnectionsPerClient bound the connections
+	// the API listener holds open, in all and per client address; past
+	// them new connections are closed at once (0: no bound).
+	MaxConnections, MaxConnectionsPerClient int
 	// TLSCert and TLSKey, when both set, make the server speak HTTPS.
 	TLSCert, TLSKey string
 	// WarmPoolSize is how many base sandboxes are kept prestarted.
@@ -248,6 +253,7 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("listening on %s: %w", cfg.Listen, err)
 	}
+	s.listener = newLimitListener(s.listener, cfg.MaxConnections, cfg.MaxConnectionsPerClient, cfg.TrustedProxies, log)
 	domain := cfg.Domain
 	if domain == "" {
 		domain = "localhost:" + portOf(s.listener.Addr())
