@@ -58,7 +58,9 @@ func (n *Node) Snapshot(ctx context.Context, id string, opts SnapshotOptions) (*
 	if err != nil {
 		return nil, fmt.Errorf("snapshotting sandbox %s: %w", id, err)
 	}
-	if err := cp.Checkpoint(ctx, id, dir, runtime.CheckpointOptions{LeaveRunning: !opts.Stop}); err != nil {
+	// A pause freezes the sandbox rather than stopping it, and ends it
+	// only once its state is committed: a failed save leaves it running.
+	if err := cp.Checkpoint(ctx, id, dir, runtime.CheckpointOptions{LeaveRunning: !opts.Stop, Freeze: opts.Stop}); err != nil {
 		n.cfg.Snapshots.Abort(snap.ID)
 		return nil, fmt.Errorf("snapshotting sandbox %s: %w", id, err)
 	}
@@ -66,10 +68,13 @@ func (n *Node) Snapshot(ctx context.Context, id string, opts SnapshotOptions) (*
 	if err := n.cfg.Snapshots.Commit(ctx, snap); err != nil {
 		n.cfg.Snapshots.Abort(snap.ID)
 		if opts.Stop {
-			// The sandbox is already stopped; without its state it is gone.
-			n.unregister(id)
-			n.destroy(context.WithoutCancel(ctx), sb)
-			n.notifyExit(id, "its state could not be saved while it was being paused")
+			if terr := cp.Thaw(context.WithoutCancel(ctx), id); terr != nil {
+				n.unregister(id)
+				n.destroy(context.WithoutCancel(ctx), sb)
+				n.notifyExit(id, "its state could not be saved while it was being paused")
+				return nil, fmt.Errorf("snapshotting sandbox %s: %w (and it could not run on: %v)", id, err, terr)
+			}
+			n.log.Warn("pause failed; the sandbox runs on", "sandbox_id", id, "err", err)
 		}
 		return nil, fmt.Errorf("snapshotting sandbox %s: %w", id, err)
 	}

@@ -146,6 +146,11 @@ type CheckpointOptions struct {
 	// LeaveRunning keeps the sandbox running after its state is saved
 	// (snapshot, fork); otherwise it is stopped (pause).
 	LeaveRunning bool
+	// Freeze stops the sandbox's processes before its state is saved and
+	// leaves them stopped, not gone: the caller checks the saved state
+	// and then kills the sandbox, or Thaws it if the state is no good, so
+	// that a pause that fails loses nothing. It implies LeaveRunning.
+	Freeze bool
 }
 
 // Checkpointer is implemented by drivers that can save a sandbox's whole
@@ -159,6 +164,8 @@ type Checkpointer interface {
 	// spec must name the same root filesystem the state was saved from;
 	// its network namespace may differ. On error nothing is left behind.
 	Restore(ctx context.Context, spec Spec, imageDir string) error
+	// Thaw lets a sandbox that Checkpoint froze run on.
+	Thaw(ctx context.Context, id string) error
 }
 
 // Runtime runs sandboxes on this host. Implementations are safe for

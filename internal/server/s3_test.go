@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/aenvhq/aenv/internal/client"
 	"github.com/aenvhq/aenv/internal/testutil/s3gw"
@@ -88,5 +89,20 @@ func TestPauseToS3(t *testing.T) {
 	_, list := doRequest(t, srv, "GET", url+"/snapshots", "")
 	if strings.Count(string(list), "snapshotID") != 2 {
 		t.Fatalf("GET /snapshots = %s, want the two snapshots", list)
+	}
+
+	// With the store gone, a pause cannot make the state durable: it fails
+	// and the sandbox runs on, counting, rather than being lost.
+	gw.Stop()
+	if status, body := rawRequest(t, srv, "POST", url+"/sandboxes/"+id+"/pause", ""); status == 204 {
+		t.Fatalf("pause with the store down: %d %v, want an error", status, body)
+	}
+	if got, err := c.Get(ctx, id); err != nil || got.State != "running" {
+		t.Fatalf("after a pause the store refused: %+v %v", got, err)
+	}
+	a := counter(t, c, id)
+	time.Sleep(300 * time.Millisecond)
+	if b := counter(t, c, id); b <= a {
+		t.Fatalf("the sandbox stopped after a failed pause: counter %d then %d", a, b)
 	}
 }

@@ -218,13 +218,29 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts runti
 		return fmt.Errorf("checkpointing %s: %w", id, runtime.ErrNotFound)
 	}
 	var actions []runc.CheckpointAction
-	if opts.LeaveRunning {
+	if opts.LeaveRunning || opts.Freeze {
 		actions = append(actions, runc.LeaveRunning)
 	}
-	if err := d.runc.Checkpoint(context.WithoutCancel(ctx), id, &runc.CheckpointOpts{ImagePath: imageDir}, actions...); err != nil {
+	if opts.Freeze {
+		// A paused container stays paused through a checkpoint that leaves
+		// it running, so the saved state is exactly what it stopped at.
+		if err := d.runc.Pause(context.WithoutCancel(ctx), id); err != nil {
+			return fmt.Errorf("checkpointing %s: freezing it: %w%s", id, err, TailLog(filepath.Join(d.sandboxDir(id), "runsc.log")))
+		}
+	}
+	err := d.runc.Checkpoint(context.WithoutCancel(ctx), id, &runc.CheckpointOpts{ImagePath: imageDir}, actions...)
+	if err == nil {
+		err = checkImage(imageDir)
+	}
+	if err != nil {
+		if opts.Freeze {
+			if terr := d.Thaw(ctx, id); terr != nil {
+				d.log.Warn("thawing a sandbox whose checkpoint failed", "sandbox_id", id, "err", terr)
+			}
+		}
 		return fmt.Errorf("checkpointing %s: %w%s", id, err, TailLog(filepath.Join(d.sandboxDir(id), "runsc.log")))
 	}
-	if !opts.LeaveRunning {
+	if !opts.LeaveRunning && !opts.Freeze {
 		// The stop is ours: do not report it as a death.
 		d.mu.Lock()
 		if fd := d.running[id]; fd >= 0 {
@@ -232,6 +248,33 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts runti
 			d.running[id] = -1
 		}
 		d.mu.Unlock()
+	}
+	return nil
+}
+
+// Thaw implements runtime.Checkpointer.
+func (d *Driver) Thaw(ctx context.Context, id string) error {
+	if err := d.runc.Resume(context.WithoutCancel(ctx), id); err != nil {
+		return fmt.Errorf("thawing %s: %w", id, err)
+	}
+	return nil
+}
+
+// imageFiles are what runsc writes for a checkpoint; a restore needs all.
+var imageFiles = []string{"checkpoint.img", "pages_meta.img", "pages.img"}
+
+// checkImage makes sure a checkpoint is complete before anything relies
+// on it: every file runsc writes is there, and the state itself is not
+// empty.
+func checkImage(dir string) error {
+	for _, name := range imageFiles {
+		fi, err := os.Stat(filepath.Join(dir, name))
+		if err != nil {
+			return fmt.Errorf("the checkpoint is incomplete: %w", err)
+		}
+		if name == "checkpoint.img" && fi.Size() == 0 {
+			return errors.New("the checkpoint is incomplete: its state file is empty")
+		}
 	}
 	return nil
 }
