@@ -108,6 +108,31 @@ srv.test('bad proxy targets are refused with 4xx, never 5xx', async () => {
   }
 })
 
+srv.test('allowPublicTraffic: false: the sandbox\'s ports need its traffic access token', async () => {
+  const priv = await srv.create({ network: { allowPublicTraffic: false } })
+  try {
+    assert.ok(priv.trafficAccessToken, 'create returned no traffic access token')
+    await priv.commands.run('python3 -m http.server 8080', { background: true, cwd: '/tmp', timeoutMs: 0 })
+    const host = priv.getHost(8080)
+    const ok = await waitFor(async () => {
+      const r = await rawRequest({ port: srv.port, path: '/', headers: { Host: host, 'e2b-traffic-access-token': priv.trafficAccessToken } })
+      return r.status === 200 && r
+    }, { timeoutMs: 20_000, intervalMs: 250, what: 'the private port to answer with the token' })
+    assert.match(ok.text, /Directory listing/)
+    for (const headers of [{ Host: host }, { Host: host, 'e2b-traffic-access-token': 'wrong' }]) {
+      const res = await rawRequest({ port: srv.port, path: '/', headers })
+      assert.equal(res.status, 403, `without the right token: ${res.status}`)
+      assert.match(res.json.message, /traffic access token/)
+    }
+    // envd keeps its own token; the SDK goes on working.
+    assert.equal((await priv.commands.run('echo envd')).stdout, 'envd\n')
+    // A public sandbox's ports need nothing.
+    assert.equal(sbx.trafficAccessToken, undefined)
+  } finally {
+    await srv.kill(priv)
+  }
+})
+
 srv.test('a sandbox reaches its own program on localhost', async () => {
   const r = await sbx.commands.run(`python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8080/${marker}').read().decode(), end='')"`)
   assert.equal(r.stdout, 'marker content\n')

@@ -20,7 +20,7 @@ const (
 )
 
 // createBody is E2B's NewSandbox. Fields the SDK sends that aenv does not
-// act on yet (mcp, network rules, volumes) are accepted and ignored.
+// act on yet (mcp, egress rules, volumes) are accepted and ignored.
 type createBody struct {
 	TemplateID          string            `json:"templateID"`
 	Timeout             *int64            `json:"timeout"`
@@ -31,6 +31,13 @@ type createBody struct {
 	AllowInternetAccess *bool             `json:"allow_internet_access"`
 	CPUCount            int               `json:"cpuCount"`
 	MemoryMB            int               `json:"memoryMB"`
+	Network             *networkBody      `json:"network"`
+}
+
+// networkBody is E2B's network settings of a sandbox; of them aenv acts on
+// allowPublicTraffic so far.
+type networkBody struct {
+	AllowPublicTraffic *bool `json:"allowPublicTraffic"`
 }
 
 // sandboxJSON is E2B's Sandbox / SandboxDetail / ListedSandbox in one.
@@ -69,6 +76,10 @@ func (s *Server) toJSON(sb *cluster.Sandbox, detail bool) sandboxJSON {
 	if sb.EnvdAccessToken != "" {
 		tok := sb.EnvdAccessToken
 		out.EnvdAccessToken = &tok
+	}
+	if sb.TrafficAccessToken != "" {
+		tok := sb.TrafficAccessToken
+		out.TrafficAccessToken = &tok
 	}
 	if detail {
 		start, end := sb.StartedAt.UTC(), sb.EndAt.UTC()
@@ -125,6 +136,8 @@ func (s *Server) createSandbox(defaultTimeout time.Duration) http.HandlerFunc {
 			CPUCount:      body.CPUCount,
 			MemoryMB:      body.MemoryMB,
 			Owner:         owner(r),
+			PrivateTraffic: body.Network != nil && body.Network.AllowPublicTraffic != nil &&
+				!*body.Network.AllowPublicTraffic,
 		})
 		if err != nil {
 			s.writeClusterError(w, r, err)

@@ -9,6 +9,8 @@ package cluster
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -132,6 +134,9 @@ type Sandbox struct {
 	AllowInternet bool `json:"allowInternet,omitempty"`
 	// KeyID is the API key that created it (for the key's quota).
 	KeyID string `json:"keyID,omitempty"`
+	// TrafficAccessToken, when set (network.allowPublicTraffic false),
+	// must come with every request to the sandbox's own ports.
+	TrafficAccessToken string `json:"trafficAccessToken,omitempty"`
 }
 
 // CreateRequest describes a sandbox to create. EnvVars are handed to the
@@ -147,6 +152,9 @@ type CreateRequest struct {
 	CPUCount      int
 	MemoryMB      int
 	Owner         Owner
+	// PrivateTraffic makes the sandbox's own ports need its traffic
+	// access token (E2B's network.allowPublicTraffic false).
+	PrivateTraffic bool
 }
 
 // Cluster tracks sandboxes. It is safe for concurrent use.
@@ -319,6 +327,13 @@ const (
 	maxMetadataTotalBytes = 16 << 10
 )
 
+// randomToken is a fresh secret for a sandbox.
+func randomToken() string {
+	b := make([]byte, 24)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
 // truncate shortens s for an error message.
 func truncate(s string) string {
 	if len(s) > 64 {
@@ -355,6 +370,7 @@ func (c *Cluster) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 	return c.register(ctx, n, nsb, registration{
 		requestedTemplate: req.TemplateID, metadata: req.Metadata, timeout: req.Timeout,
 		autoPause: req.AutoPause, allowInternet: req.AllowInternet, keyID: req.Owner.KeyID,
+		privateTraffic: req.PrivateTraffic,
 	})
 }
 
@@ -417,6 +433,7 @@ type registration struct {
 	autoPause         bool
 	allowInternet     bool
 	keyID             string
+	privateTraffic    bool
 }
 
 // netipZero is the address of a sandbox that has none (paused).
@@ -448,6 +465,9 @@ func (c *Cluster) register(ctx context.Context, n nodeapi.Node, nsb *nodev1.Sand
 		KeyID:           reg.keyID,
 		Addr:            addr,
 	}}
+	if reg.privateTraffic {
+		r.TrafficAccessToken = randomToken()
+	}
 	if reg.requestedTemplate != nsb.TemplateId {
 		r.Alias = reg.requestedTemplate
 	}
@@ -494,18 +514,21 @@ type Route struct {
 	// Via is the node agent that forwards to it (host:port); empty when
 	// the sandbox runs on this server's own node.
 	Via string
+	// TrafficToken, when set, must come with requests to the sandbox's
+	// own ports (not envd's).
+	TrafficToken string
 }
 
 // Route says how to reach sandbox id's ports. The proxy asks it on every
 // request, so it reads the caches without copying the record.
 func (c *Cluster) Route(ctx context.Context, id string) (Route, error) {
-	a, nodeID, ok := c.recs.addr(id)
+	a, nodeID, token, ok := c.recs.route(id)
 	if !ok {
 		sb, err := c.Get(ctx, id)
 		if err != nil {
 			return Route{}, err
 		}
-		a, nodeID = sb.Addr, sb.NodeID
+		a, nodeID, token = sb.Addr, sb.NodeID, sb.TrafficAccessToken
 	}
 	if !a.IsValid() {
 		return Route{}, fmt.Errorf("%w: sandbox %s is not running", ErrConflict, id)
@@ -514,7 +537,7 @@ func (c *Cluster) Route(ctx context.Context, id string) (Route, error) {
 	if !ok {
 		return Route{}, fmt.Errorf("%w: the node of sandbox %s (%s) is not reachable", ErrUnavailable, id, nodeID)
 	}
-	return Route{Addr: a, Via: via}, nil
+	return Route{Addr: a, Via: via, TrafficToken: token}, nil
 }
 
 // notFound is the ErrNotFound for id, with the reason it is gone if known.

@@ -244,6 +244,7 @@ func (c *Cluster) Fork(ctx context.Context, id string, count int, timeout time.D
 			sb, err := c.register(ctx, n, nsb, registration{
 				requestedTemplate: parent.TemplateID, metadata: parent.Metadata, timeout: timeout,
 				autoPause: parent.AutoPause, allowInternet: parent.AllowInternet, keyID: owner.KeyID,
+				privateTraffic: parent.TrafficAccessToken != "",
 			})
 			results[i] = ForkResult{Sandbox: sb, Err: err}
 		}()

@@ -187,16 +187,16 @@ func (rs *records) get(id string) (record, int64, bool) {
 	return r, c.rev, true
 }
 
-// addr returns the cached address and node of id without copying its
-// record.
-func (rs *records) addr(id string) (netip.Addr, string, bool) {
+// route returns what the proxy needs of id's cached record, without
+// copying the record.
+func (rs *records) route(id string) (addr netip.Addr, nodeID, trafficToken string, ok bool) {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	c, ok := rs.m[id]
 	if !ok {
-		return netip.Addr{}, "", false
+		return netip.Addr{}, "", "", false
 	}
-	return c.rec.Addr, c.rec.NodeID, true
+	return c.rec.Addr, c.rec.NodeID, c.rec.TrafficAccessToken, true
 }
 
 // all returns copies of every cached record.

@@ -134,7 +134,7 @@ func (c *Cluster) syncNode(nodeID string) {
 		}
 	})
 	for id := range running {
-		if _, _, known := c.recs.addr(id); known {
+		if _, _, _, known := c.recs.route(id); known {
 			delete(running, id) // recorded, here or (resumed) elsewhere: not an orphan
 		}
 	}

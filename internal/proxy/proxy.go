@@ -8,6 +8,7 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"crypto/subtle"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -50,7 +51,13 @@ type Route struct {
 	// requests go to it, naming the sandbox and port in the E2B headers
 	// and carrying the cluster token, and its own proxy dials Addr.
 	Via string
+	// TrafficToken, when set, must come in HeaderTrafficToken with every
+	// request to the sandbox's own ports (envd's has its own token).
+	TrafficToken string
 }
+
+// HeaderTrafficToken carries a sandbox's traffic access token (E2B's).
+const HeaderTrafficToken = "E2b-Traffic-Access-Token"
 
 // Proxy is an http.Handler for sandbox traffic. It is safe for concurrent
 // use.
@@ -255,6 +262,14 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// The SDKs read a 502 on envd's /health as "sandbox not running".
 		writeError(w, http.StatusBadGateway, fmt.Sprintf("sandbox %s not found", id))
 		return
+	}
+	if route.TrafficToken != "" && port != DefaultPort {
+		got := r.Header.Get(HeaderTrafficToken)
+		if subtle.ConstantTimeCompare([]byte(got), []byte(route.TrafficToken)) != 1 {
+			writeError(w, http.StatusForbidden, fmt.Sprintf("sandbox %s's ports are private: send its traffic access token in %s", id, HeaderTrafficToken))
+			return
+		}
+		r.Header.Del(HeaderTrafficToken)
 	}
 	t := target{id: id, addr: netip.AddrPortFrom(route.Addr, uint16(port)), via: route.Via}
 	// Go's HTTP/1 server stops reading a request body once the handler

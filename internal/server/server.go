@@ -334,7 +334,7 @@ func openState(ctx context.Context, cfg Config, log *slog.Logger) (*state.Etcd, 
 // SandboxRoute implements proxy.Resolver.
 func (s *Server) SandboxRoute(id string) (proxy.Route, error) {
 	r, err := s.cluster.Route(context.Background(), id)
-	return proxy.Route{Addr: r.Addr, Via: r.Via}, err
+	return proxy.Route{Addr: r.Addr, Via: r.Via, TrafficToken: r.TrafficToken}, err
 }
 
 // dial reaches a node agent with the cluster token.
