@@ -181,6 +181,51 @@ cl.test('migrate: a sandbox with a running counter continues on another node, sa
   assert.equal((await cl.api('DELETE', '/nodes/zqmhn3/drain')).status, 200)
 })
 
+cl.test('a node stopping with --on-stop=drain: the cluster moves its sandboxes away, running', async () => {
+  const idx = 2
+  await cl.nodes[idx].kill('SIGKILL')
+  const draining = cl.nodeProc(3, ['--join', `http://10.250.7.1:${cl.servers[0].port}`], { onStop: 'drain' })
+  cl.nodes[idx] = draining
+  draining.start()
+  await cl.waitNodeUp(draining)
+  await cl.waitNodes(['zqmhn3'])
+  for (const n of ['zqmhn1', 'zqmhn2']) assert.equal((await cl.api('POST', `/nodes/${n}/drain`)).status, 200)
+  let moving
+  try {
+    moving = [await cl.create(), await cl.create()]
+  } finally {
+    for (const n of ['zqmhn1', 'zqmhn2']) await cl.api('DELETE', `/nodes/${n}/drain`)
+  }
+  for (const sbx of moving) assert.equal(await cl.nodeOf(sbx.sandboxId), 'zqmhn3')
+  await moving[0].commands.run(COUNTER)
+  await sleep(600)
+  const before = await count(moving[0])
+
+  await draining.kill('SIGTERM')
+  assert.equal(draining.exit.code, 0, `the draining node exited with ${JSON.stringify(draining.exit)}:\n${draining.tail()}`)
+  assert.match(draining.logSinceStart(), /drained: no sandbox runs here any more/)
+  // The node is done once their states are saved; the restores elsewhere
+  // may still be finishing.
+  for (const sbx of moving) {
+    await waitFor(async () => ['zqmhn1', 'zqmhn2'].includes(await cl.nodeOf(sbx.sandboxId)),
+      { timeoutMs: 10_000, what: `${sbx.sandboxId} to run on another node` })
+  }
+  const after = await count(moving[0])
+  assert.ok(after >= before, `counter ${before} -> ${after}: not the same process`)
+  await sleep(600)
+  assert.ok((await count(moving[0])) > after, 'the counter stopped after its node drained')
+  for (const sbx of moving) {
+    await sbx.kill()
+    cl.sandboxes.delete(sbx.sandboxId)
+  }
+  // Back as it was, for the tests after this one.
+  cl.nodes[idx] = cl.nodeProc(3, ['--join', `http://10.250.7.1:${cl.servers[0].port}`])
+  cl.nodes[idx].start()
+  await cl.waitNodeUp(cl.nodes[idx])
+  await cl.waitNodes(['zqmhn3'])
+  assert.equal((await cl.api('GET', '/nodes/zqmhn3')).json.state, 'ready', 'the node is still marked draining after its restart')
+})
+
 cl.test('API keys live in the cluster: a key made on one server works on the other, and a revoked one on neither', async () => {
   const made = await cl.api('POST', '/keys', { body: { name: 'e2e', maxSandboxes: 1 }, server: cl.servers[0] })
   assert.equal(made.status, 201, made.text)

@@ -169,7 +169,7 @@ export class TestCluster {
   }
 
   /** The node agent process of node i (1-based), not started. */
-  nodeProc(i, extra = [], { token = this.token } = {}) {
+  nodeProc(i, extra = [], { token = this.token, onStop = 'kill' } = {}) {
     const id = `${this.tag}n${i}`
     const p = new Proc(`node ${id}`, ['node', ...extra,
       '--token', token, '--node-id', id,
@@ -177,7 +177,7 @@ export class TestCluster {
       '--data-dir', path.join(this.tmp, `${id}`), '--run-dir', path.join(this.tmp, `${id}-run`),
       '--netns-tag', this.netnsTag(i), '--sandbox-cidr', `10.${200 + i}.0.0/20`,
       '--base-rootfs', process.env.AENV_BASE_ROOTFS, '--store', this.store,
-      '--warm-pool', '0', '--on-stop', 'kill', '--log-level', 'debug', '--capacity-memory', '8192',
+      '--warm-pool', '0', '--on-stop', onStop, '--log-level', 'debug', '--capacity-memory', '8192',
       ...(process.env.AENV_RUNSC ? ['--runsc', process.env.AENV_RUNSC] : [])],
     path.join(this.tmp, `${id}.log`), { netns: this.netnsName(i) })
     p.id = id

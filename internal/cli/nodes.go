@@ -71,19 +71,25 @@ it. Servers reach the node's API and its sandboxes at --advertise.
 The node registers its capacity and usage under a 10 s lease. Stopping it
 (even kill -9) leaves its sandboxes running: restarted within the lease it
 takes them over; later, the cluster has reported them lost and the node
-removes them. Needs root.`,
+removes them. --on-stop=drain has the cluster move them to other nodes on
+SIGTERM first. Needs root.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := hostSettings(&cfg, egressAllow, logLevel); err != nil {
 				return err
 			}
+			stopTimeout := 30 * time.Second
 			switch onStop {
 			case "keep":
 				cfg.OnStop = cluster.StopKeep
+			case "drain":
+				cfg.OnStop = cluster.StopPause
+				// Moving every sandbox takes a while on a full node.
+				stopTimeout = 10 * time.Minute
 			case "kill":
 				cfg.OnStop = cluster.StopKill
 			default:
-				return fmt.Errorf("--on-stop must be keep or kill, not %q", onStop)
+				return fmt.Errorf("--on-stop must be keep, drain or kill, not %q", onStop)
 			}
 			ctx := cmd.Context()
 			a, err := server.StartNode(ctx, cfg)
@@ -92,7 +98,7 @@ removes them. Needs root.`,
 			}
 			<-ctx.Done()
 			cfg.Logger.Info("shutting down", "sandboxes", onStop)
-			sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			sctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
 			defer cancel()
 			return a.Close(sctx)
 		},
@@ -104,7 +110,7 @@ removes them. Needs root.`,
 	f.StringVar(&cfg.Join, "join", "", "URL of a server of the cluster to learn its etcd endpoints from")
 	f.StringVar(&cfg.ClusterToken, "token", "", "the cluster token (default: $AENV_CLUSTER_TOKEN, else <data-dir>/secrets/cluster-token)")
 	f.StringVar(&cfg.NodeID, "node-id", "", "this node's id (default: the hostname)")
-	f.StringVar(&onStop, "on-stop", "keep", "what stopping the node does with running sandboxes: keep (a restart takes them over) or kill")
+	f.StringVar(&onStop, "on-stop", "keep", "what stopping the node does with running sandboxes: keep (a restart takes them over), drain (the cluster moves them to other nodes, live, or pauses them into the store; for a host going away) or kill")
 
 	var undo, migrate bool
 	drain := &cobra.Command{

@@ -19,6 +19,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -168,6 +169,9 @@ type Cluster struct {
 	closed bool
 	// expiring holds the ids whose timeout this server is handling.
 	expiring map[string]bool
+	// leading is set while this server is the elected one (deadlines,
+	// lost nodes, draining nodes).
+	leading atomic.Bool
 
 	stop context.CancelFunc
 	bg   sync.WaitGroup
@@ -230,6 +234,14 @@ func (c *Cluster) nodeEvent(nodeID string, ev *nodev1.Event) {
 	switch ev.Kind {
 	case nodev1.Event_KIND_EXITED, nodev1.Event_KIND_OOM_KILLED:
 		c.forget(nodeID, ev.SandboxId, ev.Reason)
+	case nodev1.Event_KIND_DRAINING:
+		if c.leading.Load() {
+			c.bg.Add(1)
+			go func() {
+				defer c.bg.Done()
+				c.evacuate(nodeID)
+			}()
+		}
 	case nodev1.Event_KIND_SYNC:
 		if c.cfg.Local == nil || nodeID != c.cfg.Local.ID() {
 			c.bg.Add(1)

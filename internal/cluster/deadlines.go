@@ -65,6 +65,8 @@ func (c *Cluster) leadOnce(ctx context.Context) error {
 		return err
 	}
 	c.log.Info("this server now enforces sandbox deadlines", "candidate", c.cfg.Candidate)
+	c.leading.Store(true)
+	defer c.leading.Store(false)
 	defer func() {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 		lead.Resign(rctx)

@@ -437,3 +437,31 @@ func (c *Cluster) Migrate(ctx context.Context, id, target string) (*Migration, e
 	c.log.Info("sandbox migrated", "sandbox_id", id, "from", from, "to", dest.ID(), "downtime_ms", down.Milliseconds())
 	return &Migration{Sandbox: sb, From: from, Downtime: down}, nil
 }
+
+// evacuate moves every running sandbox off a node that is going away (it
+// said so: a node agent stopping with --on-stop=drain): each is migrated
+// to another node, or, where none can take it, paused into the store.
+// The elected server does it, so each sandbox is moved once.
+func (c *Cluster) evacuate(nodeID string) {
+	ctx := context.Background()
+	c.nodes.setDrained(nodeID, true)
+	var ids []string
+	c.recs.each(func(r *record) {
+		if r.NodeID == nodeID && r.State == StateRunning {
+			ids = append(ids, r.ID)
+		}
+	})
+	c.log.Info("node is going away; moving its sandboxes", "node_id", nodeID, "sandboxes", len(ids))
+	for _, id := range ids {
+		if _, err := c.Migrate(ctx, id, ""); err == nil {
+			continue
+		} else if errors.Is(err, ErrNotFound) || errors.Is(err, ErrConflict) {
+			continue // gone or busy meanwhile
+		} else {
+			c.log.Warn("moving a sandbox off a node going away failed; pausing it", "sandbox_id", id, "err", err)
+		}
+		if err := c.Pause(ctx, id); err != nil && !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrConflict) {
+			c.log.Error("pausing a sandbox of a node going away", "sandbox_id", id, "err", err)
+		}
+	}
+}

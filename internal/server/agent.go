@@ -14,6 +14,7 @@ import (
 	"github.com/aenvhq/aenv/internal/cluster"
 	"github.com/aenvhq/aenv/internal/node"
 	"github.com/aenvhq/aenv/internal/nodeapi"
+	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
 	"github.com/aenvhq/aenv/internal/proxy"
 	"github.com/aenvhq/aenv/internal/state"
 )
@@ -101,6 +102,9 @@ func StartNode(ctx context.Context, cfg Config) (_ *Agent, err error) {
 			log.Error("serving the node API", "err", err)
 		}
 	}()
+	if err := cluster.ClearStopping(ctx, a.state, cfg.NodeID); err != nil {
+		return nil, err
+	}
 	if a.registration, err = cluster.RegisterNode(ctx, a.state, cluster.Reporter(a.host.api, a.advertise), log); err != nil {
 		return nil, err
 	}
@@ -133,12 +137,16 @@ func (a *Agent) ID() string { return a.cfg.NodeID }
 
 // Close stops the agent. Its sandboxes keep running for its next start
 // unless Config.OnStop is StopKill; it stays registered until its lease
-// expires unless it killed them.
+// expires unless it killed them. With StopPause (--on-stop=drain) it
+// first has the cluster move its sandboxes to other nodes (see drain).
 func (a *Agent) Close(ctx context.Context) error {
 	var errs []error
+	if a.cfg.OnStop == cluster.StopPause && a.registration != nil {
+		a.drain(ctx)
+	}
 	if a.registration != nil {
 		a.registration.Stop()
-		if a.cfg.OnStop == cluster.StopKill {
+		if a.cfg.OnStop != cluster.StopKeep {
 			errs = append(errs, cluster.DeregisterNode(ctx, a.state, a.cfg.NodeID))
 		}
 	}
@@ -162,6 +170,34 @@ func (a *Agent) Close(ctx context.Context) error {
 		errs = append(errs, a.state.Close())
 	}
 	return errors.Join(errs...)
+}
+
+// drain marks the node draining and tells the servers it is going away
+// (a DRAINING event, repeated in case the elected server was not
+// listening), then waits until the cluster has moved every sandbox off it
+// (migrated, or paused into the store) or ctx ends.
+func (a *Agent) drain(ctx context.Context) {
+	if err := cluster.MarkStopping(ctx, a.state, a.cfg.NodeID); err != nil {
+		a.log.Warn("draining on stop", "err", err)
+	}
+	a.log.Info("draining: the cluster moves this node's sandboxes away", "node_id", a.cfg.NodeID, "sandboxes", len(a.host.node.List()))
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	var announced time.Time
+	for len(a.host.node.List()) > 0 {
+		if time.Since(announced) > 5*time.Second {
+			a.host.api.Publish(&nodev1.Event{Kind: nodev1.Event_KIND_DRAINING})
+			announced = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			a.log.Error("draining timed out; the sandboxes left keep running until the node's lease expires",
+				"node_id", a.cfg.NodeID, "sandboxes", len(a.host.node.List()))
+			return
+		case <-tick.C:
+		}
+	}
+	a.log.Info("drained: no sandbox runs here any more", "node_id", a.cfg.NodeID)
 }
 
 // localRoutes resolves the sandboxes of this host's node for its proxy.
