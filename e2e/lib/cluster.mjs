@@ -144,7 +144,7 @@ export class TestCluster {
       const port = ports[6 + j]
       const p = new Proc(`server ${j}`, ['server', '--local-node=false',
         '--listen', `0.0.0.0:${port}`,
-        '--etcd-endpoints', this.etcdEndpoints.join(','),
+        '--etcd-endpoints', this.etcdEndpoints.join(','), '--store', this.store,
         '--data-dir', path.join(this.tmp, `server${j}`), '--run-dir', path.join(this.tmp, `server${j}-run`),
         '--log-level', 'debug'], path.join(this.tmp, `server${j}.log`),
       { env: { AENV_CLUSTER_TOKEN: this.token, AENV_API_KEY: this.apiKey } })

@@ -73,7 +73,10 @@ type Config struct {
 	// BuildSteps runs template builds' steps (the node, through its
 	// runtime driver); nil answers the build routes 501.
 	BuildSteps build.Stepper
-	Logger     *slog.Logger
+	// Pulls enables POST /templates/pulls (a server whose templates reach
+	// its nodes: a local node, or a store they share).
+	Pulls  bool
+	Logger *slog.Logger
 }
 
 // Server is the API's http.Handler.

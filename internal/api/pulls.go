@@ -35,8 +35,8 @@ type pullProgressJSON struct {
 // ref naming the image in it; cpuCount, memoryMB, startCmd, readyCmd,
 // insecure (plain HTTP or unverified TLS to the registry).
 func (s *Server) pullTemplate(w http.ResponseWriter, r *http.Request) {
-	if s.cfg.BuildSteps == nil {
-		writeError(w, http.StatusNotImplemented, "templates are pulled on a server with a local node; this one has none (--local-node=false)")
+	if !s.cfg.Pulls {
+		writeError(w, http.StatusNotImplemented, "this server has neither a local node nor a store its nodes share (--store), so a template pulled here would reach no node")
 		return
 	}
 	p, ok := parseImportParams(w, r)

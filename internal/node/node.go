@@ -240,7 +240,7 @@ func (n *Node) ID() string { return n.cfg.ID }
 // one from the warm pool when one fits, else a fresh boot. A failed create
 // leaves nothing behind.
 func (n *Node) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) {
-	tpl, err := n.cfg.Templates.Get(req.TemplateID)
+	tpl, err := n.cfg.Templates.Fetch(ctx, req.TemplateID)
 	if errors.Is(err, template.ErrNotFound) && n.cfg.Snapshots != nil {
 		// Templates are looked up first: they are local, while a snapshot
 		// lookup may ask the remote store.

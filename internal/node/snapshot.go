@@ -96,7 +96,7 @@ func (n *Node) restore(ctx context.Context, snap *snapshot.Snapshot, req CreateR
 	if err := n.CanRestore(snap); err != nil {
 		return nil, err
 	}
-	tpl, err := n.cfg.Templates.Get(snap.TemplateID)
+	tpl, err := n.cfg.Templates.Fetch(ctx, snap.TemplateID)
 	if err != nil {
 		return nil, fmt.Errorf("restoring snapshot %s: its template: %w", snap.ID, err)
 	}

@@ -108,7 +108,7 @@ func (l *Local) Info(ctx context.Context, _ *nodev1.InfoRequest) (*nodev1.NodeIn
 		HostMemoryMb:     int32(st.HostMemoryMB),
 	}
 	if l.opts.Templates != nil {
-		if ts, err := l.opts.Templates.List(); err == nil {
+		if ts, err := l.opts.Templates.ListLocal(); err == nil {
 			for _, t := range ts {
 				info.Templates = append(info.Templates, t.ID)
 				info.Templates = append(info.Templates, t.Aliases...)

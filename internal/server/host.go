@@ -57,9 +57,11 @@ func (h *host) open(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	templates, err := template.NewStore(template.StoreOptions{
-		Dir: filepath.Join(cfg.DataDir, "templates"), BaseRootFS: cfg.BaseRootFS,
-	})
+	if h.remote, err = openRemote(ctx, cfg, log); err != nil {
+		return err
+	}
+	remote := h.remote
+	templates, err := openTemplates(cfg, remote, log)
 	if err != nil {
 		return err
 	}
@@ -117,28 +119,6 @@ func (h *host) open(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 
-	var remote *store.Store
-	if cfg.StoreURL != "" {
-		backend, err := store.Open(ctx, cfg.StoreURL, store.OpenOptions{
-			AccessKeyID: cfg.StoreAccessKey, SecretAccessKey: cfg.StoreSecretKey,
-		})
-		if err != nil {
-			return fmt.Errorf("opening snapshot store: %w", err)
-		}
-		remote, err = store.New(store.Options{
-			Backend:  backend,
-			CacheDir: filepath.Join(cfg.DataDir, "chunk-cache"),
-			// Pages move around in memory images between snapshots;
-			// content-defined chunks keep a small change a small upload.
-			ContentDefined: true,
-			Logger:         log,
-		})
-		if err != nil {
-			return fmt.Errorf("opening snapshot store: %w", err)
-		}
-		h.remote = remote
-		log.Info("snapshots are stored durably", "store", backend.String())
-	}
 	snapshots, err := snapshot.Open(filepath.Join(cfg.DataDir, "snapshots"), remote)
 	if err != nil {
 		return err
@@ -206,4 +186,40 @@ func (h *host) close(ctx context.Context, mode node.StopMode) error {
 		h.log.Info("running sandboxes keep running for the next start", "count", kept)
 	}
 	return errors.Join(errs...)
+}
+
+// openRemote opens the store snapshots and templates are kept in beyond
+// this host (nil without Config.StoreURL).
+func openRemote(ctx context.Context, cfg Config, log *slog.Logger) (*store.Store, error) {
+	if cfg.StoreURL == "" {
+		return nil, nil
+	}
+	backend, err := store.Open(ctx, cfg.StoreURL, store.OpenOptions{
+		AccessKeyID: cfg.StoreAccessKey, SecretAccessKey: cfg.StoreSecretKey,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("opening the store: %w", err)
+	}
+	remote, err := store.New(store.Options{
+		Backend:  backend,
+		CacheDir: filepath.Join(cfg.DataDir, "chunk-cache"),
+		// Pages move around in memory images between snapshots;
+		// content-defined chunks keep a small change a small upload.
+		ContentDefined: true,
+		Logger:         log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("opening the store: %w", err)
+	}
+	log.Info("snapshots and templates are stored durably", "store", backend.String())
+	return remote, nil
+}
+
+// openTemplates opens the templates of this data directory, published to
+// and fetched from remote when there is one.
+func openTemplates(cfg Config, remote *store.Store, log *slog.Logger) (*template.Store, error) {
+	return template.NewStore(template.StoreOptions{
+		Dir: filepath.Join(cfg.DataDir, "templates"), BaseRootFS: cfg.BaseRootFS,
+		Remote: remote, Logger: log,
+	})
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/aenvhq/aenv/internal/proxy"
 	"github.com/aenvhq/aenv/internal/runtime/gvisor"
 	"github.com/aenvhq/aenv/internal/state"
+	"github.com/aenvhq/aenv/internal/store"
 	"github.com/aenvhq/aenv/internal/template"
 )
 
@@ -150,6 +151,8 @@ type Server struct {
 	registration *cluster.Registration
 	apiKey       string
 	keys         *apikeys.Store
+	// remote is a pure API server's store (a local node has its own).
+	remote *store.Store
 	// token is the cluster token; nodeTransport carries it to nodes.
 	token         string
 	nodeTransport http.RoundTripper
@@ -219,10 +222,15 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 			return nil, err
 		}
 		s.templates = s.host.templates
-	} else if s.templates, err = template.NewStore(template.StoreOptions{
-		Dir: filepath.Join(cfg.DataDir, "templates"), BaseRootFS: cfg.BaseRootFS,
-	}); err != nil {
-		return nil, err
+	} else {
+		// A pure API server lists the templates of the store the nodes
+		// share, and pulls templates into it.
+		if s.remote, err = openRemote(ctx, cfg, log); err != nil {
+			return nil, err
+		}
+		if s.templates, err = openTemplates(cfg, s.remote, log); err != nil {
+			return nil, err
+		}
 	}
 	prx := proxy.New(s, http.Header{nodeapi.TokenHeader: {s.token}}, log)
 	hostname, _ := os.Hostname()
@@ -276,6 +284,10 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 	if s.host != nil {
 		acfg.BuildSteps = s.host.node
 	}
+	// Pulls need no node: the image is unpacked here and published to the
+	// store, from which nodes fetch it. Without a store only a local node
+	// could use it.
+	acfg.Pulls = s.host != nil || s.remote != nil
 	handler := s.withJoin(api.New(acfg))
 	s.http = &http.Server{
 		Handler:           handler,
@@ -383,6 +395,9 @@ func (s *Server) Close(ctx context.Context) error {
 	}
 	if s.keys != nil {
 		s.keys.Close()
+	}
+	if s.remote != nil {
+		errs = append(errs, s.remote.Close())
 	}
 	if s.state != nil {
 		errs = append(errs, s.state.Close())

@@ -144,7 +144,9 @@ func (st *Stage) Commit(t *Template) error {
 		_ = os.RemoveAll(st.dir)
 	}
 	st.lock.Close()
-	return nil
+	// Complete here; the cluster's other hosts see it once it is in the
+	// store.
+	return st.store.publish(&rec)
 }
 
 // Abort deletes the stage. It is a no-op after Commit or Abort, so it can

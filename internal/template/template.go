@@ -6,9 +6,11 @@
 package template
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -16,6 +18,10 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sync/singleflight"
+
+	"github.com/aenvhq/aenv/internal/store"
 )
 
 // BaseID is the template every E2B client expects to exist.
@@ -50,6 +56,9 @@ type Template struct {
 	Image *ImageConfig `json:"image,omitempty"`
 	// RootFS is the host directory of the root filesystem (not stored).
 	RootFS string `json:"-"`
+	// Remote marks a template known only from the remote store: its files
+	// are not on this host (Fetch brings them).
+	Remote bool `json:"-"`
 }
 
 // Store is the set of templates under one directory. It is safe for
@@ -60,10 +69,19 @@ type Store struct {
 	// the one under dir.
 	baseRootFS string
 
+	// remote, when set, is the store templates are published to and
+	// fetched from.
+	remote   *store.Store
+	fetching singleflight.Group
+	log      *slog.Logger
+
 	mu sync.Mutex
 	// baseSize and baseTime describe the base tree, measured once.
 	baseSize int64
 	baseTime time.Time
+	// remoteList is the remote store's templates as listed at remoteListAt.
+	remoteList   []*Template
+	remoteListAt time.Time
 }
 
 // StoreOptions configures a Store.
@@ -73,6 +91,11 @@ type StoreOptions struct {
 	// BaseRootFS optionally points `base` at a prebuilt root filesystem
 	// shared by several data directories (tests, benchmarks).
 	BaseRootFS string
+	// Remote, when set, is the store the cluster's nodes share: templates
+	// put here are published there, and those there are listed (and
+	// fetched by Fetch) here too.
+	Remote *store.Store
+	Logger *slog.Logger
 }
 
 // NewStore opens (creating if needed) the template directory.
@@ -80,8 +103,14 @@ func NewStore(opts StoreOptions) (*Store, error) {
 	if err := os.MkdirAll(opts.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("creating template dir: %w", err)
 	}
-	return &Store{dir: opts.Dir, baseRootFS: opts.BaseRootFS}, nil
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	return &Store{dir: opts.Dir, baseRootFS: opts.BaseRootFS, remote: opts.Remote, log: opts.Logger}, nil
 }
+
+// remoteTimeout bounds a look at the remote store's catalog.
+const remoteTimeout = 30 * time.Second
 
 // Dir returns the directory the store keeps its templates in.
 func (s *Store) Dir() string { return s.dir }
@@ -110,7 +139,7 @@ func (s *Store) Get(idOrAlias string) (*Template, error) {
 	if t, err := s.read(idOrAlias); err == nil {
 		return t, nil
 	}
-	all, err := s.List()
+	all, err := s.ListLocal()
 	if err != nil {
 		return nil, err
 	}
@@ -123,6 +152,11 @@ func (s *Store) Get(idOrAlias string) (*Template, error) {
 				return t, nil
 			}
 		}
+	}
+	if s.remote != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), remoteTimeout)
+		defer cancel()
+		return s.remoteGet(ctx, idOrAlias)
 	}
 	return nil, fmt.Errorf("looking up template %q: %w", idOrAlias, ErrNotFound)
 }
@@ -204,8 +238,43 @@ func (s *Store) read(id string) (*Template, error) {
 	return &t, nil
 }
 
-// List returns every template, base first.
+// List returns every template, base first: this host's and, with a remote
+// store, those published there (marked Remote).
 func (s *Store) List() ([]*Template, error) {
+	out, err := s.ListLocal()
+	if err != nil || s.remote == nil {
+		return out, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), remoteTimeout)
+	defer cancel()
+	remote, err := s.remoteTemplates(ctx)
+	if err != nil {
+		s.log.Warn("listing the store's templates", "err", err)
+	}
+	have := map[string]bool{}
+	for _, t := range out {
+		have[t.ID] = true
+	}
+	for _, t := range remote {
+		if !have[t.ID] {
+			out = append(out, t)
+		}
+	}
+	sortTemplates(out)
+	return out, nil
+}
+
+// sortTemplates orders templates base first, then by id.
+func sortTemplates(out []*Template) {
+	sort.SliceStable(out[min(1, len(out)):], func(i, j int) bool {
+		rest := out[min(1, len(out)):]
+		return rest[i].ID < rest[j].ID
+	})
+}
+
+// ListLocal returns the templates whose files are on this host, base
+// first.
+func (s *Store) ListLocal() ([]*Template, error) {
 	entries, err := os.ReadDir(s.dir)
 	if err != nil {
 		return nil, fmt.Errorf("listing templates: %w", err)
@@ -225,15 +294,23 @@ func (s *Store) List() ([]*Template, error) {
 		}
 		out = append(out, t)
 	}
-	sort.SliceStable(out[min(1, len(out)):], func(i, j int) bool {
-		rest := out[min(1, len(out)):]
-		return rest[i].ID < rest[j].ID
-	})
+	sortTemplates(out)
 	return out, nil
 }
 
-// Put records t's metadata; its rootfs must already be in place.
+// Put records t's metadata; its rootfs must already be in place. With a
+// remote store the template is then published there, and Put answers once
+// it is durable.
 func (s *Store) Put(t *Template) error {
+	if err := s.putLocal(t); err != nil {
+		return err
+	}
+	// The template is complete here; the cluster sees it once it is in
+	// the store.
+	return s.publish(t)
+}
+
+func (s *Store) putLocal(t *Template) error {
 	if !ValidID(t.ID) {
 		return fmt.Errorf("storing template %q: invalid id", t.ID)
 	}
@@ -266,6 +343,17 @@ func (s *Store) Delete(idOrAlias string) error {
 	}
 	if t.ID == BaseID {
 		return fmt.Errorf("deleting template %s: %w", t.ID, ErrProtected)
+	}
+	if s.remote != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), remoteTimeout)
+		err := s.remote.Delete(ctx, remoteID(t.ID))
+		cancel()
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			return fmt.Errorf("deleting template %s from the store: %w", t.ID, err)
+		}
+	}
+	if t.Remote {
+		return nil
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
