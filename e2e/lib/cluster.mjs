@@ -19,7 +19,7 @@ import os from 'node:os'
 import path from 'node:path'
 import { before, after, test as nodeTest } from 'node:test'
 import { Sandbox } from 'e2b'
-import { PORT_MIN, PORT_MAX, sleep, rawRequest, describeError } from './server.mjs'
+import { PORT_MIN, PORT_MAX, sleep, rawRequest, describeError, checkPrerequisites } from './server.mjs'
 
 const START_TIMEOUT_MS = 90_000
 const NODE_PORT = 8100
@@ -117,11 +117,7 @@ export class TestCluster {
   }
 
   async start() {
-    const binDir = process.env.AENV_BIN_DIR
-    const baseRootfs = process.env.AENV_BASE_ROOTFS
-    if (!binDir || !fs.existsSync(path.join(binDir, 'aenv'))) throw new Error('AENV_BIN_DIR must hold the aenv binary (`make build`)')
-    if (!baseRootfs || !fs.existsSync(path.join(baseRootfs, 'bin', 'bash'))) throw new Error('AENV_BASE_ROOTFS must point at a built base root filesystem (`make base`)')
-    if (process.getuid() !== 0) throw new Error('the cluster tests must run as root (network namespaces, gVisor)')
+    checkPrerequisites()
     for (const tool of ['ip', 'nsenter']) sh('sh', ['-c', `command -v ${tool}`])
 
     this.tmp = fs.mkdtempSync(path.join(os.tmpdir(), `aenv-e2e-${this.tag}-`))

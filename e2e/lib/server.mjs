@@ -182,6 +182,28 @@ function pidsMentioning(needle) {
   return out
 }
 
+/**
+ * Fails, saying what to do, unless the binaries, the base root filesystem
+ * and root are there: a missing prerequisite is an error, never a skip.
+ */
+export function checkPrerequisites() {
+  const binDir = process.env.AENV_BIN_DIR
+  const baseRootfs = process.env.AENV_BASE_ROOTFS
+  if (!binDir) throw new Error('AENV_BIN_DIR is not set (it must hold the aenv and envd binaries: `make build`)')
+  if (!baseRootfs) throw new Error('AENV_BASE_ROOTFS is not set (it must point at the base root filesystem: `make base`)')
+  const bin = path.join(binDir, 'aenv')
+  try {
+    fs.accessSync(bin, fs.constants.X_OK)
+  } catch {
+    throw new Error(`${bin} is missing or not executable (run \`make build\`)`)
+  }
+  if (!fs.existsSync(path.join(binDir, 'envd'))) throw new Error(`${path.join(binDir, 'envd')} is missing (run \`make build\`)`)
+  if (!fs.existsSync(path.join(baseRootfs, 'bin', 'bash'))) {
+    throw new Error(`base root filesystem ${baseRootfs} is missing or incomplete (no bin/bash; run \`make base\`)`)
+  }
+  if (process.getuid && process.getuid() !== 0) throw new Error('the e2e tests must run as root (sandboxes run under gVisor)')
+}
+
 class TestServer {
   constructor({ tag, cidr, portHint, onStop = 'kill' }) {
     if (!/^[a-z]{1,10}$/.test(tag)) throw new Error(`netns tag ${tag} must be 1-10 lower-case letters`)
@@ -205,22 +227,7 @@ class TestServer {
   }
 
   async start() {
-    const binDir = process.env.AENV_BIN_DIR
-    const baseRootfs = process.env.AENV_BASE_ROOTFS
-    if (!binDir) throw new Error('AENV_BIN_DIR is not set (it must hold the aenv and envd binaries: `make build`)')
-    if (!baseRootfs) throw new Error('AENV_BASE_ROOTFS is not set (it must point at the base root filesystem: `make base`)')
-    const bin = path.join(binDir, 'aenv')
-    try {
-      fs.accessSync(bin, fs.constants.X_OK)
-    } catch {
-      throw new Error(`${bin} is missing or not executable (run \`make build\`)`)
-    }
-    if (!fs.existsSync(path.join(binDir, 'envd'))) throw new Error(`${path.join(binDir, 'envd')} is missing (run \`make build\`)`)
-    if (!fs.existsSync(path.join(baseRootfs, 'bin', 'bash'))) {
-      throw new Error(`base root filesystem ${baseRootfs} is missing or incomplete (no bin/bash; run \`make base\`)`)
-    }
-    if (process.getuid && process.getuid() !== 0) throw new Error('the e2e tests must run as root (the server runs gVisor sandboxes)')
-
+    checkPrerequisites()
     this.tmp = fs.mkdtempSync(path.join(os.tmpdir(), `aenv-e2e-${this.tag}-`))
     this.dataDir = path.join(this.tmp, 'data')
     this.runDir = path.join(this.tmp, 'run')

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"context"
 	"fmt"
 	"text/tabwriter"
 	"time"
@@ -96,11 +95,7 @@ SIGTERM first. Needs root.`,
 			if err != nil {
 				return err
 			}
-			<-ctx.Done()
-			cfg.Logger.Info("shutting down", "sandboxes", onStop)
-			sctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
-			defer cancel()
-			return a.Close(sctx)
+			return serveUntilDone(ctx, a.Close, stopTimeout, cfg.Logger, onStop)
 		},
 	}
 	f := cmd.Flags()

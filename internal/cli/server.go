@@ -86,11 +86,7 @@ and --on-stop=kill kills them.`,
 			if err != nil {
 				return err
 			}
-			<-ctx.Done()
-			cfg.Logger.Info("shutting down", "sandboxes", onStop)
-			sctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
-			defer cancel()
-			return srv.Close(sctx)
+			return serveUntilDone(ctx, srv.Close, stopTimeout, cfg.Logger, onStop)
 		},
 	}
 	f := cmd.Flags()
@@ -162,4 +158,14 @@ func hostSettings(cfg *server.Config, egressAllow []string, logLevel string) err
 		cfg.EgressAllow = append(cfg.EgressAllow, p.Masked())
 	}
 	return nil
+}
+
+// serveUntilDone waits for ctx (a signal) and then stops what runs, within
+// timeout.
+func serveUntilDone(ctx context.Context, stop func(context.Context) error, timeout time.Duration, log *slog.Logger, onStop string) error {
+	<-ctx.Done()
+	log.Info("shutting down", "sandboxes", onStop)
+	sctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	return stop(sctx)
 }

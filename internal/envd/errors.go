@@ -34,7 +34,10 @@ func classify(err error) connect.Code {
 		return connect.CodeNotFound
 	case errors.Is(err, errAlreadyExists), errors.Is(err, fs.ErrExist):
 		return connect.CodeAlreadyExists
-	case errors.Is(err, errInvalid), errors.Is(err, errUnknownUser):
+	case errors.Is(err, errInvalid), errors.Is(err, errUnknownUser),
+		// A path or file name longer than the kernel takes is the
+		// client's to fix (its message names the path).
+		errors.Is(err, syscall.ENAMETOOLONG):
 		return connect.CodeInvalidArgument
 	case errors.Is(err, errUnauthorized):
 		return connect.CodeUnauthenticated

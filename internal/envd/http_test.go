@@ -173,6 +173,11 @@ func TestFilesErrors(t *testing.T) {
 	if res.StatusCode != 400 {
 		t.Fatalf("unknown user: %d %s", res.StatusCode, b)
 	}
+	long := strings.Repeat("n", 300)
+	res, b = e.httpDo("POST", "/files?path="+long, strings.NewReader("x"), map[string]string{"Content-Type": "application/octet-stream"})
+	if res.StatusCode != 400 || !strings.Contains(string(b), long[:50]) {
+		t.Fatalf("a file name longer than the kernel takes: %d %s, want 400 naming it", res.StatusCode, b)
+	}
 }
 
 func TestFilesMetadata(t *testing.T) {
