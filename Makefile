@@ -32,7 +32,7 @@ test-e2e: build base
 # Each fuzz target of a decoder of client input runs briefly (the seed
 # corpora also run in test-go); FUZZTIME=1m digs deeper.
 FUZZTIME ?= 15s
-FUZZ_TARGETS = ./internal/build:FuzzParse ./internal/api:FuzzListQuery ./internal/api:FuzzDecodeBody ./internal/image:FuzzCleanPath ./internal/proxy:FuzzConnectStream
+FUZZ_TARGETS = ./internal/build:FuzzParse ./internal/api:FuzzListQuery ./internal/api:FuzzDecodeBody ./internal/image:FuzzCleanPath ./internal/proxy:FuzzConnectStream ./internal/envd:FuzzFilesUpload
 test-fuzz:
 	@for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; fn=$${t##*:}; start=$$(date +%s); log=$$(mktemp); \

@@ -35,9 +35,9 @@ func classify(err error) connect.Code {
 	case errors.Is(err, errAlreadyExists), errors.Is(err, fs.ErrExist):
 		return connect.CodeAlreadyExists
 	case errors.Is(err, errInvalid), errors.Is(err, errUnknownUser),
-		// A path or file name longer than the kernel takes is the
-		// client's to fix (its message names the path).
-		errors.Is(err, syscall.ENAMETOOLONG):
+		// A path the kernel refuses (too long, a NUL in it) is the
+		// client's to fix; the message names it.
+		errors.Is(err, syscall.ENAMETOOLONG), errors.Is(err, syscall.EINVAL):
 		return connect.CodeInvalidArgument
 	case errors.Is(err, errUnauthorized):
 		return connect.CodeUnauthenticated

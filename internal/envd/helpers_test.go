@@ -40,7 +40,7 @@ func testIDs() (uid, gid int) {
 const supplementaryGID = 4242
 
 type env struct {
-	t       *testing.T
+	t       testing.TB
 	srv     *envd.Server
 	ts      *httptest.Server
 	home    string // the fake user's home
@@ -54,7 +54,7 @@ type envOption func(*envd.Options)
 
 // newEnv starts envd in-process on an HTTP/1.1 test server, with a fake
 // passwd whose "user" has its home in a temporary directory.
-func newEnv(t *testing.T, opts ...envOption) *env {
+func newEnv(t testing.TB, opts ...envOption) *env {
 	t.Helper()
 	if runtime.GOOS != "linux" {
 		t.Skip("envd runs only on Linux")
@@ -117,7 +117,7 @@ func newEnv(t *testing.T, opts ...envOption) *env {
 
 // testWriter sends server logs to the test log, and nowhere once the test
 // is over (processes may outlive it).
-type testWriter struct{ t *testing.T }
+type testWriter struct{ t testing.TB }
 
 func (w testWriter) Write(p []byte) (int, error) {
 	defer func() { _ = recover() }()

@@ -5,13 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"mime"
 	"mime/multipart"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -221,35 +221,67 @@ func uploadMetadata(h http.Header) (map[string]string, error) {
 	return md, nil
 }
 
-// writeFile stores src at target (resolved for u), truncating an existing
-// file. A file it creates belongs to u.
+// writeFile stores src at target (resolved for u), replacing an existing
+// file (through a symlink, as a plain write would go) and keeping its
+// owner and mode; a file it creates belongs to u. The data goes to a
+// temporary file beside the target, renamed over it once complete: an
+// upload that breaks off leaves the old file as it was, never half of the
+// new one.
 func (s *Server) writeFile(u *sysUser, target string, src io.Reader, md map[string]string) (writeResult, error) {
 	p := resolvePath(u, target)
+	if real, err := filepath.EvalSymlinks(p); err == nil {
+		p = real
+	}
 	if fi, err := os.Stat(p); err == nil && fi.IsDir() {
 		return writeResult{}, fmt.Errorf("writing %s: %w: it is a directory", p, errInvalid)
 	}
 	if _, err := mkdirAll(u, filepath.Dir(p)); err != nil {
 		return writeResult{}, fmt.Errorf("writing %s: %w", p, err)
 	}
-	_, statErr := os.Lstat(p)
-	created := errors.Is(statErr, fs.ErrNotExist)
-	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	f, err := os.CreateTemp(filepath.Dir(p), "."+filepath.Base(p)+".upload-*")
 	if err != nil {
 		return writeResult{}, fmt.Errorf("writing %s: %w", p, err)
 	}
-	if created {
-		if err := chownNew(u, p); err != nil {
+	tmp := f.Name()
+	done := false
+	defer func() {
+		if !done {
 			f.Close()
+			os.Remove(tmp)
+		}
+	}()
+	if old, err := os.Stat(p); err == nil {
+		st, _ := old.Sys().(*syscall.Stat_t)
+		if err := f.Chmod(old.Mode().Perm()); err != nil {
+			return writeResult{}, fmt.Errorf("writing %s: %w", p, err)
+		}
+		if st != nil && os.Geteuid() == 0 {
+			if err := f.Chown(int(st.Uid), int(st.Gid)); err != nil {
+				return writeResult{}, fmt.Errorf("writing %s: %w", p, err)
+			}
+		}
+	} else {
+		if err := f.Chmod(0o644); err != nil {
+			return writeResult{}, fmt.Errorf("writing %s: %w", p, err)
+		}
+		if err := chownNew(u, tmp); err != nil {
 			return writeResult{}, err
 		}
 	}
-	if _, err := io.Copy(f, src); err != nil {
-		f.Close()
+	if _, err := io.Copy(f, &uploadReader{r: src}); err != nil {
+		var re uploadReadError
+		if errors.As(err, &re) {
+			return writeResult{}, fmt.Errorf("writing %s: %w: the upload broke off: %v", p, errInvalid, re.err)
+		}
 		return writeResult{}, fmt.Errorf("writing %s: %w", p, err)
 	}
 	if err := f.Close(); err != nil {
 		return writeResult{}, fmt.Errorf("writing %s: %w", p, err)
 	}
+	if err := os.Rename(tmp, p); err != nil {
+		return writeResult{}, fmt.Errorf("writing %s: %w", p, err)
+	}
+	done = true
 	if len(md) > 0 {
 		if err := writeMetadata(p, md); err != nil {
 			return writeResult{}, err
@@ -257,4 +289,20 @@ func (s *Server) writeFile(u *sysUser, target string, src io.Reader, md map[stri
 	}
 	s.log.Debug("file written", "path", p, "user", u.Name)
 	return writeResult{Path: p, Name: filepath.Base(p), Type: "file", Metadata: md}, nil
+}
+
+// uploadReader marks the errors of reading the client's upload, so that a
+// body that breaks off is the client's fault (400), not a failure to write.
+type uploadReader struct{ r io.Reader }
+
+type uploadReadError struct{ err error }
+
+func (e uploadReadError) Error() string { return e.err.Error() }
+
+func (u *uploadReader) Read(b []byte) (int, error) {
+	n, err := u.r.Read(b)
+	if err != nil && err != io.EOF {
+		err = uploadReadError{err}
+	}
+	return n, err
 }

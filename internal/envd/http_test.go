@@ -173,6 +173,23 @@ func TestFilesErrors(t *testing.T) {
 	if res.StatusCode != 400 {
 		t.Fatalf("unknown user: %d %s", res.StatusCode, b)
 	}
+	// An upload that breaks off is the client's error, and the file it
+	// was to replace stays as it was.
+	res, b = e.httpDo("POST", "/files?path=kept.txt", strings.NewReader("old"), map[string]string{"Content-Type": "application/octet-stream"})
+	if res.StatusCode != 200 {
+		t.Fatalf("writing: %d %s", res.StatusCode, b)
+	}
+	cut := "--B\r\nContent-Disposition: form-data; name=\"file\"\r\n\r\nnew content that never ends"
+	res, b = e.httpDo("POST", "/files?path=kept.txt", strings.NewReader(cut), map[string]string{"Content-Type": "multipart/form-data; boundary=B"})
+	if res.StatusCode != 400 {
+		t.Fatalf("an upload that broke off: %d %s, want 400", res.StatusCode, b)
+	}
+	if got, err := os.ReadFile(filepath.Join(e.home, "kept.txt")); err != nil || string(got) != "old" {
+		t.Fatalf("after a broken upload the file holds %q (%v), want it unchanged", got, err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(e.home, ".kept.txt.upload-*")); len(left) != 0 {
+		t.Fatalf("temporary files left: %v", left)
+	}
 	long := strings.Repeat("n", 300)
 	res, b = e.httpDo("POST", "/files?path="+long, strings.NewReader("x"), map[string]string{"Content-Type": "application/octet-stream"})
 	if res.StatusCode != 400 || !strings.Contains(string(b), long[:50]) {
