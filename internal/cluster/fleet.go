@@ -159,6 +159,14 @@ func (f *fleet) liveLocked(id string, n NodeInfo) {
 		f.members[id] = m
 	}
 	wasLive := m.live
+	if m.api != nil && m.api != f.local && n.Address != m.info.Address {
+		// It came back elsewhere: reach it there.
+		if m.stop != nil {
+			m.stop()
+			m.stop = nil
+		}
+		m.api = nil
+	}
 	m.info, m.live, m.lostAt = n, true, time.Time{}
 	if m.api == nil && n.Address != "" && f.dial != nil {
 		m.api = f.dial(id, n.Address)
