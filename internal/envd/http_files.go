@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 )
 
@@ -222,11 +221,11 @@ func uploadMetadata(h http.Header) (map[string]string, error) {
 }
 
 // writeFile stores src at target (resolved for u), replacing an existing
-// file (through a symlink, as a plain write would go) and keeping its
-// owner and mode; a file it creates belongs to u. The data goes to a
-// temporary file beside the target, renamed over it once complete: an
-// upload that breaks off leaves the old file as it was, never half of the
-// new one.
+// file in place (through a symlink, as a plain write goes) so that its
+// owner and mode stay and watchers see a write, as E2B's envd does; a file
+// it creates belongs to u. An upload that breaks off loses nothing: a new
+// file is removed again, and the new content of an existing one is first
+// spooled aside and copied over it only once complete.
 func (s *Server) writeFile(u *sysUser, target string, src io.Reader, md map[string]string) (writeResult, error) {
 	p := resolvePath(u, target)
 	if real, err := filepath.EvalSymlinks(p); err == nil {
@@ -238,50 +237,38 @@ func (s *Server) writeFile(u *sysUser, target string, src io.Reader, md map[stri
 	if _, err := mkdirAll(u, filepath.Dir(p)); err != nil {
 		return writeResult{}, fmt.Errorf("writing %s: %w", p, err)
 	}
-	f, err := os.CreateTemp(filepath.Dir(p), "."+filepath.Base(p)+".upload-*")
+	_, statErr := os.Lstat(p)
+	exists := statErr == nil
+	body := io.Reader(&uploadReader{r: src})
+	if exists {
+		spooled, err := spool(body)
+		if err != nil {
+			return writeResult{}, uploadError(p, err)
+		}
+		defer spooled.Close()
+		body = spooled
+	}
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {
 		return writeResult{}, fmt.Errorf("writing %s: %w", p, err)
 	}
-	tmp := f.Name()
-	done := false
-	defer func() {
-		if !done {
+	if !exists {
+		if err := chownNew(u, p); err != nil {
 			f.Close()
-			os.Remove(tmp)
-		}
-	}()
-	if old, err := os.Stat(p); err == nil {
-		st, _ := old.Sys().(*syscall.Stat_t)
-		if err := f.Chmod(old.Mode().Perm()); err != nil {
-			return writeResult{}, fmt.Errorf("writing %s: %w", p, err)
-		}
-		if st != nil && os.Geteuid() == 0 {
-			if err := f.Chown(int(st.Uid), int(st.Gid)); err != nil {
-				return writeResult{}, fmt.Errorf("writing %s: %w", p, err)
-			}
-		}
-	} else {
-		if err := f.Chmod(0o644); err != nil {
-			return writeResult{}, fmt.Errorf("writing %s: %w", p, err)
-		}
-		if err := chownNew(u, tmp); err != nil {
+			os.Remove(p)
 			return writeResult{}, err
 		}
 	}
-	if _, err := io.Copy(f, &uploadReader{r: src}); err != nil {
-		var re uploadReadError
-		if errors.As(err, &re) {
-			return writeResult{}, fmt.Errorf("writing %s: %w: the upload broke off: %v", p, errInvalid, re.err)
+	if _, err := io.Copy(f, body); err != nil {
+		f.Close()
+		if !exists {
+			os.Remove(p)
 		}
-		return writeResult{}, fmt.Errorf("writing %s: %w", p, err)
+		return writeResult{}, uploadError(p, err)
 	}
 	if err := f.Close(); err != nil {
 		return writeResult{}, fmt.Errorf("writing %s: %w", p, err)
 	}
-	if err := os.Rename(tmp, p); err != nil {
-		return writeResult{}, fmt.Errorf("writing %s: %w", p, err)
-	}
-	done = true
 	if len(md) > 0 {
 		if err := writeMetadata(p, md); err != nil {
 			return writeResult{}, err
@@ -289,6 +276,36 @@ func (s *Server) writeFile(u *sysUser, target string, src io.Reader, md map[stri
 	}
 	s.log.Debug("file written", "path", p, "user", u.Name)
 	return writeResult{Path: p, Name: filepath.Base(p), Type: "file", Metadata: md}, nil
+}
+
+// spool copies an upload into an unnamed temporary file (outside any
+// directory a client watches) and returns it rewound; the file goes when
+// it is closed.
+func spool(r io.Reader) (*os.File, error) {
+	f, err := os.CreateTemp("", ".envd-upload-*")
+	if err != nil {
+		return nil, err
+	}
+	os.Remove(f.Name())
+	if _, err := io.Copy(f, r); err != nil {
+		f.Close()
+		return nil, err
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// uploadError says what went wrong writing p: a body that broke off is
+// the client's error.
+func uploadError(p string, err error) error {
+	var re uploadReadError
+	if errors.As(err, &re) {
+		return fmt.Errorf("writing %s: %w: the upload broke off: %v", p, errInvalid, re.err)
+	}
+	return fmt.Errorf("writing %s: %w", p, err)
 }
 
 // uploadReader marks the errors of reading the client's upload, so that a

@@ -187,8 +187,9 @@ func TestFilesErrors(t *testing.T) {
 	if got, err := os.ReadFile(filepath.Join(e.home, "kept.txt")); err != nil || string(got) != "old" {
 		t.Fatalf("after a broken upload the file holds %q (%v), want it unchanged", got, err)
 	}
-	if left, _ := filepath.Glob(filepath.Join(e.home, ".kept.txt.upload-*")); len(left) != 0 {
-		t.Fatalf("temporary files left: %v", left)
+	res, _ = e.httpDo("POST", "/files?path=fresh.txt", strings.NewReader(cut), map[string]string{"Content-Type": "multipart/form-data; boundary=B"})
+	if _, err := os.Stat(filepath.Join(e.home, "fresh.txt")); res.StatusCode != 400 || err == nil {
+		t.Fatalf("a new file whose upload broke off: %d, and it exists (%v)", res.StatusCode, err)
 	}
 	long := strings.Repeat("n", 300)
 	res, b = e.httpDo("POST", "/files?path="+long, strings.NewReader("x"), map[string]string{"Content-Type": "application/octet-stream"})
