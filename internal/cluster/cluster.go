@@ -260,10 +260,13 @@ func (c *Cluster) nodeEvent(nodeID string, ev *nodev1.Event) {
 func (c *Cluster) forget(nodeID, id, reason string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if r, _, ok := c.recs.get(id); ok && r.NodeID == nodeID && r.State == StateRunning {
-		if err := c.recs.remove(ctx, id, reason); err != nil && !errors.Is(err, ErrNotFound) {
-			c.log.Error("removing record of exited sandbox", "sandbox_id", id, "err", err)
-		}
+	removed, err := c.recs.removeIf(ctx, id, reason, func(r *record) bool {
+		return r.NodeID == nodeID && r.State == StateRunning
+	})
+	if err != nil {
+		c.log.Error("removing record of exited sandbox", "sandbox_id", id, "err", err)
+	}
+	if removed {
 		c.log.Warn("sandbox ended on its own", "sandbox_id", id, "reason", reason)
 	}
 	c.gone(id, reason)

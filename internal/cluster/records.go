@@ -333,6 +333,49 @@ func (rs *records) remove(ctx context.Context, id, reason string) error {
 	return nil
 }
 
+// removeIf deletes id's record only while cond holds for it as it is in
+// the store (compare-and-swap on its revision), then leaves the reason it
+// is gone. It reports whether it removed it. The reports that a sandbox
+// is lost or died come from what a node said a moment ago; a record that
+// changed since (resumed elsewhere, moved, being paused) is not theirs to
+// remove.
+func (rs *records) removeIf(ctx context.Context, id, reason string, cond func(*record) bool) (bool, error) {
+	r, rev, ok := rs.get(id)
+	for range 3 {
+		if !ok {
+			var err error
+			if r, rev, err = rs.fetch(ctx, id); errors.Is(err, state.ErrNotFound) {
+				return false, nil
+			} else if err != nil {
+				return false, err
+			}
+		}
+		if !cond(&r) {
+			return false, nil
+		}
+		err := rs.st.Delete(ctx, sandboxKey(id), rev)
+		switch {
+		case err == nil:
+			rs.drop(id)
+			if reason != "" {
+				b, _ := json.Marshal(tombstone{Reason: reason, At: time.Now().UTC()})
+				if _, err := rs.st.Put(ctx, tombstoneKey(id), b, state.WriteOptions{}); err != nil {
+					return true, fmt.Errorf("recording why %s is gone: %w", id, err)
+				}
+			}
+			return true, nil
+		case errors.Is(err, state.ErrNotFound):
+			rs.drop(id)
+			return false, nil
+		case errors.Is(err, state.ErrConflict):
+			ok = false // read it afresh
+		default:
+			return false, fmt.Errorf("deleting record of %s: %w", id, err)
+		}
+	}
+	return false, fmt.Errorf("deleting record of %s: it keeps changing", id)
+}
+
 // whyGone returns the reason a recently lost sandbox is gone, or "".
 func (rs *records) whyGone(ctx context.Context, id string) string {
 	e, err := rs.st.Get(ctx, tombstoneKey(id))

@@ -58,15 +58,22 @@ func (c *Cluster) reconcile(ctx context.Context, n nodeapi.Node) error {
 				c.log.Info("operation cut short by a restart; the sandbox kept running", "sandbox_id", r.ID, "op", r.Op)
 				c.release(ctx, r.ID, r.Op)
 			}
+			if r.Op == "pause" {
+				// The pause may have saved its state before the restart
+				// cut it short; the sandbox runs on, so that state goes.
+				if snap := c.pauseSnapshotOf(ctx, r.ID); snap != "" {
+					c.deleteSnapshotQuietly(snap, "pause snapshot of a sandbox that runs on")
+				}
+			}
 		case r.State == StateRunning && r.Op == "pause":
 			if snap := c.pauseSnapshotOf(ctx, r.ID); snap != "" {
 				c.log.Info("finishing a pause cut short by a restart", "sandbox_id", r.ID, "snapshot_id", snap)
 				errs = append(errs, c.finishPause(ctx, r.ID, snap))
 				continue
 			}
-			errs = append(errs, c.lose(ctx, r.ID, "the server stopped while pausing it, before its state was saved"))
+			errs = append(errs, c.lose(ctx, r, "the server stopped while pausing it, before its state was saved"))
 		case r.State == StateRunning:
-			errs = append(errs, c.lose(ctx, r.ID, fmt.Sprintf("it was not running when node %s restarted", self)))
+			errs = append(errs, c.lose(ctx, r, fmt.Sprintf("it was not running when node %s restarted", self)))
 		case r.State == StatePaused && runs:
 			c.log.Info("finishing a resume cut short by a restart", "sandbox_id", r.ID)
 			end := time.Now().UTC().Add(resumedGrace)
@@ -124,13 +131,13 @@ func (c *Cluster) syncNode(nodeID string) {
 	// Only this node's records are looked at: a server syncs with every
 	// node it connects to, and copying every record each time would cost
 	// nodes x records.
-	var gone []string
+	var gone []record
 	c.recs.each(func(r *record) {
 		if r.NodeID != nodeID {
 			return
 		}
 		if _, runs := running[r.ID]; !runs && r.State == StateRunning && r.Op == "" {
-			gone = append(gone, r.ID)
+			gone = append(gone, *r)
 		}
 	})
 	for id := range running {
@@ -138,9 +145,9 @@ func (c *Cluster) syncNode(nodeID string) {
 			delete(running, id) // recorded, here or (resumed) elsewhere: not an orphan
 		}
 	}
-	for _, id := range gone {
-		if err := c.lose(ctx, id, fmt.Sprintf("it was not running when node %s came back", nodeID)); err != nil {
-			c.log.Warn("recording a lost sandbox", "sandbox_id", id, "err", err)
+	for _, r := range gone {
+		if err := c.lose(ctx, r, fmt.Sprintf("it was not running when node %s came back", nodeID)); err != nil {
+			c.log.Warn("recording a lost sandbox", "sandbox_id", r.ID, "err", err)
 		}
 	}
 	if len(running) == 0 {
@@ -172,28 +179,34 @@ const lostGrace = 3 * time.Second
 // middle of an operation is left to the server doing it, which fails
 // against the dead node and clears its mark.
 func (c *Cluster) loseOrphanedRecords(ctx context.Context) {
-	type orphan struct{ id, nodeID string }
-	var lost []orphan
+	var lost []record
 	c.recs.each(func(r *record) {
 		if r.State != StateRunning || (r.Op != "" && time.Since(r.OpSince) < staleOp) {
 			return
 		}
 		if since, ok := c.nodes.lostSince(r.NodeID); ok && time.Since(since) >= lostGrace {
-			lost = append(lost, orphan{r.ID, r.NodeID})
+			lost = append(lost, *r)
 		}
 	})
-	for _, o := range lost {
-		if err := c.lose(ctx, o.id, fmt.Sprintf("its node %s stopped answering (its lease expired)", o.nodeID)); err != nil {
-			c.log.Warn("recording a lost sandbox", "sandbox_id", o.id, "err", err)
+	for _, r := range lost {
+		if err := c.lose(ctx, r, fmt.Sprintf("its node %s stopped answering (its lease expired)", r.NodeID)); err != nil {
+			c.log.Warn("recording a lost sandbox", "sandbox_id", r.ID, "err", err)
 		}
-		c.gone(o.id, fmt.Sprintf("its node %s stopped answering", o.nodeID))
+		c.gone(r.ID, fmt.Sprintf("its node %s stopped answering", r.NodeID))
 	}
 }
 
 // lose removes the record of a sandbox that no longer exists, leaving why.
-func (c *Cluster) lose(ctx context.Context, id, why string) error {
-	c.log.Warn("sandbox lost", "sandbox_id", id, "reason", why)
-	return c.recs.remove(ctx, id, "sandbox lost: "+why)
+// Only a record still as seen (same node, state and operation) is
+// removed: one that moved on meanwhile is not lost.
+func (c *Cluster) lose(ctx context.Context, seen record, why string) error {
+	removed, err := c.recs.removeIf(ctx, seen.ID, "sandbox lost: "+why, func(r *record) bool {
+		return r.NodeID == seen.NodeID && r.State == seen.State && r.Op == seen.Op
+	})
+	if removed {
+		c.log.Warn("sandbox lost", "sandbox_id", seen.ID, "reason", why)
+	}
+	return err
 }
 
 // pauseSnapshotOf returns the newest complete pause snapshot of sandbox

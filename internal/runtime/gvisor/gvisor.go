@@ -501,7 +501,14 @@ func (d *Driver) Recover(ctx context.Context, id string) error {
 	if err != nil {
 		return fmt.Errorf("recovering %s: %w (%v)", id, runtime.ErrNotFound, err)
 	}
-	if st.Status != "running" {
+	if st.Status == "paused" {
+		// Frozen by a pause whose server died before it finished: the
+		// state it was saving may be incomplete, so the sandbox runs on.
+		if err := d.Thaw(ctx, id); err != nil {
+			return fmt.Errorf("recovering %s: %w", id, err)
+		}
+		d.log.Info("thawed a sandbox frozen by a pause cut short", "sandbox_id", id)
+	} else if st.Status != "running" {
 		return fmt.Errorf("recovering %s: %w (runsc says %s)", id, runtime.ErrNotFound, st.Status)
 	}
 	pid, err := readPid(filepath.Join(d.sandboxDir(id), "pid"))
