@@ -288,3 +288,34 @@ srv.test('getMetrics of a running sandbox', async () => {
     await srv.kill(sbx)
   }
 })
+
+srv.test("lifecycle onTimeout 'pause' with autoResume: the timeout pauses it, and traffic resumes it", async () => {
+  const sbx = await srv.create({ timeoutMs: 4_000, lifecycle: { onTimeout: 'pause', autoResume: true } })
+  try {
+    let info = await Sandbox.getInfo(sbx.sandboxId)
+    assert.deepEqual(info.lifecycle, { onTimeout: 'pause', autoResume: true })
+    await sbx.files.write('/home/user/kept.txt', 'through the pause')
+    await waitFor(async () => (await Sandbox.getInfo(sbx.sandboxId)).state === 'paused',
+      { timeoutMs: 20_000, intervalMs: 250, what: 'the timed-out sandbox to be paused' })
+    // Plain traffic, no connect: the sandbox resumes and answers.
+    const r = await sbx.commands.run('cat /home/user/kept.txt')
+    assert.equal(r.stdout, 'through the pause')
+    info = await Sandbox.getInfo(sbx.sandboxId)
+    assert.equal(info.state, 'running')
+  } finally {
+    await srv.kill(sbx)
+  }
+})
+
+srv.test("onTimeout 'pause' without autoResume: traffic does not resume it", async () => {
+  const sbx = await srv.create({ timeoutMs: 3_000, lifecycle: { onTimeout: 'pause' } })
+  try {
+    assert.deepEqual((await Sandbox.getInfo(sbx.sandboxId)).lifecycle, { onTimeout: 'pause', autoResume: false })
+    await waitFor(async () => (await Sandbox.getInfo(sbx.sandboxId)).state === 'paused',
+      { timeoutMs: 20_000, intervalMs: 250, what: 'the timed-out sandbox to be paused' })
+    await assert.rejects(sbx.commands.run('true'), 'a paused sandbox answered without being resumed')
+    assert.equal((await Sandbox.getInfo(sbx.sandboxId)).state, 'paused')
+  } finally {
+    await srv.kill(sbx)
+  }
+})

@@ -22,16 +22,19 @@ const (
 // createBody is E2B's NewSandbox. Fields the SDK sends that aenv does not
 // act on yet (mcp, egress rules, volumes) are accepted and ignored.
 type createBody struct {
-	TemplateID          string            `json:"templateID"`
-	Timeout             *int64            `json:"timeout"`
-	Metadata            map[string]string `json:"metadata"`
-	EnvVars             map[string]string `json:"envVars"`
-	AutoPause           bool              `json:"autoPause"`
-	Secure              bool              `json:"secure"`
-	AllowInternetAccess *bool             `json:"allow_internet_access"`
-	CPUCount            int               `json:"cpuCount"`
-	MemoryMB            int               `json:"memoryMB"`
-	Network             *networkBody      `json:"network"`
+	TemplateID string            `json:"templateID"`
+	Timeout    *int64            `json:"timeout"`
+	Metadata   map[string]string `json:"metadata"`
+	EnvVars    map[string]string `json:"envVars"`
+	AutoPause  bool              `json:"autoPause"`
+	AutoResume *struct {
+		Enabled bool `json:"enabled"`
+	} `json:"autoResume"`
+	Secure              bool         `json:"secure"`
+	AllowInternetAccess *bool        `json:"allow_internet_access"`
+	CPUCount            int          `json:"cpuCount"`
+	MemoryMB            int          `json:"memoryMB"`
+	Network             *networkBody `json:"network"`
 }
 
 // networkBody is E2B's network settings of a sandbox; of them aenv acts on
@@ -59,7 +62,14 @@ type sandboxJSON struct {
 	Domain             string            `json:"domain,omitempty"`
 	// NodeID (an aenv extension) is the node the sandbox runs or was
 	// paused on.
-	NodeID string `json:"nodeID,omitempty"`
+	NodeID    string         `json:"nodeID,omitempty"`
+	Lifecycle *lifecycleJSON `json:"lifecycle,omitempty"`
+}
+
+// lifecycleJSON is E2B's SandboxLifecycle: what a timeout does.
+type lifecycleJSON struct {
+	OnTimeout  string `json:"onTimeout"`
+	AutoResume bool   `json:"autoResume"`
 }
 
 func (s *Server) toJSON(sb *cluster.Sandbox, detail bool) sandboxJSON {
@@ -91,6 +101,10 @@ func (s *Server) toJSON(sb *cluster.Sandbox, detail bool) sandboxJSON {
 		out.Metadata = sb.Metadata
 		if out.Metadata == nil {
 			out.Metadata = map[string]string{}
+		}
+		out.Lifecycle = &lifecycleJSON{OnTimeout: "kill", AutoResume: sb.AutoResume}
+		if sb.AutoPause {
+			out.Lifecycle.OnTimeout = "pause"
 		}
 	}
 	return out
@@ -133,6 +147,7 @@ func (s *Server) createSandbox(defaultTimeout time.Duration) http.HandlerFunc {
 			AllowInternet: allowInternet,
 			Secure:        body.Secure || !s.cfg.AllowInsecure,
 			AutoPause:     body.AutoPause,
+			AutoResume:    body.AutoResume != nil && body.AutoResume.Enabled,
 			CPUCount:      body.CPUCount,
 			MemoryMB:      body.MemoryMB,
 			Owner:         owner(r),

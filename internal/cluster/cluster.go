@@ -126,6 +126,12 @@ type Sandbox struct {
 	EnvdVersion     string            `json:"envdVersion"`
 	EnvdAccessToken string            `json:"envdAccessToken,omitempty"`
 	AutoPause       bool              `json:"autoPause,omitempty"`
+	// AutoResume makes traffic to the paused sandbox resume it (with
+	// AutoPause: E2B's lifecycle.autoResume).
+	AutoResume bool `json:"autoResume,omitempty"`
+	// Timeout is the timeout it was created with, which an automatic
+	// resume gives it again.
+	Timeout time.Duration `json:"timeout,omitempty"`
 	// Addr is where the sandbox's ports are reached from its node.
 	Addr netip.Addr `json:"addr,omitzero"`
 	// SnapshotID holds a paused sandbox's state.
@@ -150,6 +156,7 @@ type CreateRequest struct {
 	AllowInternet bool
 	Secure        bool
 	AutoPause     bool
+	AutoResume    bool
 	CPUCount      int
 	MemoryMB      int
 	Owner         Owner
@@ -296,6 +303,8 @@ func (c *Cluster) validate(req *CreateRequest) error {
 		return fmt.Errorf("%w: memoryMB must be between 128 and %d", ErrInvalid, l.MaxMemoryMB)
 	case req.MemoryMB > 0 && req.MemoryMB < 128:
 		return fmt.Errorf("%w: memoryMB must be at least 128", ErrInvalid)
+	case req.AutoResume && !req.AutoPause:
+		return fmt.Errorf("%w: autoResume needs the sandbox to pause on timeout (autoPause)", ErrInvalid)
 	case len(req.Metadata) > l.MaxMetadata:
 		return fmt.Errorf("%w: at most %d metadata entries", ErrInvalid, l.MaxMetadata)
 	case len(req.EnvVars) > 4*l.MaxMetadata:
@@ -384,7 +393,7 @@ func (c *Cluster) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 	}
 	return c.register(ctx, n, nsb, registration{
 		requestedTemplate: req.TemplateID, metadata: req.Metadata, timeout: req.Timeout,
-		autoPause: req.AutoPause, allowInternet: req.AllowInternet, keyID: req.Owner.KeyID,
+		autoPause: req.AutoPause, autoResume: req.AutoResume, allowInternet: req.AllowInternet, keyID: req.Owner.KeyID,
 		privateTraffic: req.PrivateTraffic,
 	})
 }
@@ -446,6 +455,7 @@ type registration struct {
 	metadata          map[string]string
 	timeout           time.Duration
 	autoPause         bool
+	autoResume        bool
 	allowInternet     bool
 	keyID             string
 	privateTraffic    bool
@@ -476,6 +486,8 @@ func (c *Cluster) register(ctx context.Context, n nodeapi.Node, nsb *nodev1.Sand
 		EnvdVersion:     nsb.EnvdVersion,
 		EnvdAccessToken: nsb.EnvdAccessToken,
 		AutoPause:       reg.autoPause,
+		AutoResume:      reg.autoResume && reg.autoPause,
+		Timeout:         reg.timeout,
 		AllowInternet:   reg.allowInternet,
 		KeyID:           reg.keyID,
 		Addr:            addr,

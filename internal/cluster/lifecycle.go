@@ -243,7 +243,7 @@ func (c *Cluster) Fork(ctx context.Context, id string, count int, timeout time.D
 			}
 			sb, err := c.register(ctx, n, nsb, registration{
 				requestedTemplate: parent.TemplateID, metadata: parent.Metadata, timeout: timeout,
-				autoPause: parent.AutoPause, allowInternet: parent.AllowInternet, keyID: owner.KeyID,
+				autoPause: parent.AutoPause, autoResume: parent.AutoResume, allowInternet: parent.AllowInternet, keyID: owner.KeyID,
 				privateTraffic: parent.TrafficAccessToken != "",
 			})
 			results[i] = ForkResult{Sandbox: sb, Err: err}
@@ -462,6 +462,48 @@ func (c *Cluster) evacuate(nodeID string) {
 		}
 		if err := c.Pause(ctx, id); err != nil && !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrConflict) {
 			c.log.Error("pausing a sandbox of a node going away", "sandbox_id", id, "err", err)
+		}
+	}
+}
+
+// resumeWait bounds how long traffic to a paused sandbox waits for the
+// resume it caused (or another request's).
+const resumeWait = time.Minute
+
+// AutoResume resumes paused sandbox id for traffic that reached it, if it
+// asked for that (lifecycle.autoResume), with the timeout it was created
+// with; a resume already under way (another request's) is waited for. It
+// reports whether the sandbox runs now.
+func (c *Cluster) AutoResume(ctx context.Context, id string) (bool, error) {
+	deadline := time.Now().Add(resumeWait)
+	for {
+		sb, err := c.Get(ctx, id)
+		if err != nil {
+			return false, err
+		}
+		if sb.State == StateRunning && sb.Addr.IsValid() {
+			return true, nil
+		}
+		if !sb.AutoResume {
+			return false, nil
+		}
+		timeout := sb.Timeout
+		if timeout <= 0 || timeout > c.cfg.Limits.MaxTimeout {
+			timeout = 5 * time.Minute
+		}
+		_, _, err = c.Connect(ctx, id, timeout)
+		if err == nil {
+			c.log.Info("sandbox resumed by traffic", "sandbox_id", id)
+			return true, nil
+		}
+		if !errors.Is(err, ErrConflict) || time.Now().After(deadline) {
+			return false, err
+		}
+		// Another request is resuming it: wait for that.
+		select {
+		case <-ctx.Done():
+			return false, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
 		}
 	}
 }

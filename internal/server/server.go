@@ -345,7 +345,16 @@ func openState(ctx context.Context, cfg Config, log *slog.Logger) (*state.Etcd, 
 
 // SandboxRoute implements proxy.Resolver.
 func (s *Server) SandboxRoute(id string) (proxy.Route, error) {
-	r, err := s.cluster.Route(context.Background(), id)
+	ctx := context.Background()
+	r, err := s.cluster.Route(ctx, id)
+	if errors.Is(err, cluster.ErrConflict) {
+		// Paused: traffic resumes it if it asked for that.
+		if ok, rerr := s.cluster.AutoResume(ctx, id); rerr != nil {
+			s.log.Warn("resuming a sandbox for its traffic", "sandbox_id", id, "err", rerr)
+		} else if ok {
+			r, err = s.cluster.Route(ctx, id)
+		}
+	}
 	return proxy.Route{Addr: r.Addr, Via: r.Via, TrafficToken: r.TrafficToken}, err
 }
 
