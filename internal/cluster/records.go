@@ -319,18 +319,8 @@ func (rs *records) mutate(ctx context.Context, id string, fn func(r *record) err
 // remove deletes id's record, optionally leaving a tombstone that says
 // why it is gone.
 func (rs *records) remove(ctx context.Context, id, reason string) error {
-	if reason != "" {
-		b, _ := json.Marshal(tombstone{Reason: reason, At: time.Now().UTC()})
-		if _, err := rs.st.Put(ctx, tombstoneKey(id), b, state.WriteOptions{}); err != nil {
-			return fmt.Errorf("recording why %s is gone: %w", id, err)
-		}
-	}
-	err := rs.st.Delete(ctx, sandboxKey(id), 0)
-	if err != nil && !errors.Is(err, state.ErrNotFound) {
-		return fmt.Errorf("deleting record of %s: %w", id, err)
-	}
-	rs.drop(id)
-	return nil
+	_, err := rs.removeIf(ctx, id, reason, func(*record) bool { return true })
+	return err
 }
 
 // removeIf deletes id's record only while cond holds for it as it is in

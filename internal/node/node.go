@@ -240,15 +240,20 @@ func (n *Node) ID() string { return n.cfg.ID }
 // one from the warm pool when one fits, else a fresh boot. A failed create
 // leaves nothing behind.
 func (n *Node) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) {
-	tpl, err := n.cfg.Templates.Fetch(ctx, req.TemplateID)
+	// The templates this host holds are looked up first (a directory
+	// read), then snapshots, then templates only the remote store has:
+	// restores (resume, fork) are the frequent remote case, and a template
+	// is fetched from the store once per host.
+	tpl, err := n.cfg.Templates.GetLocal(req.TemplateID)
 	if errors.Is(err, template.ErrNotFound) && n.cfg.Snapshots != nil {
-		// Templates are looked up first: they are local, while a snapshot
-		// lookup may ask the remote store.
 		if snap, serr := n.cfg.Snapshots.Fetch(ctx, req.TemplateID); serr == nil {
 			return n.restore(ctx, snap, req)
 		} else if !errors.Is(serr, snapshot.ErrNotFound) {
 			return nil, fmt.Errorf("creating sandbox: %w", serr)
 		}
+	}
+	if errors.Is(err, template.ErrNotFound) {
+		tpl, err = n.cfg.Templates.Fetch(ctx, req.TemplateID)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("creating sandbox: %w", err)

@@ -127,8 +127,22 @@ func (s *Store) BaseRootFS() string {
 	return filepath.Join(s.dir, BaseID, "rootfs")
 }
 
-// Get returns the template with the given id or alias.
+// Get returns the template with the given id or alias: this host's, else
+// (with a remote store) the description of one published there, marked
+// Remote.
 func (s *Store) Get(idOrAlias string) (*Template, error) {
+	t, err := s.GetLocal(idOrAlias)
+	if !errors.Is(err, ErrNotFound) || s.remote == nil {
+		return t, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), remoteTimeout)
+	defer cancel()
+	return s.remoteGet(ctx, idOrAlias)
+}
+
+// GetLocal returns the template with the given id or alias if its files
+// are on this host.
+func (s *Store) GetLocal(idOrAlias string) (*Template, error) {
 	if !ValidID(idOrAlias) {
 		return nil, fmt.Errorf("looking up template %q: %w", idOrAlias, ErrNotFound)
 	}
@@ -152,11 +166,6 @@ func (s *Store) Get(idOrAlias string) (*Template, error) {
 				return t, nil
 			}
 		}
-	}
-	if s.remote != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), remoteTimeout)
-		defer cancel()
-		return s.remoteGet(ctx, idOrAlias)
 	}
 	return nil, fmt.Errorf("looking up template %q: %w", idOrAlias, ErrNotFound)
 }
