@@ -3,9 +3,10 @@ package cli
 import (
 	"fmt"
 	"strconv"
-	"text/tabwriter"
 
 	"github.com/spf13/cobra"
+
+	"github.com/aenvhq/aenv/internal/client"
 )
 
 func newKeysCmd(g *globals) *cobra.Command {
@@ -41,40 +42,14 @@ a server's own (<data-dir>/secrets/api-key).`,
 	create.Flags().IntVar(&maxSandboxes, "max-sandboxes", 0, "running sandboxes the key may have at once (0: no bound); past it creates get 429")
 	create.Flags().BoolVar(&admin, "admin", false, "let the key manage keys and drain nodes")
 
-	var output string
-	ls := &cobra.Command{
-		Use:     "ls",
-		Aliases: []string{"list"},
-		Short:   "List API keys",
-		Args:    cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := checkOutput(cmd, output); err != nil {
-				return err
+	ls := listCmd(g, &cobra.Command{Use: "ls", Aliases: []string{"list"}, Short: "List API keys"},
+		(*client.Client).Keys, "ID\tNAME\tKEY\tADMIN\tMAX SANDBOXES\tCREATED", func(k client.Key) string {
+			limit := "-"
+			if k.MaxSandboxes > 0 {
+				limit = strconv.Itoa(k.MaxSandboxes)
 			}
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			keys, err := c.Keys(cmd.Context())
-			if err != nil {
-				return err
-			}
-			if output == "json" {
-				return writeJSON(cmd.OutOrStdout(), keys)
-			}
-			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tNAME\tKEY\tADMIN\tMAX SANDBOXES\tCREATED")
-			for _, k := range keys {
-				limit := "-"
-				if k.MaxSandboxes > 0 {
-					limit = strconv.Itoa(k.MaxSandboxes)
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%s\t%s\n", k.ID, k.Name, k.Hint, k.Admin, limit, k.CreatedAt.Local().Format("2006-01-02 15:04:05"))
-			}
-			return tw.Flush()
-		},
-	}
-	outputFlag(ls, &output)
+			return fmt.Sprintf("%s\t%s\t%s\t%v\t%s\t%s", k.ID, k.Name, k.Hint, k.Admin, limit, k.CreatedAt.Local().Format("2006-01-02 15:04:05"))
+		})
 
 	revoke := &cobra.Command{
 		Use:   "revoke ID",

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"fmt"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -13,39 +12,15 @@ import (
 )
 
 func newNodesCmd(g *globals) *cobra.Command {
-	var output string
-	cmd := &cobra.Command{
+	return listCmd(g, &cobra.Command{
 		Use:   "nodes",
 		Short: "List the cluster's nodes",
 		Long: `List the hosts that run sandboxes, with their state (ready, draining, or
 lost when a node stopped reporting), capacity, usage and sandbox count.`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := checkOutput(cmd, output); err != nil {
-				return err
-			}
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			nodes, err := c.Nodes(cmd.Context())
-			if err != nil {
-				return err
-			}
-			if output == "json" {
-				return writeJSON(cmd.OutOrStdout(), nodes)
-			}
-			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tSTATE\tSANDBOXES\tCPUS\tMEMORY\tCOMMITTED\tUSED\tRUNTIME")
-			for _, n := range nodes {
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%dMiB\t%dMiB\t%dMiB\t%s %s\n", n.ID, n.State, n.Sandboxes,
-					n.Capacity.CPUCount, n.Capacity.MemoryMB, n.Usage.CommittedMemoryMB, n.Usage.MemoryMB, n.Runtime, n.RuntimeVersion)
-			}
-			return tw.Flush()
-		},
-	}
-	outputFlag(cmd, &output)
-	return cmd
+	}, (*client.Client).Nodes, "ID\tSTATE\tSANDBOXES\tCPUS\tMEMORY\tCOMMITTED\tUSED\tRUNTIME", func(n client.Node) string {
+		return fmt.Sprintf("%s\t%s\t%d\t%d\t%dMiB\t%dMiB\t%dMiB\t%s %s", n.ID, n.State, n.Sandboxes,
+			n.Capacity.CPUCount, n.Capacity.MemoryMB, n.Usage.CommittedMemoryMB, n.Usage.MemoryMB, n.Runtime, n.RuntimeVersion)
+	})
 }
 
 func newNodeCmd(g *globals) *cobra.Command {

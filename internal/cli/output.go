@@ -1,14 +1,18 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
 	"sync"
+	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/aenvhq/aenv/internal/client"
 )
 
 // outputFlag adds --output/-o (table or json) to a command that lists.
@@ -157,4 +161,37 @@ func humanBytes(n int64) string {
 		exp++
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+// listCmd makes cmd list what fetch (a client method, such as
+// (*client.Client).Nodes) returns: a table (header, then a row per item,
+// cells tab-separated) or, with -o json, JSON.
+func listCmd[T any](g *globals, cmd *cobra.Command, fetch func(*client.Client, context.Context) ([]T, error),
+	header string, row func(T) string) *cobra.Command {
+	var output string
+	cmd.Args = cobra.NoArgs
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		if err := checkOutput(cmd, output); err != nil {
+			return err
+		}
+		c, err := g.client()
+		if err != nil {
+			return err
+		}
+		items, err := fetch(c, cmd.Context())
+		if err != nil {
+			return err
+		}
+		if output == "json" {
+			return writeJSON(cmd.OutOrStdout(), items)
+		}
+		tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, header)
+		for _, it := range items {
+			fmt.Fprintln(tw, row(it))
+		}
+		return tw.Flush()
+	}
+	outputFlag(cmd, &output)
+	return cmd
 }

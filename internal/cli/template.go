@@ -4,10 +4,11 @@ import (
 	"fmt"
 	"os"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/aenvhq/aenv/internal/client"
 
 	"github.com/aenvhq/aenv/internal/template"
 )
@@ -39,47 +40,20 @@ debootstrap, from this host's Debian mirror. Point a server at it with
 }
 
 func newTemplateListCmd(g *globals) *cobra.Command {
-	var output string
-	cmd := &cobra.Command{
-		Use:     "ls",
-		Aliases: []string{"list"},
-		Short:   "List templates",
-		Args:    cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := checkOutput(cmd, output); err != nil {
-				return err
+	return listCmd(g, &cobra.Command{Use: "ls", Aliases: []string{"list"}, Short: "List templates"},
+		(*client.Client).ListTemplates, "ID\tALIASES\tCPU\tMEMORY\tDISK\tSIZE\tCREATED",
+		func(t client.Template) string {
+			aliases := strings.Join(t.Aliases, ",")
+			if aliases == "" {
+				aliases = "-"
 			}
-			c, err := g.client()
-			if err != nil {
-				return err
+			created := "-"
+			if !t.CreatedAt.IsZero() {
+				created = t.CreatedAt.Local().Format(time.DateTime)
 			}
-			list, err := c.ListTemplates(cmd.Context())
-			if err != nil {
-				return err
-			}
-			out := cmd.OutOrStdout()
-			if output == "json" {
-				return writeJSON(out, list)
-			}
-			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tALIASES\tCPU\tMEMORY\tDISK\tSIZE\tCREATED")
-			for _, t := range list {
-				aliases := strings.Join(t.Aliases, ",")
-				if aliases == "" {
-					aliases = "-"
-				}
-				created := "-"
-				if !t.CreatedAt.IsZero() {
-					created = t.CreatedAt.Local().Format(time.DateTime)
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%dMiB\t%dMiB\t%s\t%s\n", t.TemplateID, aliases, t.CPUCount, t.MemoryMB, t.DiskSizeMB,
-					formatBytes(t.SizeBytes), created)
-			}
-			return tw.Flush()
-		},
-	}
-	outputFlag(cmd, &output)
-	return cmd
+			return fmt.Sprintf("%s\t%s\t%d\t%dMiB\t%dMiB\t%s\t%s", t.TemplateID, aliases, t.CPUCount, t.MemoryMB, t.DiskSizeMB,
+				formatBytes(t.SizeBytes), created)
+		})
 }
 
 func newTemplateRemoveCmd(g *globals) *cobra.Command {
