@@ -439,7 +439,7 @@ func (c *Cluster) start(ctx context.Context, p placement, req *nodev1.CreateRequ
 			return nsb, n, nil
 		}
 		err = classifyNodeError(err)
-		if !errNodeFull(err) || ctx.Err() != nil {
+		if !errors.Is(err, ErrNoCapacity) || ctx.Err() != nil {
 			return nil, nil, err
 		}
 		c.log.Info("node full; placing on another", "node_id", n.ID(), "err", err)
@@ -460,9 +460,6 @@ type registration struct {
 	keyID             string
 	privateTraffic    bool
 }
-
-// netipZero is the address of a sandbox that has none (paused).
-var netipZero netip.Addr
 
 // register stores the record of a sandbox node n started. If the record
 // cannot be stored the sandbox is killed: a sandbox nobody can find must
@@ -742,10 +739,7 @@ func (c *Cluster) Close(ctx context.Context, mode StopMode) error {
 	var errs []error
 	if mode != StopKeep && c.cfg.Local != nil {
 		self := c.cfg.Local.ID()
-		for _, r := range c.recs.all() {
-			if r.State != StateRunning || r.NodeID != self {
-				continue
-			}
+		for _, r := range c.recs.matching(func(r *record) bool { return r.State == StateRunning && r.NodeID == self }) {
 			var err error
 			if mode == StopPause {
 				if err = c.Pause(ctx, r.ID); err != nil {

@@ -3,7 +3,6 @@ package cluster
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -47,6 +46,14 @@ type member struct {
 	api    nodeapi.Node
 	// stop ends the subscription to its events.
 	stop context.CancelFunc
+}
+
+// unsubscribe ends the member's event subscription, if any.
+func (m *member) unsubscribe() {
+	if m.stop != nil {
+		m.stop()
+		m.stop = nil
+	}
 }
 
 func newFleet(st state.Store, local nodeapi.Node, dial func(id, address string) nodeapi.Node, log *slog.Logger) *fleet {
@@ -98,19 +105,8 @@ func (f *fleet) load(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("loading the node registry: %w", err)
 	}
-	live := map[string]NodeInfo{}
-	drained := map[string]bool{}
-	for _, e := range entries {
-		switch {
-		case strings.HasPrefix(e.Key, nodeLivePrefix):
-			var n NodeInfo
-			if json.Unmarshal(e.Value, &n) == nil {
-				live[strings.TrimPrefix(e.Key, nodeLivePrefix)] = n
-			}
-		case strings.HasPrefix(e.Key, nodeDrainPrefix):
-			drained[strings.TrimPrefix(e.Key, nodeDrainPrefix)] = true
-		}
-	}
+	reg := parseRegistry(entries)
+	live, drained := reg.live, reg.drained
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.loadedAt.IsZero() {
@@ -161,10 +157,7 @@ func (f *fleet) liveLocked(id string, n NodeInfo) {
 	wasLive := m.live
 	if m.api != nil && m.api != f.local && n.Address != m.info.Address {
 		// It came back elsewhere: reach it there.
-		if m.stop != nil {
-			m.stop()
-			m.stop = nil
-		}
+		m.unsubscribe()
 		m.api = nil
 	}
 	m.info, m.live, m.lostAt = n, true, time.Time{}
@@ -188,10 +181,7 @@ func (f *fleet) lostLocked(id string, m *member) {
 		return
 	}
 	m.live, m.lostAt = false, time.Now()
-	if m.stop != nil {
-		m.stop()
-		m.stop = nil
-	}
+	m.unsubscribe()
 	m.api = nil
 	f.log.Warn("node lost: its lease in the registry expired or it left", "node_id", id)
 }
@@ -249,10 +239,7 @@ func (f *fleet) stopAll() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, m := range f.members {
-		if m.stop != nil {
-			m.stop()
-			m.stop = nil
-		}
+		m.unsubscribe()
 	}
 }
 
@@ -287,22 +274,28 @@ func (f *fleet) address(id string) (string, bool) {
 	return m.info.Address, true
 }
 
-// lostSince reports since when node id has been lost (false while it is
-// live, and for the in-process node, which lives as long as this server).
-func (f *fleet) lostSince(id string) (time.Time, bool) {
+// lostBefore reports, for any node id, whether that node was lost at
+// cutoff or earlier: a member lost since then, or a node this server has
+// never seen (named only by records) once the registry was read by then.
+// The in-process node is never lost to its own server. It answers from a
+// copy, so that a scan of every record takes no lock per record.
+func (f *fleet) lostBefore(cutoff time.Time) func(id string) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.local != nil && id == f.local.ID() {
-		return time.Time{}, false
+	lost, known := map[string]bool{}, map[string]bool{}
+	for id, m := range f.members {
+		known[id] = true
+		if !m.live && !m.lostAt.After(cutoff) {
+			lost[id] = true
+		}
 	}
-	m, ok := f.members[id]
-	switch {
-	case !ok:
-		return f.loadedAt, !f.loadedAt.IsZero()
-	case m.live:
-		return time.Time{}, false
-	default:
-		return m.lostAt, true
+	unknownLost := !f.loadedAt.IsZero() && !f.loadedAt.After(cutoff)
+	local := ""
+	if f.local != nil {
+		local = f.local.ID()
+	}
+	return func(id string) bool {
+		return id != local && (lost[id] || (unknownLost && !known[id]))
 	}
 }
 
@@ -464,10 +457,4 @@ func (f *fleet) place(p placement) (nodeapi.Node, error) {
 		}
 	}
 	return best.m.api, nil
-}
-
-// errNodeFull reports whether a node refused a sandbox for lack of room
-// now (its report was older than its admission): another node may do.
-func errNodeFull(err error) bool {
-	return errors.Is(err, ErrNoCapacity)
 }

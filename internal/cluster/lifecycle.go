@@ -79,7 +79,7 @@ func (c *Cluster) finishPause(ctx context.Context, id, snapID string) error {
 	_, err := c.recs.mutate(ctx, id, func(r *record) error {
 		r.State = StatePaused
 		r.SnapshotID = snapID
-		r.Addr = netipZero
+		r.Addr = netip.Addr{}
 		r.clearOp()
 		return nil
 	})

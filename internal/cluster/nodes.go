@@ -232,66 +232,59 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 // draining if an operator drained it, lost if its lease expired, ready
 // otherwise. A lost node shows what it last reported.
 func (c *Cluster) Nodes(ctx context.Context) ([]NodeInfo, error) {
-	read := func(prefix string) (map[string]NodeInfo, error) {
-		entries, _, err := c.cfg.State.List(ctx, prefix)
-		if err != nil {
-			return nil, fmt.Errorf("listing nodes: %w", err)
-		}
-		out := map[string]NodeInfo{}
-		for _, e := range entries {
-			var n NodeInfo
-			if json.Unmarshal(e.Value, &n) == nil {
-				out[strings.TrimPrefix(e.Key, prefix)] = n
-			}
-		}
-		return out, nil
-	}
-	live, err := read(nodeLivePrefix)
-	if err != nil {
-		return nil, err
-	}
-	known, err := read(nodeKnownPrefix)
-	if err != nil {
-		return nil, err
-	}
-	drains, _, err := c.cfg.State.List(ctx, nodeDrainPrefix)
+	entries, _, err := c.cfg.State.List(ctx, "nodes/")
 	if err != nil {
 		return nil, fmt.Errorf("listing nodes: %w", err)
 	}
-	drained := map[string]bool{}
-	for _, e := range drains {
-		drained[strings.TrimPrefix(e.Key, nodeDrainPrefix)] = true
-	}
+	reg := parseRegistry(entries)
 	counts := map[string]int{}
 	c.recs.each(func(r *record) {
 		if r.State == StateRunning {
 			counts[r.NodeID]++
 		}
 	})
+	// One consistent list, and a node's known key is written before its
+	// live one and never removed: every live node is known.
 	var out []NodeInfo
-	for id, n := range known {
-		if l, ok := live[id]; ok {
+	for id, n := range reg.known {
+		if l, ok := reg.live[id]; ok {
 			n, n.State = l, NodeReady
 		} else {
 			n.State = NodeLost
 		}
-		if drained[id] && n.State == NodeReady {
+		if reg.drained[id] && n.State == NodeReady {
 			n.State = NodeDraining
 		}
 		n.ID, n.Sandboxes = id, counts[id]
 		out = append(out, n)
 	}
-	for id, l := range live { // registered since known was read
-		if _, ok := known[id]; !ok {
-			l.ID, l.State, l.Sandboxes = id, NodeReady, counts[id]
-			if drained[id] {
-				l.State = NodeDraining
-			}
-			out = append(out, l)
-		}
-	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out, nil
+}
+
+// registry is the node registry as read from the store.
+type registry struct {
+	live, known map[string]NodeInfo
+	drained     map[string]bool
+}
+
+// parseRegistry decodes the entries under "nodes/".
+func parseRegistry(entries []state.Entry) registry {
+	reg := registry{live: map[string]NodeInfo{}, known: map[string]NodeInfo{}, drained: map[string]bool{}}
+	for _, e := range entries {
+		for prefix, into := range map[string]map[string]NodeInfo{nodeLivePrefix: reg.live, nodeKnownPrefix: reg.known} {
+			if id, ok := strings.CutPrefix(e.Key, prefix); ok {
+				var n NodeInfo
+				if json.Unmarshal(e.Value, &n) == nil {
+					into[id] = n
+				}
+			}
+		}
+		if id, ok := strings.CutPrefix(e.Key, nodeDrainPrefix); ok {
+			reg.drained[id] = true
+		}
+	}
+	return reg
 }
 
 // GetNode returns one node (ErrNotFound for an id never seen).

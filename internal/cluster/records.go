@@ -75,7 +75,8 @@ type records struct {
 	// still on its way through the watch cannot bring them back. Ids are
 	// random and never reused, so an entry can simply expire once any
 	// event of it must have arrived (goneFor).
-	gone map[string]time.Time
+	gone  map[string]time.Time
+	swept time.Time
 }
 
 // goneFor is far beyond any watch delay.
@@ -166,10 +167,15 @@ func (rs *records) drop(id string) {
 	defer rs.mu.Unlock()
 	delete(rs.m, id)
 	now := time.Now()
-	for gid, at := range rs.gone {
-		if now.Sub(at) > goneFor {
-			delete(rs.gone, gid)
+	// Expired entries are swept at most once per goneFor, not per delete:
+	// a mass kill deletes thousands at once.
+	if now.Sub(rs.swept) > goneFor {
+		for gid, at := range rs.gone {
+			if now.Sub(at) > goneFor {
+				delete(rs.gone, gid)
+			}
 		}
+		rs.swept = now
 	}
 	rs.gone[id] = now
 }
@@ -197,11 +203,6 @@ func (rs *records) route(id string) (addr netip.Addr, nodeID, trafficToken strin
 		return netip.Addr{}, "", "", false
 	}
 	return c.rec.Addr, c.rec.NodeID, c.rec.TrafficAccessToken, true
-}
-
-// all returns copies of every cached record.
-func (rs *records) all() []record {
-	return rs.matching(func(*record) bool { return true })
 }
 
 // each calls fn for every cached record, under the cache's lock: fn

@@ -47,12 +47,11 @@ func (c *Cluster) reconcile(ctx context.Context, n nodeapi.Node) error {
 		running[sb.Id] = sb
 	}
 	var errs []error
-	for _, r := range c.recs.all() {
+	// Other nodes' running sandboxes are theirs to reconcile.
+	for _, r := range c.recs.matching(func(r *record) bool { return r.State != StateRunning || r.NodeID == self }) {
 		nsb, runs := running[r.ID]
 		delete(running, r.ID)
 		switch {
-		case r.State == StateRunning && r.NodeID != self:
-			// Another node's; it reconciles its own.
 		case r.State == StateRunning && runs:
 			if r.Op != "" {
 				c.log.Info("operation cut short by a restart; the sandbox kept running", "sandbox_id", r.ID, "op", r.Op)
@@ -179,12 +178,13 @@ const lostGrace = 3 * time.Second
 // middle of an operation is left to the server doing it, which fails
 // against the dead node and clears its mark.
 func (c *Cluster) loseOrphanedRecords(ctx context.Context) {
+	isLost := c.nodes.lostBefore(time.Now().Add(-lostGrace))
 	var lost []record
 	c.recs.each(func(r *record) {
 		if r.State != StateRunning || (r.Op != "" && time.Since(r.OpSince) < staleOp) {
 			return
 		}
-		if since, ok := c.nodes.lostSince(r.NodeID); ok && time.Since(since) >= lostGrace {
+		if isLost(r.NodeID) {
 			lost = append(lost, *r)
 		}
 	})
@@ -263,10 +263,13 @@ func (c *Cluster) migrateLegacy(ctx context.Context) error {
 			os.Rename(f, f+".unreadable")
 			continue
 		}
-		if _, err := c.GetSnapshotAny(ctx, r.SnapshotID); err != nil {
+		if _, err := c.GetSnapshotAny(ctx, r.SnapshotID); errors.Is(err, ErrNotFound) {
 			c.log.Warn("paused sandbox lost its snapshot; dropping it", "sandbox_id", r.ID, "err", err)
 			os.Remove(f)
 			continue
+		} else if err != nil {
+			// The file stays for the next start to try again.
+			return fmt.Errorf("migrating paused record %s: %w", f, err)
 		}
 		if err := c.recs.create(ctx, r); err != nil && !errors.Is(err, state.ErrExists) {
 			return fmt.Errorf("migrating paused record %s: %w", f, err)

@@ -68,9 +68,6 @@ func (l *Local) OnExit(fn func(id, reason string)) {
 	l.mu.Unlock()
 }
 
-// Node returns the node Local serves.
-func (l *Local) Node() *node.Node { return l.n }
-
 // Publish sends ev to every subscriber of Events. A subscriber that does
 // not keep up loses its stream (and resynchronises), rather than hold
 // the node up.

@@ -14,12 +14,10 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
-	"strings"
 
 	"connectrpc.com/connect"
 
 	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
-	"github.com/aenvhq/aenv/internal/nodeapi/nodev1/nodev1connect"
 )
 
 // gen.sh builds the protoc plugins at the versions in go.mod, so a clean
@@ -84,10 +82,4 @@ func RequireToken(token string, log *slog.Logger, h http.Handler) http.Handler {
 		r.Header.Del(TokenHeader)
 		h.ServeHTTP(w, r)
 	})
-}
-
-// IsRPC reports whether r is a node API call (as opposed to sandbox
-// traffic for the node's proxy).
-func IsRPC(r *http.Request) bool {
-	return strings.HasPrefix(r.URL.Path, "/"+nodev1connect.NodeServiceName+"/")
 }
