@@ -19,7 +19,7 @@ import os from 'node:os'
 import path from 'node:path'
 import { before, after, test as nodeTest } from 'node:test'
 import { Sandbox } from 'e2b'
-import { PORT_MIN, PORT_MAX, sleep, rawRequest, describeError, checkPrerequisites } from './server.mjs'
+import { PORT_MIN, PORT_MAX, sleep, rawRequest, describeError, checkPrerequisites, tailFile } from './server.mjs'
 
 const START_TIMEOUT_MS = 90_000
 const NODE_PORT = 8100
@@ -30,14 +30,6 @@ function sh(cmd, args, { quiet = false } = {}) {
   } catch (err) {
     if (quiet) return ''
     throw new Error(`${cmd} ${args.join(' ')}: ${err.stderr?.toString().trim() || err.message}`)
-  }
-}
-
-function tailFile(file, lines = 60) {
-  try {
-    return fs.readFileSync(file, 'utf8').split('\n').slice(-lines).join('\n')
-  } catch (err) {
-    return `(cannot read ${file}: ${err.message})`
   }
 }
 

@@ -146,7 +146,7 @@ export function describeError(err) {
  * Tail of a file, for failure reports. A Go goroutine dump (after SIGQUIT)
  * is cut off: it is long, and the file keeps it.
  */
-function tailFile(file, lines = 80) {
+export function tailFile(file, lines = 80) {
   try {
     let text = fs.readFileSync(file, 'utf8')
     const dump = text.indexOf('\nSIGQUIT: quit')

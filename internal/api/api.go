@@ -38,10 +38,9 @@ type Config struct {
 	Templates *template.Store
 	// Proxy serves requests addressed to a sandbox.
 	Proxy http.Handler
-	// Keys are the cluster's API keys; clients send one in X-API-KEY.
-	Keys Keys
-	// KeyStore manages them (the /keys routes); nil answers those 501.
-	KeyStore *apikeys.Store
+	// Keys are the cluster's API keys (clients send one in X-API-KEY),
+	// which the /keys routes manage; nil answers those routes 501.
+	Keys *apikeys.Store
 	// APIKey, if set, is accepted as an admin key besides Keys (a server
 	// without a cluster's key store, and tests).
 	APIKey string
@@ -178,11 +177,6 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// included) may take as long as they take.
 	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(timeout))
 	s.api.ServeHTTP(w, r)
-}
-
-// Keys checks API keys (apikeys.Store).
-type Keys interface {
-	Lookup(key string) (apikeys.Key, bool)
 }
 
 // keyContext carries the caller's key to handlers.

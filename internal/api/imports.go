@@ -59,7 +59,6 @@ type importErrorJSON struct {
 // progress arrive from other goroutines).
 type eventStream struct {
 	mu  sync.Mutex
-	w   http.ResponseWriter
 	rc  *http.ResponseController
 	enc *json.Encoder
 	err error
@@ -70,7 +69,7 @@ func startEvents(w http.ResponseWriter) *eventStream {
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusOK)
-	es := &eventStream{w: w, rc: http.NewResponseController(w), enc: json.NewEncoder(w)}
+	es := &eventStream{rc: http.NewResponseController(w), enc: json.NewEncoder(w)}
 	es.rc.Flush()
 	return es
 }

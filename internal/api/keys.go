@@ -29,7 +29,7 @@ type createdKeyJSON struct {
 }
 
 func (s *Server) keyStore(w http.ResponseWriter) bool {
-	if s.cfg.KeyStore == nil {
+	if s.cfg.Keys == nil {
 		writeError(w, http.StatusNotImplemented, "this server keeps no API keys of its own")
 		return false
 	}
@@ -39,7 +39,7 @@ func (s *Server) keyStore(w http.ResponseWriter) bool {
 // listKeys answers GET /keys (admin keys only).
 func (s *Server) listKeys(w http.ResponseWriter, r *http.Request) {
 	if s.keyStore(w) {
-		writeJSON(w, http.StatusOK, s.cfg.KeyStore.List())
+		writeJSON(w, http.StatusOK, s.cfg.Keys.List())
 	}
 }
 
@@ -52,7 +52,7 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request) {
 	if !decodeBody(w, r, &body) {
 		return
 	}
-	key, k, err := s.cfg.KeyStore.Create(r.Context(), body.Name, body.MaxSandboxes, body.Admin)
+	key, k, err := s.cfg.Keys.Create(r.Context(), body.Name, body.MaxSandboxes, body.Admin)
 	if err != nil {
 		s.writeKeyError(w, r, err)
 		return
@@ -76,7 +76,7 @@ func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusConflict, "a key cannot revoke itself")
 		return
 	}
-	if err := s.cfg.KeyStore.Revoke(r.Context(), id); err != nil {
+	if err := s.cfg.Keys.Revoke(r.Context(), id); err != nil {
 		s.writeKeyError(w, r, err)
 		return
 	}

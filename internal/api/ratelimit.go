@@ -1,8 +1,6 @@
 package api
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"net/http"
 	"net/netip"
 	"strconv"
@@ -83,9 +81,10 @@ func (l *rateLimiter) limit(next http.Handler, key func(*http.Request) string) h
 // address. An invalid key must not buy a fresh bucket, so it counts as
 // the address.
 func (s *Server) clientKey(r *http.Request) string {
-	if _, ok := s.lookupKey(r); ok {
-		sum := sha256.Sum256([]byte(requestKey(r)))
-		return "key:" + hex.EncodeToString(sum[:8])
+	// A key's id is derived from its hash: the key itself never names a
+	// bucket.
+	if k, ok := s.lookupKey(r); ok {
+		return "key:" + k.ID
 	}
 	return "addr:" + s.clientAddr(r).String()
 }

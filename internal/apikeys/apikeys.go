@@ -53,6 +53,13 @@ var keyPattern = regexp.MustCompile(`^e2b_[0-9a-f]+$`)
 // ValidKey reports whether s is shaped like an API key.
 func ValidKey(s string) bool { return keyPattern.MatchString(s) }
 
+// NewKey makes a random API key.
+func NewKey() string {
+	b := make([]byte, 20)
+	_, _ = rand.Read(b)
+	return "e2b_" + hex.EncodeToString(b)
+}
+
 func hashOf(key string) string {
 	sum := sha256.Sum256([]byte(key))
 	return hex.EncodeToString(sum[:])
@@ -178,9 +185,7 @@ func (s *Store) Create(ctx context.Context, name string, maxSandboxes int, admin
 	if maxSandboxes < 0 {
 		return "", Key{}, fmt.Errorf("%w: maxSandboxes must not be negative", ErrInvalid)
 	}
-	b := make([]byte, 20)
-	_, _ = rand.Read(b)
-	key := "e2b_" + hex.EncodeToString(b)
+	key := NewKey()
 	k, err := s.put(ctx, key, name, maxSandboxes, admin)
 	if err != nil {
 		return "", Key{}, err

@@ -67,12 +67,9 @@ and --on-stop=kill kills them.`,
 			default:
 				return fmt.Errorf("--on-stop must be keep, pause or kill, not %q", onStop)
 			}
-			for _, a := range trustedProxies {
-				p, err := netip.ParsePrefix(a)
-				if err != nil {
-					return fmt.Errorf("--trusted-proxies %q: %w", a, err)
-				}
-				cfg.TrustedProxies = append(cfg.TrustedProxies, p.Masked())
+			var err error
+			if cfg.TrustedProxies, err = parsePrefixes("--trusted-proxies", trustedProxies); err != nil {
+				return err
 			}
 			ctx := cmd.Context()
 			if cleanup {
@@ -150,14 +147,22 @@ func hostSettings(cfg *server.Config, egressAllow []string, logLevel string) err
 		return err
 	}
 	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	for _, a := range egressAllow {
+	var err error
+	cfg.EgressAllow, err = parsePrefixes("--egress-allow", egressAllow)
+	return err
+}
+
+// parsePrefixes parses the CIDRs given to flag.
+func parsePrefixes(flag string, vals []string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, a := range vals {
 		p, err := netip.ParsePrefix(a)
 		if err != nil {
-			return fmt.Errorf("--egress-allow %q: %w", a, err)
+			return nil, fmt.Errorf("%s %q: %w", flag, a, err)
 		}
-		cfg.EgressAllow = append(cfg.EgressAllow, p.Masked())
+		out = append(out, p.Masked())
 	}
-	return nil
+	return out, nil
 }
 
 // serveUntilDone waits for ctx (a signal) and then stops what runs, within

@@ -336,8 +336,8 @@ func (n *Node) boot(ctx context.Context, id string, tpl *template.Template, opts
 	sb = &Sandbox{
 		ID:          id,
 		TemplateID:  tpl.ID,
-		CPUCount:    pick(opts.CPUCount, tpl.CPUCount),
-		MemoryMB:    pick(opts.MemoryMB, tpl.MemoryMB),
+		CPUCount:    cpus,
+		MemoryMB:    memMB,
 		DiskMB:      pick(tpl.DiskMB, n.cfg.DiskMB),
 		EnvdVersion: n.cfg.EnvdVersion,
 	}

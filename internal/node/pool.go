@@ -131,7 +131,7 @@ func (p *warmPool) refill(ctx context.Context) {
 				if !p.waitIdle(ctx) {
 					return
 				}
-				tpl, err := p.n.cfg.Templates.Get(id)
+				tpl, err := p.n.cfg.Templates.GetLocal(id)
 				if err == nil {
 					var sb *Sandbox
 					sb, err = p.n.boot(ctx, NewID(), tpl, bootOptions{Network: netns.SlotOptions{AllowInternet: true}})

@@ -129,12 +129,6 @@ func advertised(flag string, listen net.Addr) (string, error) {
 	return listen.String(), nil
 }
 
-// Addr is where the agent listens.
-func (a *Agent) Addr() net.Addr { return a.listener.Addr() }
-
-// ID is the agent's node id.
-func (a *Agent) ID() string { return a.cfg.NodeID }
-
 // Close stops the agent. Its sandboxes keep running for its next start
 // unless Config.OnStop is StopKill; it stays registered until its lease
 // expires unless it killed them. With StopPause (--on-stop=drain) it
@@ -160,11 +154,7 @@ func (a *Agent) Close(ctx context.Context) error {
 		a.listener.Close()
 	}
 	if a.host != nil {
-		mode := node.StopKeep
-		if a.cfg.OnStop == cluster.StopKill {
-			mode = node.StopKill
-		}
-		errs = append(errs, a.host.close(ctx, mode))
+		errs = append(errs, a.host.close(ctx, a.cfg.OnStop))
 	}
 	if a.state != nil {
 		errs = append(errs, a.state.Close())
@@ -247,9 +237,11 @@ func joinCluster(ctx context.Context, url, token string) ([]string, error) {
 func (s *Server) withJoin(h http.Handler) http.Handler {
 	join := nodeapi.RequireToken(s.token, s.log, http.HandlerFunc(s.join))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if _, _, sandbox := proxy.Match(r); r.URL.Path == JoinPath && !sandbox {
-			join.ServeHTTP(w, r)
-			return
+		if r.URL.Path == JoinPath {
+			if _, _, sandbox := proxy.Match(r); !sandbox {
+				join.ServeHTTP(w, r)
+				return
+			}
 		}
 		h.ServeHTTP(w, r)
 	})

@@ -36,7 +36,7 @@ func loadAPIKey(dataDir, override string, log *slog.Logger) (string, error) {
 	} else if !os.IsNotExist(err) {
 		return "", fmt.Errorf("reading API key: %w", err)
 	}
-	key := "e2b_" + randomHex(20)
+	key := apikeys.NewKey()
 	if err := storeSecret(path, key); err != nil {
 		return "", fmt.Errorf("storing API key: %w", err)
 	}

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"path/filepath"
 
+	"github.com/aenvhq/aenv/internal/cluster"
 	"github.com/aenvhq/aenv/internal/envd"
 	"github.com/aenvhq/aenv/internal/netns"
 	"github.com/aenvhq/aenv/internal/node"
@@ -40,7 +41,7 @@ func openHost(ctx context.Context, cfg Config, log *slog.Logger) (_ *host, err e
 	h := &host{log: log}
 	defer func() {
 		if err != nil {
-			h.close(context.WithoutCancel(ctx), node.StopKill)
+			h.close(context.WithoutCancel(ctx), cluster.StopKill)
 		}
 	}()
 	if err := h.open(ctx, cfg, log); err != nil {
@@ -60,8 +61,7 @@ func (h *host) open(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if h.remote, err = openRemote(ctx, cfg, log); err != nil {
 		return err
 	}
-	remote := h.remote
-	templates, err := openTemplates(cfg, remote, log)
+	templates, err := openTemplates(cfg, h.remote, log)
 	if err != nil {
 		return err
 	}
@@ -70,15 +70,9 @@ func (h *host) open(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	h.templates = templates
 
-	driver, err := gvisor.New(gvisor.Config{
-		RunscPath: cfg.RunscPath,
-		StateDir:  filepath.Join(cfg.RunDir, "gvisor"),
-		// One cgroup parent per server instance, named like its network
-		// tag, so that servers sharing a host stay apart.
-		CgroupParent: "/" + cfg.NetnsTag,
-		PidsTotal:    cfg.PidsTotal,
-		Logger:       log,
-	})
+	gcfg := gvisorConfig(cfg, log)
+	gcfg.PidsTotal = cfg.PidsTotal
+	driver, err := gvisor.New(gcfg)
 	if err != nil {
 		return err
 	}
@@ -119,7 +113,7 @@ func (h *host) open(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 
-	snapshots, err := snapshot.Open(filepath.Join(cfg.DataDir, "snapshots"), remote)
+	snapshots, err := snapshot.Open(filepath.Join(cfg.DataDir, "snapshots"), h.remote)
 	if err != nil {
 		return err
 	}
@@ -156,10 +150,15 @@ func (h *host) open(ctx context.Context, cfg Config, log *slog.Logger) error {
 	return nil
 }
 
-// close stops the node. Sandboxes that keep running (mode StopKeep) keep
-// their network slots and the host rules that isolate them, for the next
-// process to take over.
-func (h *host) close(ctx context.Context, mode node.StopMode) error {
+// close stops the node: its sandboxes are killed with StopKill, else they
+// keep running, with their network slots and the host rules that isolate
+// them, for the next process to take over (pausing them first is the
+// cluster's).
+func (h *host) close(ctx context.Context, stop cluster.StopMode) error {
+	mode := node.StopKeep
+	if stop == cluster.StopKill {
+		mode = node.StopKill
+	}
 	var errs []error
 	if h.stopWatch != nil {
 		h.stopWatch()
@@ -222,4 +221,16 @@ func openTemplates(cfg Config, remote *store.Store, log *slog.Logger) (*template
 		Dir: filepath.Join(cfg.DataDir, "templates"), BaseRootFS: cfg.BaseRootFS,
 		Remote: remote, Logger: log,
 	})
+}
+
+// gvisorConfig is the runtime driver of a server or node with cfg.
+func gvisorConfig(cfg Config, log *slog.Logger) gvisor.Config {
+	return gvisor.Config{
+		RunscPath: cfg.RunscPath,
+		StateDir:  filepath.Join(cfg.RunDir, "gvisor"),
+		// One cgroup parent per server instance, named like its network
+		// tag, so that servers sharing a host stay apart.
+		CgroupParent: "/" + cfg.NetnsTag,
+		Logger:       log,
+	}
 }

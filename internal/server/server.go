@@ -200,7 +200,7 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 	if s.apiKey, err = loadAPIKey(cfg.DataDir, cfg.APIKey, log); err != nil {
 		return nil, err
 	}
-	if err := s.openState(ctx); err != nil {
+	if s.state, err = openState(ctx, cfg, log); err != nil {
 		return nil, err
 	}
 	if s.token, err = loadClusterToken(cfg.DataDir, cfg.ClusterToken, true, log); err != nil {
@@ -271,7 +271,6 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 		Templates:      s.templates,
 		Proxy:          prx,
 		Keys:           s.keys,
-		KeyStore:       s.keys,
 		RateLimit:      cfg.RateLimit,
 		RateBurst:      cfg.RateBurst,
 		ProxyRateLimit: cfg.ProxyRateLimit,
@@ -311,12 +310,6 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 	}()
 	log.Info("aenv server listening", "addr", s.listener.Addr().String(), "tls", tls, "domain", domain, "local_node", s.host != nil)
 	return s, nil
-}
-
-// openState opens the live state.
-func (s *Server) openState(ctx context.Context) (err error) {
-	s.state, err = openState(ctx, s.cfg, s.log)
-	return err
 }
 
 // openState opens the live state: the external etcd cluster, waiting
@@ -396,11 +389,7 @@ func (s *Server) Close(ctx context.Context) error {
 		errs = append(errs, s.cluster.Close(ctx, s.cfg.OnStop))
 	}
 	if s.host != nil {
-		mode := node.StopKeep
-		if s.cfg.OnStop == cluster.StopKill {
-			mode = node.StopKill
-		}
-		errs = append(errs, s.host.close(ctx, mode))
+		errs = append(errs, s.host.close(ctx, s.cfg.OnStop))
 	}
 	if s.keys != nil {
 		s.keys.Close()
@@ -495,12 +484,8 @@ func Cleanup(ctx context.Context, cfg Config) error {
 	if err := netns.Reap(ctx, netCfg); err != nil {
 		return fmt.Errorf("cleaning up: %w", err)
 	}
-	driver, err := gvisor.New(gvisor.Config{
-		RunscPath:    cfg.RunscPath,
-		StateDir:     filepath.Join(cfg.RunDir, "gvisor"),
-		CgroupParent: "/" + cfg.NetnsTag,
-		Logger:       cfg.Logger,
-	})
+	// Without PidsTotal: cleaning up must not set the host's limits.
+	driver, err := gvisor.New(gvisorConfig(cfg, cfg.Logger))
 	if err != nil {
 		return fmt.Errorf("cleaning up: %w", err)
 	}

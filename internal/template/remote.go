@@ -61,27 +61,12 @@ func (s *Store) publish(t *Template) error {
 	if _, _, err := s.remote.Save(ctx, remoteID(t.ID), "", map[string]string{rootfsTar: tmp}, meta); err != nil {
 		return fmt.Errorf("publishing template %s: %w", t.ID, err)
 	}
-	s.mu.Lock()
-	s.remoteListAt = time.Time{} // list it afresh
-	s.mu.Unlock()
 	s.log.Info("template published to the store", "template_id", t.ID, "took_ms", time.Since(start).Milliseconds())
 	return nil
 }
 
-// remoteListFor is how long a listing of the remote store's templates is
-// reused: lookups of snapshot ids (which are not templates) ask for it on
-// every restore.
-const remoteListFor = 5 * time.Second
-
 // remoteTemplates lists the templates in the remote store.
 func (s *Store) remoteTemplates(ctx context.Context) ([]*Template, error) {
-	s.mu.Lock()
-	if time.Since(s.remoteListAt) < remoteListFor {
-		out := s.remoteList
-		s.mu.Unlock()
-		return out, nil
-	}
-	s.mu.Unlock()
 	ms, err := s.remote.List(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("listing templates in the store: %w", err)
@@ -99,9 +84,6 @@ func (s *Store) remoteTemplates(ctx context.Context) ([]*Template, error) {
 		t.Remote = true
 		out = append(out, &t)
 	}
-	s.mu.Lock()
-	s.remoteList, s.remoteListAt = out, time.Now()
-	s.mu.Unlock()
 	return out, nil
 }
 

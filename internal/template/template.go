@@ -77,11 +77,9 @@ type Store struct {
 
 	mu sync.Mutex
 	// baseSize and baseTime describe the base tree, measured once.
-	baseSize int64
-	baseTime time.Time
-	// remoteList is the remote store's templates as listed at remoteListAt.
-	remoteList   []*Template
-	remoteListAt time.Time
+	baseMeasured bool
+	baseSize     int64
+	baseTime     time.Time
 }
 
 // StoreOptions configures a Store.
@@ -132,7 +130,8 @@ func (s *Store) BaseRootFS() string {
 // Remote.
 func (s *Store) Get(idOrAlias string) (*Template, error) {
 	t, err := s.GetLocal(idOrAlias)
-	if !errors.Is(err, ErrNotFound) || s.remote == nil {
+	// base is every host's own, never published.
+	if !errors.Is(err, ErrNotFound) || s.remote == nil || idOrAlias == BaseID {
 		return t, err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), remoteTimeout)
@@ -189,7 +188,8 @@ func (s *Store) base() (*Template, error) {
 func (s *Store) describeBase(t *Template) {
 	root := t.RootFS
 	s.mu.Lock()
-	if s.baseSize == 0 {
+	if !s.baseMeasured {
+		s.baseMeasured = true
 		s.baseSize, _ = diskUsage(root)
 		if fi, err := os.Stat(filepath.Join(root, "bin")); err == nil {
 			s.baseTime = fi.ModTime().UTC()
@@ -251,6 +251,11 @@ func (s *Store) read(id string) (*Template, error) {
 // store, those published there (marked Remote).
 func (s *Store) List() ([]*Template, error) {
 	out, err := s.ListLocal()
+	if err == nil && len(out) > 0 && out[0].ID == BaseID {
+		// Measured for listings only: the node's reports and lookups call
+		// ListLocal too.
+		s.describeBase(out[0])
+	}
 	if err != nil || s.remote == nil {
 		return out, err
 	}
@@ -290,7 +295,6 @@ func (s *Store) ListLocal() ([]*Template, error) {
 	}
 	var out []*Template
 	if b, err := s.base(); err == nil {
-		s.describeBase(b)
 		out = append(out, b)
 	}
 	for _, e := range entries {

@@ -217,8 +217,11 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts runti
 	if !ok {
 		return fmt.Errorf("checkpointing %s: %w", id, runtime.ErrNotFound)
 	}
+	if opts.Freeze {
+		opts.LeaveRunning = true
+	}
 	var actions []runc.CheckpointAction
-	if opts.LeaveRunning || opts.Freeze {
+	if opts.LeaveRunning {
 		actions = append(actions, runc.LeaveRunning)
 	}
 	if opts.Freeze {
@@ -240,7 +243,7 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts runti
 		}
 		return fmt.Errorf("checkpointing %s: %w%s", id, err, TailLog(filepath.Join(d.sandboxDir(id), "runsc.log")))
 	}
-	if !opts.LeaveRunning && !opts.Freeze {
+	if !opts.LeaveRunning {
 		// The stop is ours: do not report it as a death.
 		d.mu.Lock()
 		if fd := d.running[id]; fd >= 0 {
