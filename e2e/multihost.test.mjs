@@ -83,7 +83,7 @@ cl.test('kill -9 of a node: its running sandboxes are lost within TTL + 5 s, its
   assert.match((await cl.api('GET', '/nodes/zqmhn1')).json.state, /lost/)
 
   const resumed = await Sandbox.connect(paused.sandboxId, cl.via(1))
-  const where = await cl.nodeOf(paused.sandboxId)
+  const where = await cl.nodeOf(paused.sandboxId, cl.servers[1])
   assert.notEqual(where, 'zqmhn1')
   assert.equal(await resumed.files.read('/home/user/kept.txt'), 'kept across the node')
   const after = await count(resumed)

@@ -289,9 +289,14 @@ export class TestCluster {
     return sbx
   }
 
-  /** The node a sandbox runs on, as the API reports it. */
-  async nodeOf(id) {
-    const res = await this.api('GET', `/sandboxes/${id}`)
+  /**
+   * The node a sandbox runs on, as API server `server` (default: the first
+   * running one) reports it. Another server's change reaches a server's
+   * cache through its watch, milliseconds later: ask the server that made
+   * it to read it at once.
+   */
+  async nodeOf(id, server) {
+    const res = await this.api('GET', `/sandboxes/${id}`, { server })
     if (res.status !== 200) throw new Error(`GET /sandboxes/${id}: ${res.status} ${res.text}`)
     return res.json.nodeID
   }
