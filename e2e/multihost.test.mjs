@@ -234,6 +234,10 @@ cl.test('API keys live in the cluster: a key made on one server works on the oth
   await waitFor(async () => (await asUser(cl.servers[1])).status === 200, { timeoutMs: 5000, what: 'the other server to accept the key' })
   const sbx = await Sandbox.create({ ...cl.via(1), apiKey: key })
   cl.sandboxes.add(sbx.sandboxId)
+  // Each server counts a key's sandboxes from its own copy of the records,
+  // which follows the other servers' writes milliseconds later.
+  await waitFor(async () => (await cl.api('GET', `/sandboxes/${sbx.sandboxId}`, { server: cl.servers[0] })).status === 200,
+    { timeoutMs: 5000, what: 'the other server to see the sandbox' })
   const over = await rawRequest({ port: cl.servers[0].port, method: 'POST', path: '/sandboxes', headers: { 'X-API-KEY': key }, body: { templateID: 'base' } })
   assert.equal(over.status, 429, `a create past the key's quota of 1: ${over.status} ${over.text}`)
   await sbx.kill()
