@@ -8,6 +8,7 @@ GO ?= go
 build:
 	$(GO) build -o bin/aenv ./cmd/aenv
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o bin/envd ./cmd/envd
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o bin/interpreter ./cmd/interpreter
 
 deps:
 	scripts/install-deps.sh

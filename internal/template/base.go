@@ -18,7 +18,22 @@ var BasePackages = []string{
 	"curl", "less", "sudo",
 }
 
-// BuildOptions configures BuildBase.
+// CodeInterpreterID is the template the code-interpreter SDK starts by
+// default; CodeInterpreterAlias is its short name.
+const (
+	CodeInterpreterID    = "code-interpreter-v1"
+	CodeInterpreterAlias = "code-interpreter"
+)
+
+// CodeInterpreterPackages are added to BasePackages for the code-interpreter
+// template: a Jupyter kernel and the data stack agents' code imports, all
+// from Debian (no PyPI on these hosts).
+var CodeInterpreterPackages = []string{
+	"python3-ipykernel", "python3-numpy", "python3-pandas", "python3-matplotlib",
+	"python3-scipy", "python3-requests", "python3-pil",
+}
+
+// BuildOptions configures BuildBase and BuildCodeInterpreter.
 type BuildOptions struct {
 	// Mirror is the Debian mirror; empty means the first one in this host's
 	// apt sources.
@@ -35,13 +50,35 @@ type BuildOptions struct {
 // temporary sibling and renames, so an interrupted build never leaves a
 // half tree at dest.
 func BuildBase(ctx context.Context, dest string, opts BuildOptions) error {
+	if err := buildDebian(ctx, dest, BasePackages, nil, opts); err != nil {
+		return fmt.Errorf("building base template: %w", err)
+	}
+	return nil
+}
+
+// BuildCodeInterpreter builds the code-interpreter template's root
+// filesystem at dest: base plus CodeInterpreterPackages. Its service (the
+// aenv-interpreter binary) is not in the tree: sandboxes get the node's own
+// copy, like envd, so a cached tree never runs an old service.
+func BuildCodeInterpreter(ctx context.Context, dest string, opts BuildOptions) error {
+	if err := buildDebian(ctx, dest, BasePackages, CodeInterpreterPackages, opts); err != nil {
+		return fmt.Errorf("building code-interpreter template: %w", err)
+	}
+	return nil
+}
+
+// buildDebian debootstraps packages into dest, installs extra with apt
+// inside it and adds `user`. Large package sets go through apt, not
+// debootstrap's --include: debootstrap configures them in an order that
+// fails for Python extension packages (python3-zmq).
+func buildDebian(ctx context.Context, dest string, packages, extra []string, opts BuildOptions) error {
 	if opts.Suite == "" {
 		opts.Suite = "bookworm"
 	}
 	if opts.Mirror == "" {
 		m, err := aptMirror()
 		if err != nil {
-			return fmt.Errorf("building base template: %w", err)
+			return err
 		}
 		opts.Mirror = m
 	}
@@ -49,14 +86,14 @@ func BuildBase(ctx context.Context, dest string, opts BuildOptions) error {
 		opts.Log = io.Discard
 	}
 	if _, err := exec.LookPath("debootstrap"); err != nil {
-		return fmt.Errorf("building base template: debootstrap not installed (apt-get install debootstrap): %w", err)
+		return fmt.Errorf("debootstrap not installed (apt-get install debootstrap): %w", err)
 	}
 	tmp := dest + ".building"
 	if err := os.RemoveAll(tmp); err != nil {
-		return fmt.Errorf("building base template: %w", err)
+		return err
 	}
 	if err := os.MkdirAll(filepath.Dir(dest), 0o755); err != nil {
-		return fmt.Errorf("building base template: %w", err)
+		return err
 	}
 	run := func(name string, args ...string) error {
 		cmd := exec.CommandContext(ctx, name, args...)
@@ -66,28 +103,38 @@ func BuildBase(ctx context.Context, dest string, opts BuildOptions) error {
 		}
 		return nil
 	}
-	if err := run("debootstrap", "--variant=minbase", "--include="+strings.Join(BasePackages, ","),
+	if err := run("debootstrap", "--variant=minbase", "--include="+strings.Join(packages, ","),
 		opts.Suite, tmp, opts.Mirror); err != nil {
 		os.RemoveAll(tmp)
-		return fmt.Errorf("building base template: %w", err)
+		return err
 	}
-	steps := [][]string{
+	var steps [][]string
+	if len(extra) > 0 {
+		// apt inside the tree resolves the mirror with this host's DNS.
+		if b, err := os.ReadFile("/etc/resolv.conf"); err == nil {
+			os.WriteFile(filepath.Join(tmp, "etc/resolv.conf"), b, 0o644)
+		}
+		steps = append(steps, []string{"chroot", tmp, "env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y", "-q",
+			"--no-install-recommends"})
+		steps[0] = append(steps[0], extra...)
+	}
+	steps = append(steps, [][]string{
 		{"chroot", tmp, "useradd", "--create-home", "--shell", "/bin/bash", "--uid", "1000", "user"},
 		{"chroot", tmp, "sh", "-c", "echo 'user ALL=(ALL:ALL) NOPASSWD: ALL' > /etc/sudoers.d/user && chmod 0440 /etc/sudoers.d/user"},
 		{"chroot", tmp, "apt-get", "clean"},
-	}
+	}...)
 	for _, s := range steps {
 		if err := run(s[0], s[1:]...); err != nil {
 			os.RemoveAll(tmp)
-			return fmt.Errorf("building base template: %w", err)
+			return err
 		}
 	}
 	os.RemoveAll(filepath.Join(tmp, "var/lib/apt/lists"))
 	if err := os.RemoveAll(dest); err != nil {
-		return fmt.Errorf("building base template: %w", err)
+		return err
 	}
 	if err := os.Rename(tmp, dest); err != nil {
-		return fmt.Errorf("building base template: %w", err)
+		return err
 	}
 	return nil
 }

@@ -1,0 +1,138 @@
+package interpreter
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"time"
+)
+
+// MaxCodeBytes bounds one execution's request.
+const MaxCodeBytes = 16 << 20
+
+// Handler returns the service's HTTP API.
+func (s *Server) Handler() http.Handler {
+	m := http.NewServeMux()
+	m.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
+	m.HandleFunc("POST /execute", s.handleExecute)
+	m.HandleFunc("POST /contexts", s.handleCreate)
+	m.HandleFunc("GET /contexts", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, s.list()) })
+	m.HandleFunc("DELETE /contexts/{id}", func(w http.ResponseWriter, r *http.Request) {
+		if !s.remove(r.PathValue("id")) {
+			writeError(w, http.StatusNotFound, "context "+r.PathValue("id")+" not found")
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+	m.HandleFunc("POST /contexts/{id}/restart", func(w http.ResponseWriter, r *http.Request) {
+		c := s.get(r.PathValue("id"))
+		if c == nil {
+			writeError(w, http.StatusNotFound, "context "+r.PathValue("id")+" not found")
+			return
+		}
+		if err := s.restart(r.Context(), c); err != nil {
+			writeError(w, http.StatusInternalServerError, err.Error())
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "no route for "+r.Method+" "+r.URL.Path)
+	})
+	return m
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, map[string]any{"code": status, "message": msg})
+}
+
+func decode(w http.ResponseWriter, r *http.Request, v any) bool {
+	r.Body = http.MaxBytesReader(w, r.Body, MaxCodeBytes)
+	if err := json.NewDecoder(r.Body).Decode(v); err != nil {
+		writeError(w, http.StatusBadRequest, "reading the request body: "+err.Error())
+		return false
+	}
+	return true
+}
+
+func (s *Server) handleCreate(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Language string `json:"language"`
+		Cwd      string `json:"cwd"`
+	}
+	if !decode(w, r, &body) {
+		return
+	}
+	c, err := s.create(r.Context(), body.Language, body.Cwd)
+	switch {
+	case errors.Is(err, ErrUnsupportedLanguage), errors.Is(err, errBadCwd):
+		writeError(w, http.StatusBadRequest, err.Error())
+	case err != nil:
+		writeError(w, http.StatusInternalServerError, err.Error())
+	default:
+		writeJSON(w, http.StatusOK, c)
+	}
+}
+
+func (s *Server) handleExecute(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Code      string            `json:"code"`
+		ContextID string            `json:"context_id"`
+		Language  string            `json:"language"`
+		EnvVars   map[string]string `json:"env_vars"`
+	}
+	if !decode(w, r, &body) {
+		return
+	}
+	var c *codeContext
+	if body.ContextID != "" {
+		if c = s.get(body.ContextID); c == nil {
+			writeError(w, http.StatusNotFound, "context "+body.ContextID+" not found")
+			return
+		}
+	}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	flusher, _ := w.(http.Flusher)
+	enc := json.NewEncoder(w)
+	emit := func(ev event) {
+		enc.Encode(ev)
+		if flusher != nil {
+			flusher.Flush()
+		}
+	}
+	if c == nil {
+		var err error
+		c, err = s.defaultContext(r.Context(), body.Language)
+		if errors.Is(err, ErrUnsupportedLanguage) {
+			// As an execution error, so that the SDK's Execution.error
+			// names it (an HTTP error would reach the caller as a bare
+			// status line).
+			emit(event{"type": "error", "name": "UnsupportedLanguage", "value": err.Error(), "traceback": ""})
+			emit(event{"type": "end_of_execution"})
+			return
+		}
+		if err != nil {
+			emit(event{"type": "error", "name": "KernelError", "value": err.Error(), "traceback": ""})
+			emit(event{"type": "end_of_execution"})
+			return
+		}
+	}
+	start := time.Now()
+	err := s.execute(r.Context(), c, body.Code, body.EnvVars, emit)
+	if err != nil {
+		if r.Context().Err() != nil {
+			s.log.Info("execution interrupted: the client went away or timed out", "context_id", c.ID,
+				"after_ms", time.Since(start).Milliseconds())
+			return
+		}
+		emit(event{"type": "error", "name": "KernelError", "value": err.Error(), "traceback": ""})
+	}
+	emit(event{"type": "end_of_execution"})
+}
