@@ -20,6 +20,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sync/singleflight"
+
 	"github.com/aenvhq/aenv/internal/netns"
 	"github.com/aenvhq/aenv/internal/runtime"
 	"github.com/aenvhq/aenv/internal/snapshot"
@@ -151,6 +153,8 @@ type Node struct {
 	pending map[string]int
 	onExit  func(Exit)
 	pool    *warmPool
+	// readying starts each template's service once at a time.
+	readying singleflight.Group
 }
 
 // New returns a node; it does not start anything.
@@ -277,7 +281,12 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) 
 	if id == "" {
 		id = NewID()
 	}
-	sb, err := n.boot(ctx, id, tpl, bootOptions{CPUCount: req.CPUCount, MemoryMB: req.MemoryMB, Network: req.Network})
+	var sb *Sandbox
+	if n.hasService(tpl) {
+		sb, err = n.bootService(ctx, id, tpl, req.Network)
+	} else {
+		sb, err = n.boot(ctx, id, tpl, bootOptions{CPUCount: req.CPUCount, MemoryMB: req.MemoryMB, Network: req.Network})
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -351,7 +360,12 @@ func (n *Node) boot(ctx context.Context, id string, tpl *template.Template, opts
 	rollback.Push("releasing network", func(ctx context.Context) error { return n.cfg.Network.Release(ctx, slot) })
 	sb.slot, sb.Addr, sb.egress = slot, slot.HostAddr, opts.Network
 
+	binds, err := n.toolBinds(tpl)
+	if err != nil {
+		return nil, fmt.Errorf("creating sandbox %s: %w", id, err)
+	}
 	spec := runtime.Spec{
+		Binds:      binds,
 		ID:         id,
 		RootFS:     tpl.RootFS,
 		EnvdPath:   n.cfg.EnvdPath,

@@ -134,7 +134,11 @@ func (p *warmPool) refill(ctx context.Context) {
 				tpl, err := p.n.cfg.Templates.GetLocal(id)
 				if err == nil {
 					var sb *Sandbox
-					sb, err = p.n.boot(ctx, NewID(), tpl, bootOptions{Network: netns.SlotOptions{AllowInternet: true}})
+					if p.n.hasService(tpl) {
+						sb, err = p.n.bootService(ctx, NewID(), tpl, netns.SlotOptions{AllowInternet: true})
+					} else {
+						sb, err = p.n.boot(ctx, NewID(), tpl, bootOptions{Network: netns.SlotOptions{AllowInternet: true}})
+					}
 					if err == nil {
 						p.mu.Lock()
 						p.ready[id] = append(p.ready[id], sb)

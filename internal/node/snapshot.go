@@ -30,14 +30,20 @@ type SnapshotOptions struct {
 // files) as a new snapshot. Without Stop the sandbox keeps running; a
 // failed snapshot leaves it as it was and no snapshot behind.
 func (n *Node) Snapshot(ctx context.Context, id string, opts SnapshotOptions) (*snapshot.Snapshot, error) {
-	cp, ok := n.cfg.Runtime.(runtime.Checkpointer)
-	if !ok || n.cfg.Snapshots == nil {
-		return nil, fmt.Errorf("snapshotting sandbox %s: runtime %s: %w", id, n.cfg.Runtime.Name(), ErrUnsupported)
-	}
 	sb, err := n.Get(id)
 	if err != nil {
 		return nil, err
 	}
+	return n.snapshotSandbox(ctx, sb, opts)
+}
+
+// snapshotSandbox is Snapshot of a sandbox in hand (registered or not).
+func (n *Node) snapshotSandbox(ctx context.Context, sb *Sandbox, opts SnapshotOptions) (*snapshot.Snapshot, error) {
+	cp, ok := n.cfg.Runtime.(runtime.Checkpointer)
+	if !ok || n.cfg.Snapshots == nil {
+		return nil, fmt.Errorf("snapshotting sandbox %s: runtime %s: %w", sb.ID, n.cfg.Runtime.Name(), ErrUnsupported)
+	}
+	id := sb.ID
 	start := time.Now()
 	snap := &snapshot.Snapshot{
 		ID:              NewID(),

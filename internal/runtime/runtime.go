@@ -71,6 +71,11 @@ type Spec struct {
 	Hostname string
 	// DNSServers go into the sandbox's /etc/resolv.conf.
 	DNSServers []string
+	// Binds are host files bound read-only into the sandbox: the node's
+	// own services a template runs (the code interpreter), which must
+	// match the node rather than the template's tree. A restore must be
+	// given the binds the sandbox was saved with.
+	Binds []Bind
 }
 
 // Stats is a point-in-time reading of a sandbox's resource use.

@@ -53,6 +53,14 @@ func openHost(ctx context.Context, cfg Config, log *slog.Logger) (_ *host, err e
 	return h, nil
 }
 
+// warmTemplates are the templates the warm pool keeps prestarted.
+func warmTemplates(cfg Config) []string {
+	if cfg.CodeInterpreterRootFS != "" {
+		return []string{template.BaseID, template.CodeInterpreterID}
+	}
+	return []string{template.BaseID}
+}
+
 func (h *host) open(ctx context.Context, cfg Config, log *slog.Logger) error {
 	envdPath, err := findEnvd(cfg.EnvdPath)
 	if err != nil {
@@ -131,7 +139,7 @@ func (h *host) open(ctx context.Context, cfg Config, log *slog.Logger) error {
 		// Keep base sandboxes prestarted: the E2B default template is what
 		// most creates ask for.
 		WarmPoolSize:  cfg.WarmPoolSize,
-		WarmTemplates: []string{template.BaseID},
+		WarmTemplates: warmTemplates(cfg),
 		StateDir:      filepath.Join(cfg.RunDir, "node"),
 		Capacity:      cfg.Capacity,
 		PidsLimit:     cfg.PidsLimit,
@@ -217,8 +225,16 @@ func openRemote(ctx context.Context, cfg Config, log *slog.Logger) (*store.Store
 // openTemplates opens the templates of this data directory, published to
 // and fetched from remote when there is one.
 func openTemplates(cfg Config, remote *store.Store, log *slog.Logger) (*template.Store, error) {
+	var builtins []*template.Template
+	if cfg.CodeInterpreterRootFS != "" {
+		t, err := template.CodeInterpreter(cfg.CodeInterpreterRootFS)
+		if err != nil {
+			return nil, err
+		}
+		builtins = append(builtins, t)
+	}
 	return template.NewStore(template.StoreOptions{
-		Dir: filepath.Join(cfg.DataDir, "templates"), BaseRootFS: cfg.BaseRootFS,
+		Dir: filepath.Join(cfg.DataDir, "templates"), BaseRootFS: cfg.BaseRootFS, Builtins: builtins,
 		Remote: remote, Logger: log,
 	})
 }

@@ -45,6 +45,10 @@ type Config struct {
 	EnvdPath string
 	// BaseRootFS optionally points the base template at a prebuilt tree.
 	BaseRootFS string
+	// CodeInterpreterRootFS, when set, is the tree of the code-interpreter
+	// template (aenv template build-code-interpreter), served as
+	// code-interpreter-v1 and kept in the warm pool beside base.
+	CodeInterpreterRootFS string
 	// SandboxCIDR is cut into one /30 per sandbox for host-side addresses.
 	SandboxCIDR string
 	// Domain is what clients are told sandbox hosts end in; empty derives

@@ -41,6 +41,9 @@ const (
 	KindPause Kind = "pause"
 	// KindFork is the transient state children of a fork start from.
 	KindFork Kind = "fork"
+	// KindTemplate is a template's service started and ready: the node
+	// starts the template's sandboxes from it.
+	KindTemplate Kind = "template"
 )
 
 var validID = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)

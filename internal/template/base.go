@@ -33,6 +33,32 @@ var CodeInterpreterPackages = []string{
 	"python3-scipy", "python3-requests", "python3-pil",
 }
 
+// CodeInterpreterTool is the node binary that serves the code
+// interpreter; CodeInterpreterPort is where the SDK expects it.
+const (
+	CodeInterpreterTool = "interpreter"
+	CodeInterpreterPort = 49999
+)
+
+// CodeInterpreter describes the code-interpreter template over the tree
+// BuildCodeInterpreter made at root. Its service starts in a sandbox
+// snapshotted once the service answers, so every sandbox of it starts
+// with a Python kernel already running.
+func CodeInterpreter(root string) (*Template, error) {
+	fi, err := os.Stat(filepath.Join(root, "usr/lib/python3/dist-packages/ipykernel"))
+	if err != nil {
+		return nil, fmt.Errorf("code-interpreter template at %s (build it with aenv template build-code-interpreter): %w", root, err)
+	}
+	size, _ := diskUsage(root)
+	return &Template{
+		ID: CodeInterpreterID, Aliases: []string{CodeInterpreterAlias}, CPUCount: 2, MemoryMB: 1024,
+		CreatedAt: fi.ModTime().UTC(), SizeBytes: size, RootFS: root,
+		StartCmd: "/.aenv/" + CodeInterpreterTool,
+		ReadyCmd: fmt.Sprintf("curl -sf -o /dev/null http://127.0.0.1:%d/health", CodeInterpreterPort),
+		Tools:    []string{CodeInterpreterTool},
+	}, nil
+}
+
 // BuildOptions configures BuildBase and BuildCodeInterpreter.
 type BuildOptions struct {
 	// Mirror is the Debian mirror; empty means the first one in this host's

@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"sync"
 	"syscall"
@@ -47,10 +48,15 @@ type Template struct {
 	PidsLimit int `json:"pidsLimit,omitempty"`
 	// SizeBytes is the disk space the root filesystem takes.
 	SizeBytes int64 `json:"sizeBytes,omitempty"`
-	// StartCmd and ReadyCmd start the template's service and tell when it
-	// is up (recorded by `aenv pull`; not run yet).
+	// StartCmd starts the template's service and ReadyCmd succeeds once
+	// it is up. A node runs them once per template, in a sandbox it then
+	// snapshots, and starts the template's sandboxes from that snapshot,
+	// so that they start with the service up.
 	StartCmd string `json:"startCmd,omitempty"`
 	ReadyCmd string `json:"readyCmd,omitempty"`
+	// Tools are node binaries (next to envd) its sandboxes get at
+	// /.aenv/<name>: services that must match the node, not the tree.
+	Tools []string `json:"tools,omitempty"`
 	// Image is the configuration of the OCI image the template was pulled
 	// from; nil for templates made otherwise.
 	Image *ImageConfig `json:"image,omitempty"`
@@ -68,6 +74,8 @@ type Store struct {
 	// baseRootFS, when set, is a prebuilt tree used for `base` instead of
 	// the one under dir.
 	baseRootFS string
+	// builtins are templates over prebuilt trees of this host.
+	builtins []*Template
 
 	// remote, when set, is the store templates are published to and
 	// fetched from.
@@ -89,6 +97,11 @@ type StoreOptions struct {
 	// BaseRootFS optionally points `base` at a prebuilt root filesystem
 	// shared by several data directories (tests, benchmarks).
 	BaseRootFS string
+	// Builtins are templates over trees this host already has (prebuilt
+	// caches, such as the code-interpreter one), each with RootFS set:
+	// found and listed like this host's own, never published (every host
+	// of a cluster brings its own).
+	Builtins []*Template
 	// Remote, when set, is the store the cluster's nodes share: templates
 	// put here are published there, and those there are listed (and
 	// fetched by Fetch) here too.
@@ -104,7 +117,7 @@ func NewStore(opts StoreOptions) (*Store, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	return &Store{dir: opts.Dir, baseRootFS: opts.BaseRootFS, remote: opts.Remote, log: opts.Logger}, nil
+	return &Store{dir: opts.Dir, baseRootFS: opts.BaseRootFS, builtins: opts.Builtins, remote: opts.Remote, log: opts.Logger}, nil
 }
 
 // remoteTimeout bounds a look at the remote store's catalog.
@@ -148,6 +161,9 @@ func (s *Store) GetLocal(idOrAlias string) (*Template, error) {
 	if idOrAlias == BaseID {
 		return s.base()
 	}
+	if t := s.builtin(idOrAlias); t != nil {
+		return t, nil
+	}
 	// Most lookups name an id: read it directly before scanning aliases.
 	if t, err := s.read(idOrAlias); err == nil {
 		return t, nil
@@ -167,6 +183,17 @@ func (s *Store) GetLocal(idOrAlias string) (*Template, error) {
 		}
 	}
 	return nil, fmt.Errorf("looking up template %q: %w", idOrAlias, ErrNotFound)
+}
+
+// builtin returns a copy of the builtin template named idOrAlias, or nil.
+func (s *Store) builtin(idOrAlias string) *Template {
+	for _, t := range s.builtins {
+		if t.ID == idOrAlias || slices.Contains(t.Aliases, idOrAlias) {
+			c := *t
+			return &c
+		}
+	}
+	return nil
 }
 
 func (s *Store) base() (*Template, error) {
@@ -297,8 +324,12 @@ func (s *Store) ListLocal() ([]*Template, error) {
 	if b, err := s.base(); err == nil {
 		out = append(out, b)
 	}
+	for _, b := range s.builtins {
+		c := *b
+		out = append(out, &c)
+	}
 	for _, e := range entries {
-		if !e.IsDir() || e.Name() == BaseID || !ValidID(e.Name()) {
+		if !e.IsDir() || e.Name() == BaseID || !ValidID(e.Name()) || s.builtin(e.Name()) != nil {
 			continue
 		}
 		t, err := s.read(e.Name())

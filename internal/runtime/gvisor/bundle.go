@@ -119,6 +119,9 @@ func OCISpec(dir string, spec runtime.Spec, cgroupPath string) *specs.Spec {
 	if spec.EnvdPath != "" {
 		s.Mounts = append(s.Mounts, specs.Mount{Destination: EnvdGuestPath, Type: "bind", Source: spec.EnvdPath, Options: []string{"rbind", "ro"}})
 	}
+	for _, b := range spec.Binds {
+		s.Mounts = append(s.Mounts, specs.Mount{Destination: b.Destination, Type: "bind", Source: b.Source, Options: []string{"rbind", "ro"}})
+	}
 	return s
 }
 

@@ -1,0 +1,225 @@
+package node
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/aenvhq/aenv/internal/envd/spec/process"
+	"github.com/aenvhq/aenv/internal/envd/spec/process/processconnect"
+	"github.com/aenvhq/aenv/internal/netns"
+	"github.com/aenvhq/aenv/internal/runtime"
+	"github.com/aenvhq/aenv/internal/snapshot"
+	"github.com/aenvhq/aenv/internal/template"
+)
+
+// ServiceTimeout bounds how long a template's start command may take to
+// pass its ready check.
+const ServiceTimeout = 3 * time.Minute
+
+// toolBinds binds the node binaries a template asks for at /.aenv/<name>.
+func (n *Node) toolBinds(tpl *template.Template) ([]runtime.Bind, error) {
+	var binds []runtime.Bind
+	for _, name := range tpl.Tools {
+		src := filepath.Join(filepath.Dir(n.cfg.EnvdPath), name)
+		if _, err := os.Stat(src); err != nil {
+			return nil, fmt.Errorf("template %s needs the node's %s binary next to envd: %w", tpl.ID, name, err)
+		}
+		binds = append(binds, runtime.Bind{Source: src, Destination: "/.aenv/" + name})
+	}
+	return binds, nil
+}
+
+// readyName names the snapshot of tpl's started service. Whatever the
+// running service depends on is in it, so that a changed template, start
+// command, resources or node binary gets a snapshot of its own.
+func (n *Node) readyName(tpl *template.Template) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\x00%d\x00%s\x00%s\x00%d\x00%d\x00%d\x00", tpl.ID, tpl.CreatedAt.UnixNano(), tpl.StartCmd, tpl.ReadyCmd,
+		tpl.CPUCount, tpl.MemoryMB, pick(tpl.DiskMB, n.cfg.DiskMB))
+	for _, name := range tpl.Tools {
+		if fi, err := os.Stat(filepath.Join(filepath.Dir(n.cfg.EnvdPath), name)); err == nil {
+			fmt.Fprintf(h, "%s\x00%d\x00%d\x00", name, fi.Size(), fi.ModTime().UnixNano())
+		}
+	}
+	return "ready-" + tpl.ID + "-" + hex.EncodeToString(h.Sum(nil))[:16]
+}
+
+// hasService says whether tpl's sandboxes start from a snapshot of its
+// started service.
+func (n *Node) hasService(tpl *template.Template) bool {
+	return tpl.StartCmd != "" && n.cfg.Snapshots != nil
+}
+
+// readySnapshot returns the snapshot of tpl's service up and ready,
+// making it first if no node has (once per node at a time).
+func (n *Node) readySnapshot(ctx context.Context, tpl *template.Template) (*snapshot.Snapshot, error) {
+	name := n.readyName(tpl)
+	if snap, err := n.cfg.Snapshots.Fetch(ctx, name); err == nil && n.CanRestore(snap) == nil {
+		return snap, nil
+	} else if err != nil && !errors.Is(err, snapshot.ErrNotFound) {
+		return nil, fmt.Errorf("starting template %s's service: %w", tpl.ID, err)
+	}
+	ch := n.readying.DoChan(name, func() (any, error) {
+		// Whoever asked first may give up; the others still need it.
+		return n.startService(context.WithoutCancel(ctx), tpl, name)
+	})
+	select {
+	case r := <-ch:
+		if r.Err != nil {
+			return nil, r.Err
+		}
+		return r.Val.(*snapshot.Snapshot), nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("starting template %s's service: %w", tpl.ID, ctx.Err())
+	}
+}
+
+// startService boots a sandbox of tpl, runs its start command, waits for
+// its ready check and saves the sandbox as the template's ready snapshot.
+// The sandbox is never registered: nobody can reach it, and the cluster
+// never sees it.
+func (n *Node) startService(ctx context.Context, tpl *template.Template, name string) (*snapshot.Snapshot, error) {
+	start := time.Now()
+	log := n.log.With("template_id", tpl.ID)
+	log.Info("starting the template's service to snapshot it", "start_cmd", tpl.StartCmd, "ready_cmd", tpl.ReadyCmd)
+	sb, err := n.boot(ctx, NewID(), tpl, bootOptions{Network: netns.SlotOptions{AllowInternet: true}})
+	if err != nil {
+		return nil, fmt.Errorf("starting template %s's service: %w", tpl.ID, err)
+	}
+	sb.TemplateID = tpl.ID
+	fail := func(err error) (*snapshot.Snapshot, error) {
+		n.destroy(context.WithoutCancel(ctx), sb)
+		return nil, fmt.Errorf("starting template %s's service: %w", tpl.ID, err)
+	}
+	envd := newProcessClient(sb)
+	code, out, err := envd.run(ctx, tpl.StartCmd, true)
+	if err != nil {
+		return fail(fmt.Errorf("start command: %w", err))
+	}
+	if code >= 0 {
+		return fail(fmt.Errorf("start command %q exited with %d before its service was ready: %s", tpl.StartCmd, code, out))
+	}
+	deadline := time.Now().Add(ServiceTimeout)
+	for {
+		checkCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		code, out, err = envd.run(checkCtx, tpl.ReadyCmd, false)
+		cancel()
+		if err == nil && code == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fail(fmt.Errorf("ready check %q did not pass within %v (last: exit %d, %v, %s)", tpl.ReadyCmd, ServiceTimeout, code, err, out))
+		}
+		select {
+		case <-ctx.Done():
+			return fail(ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	ready := time.Now()
+	snap, err := n.snapshotSandbox(ctx, sb, SnapshotOptions{Kind: snapshot.KindTemplate, Names: []string{name}, Stop: true})
+	if err != nil {
+		return fail(err)
+	}
+	log.Info("template's service ready and snapshotted", "snapshot_id", snap.ID,
+		"ready_ms", ready.Sub(start).Milliseconds(), "total_ms", time.Since(start).Milliseconds())
+	return snap, nil
+}
+
+// bootService boots a sandbox of tpl from its ready snapshot; like boot,
+// it is not yet initialised nor registered.
+func (n *Node) bootService(ctx context.Context, id string, tpl *template.Template, network netns.SlotOptions) (*Sandbox, error) {
+	snap, err := n.readySnapshot(ctx, tpl)
+	if err != nil {
+		return nil, err
+	}
+	sb, err := n.boot(ctx, id, tpl, bootOptions{
+		CPUCount: snap.CPUCount, MemoryMB: snap.MemoryMB, Network: network, ImageDir: snap.Dir, DiskMB: snap.WritableMB,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return sb, nil
+}
+
+// processClient runs the node's own commands in a sandbox through envd's
+// process API.
+type processClient struct {
+	c processconnect.ProcessClient
+}
+
+func newProcessClient(sb *Sandbox) *processClient {
+	e := newEnvdClient(sb.Addr, "")
+	return &processClient{c: processconnect.NewProcessClient(e.http, e.base)}
+}
+
+// run runs cmd with bash as the sandbox's default user. It returns the
+// exit code and the start of the output; with background it returns as
+// soon as the command has run for a moment (code -1), leaving it running,
+// unless it ended by then.
+func (p *processClient) run(ctx context.Context, cmd string, background bool) (int, string, error) {
+	if background {
+		// envd kills a process when its request's deadline passes: a
+		// service's request has none, and is cut off by hand instead.
+		ctx = context.WithoutCancel(ctx)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := p.c.Start(ctx, connect.NewRequest(&process.StartRequest{
+		Process: &process.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-l", "-c", cmd}},
+	}))
+	if err != nil {
+		return -1, "", err
+	}
+	events := make(chan *process.ProcessEvent)
+	go func() {
+		defer close(events)
+		defer stream.Close()
+		for stream.Receive() {
+			select {
+			case events <- stream.Msg().GetEvent():
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	var out []byte
+	var settle <-chan time.Time
+	if background {
+		settle = time.After(30 * time.Second) // until it starts
+	}
+	for {
+		select {
+		case ev, ok := <-events:
+			if !ok {
+				if err := stream.Err(); err != nil {
+					return -1, string(out), err
+				}
+				return -1, string(out), errors.New("the process stream ended without an exit status")
+			}
+			switch {
+			case ev.GetStart() != nil && background:
+				// A command that fails at once (not found, bad flags)
+				// says so in this moment; one that runs on is the service.
+				settle = time.After(300 * time.Millisecond)
+			case ev.GetData() != nil:
+				if len(out) < 4096 {
+					out = append(out, ev.GetData().GetStdout()...)
+					out = append(out, ev.GetData().GetStderr()...)
+				}
+			case ev.GetEnd() != nil:
+				return int(ev.GetEnd().GetExitCode()), string(out), nil
+			}
+		case <-settle:
+			return -1, string(out), nil
+		}
+	}
+}
