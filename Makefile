@@ -1,9 +1,10 @@
 # Build, prepare and test aenv. `make test` is the whole suite (root).
 CACHE ?= /var/cache/aenv
 BASE_ROOTFS ?= $(CACHE)/base-rootfs
+CODE_INTERPRETER_ROOTFS ?= $(CACHE)/code-interpreter-rootfs
 GO ?= go
 
-.PHONY: build deps base test test-go test-e2e test-install test-fuzz lint clean bench-cluster
+.PHONY: build deps base code-interpreter bench-interpreter test test-go test-e2e test-install test-fuzz lint clean bench-cluster
 
 build:
 	$(GO) build -o bin/aenv ./cmd/aenv
@@ -18,6 +19,13 @@ deps:
 base: build
 	@if [ ! -x $(BASE_ROOTFS)/bin/bash ]; then bin/aenv template build-base $(BASE_ROOTFS); fi
 
+# The code-interpreter template's root filesystem (~1.4 GB of Debian
+# packages: a Jupyter kernel, numpy, pandas, matplotlib, scipy), built once.
+code-interpreter: build
+	@if [ ! -d $(CODE_INTERPRETER_ROOTFS)/usr/lib/python3/dist-packages/ipykernel ]; then \
+		start=$$(date +%s); bin/aenv template build-code-interpreter $(CODE_INTERPRETER_ROOTFS); \
+		echo "code-interpreter root filesystem built in $$(( $$(date +%s) - start ))s"; fi
+
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
@@ -27,8 +35,9 @@ test-go: build base
 	AENV_REQUIRE_PRIVILEGED=1 AENV_BASE_ROOTFS=$(BASE_ROOTFS) AENV_BIN_DIR=$(CURDIR)/bin \
 		$(GO) test -race -count=1 -timeout 30m ./...
 
-test-e2e: build base
-	cd e2e && AENV_BIN_DIR=$(CURDIR)/bin AENV_BASE_ROOTFS=$(BASE_ROOTFS) node --test --test-concurrency=1
+test-e2e: build base code-interpreter
+	cd e2e && AENV_BIN_DIR=$(CURDIR)/bin AENV_BASE_ROOTFS=$(BASE_ROOTFS) AENV_CODE_INTERPRETER_ROOTFS=$(CODE_INTERPRETER_ROOTFS) \
+		node --test --test-concurrency=1
 
 # Each fuzz target of a decoder of client input runs briefly (the seed
 # corpora also run in test-go); FUZZTIME=1m digs deeper.
@@ -51,6 +60,11 @@ test: lint test-go test-fuzz test-e2e test-install
 # and on three (node agents in their own network namespaces).
 bench-cluster: build base
 	cd e2e && AENV_BIN_DIR=$(CURDIR)/bin AENV_BASE_ROOTFS=$(BASE_ROOTFS) node bench/cluster.mjs
+
+# runCode round trips and create-to-first-result, beside commands.run.
+bench-interpreter: build base code-interpreter
+	cd e2e && AENV_BIN_DIR=$(CURDIR)/bin AENV_BASE_ROOTFS=$(BASE_ROOTFS) AENV_CODE_INTERPRETER_ROOTFS=$(CODE_INTERPRETER_ROOTFS) \
+		node bench/interpreter.mjs
 
 clean:
 	rm -rf bin

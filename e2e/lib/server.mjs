@@ -204,13 +204,14 @@ export function checkPrerequisites() {
   if (process.getuid && process.getuid() !== 0) throw new Error('the e2e tests must run as root (sandboxes run under gVisor)')
 }
 
-class TestServer {
-  constructor({ tag, cidr, portHint, onStop = 'kill' }) {
+export class TestServer {
+  constructor({ tag, cidr, portHint, onStop = 'kill', args = [] }) {
     if (!/^[a-z]{1,10}$/.test(tag)) throw new Error(`netns tag ${tag} must be 1-10 lower-case letters`)
     this.tag = tag
     this.cidr = cidr
     this.portHint = portHint
     this.onStop = onStop
+    this.extraArgs = args
     this.proc = undefined
     this.exit = undefined // { code, signal } once exited
     this.sandboxes = new Set()
@@ -270,6 +271,7 @@ class TestServer {
       // Sandboxes outlive a stopped server by default; tests must not
       // leak, so they are killed unless the test restarts the server.
       '--on-stop', this.onStop,
+      ...this.extraArgs,
     ]
     // runsc normally comes from PATH (scripts/install-deps.sh puts it in
     // /usr/local/bin); AENV_RUNSC names another one.
@@ -476,10 +478,10 @@ class TestServer {
  * tag: 1-10 lower-case letters, unique per file (names nftables tables and
  * interfaces). cidr: a /16 unique per file. onStop: the server's
  * --on-stop ('kill' unless the file restarts the server with its
- * sandboxes running: 'keep').
+ * sandboxes running: 'keep'). args: more server flags.
  */
-export function useServer({ tag, cidr, portHint, onStop }) {
-  const srv = new TestServer({ tag, cidr, portHint, onStop })
+export function useServer({ tag, cidr, portHint, onStop, args }) {
+  const srv = new TestServer({ tag, cidr, portHint, onStop, args })
   before(() => srv.ensureStarted(), { timeout: START_TIMEOUT_MS + 40_000 })
   after(async () => {
     await srv.cleanup()

@@ -100,6 +100,11 @@ func (s *Server) handleExecute(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.WriteHeader(http.StatusOK)
 	flusher, _ := w.(http.Flusher)
+	// The SDK's execution timeout runs from the response's headers on:
+	// send them now, not with the first output.
+	if flusher != nil {
+		flusher.Flush()
+	}
 	enc := json.NewEncoder(w)
 	emit := func(ev event) {
 		enc.Encode(ev)
