@@ -276,7 +276,7 @@ func clusterStatus(err error) int {
 		return http.StatusNotFound
 	case errors.Is(err, cluster.ErrInvalid):
 		return http.StatusBadRequest
-	case errors.Is(err, cluster.ErrConflict):
+	case errors.Is(err, cluster.ErrConflict), errors.Is(err, cluster.ErrIdempotencyConflict):
 		return http.StatusConflict
 	case errors.Is(err, cluster.ErrUnsupported):
 		return http.StatusNotImplemented

@@ -13,6 +13,9 @@ import (
 	"github.com/aenvhq/aenv/internal/template"
 )
 
+// maxIdempotencyKey bounds a create's Idempotency-Key header.
+const maxIdempotencyKey = 256
+
 // E2B's defaults for a create without a timeout.
 const (
 	defaultTimeoutV1 = 15 * time.Second
@@ -135,22 +138,28 @@ func (s *Server) createSandbox(defaultTimeout time.Duration) http.HandlerFunc {
 				timeout = time.Duration(t) * time.Second
 			}
 		}
+		idem := r.Header.Get("Idempotency-Key")
+		if len(idem) > maxIdempotencyKey {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("Idempotency-Key is %d bytes; at most %d", len(idem), maxIdempotencyKey))
+			return
+		}
 		allowInternet := true
 		if body.AllowInternetAccess != nil {
 			allowInternet = *body.AllowInternetAccess
 		}
 		sb, err := s.cfg.Cluster.Create(r.Context(), cluster.CreateRequest{
-			TemplateID:    body.TemplateID,
-			Timeout:       timeout,
-			Metadata:      body.Metadata,
-			EnvVars:       body.EnvVars,
-			AllowInternet: allowInternet,
-			Secure:        body.Secure || !s.cfg.AllowInsecure,
-			AutoPause:     body.AutoPause,
-			AutoResume:    body.AutoResume != nil && body.AutoResume.Enabled,
-			CPUCount:      body.CPUCount,
-			MemoryMB:      body.MemoryMB,
-			Owner:         owner(r),
+			TemplateID:     body.TemplateID,
+			Timeout:        timeout,
+			Metadata:       body.Metadata,
+			EnvVars:        body.EnvVars,
+			AllowInternet:  allowInternet,
+			Secure:         body.Secure || !s.cfg.AllowInsecure,
+			AutoPause:      body.AutoPause,
+			AutoResume:     body.AutoResume != nil && body.AutoResume.Enabled,
+			CPUCount:       body.CPUCount,
+			MemoryMB:       body.MemoryMB,
+			Owner:          owner(r),
+			IdempotencyKey: idem,
 			PrivateTraffic: body.Network != nil && body.Network.AllowPublicTraffic != nil &&
 				!*body.Network.AllowPublicTraffic,
 		})

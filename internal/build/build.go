@@ -247,6 +247,11 @@ func Run(ctx context.Context, df *Dockerfile, opts Options) (*Result, error) {
 	if err != nil {
 		return fail(fmt.Errorf("reading back: %w", err))
 	}
+	if ss, ok := opts.Steps.(ServiceStarter); ok && tpl.StartCmd != "" {
+		if err := ss.StartService(ctx, tpl.ID, opts.Log); err != nil {
+			return nil, fmt.Errorf("building template %s: its start command: %w", tpl.ID, err)
+		}
+	}
 	fmt.Fprintf(opts.Log, "Built template %s in %s\n", tpl.ID, time.Since(start).Round(100*time.Millisecond))
 	return &Result{Template: published, Duration: time.Since(start)}, nil
 }

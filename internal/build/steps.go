@@ -21,6 +21,13 @@ type Stepper interface {
 	RunStep(ctx context.Context, spec runtime.StepSpec, out io.Writer) (int, error)
 }
 
+// ServiceStarter is a Stepper that can also start a built template's
+// service (its start command, gated by its ready check) ahead of its
+// first sandbox: the build's last step when the template has one.
+type ServiceStarter interface {
+	StartService(ctx context.Context, templateID string, out io.Writer) error
+}
+
 // runner runs one build's steps through its Stepper, each writing
 // straight into the staged root filesystem.
 type runner struct {

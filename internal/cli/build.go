@@ -106,8 +106,8 @@ printed on stdout.`,
 	f.StringArrayVar(&buildArgs, "build-arg", nil, "set a declared ARG: NAME=VALUE (repeatable)")
 	f.IntVar(&cpu, "cpu", image.DefaultCPUCount, "default vCPUs of the template's sandboxes")
 	f.IntVar(&memory, "memory", image.DefaultMemoryMB, "default memory of the template's sandboxes, MiB")
-	f.StringVar(&startCmd, "start-cmd", "", "command that starts the template's service (recorded; not run yet)")
-	f.StringVar(&readyCmd, "ready-cmd", "", "command that succeeds once the service is up (recorded; not run yet)")
+	f.StringVar(&startCmd, "start-cmd", "", "command that starts the template's service: the node runs it once, snapshots the sandbox when --ready-cmd succeeds, and starts the template's sandboxes from that snapshot with the service up")
+	f.StringVar(&readyCmd, "ready-cmd", "", "command that succeeds once the service is up (polled every 100 ms, for up to 3 minutes)")
 	f.BoolVar(&insecure, "insecure", false, "allow plain HTTP and unverified TLS to the FROM image's registry")
 	return cmd
 }

@@ -163,6 +163,9 @@ type CreateRequest struct {
 	// PrivateTraffic makes the sandbox's own ports need its traffic
 	// access token (E2B's network.allowPublicTraffic false).
 	PrivateTraffic bool
+	// IdempotencyKey, when set, makes a repeated create (same key, same
+	// API key, within IdempotencyTTL) return the first one's sandbox.
+	IdempotencyKey string
 }
 
 // Cluster tracks sandboxes. It is safe for concurrent use.
@@ -376,7 +379,30 @@ func (c *Cluster) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 	if err := c.withinQuota(req.Owner, 1); err != nil {
 		return nil, err
 	}
+	var id string
+	if req.IdempotencyKey != "" {
+		id = newSandboxID()
+		sb, err := c.reserveIdempotent(ctx, req.Owner, req.IdempotencyKey, id)
+		if sb != nil || err != nil {
+			return sb, err
+		}
+	}
+	sb, err := c.create(ctx, req, id)
+	switch {
+	case req.IdempotencyKey == "":
+	case err != nil:
+		c.releaseIdempotent(context.WithoutCancel(ctx), req.Owner, req.IdempotencyKey)
+	default:
+		c.createdIdempotent(context.WithoutCancel(ctx), req.Owner, req.IdempotencyKey, sb.ID)
+	}
+	return sb, err
+}
+
+// create is Create once validated, with the sandbox's id chosen (or
+// empty: the node's choice).
+func (c *Cluster) create(ctx context.Context, req CreateRequest, id string) (*Sandbox, error) {
 	wreq := &nodev1.CreateRequest{
+		SandboxId:     id,
 		TemplateId:    req.TemplateID,
 		CpuCount:      int32(req.CPUCount),
 		MemoryMb:      int32(req.MemoryMB),

@@ -91,6 +91,7 @@ func (c *Cluster) leadOnce(ctx context.Context) error {
 		if time.Since(lastSweep) > sweepEvery {
 			lastSweep = time.Now()
 			c.sweepTombstones(ctx)
+			c.sweepIdempotency(ctx)
 		}
 	}
 }

@@ -424,29 +424,29 @@ func (n *Node) activate(ctx context.Context, sb *Sandbox, tpl *template.Template
 	}
 	// The token goes in through /init rather than the sandbox's start-up
 	// environment, so that prestarted sandboxes can get theirs when taken.
-	ireq := initRequest{
-		EnvVars:     req.EnvVars,
-		AccessToken: sb.EnvdAccessToken,
-		DefaultUser: "user",
-		Timestamp:   time.Now().UTC(),
-	}
-	if img := tpl.Image; img != nil {
-		// The image's environment comes first; the request's wins.
-		env := map[string]string{}
-		for _, kv := range img.Env {
-			if k, v, ok := strings.Cut(kv, "="); ok {
-				env[k] = v
-			}
-		}
-		maps.Copy(env, req.EnvVars)
-		ireq.EnvVars = env
-		ireq.DefaultWorkdir = img.WorkingDir
-	}
-	if err := newEnvdClient(sb.Addr, "").init(ctx, ireq); err != nil {
+	if err := newEnvdClient(sb.Addr, "").init(ctx, initFor(tpl, req.EnvVars, sb.EnvdAccessToken)); err != nil {
 		return fmt.Errorf("creating sandbox %s: initialising envd: %w", sb.ID, err)
 	}
 	n.register(ctx, sb)
 	return nil
+}
+
+// initFor is envd's /init for a sandbox of tpl: the image's environment
+// and working directory, then env (which wins) and the access token.
+func initFor(tpl *template.Template, env map[string]string, token string) initRequest {
+	ireq := initRequest{EnvVars: env, AccessToken: token, DefaultUser: "user", Timestamp: time.Now().UTC()}
+	if img := tpl.Image; img != nil {
+		all := map[string]string{}
+		for _, kv := range img.Env {
+			if k, v, ok := strings.Cut(kv, "="); ok {
+				all[k] = v
+			}
+		}
+		maps.Copy(all, env)
+		ireq.EnvVars = all
+		ireq.DefaultWorkdir = img.WorkingDir
+	}
+	return ireq
 }
 
 // register makes sb visible, starting its CPU accounting now (a prestarted

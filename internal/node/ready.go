@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"time"
@@ -99,6 +100,11 @@ func (n *Node) startService(ctx context.Context, tpl *template.Template, name st
 		n.destroy(context.WithoutCancel(ctx), sb)
 		return nil, fmt.Errorf("starting template %s's service: %w", tpl.ID, err)
 	}
+	// The service starts where the template's commands run: the image's
+	// environment and working directory.
+	if err := newEnvdClient(sb.Addr, "").init(ctx, initFor(tpl, nil, "")); err != nil {
+		return fail(fmt.Errorf("initialising envd: %w", err))
+	}
 	envd := newProcessClient(sb)
 	code, out, err := envd.run(ctx, tpl.StartCmd, true)
 	if err != nil {
@@ -132,6 +138,26 @@ func (n *Node) startService(ctx context.Context, tpl *template.Template, name st
 	log.Info("template's service ready and snapshotted", "snapshot_id", snap.ID,
 		"ready_ms", ready.Sub(start).Milliseconds(), "total_ms", time.Since(start).Milliseconds())
 	return snap, nil
+}
+
+// StartService makes the ready snapshot of a template with a start
+// command now, ahead of its first sandbox (a build's last step), telling
+// out how it went. Templates without one need nothing.
+func (n *Node) StartService(ctx context.Context, idOrAlias string, out io.Writer) error {
+	tpl, err := n.cfg.Templates.GetLocal(idOrAlias)
+	if err != nil {
+		return err
+	}
+	if !n.hasService(tpl) {
+		return nil
+	}
+	start := time.Now()
+	fmt.Fprintf(out, "Starting the service: %s (ready when %q succeeds)\n", tpl.StartCmd, tpl.ReadyCmd)
+	if _, err := n.readySnapshot(ctx, tpl); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "Service ready and snapshotted in %s: sandboxes start with it running\n", time.Since(start).Round(100*time.Millisecond))
+	return nil
 }
 
 // bootService boots a sandbox of tpl from its ready snapshot; like boot,
