@@ -52,7 +52,9 @@ class Proc {
     const fd = fs.openSync(this.logPath, 'a')
     this.logStart = fs.fstatSync(fd).size
     this.exit = undefined
-    this.proc = spawn(cmd, args, { stdio: ['ignore', fd, fd], env: { ...process.env, ...this.env } })
+    const env = { ...process.env, ...this.env }
+    delete env.AENV_CODE_INTERPRETER_ROOTFS // interpreter.test.mjs's alone
+    this.proc = spawn(cmd, args, { stdio: ['ignore', fd, fd], env })
     fs.closeSync(fd)
     this.exited = new Promise((resolve) => {
       this.proc.once('exit', (code, signal) => {

@@ -279,6 +279,8 @@ export class TestServer {
     const logFd = fs.openSync(this.logPath, 'a')
     const env = { ...process.env }
     delete env.AENV_API_KEY
+    // Only the files that ask for the code interpreter get it (args).
+    delete env.AENV_CODE_INTERPRETER_ROOTFS
     this.proc = spawn(bin, args, { stdio: ['ignore', logFd, logFd], env })
     fs.closeSync(logFd)
     this.exited = new Promise((resolve) => {

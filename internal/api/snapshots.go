@@ -120,7 +120,16 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 		}
+		canonical := id
+		if t, terr := s.cfg.Templates.Get(id); terr == nil {
+			canonical = t.ID
+		}
 		err = s.cfg.Templates.Delete(id)
+		if err == nil {
+			if derr := s.cfg.Cluster.DeleteTemplateSnapshots(r.Context(), canonical); derr != nil {
+				s.log.Warn("deleting the snapshots of a deleted template's service", "template_id", id, "err", derr)
+			}
+		}
 		if errors.Is(err, template.ErrNotFound) {
 			writeError(w, http.StatusNotFound, fmt.Sprintf("no template or snapshot %q", id))
 			return

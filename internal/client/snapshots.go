@@ -61,3 +61,77 @@ func (c *Client) Fork(ctx context.Context, id string, count int, timeout time.Du
 	}
 	return out, nil
 }
+
+// SnapshotInfo is a listed snapshot.
+type SnapshotInfo struct {
+	SnapshotID string    `json:"snapshotID"`
+	Names      []string  `json:"names"`
+	SandboxID  string    `json:"sandboxID,omitempty"`
+	TemplateID string    `json:"templateID,omitempty"`
+	CPUCount   int       `json:"cpuCount,omitempty"`
+	MemoryMB   int       `json:"memoryMB,omitempty"`
+	SizeBytes  int64     `json:"sizeBytes"`
+	CreatedAt  time.Time `json:"createdAt"`
+}
+
+// ListSnapshots returns the snapshots users made, every page of them.
+func (c *Client) ListSnapshots(ctx context.Context) ([]SnapshotInfo, error) {
+	var all []SnapshotInfo
+	next := ""
+	for {
+		path := "/snapshots?limit=100"
+		if next != "" {
+			path += "&nextToken=" + url.QueryEscape(next)
+		}
+		var page []SnapshotInfo
+		resp, err := c.doHeader(ctx, http.MethodGet, path, nil, &page)
+		if err != nil {
+			return nil, fmt.Errorf("listing snapshots: %w", err)
+		}
+		all = append(all, page...)
+		next = resp.Header.Get("X-Next-Token")
+		if next == "" || len(page) == 0 {
+			return all, nil
+		}
+	}
+}
+
+// DeleteSnapshot deletes a snapshot by id or name.
+func (c *Client) DeleteSnapshot(ctx context.Context, idOrName string) error {
+	if err := c.do(ctx, http.MethodDelete, "/templates/"+url.PathEscape(idOrName), nil, nil); err != nil {
+		return fmt.Errorf("deleting snapshot %s: %w", idOrName, err)
+	}
+	return nil
+}
+
+// Metric is one sample of a sandbox's resource use.
+type Metric struct {
+	Timestamp  time.Time `json:"timestamp"`
+	CPUCount   int       `json:"cpuCount"`
+	CPUUsedPct float64   `json:"cpuUsedPct"`
+	MemUsed    uint64    `json:"memUsed"`
+	MemTotal   uint64    `json:"memTotal"`
+	DiskUsed   uint64    `json:"diskUsed"`
+	DiskTotal  uint64    `json:"diskTotal"`
+}
+
+// SandboxMetrics returns a sandbox's resource samples between start and
+// end (zero: its whole life).
+func (c *Client) SandboxMetrics(ctx context.Context, id string, start, end time.Time) ([]Metric, error) {
+	q := url.Values{}
+	if !start.IsZero() {
+		q.Set("start", fmt.Sprint(start.Unix()))
+	}
+	if !end.IsZero() {
+		q.Set("end", fmt.Sprint(end.Unix()))
+	}
+	path := "/sandboxes/" + url.PathEscape(id) + "/metrics"
+	if len(q) > 0 {
+		path += "?" + q.Encode()
+	}
+	var out []Metric
+	if err := c.do(ctx, http.MethodGet, path, nil, &out); err != nil {
+		return nil, fmt.Errorf("reading metrics of sandbox %s: %w", id, err)
+	}
+	return out, nil
+}

@@ -353,11 +353,31 @@ func (c *Cluster) TemplateUsers(ctx context.Context, templateID string) (int, er
 		return 0, err
 	}
 	for _, s := range snaps {
-		if s.TemplateID == templateID {
+		// A template's own started service goes with it.
+		if s.TemplateID == templateID && s.Kind != snapshot.KindTemplate {
 			n++
 		}
 	}
 	return n, nil
+}
+
+// DeleteTemplateSnapshots deletes the snapshots of a deleted template's
+// started service.
+func (c *Cluster) DeleteTemplateSnapshots(ctx context.Context, templateID string) error {
+	snaps, err := c.snapshots(ctx, snapshot.KindTemplate)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, s := range snaps {
+		if s.TemplateID != templateID {
+			continue
+		}
+		if err := c.deleteSnapshot(ctx, s.ID); err != nil && !errors.Is(err, ErrNotFound) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Migration is the outcome of Migrate.

@@ -155,6 +155,11 @@ type Node struct {
 	pool    *warmPool
 	// readying starts each template's service once at a time.
 	readying singleflight.Group
+	// bg is cancelled by Close: work that outlives the request that began
+	// it (starting a template's service) stops there, leaving nothing.
+	bg       context.Context
+	bgCancel context.CancelFunc
+	bgWork   sync.WaitGroup
 }
 
 // New returns a node; it does not start anything.
@@ -181,6 +186,7 @@ func New(cfg Config) (*Node, error) {
 		sandboxes: make(map[string]*Sandbox),
 		pending:   make(map[string]int),
 	}
+	n.bg, n.bgCancel = context.WithCancel(context.Background())
 	n.pool = newWarmPool(n, cfg.WarmPoolSize, cfg.WarmTemplates)
 	if en, ok := cfg.Runtime.(runtime.ExitNotifier); ok {
 		go n.handleExits(en.Exits())
@@ -533,6 +539,10 @@ const (
 // Close stops the node: prestarted sandboxes are killed, and the others
 // as mode says. Pausing them first (a host going away) is the caller's.
 func (n *Node) Close(ctx context.Context, mode StopMode) error {
+	n.mu.Lock()
+	n.bgCancel()
+	n.mu.Unlock()
+	n.bgWork.Wait()
 	errs := []error{n.pool.close(ctx)}
 	if mode == StopKill {
 		for _, sb := range n.List() {

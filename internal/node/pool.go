@@ -146,7 +146,7 @@ func (p *warmPool) refill(ctx context.Context) {
 						continue
 					}
 				}
-				if ctx.Err() == nil {
+				if ctx.Err() == nil && p.n.bg.Err() == nil {
 					p.n.log.Warn("prestarting a sandbox failed; retrying in 5s", "template_id", id, "err", err)
 					select {
 					case <-ctx.Done():

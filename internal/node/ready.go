@@ -69,8 +69,17 @@ func (n *Node) readySnapshot(ctx context.Context, tpl *template.Template) (*snap
 		return nil, fmt.Errorf("starting template %s's service: %w", tpl.ID, err)
 	}
 	ch := n.readying.DoChan(name, func() (any, error) {
-		// Whoever asked first may give up; the others still need it.
-		return n.startService(context.WithoutCancel(ctx), tpl, name)
+		// Whoever asked first may give up; the others still need it. A
+		// closing node stops it.
+		n.mu.Lock()
+		if n.bg.Err() != nil {
+			n.mu.Unlock()
+			return nil, fmt.Errorf("starting template %s's service: the node is closing", tpl.ID)
+		}
+		n.bgWork.Add(1)
+		n.mu.Unlock()
+		defer n.bgWork.Done()
+		return n.startService(n.bg, tpl, name)
 	})
 	select {
 	case r := <-ch:

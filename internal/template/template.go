@@ -385,7 +385,7 @@ func (s *Store) Delete(idOrAlias string) error {
 	if err != nil {
 		return err
 	}
-	if t.ID == BaseID {
+	if t.ID == BaseID || s.builtin(t.ID) != nil {
 		return fmt.Errorf("deleting template %s: %w", t.ID, ErrProtected)
 	}
 	if s.remote != nil {

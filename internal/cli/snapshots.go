@@ -1,0 +1,181 @@
+package cli
+
+import (
+	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/aenvhq/aenv/internal/client"
+)
+
+func newForkCmd(g *globals) *cobra.Command {
+	var (
+		count   int
+		timeout int
+		output  string
+	)
+	cmd := &cobra.Command{
+		Use:   "fork ID",
+		Short: "Start copies of a running sandbox",
+		Long: `Fork sandbox ID into N independent sandboxes: each starts from its state
+at this moment (processes, memory, files) and goes its own way; ID keeps
+running. Prints one child id per line, or why a child did not start (the
+command then fails).`,
+		Args: needArgs("ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOutput(cmd, output); err != nil {
+				return err
+			}
+			if count < 1 {
+				return &usageError{cmd: cmd, err: fmt.Errorf("-n must be at least 1")}
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			results, err := c.Fork(cmd.Context(), args[0], count, time.Duration(timeout)*time.Second)
+			if err != nil {
+				return err
+			}
+			if output == "json" {
+				var out []any
+				for _, r := range results {
+					if r.Err != nil {
+						out = append(out, map[string]string{"error": r.Err.Error()})
+					} else {
+						out = append(out, r.Sandbox)
+					}
+				}
+				return writeJSON(cmd.OutOrStdout(), out)
+			}
+			failed := 0
+			for _, r := range results {
+				if r.Err != nil {
+					failed++
+					fmt.Fprintln(cmd.ErrOrStderr(), "aenv: a child did not start:", r.Err)
+					continue
+				}
+				fmt.Fprintln(cmd.OutOrStdout(), r.Sandbox.SandboxID)
+			}
+			if failed > 0 {
+				return fmt.Errorf("%d of %d children did not start", failed, len(results))
+			}
+			return nil
+		},
+	}
+	cmd.Flags().IntVarP(&count, "count", "n", 1, "how many children")
+	cmd.Flags().IntVar(&timeout, "timeout", 300, "seconds each child lives")
+	outputFlag(cmd, &output)
+	return cmd
+}
+
+func newSnapshotCmd(g *globals) *cobra.Command {
+	var name string
+	cmd := &cobra.Command{
+		Use:   "snapshot ID",
+		Short: "Save a running sandbox as a snapshot; ls and rm manage them",
+		Long: `Save the whole state of running sandbox ID (processes, memory, files) as
+a snapshot; the sandbox keeps running. A snapshot is a template: 'aenv
+create SNAPSHOT' (or Sandbox.create with its id or --name) starts a sandbox
+from it. Prints the snapshot's id.`,
+		Args: needArgs("ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			snap, err := c.Snapshot(cmd.Context(), args[0], name)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), snap.SnapshotID)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&name, "name", "", "a name the snapshot can also be used by")
+	ls := listCmd(g, &cobra.Command{Use: "ls", Aliases: []string{"list"}, Short: "List snapshots"},
+		(*client.Client).ListSnapshots, "ID\tNAMES\tSANDBOX\tTEMPLATE\tSIZE\tCREATED",
+		func(s client.SnapshotInfo) string {
+			names := strings.Join(s.Names, ",")
+			if names == "" {
+				names = "-"
+			}
+			return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s", s.SnapshotID, names, dash(s.SandboxID), dash(s.TemplateID),
+				formatBytes(s.SizeBytes), s.CreatedAt.Local().Format(time.DateTime))
+		})
+	rm := &cobra.Command{
+		Use:     "rm ID...",
+		Aliases: []string{"delete"},
+		Short:   "Delete snapshots",
+		Args:    needArgs("ID..."),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			for _, id := range args {
+				if err := c.DeleteSnapshot(cmd.Context(), id); err != nil {
+					return err
+				}
+				fmt.Fprintln(cmd.OutOrStdout(), id)
+			}
+			return nil
+		},
+	}
+	cmd.AddCommand(ls, rm)
+	return cmd
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func newMetricsCmd(g *globals) *cobra.Command {
+	var (
+		output string
+		since  time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "metrics ID",
+		Short: "Show a sandbox's CPU, memory and disk use over its life",
+		Long: `Show the resource samples of sandbox ID, taken every 5 seconds by its node
+for as long as it runs (kept for a bounded time; see the server's docs).`,
+		Args: needArgs("ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOutput(cmd, output); err != nil {
+				return err
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			var start time.Time
+			if since > 0 {
+				start = time.Now().Add(-since)
+			}
+			ms, err := c.SandboxMetrics(cmd.Context(), args[0], start, time.Time{})
+			if err != nil {
+				return err
+			}
+			if output == "json" {
+				return writeJSON(cmd.OutOrStdout(), ms)
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "TIME\tCPU\tMEMORY\tDISK")
+			for _, m := range ms {
+				fmt.Fprintf(tw, "%s\t%.1f%% of %d\t%s / %s\t%s / %s\n", m.Timestamp.Local().Format(time.TimeOnly), m.CPUUsedPct, m.CPUCount,
+					formatBytes(int64(m.MemUsed)), formatBytes(int64(m.MemTotal)), formatBytes(int64(m.DiskUsed)), formatBytes(int64(m.DiskTotal)))
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().DurationVar(&since, "since", 0, "only samples this recent (e.g. 10m)")
+	outputFlag(cmd, &output)
+	return cmd
+}
