@@ -289,6 +289,55 @@ srv.test('getMetrics of a running sandbox', async () => {
   }
 })
 
+srv.test('metrics history every 5 s and the log of lifecycle and process events, also after the kill', { timeout: 60_000 }, async () => {
+  const sbx = await srv.create({ timeoutMs: 60_000 })
+  let killed = false
+  try {
+    await sbx.commands.run('echo marker-$((6*7)) && dd if=/dev/urandom of=/home/user/blob bs=1M count=20 status=none')
+    await sbx.commands.run('exit 3').catch(() => {})
+    await new Promise((r) => setTimeout(r, 11_000))
+    const metrics = await sbx.getMetrics()
+    assert.ok(metrics.length >= 3, `${metrics.length} samples after 11 s: ${JSON.stringify(metrics)}`)
+    for (let i = 1; i < metrics.length; i++) {
+      const gap = metrics[i].timestamp - metrics[i - 1].timestamp
+      assert.ok(gap > 0 && gap <= 6000, `samples ${i - 1} and ${i} are ${gap} ms apart`)
+    }
+    assert.ok(metrics.at(-1).diskUsed >= 20 << 20, `diskUsed ${metrics.at(-1).diskUsed} after writing 20 MiB`)
+    const since = await sbx.getMetrics({ start: new Date(metrics.at(-1).timestamp.getTime() - 1000) })
+    assert.ok(since.length >= 1 && since.length < metrics.length, `start= gave ${since.length} of ${metrics.length}`)
+    const many = (await srv.api('GET', `/sandboxes/metrics?sandbox_ids=${sbx.sandboxId},nosuchsandbox`)).json
+    assert.deepEqual(Object.keys(many.sandboxes), [sbx.sandboxId])
+
+    await sbx.kill()
+    killed = true
+    srv.sandboxes.delete(sbx.sandboxId)
+    const res = await srv.api('GET', `/v2/sandboxes/${sbx.sandboxId}/logs`)
+    assert.equal(res.status, 200, res.text)
+    const logs = res.json.logs
+    const messages = logs.map((l) => l.message)
+    assert.ok(messages.includes('sandbox created') && messages.indexOf('sandbox created') < messages.indexOf('process started'), messages.join(', '))
+    assert.equal(messages.at(-1), 'sandbox killed', messages.join(', '))
+    const started = logs.filter((l) => l.message === 'process started')
+    assert.ok(started.some((l) => l.fields.args.includes('marker-')), JSON.stringify(started))
+    assert.ok(logs.some((l) => l.message === 'process ended' && l.fields.exit_code === '3'), JSON.stringify(logs))
+    for (let i = 1; i < logs.length; i++) assert.ok(logs[i].timestamp >= logs[i - 1].timestamp, 'logs out of order')
+
+    const found = (await srv.api('GET', `/v2/sandboxes/${sbx.sandboxId}/logs?search=marker&limit=5`)).json.logs
+    assert.equal(found.length, 1, JSON.stringify(found))
+    const last = (await srv.api('GET', `/v2/sandboxes/${sbx.sandboxId}/logs?direction=backward&limit=1`)).json.logs
+    assert.equal(last[0].message, 'sandbox killed')
+    const cursor = Date.parse(found[0].timestamp)
+    const after = (await srv.api('GET', `/v2/sandboxes/${sbx.sandboxId}/logs?cursor=${cursor}`)).json.logs
+    assert.ok(after.length < logs.length && after[0].timestamp >= found[0].timestamp)
+    assert.equal((await srv.api('GET', `/v2/sandboxes/${sbx.sandboxId}/logs?level=error`)).json.logs.length, 0)
+    assert.equal((await srv.api('GET', `/v2/sandboxes/${sbx.sandboxId}/logs?level=loud`)).status, 400)
+    assert.equal((await srv.api('GET', `/v2/sandboxes/${sbx.sandboxId}/logs?direction=sideways`)).status, 400)
+    assert.equal((await srv.api('GET', '/v2/sandboxes/nosuchsandbox/logs')).status, 404)
+  } finally {
+    if (!killed) await srv.kill(sbx)
+  }
+})
+
 srv.test("lifecycle onTimeout 'pause' with autoResume: the timeout pauses it, and traffic resumes it", async () => {
   const sbx = await srv.create({ timeoutMs: 4_000, lifecycle: { onTimeout: 'pause', autoResume: true } })
   try {

@@ -128,6 +128,8 @@ func (s *Server) routes() {
 	m.Handle("POST /sandboxes/{id}/resume", s.auth(s.withID(s.connect)))
 	m.Handle("POST /sandboxes/{id}/pause", s.auth(s.withID(s.pause)))
 	m.Handle("GET /sandboxes/{id}/metrics", s.auth(s.withID(s.metrics)))
+	m.Handle("GET /sandboxes/metrics", s.auth(http.HandlerFunc(s.metricsOfMany)))
+	m.Handle("GET /v2/sandboxes/{id}/logs", s.auth(s.withID(s.logsV2)))
 
 	m.Handle("POST /sandboxes/{id}/snapshots", s.auth(s.withID(s.createSnapshot)))
 	m.Handle("POST /sandboxes/{id}/fork", s.auth(s.withID(s.fork)))

@@ -427,27 +427,3 @@ type metricJSON struct {
 	DiskTotal     uint64    `json:"diskTotal"`
 }
 
-// metrics returns one current reading (aenv keeps no history yet); the CPU
-// figure is the average since the previous reading (or the sandbox's
-// start).
-func (s *Server) metrics(w http.ResponseWriter, r *http.Request, id string) {
-	st, sb, err := s.cfg.Cluster.Usage(r.Context(), id)
-	if err != nil {
-		s.writeClusterError(w, r, err)
-		return
-	}
-	now := time.Now().UTC()
-	var pct float64
-	if el := now.Sub(st.Since); el > 0 && sb.CPUCount > 0 {
-		pct = min(100, 100*float64(st.CPUSinceNanos)/float64(el.Nanoseconds())/float64(sb.CPUCount))
-	}
-	writeJSON(w, http.StatusOK, []metricJSON{{
-		Timestamp:     now,
-		TimestampUnix: now.Unix(),
-		CPUCount:      sb.CPUCount,
-		CPUUsedPct:    pct,
-		MemUsed:       st.MemoryBytes,
-		MemTotal:      uint64(sb.MemoryMB) << 20,
-		DiskTotal:     uint64(sb.DiskMB) << 20,
-	}})
-}

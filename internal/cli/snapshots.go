@@ -1,7 +1,11 @@
 package cli
 
 import (
+	"encoding/json"
 	"fmt"
+	"io"
+	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -178,4 +182,99 @@ for as long as it runs (kept for a bounded time; see the server's docs).`,
 	cmd.Flags().DurationVar(&since, "since", 0, "only samples this recent (e.g. 10m)")
 	outputFlag(cmd, &output)
 	return cmd
+}
+
+func newLogsCmd(g *globals) *cobra.Command {
+	var (
+		follow bool
+		output string
+	)
+	cmd := &cobra.Command{
+		Use:   "logs ID",
+		Short: "Show a sandbox's log: its lifecycle and the processes it ran",
+		Long: `Show the log of sandbox ID: when it was created, paused, resumed or
+killed, and each process envd started and how it ended. With -f, keep
+printing new entries until the sandbox ends.`,
+		Args: needArgs("ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOutput(cmd, output); err != nil {
+				return err
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			var cursor time.Time
+			seen := map[string]bool{}
+			for {
+				entries, err := c.Logs(cmd.Context(), args[0], cursor)
+				if err != nil {
+					if follow && !cursor.IsZero() && client.IsStatus(err, 404) {
+						return nil // it ended
+					}
+					return err
+				}
+				for _, e := range entries {
+					// The cursor is inclusive: entries at its millisecond
+					// come again.
+					key := e.Timestamp.String() + e.Message + fmt.Sprint(e.Fields)
+					if seen[key] {
+						continue
+					}
+					seen[key] = true
+					cursor = e.Timestamp
+					if output == "json" {
+						if err := writeJSONLine(cmd.OutOrStdout(), e); err != nil {
+							return err
+						}
+						continue
+					}
+					fmt.Fprintf(cmd.OutOrStdout(), "%s %-5s %s%s\n", e.Timestamp.Local().Format("2006-01-02 15:04:05.000"),
+						strings.ToUpper(e.Level), e.Message, formatFields(e.Fields))
+				}
+				if !follow {
+					return nil
+				}
+				select {
+				case <-cmd.Context().Done():
+					return nil
+				case <-time.After(time.Second):
+				}
+				if cursor.IsZero() {
+					cursor = time.Now().Add(-time.Second)
+				}
+			}
+		},
+	}
+	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing new entries")
+	outputFlag(cmd, &output)
+	return cmd
+}
+
+// formatFields renders a log entry's fields as " k=v ...", sorted.
+func formatFields(f map[string]string) string {
+	keys := make([]string, 0, len(f))
+	for k := range f {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var b strings.Builder
+	for _, k := range keys {
+		v := f[k]
+		if strings.ContainsAny(v, " \"=") {
+			v = strconv.Quote(v)
+		}
+		fmt.Fprintf(&b, " %s=%s", k, v)
+	}
+	return b.String()
+}
+
+// writeJSONLine writes v as one line of JSON (a stream of entries).
+func writeJSONLine(w io.Writer, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(w, "%s\n", b)
+	return err
 }

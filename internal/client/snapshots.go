@@ -135,3 +135,27 @@ func (c *Client) SandboxMetrics(ctx context.Context, id string, start, end time.
 	}
 	return out, nil
 }
+
+// LogEntry is one line of a sandbox's log.
+type LogEntry struct {
+	Timestamp time.Time         `json:"timestamp"`
+	Level     string            `json:"level"`
+	Message   string            `json:"message"`
+	Fields    map[string]string `json:"fields"`
+}
+
+// Logs returns up to 1000 of a sandbox's log entries from cursor on
+// (zero: its start), oldest first.
+func (c *Client) Logs(ctx context.Context, id string, cursor time.Time) ([]LogEntry, error) {
+	path := "/v2/sandboxes/" + url.PathEscape(id) + "/logs?limit=1000"
+	if !cursor.IsZero() {
+		path += "&cursor=" + fmt.Sprint(cursor.UnixMilli())
+	}
+	var out struct {
+		Logs []LogEntry `json:"logs"`
+	}
+	if err := c.do(ctx, http.MethodGet, path, nil, &out); err != nil {
+		return nil, fmt.Errorf("reading logs of sandbox %s: %w", id, err)
+	}
+	return out.Logs, nil
+}

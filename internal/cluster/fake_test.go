@@ -215,3 +215,21 @@ func (n *fakeNode) isRunning(id string) bool {
 	_, ok := n.running[id]
 	return ok
 }
+
+func (n *fakeNode) Logs(ctx context.Context, req *nodev1.LogsRequest) (*nodev1.LogsResponse, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if _, ok := n.running[req.SandboxId]; !ok {
+		return nil, connect.NewError(connect.CodeNotFound, errors.New("sandbox not found"))
+	}
+	return &nodev1.LogsResponse{Entries: []*nodev1.LogEntry{{Timestamp: timestamppb.Now(), Level: "info", Message: "sandbox created"}}}, nil
+}
+
+func (n *fakeNode) Metrics(ctx context.Context, req *nodev1.MetricsRequest) (*nodev1.MetricsResponse, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if _, ok := n.running[req.SandboxId]; !ok {
+		return nil, connect.NewError(connect.CodeNotFound, errors.New("sandbox not found"))
+	}
+	return &nodev1.MetricsResponse{Samples: []*nodev1.MetricSample{{Timestamp: timestamppb.Now(), CpuCount: 2, MemTotal: 512 << 20}}}, nil
+}

@@ -320,6 +320,19 @@ func (f *fleet) any() (nodeapi.Node, error) {
 	return f.members[ids[rand.IntN(len(ids))]].api, nil
 }
 
+// reachable returns every node this server can call.
+func (f *fleet) reachable() []nodeapi.Node {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []nodeapi.Node
+	for _, m := range f.members {
+		if m.api != nil {
+			out = append(out, m.api)
+		}
+	}
+	return out
+}
+
 // placement is what a new sandbox needs of its node.
 type placement struct {
 	// template is what it starts from; nodes that hold it are preferred

@@ -46,6 +46,8 @@ type proc struct {
 	mu    sync.Mutex
 	subs  map[*subscriber]struct{}
 	ended bool
+	// end is how it ended, once done is closed.
+	end *process.ProcessEvent_EndEvent
 
 	done       chan struct{} // closed once the end event went out
 	lastOutput atomic.Int64  // unix nanos when output was last forwarded
@@ -135,6 +137,7 @@ func (p *proc) run(c *child, table *procTable) {
 	end := endEvent(ws)
 	p.mu.Lock()
 	p.ended = true
+	p.end = end
 	subs := make([]*subscriber, 0, len(p.subs))
 	for s := range p.subs {
 		subs = append(subs, s)

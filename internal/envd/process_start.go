@@ -3,6 +3,7 @@ package envd
 import (
 	"context"
 	"fmt"
+	"strings"
 	"syscall"
 	"time"
 
@@ -61,7 +62,15 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[proces
 	defer p.unsubscribe(sub)
 	s.procs.add(p)
 	go p.run(c, s.procs)
-	s.log.Info("process started", "pid", p.pid, "cmd", cfg.GetCmd(), "user", u.Name, "pty", spec.pty != nil)
+	s.log.Info("process started", "pid", p.pid, "cmd", cfg.GetCmd(), "args", logArgs(cfg.GetArgs()), "user", u.Name, "pty", spec.pty != nil)
+	// The node reads these two lines into the sandbox's log.
+	go func() {
+		<-p.done
+		p.mu.Lock()
+		end := p.end
+		p.mu.Unlock()
+		s.log.Info("process ended", "pid", p.pid, "exit_code", end.GetExitCode(), "status", end.GetStatus())
+	}()
 
 	if deadline, ok := ctx.Deadline(); ok {
 		go s.killAt(p, deadline)
@@ -74,6 +83,15 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[proces
 	return forwardEvents(ctx, req.Header(), sub, func(ev *process.ProcessEvent) error {
 		return stream.Send(&process.StartResponse{Event: ev})
 	})
+}
+
+// logArgs is a command's arguments for the log, cut short.
+func logArgs(args []string) string {
+	s := strings.Join(args, " ")
+	if len(s) > 200 {
+		s = s[:200] + "..."
+	}
+	return s
 }
 
 // killAt kills p at deadline unless it has ended by then.

@@ -16,6 +16,7 @@ import (
 	"net/netip"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -160,6 +161,8 @@ type Node struct {
 	bg       context.Context
 	bgCancel context.CancelFunc
 	bgWork   sync.WaitGroup
+	// hist holds each sandbox's resource samples and log.
+	hist histories
 }
 
 // New returns a node; it does not start anything.
@@ -191,6 +194,7 @@ func New(cfg Config) (*Node, error) {
 	if en, ok := cfg.Runtime.(runtime.ExitNotifier); ok {
 		go n.handleExits(en.Exits())
 	}
+	go n.sampleLoop()
 	return n, nil
 }
 
@@ -238,6 +242,8 @@ func (n *Node) handleExits(exits <-chan runtime.Exit) {
 		}
 		n.log.Warn("sandbox ended on its own; cleaned up", "sandbox_id", id, "reason", reason)
 		if onExit != nil {
+			n.logEvent(id, "error", describeExit(Exit{Reason: reason, OutOfMemory: ex.OutOfMemory}))
+			n.historyEnded(id)
 			onExit(Exit{ID: id, Reason: reason, OutOfMemory: ex.OutOfMemory})
 		}
 	}
@@ -274,6 +280,8 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) 
 		if err == nil {
 			n.log.Info("sandbox created", "sandbox_id", sb.ID, "template_id", tpl.ID, "warm", true,
 				"total_ms", time.Since(start).Milliseconds())
+			n.logEvent(sb.ID, "info", "sandbox created", "template", tpl.ID, "prestarted", "true",
+				"took_ms", strconv.FormatInt(time.Since(start).Milliseconds(), 10))
 			return sb, nil
 		}
 		if ctx.Err() != nil {
@@ -301,6 +309,8 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) 
 	}
 	n.log.Info("sandbox created", "sandbox_id", sb.ID, "template_id", tpl.ID, "warm", false,
 		"total_ms", time.Since(start).Milliseconds())
+	n.logEvent(sb.ID, "info", "sandbox created", "template", tpl.ID, "prestarted", "false",
+		"took_ms", strconv.FormatInt(time.Since(start).Milliseconds(), 10))
 	return sb, nil
 }
 
@@ -463,6 +473,7 @@ func (n *Node) register(ctx context.Context, sb *Sandbox) {
 	if st, err := n.cfg.Runtime.Stats(ctx, sb.ID); err == nil {
 		sb.cpuBase = st.CPUUsageNanos
 	}
+	n.historyStarted(sb.ID)
 	if err := n.saveRecord(sb); err != nil {
 		// The sandbox works; only a restart of this process would lose it.
 		n.log.Warn("keeping local record", "sandbox_id", sb.ID, "err", err)
@@ -470,11 +481,14 @@ func (n *Node) register(ctx context.Context, sb *Sandbox) {
 	n.mu.Lock()
 	n.sandboxes[sb.ID] = sb
 	n.mu.Unlock()
+	// Its history starts with its first moment, not 5 s later.
+	n.sample(ctx, sb)
 }
 
 // destroy kills a sandbox that is not (or no longer) registered.
 func (n *Node) destroy(ctx context.Context, sb *Sandbox) error {
 	n.removeRecord(sb.ID)
+	n.keepEnvdEvents(sb.ID)
 	var errs []error
 	if err := n.cfg.Runtime.Kill(ctx, sb.ID); err != nil && !errors.Is(err, runtime.ErrNotFound) {
 		errs = append(errs, err)
@@ -521,6 +535,8 @@ func (n *Node) Kill(ctx context.Context, id string) error {
 		return fmt.Errorf("killing sandbox %s: %w", id, err)
 	}
 	n.log.Info("sandbox killed", "sandbox_id", id)
+	n.logEvent(id, "info", "sandbox killed")
+	n.historyEnded(id)
 	return nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"time"
 
 	"github.com/aenvhq/aenv/internal/runtime"
@@ -84,10 +85,18 @@ func (n *Node) snapshotSandbox(ctx context.Context, sb *Sandbox, opts SnapshotOp
 		}
 		return nil, fmt.Errorf("snapshotting sandbox %s: %w", id, err)
 	}
+	if opts.Kind != snapshot.KindTemplate {
+		n.logEvent(id, "info", "snapshot saved", "snapshot_id", snap.ID, "kind", string(snap.Kind),
+			"size_bytes", strconv.FormatInt(snap.SizeBytes, 10))
+	}
 	if opts.Stop {
 		n.unregister(id)
 		if err := n.destroy(context.WithoutCancel(ctx), sb); err != nil {
 			n.log.Warn("releasing paused sandbox", "sandbox_id", id, "err", err)
+		}
+		if opts.Kind != snapshot.KindTemplate {
+			n.logEvent(id, "info", "sandbox stopped: its state is saved")
+			n.historyEnded(id)
 		}
 	}
 	n.log.Info("sandbox snapshotted", "sandbox_id", id, "snapshot_id", snap.ID, "kind", snap.Kind,
@@ -121,6 +130,8 @@ func (n *Node) restore(ctx context.Context, snap *snapshot.Snapshot, req CreateR
 	sb.EnvdAccessToken = snap.EnvdAccessToken
 	n.register(ctx, sb)
 	n.log.Info("sandbox restored", "sandbox_id", id, "snapshot_id", snap.ID, "total_ms", time.Since(start).Milliseconds())
+	n.logEvent(id, "info", "sandbox restored", "snapshot_id", snap.ID, "kind", string(snap.Kind),
+		"took_ms", strconv.FormatInt(time.Since(start).Milliseconds(), 10))
 	return sb, nil
 }
 

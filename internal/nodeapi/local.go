@@ -220,6 +220,33 @@ func (l *Local) DeleteSnapshot(ctx context.Context, req *nodev1.DeleteSnapshotRe
 	return &nodev1.DeleteSnapshotResponse{}, nil
 }
 
+// Logs implements Node.
+func (l *Local) Logs(ctx context.Context, req *nodev1.LogsRequest) (*nodev1.LogsResponse, error) {
+	entries, err := l.n.Logs(req.SandboxId)
+	if err != nil {
+		return nil, wireError(err)
+	}
+	out := &nodev1.LogsResponse{}
+	for _, e := range entries {
+		out.Entries = append(out.Entries, &nodev1.LogEntry{Timestamp: timestamppb.New(e.At), Level: e.Level, Message: e.Message, Fields: e.Fields})
+	}
+	return out, nil
+}
+
+// Metrics implements Node.
+func (l *Local) Metrics(ctx context.Context, req *nodev1.MetricsRequest) (*nodev1.MetricsResponse, error) {
+	samples, err := l.n.Metrics(req.SandboxId)
+	if err != nil {
+		return nil, wireError(err)
+	}
+	out := &nodev1.MetricsResponse{}
+	for _, s := range samples {
+		out.Samples = append(out.Samples, &nodev1.MetricSample{Timestamp: timestamppb.New(s.At), CpuUsedPct: s.CPUUsedPct,
+			CpuCount: int32(s.CPUCount), MemUsed: s.MemUsed, MemTotal: s.MemTotal, DiskUsed: s.DiskUsed, DiskTotal: s.DiskTotal})
+	}
+	return out, nil
+}
+
 // subscriberBuffer is how many events a slow subscriber may fall behind.
 const subscriberBuffer = 256
 

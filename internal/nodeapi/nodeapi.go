@@ -38,6 +38,8 @@ type Node interface {
 	ListSnapshots(context.Context, *nodev1.ListSnapshotsRequest) (*nodev1.ListSnapshotsResponse, error)
 	GetSnapshot(context.Context, *nodev1.GetSnapshotRequest) (*nodev1.SnapshotInfo, error)
 	DeleteSnapshot(context.Context, *nodev1.DeleteSnapshotRequest) (*nodev1.DeleteSnapshotResponse, error)
+	Logs(context.Context, *nodev1.LogsRequest) (*nodev1.LogsResponse, error)
+	Metrics(context.Context, *nodev1.MetricsRequest) (*nodev1.MetricsResponse, error)
 	// Events calls fn with each event the node reports, beginning with a
 	// SYNC once the subscription is in place, until ctx ends (nil) or the
 	// stream breaks (its error).

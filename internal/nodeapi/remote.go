@@ -58,6 +58,14 @@ func (h *handler) DeleteSnapshot(ctx context.Context, r *nodev1.DeleteSnapshotRe
 	return h.n.DeleteSnapshot(ctx, r)
 }
 
+func (h *handler) Logs(ctx context.Context, r *nodev1.LogsRequest) (*nodev1.LogsResponse, error) {
+	return h.n.Logs(ctx, r)
+}
+
+func (h *handler) Metrics(ctx context.Context, r *nodev1.MetricsRequest) (*nodev1.MetricsResponse, error) {
+	return h.n.Metrics(ctx, r)
+}
+
 func (h *handler) Events(ctx context.Context, _ *nodev1.EventsRequest, st *connect.ServerStream[nodev1.Event]) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -158,6 +166,16 @@ func (r *Remote) GetSnapshot(ctx context.Context, q *nodev1.GetSnapshotRequest) 
 // DeleteSnapshot implements Node.
 func (r *Remote) DeleteSnapshot(ctx context.Context, q *nodev1.DeleteSnapshotRequest) (*nodev1.DeleteSnapshotResponse, error) {
 	return r.c.DeleteSnapshot(ctx, q)
+}
+
+// Logs implements Node.
+func (r *Remote) Logs(ctx context.Context, q *nodev1.LogsRequest) (*nodev1.LogsResponse, error) {
+	return r.c.Logs(ctx, q)
+}
+
+// Metrics implements Node.
+func (r *Remote) Metrics(ctx context.Context, q *nodev1.MetricsRequest) (*nodev1.MetricsResponse, error) {
+	return r.c.Metrics(ctx, q)
 }
 
 // Events implements Node.

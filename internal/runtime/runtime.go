@@ -84,6 +84,16 @@ type Stats struct {
 	CPUUsageNanos uint64
 	// MemoryBytes is memory charged to the sandbox on the host.
 	MemoryBytes uint64
+	// DiskBytes is the host disk its writable filesystem takes.
+	DiskBytes uint64
+}
+
+// LogReader is implemented by drivers that keep envd's own log of a
+// running sandbox (the processes it started and ended).
+type LogReader interface {
+	// EnvdLog opens envd's log of sandbox id (ErrNotFound once it is
+	// gone).
+	EnvdLog(id string) (io.ReadCloser, error)
 }
 
 // ExitNotifier is implemented by drivers that notice when a sandbox dies on

@@ -85,7 +85,344 @@ func (x Event_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Event_Kind.Descriptor instead.
 func (Event_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{19, 0}
+	return file_node_node_proto_rawDescGZIP(), []int{25, 0}
+}
+
+type LogsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LogsRequest) Reset() {
+	*x = LogsRequest{}
+	mi := &file_node_node_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LogsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LogsRequest) ProtoMessage() {}
+
+func (x *LogsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LogsRequest.ProtoReflect.Descriptor instead.
+func (*LogsRequest) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *LogsRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+type LogEntry struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Timestamp *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=timestamp,proto3" json:"timestamp,omitempty"`
+	// level is debug, info, warn or error.
+	Level         string            `protobuf:"bytes,2,opt,name=level,proto3" json:"level,omitempty"`
+	Message       string            `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	Fields        map[string]string `protobuf:"bytes,4,rep,name=fields,proto3" json:"fields,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LogEntry) Reset() {
+	*x = LogEntry{}
+	mi := &file_node_node_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LogEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LogEntry) ProtoMessage() {}
+
+func (x *LogEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LogEntry.ProtoReflect.Descriptor instead.
+func (*LogEntry) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *LogEntry) GetTimestamp() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Timestamp
+	}
+	return nil
+}
+
+func (x *LogEntry) GetLevel() string {
+	if x != nil {
+		return x.Level
+	}
+	return ""
+}
+
+func (x *LogEntry) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *LogEntry) GetFields() map[string]string {
+	if x != nil {
+		return x.Fields
+	}
+	return nil
+}
+
+type LogsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Entries       []*LogEntry            `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LogsResponse) Reset() {
+	*x = LogsResponse{}
+	mi := &file_node_node_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LogsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LogsResponse) ProtoMessage() {}
+
+func (x *LogsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LogsResponse.ProtoReflect.Descriptor instead.
+func (*LogsResponse) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *LogsResponse) GetEntries() []*LogEntry {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
+type MetricsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MetricsRequest) Reset() {
+	*x = MetricsRequest{}
+	mi := &file_node_node_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MetricsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MetricsRequest) ProtoMessage() {}
+
+func (x *MetricsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MetricsRequest.ProtoReflect.Descriptor instead.
+func (*MetricsRequest) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *MetricsRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+type MetricSample struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Timestamp     *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=timestamp,proto3" json:"timestamp,omitempty"`
+	CpuUsedPct    float64                `protobuf:"fixed64,2,opt,name=cpu_used_pct,json=cpuUsedPct,proto3" json:"cpu_used_pct,omitempty"`
+	CpuCount      int32                  `protobuf:"varint,3,opt,name=cpu_count,json=cpuCount,proto3" json:"cpu_count,omitempty"`
+	MemUsed       uint64                 `protobuf:"varint,4,opt,name=mem_used,json=memUsed,proto3" json:"mem_used,omitempty"`
+	MemTotal      uint64                 `protobuf:"varint,5,opt,name=mem_total,json=memTotal,proto3" json:"mem_total,omitempty"`
+	DiskUsed      uint64                 `protobuf:"varint,6,opt,name=disk_used,json=diskUsed,proto3" json:"disk_used,omitempty"`
+	DiskTotal     uint64                 `protobuf:"varint,7,opt,name=disk_total,json=diskTotal,proto3" json:"disk_total,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MetricSample) Reset() {
+	*x = MetricSample{}
+	mi := &file_node_node_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MetricSample) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MetricSample) ProtoMessage() {}
+
+func (x *MetricSample) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MetricSample.ProtoReflect.Descriptor instead.
+func (*MetricSample) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *MetricSample) GetTimestamp() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Timestamp
+	}
+	return nil
+}
+
+func (x *MetricSample) GetCpuUsedPct() float64 {
+	if x != nil {
+		return x.CpuUsedPct
+	}
+	return 0
+}
+
+func (x *MetricSample) GetCpuCount() int32 {
+	if x != nil {
+		return x.CpuCount
+	}
+	return 0
+}
+
+func (x *MetricSample) GetMemUsed() uint64 {
+	if x != nil {
+		return x.MemUsed
+	}
+	return 0
+}
+
+func (x *MetricSample) GetMemTotal() uint64 {
+	if x != nil {
+		return x.MemTotal
+	}
+	return 0
+}
+
+func (x *MetricSample) GetDiskUsed() uint64 {
+	if x != nil {
+		return x.DiskUsed
+	}
+	return 0
+}
+
+func (x *MetricSample) GetDiskTotal() uint64 {
+	if x != nil {
+		return x.DiskTotal
+	}
+	return 0
+}
+
+type MetricsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Samples       []*MetricSample        `protobuf:"bytes,1,rep,name=samples,proto3" json:"samples,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MetricsResponse) Reset() {
+	*x = MetricsResponse{}
+	mi := &file_node_node_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MetricsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MetricsResponse) ProtoMessage() {}
+
+func (x *MetricsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MetricsResponse.ProtoReflect.Descriptor instead.
+func (*MetricsResponse) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *MetricsResponse) GetSamples() []*MetricSample {
+	if x != nil {
+		return x.Samples
+	}
+	return nil
 }
 
 type InfoRequest struct {
@@ -96,7 +433,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_node_node_proto_msgTypes[0]
+	mi := &file_node_node_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -108,7 +445,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[0]
+	mi := &file_node_node_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -121,7 +458,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{0}
+	return file_node_node_proto_rawDescGZIP(), []int{6}
 }
 
 type Resources struct {
@@ -137,7 +474,7 @@ type Resources struct {
 
 func (x *Resources) Reset() {
 	*x = Resources{}
-	mi := &file_node_node_proto_msgTypes[1]
+	mi := &file_node_node_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -149,7 +486,7 @@ func (x *Resources) String() string {
 func (*Resources) ProtoMessage() {}
 
 func (x *Resources) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[1]
+	mi := &file_node_node_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -162,7 +499,7 @@ func (x *Resources) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resources.ProtoReflect.Descriptor instead.
 func (*Resources) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{1}
+	return file_node_node_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Resources) GetCpuCount() int32 {
@@ -216,7 +553,7 @@ type NodeInfo struct {
 
 func (x *NodeInfo) Reset() {
 	*x = NodeInfo{}
-	mi := &file_node_node_proto_msgTypes[2]
+	mi := &file_node_node_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -228,7 +565,7 @@ func (x *NodeInfo) String() string {
 func (*NodeInfo) ProtoMessage() {}
 
 func (x *NodeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[2]
+	mi := &file_node_node_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -241,7 +578,7 @@ func (x *NodeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeInfo.ProtoReflect.Descriptor instead.
 func (*NodeInfo) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{2}
+	return file_node_node_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *NodeInfo) GetId() string {
@@ -340,7 +677,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_node_node_proto_msgTypes[3]
+	mi := &file_node_node_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -352,7 +689,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[3]
+	mi := &file_node_node_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -365,7 +702,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{3}
+	return file_node_node_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CreateRequest) GetSandboxId() string {
@@ -449,7 +786,7 @@ type Sandbox struct {
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_node_node_proto_msgTypes[4]
+	mi := &file_node_node_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -461,7 +798,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[4]
+	mi := &file_node_node_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -474,7 +811,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{4}
+	return file_node_node_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Sandbox) GetId() string {
@@ -549,7 +886,7 @@ type KillRequest struct {
 
 func (x *KillRequest) Reset() {
 	*x = KillRequest{}
-	mi := &file_node_node_proto_msgTypes[5]
+	mi := &file_node_node_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -561,7 +898,7 @@ func (x *KillRequest) String() string {
 func (*KillRequest) ProtoMessage() {}
 
 func (x *KillRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[5]
+	mi := &file_node_node_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -574,7 +911,7 @@ func (x *KillRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillRequest.ProtoReflect.Descriptor instead.
 func (*KillRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{5}
+	return file_node_node_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *KillRequest) GetSandboxId() string {
@@ -592,7 +929,7 @@ type KillResponse struct {
 
 func (x *KillResponse) Reset() {
 	*x = KillResponse{}
-	mi := &file_node_node_proto_msgTypes[6]
+	mi := &file_node_node_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -604,7 +941,7 @@ func (x *KillResponse) String() string {
 func (*KillResponse) ProtoMessage() {}
 
 func (x *KillResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[6]
+	mi := &file_node_node_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -617,7 +954,7 @@ func (x *KillResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillResponse.ProtoReflect.Descriptor instead.
 func (*KillResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{6}
+	return file_node_node_proto_rawDescGZIP(), []int{12}
 }
 
 type ListRequest struct {
@@ -628,7 +965,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_node_node_proto_msgTypes[7]
+	mi := &file_node_node_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -640,7 +977,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[7]
+	mi := &file_node_node_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -653,7 +990,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{7}
+	return file_node_node_proto_rawDescGZIP(), []int{13}
 }
 
 type ListResponse struct {
@@ -665,7 +1002,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_node_node_proto_msgTypes[8]
+	mi := &file_node_node_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -677,7 +1014,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[8]
+	mi := &file_node_node_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -690,7 +1027,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{8}
+	return file_node_node_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -713,7 +1050,7 @@ type SnapshotRequest struct {
 
 func (x *SnapshotRequest) Reset() {
 	*x = SnapshotRequest{}
-	mi := &file_node_node_proto_msgTypes[9]
+	mi := &file_node_node_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -725,7 +1062,7 @@ func (x *SnapshotRequest) String() string {
 func (*SnapshotRequest) ProtoMessage() {}
 
 func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[9]
+	mi := &file_node_node_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -738,7 +1075,7 @@ func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{9}
+	return file_node_node_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SnapshotRequest) GetSandboxId() string {
@@ -793,7 +1130,7 @@ type SnapshotInfo struct {
 
 func (x *SnapshotInfo) Reset() {
 	*x = SnapshotInfo{}
-	mi := &file_node_node_proto_msgTypes[10]
+	mi := &file_node_node_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -805,7 +1142,7 @@ func (x *SnapshotInfo) String() string {
 func (*SnapshotInfo) ProtoMessage() {}
 
 func (x *SnapshotInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[10]
+	mi := &file_node_node_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -818,7 +1155,7 @@ func (x *SnapshotInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotInfo.ProtoReflect.Descriptor instead.
 func (*SnapshotInfo) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{10}
+	return file_node_node_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SnapshotInfo) GetId() string {
@@ -928,7 +1265,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_node_node_proto_msgTypes[11]
+	mi := &file_node_node_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -940,7 +1277,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[11]
+	mi := &file_node_node_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -953,7 +1290,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{11}
+	return file_node_node_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *StatsRequest) GetSandboxId() string {
@@ -976,7 +1313,7 @@ type SandboxStats struct {
 
 func (x *SandboxStats) Reset() {
 	*x = SandboxStats{}
-	mi := &file_node_node_proto_msgTypes[12]
+	mi := &file_node_node_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -988,7 +1325,7 @@ func (x *SandboxStats) String() string {
 func (*SandboxStats) ProtoMessage() {}
 
 func (x *SandboxStats) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[12]
+	mi := &file_node_node_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1001,7 +1338,7 @@ func (x *SandboxStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxStats.ProtoReflect.Descriptor instead.
 func (*SandboxStats) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{12}
+	return file_node_node_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SandboxStats) GetMemoryBytes() uint64 {
@@ -1034,7 +1371,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_node_node_proto_msgTypes[13]
+	mi := &file_node_node_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1046,7 +1383,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[13]
+	mi := &file_node_node_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1059,7 +1396,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{13}
+	return file_node_node_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListSnapshotsRequest) GetKinds() []string {
@@ -1078,7 +1415,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_node_node_proto_msgTypes[14]
+	mi := &file_node_node_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1090,7 +1427,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[14]
+	mi := &file_node_node_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1103,7 +1440,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{14}
+	return file_node_node_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*SnapshotInfo {
@@ -1122,7 +1459,7 @@ type GetSnapshotRequest struct {
 
 func (x *GetSnapshotRequest) Reset() {
 	*x = GetSnapshotRequest{}
-	mi := &file_node_node_proto_msgTypes[15]
+	mi := &file_node_node_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1134,7 +1471,7 @@ func (x *GetSnapshotRequest) String() string {
 func (*GetSnapshotRequest) ProtoMessage() {}
 
 func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[15]
+	mi := &file_node_node_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1147,7 +1484,7 @@ func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*GetSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{15}
+	return file_node_node_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *GetSnapshotRequest) GetIdOrName() string {
@@ -1166,7 +1503,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_node_node_proto_msgTypes[16]
+	mi := &file_node_node_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1178,7 +1515,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[16]
+	mi := &file_node_node_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1191,7 +1528,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{16}
+	return file_node_node_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DeleteSnapshotRequest) GetId() string {
@@ -1209,7 +1546,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_node_node_proto_msgTypes[17]
+	mi := &file_node_node_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1221,7 +1558,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[17]
+	mi := &file_node_node_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1234,7 +1571,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{17}
+	return file_node_node_proto_rawDescGZIP(), []int{23}
 }
 
 type EventsRequest struct {
@@ -1245,7 +1582,7 @@ type EventsRequest struct {
 
 func (x *EventsRequest) Reset() {
 	*x = EventsRequest{}
-	mi := &file_node_node_proto_msgTypes[18]
+	mi := &file_node_node_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1257,7 +1594,7 @@ func (x *EventsRequest) String() string {
 func (*EventsRequest) ProtoMessage() {}
 
 func (x *EventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[18]
+	mi := &file_node_node_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1270,7 +1607,7 @@ func (x *EventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsRequest.ProtoReflect.Descriptor instead.
 func (*EventsRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{18}
+	return file_node_node_proto_rawDescGZIP(), []int{24}
 }
 
 type Event struct {
@@ -1284,7 +1621,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_node_node_proto_msgTypes[19]
+	mi := &file_node_node_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1296,7 +1633,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[19]
+	mi := &file_node_node_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1309,7 +1646,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{19}
+	return file_node_node_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Event) GetKind() Event_Kind {
@@ -1337,7 +1674,35 @@ var File_node_node_proto protoreflect.FileDescriptor
 
 const file_node_node_proto_rawDesc = "" +
 	"\n" +
-	"\x0fnode/node.proto\x12\faenv.node.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\r\n" +
+	"\x0fnode/node.proto\x12\faenv.node.v1\x1a\x1fgoogle/protobuf/timestamp.proto\",\n" +
+	"\vLogsRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"\xeb\x01\n" +
+	"\bLogEntry\x128\n" +
+	"\ttimestamp\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\ttimestamp\x12\x14\n" +
+	"\x05level\x18\x02 \x01(\tR\x05level\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\x12:\n" +
+	"\x06fields\x18\x04 \x03(\v2\".aenv.node.v1.LogEntry.FieldsEntryR\x06fields\x1a9\n" +
+	"\vFieldsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"@\n" +
+	"\fLogsResponse\x120\n" +
+	"\aentries\x18\x01 \x03(\v2\x16.aenv.node.v1.LogEntryR\aentries\"/\n" +
+	"\x0eMetricsRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"\xfb\x01\n" +
+	"\fMetricSample\x128\n" +
+	"\ttimestamp\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\ttimestamp\x12 \n" +
+	"\fcpu_used_pct\x18\x02 \x01(\x01R\n" +
+	"cpuUsedPct\x12\x1b\n" +
+	"\tcpu_count\x18\x03 \x01(\x05R\bcpuCount\x12\x19\n" +
+	"\bmem_used\x18\x04 \x01(\x04R\amemUsed\x12\x1b\n" +
+	"\tmem_total\x18\x05 \x01(\x04R\bmemTotal\x12\x1b\n" +
+	"\tdisk_used\x18\x06 \x01(\x04R\bdiskUsed\x12\x1d\n" +
+	"\n" +
+	"disk_total\x18\a \x01(\x04R\tdiskTotal\"G\n" +
+	"\x0fMetricsResponse\x124\n" +
+	"\asamples\x18\x01 \x03(\v2\x1a.aenv.node.v1.MetricSampleR\asamples\"\r\n" +
 	"\vInfoRequest\"\x8e\x01\n" +
 	"\tResources\x12\x1b\n" +
 	"\tcpu_count\x18\x01 \x01(\x05R\bcpuCount\x12\x1b\n" +
@@ -1445,7 +1810,7 @@ const file_node_node_proto_rawDesc = "" +
 	"\tKIND_SYNC\x10\x01\x12\x0f\n" +
 	"\vKIND_EXITED\x10\x02\x12\x13\n" +
 	"\x0fKIND_OOM_KILLED\x10\x03\x12\x11\n" +
-	"\rKIND_DRAINING\x10\x042\xce\x05\n" +
+	"\rKIND_DRAINING\x10\x042\xd5\x06\n" +
 	"\vNodeService\x129\n" +
 	"\x04Info\x12\x19.aenv.node.v1.InfoRequest\x1a\x16.aenv.node.v1.NodeInfo\x12<\n" +
 	"\x06Create\x12\x1b.aenv.node.v1.CreateRequest\x1a\x15.aenv.node.v1.Sandbox\x12=\n" +
@@ -1456,7 +1821,9 @@ const file_node_node_proto_rawDesc = "" +
 	"\rListSnapshots\x12\".aenv.node.v1.ListSnapshotsRequest\x1a#.aenv.node.v1.ListSnapshotsResponse\x12K\n" +
 	"\vGetSnapshot\x12 .aenv.node.v1.GetSnapshotRequest\x1a\x1a.aenv.node.v1.SnapshotInfo\x12[\n" +
 	"\x0eDeleteSnapshot\x12#.aenv.node.v1.DeleteSnapshotRequest\x1a$.aenv.node.v1.DeleteSnapshotResponse\x12<\n" +
-	"\x06Events\x12\x1b.aenv.node.v1.EventsRequest\x1a\x13.aenv.node.v1.Event0\x01B7Z5github.com/aenvhq/aenv/internal/nodeapi/nodev1;nodev1b\x06proto3"
+	"\x06Events\x12\x1b.aenv.node.v1.EventsRequest\x1a\x13.aenv.node.v1.Event0\x01\x12=\n" +
+	"\x04Logs\x12\x19.aenv.node.v1.LogsRequest\x1a\x1a.aenv.node.v1.LogsResponse\x12F\n" +
+	"\aMetrics\x12\x1c.aenv.node.v1.MetricsRequest\x1a\x1d.aenv.node.v1.MetricsResponseB7Z5github.com/aenvhq/aenv/internal/nodeapi/nodev1;nodev1b\x06proto3"
 
 var (
 	file_node_node_proto_rawDescOnce sync.Once
@@ -1471,67 +1838,83 @@ func file_node_node_proto_rawDescGZIP() []byte {
 }
 
 var file_node_node_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_node_node_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_node_node_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_node_node_proto_goTypes = []any{
 	(Event_Kind)(0),                // 0: aenv.node.v1.Event.Kind
-	(*InfoRequest)(nil),            // 1: aenv.node.v1.InfoRequest
-	(*Resources)(nil),              // 2: aenv.node.v1.Resources
-	(*NodeInfo)(nil),               // 3: aenv.node.v1.NodeInfo
-	(*CreateRequest)(nil),          // 4: aenv.node.v1.CreateRequest
-	(*Sandbox)(nil),                // 5: aenv.node.v1.Sandbox
-	(*KillRequest)(nil),            // 6: aenv.node.v1.KillRequest
-	(*KillResponse)(nil),           // 7: aenv.node.v1.KillResponse
-	(*ListRequest)(nil),            // 8: aenv.node.v1.ListRequest
-	(*ListResponse)(nil),           // 9: aenv.node.v1.ListResponse
-	(*SnapshotRequest)(nil),        // 10: aenv.node.v1.SnapshotRequest
-	(*SnapshotInfo)(nil),           // 11: aenv.node.v1.SnapshotInfo
-	(*StatsRequest)(nil),           // 12: aenv.node.v1.StatsRequest
-	(*SandboxStats)(nil),           // 13: aenv.node.v1.SandboxStats
-	(*ListSnapshotsRequest)(nil),   // 14: aenv.node.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),  // 15: aenv.node.v1.ListSnapshotsResponse
-	(*GetSnapshotRequest)(nil),     // 16: aenv.node.v1.GetSnapshotRequest
-	(*DeleteSnapshotRequest)(nil),  // 17: aenv.node.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil), // 18: aenv.node.v1.DeleteSnapshotResponse
-	(*EventsRequest)(nil),          // 19: aenv.node.v1.EventsRequest
-	(*Event)(nil),                  // 20: aenv.node.v1.Event
-	nil,                            // 21: aenv.node.v1.CreateRequest.EnvVarsEntry
-	(*timestamppb.Timestamp)(nil),  // 22: google.protobuf.Timestamp
+	(*LogsRequest)(nil),            // 1: aenv.node.v1.LogsRequest
+	(*LogEntry)(nil),               // 2: aenv.node.v1.LogEntry
+	(*LogsResponse)(nil),           // 3: aenv.node.v1.LogsResponse
+	(*MetricsRequest)(nil),         // 4: aenv.node.v1.MetricsRequest
+	(*MetricSample)(nil),           // 5: aenv.node.v1.MetricSample
+	(*MetricsResponse)(nil),        // 6: aenv.node.v1.MetricsResponse
+	(*InfoRequest)(nil),            // 7: aenv.node.v1.InfoRequest
+	(*Resources)(nil),              // 8: aenv.node.v1.Resources
+	(*NodeInfo)(nil),               // 9: aenv.node.v1.NodeInfo
+	(*CreateRequest)(nil),          // 10: aenv.node.v1.CreateRequest
+	(*Sandbox)(nil),                // 11: aenv.node.v1.Sandbox
+	(*KillRequest)(nil),            // 12: aenv.node.v1.KillRequest
+	(*KillResponse)(nil),           // 13: aenv.node.v1.KillResponse
+	(*ListRequest)(nil),            // 14: aenv.node.v1.ListRequest
+	(*ListResponse)(nil),           // 15: aenv.node.v1.ListResponse
+	(*SnapshotRequest)(nil),        // 16: aenv.node.v1.SnapshotRequest
+	(*SnapshotInfo)(nil),           // 17: aenv.node.v1.SnapshotInfo
+	(*StatsRequest)(nil),           // 18: aenv.node.v1.StatsRequest
+	(*SandboxStats)(nil),           // 19: aenv.node.v1.SandboxStats
+	(*ListSnapshotsRequest)(nil),   // 20: aenv.node.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),  // 21: aenv.node.v1.ListSnapshotsResponse
+	(*GetSnapshotRequest)(nil),     // 22: aenv.node.v1.GetSnapshotRequest
+	(*DeleteSnapshotRequest)(nil),  // 23: aenv.node.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil), // 24: aenv.node.v1.DeleteSnapshotResponse
+	(*EventsRequest)(nil),          // 25: aenv.node.v1.EventsRequest
+	(*Event)(nil),                  // 26: aenv.node.v1.Event
+	nil,                            // 27: aenv.node.v1.LogEntry.FieldsEntry
+	nil,                            // 28: aenv.node.v1.CreateRequest.EnvVarsEntry
+	(*timestamppb.Timestamp)(nil),  // 29: google.protobuf.Timestamp
 }
 var file_node_node_proto_depIdxs = []int32{
-	2,  // 0: aenv.node.v1.NodeInfo.capacity:type_name -> aenv.node.v1.Resources
-	2,  // 1: aenv.node.v1.NodeInfo.usage:type_name -> aenv.node.v1.Resources
-	21, // 2: aenv.node.v1.CreateRequest.env_vars:type_name -> aenv.node.v1.CreateRequest.EnvVarsEntry
-	22, // 3: aenv.node.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
-	5,  // 4: aenv.node.v1.ListResponse.sandboxes:type_name -> aenv.node.v1.Sandbox
-	22, // 5: aenv.node.v1.SnapshotInfo.created_at:type_name -> google.protobuf.Timestamp
-	22, // 6: aenv.node.v1.SandboxStats.since:type_name -> google.protobuf.Timestamp
-	11, // 7: aenv.node.v1.ListSnapshotsResponse.snapshots:type_name -> aenv.node.v1.SnapshotInfo
-	0,  // 8: aenv.node.v1.Event.kind:type_name -> aenv.node.v1.Event.Kind
-	1,  // 9: aenv.node.v1.NodeService.Info:input_type -> aenv.node.v1.InfoRequest
-	4,  // 10: aenv.node.v1.NodeService.Create:input_type -> aenv.node.v1.CreateRequest
-	6,  // 11: aenv.node.v1.NodeService.Kill:input_type -> aenv.node.v1.KillRequest
-	8,  // 12: aenv.node.v1.NodeService.List:input_type -> aenv.node.v1.ListRequest
-	10, // 13: aenv.node.v1.NodeService.Snapshot:input_type -> aenv.node.v1.SnapshotRequest
-	12, // 14: aenv.node.v1.NodeService.Stats:input_type -> aenv.node.v1.StatsRequest
-	14, // 15: aenv.node.v1.NodeService.ListSnapshots:input_type -> aenv.node.v1.ListSnapshotsRequest
-	16, // 16: aenv.node.v1.NodeService.GetSnapshot:input_type -> aenv.node.v1.GetSnapshotRequest
-	17, // 17: aenv.node.v1.NodeService.DeleteSnapshot:input_type -> aenv.node.v1.DeleteSnapshotRequest
-	19, // 18: aenv.node.v1.NodeService.Events:input_type -> aenv.node.v1.EventsRequest
-	3,  // 19: aenv.node.v1.NodeService.Info:output_type -> aenv.node.v1.NodeInfo
-	5,  // 20: aenv.node.v1.NodeService.Create:output_type -> aenv.node.v1.Sandbox
-	7,  // 21: aenv.node.v1.NodeService.Kill:output_type -> aenv.node.v1.KillResponse
-	9,  // 22: aenv.node.v1.NodeService.List:output_type -> aenv.node.v1.ListResponse
-	11, // 23: aenv.node.v1.NodeService.Snapshot:output_type -> aenv.node.v1.SnapshotInfo
-	13, // 24: aenv.node.v1.NodeService.Stats:output_type -> aenv.node.v1.SandboxStats
-	15, // 25: aenv.node.v1.NodeService.ListSnapshots:output_type -> aenv.node.v1.ListSnapshotsResponse
-	11, // 26: aenv.node.v1.NodeService.GetSnapshot:output_type -> aenv.node.v1.SnapshotInfo
-	18, // 27: aenv.node.v1.NodeService.DeleteSnapshot:output_type -> aenv.node.v1.DeleteSnapshotResponse
-	20, // 28: aenv.node.v1.NodeService.Events:output_type -> aenv.node.v1.Event
-	19, // [19:29] is the sub-list for method output_type
-	9,  // [9:19] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	29, // 0: aenv.node.v1.LogEntry.timestamp:type_name -> google.protobuf.Timestamp
+	27, // 1: aenv.node.v1.LogEntry.fields:type_name -> aenv.node.v1.LogEntry.FieldsEntry
+	2,  // 2: aenv.node.v1.LogsResponse.entries:type_name -> aenv.node.v1.LogEntry
+	29, // 3: aenv.node.v1.MetricSample.timestamp:type_name -> google.protobuf.Timestamp
+	5,  // 4: aenv.node.v1.MetricsResponse.samples:type_name -> aenv.node.v1.MetricSample
+	8,  // 5: aenv.node.v1.NodeInfo.capacity:type_name -> aenv.node.v1.Resources
+	8,  // 6: aenv.node.v1.NodeInfo.usage:type_name -> aenv.node.v1.Resources
+	28, // 7: aenv.node.v1.CreateRequest.env_vars:type_name -> aenv.node.v1.CreateRequest.EnvVarsEntry
+	29, // 8: aenv.node.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
+	11, // 9: aenv.node.v1.ListResponse.sandboxes:type_name -> aenv.node.v1.Sandbox
+	29, // 10: aenv.node.v1.SnapshotInfo.created_at:type_name -> google.protobuf.Timestamp
+	29, // 11: aenv.node.v1.SandboxStats.since:type_name -> google.protobuf.Timestamp
+	17, // 12: aenv.node.v1.ListSnapshotsResponse.snapshots:type_name -> aenv.node.v1.SnapshotInfo
+	0,  // 13: aenv.node.v1.Event.kind:type_name -> aenv.node.v1.Event.Kind
+	7,  // 14: aenv.node.v1.NodeService.Info:input_type -> aenv.node.v1.InfoRequest
+	10, // 15: aenv.node.v1.NodeService.Create:input_type -> aenv.node.v1.CreateRequest
+	12, // 16: aenv.node.v1.NodeService.Kill:input_type -> aenv.node.v1.KillRequest
+	14, // 17: aenv.node.v1.NodeService.List:input_type -> aenv.node.v1.ListRequest
+	16, // 18: aenv.node.v1.NodeService.Snapshot:input_type -> aenv.node.v1.SnapshotRequest
+	18, // 19: aenv.node.v1.NodeService.Stats:input_type -> aenv.node.v1.StatsRequest
+	20, // 20: aenv.node.v1.NodeService.ListSnapshots:input_type -> aenv.node.v1.ListSnapshotsRequest
+	22, // 21: aenv.node.v1.NodeService.GetSnapshot:input_type -> aenv.node.v1.GetSnapshotRequest
+	23, // 22: aenv.node.v1.NodeService.DeleteSnapshot:input_type -> aenv.node.v1.DeleteSnapshotRequest
+	25, // 23: aenv.node.v1.NodeService.Events:input_type -> aenv.node.v1.EventsRequest
+	1,  // 24: aenv.node.v1.NodeService.Logs:input_type -> aenv.node.v1.LogsRequest
+	4,  // 25: aenv.node.v1.NodeService.Metrics:input_type -> aenv.node.v1.MetricsRequest
+	9,  // 26: aenv.node.v1.NodeService.Info:output_type -> aenv.node.v1.NodeInfo
+	11, // 27: aenv.node.v1.NodeService.Create:output_type -> aenv.node.v1.Sandbox
+	13, // 28: aenv.node.v1.NodeService.Kill:output_type -> aenv.node.v1.KillResponse
+	15, // 29: aenv.node.v1.NodeService.List:output_type -> aenv.node.v1.ListResponse
+	17, // 30: aenv.node.v1.NodeService.Snapshot:output_type -> aenv.node.v1.SnapshotInfo
+	19, // 31: aenv.node.v1.NodeService.Stats:output_type -> aenv.node.v1.SandboxStats
+	21, // 32: aenv.node.v1.NodeService.ListSnapshots:output_type -> aenv.node.v1.ListSnapshotsResponse
+	17, // 33: aenv.node.v1.NodeService.GetSnapshot:output_type -> aenv.node.v1.SnapshotInfo
+	24, // 34: aenv.node.v1.NodeService.DeleteSnapshot:output_type -> aenv.node.v1.DeleteSnapshotResponse
+	26, // 35: aenv.node.v1.NodeService.Events:output_type -> aenv.node.v1.Event
+	3,  // 36: aenv.node.v1.NodeService.Logs:output_type -> aenv.node.v1.LogsResponse
+	6,  // 37: aenv.node.v1.NodeService.Metrics:output_type -> aenv.node.v1.MetricsResponse
+	26, // [26:38] is the sub-list for method output_type
+	14, // [14:26] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_node_node_proto_init() }
@@ -1545,7 +1928,7 @@ func file_node_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_node_node_proto_rawDesc), len(file_node_node_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   21,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

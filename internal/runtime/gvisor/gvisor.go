@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -437,7 +438,45 @@ func (d *Driver) Stats(ctx context.Context, id string) (runtime.Stats, error) {
 	if err != nil {
 		return runtime.Stats{}, fmt.Errorf("reading stats of %s: %w", id, err)
 	}
-	return runtime.Stats{CPUUsageNanos: cpu, MemoryBytes: mem}, nil
+	return runtime.Stats{CPUUsageNanos: cpu, MemoryBytes: mem, DiskBytes: d.diskBytes(id)}, nil
+}
+
+// diskBytes is the host disk the sandbox's files take: the blocks
+// allocated to its overlay filestore, a sparse file runsc creates in the
+// sandbox's directory and unlinks at once, so it is found through the
+// sandbox process's descriptors.
+func (d *Driver) diskBytes(id string) uint64 {
+	dir := d.sandboxDir(id)
+	pid, err := readPid(filepath.Join(dir, "pid"))
+	if err != nil {
+		return 0
+	}
+	fds := fmt.Sprintf("/proc/%d/fd", pid)
+	entries, err := os.ReadDir(fds)
+	if err != nil {
+		return 0
+	}
+	var total uint64
+	for _, e := range entries {
+		target, err := os.Readlink(filepath.Join(fds, e.Name()))
+		if err != nil || !strings.HasPrefix(target, filepath.Join(dir, "runsc-filestore")) {
+			continue
+		}
+		var st unix.Stat_t
+		if unix.Stat(filepath.Join(fds, e.Name()), &st) == nil {
+			total += uint64(st.Blocks) * 512
+		}
+	}
+	return total
+}
+
+// EnvdLog implements runtime.LogReader.
+func (d *Driver) EnvdLog(id string) (io.ReadCloser, error) {
+	f, err := os.Open(filepath.Join(d.sandboxDir(id), "envd.log"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("reading envd log of %s: %w", id, runtime.ErrNotFound)
+	}
+	return f, err
 }
 
 func readPid(p string) (int, error) {

@@ -62,6 +62,10 @@ const (
 	NodeServiceDeleteSnapshotProcedure = "/aenv.node.v1.NodeService/DeleteSnapshot"
 	// NodeServiceEventsProcedure is the fully-qualified name of the NodeService's Events RPC.
 	NodeServiceEventsProcedure = "/aenv.node.v1.NodeService/Events"
+	// NodeServiceLogsProcedure is the fully-qualified name of the NodeService's Logs RPC.
+	NodeServiceLogsProcedure = "/aenv.node.v1.NodeService/Logs"
+	// NodeServiceMetricsProcedure is the fully-qualified name of the NodeService's Metrics RPC.
+	NodeServiceMetricsProcedure = "/aenv.node.v1.NodeService/Metrics"
 )
 
 // NodeServiceClient is a client for the aenv.node.v1.NodeService service.
@@ -87,6 +91,13 @@ type NodeServiceClient interface {
 	// exit or are OOM-killed, the node starting to drain. The stream opens
 	// with a SYNC event once the subscription is in place.
 	Events(context.Context, *nodev1.EventsRequest) (*connect.ServerStreamForClient[nodev1.Event], error)
+	// Logs returns a sandbox's log: what happened to it (created, paused,
+	// killed, died) and the processes it ran, oldest first, kept by the
+	// node for a bounded time.
+	Logs(context.Context, *nodev1.LogsRequest) (*nodev1.LogsResponse, error)
+	// Metrics returns a sandbox's resource samples, oldest first: every
+	// 5 s for its last hour, every minute for the day before.
+	Metrics(context.Context, *nodev1.MetricsRequest) (*nodev1.MetricsResponse, error)
 }
 
 // NewNodeServiceClient constructs a client for the aenv.node.v1.NodeService service. By default, it
@@ -160,6 +171,18 @@ func NewNodeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(nodeServiceMethods.ByName("Events")),
 			connect.WithClientOptions(opts...),
 		),
+		logs: connect.NewClient[nodev1.LogsRequest, nodev1.LogsResponse](
+			httpClient,
+			baseURL+NodeServiceLogsProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("Logs")),
+			connect.WithClientOptions(opts...),
+		),
+		metrics: connect.NewClient[nodev1.MetricsRequest, nodev1.MetricsResponse](
+			httpClient,
+			baseURL+NodeServiceMetricsProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("Metrics")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -175,6 +198,8 @@ type nodeServiceClient struct {
 	getSnapshot    *connect.Client[nodev1.GetSnapshotRequest, nodev1.SnapshotInfo]
 	deleteSnapshot *connect.Client[nodev1.DeleteSnapshotRequest, nodev1.DeleteSnapshotResponse]
 	events         *connect.Client[nodev1.EventsRequest, nodev1.Event]
+	logs           *connect.Client[nodev1.LogsRequest, nodev1.LogsResponse]
+	metrics        *connect.Client[nodev1.MetricsRequest, nodev1.MetricsResponse]
 }
 
 // Info calls aenv.node.v1.NodeService.Info.
@@ -263,6 +288,24 @@ func (c *nodeServiceClient) Events(ctx context.Context, req *nodev1.EventsReques
 	return c.events.CallServerStream(ctx, connect.NewRequest(req))
 }
 
+// Logs calls aenv.node.v1.NodeService.Logs.
+func (c *nodeServiceClient) Logs(ctx context.Context, req *nodev1.LogsRequest) (*nodev1.LogsResponse, error) {
+	response, err := c.logs.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
+// Metrics calls aenv.node.v1.NodeService.Metrics.
+func (c *nodeServiceClient) Metrics(ctx context.Context, req *nodev1.MetricsRequest) (*nodev1.MetricsResponse, error) {
+	response, err := c.metrics.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
 // NodeServiceHandler is an implementation of the aenv.node.v1.NodeService service.
 type NodeServiceHandler interface {
 	// Info describes the node: its id, capacity, usage, runtime and the
@@ -286,6 +329,13 @@ type NodeServiceHandler interface {
 	// exit or are OOM-killed, the node starting to drain. The stream opens
 	// with a SYNC event once the subscription is in place.
 	Events(context.Context, *nodev1.EventsRequest, *connect.ServerStream[nodev1.Event]) error
+	// Logs returns a sandbox's log: what happened to it (created, paused,
+	// killed, died) and the processes it ran, oldest first, kept by the
+	// node for a bounded time.
+	Logs(context.Context, *nodev1.LogsRequest) (*nodev1.LogsResponse, error)
+	// Metrics returns a sandbox's resource samples, oldest first: every
+	// 5 s for its last hour, every minute for the day before.
+	Metrics(context.Context, *nodev1.MetricsRequest) (*nodev1.MetricsResponse, error)
 }
 
 // NewNodeServiceHandler builds an HTTP handler from the service implementation. It returns the path
@@ -355,6 +405,18 @@ func NewNodeServiceHandler(svc NodeServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(nodeServiceMethods.ByName("Events")),
 		connect.WithHandlerOptions(opts...),
 	)
+	nodeServiceLogsHandler := connect.NewUnaryHandlerSimple(
+		NodeServiceLogsProcedure,
+		svc.Logs,
+		connect.WithSchema(nodeServiceMethods.ByName("Logs")),
+		connect.WithHandlerOptions(opts...),
+	)
+	nodeServiceMetricsHandler := connect.NewUnaryHandlerSimple(
+		NodeServiceMetricsProcedure,
+		svc.Metrics,
+		connect.WithSchema(nodeServiceMethods.ByName("Metrics")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/aenv.node.v1.NodeService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case NodeServiceInfoProcedure:
@@ -377,6 +439,10 @@ func NewNodeServiceHandler(svc NodeServiceHandler, opts ...connect.HandlerOption
 			nodeServiceDeleteSnapshotHandler.ServeHTTP(w, r)
 		case NodeServiceEventsProcedure:
 			nodeServiceEventsHandler.ServeHTTP(w, r)
+		case NodeServiceLogsProcedure:
+			nodeServiceLogsHandler.ServeHTTP(w, r)
+		case NodeServiceMetricsProcedure:
+			nodeServiceMetricsHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -424,4 +490,12 @@ func (UnimplementedNodeServiceHandler) DeleteSnapshot(context.Context, *nodev1.D
 
 func (UnimplementedNodeServiceHandler) Events(context.Context, *nodev1.EventsRequest, *connect.ServerStream[nodev1.Event]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("aenv.node.v1.NodeService.Events is not implemented"))
+}
+
+func (UnimplementedNodeServiceHandler) Logs(context.Context, *nodev1.LogsRequest) (*nodev1.LogsResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("aenv.node.v1.NodeService.Logs is not implemented"))
+}
+
+func (UnimplementedNodeServiceHandler) Metrics(context.Context, *nodev1.MetricsRequest) (*nodev1.MetricsResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("aenv.node.v1.NodeService.Metrics is not implemented"))
 }
