@@ -426,4 +426,3 @@ type metricJSON struct {
 	DiskUsed      uint64    `json:"diskUsed"`
 	DiskTotal     uint64    `json:"diskTotal"`
 }
-
