@@ -75,6 +75,10 @@ type Config struct {
 	// Pulls enables POST /templates/pulls (a server whose templates reach
 	// its nodes: a local node, or a store they share).
 	Pulls  bool
+	// VolumeContent serves the data plane of volumes on node nodeID (the
+	// local node's files, or a proxy to the node); nil disables volumes'
+	// data plane.
+	VolumeContent func(nodeID string) (http.Handler, error)
 	Logger *slog.Logger
 }
 
@@ -147,6 +151,11 @@ func (s *Server) routes() {
 	m.Handle("POST /keys", s.admin(s.createKey))
 	m.Handle("DELETE /keys/{keyID}", s.admin(s.revokeKey))
 
+	m.Handle("POST /volumes", s.auth(http.HandlerFunc(s.createVolume)))
+	m.Handle("GET /volumes", s.auth(http.HandlerFunc(s.listVolumes)))
+	m.Handle("GET /volumes/{volumeID}", s.auth(http.HandlerFunc(s.getVolume)))
+	m.Handle("DELETE /volumes/{volumeID}", s.auth(http.HandlerFunc(s.deleteVolume)))
+
 	m.Handle("GET /templates", s.auth(http.HandlerFunc(s.listTemplates)))
 	m.Handle("POST /templates/pulls", s.auth(http.HandlerFunc(s.pullTemplate)))
 	m.Handle("POST /templates/builds", s.auth(http.HandlerFunc(s.buildTemplate)))
@@ -170,6 +179,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	limit, timeout := int64(MaxBodyBytes), s.cfg.BodyTimeout
+	next := s.api
+	if strings.HasPrefix(r.URL.Path, "/volumecontent/") {
+		// Authorised by the volume's own token, not an API key; files
+		// are as large as uploads.
+		limit, timeout = MaxUploadBytes, s.cfg.UploadTimeout
+		next = http.HandlerFunc(s.volumeContent)
+	}
 	if r.Method == http.MethodPut && strings.HasPrefix(r.URL.Path, "/templates/") && strings.Contains(r.URL.Path, "/files/") ||
 		r.Method == http.MethodPost && (r.URL.Path == "/templates/pulls" || r.URL.Path == "/templates/builds") {
 		limit, timeout = MaxUploadBytes, s.cfg.UploadTimeout
@@ -178,7 +194,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// The deadline covers reading the body only; answers (event streams
 	// included) may take as long as they take.
 	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(timeout))
-	s.api.ServeHTTP(w, r)
+	next.ServeHTTP(w, r)
 }
 
 // keyContext carries the caller's key to handlers.
@@ -274,7 +290,7 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 // this is the only place where they become HTTP.
 func clusterStatus(err error) int {
 	switch {
-	case errors.Is(err, cluster.ErrNotFound), errors.Is(err, cluster.ErrTemplateNotFound):
+	case errors.Is(err, cluster.ErrNotFound), errors.Is(err, cluster.ErrTemplateNotFound), errors.Is(err, cluster.ErrVolumeNotFound):
 		return http.StatusNotFound
 	case errors.Is(err, cluster.ErrInvalid):
 		return http.StatusBadRequest

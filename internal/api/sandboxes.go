@@ -2,6 +2,7 @@ package api
 
 import (
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -38,6 +39,8 @@ type createBody struct {
 	CPUCount            int          `json:"cpuCount"`
 	MemoryMB            int          `json:"memoryMB"`
 	Network             *networkBody `json:"network"`
+	// VolumeMounts is [{name, path}] or {path: name}.
+	VolumeMounts json.RawMessage `json:"volumeMounts"`
 }
 
 // networkBody is E2B's network settings of a sandbox; of them aenv acts on
@@ -138,6 +141,11 @@ func (s *Server) createSandbox(defaultTimeout time.Duration) http.HandlerFunc {
 				timeout = time.Duration(t) * time.Second
 			}
 		}
+		mounts, err := parseVolumeMounts(body.VolumeMounts)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, err.Error())
+			return
+		}
 		idem := r.Header.Get("Idempotency-Key")
 		if len(idem) > maxIdempotencyKey {
 			writeError(w, http.StatusBadRequest, fmt.Sprintf("Idempotency-Key is %d bytes; at most %d", len(idem), maxIdempotencyKey))
@@ -160,6 +168,7 @@ func (s *Server) createSandbox(defaultTimeout time.Duration) http.HandlerFunc {
 			MemoryMB:       body.MemoryMB,
 			Owner:          owner(r),
 			IdempotencyKey: idem,
+			Mounts:         mounts,
 			PrivateTraffic: body.Network != nil && body.Network.AllowPublicTraffic != nil &&
 				!*body.Network.AllowPublicTraffic,
 		})

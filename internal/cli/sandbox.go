@@ -44,6 +44,7 @@ type createFlags struct {
 	opts     client.CreateOptions
 	metadata []string
 	envs     []string
+	volumes  []string
 }
 
 func (f *createFlags) add(cmd *cobra.Command) {
@@ -54,6 +55,7 @@ func (f *createFlags) add(cmd *cobra.Command) {
 	fl.StringArrayVar(&f.metadata, "metadata", nil, "KEY=VALUE metadata to attach (repeatable; 'aenv ls --metadata' filters on it)")
 	fl.StringArrayVar(&f.envs, "env", nil, "KEY=VALUE environment variable for every process in the sandbox (repeatable)")
 	fl.BoolVar(&f.opts.Secure, "secure", false, "make envd demand the sandbox's access token (aenv passes it on by itself)")
+	fl.StringArrayVar(&f.volumes, "volume", nil, "NAME:/path mounts volume NAME (aenv volume create) read-write at /path (repeatable)")
 }
 
 // options validates the flags and returns the request for template.
@@ -72,6 +74,13 @@ func (f *createFlags) options(cmd *cobra.Command, template string) (client.Creat
 	}
 	if o.EnvVars, err = parsePairs(cmd, "env", f.envs); err != nil {
 		return o, err
+	}
+	for _, v := range f.volumes {
+		name, p, ok := strings.Cut(v, ":")
+		if !ok || name == "" || !strings.HasPrefix(p, "/") {
+			return o, &usageError{cmd: cmd, err: fmt.Errorf("--volume wants NAME:/absolute/path, got %q", v)}
+		}
+		o.VolumeMounts = append(o.VolumeMounts, client.VolumeMount{Name: name, Path: p})
 	}
 	return o, nil
 }

@@ -278,3 +278,55 @@ func writeJSONLine(w io.Writer, v any) error {
 	_, err = fmt.Fprintf(w, "%s\n", b)
 	return err
 }
+
+func newVolumeCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "volume",
+		Short: "Manage volumes: directories that outlive sandboxes and are shared by those that mount them",
+		Long: `A volume is a directory on one node that sandboxes mount read-write
+('aenv create --volume NAME:/path', or volumeMounts in the SDK); it outlives
+them, and every sandbox that mounts it sees the same files. Sandboxes that
+mount a volume run on its node. The SDK's Volume class reads and writes
+its files directly (set E2B_VOLUME_API_URL to the server's URL).`,
+	}
+	create := &cobra.Command{
+		Use:   "create NAME",
+		Short: "Create a volume and print its id",
+		Args:  needArgs("NAME"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			v, err := c.CreateVolume(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), v.VolumeID)
+			return nil
+		},
+	}
+	ls := listCmd(g, &cobra.Command{Use: "ls", Aliases: []string{"list"}, Short: "List volumes"},
+		(*client.Client).ListVolumes, "ID\tNAME", func(v client.Volume) string { return v.VolumeID + "\t" + v.Name })
+	rm := &cobra.Command{
+		Use:     "rm ID...",
+		Aliases: []string{"delete"},
+		Short:   "Delete volumes and their files (refused while a sandbox mounts one)",
+		Args:    needArgs("ID..."),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			for _, id := range args {
+				if err := c.DeleteVolume(cmd.Context(), id); err != nil {
+					return err
+				}
+				fmt.Fprintln(cmd.OutOrStdout(), id)
+			}
+			return nil
+		},
+	}
+	cmd.AddCommand(create, ls, rm)
+	return cmd
+}

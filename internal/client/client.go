@@ -125,6 +125,14 @@ type CreateOptions struct {
 	// Secure makes envd demand the sandbox's access token
 	// (Sandbox.EnvdAccessToken) on every call.
 	Secure bool `json:"secure,omitempty"`
+	// VolumeMounts mount volumes (by name) at paths.
+	VolumeMounts []VolumeMount `json:"volumeMounts,omitempty"`
+}
+
+// VolumeMount mounts volume Name at Path.
+type VolumeMount struct {
+	Name string `json:"name"`
+	Path string `json:"path"`
 }
 
 func (c *Client) do(ctx context.Context, method, path string, body, out any) error {

@@ -141,6 +141,9 @@ type Sandbox struct {
 	AllowInternet bool `json:"allowInternet,omitempty"`
 	// KeyID is the API key that created it (for the key's quota).
 	KeyID string `json:"keyID,omitempty"`
+	// Mounts are the volumes it mounts (on its node, which it cannot
+	// leave while it has them).
+	Mounts []VolumeMount `json:"mounts,omitempty"`
 	// TrafficAccessToken, when set (network.allowPublicTraffic false),
 	// must come with every request to the sandbox's own ports.
 	TrafficAccessToken string `json:"trafficAccessToken,omitempty"`
@@ -163,6 +166,9 @@ type CreateRequest struct {
 	// PrivateTraffic makes the sandbox's own ports need its traffic
 	// access token (E2B's network.allowPublicTraffic false).
 	PrivateTraffic bool
+	// Mounts are volumes (by name or id) to mount; the sandbox goes to
+	// their node.
+	Mounts []VolumeMount
 	// IdempotencyKey, when set, makes a repeated create (same key, same
 	// API key, within IdempotencyTTL) return the first one's sandbox.
 	IdempotencyKey string
@@ -401,7 +407,12 @@ func (c *Cluster) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 // create is Create once validated, with the sandbox's id chosen (or
 // empty: the node's choice).
 func (c *Cluster) create(ctx context.Context, req CreateRequest, id string) (*Sandbox, error) {
+	mounts, volumeNode, err := c.resolveMounts(ctx, req.Owner, req.Mounts)
+	if err != nil {
+		return nil, err
+	}
 	wreq := &nodev1.CreateRequest{
+		Mounts:        mountsToWire(mounts),
 		SandboxId:     id,
 		TemplateId:    req.TemplateID,
 		CpuCount:      int32(req.CPUCount),
@@ -410,7 +421,7 @@ func (c *Cluster) create(ctx context.Context, req CreateRequest, id string) (*Sa
 		AllowInternet: req.AllowInternet,
 		Secure:        req.Secure,
 	}
-	nsb, n, err := c.start(ctx, placement{template: req.TemplateID, memoryMB: req.MemoryMB, cpus: req.CPUCount}, wreq)
+	nsb, n, err := c.start(ctx, placement{template: req.TemplateID, memoryMB: req.MemoryMB, cpus: req.CPUCount, only: volumeNode}, wreq)
 	if err != nil {
 		if nodeapi.Code(err) == connect.CodeNotFound {
 			return nil, fmt.Errorf("%w: %q", ErrTemplateNotFound, req.TemplateID)
@@ -420,7 +431,7 @@ func (c *Cluster) create(ctx context.Context, req CreateRequest, id string) (*Sa
 	return c.register(ctx, n, nsb, registration{
 		requestedTemplate: req.TemplateID, metadata: req.Metadata, timeout: req.Timeout,
 		autoPause: req.AutoPause, autoResume: req.AutoResume, allowInternet: req.AllowInternet, keyID: req.Owner.KeyID,
-		privateTraffic: req.PrivateTraffic,
+		privateTraffic: req.PrivateTraffic, mounts: mounts,
 	})
 }
 
@@ -485,6 +496,7 @@ type registration struct {
 	allowInternet     bool
 	keyID             string
 	privateTraffic    bool
+	mounts            []VolumeMount
 }
 
 // register stores the record of a sandbox node n started. If the record
@@ -514,6 +526,7 @@ func (c *Cluster) register(ctx context.Context, n nodeapi.Node, nsb *nodev1.Sand
 		AllowInternet:   reg.allowInternet,
 		KeyID:           reg.keyID,
 		Addr:            addr,
+		Mounts:          reg.mounts,
 	}}
 	if reg.privateTraffic {
 		r.TrafficAccessToken = randomToken()

@@ -233,3 +233,11 @@ func (n *fakeNode) Metrics(ctx context.Context, req *nodev1.MetricsRequest) (*no
 	}
 	return &nodev1.MetricsResponse{Samples: []*nodev1.MetricSample{{Timestamp: timestamppb.Now(), CpuCount: 2, MemTotal: 512 << 20}}}, nil
 }
+
+func (n *fakeNode) CreateVolume(ctx context.Context, req *nodev1.CreateVolumeRequest) (*nodev1.CreateVolumeResponse, error) {
+	return &nodev1.CreateVolumeResponse{}, nil
+}
+
+func (n *fakeNode) DeleteVolume(ctx context.Context, req *nodev1.DeleteVolumeRequest) (*nodev1.DeleteVolumeResponse, error) {
+	return &nodev1.DeleteVolumeResponse{}, nil
+}

@@ -320,6 +320,10 @@ func (f *fleet) any() (nodeapi.Node, error) {
 	return f.members[ids[rand.IntN(len(ids))]].api, nil
 }
 
+// NodeAddress is where node id's API and sandbox traffic are reached
+// ("" for the in-process node); false if it is not live.
+func (c *Cluster) NodeAddress(id string) (string, bool) { return c.nodes.address(id) }
+
 // reachable returns every node this server can call.
 func (f *fleet) reachable() []nodeapi.Node {
 	f.mu.Lock()

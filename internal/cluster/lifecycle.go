@@ -110,6 +110,9 @@ func (c *Cluster) Connect(ctx context.Context, id string, d time.Duration) (sb *
 	// Any node whose runtime saved the state may resume it; the one it
 	// was paused on still has the image at hand.
 	p := placement{memoryMB: r.MemoryMB, cpus: r.CPUCount, prefer: r.NodeID}
+	if len(r.Mounts) > 0 {
+		p.only = r.NodeID // where its volumes are
+	}
 	if snap, err := c.GetSnapshotAny(ctx, r.SnapshotID); err == nil {
 		p.runtime, p.runtimeVersion = snap.Runtime, snap.RuntimeVersion
 	}
@@ -223,6 +226,9 @@ func (c *Cluster) Fork(ctx context.Context, id string, count int, timeout time.D
 	// the store.
 	p := placement{memoryMB: parent.MemoryMB, cpus: parent.CPUCount, prefer: parent.NodeID,
 		runtime: snap.Runtime, runtimeVersion: snap.RuntimeVersion}
+	if len(parent.Mounts) > 0 {
+		p.only = parent.NodeID // children mount the same volumes
+	}
 
 	results := make([]ForkResult, count)
 	sem := make(chan struct{}, forkParallelism)
@@ -244,7 +250,7 @@ func (c *Cluster) Fork(ctx context.Context, id string, count int, timeout time.D
 			sb, err := c.register(ctx, n, nsb, registration{
 				requestedTemplate: parent.TemplateID, metadata: parent.Metadata, timeout: timeout,
 				autoPause: parent.AutoPause, autoResume: parent.AutoResume, allowInternet: parent.AllowInternet, keyID: owner.KeyID,
-				privateTraffic: parent.TrafficAccessToken != "",
+				privateTraffic: parent.TrafficAccessToken != "", mounts: parent.Mounts,
 			})
 			results[i] = ForkResult{Sandbox: sb, Err: err}
 		}()
@@ -403,6 +409,10 @@ func (c *Cluster) Migrate(ctx context.Context, id, target string) (*Migration, e
 		return nil, err
 	}
 	from := r.NodeID
+	if len(r.Mounts) > 0 {
+		c.release(ctx, id, "migrate")
+		return nil, fmt.Errorf("%w: sandbox %s mounts volumes of node %s and cannot leave it", ErrInvalid, id, from)
+	}
 	// The target is chosen before anything stops.
 	p := placement{memoryMB: r.MemoryMB, cpus: r.CPUCount, exclude: []string{from}, only: target}
 	p.runtime, p.runtimeVersion = c.nodes.runtimeOf(from)

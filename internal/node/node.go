@@ -28,6 +28,7 @@ import (
 	"github.com/aenvhq/aenv/internal/snapshot"
 	"github.com/aenvhq/aenv/internal/template"
 	"github.com/aenvhq/aenv/internal/undo"
+	"github.com/aenvhq/aenv/internal/volume"
 )
 
 // EnvdPort is the port envd listens on inside every sandbox (E2B's).
@@ -38,6 +39,10 @@ var ErrNotFound = errors.New("sandbox not found")
 
 // ErrExists is returned when creating a sandbox whose id is taken.
 var ErrExists = errors.New("sandbox already exists")
+
+// ErrInvalid is returned for a request that cannot be carried out as
+// written (a mount at a relative path).
+var ErrInvalid = errors.New("invalid request")
 
 // ErrIncompatible is returned for a snapshot saved by another runtime or
 // runtime version than this node's.
@@ -73,6 +78,8 @@ type Config struct {
 	Templates *template.Store
 	// Snapshots holds saved sandbox states; nil disables snapshots.
 	Snapshots *snapshot.Catalog
+	// Volumes holds the volumes of this node; nil: none.
+	Volumes *volume.Dir
 	// EnvdPath is the static envd binary placed in every sandbox.
 	EnvdPath string
 	// EnvdVersion is the version the envd binary reports.
@@ -120,6 +127,8 @@ type CreateRequest struct {
 	Network netns.SlotOptions
 	// Secure makes envd demand a per-sandbox access token.
 	Secure bool
+	// Mounts are volumes of this node to mount read-write.
+	Mounts []snapshot.Mount
 }
 
 // Sandbox is what a node knows of a sandbox it runs.
@@ -131,6 +140,8 @@ type Sandbox struct {
 	DiskMB          int
 	EnvdVersion     string
 	EnvdAccessToken string
+	// Mounts are the volumes mounted into it.
+	Mounts []snapshot.Mount
 	// Addr is where the host reaches the sandbox (envd and user ports).
 	Addr      netip.Addr
 	StartedAt time.Time
@@ -275,7 +286,11 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) 
 		return nil, fmt.Errorf("creating sandbox: %w", err)
 	}
 	start := time.Now()
-	if sb := n.pool.take(tpl, req); sb != nil {
+	if len(req.Mounts) > 0 && n.hasService(tpl) {
+		return nil, fmt.Errorf("creating sandbox: %w: volumes cannot be mounted into sandboxes of a template with a start command (%s) yet; they start from a snapshot saved without them", ErrUnsupported, tpl.ID)
+	}
+	// Prestarted sandboxes cannot gain mounts: those creates boot fresh.
+	if sb := n.poolTake(tpl, req); sb != nil {
 		err := n.activate(ctx, sb, tpl, req)
 		if err == nil {
 			n.log.Info("sandbox created", "sandbox_id", sb.ID, "template_id", tpl.ID, "warm", true,
@@ -299,7 +314,7 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) 
 	if n.hasService(tpl) {
 		sb, err = n.bootService(ctx, id, tpl, req.Network)
 	} else {
-		sb, err = n.boot(ctx, id, tpl, bootOptions{CPUCount: req.CPUCount, MemoryMB: req.MemoryMB, Network: req.Network})
+		sb, err = n.boot(ctx, id, tpl, bootOptions{CPUCount: req.CPUCount, MemoryMB: req.MemoryMB, Network: req.Network, Mounts: req.Mounts})
 	}
 	if err != nil {
 		return nil, err
@@ -322,6 +337,8 @@ type bootOptions struct {
 	// booting; DiskMB is then the saved sandbox's disk.
 	ImageDir string
 	DiskMB   int
+	// Mounts are volumes to bind read-write.
+	Mounts []snapshot.Mount
 }
 
 // boot starts a sandbox of tpl and waits for its envd; the sandbox is not
@@ -365,6 +382,7 @@ func (n *Node) boot(ctx context.Context, id string, tpl *template.Template, opts
 		MemoryMB:    memMB,
 		DiskMB:      pick(tpl.DiskMB, n.cfg.DiskMB),
 		EnvdVersion: n.cfg.EnvdVersion,
+		Mounts:      opts.Mounts,
 	}
 	if opts.ImageDir != "" {
 		sb.DiskMB = opts.DiskMB // the saved state's layout, whatever the template says now
@@ -380,6 +398,11 @@ func (n *Node) boot(ctx context.Context, id string, tpl *template.Template, opts
 	if err != nil {
 		return nil, fmt.Errorf("creating sandbox %s: %w", id, err)
 	}
+	vbinds, err := n.volumeBinds(opts.Mounts)
+	if err != nil {
+		return nil, fmt.Errorf("creating sandbox %s: %w", id, err)
+	}
+	binds = append(binds, vbinds...)
 	spec := runtime.Spec{
 		Binds:      binds,
 		ID:         id,

@@ -258,3 +258,11 @@ func (p *processClient) run(ctx context.Context, cmd string, background bool) (i
 		}
 	}
 }
+
+// poolTake is the warm pool's sandbox for req, unless req mounts volumes.
+func (n *Node) poolTake(tpl *template.Template, req CreateRequest) *Sandbox {
+	if len(req.Mounts) > 0 {
+		return nil
+	}
+	return n.pool.take(tpl, req)
+}

@@ -60,6 +60,7 @@ func (n *Node) snapshotSandbox(ctx context.Context, sb *Sandbox, opts SnapshotOp
 		Runtime:         n.cfg.Runtime.Name(),
 		RuntimeVersion:  n.cfg.RuntimeVersion,
 		WritableMB:      max(sb.DiskMB, 0),
+		Mounts:          sb.Mounts,
 	}
 	dir, err := n.cfg.Snapshots.Begin(snap.ID)
 	if err != nil {
@@ -122,7 +123,7 @@ func (n *Node) restore(ctx context.Context, snap *snapshot.Snapshot, req CreateR
 	start := time.Now()
 	sb, err := n.boot(ctx, id, tpl, bootOptions{
 		CPUCount: snap.CPUCount, MemoryMB: snap.MemoryMB, Network: req.Network, ImageDir: snap.Dir,
-		DiskMB: snap.WritableMB,
+		DiskMB: snap.WritableMB, Mounts: snap.Mounts,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("restoring snapshot %s: %w", snap.ID, err)

@@ -15,6 +15,7 @@ import (
 	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
 	"github.com/aenvhq/aenv/internal/snapshot"
 	"github.com/aenvhq/aenv/internal/template"
+	"github.com/aenvhq/aenv/internal/volume"
 )
 
 // Local is the node API answered by a node in this process: the one of a
@@ -138,6 +139,7 @@ func (l *Local) Create(ctx context.Context, req *nodev1.CreateRequest) (*nodev1.
 		EnvVars:    req.EnvVars,
 		Network:    opts,
 		Secure:     req.Secure,
+		Mounts:     mountsFromWire(req.Mounts),
 	})
 	if err != nil {
 		return nil, wireError(err)
@@ -220,6 +222,30 @@ func (l *Local) DeleteSnapshot(ctx context.Context, req *nodev1.DeleteSnapshotRe
 	return &nodev1.DeleteSnapshotResponse{}, nil
 }
 
+// CreateVolume implements Node.
+func (l *Local) CreateVolume(ctx context.Context, req *nodev1.CreateVolumeRequest) (*nodev1.CreateVolumeResponse, error) {
+	if err := l.n.CreateVolume(req.VolumeId); err != nil {
+		return nil, wireError(err)
+	}
+	return &nodev1.CreateVolumeResponse{}, nil
+}
+
+// DeleteVolume implements Node.
+func (l *Local) DeleteVolume(ctx context.Context, req *nodev1.DeleteVolumeRequest) (*nodev1.DeleteVolumeResponse, error) {
+	if err := l.n.DeleteVolume(req.VolumeId); err != nil {
+		return nil, wireError(err)
+	}
+	return &nodev1.DeleteVolumeResponse{}, nil
+}
+
+func mountsFromWire(ms []*nodev1.VolumeMount) []snapshot.Mount {
+	var out []snapshot.Mount
+	for _, m := range ms {
+		out = append(out, snapshot.Mount{VolumeID: m.VolumeId, Path: m.Path})
+	}
+	return out
+}
+
 // Logs implements Node.
 func (l *Local) Logs(ctx context.Context, req *nodev1.LogsRequest) (*nodev1.LogsResponse, error) {
 	entries, err := l.n.Logs(req.SandboxId)
@@ -287,7 +313,9 @@ func wireError(err error) error {
 		code = connect.CodeDeadlineExceeded
 	case errors.Is(err, node.ErrNotFound), errors.Is(err, snapshot.ErrNotFound), errors.Is(err, template.ErrNotFound):
 		code = connect.CodeNotFound
-	case errors.Is(err, node.ErrTooLarge):
+	case errors.Is(err, volume.ErrNotFound):
+		code = connect.CodeNotFound
+	case errors.Is(err, node.ErrTooLarge), errors.Is(err, node.ErrInvalid):
 		code = connect.CodeInvalidArgument
 	case errors.Is(err, node.ErrNoCapacity):
 		code = connect.CodeResourceExhausted

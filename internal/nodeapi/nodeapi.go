@@ -39,6 +39,8 @@ type Node interface {
 	GetSnapshot(context.Context, *nodev1.GetSnapshotRequest) (*nodev1.SnapshotInfo, error)
 	DeleteSnapshot(context.Context, *nodev1.DeleteSnapshotRequest) (*nodev1.DeleteSnapshotResponse, error)
 	Logs(context.Context, *nodev1.LogsRequest) (*nodev1.LogsResponse, error)
+	CreateVolume(context.Context, *nodev1.CreateVolumeRequest) (*nodev1.CreateVolumeResponse, error)
+	DeleteVolume(context.Context, *nodev1.DeleteVolumeRequest) (*nodev1.DeleteVolumeResponse, error)
 	Metrics(context.Context, *nodev1.MetricsRequest) (*nodev1.MetricsResponse, error)
 	// Events calls fn with each event the node reports, beginning with a
 	// SYNC once the subscription is in place, until ctx ends (nil) or the

@@ -58,6 +58,14 @@ func (h *handler) DeleteSnapshot(ctx context.Context, r *nodev1.DeleteSnapshotRe
 	return h.n.DeleteSnapshot(ctx, r)
 }
 
+func (h *handler) CreateVolume(ctx context.Context, r *nodev1.CreateVolumeRequest) (*nodev1.CreateVolumeResponse, error) {
+	return h.n.CreateVolume(ctx, r)
+}
+
+func (h *handler) DeleteVolume(ctx context.Context, r *nodev1.DeleteVolumeRequest) (*nodev1.DeleteVolumeResponse, error) {
+	return h.n.DeleteVolume(ctx, r)
+}
+
 func (h *handler) Logs(ctx context.Context, r *nodev1.LogsRequest) (*nodev1.LogsResponse, error) {
 	return h.n.Logs(ctx, r)
 }
@@ -166,6 +174,16 @@ func (r *Remote) GetSnapshot(ctx context.Context, q *nodev1.GetSnapshotRequest) 
 // DeleteSnapshot implements Node.
 func (r *Remote) DeleteSnapshot(ctx context.Context, q *nodev1.DeleteSnapshotRequest) (*nodev1.DeleteSnapshotResponse, error) {
 	return r.c.DeleteSnapshot(ctx, q)
+}
+
+// CreateVolume implements Node.
+func (r *Remote) CreateVolume(ctx context.Context, q *nodev1.CreateVolumeRequest) (*nodev1.CreateVolumeResponse, error) {
+	return r.c.CreateVolume(ctx, q)
+}
+
+// DeleteVolume implements Node.
+func (r *Remote) DeleteVolume(ctx context.Context, q *nodev1.DeleteVolumeRequest) (*nodev1.DeleteVolumeResponse, error) {
+	return r.c.DeleteVolume(ctx, q)
 }
 
 // Logs implements Node.

@@ -71,10 +71,10 @@ type Spec struct {
 	Hostname string
 	// DNSServers go into the sandbox's /etc/resolv.conf.
 	DNSServers []string
-	// Binds are host files bound read-only into the sandbox: the node's
-	// own services a template runs (the code interpreter), which must
-	// match the node rather than the template's tree. A restore must be
-	// given the binds the sandbox was saved with.
+	// Binds are host paths bound into the sandbox: the node's own services
+	// a template runs (the code interpreter, read-only), which must match
+	// the node rather than the template's tree, and volumes (writable). A
+	// restore must be given the binds the sandbox was saved with.
 	Binds []Bind
 }
 
@@ -144,6 +144,8 @@ type StepSpec struct {
 // the root filesystem).
 type Bind struct {
 	Source, Destination string
+	// Writable binds it read-write (a volume).
+	Writable bool
 }
 
 // Stepper is implemented by drivers that run one command to completion

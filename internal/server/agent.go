@@ -90,6 +90,9 @@ func StartNode(ctx context.Context, cfg Config) (_ *Agent, err error) {
 	a.host.api.OnExit(prx.Forget)
 	mux := http.NewServeMux()
 	mux.Handle(rpcPath, rpc)
+	// Servers forward volumes' data plane here (after checking the
+	// volume's token): the files are this node's.
+	mux.Handle("/volumecontent/", a.host.volumes.Content())
 	mux.Handle("/", prx)
 	a.http = &http.Server{
 		Handler:           nodeapi.RequireToken(token, log, mux),

@@ -17,6 +17,7 @@ import (
 	"github.com/aenvhq/aenv/internal/snapshot"
 	"github.com/aenvhq/aenv/internal/store"
 	"github.com/aenvhq/aenv/internal/template"
+	"github.com/aenvhq/aenv/internal/volume"
 )
 
 // host is what runs sandboxes on this machine, for the in-process node of
@@ -31,6 +32,7 @@ type host struct {
 	remote         *store.Store
 	node           *node.Node
 	api            *nodeapi.Local
+	volumes        *volume.Dir
 	runtimeVersion string
 	log            *slog.Logger
 }
@@ -125,9 +127,13 @@ func (h *host) open(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	if h.volumes, err = volume.Open(filepath.Join(cfg.DataDir, "volumes")); err != nil {
+		return err
+	}
 	h.runtimeVersion = driver.Version(ctx)
 	h.node, err = node.New(node.Config{
 		Snapshots:      snapshots,
+		Volumes:        h.volumes,
 		ID:             cfg.NodeID,
 		Runtime:        driver,
 		RuntimeVersion: h.runtimeVersion,

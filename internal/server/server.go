@@ -11,7 +11,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httputil"
 	"net/netip"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -287,6 +289,7 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 	if s.host != nil {
 		acfg.BuildSteps = s.host.node
 	}
+	acfg.VolumeContent = s.volumeContent
 	// Pulls need no node: the image is unpacked here and published to the
 	// store, from which nodes fetch it. Without a store only a local node
 	// could use it.
@@ -498,4 +501,25 @@ func Cleanup(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("cleaning up: %w", err)
 	}
 	return nil
+}
+
+// volumeContent is the data plane of the volumes of node nodeID: this
+// host's files, or the node's own data plane (behind the cluster token).
+func (s *Server) volumeContent(nodeID string) (http.Handler, error) {
+	addr, ok := s.cluster.NodeAddress(nodeID)
+	switch {
+	case !ok:
+		return nil, fmt.Errorf("%w: node %s, which holds the volume, is not reachable", cluster.ErrUnavailable, nodeID)
+	case addr == "" && s.host != nil:
+		return s.host.volumes.Content(), nil
+	case addr == "":
+		return nil, fmt.Errorf("%w: node %s runs inside another server", cluster.ErrUnavailable, nodeID)
+	}
+	return &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(&url.URL{Scheme: "http", Host: addr})
+			pr.Out.Header.Del("Authorization") // the volume's token stays here
+		},
+		Transport: s.nodeTransport,
+	}, nil
 }

@@ -75,6 +75,9 @@ type Snapshot struct {
 	// was saved with; 0 (snapshots from before disks) is a memory layer.
 	// A restore must use the same.
 	WritableMB int `json:"writableMB,omitempty"`
+	// Mounts are the volumes the sandbox had mounted: a restore mounts
+	// them again (on the node that holds them).
+	Mounts []Mount `json:"mounts,omitempty"`
 	// Dir holds the runtime's image (not stored).
 	Dir string `json:"-"`
 }
@@ -396,4 +399,10 @@ func (c *Catalog) Delete(ctx context.Context, id string) error {
 		return os.RemoveAll(tmp)
 	}
 	return nil
+}
+
+// Mount is a volume mounted into a sandbox.
+type Mount struct {
+	VolumeID string `json:"volumeID"`
+	Path     string `json:"path"`
 }

@@ -85,7 +85,7 @@ func (x Event_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Event_Kind.Descriptor instead.
 func (Event_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{25, 0}
+	return file_node_node_proto_rawDescGZIP(), []int{30, 0}
 }
 
 type LogsRequest struct {
@@ -670,7 +670,9 @@ type CreateRequest struct {
 	AllowOut      []string          `protobuf:"bytes,7,rep,name=allow_out,json=allowOut,proto3" json:"allow_out,omitempty"`
 	DenyOut       []string          `protobuf:"bytes,8,rep,name=deny_out,json=denyOut,proto3" json:"deny_out,omitempty"`
 	// secure gives the sandbox an envd access token.
-	Secure        bool `protobuf:"varint,9,opt,name=secure,proto3" json:"secure,omitempty"`
+	Secure bool `protobuf:"varint,9,opt,name=secure,proto3" json:"secure,omitempty"`
+	// mounts are volumes of this node mounted read-write into the sandbox.
+	Mounts        []*VolumeMount `protobuf:"bytes,10,rep,name=mounts,proto3" json:"mounts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -768,6 +770,226 @@ func (x *CreateRequest) GetSecure() bool {
 	return false
 }
 
+func (x *CreateRequest) GetMounts() []*VolumeMount {
+	if x != nil {
+		return x.Mounts
+	}
+	return nil
+}
+
+type VolumeMount struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	VolumeId string                 `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	// path is where it appears inside the sandbox (absolute).
+	Path          string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VolumeMount) Reset() {
+	*x = VolumeMount{}
+	mi := &file_node_node_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VolumeMount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VolumeMount) ProtoMessage() {}
+
+func (x *VolumeMount) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VolumeMount.ProtoReflect.Descriptor instead.
+func (*VolumeMount) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *VolumeMount) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+func (x *VolumeMount) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+type CreateVolumeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	VolumeId      string                 `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateVolumeRequest) Reset() {
+	*x = CreateVolumeRequest{}
+	mi := &file_node_node_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateVolumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateVolumeRequest) ProtoMessage() {}
+
+func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateVolumeRequest.ProtoReflect.Descriptor instead.
+func (*CreateVolumeRequest) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *CreateVolumeRequest) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+type CreateVolumeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateVolumeResponse) Reset() {
+	*x = CreateVolumeResponse{}
+	mi := &file_node_node_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateVolumeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateVolumeResponse) ProtoMessage() {}
+
+func (x *CreateVolumeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateVolumeResponse.ProtoReflect.Descriptor instead.
+func (*CreateVolumeResponse) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{12}
+}
+
+type DeleteVolumeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	VolumeId      string                 `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteVolumeRequest) Reset() {
+	*x = DeleteVolumeRequest{}
+	mi := &file_node_node_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteVolumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteVolumeRequest) ProtoMessage() {}
+
+func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteVolumeRequest.ProtoReflect.Descriptor instead.
+func (*DeleteVolumeRequest) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *DeleteVolumeRequest) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+type DeleteVolumeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteVolumeResponse) Reset() {
+	*x = DeleteVolumeResponse{}
+	mi := &file_node_node_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteVolumeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteVolumeResponse) ProtoMessage() {}
+
+func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteVolumeResponse.ProtoReflect.Descriptor instead.
+func (*DeleteVolumeResponse) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{14}
+}
+
 type Sandbox struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	Id              string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -786,7 +1008,7 @@ type Sandbox struct {
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_node_node_proto_msgTypes[10]
+	mi := &file_node_node_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -798,7 +1020,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[10]
+	mi := &file_node_node_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -811,7 +1033,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{10}
+	return file_node_node_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Sandbox) GetId() string {
@@ -886,7 +1108,7 @@ type KillRequest struct {
 
 func (x *KillRequest) Reset() {
 	*x = KillRequest{}
-	mi := &file_node_node_proto_msgTypes[11]
+	mi := &file_node_node_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -898,7 +1120,7 @@ func (x *KillRequest) String() string {
 func (*KillRequest) ProtoMessage() {}
 
 func (x *KillRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[11]
+	mi := &file_node_node_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -911,7 +1133,7 @@ func (x *KillRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillRequest.ProtoReflect.Descriptor instead.
 func (*KillRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{11}
+	return file_node_node_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *KillRequest) GetSandboxId() string {
@@ -929,7 +1151,7 @@ type KillResponse struct {
 
 func (x *KillResponse) Reset() {
 	*x = KillResponse{}
-	mi := &file_node_node_proto_msgTypes[12]
+	mi := &file_node_node_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -941,7 +1163,7 @@ func (x *KillResponse) String() string {
 func (*KillResponse) ProtoMessage() {}
 
 func (x *KillResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[12]
+	mi := &file_node_node_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -954,7 +1176,7 @@ func (x *KillResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillResponse.ProtoReflect.Descriptor instead.
 func (*KillResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{12}
+	return file_node_node_proto_rawDescGZIP(), []int{17}
 }
 
 type ListRequest struct {
@@ -965,7 +1187,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_node_node_proto_msgTypes[13]
+	mi := &file_node_node_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -977,7 +1199,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[13]
+	mi := &file_node_node_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -990,7 +1212,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{13}
+	return file_node_node_proto_rawDescGZIP(), []int{18}
 }
 
 type ListResponse struct {
@@ -1002,7 +1224,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_node_node_proto_msgTypes[14]
+	mi := &file_node_node_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1014,7 +1236,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[14]
+	mi := &file_node_node_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1027,7 +1249,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{14}
+	return file_node_node_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -1050,7 +1272,7 @@ type SnapshotRequest struct {
 
 func (x *SnapshotRequest) Reset() {
 	*x = SnapshotRequest{}
-	mi := &file_node_node_proto_msgTypes[15]
+	mi := &file_node_node_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1062,7 +1284,7 @@ func (x *SnapshotRequest) String() string {
 func (*SnapshotRequest) ProtoMessage() {}
 
 func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[15]
+	mi := &file_node_node_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1075,7 +1297,7 @@ func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{15}
+	return file_node_node_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SnapshotRequest) GetSandboxId() string {
@@ -1130,7 +1352,7 @@ type SnapshotInfo struct {
 
 func (x *SnapshotInfo) Reset() {
 	*x = SnapshotInfo{}
-	mi := &file_node_node_proto_msgTypes[16]
+	mi := &file_node_node_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1142,7 +1364,7 @@ func (x *SnapshotInfo) String() string {
 func (*SnapshotInfo) ProtoMessage() {}
 
 func (x *SnapshotInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[16]
+	mi := &file_node_node_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1155,7 +1377,7 @@ func (x *SnapshotInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotInfo.ProtoReflect.Descriptor instead.
 func (*SnapshotInfo) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{16}
+	return file_node_node_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SnapshotInfo) GetId() string {
@@ -1265,7 +1487,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_node_node_proto_msgTypes[17]
+	mi := &file_node_node_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1277,7 +1499,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[17]
+	mi := &file_node_node_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1290,7 +1512,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{17}
+	return file_node_node_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *StatsRequest) GetSandboxId() string {
@@ -1313,7 +1535,7 @@ type SandboxStats struct {
 
 func (x *SandboxStats) Reset() {
 	*x = SandboxStats{}
-	mi := &file_node_node_proto_msgTypes[18]
+	mi := &file_node_node_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1325,7 +1547,7 @@ func (x *SandboxStats) String() string {
 func (*SandboxStats) ProtoMessage() {}
 
 func (x *SandboxStats) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[18]
+	mi := &file_node_node_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1338,7 +1560,7 @@ func (x *SandboxStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxStats.ProtoReflect.Descriptor instead.
 func (*SandboxStats) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{18}
+	return file_node_node_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SandboxStats) GetMemoryBytes() uint64 {
@@ -1371,7 +1593,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_node_node_proto_msgTypes[19]
+	mi := &file_node_node_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1383,7 +1605,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[19]
+	mi := &file_node_node_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1396,7 +1618,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{19}
+	return file_node_node_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListSnapshotsRequest) GetKinds() []string {
@@ -1415,7 +1637,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_node_node_proto_msgTypes[20]
+	mi := &file_node_node_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1427,7 +1649,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[20]
+	mi := &file_node_node_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1440,7 +1662,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{20}
+	return file_node_node_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*SnapshotInfo {
@@ -1459,7 +1681,7 @@ type GetSnapshotRequest struct {
 
 func (x *GetSnapshotRequest) Reset() {
 	*x = GetSnapshotRequest{}
-	mi := &file_node_node_proto_msgTypes[21]
+	mi := &file_node_node_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1471,7 +1693,7 @@ func (x *GetSnapshotRequest) String() string {
 func (*GetSnapshotRequest) ProtoMessage() {}
 
 func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[21]
+	mi := &file_node_node_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1484,7 +1706,7 @@ func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*GetSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{21}
+	return file_node_node_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *GetSnapshotRequest) GetIdOrName() string {
@@ -1503,7 +1725,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_node_node_proto_msgTypes[22]
+	mi := &file_node_node_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1515,7 +1737,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[22]
+	mi := &file_node_node_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1528,7 +1750,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{22}
+	return file_node_node_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *DeleteSnapshotRequest) GetId() string {
@@ -1546,7 +1768,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_node_node_proto_msgTypes[23]
+	mi := &file_node_node_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1558,7 +1780,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[23]
+	mi := &file_node_node_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1571,7 +1793,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{23}
+	return file_node_node_proto_rawDescGZIP(), []int{28}
 }
 
 type EventsRequest struct {
@@ -1582,7 +1804,7 @@ type EventsRequest struct {
 
 func (x *EventsRequest) Reset() {
 	*x = EventsRequest{}
-	mi := &file_node_node_proto_msgTypes[24]
+	mi := &file_node_node_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1594,7 +1816,7 @@ func (x *EventsRequest) String() string {
 func (*EventsRequest) ProtoMessage() {}
 
 func (x *EventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[24]
+	mi := &file_node_node_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1607,7 +1829,7 @@ func (x *EventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsRequest.ProtoReflect.Descriptor instead.
 func (*EventsRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{24}
+	return file_node_node_proto_rawDescGZIP(), []int{29}
 }
 
 type Event struct {
@@ -1621,7 +1843,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_node_node_proto_msgTypes[25]
+	mi := &file_node_node_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1633,7 +1855,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[25]
+	mi := &file_node_node_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1646,7 +1868,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{25}
+	return file_node_node_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Event) GetKind() Event_Kind {
@@ -1721,7 +1943,7 @@ const file_node_node_proto_rawDesc = "" +
 	"\x11memory_overcommit\x18\t \x01(\x01R\x10memoryOvercommit\x12*\n" +
 	"\x11memory_high_water\x18\n" +
 	" \x01(\x01R\x0fmemoryHighWater\x12$\n" +
-	"\x0ehost_memory_mb\x18\v \x01(\x05R\fhostMemoryMb\"\x81\x03\n" +
+	"\x0ehost_memory_mb\x18\v \x01(\x05R\fhostMemoryMb\"\xb4\x03\n" +
 	"\rCreateRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1f\n" +
@@ -1733,10 +1955,21 @@ const file_node_node_proto_rawDesc = "" +
 	"\x0eallow_internet\x18\x06 \x01(\bR\rallowInternet\x12\x1b\n" +
 	"\tallow_out\x18\a \x03(\tR\ballowOut\x12\x19\n" +
 	"\bdeny_out\x18\b \x03(\tR\adenyOut\x12\x16\n" +
-	"\x06secure\x18\t \x01(\bR\x06secure\x1a:\n" +
+	"\x06secure\x18\t \x01(\bR\x06secure\x121\n" +
+	"\x06mounts\x18\n" +
+	" \x03(\v2\x19.aenv.node.v1.VolumeMountR\x06mounts\x1a:\n" +
 	"\fEnvVarsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xab\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\">\n" +
+	"\vVolumeMount\x12\x1b\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\"2\n" +
+	"\x13CreateVolumeRequest\x12\x1b\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\"\x16\n" +
+	"\x14CreateVolumeResponse\"2\n" +
+	"\x13DeleteVolumeRequest\x12\x1b\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\"\x16\n" +
+	"\x14DeleteVolumeResponse\"\xab\x02\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1f\n" +
 	"\vtemplate_id\x18\x02 \x01(\tR\n" +
@@ -1810,7 +2043,7 @@ const file_node_node_proto_rawDesc = "" +
 	"\tKIND_SYNC\x10\x01\x12\x0f\n" +
 	"\vKIND_EXITED\x10\x02\x12\x13\n" +
 	"\x0fKIND_OOM_KILLED\x10\x03\x12\x11\n" +
-	"\rKIND_DRAINING\x10\x042\xd5\x06\n" +
+	"\rKIND_DRAINING\x10\x042\x83\b\n" +
 	"\vNodeService\x129\n" +
 	"\x04Info\x12\x19.aenv.node.v1.InfoRequest\x1a\x16.aenv.node.v1.NodeInfo\x12<\n" +
 	"\x06Create\x12\x1b.aenv.node.v1.CreateRequest\x1a\x15.aenv.node.v1.Sandbox\x12=\n" +
@@ -1823,7 +2056,9 @@ const file_node_node_proto_rawDesc = "" +
 	"\x0eDeleteSnapshot\x12#.aenv.node.v1.DeleteSnapshotRequest\x1a$.aenv.node.v1.DeleteSnapshotResponse\x12<\n" +
 	"\x06Events\x12\x1b.aenv.node.v1.EventsRequest\x1a\x13.aenv.node.v1.Event0\x01\x12=\n" +
 	"\x04Logs\x12\x19.aenv.node.v1.LogsRequest\x1a\x1a.aenv.node.v1.LogsResponse\x12F\n" +
-	"\aMetrics\x12\x1c.aenv.node.v1.MetricsRequest\x1a\x1d.aenv.node.v1.MetricsResponseB7Z5github.com/aenvhq/aenv/internal/nodeapi/nodev1;nodev1b\x06proto3"
+	"\aMetrics\x12\x1c.aenv.node.v1.MetricsRequest\x1a\x1d.aenv.node.v1.MetricsResponse\x12U\n" +
+	"\fCreateVolume\x12!.aenv.node.v1.CreateVolumeRequest\x1a\".aenv.node.v1.CreateVolumeResponse\x12U\n" +
+	"\fDeleteVolume\x12!.aenv.node.v1.DeleteVolumeRequest\x1a\".aenv.node.v1.DeleteVolumeResponseB7Z5github.com/aenvhq/aenv/internal/nodeapi/nodev1;nodev1b\x06proto3"
 
 var (
 	file_node_node_proto_rawDescOnce sync.Once
@@ -1838,7 +2073,7 @@ func file_node_node_proto_rawDescGZIP() []byte {
 }
 
 var file_node_node_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_node_node_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_node_node_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_node_node_proto_goTypes = []any{
 	(Event_Kind)(0),                // 0: aenv.node.v1.Event.Kind
 	(*LogsRequest)(nil),            // 1: aenv.node.v1.LogsRequest
@@ -1851,70 +2086,80 @@ var file_node_node_proto_goTypes = []any{
 	(*Resources)(nil),              // 8: aenv.node.v1.Resources
 	(*NodeInfo)(nil),               // 9: aenv.node.v1.NodeInfo
 	(*CreateRequest)(nil),          // 10: aenv.node.v1.CreateRequest
-	(*Sandbox)(nil),                // 11: aenv.node.v1.Sandbox
-	(*KillRequest)(nil),            // 12: aenv.node.v1.KillRequest
-	(*KillResponse)(nil),           // 13: aenv.node.v1.KillResponse
-	(*ListRequest)(nil),            // 14: aenv.node.v1.ListRequest
-	(*ListResponse)(nil),           // 15: aenv.node.v1.ListResponse
-	(*SnapshotRequest)(nil),        // 16: aenv.node.v1.SnapshotRequest
-	(*SnapshotInfo)(nil),           // 17: aenv.node.v1.SnapshotInfo
-	(*StatsRequest)(nil),           // 18: aenv.node.v1.StatsRequest
-	(*SandboxStats)(nil),           // 19: aenv.node.v1.SandboxStats
-	(*ListSnapshotsRequest)(nil),   // 20: aenv.node.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),  // 21: aenv.node.v1.ListSnapshotsResponse
-	(*GetSnapshotRequest)(nil),     // 22: aenv.node.v1.GetSnapshotRequest
-	(*DeleteSnapshotRequest)(nil),  // 23: aenv.node.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil), // 24: aenv.node.v1.DeleteSnapshotResponse
-	(*EventsRequest)(nil),          // 25: aenv.node.v1.EventsRequest
-	(*Event)(nil),                  // 26: aenv.node.v1.Event
-	nil,                            // 27: aenv.node.v1.LogEntry.FieldsEntry
-	nil,                            // 28: aenv.node.v1.CreateRequest.EnvVarsEntry
-	(*timestamppb.Timestamp)(nil),  // 29: google.protobuf.Timestamp
+	(*VolumeMount)(nil),            // 11: aenv.node.v1.VolumeMount
+	(*CreateVolumeRequest)(nil),    // 12: aenv.node.v1.CreateVolumeRequest
+	(*CreateVolumeResponse)(nil),   // 13: aenv.node.v1.CreateVolumeResponse
+	(*DeleteVolumeRequest)(nil),    // 14: aenv.node.v1.DeleteVolumeRequest
+	(*DeleteVolumeResponse)(nil),   // 15: aenv.node.v1.DeleteVolumeResponse
+	(*Sandbox)(nil),                // 16: aenv.node.v1.Sandbox
+	(*KillRequest)(nil),            // 17: aenv.node.v1.KillRequest
+	(*KillResponse)(nil),           // 18: aenv.node.v1.KillResponse
+	(*ListRequest)(nil),            // 19: aenv.node.v1.ListRequest
+	(*ListResponse)(nil),           // 20: aenv.node.v1.ListResponse
+	(*SnapshotRequest)(nil),        // 21: aenv.node.v1.SnapshotRequest
+	(*SnapshotInfo)(nil),           // 22: aenv.node.v1.SnapshotInfo
+	(*StatsRequest)(nil),           // 23: aenv.node.v1.StatsRequest
+	(*SandboxStats)(nil),           // 24: aenv.node.v1.SandboxStats
+	(*ListSnapshotsRequest)(nil),   // 25: aenv.node.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),  // 26: aenv.node.v1.ListSnapshotsResponse
+	(*GetSnapshotRequest)(nil),     // 27: aenv.node.v1.GetSnapshotRequest
+	(*DeleteSnapshotRequest)(nil),  // 28: aenv.node.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil), // 29: aenv.node.v1.DeleteSnapshotResponse
+	(*EventsRequest)(nil),          // 30: aenv.node.v1.EventsRequest
+	(*Event)(nil),                  // 31: aenv.node.v1.Event
+	nil,                            // 32: aenv.node.v1.LogEntry.FieldsEntry
+	nil,                            // 33: aenv.node.v1.CreateRequest.EnvVarsEntry
+	(*timestamppb.Timestamp)(nil),  // 34: google.protobuf.Timestamp
 }
 var file_node_node_proto_depIdxs = []int32{
-	29, // 0: aenv.node.v1.LogEntry.timestamp:type_name -> google.protobuf.Timestamp
-	27, // 1: aenv.node.v1.LogEntry.fields:type_name -> aenv.node.v1.LogEntry.FieldsEntry
+	34, // 0: aenv.node.v1.LogEntry.timestamp:type_name -> google.protobuf.Timestamp
+	32, // 1: aenv.node.v1.LogEntry.fields:type_name -> aenv.node.v1.LogEntry.FieldsEntry
 	2,  // 2: aenv.node.v1.LogsResponse.entries:type_name -> aenv.node.v1.LogEntry
-	29, // 3: aenv.node.v1.MetricSample.timestamp:type_name -> google.protobuf.Timestamp
+	34, // 3: aenv.node.v1.MetricSample.timestamp:type_name -> google.protobuf.Timestamp
 	5,  // 4: aenv.node.v1.MetricsResponse.samples:type_name -> aenv.node.v1.MetricSample
 	8,  // 5: aenv.node.v1.NodeInfo.capacity:type_name -> aenv.node.v1.Resources
 	8,  // 6: aenv.node.v1.NodeInfo.usage:type_name -> aenv.node.v1.Resources
-	28, // 7: aenv.node.v1.CreateRequest.env_vars:type_name -> aenv.node.v1.CreateRequest.EnvVarsEntry
-	29, // 8: aenv.node.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
-	11, // 9: aenv.node.v1.ListResponse.sandboxes:type_name -> aenv.node.v1.Sandbox
-	29, // 10: aenv.node.v1.SnapshotInfo.created_at:type_name -> google.protobuf.Timestamp
-	29, // 11: aenv.node.v1.SandboxStats.since:type_name -> google.protobuf.Timestamp
-	17, // 12: aenv.node.v1.ListSnapshotsResponse.snapshots:type_name -> aenv.node.v1.SnapshotInfo
-	0,  // 13: aenv.node.v1.Event.kind:type_name -> aenv.node.v1.Event.Kind
-	7,  // 14: aenv.node.v1.NodeService.Info:input_type -> aenv.node.v1.InfoRequest
-	10, // 15: aenv.node.v1.NodeService.Create:input_type -> aenv.node.v1.CreateRequest
-	12, // 16: aenv.node.v1.NodeService.Kill:input_type -> aenv.node.v1.KillRequest
-	14, // 17: aenv.node.v1.NodeService.List:input_type -> aenv.node.v1.ListRequest
-	16, // 18: aenv.node.v1.NodeService.Snapshot:input_type -> aenv.node.v1.SnapshotRequest
-	18, // 19: aenv.node.v1.NodeService.Stats:input_type -> aenv.node.v1.StatsRequest
-	20, // 20: aenv.node.v1.NodeService.ListSnapshots:input_type -> aenv.node.v1.ListSnapshotsRequest
-	22, // 21: aenv.node.v1.NodeService.GetSnapshot:input_type -> aenv.node.v1.GetSnapshotRequest
-	23, // 22: aenv.node.v1.NodeService.DeleteSnapshot:input_type -> aenv.node.v1.DeleteSnapshotRequest
-	25, // 23: aenv.node.v1.NodeService.Events:input_type -> aenv.node.v1.EventsRequest
-	1,  // 24: aenv.node.v1.NodeService.Logs:input_type -> aenv.node.v1.LogsRequest
-	4,  // 25: aenv.node.v1.NodeService.Metrics:input_type -> aenv.node.v1.MetricsRequest
-	9,  // 26: aenv.node.v1.NodeService.Info:output_type -> aenv.node.v1.NodeInfo
-	11, // 27: aenv.node.v1.NodeService.Create:output_type -> aenv.node.v1.Sandbox
-	13, // 28: aenv.node.v1.NodeService.Kill:output_type -> aenv.node.v1.KillResponse
-	15, // 29: aenv.node.v1.NodeService.List:output_type -> aenv.node.v1.ListResponse
-	17, // 30: aenv.node.v1.NodeService.Snapshot:output_type -> aenv.node.v1.SnapshotInfo
-	19, // 31: aenv.node.v1.NodeService.Stats:output_type -> aenv.node.v1.SandboxStats
-	21, // 32: aenv.node.v1.NodeService.ListSnapshots:output_type -> aenv.node.v1.ListSnapshotsResponse
-	17, // 33: aenv.node.v1.NodeService.GetSnapshot:output_type -> aenv.node.v1.SnapshotInfo
-	24, // 34: aenv.node.v1.NodeService.DeleteSnapshot:output_type -> aenv.node.v1.DeleteSnapshotResponse
-	26, // 35: aenv.node.v1.NodeService.Events:output_type -> aenv.node.v1.Event
-	3,  // 36: aenv.node.v1.NodeService.Logs:output_type -> aenv.node.v1.LogsResponse
-	6,  // 37: aenv.node.v1.NodeService.Metrics:output_type -> aenv.node.v1.MetricsResponse
-	26, // [26:38] is the sub-list for method output_type
-	14, // [14:26] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	33, // 7: aenv.node.v1.CreateRequest.env_vars:type_name -> aenv.node.v1.CreateRequest.EnvVarsEntry
+	11, // 8: aenv.node.v1.CreateRequest.mounts:type_name -> aenv.node.v1.VolumeMount
+	34, // 9: aenv.node.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
+	16, // 10: aenv.node.v1.ListResponse.sandboxes:type_name -> aenv.node.v1.Sandbox
+	34, // 11: aenv.node.v1.SnapshotInfo.created_at:type_name -> google.protobuf.Timestamp
+	34, // 12: aenv.node.v1.SandboxStats.since:type_name -> google.protobuf.Timestamp
+	22, // 13: aenv.node.v1.ListSnapshotsResponse.snapshots:type_name -> aenv.node.v1.SnapshotInfo
+	0,  // 14: aenv.node.v1.Event.kind:type_name -> aenv.node.v1.Event.Kind
+	7,  // 15: aenv.node.v1.NodeService.Info:input_type -> aenv.node.v1.InfoRequest
+	10, // 16: aenv.node.v1.NodeService.Create:input_type -> aenv.node.v1.CreateRequest
+	17, // 17: aenv.node.v1.NodeService.Kill:input_type -> aenv.node.v1.KillRequest
+	19, // 18: aenv.node.v1.NodeService.List:input_type -> aenv.node.v1.ListRequest
+	21, // 19: aenv.node.v1.NodeService.Snapshot:input_type -> aenv.node.v1.SnapshotRequest
+	23, // 20: aenv.node.v1.NodeService.Stats:input_type -> aenv.node.v1.StatsRequest
+	25, // 21: aenv.node.v1.NodeService.ListSnapshots:input_type -> aenv.node.v1.ListSnapshotsRequest
+	27, // 22: aenv.node.v1.NodeService.GetSnapshot:input_type -> aenv.node.v1.GetSnapshotRequest
+	28, // 23: aenv.node.v1.NodeService.DeleteSnapshot:input_type -> aenv.node.v1.DeleteSnapshotRequest
+	30, // 24: aenv.node.v1.NodeService.Events:input_type -> aenv.node.v1.EventsRequest
+	1,  // 25: aenv.node.v1.NodeService.Logs:input_type -> aenv.node.v1.LogsRequest
+	4,  // 26: aenv.node.v1.NodeService.Metrics:input_type -> aenv.node.v1.MetricsRequest
+	12, // 27: aenv.node.v1.NodeService.CreateVolume:input_type -> aenv.node.v1.CreateVolumeRequest
+	14, // 28: aenv.node.v1.NodeService.DeleteVolume:input_type -> aenv.node.v1.DeleteVolumeRequest
+	9,  // 29: aenv.node.v1.NodeService.Info:output_type -> aenv.node.v1.NodeInfo
+	16, // 30: aenv.node.v1.NodeService.Create:output_type -> aenv.node.v1.Sandbox
+	18, // 31: aenv.node.v1.NodeService.Kill:output_type -> aenv.node.v1.KillResponse
+	20, // 32: aenv.node.v1.NodeService.List:output_type -> aenv.node.v1.ListResponse
+	22, // 33: aenv.node.v1.NodeService.Snapshot:output_type -> aenv.node.v1.SnapshotInfo
+	24, // 34: aenv.node.v1.NodeService.Stats:output_type -> aenv.node.v1.SandboxStats
+	26, // 35: aenv.node.v1.NodeService.ListSnapshots:output_type -> aenv.node.v1.ListSnapshotsResponse
+	22, // 36: aenv.node.v1.NodeService.GetSnapshot:output_type -> aenv.node.v1.SnapshotInfo
+	29, // 37: aenv.node.v1.NodeService.DeleteSnapshot:output_type -> aenv.node.v1.DeleteSnapshotResponse
+	31, // 38: aenv.node.v1.NodeService.Events:output_type -> aenv.node.v1.Event
+	3,  // 39: aenv.node.v1.NodeService.Logs:output_type -> aenv.node.v1.LogsResponse
+	6,  // 40: aenv.node.v1.NodeService.Metrics:output_type -> aenv.node.v1.MetricsResponse
+	13, // 41: aenv.node.v1.NodeService.CreateVolume:output_type -> aenv.node.v1.CreateVolumeResponse
+	15, // 42: aenv.node.v1.NodeService.DeleteVolume:output_type -> aenv.node.v1.DeleteVolumeResponse
+	29, // [29:43] is the sub-list for method output_type
+	15, // [15:29] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_node_node_proto_init() }
@@ -1928,7 +2173,7 @@ func file_node_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_node_node_proto_rawDesc), len(file_node_node_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   28,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

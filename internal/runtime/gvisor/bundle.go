@@ -120,7 +120,11 @@ func OCISpec(dir string, spec runtime.Spec, cgroupPath string) *specs.Spec {
 		s.Mounts = append(s.Mounts, specs.Mount{Destination: EnvdGuestPath, Type: "bind", Source: spec.EnvdPath, Options: []string{"rbind", "ro"}})
 	}
 	for _, b := range spec.Binds {
-		s.Mounts = append(s.Mounts, specs.Mount{Destination: b.Destination, Type: "bind", Source: b.Source, Options: []string{"rbind", "ro"}})
+		mode := "ro"
+		if b.Writable {
+			mode = "rw"
+		}
+		s.Mounts = append(s.Mounts, specs.Mount{Destination: b.Destination, Type: "bind", Source: b.Source, Options: []string{"rbind", mode}})
 	}
 	return s
 }

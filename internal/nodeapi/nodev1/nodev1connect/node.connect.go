@@ -66,6 +66,12 @@ const (
 	NodeServiceLogsProcedure = "/aenv.node.v1.NodeService/Logs"
 	// NodeServiceMetricsProcedure is the fully-qualified name of the NodeService's Metrics RPC.
 	NodeServiceMetricsProcedure = "/aenv.node.v1.NodeService/Metrics"
+	// NodeServiceCreateVolumeProcedure is the fully-qualified name of the NodeService's CreateVolume
+	// RPC.
+	NodeServiceCreateVolumeProcedure = "/aenv.node.v1.NodeService/CreateVolume"
+	// NodeServiceDeleteVolumeProcedure is the fully-qualified name of the NodeService's DeleteVolume
+	// RPC.
+	NodeServiceDeleteVolumeProcedure = "/aenv.node.v1.NodeService/DeleteVolume"
 )
 
 // NodeServiceClient is a client for the aenv.node.v1.NodeService service.
@@ -98,6 +104,11 @@ type NodeServiceClient interface {
 	// Metrics returns a sandbox's resource samples, oldest first: every
 	// 5 s for its last hour, every minute for the day before.
 	Metrics(context.Context, *nodev1.MetricsRequest) (*nodev1.MetricsResponse, error)
+	// CreateVolume makes a volume's directory on the node; DeleteVolume
+	// removes it with its files. The volume's data plane is served at
+	// /volumecontent/ on the node's port.
+	CreateVolume(context.Context, *nodev1.CreateVolumeRequest) (*nodev1.CreateVolumeResponse, error)
+	DeleteVolume(context.Context, *nodev1.DeleteVolumeRequest) (*nodev1.DeleteVolumeResponse, error)
 }
 
 // NewNodeServiceClient constructs a client for the aenv.node.v1.NodeService service. By default, it
@@ -183,6 +194,18 @@ func NewNodeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(nodeServiceMethods.ByName("Metrics")),
 			connect.WithClientOptions(opts...),
 		),
+		createVolume: connect.NewClient[nodev1.CreateVolumeRequest, nodev1.CreateVolumeResponse](
+			httpClient,
+			baseURL+NodeServiceCreateVolumeProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("CreateVolume")),
+			connect.WithClientOptions(opts...),
+		),
+		deleteVolume: connect.NewClient[nodev1.DeleteVolumeRequest, nodev1.DeleteVolumeResponse](
+			httpClient,
+			baseURL+NodeServiceDeleteVolumeProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("DeleteVolume")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -200,6 +223,8 @@ type nodeServiceClient struct {
 	events         *connect.Client[nodev1.EventsRequest, nodev1.Event]
 	logs           *connect.Client[nodev1.LogsRequest, nodev1.LogsResponse]
 	metrics        *connect.Client[nodev1.MetricsRequest, nodev1.MetricsResponse]
+	createVolume   *connect.Client[nodev1.CreateVolumeRequest, nodev1.CreateVolumeResponse]
+	deleteVolume   *connect.Client[nodev1.DeleteVolumeRequest, nodev1.DeleteVolumeResponse]
 }
 
 // Info calls aenv.node.v1.NodeService.Info.
@@ -306,6 +331,24 @@ func (c *nodeServiceClient) Metrics(ctx context.Context, req *nodev1.MetricsRequ
 	return nil, err
 }
 
+// CreateVolume calls aenv.node.v1.NodeService.CreateVolume.
+func (c *nodeServiceClient) CreateVolume(ctx context.Context, req *nodev1.CreateVolumeRequest) (*nodev1.CreateVolumeResponse, error) {
+	response, err := c.createVolume.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
+// DeleteVolume calls aenv.node.v1.NodeService.DeleteVolume.
+func (c *nodeServiceClient) DeleteVolume(ctx context.Context, req *nodev1.DeleteVolumeRequest) (*nodev1.DeleteVolumeResponse, error) {
+	response, err := c.deleteVolume.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
 // NodeServiceHandler is an implementation of the aenv.node.v1.NodeService service.
 type NodeServiceHandler interface {
 	// Info describes the node: its id, capacity, usage, runtime and the
@@ -336,6 +379,11 @@ type NodeServiceHandler interface {
 	// Metrics returns a sandbox's resource samples, oldest first: every
 	// 5 s for its last hour, every minute for the day before.
 	Metrics(context.Context, *nodev1.MetricsRequest) (*nodev1.MetricsResponse, error)
+	// CreateVolume makes a volume's directory on the node; DeleteVolume
+	// removes it with its files. The volume's data plane is served at
+	// /volumecontent/ on the node's port.
+	CreateVolume(context.Context, *nodev1.CreateVolumeRequest) (*nodev1.CreateVolumeResponse, error)
+	DeleteVolume(context.Context, *nodev1.DeleteVolumeRequest) (*nodev1.DeleteVolumeResponse, error)
 }
 
 // NewNodeServiceHandler builds an HTTP handler from the service implementation. It returns the path
@@ -417,6 +465,18 @@ func NewNodeServiceHandler(svc NodeServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(nodeServiceMethods.ByName("Metrics")),
 		connect.WithHandlerOptions(opts...),
 	)
+	nodeServiceCreateVolumeHandler := connect.NewUnaryHandlerSimple(
+		NodeServiceCreateVolumeProcedure,
+		svc.CreateVolume,
+		connect.WithSchema(nodeServiceMethods.ByName("CreateVolume")),
+		connect.WithHandlerOptions(opts...),
+	)
+	nodeServiceDeleteVolumeHandler := connect.NewUnaryHandlerSimple(
+		NodeServiceDeleteVolumeProcedure,
+		svc.DeleteVolume,
+		connect.WithSchema(nodeServiceMethods.ByName("DeleteVolume")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/aenv.node.v1.NodeService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case NodeServiceInfoProcedure:
@@ -443,6 +503,10 @@ func NewNodeServiceHandler(svc NodeServiceHandler, opts ...connect.HandlerOption
 			nodeServiceLogsHandler.ServeHTTP(w, r)
 		case NodeServiceMetricsProcedure:
 			nodeServiceMetricsHandler.ServeHTTP(w, r)
+		case NodeServiceCreateVolumeProcedure:
+			nodeServiceCreateVolumeHandler.ServeHTTP(w, r)
+		case NodeServiceDeleteVolumeProcedure:
+			nodeServiceDeleteVolumeHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -498,4 +562,12 @@ func (UnimplementedNodeServiceHandler) Logs(context.Context, *nodev1.LogsRequest
 
 func (UnimplementedNodeServiceHandler) Metrics(context.Context, *nodev1.MetricsRequest) (*nodev1.MetricsResponse, error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("aenv.node.v1.NodeService.Metrics is not implemented"))
+}
+
+func (UnimplementedNodeServiceHandler) CreateVolume(context.Context, *nodev1.CreateVolumeRequest) (*nodev1.CreateVolumeResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("aenv.node.v1.NodeService.CreateVolume is not implemented"))
+}
+
+func (UnimplementedNodeServiceHandler) DeleteVolume(context.Context, *nodev1.DeleteVolumeRequest) (*nodev1.DeleteVolumeResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("aenv.node.v1.NodeService.DeleteVolume is not implemented"))
 }

@@ -1,0 +1,148 @@
+package api
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"sort"
+	"strings"
+
+	"github.com/aenvhq/aenv/internal/cluster"
+	"github.com/aenvhq/aenv/internal/volume"
+)
+
+// volumeJSON is E2B's Volume (the token only where E2B sends it).
+type volumeJSON struct {
+	VolumeID string `json:"volumeID"`
+	Name     string `json:"name"`
+	Token    string `json:"token,omitempty"`
+}
+
+func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Name string `json:"name"`
+	}
+	if !decodeBody(w, r, &body) {
+		return
+	}
+	v, err := s.cfg.Cluster.CreateVolume(r.Context(), owner(r), body.Name)
+	if err != nil {
+		s.writeClusterError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, volumeJSON{VolumeID: v.ID, Name: v.Name, Token: v.Token})
+}
+
+func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) {
+	vs, err := s.cfg.Cluster.ListVolumes(r.Context(), owner(r))
+	if err != nil {
+		s.writeClusterError(w, r, err)
+		return
+	}
+	out := []volumeJSON{}
+	for _, v := range vs {
+		out = append(out, volumeJSON{VolumeID: v.ID, Name: v.Name})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) {
+	v, err := s.cfg.Cluster.GetVolume(r.Context(), owner(r), r.PathValue("volumeID"))
+	if err != nil {
+		s.writeClusterError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, volumeJSON{VolumeID: v.ID, Name: v.Name, Token: v.Token})
+}
+
+func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) {
+	if err := s.cfg.Cluster.DeleteVolume(r.Context(), owner(r), r.PathValue("volumeID")); err != nil {
+		s.writeClusterError(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// volumeContent serves /volumecontent/{volumeID}/...: the caller shows
+// the volume's token (Authorization: Bearer), and the request goes to the
+// node that holds the volume's files.
+func (s *Server) volumeContent(w http.ResponseWriter, r *http.Request) {
+	rest := strings.TrimPrefix(r.URL.Path, "/volumecontent/")
+	id, _, _ := strings.Cut(rest, "/")
+	if !volume.ValidID(id) {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("volume %q not found", truncateForLog(id)))
+		return
+	}
+	v, err := s.cfg.Cluster.VolumeForData(r.Context(), id)
+	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	switch {
+	case errors.Is(err, cluster.ErrNotFound):
+		writeError(w, http.StatusNotFound, fmt.Sprintf("volume %s not found", id))
+		return
+	case err != nil:
+		s.writeClusterError(w, r, err)
+		return
+	case !ok || subtle.ConstantTimeCompare([]byte(token), []byte(v.Token)) != 1:
+		writeError(w, http.StatusUnauthorized, "this volume's token is missing or wrong (Authorization: Bearer <token>)")
+		return
+	}
+	if s.cfg.VolumeContent == nil {
+		writeError(w, http.StatusNotImplemented, "volumes are not enabled on this server")
+		return
+	}
+	h, err := s.cfg.VolumeContent(v.NodeID)
+	if err != nil {
+		s.writeClusterError(w, r, err)
+		return
+	}
+	h.ServeHTTP(w, r)
+}
+
+func truncateForLog(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "..."
+	}
+	return s
+}
+
+// parseVolumeMounts reads volumeMounts in either form E2B accepts: the
+// array the SDK sends ([{name, path}]) or a map of path to volume name.
+func parseVolumeMounts(raw json.RawMessage) ([]cluster.VolumeMount, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	var list []cluster.VolumeMount
+	if err := json.Unmarshal(raw, &list); err == nil {
+		for _, m := range list {
+			if m.Name == "" || m.Path == "" {
+				return nil, errors.New("each volumeMounts entry needs a name and a path")
+			}
+		}
+		return list, nil
+	}
+	var byPath map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &byPath); err != nil {
+		return nil, errors.New("volumeMounts must be [{name, path}] or {path: name}")
+	}
+	paths := make([]string, 0, len(byPath))
+	for p := range byPath {
+		paths = append(paths, p)
+	}
+	sort.Strings(paths)
+	for _, p := range paths {
+		var name string
+		if err := json.Unmarshal(byPath[p], &name); err != nil {
+			var obj struct {
+				Name string `json:"name"`
+			}
+			if err := json.Unmarshal(byPath[p], &obj); err != nil || obj.Name == "" {
+				return nil, fmt.Errorf("volumeMounts[%q] must be a volume name", p)
+			}
+			name = obj.Name
+		}
+		list = append(list, cluster.VolumeMount{Name: name, Path: p})
+	}
+	return list, nil
+}

@@ -1,0 +1,230 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path"
+	"regexp"
+	"sort"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/aenvhq/aenv/internal/nodeapi"
+	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
+	"github.com/aenvhq/aenv/internal/state"
+)
+
+// Volumes are directories on one node each, mounted into the sandboxes
+// that name them (which are then placed on that node). Their records are
+// in the store: volumes/<id>, and volume-names/<owner>/<name> pointing at
+// the id, so that a name is unique per API key.
+const (
+	volumePrefix     = "volumes/"
+	volumeNamePrefix = "volume-names/"
+)
+
+// validVolumeName is what a volume's name may be.
+var validVolumeName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+
+// Volume is a volume's record.
+type Volume struct {
+	ID   string `json:"volumeID"`
+	Name string `json:"name"`
+	// Token authorises its data plane (/volumecontent/...).
+	Token     string    `json:"token"`
+	NodeID    string    `json:"nodeID"`
+	KeyID     string    `json:"keyID,omitempty"`
+	CreatedAt time.Time `json:"createdAt"`
+}
+
+// VolumeMount asks for a volume (by name or id) at a path of a sandbox.
+type VolumeMount struct {
+	Name string `json:"name"`
+	Path string `json:"path"`
+	// VolumeID is filled in once resolved.
+	VolumeID string `json:"volumeID,omitempty"`
+}
+
+func ownerScope(o Owner) string {
+	if o.KeyID == "" {
+		return "_"
+	}
+	return o.KeyID
+}
+
+// CreateVolume makes a volume on the node with the most room.
+func (c *Cluster) CreateVolume(ctx context.Context, owner Owner, name string) (*Volume, error) {
+	if !validVolumeName.MatchString(name) {
+		return nil, fmt.Errorf("%w: volume name %q: 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit", ErrInvalid, truncate(name))
+	}
+	v := &Volume{ID: newSandboxID(), Name: name, Token: randomToken(), KeyID: owner.KeyID, CreatedAt: time.Now().UTC()}
+	nameKey := volumeNamePrefix + ownerScope(owner) + "/" + name
+	if _, err := c.cfg.State.Create(ctx, nameKey, []byte(v.ID), state.WriteOptions{}); errors.Is(err, state.ErrExists) {
+		return nil, fmt.Errorf("%w: a volume named %q exists", ErrConflict, name)
+	} else if err != nil {
+		return nil, fmt.Errorf("creating volume %s: %w", name, err)
+	}
+	fail := func(err error) (*Volume, error) {
+		c.cfg.State.Delete(context.WithoutCancel(ctx), nameKey, 0)
+		return nil, err
+	}
+	n, err := c.nodes.place(placement{})
+	if err != nil {
+		return fail(err)
+	}
+	if _, err := n.CreateVolume(ctx, &nodev1.CreateVolumeRequest{VolumeId: v.ID}); err != nil {
+		return fail(fmt.Errorf("creating volume %s on node %s: %w", name, n.ID(), err))
+	}
+	v.NodeID = n.ID()
+	b, _ := json.Marshal(v)
+	if _, err := c.cfg.State.Create(ctx, volumePrefix+v.ID, b, state.WriteOptions{}); err != nil {
+		n.DeleteVolume(context.WithoutCancel(ctx), &nodev1.DeleteVolumeRequest{VolumeId: v.ID})
+		return fail(fmt.Errorf("recording volume %s: %w", name, err))
+	}
+	c.log.Info("volume created", "volume_id", v.ID, "name", name, "node_id", v.NodeID)
+	return v, nil
+}
+
+// GetVolume returns owner's volume by id.
+func (c *Cluster) GetVolume(ctx context.Context, owner Owner, id string) (*Volume, error) {
+	v, err := c.volume(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if v.KeyID != owner.KeyID && owner.KeyID != "" {
+		return nil, fmt.Errorf("%w: volume %s", ErrNotFound, id)
+	}
+	return v, nil
+}
+
+// VolumeForData returns volume id for its data plane, whoever owns it
+// (the caller checks the volume's token).
+func (c *Cluster) VolumeForData(ctx context.Context, id string) (*Volume, error) {
+	return c.volume(ctx, id)
+}
+
+func (c *Cluster) volume(ctx context.Context, id string) (*Volume, error) {
+	e, err := c.cfg.State.Get(ctx, volumePrefix+id)
+	if errors.Is(err, state.ErrNotFound) {
+		return nil, fmt.Errorf("%w: volume %s", ErrNotFound, id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading volume %s: %w", id, err)
+	}
+	var v Volume
+	if err := json.Unmarshal(e.Value, &v); err != nil {
+		return nil, fmt.Errorf("reading volume %s: %w", id, err)
+	}
+	return &v, nil
+}
+
+// ListVolumes returns owner's volumes, by name.
+func (c *Cluster) ListVolumes(ctx context.Context, owner Owner) ([]*Volume, error) {
+	entries, _, err := c.cfg.State.List(ctx, volumePrefix)
+	if err != nil {
+		return nil, fmt.Errorf("listing volumes: %w", err)
+	}
+	var out []*Volume
+	for _, e := range entries {
+		var v Volume
+		if json.Unmarshal(e.Value, &v) != nil || (owner.KeyID != "" && v.KeyID != owner.KeyID) {
+			continue
+		}
+		out = append(out, &v)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// DeleteVolume removes owner's volume and its files, unless a sandbox
+// (running or paused) mounts it.
+func (c *Cluster) DeleteVolume(ctx context.Context, owner Owner, id string) error {
+	v, err := c.GetVolume(ctx, owner, id)
+	if err != nil {
+		return err
+	}
+	var users []string
+	c.recs.each(func(r *record) {
+		for _, m := range r.Mounts {
+			if m.VolumeID == v.ID {
+				users = append(users, r.ID)
+			}
+		}
+	})
+	if len(users) > 0 {
+		return fmt.Errorf("%w: volume %s is mounted by sandboxes %v; kill them first", ErrConflict, v.Name, users)
+	}
+	n, err := c.nodes.node(v.NodeID)
+	if err != nil {
+		return fmt.Errorf("deleting volume %s: its node: %w", v.Name, err)
+	}
+	if _, err := n.DeleteVolume(ctx, &nodev1.DeleteVolumeRequest{VolumeId: v.ID}); err != nil && nodeapi.Code(err) != connect.CodeNotFound {
+		return fmt.Errorf("deleting volume %s on node %s: %w", v.Name, v.NodeID, err)
+	}
+	if err := c.cfg.State.Delete(ctx, volumePrefix+v.ID, 0); err != nil && !errors.Is(err, state.ErrNotFound) {
+		return fmt.Errorf("deleting volume %s: %w", v.Name, err)
+	}
+	c.cfg.State.Delete(ctx, volumeNamePrefix+ownerScope(Owner{KeyID: v.KeyID})+"/"+v.Name, 0)
+	c.log.Info("volume deleted", "volume_id", v.ID, "name", v.Name)
+	return nil
+}
+
+// resolveMounts finds owner's volumes that mounts name (by name or id)
+// and the one node they are all on.
+func (c *Cluster) resolveMounts(ctx context.Context, owner Owner, mounts []VolumeMount) ([]VolumeMount, string, error) {
+	if len(mounts) == 0 {
+		return nil, "", nil
+	}
+	out := make([]VolumeMount, len(mounts))
+	nodeID := ""
+	seen := map[string]bool{}
+	for i, m := range mounts {
+		if !path.IsAbs(m.Path) || path.Clean(m.Path) == "/" {
+			return nil, "", fmt.Errorf("%w: volume mount path %q must be absolute and not /", ErrInvalid, truncate(m.Path))
+		}
+		p := path.Clean(m.Path)
+		if seen[p] {
+			return nil, "", fmt.Errorf("%w: two volumes mounted at %s", ErrInvalid, p)
+		}
+		seen[p] = true
+		v, err := c.volumeByName(ctx, owner, m.Name)
+		if err != nil {
+			return nil, "", err
+		}
+		if nodeID != "" && v.NodeID != nodeID {
+			return nil, "", fmt.Errorf("%w: volumes %s and %s are on different nodes; one sandbox can mount volumes of one node", ErrInvalid, out[0].Name, v.Name)
+		}
+		nodeID = v.NodeID
+		out[i] = VolumeMount{Name: v.Name, Path: p, VolumeID: v.ID}
+	}
+	return out, nodeID, nil
+}
+
+func (c *Cluster) volumeByName(ctx context.Context, owner Owner, name string) (*Volume, error) {
+	e, err := c.cfg.State.Get(ctx, volumeNamePrefix+ownerScope(owner)+"/"+name)
+	if err == nil {
+		return c.volume(ctx, string(e.Value))
+	}
+	if !errors.Is(err, state.ErrNotFound) {
+		return nil, fmt.Errorf("looking up volume %s: %w", name, err)
+	}
+	// An id works too.
+	if v, err := c.GetVolume(ctx, owner, name); err == nil {
+		return v, nil
+	}
+	return nil, fmt.Errorf("%w: volume %q", ErrVolumeNotFound, truncate(name))
+}
+
+// ErrVolumeNotFound: a mount names no volume of the caller's.
+var ErrVolumeNotFound = errors.New("volume not found")
+
+func mountsToWire(ms []VolumeMount) []*nodev1.VolumeMount {
+	var out []*nodev1.VolumeMount
+	for _, m := range ms {
+		out = append(out, &nodev1.VolumeMount{VolumeId: m.VolumeID, Path: m.Path})
+	}
+	return out
+}
