@@ -74,12 +74,12 @@ type Config struct {
 	BuildSteps build.Stepper
 	// Pulls enables POST /templates/pulls (a server whose templates reach
 	// its nodes: a local node, or a store they share).
-	Pulls  bool
+	Pulls bool
 	// VolumeContent serves the data plane of volumes on node nodeID (the
 	// local node's files, or a proxy to the node); nil disables volumes'
 	// data plane.
 	VolumeContent func(nodeID string) (http.Handler, error)
-	Logger *slog.Logger
+	Logger        *slog.Logger
 }
 
 // Server is the API's http.Handler.
