@@ -9,7 +9,7 @@
 import assert from 'node:assert/strict'
 import { execFileSync } from 'node:child_process'
 import path from 'node:path'
-import { Sandbox, SandboxNotFoundError } from 'e2b'
+import { Sandbox, SandboxNotFoundError, Volume } from 'e2b'
 import { useCluster, } from './lib/cluster.mjs'
 import { waitFor, sleep, rejectsWith, rawRequest } from './lib/server.mjs'
 
@@ -244,6 +244,31 @@ cl.test('API keys live in the cluster: a key made on one server works on the oth
   cl.sandboxes.delete(sbx.sandboxId)
   assert.equal((await cl.api('DELETE', `/keys/${made.json.id}`, { server: cl.servers[1] })).status, 204)
   await waitFor(async () => (await asUser(cl.servers[0])).status === 401, { timeoutMs: 5000, what: 'the revoked key to be refused' })
+})
+
+cl.test('a volume lives on one node: its sandboxes go there, and either server reaches its files', async () => {
+  const vol = await Volume.create(`mh-${Date.now().toString(36)}`, cl.via(1))
+  const info = (await cl.api('GET', `/volumes/${vol.volumeId}`, { server: cl.servers[1] })).json
+  assert.equal(info.token, vol.token)
+  await vol.writeFile('/seed.txt', 'seeded via server 0\n', { apiUrl: cl.servers[0].url })
+  const made = []
+  try {
+    for (let i = 0; i < 3; i++) made.push(await cl.create({ volumeMounts: { '/v': vol } }))
+    const nodes = new Set(await Promise.all(made.map((s) => cl.nodeOf(s.sandboxId))))
+    assert.equal(nodes.size, 1, `sandboxes that mount one volume ran on ${[...nodes]}`)
+    await made[0].commands.run('cat /v/seed.txt > /v/copy.txt')
+    assert.equal((await made[2].commands.run('cat /v/copy.txt')).stdout, 'seeded via server 0\n')
+    assert.equal(await vol.readFile('/copy.txt', { apiUrl: cl.servers[1].url }), 'seeded via server 0\n')
+    const moved = await cl.api('POST', `/sandboxes/${made[0].sandboxId}/migrate`, { body: {} })
+    assert.equal(moved.status, 400, moved.text)
+    assert.match(moved.json.message, /mounts volumes/)
+  } finally {
+    for (const s of made) {
+      await s.kill()
+      cl.sandboxes.delete(s.sandboxId)
+    }
+  }
+  assert.equal(await Volume.destroy(vol.volumeId, cl.via(0)), true)
 })
 
 cl.test('bad input: a wrong cluster token, an unknown node, a create no node can take', async () => {
