@@ -131,6 +131,7 @@ func (s *Server) routes() {
 	m.Handle("POST /v2/sandboxes/{id}/connect", s.auth(s.withID(s.connect)))
 	m.Handle("POST /sandboxes/{id}/resume", s.auth(s.withID(s.connect)))
 	m.Handle("POST /sandboxes/{id}/pause", s.auth(s.withID(s.pause)))
+	m.Handle("PUT /sandboxes/{id}/network", s.auth(s.withID(s.updateNetwork)))
 	m.Handle("GET /sandboxes/{id}/metrics", s.auth(s.withID(s.metrics)))
 	m.Handle("GET /sandboxes/metrics", s.auth(http.HandlerFunc(s.metricsOfMany)))
 	m.Handle("GET /v2/sandboxes/{id}/logs", s.auth(s.withID(s.logsV2)))

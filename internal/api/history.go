@@ -193,3 +193,33 @@ func (s *Server) metricsOfMany(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"sandboxes": out})
 }
+
+// updateNetwork answers PUT /sandboxes/{id}/network: the rules given
+// replace the sandbox's (what is left out is cleared, as on E2B).
+func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request, id string) {
+	var body struct {
+		networkBody
+		AllowInternetAccess *bool `json:"allow_internet_access"`
+	}
+	if !decodeBody(w, r, &body) {
+		return
+	}
+	if body.AllowPublicTraffic != nil {
+		sb, err := s.cfg.Cluster.Get(r.Context(), id)
+		if err != nil {
+			s.writeClusterError(w, r, err)
+			return
+		}
+		if *body.AllowPublicTraffic != (sb.TrafficAccessToken == "") {
+			writeError(w, http.StatusBadRequest, "allowPublicTraffic cannot change after the create (the SDK holds the traffic token it was given)")
+			return
+		}
+	}
+	rules := body.rules()
+	rules.AllowInternet = body.AllowInternetAccess
+	if _, err := s.cfg.Cluster.UpdateNetwork(r.Context(), id, rules); err != nil {
+		s.writeClusterError(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}

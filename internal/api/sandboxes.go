@@ -43,10 +43,32 @@ type createBody struct {
 	VolumeMounts json.RawMessage `json:"volumeMounts"`
 }
 
-// networkBody is E2B's network settings of a sandbox; of them aenv acts on
-// allowPublicTraffic so far.
+// networkBody is E2B's network settings of a sandbox.
 type networkBody struct {
-	AllowPublicTraffic *bool `json:"allowPublicTraffic"`
+	AllowPublicTraffic *bool    `json:"allowPublicTraffic"`
+	AllowOut           []string `json:"allowOut"`
+	DenyOut            []string `json:"denyOut"`
+	MaskRequestHost    *string  `json:"maskRequestHost"`
+}
+
+// rules is the part of n the cluster enforces past the create.
+func (n *networkBody) rules() cluster.NetworkRules {
+	if n == nil {
+		return cluster.NetworkRules{}
+	}
+	r := cluster.NetworkRules{AllowOut: n.AllowOut, DenyOut: n.DenyOut}
+	if n.MaskRequestHost != nil {
+		r.MaskRequestHost = *n.MaskRequestHost
+	}
+	return r
+}
+
+// networkJSON is E2B's SandboxNetworkConfig in sandbox details.
+type networkJSON struct {
+	AllowPublicTraffic bool     `json:"allowPublicTraffic"`
+	AllowOut           []string `json:"allowOut,omitempty"`
+	DenyOut            []string `json:"denyOut,omitempty"`
+	MaskRequestHost    string   `json:"maskRequestHost,omitempty"`
 }
 
 // sandboxJSON is E2B's Sandbox / SandboxDetail / ListedSandbox in one.
@@ -70,6 +92,7 @@ type sandboxJSON struct {
 	// paused on.
 	NodeID    string         `json:"nodeID,omitempty"`
 	Lifecycle *lifecycleJSON `json:"lifecycle,omitempty"`
+	Network   *networkJSON   `json:"network,omitempty"`
 }
 
 // lifecycleJSON is E2B's SandboxLifecycle: what a timeout does.
@@ -108,6 +131,8 @@ func (s *Server) toJSON(sb *cluster.Sandbox, detail bool) sandboxJSON {
 		if out.Metadata == nil {
 			out.Metadata = map[string]string{}
 		}
+		out.Network = &networkJSON{AllowPublicTraffic: sb.TrafficAccessToken == "", AllowOut: sb.AllowOut, DenyOut: sb.DenyOut,
+			MaskRequestHost: sb.MaskRequestHost}
 		out.Lifecycle = &lifecycleJSON{OnTimeout: "kill", AutoResume: sb.AutoResume}
 		if sb.AutoPause {
 			out.Lifecycle.OnTimeout = "pause"
@@ -169,6 +194,7 @@ func (s *Server) createSandbox(defaultTimeout time.Duration) http.HandlerFunc {
 			Owner:          owner(r),
 			IdempotencyKey: idem,
 			Mounts:         mounts,
+			Network:        body.Network.rules(),
 			PrivateTraffic: body.Network != nil && body.Network.AllowPublicTraffic != nil &&
 				!*body.Network.AllowPublicTraffic,
 		})

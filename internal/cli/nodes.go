@@ -26,7 +26,7 @@ lost when a node stopped reporting), capacity, usage and sandbox count.`,
 func newNodeCmd(g *globals) *cobra.Command {
 	var cfg server.Config
 	var logLevel, onStop string
-	var egressAllow []string
+	var hs hostStrings
 	cmd := &cobra.Command{
 		Use:   "node",
 		Short: "Run a node agent that joins a cluster (and operate on nodes)",
@@ -49,7 +49,7 @@ removes them. --on-stop=drain has the cluster move them to other nodes on
 SIGTERM first. Needs root.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := hostSettings(&cfg, egressAllow, logLevel); err != nil {
+			if err := hostSettings(&cfg, hs, logLevel); err != nil {
 				return err
 			}
 			stopTimeout := 30 * time.Second
@@ -74,7 +74,7 @@ SIGTERM first. Needs root.`,
 		},
 	}
 	f := cmd.Flags()
-	hostFlags(f, &cfg, &egressAllow, &logLevel)
+	hostFlags(f, &cfg, &hs, &logLevel)
 	f.StringVar(&cfg.Listen, "listen", server.DefaultNodeListen, "address of the node API and the sandbox traffic servers forward")
 	f.StringVar(&cfg.Advertise, "advertise", "", "host:port servers reach this node at (default: --listen, if it names an address)")
 	f.StringVar(&cfg.Join, "join", "", "URL of a server of the cluster to learn its etcd endpoints from")

@@ -22,7 +22,8 @@ func newServerCmd() *cobra.Command {
 	var cfg server.Config
 	var logLevel, onStop string
 	var drain, cleanup, localNode bool
-	var egressAllow, trustedProxies []string
+	var trustedProxies []string
+	var hs hostStrings
 	cmd := &cobra.Command{
 		Use:   "server",
 		Short: "Run the aenv server (API, proxy and a local node)",
@@ -44,7 +45,7 @@ sandboxes: the next start takes them over, running as they were.
 and --on-stop=kill kills them.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := hostSettings(&cfg, egressAllow, logLevel); err != nil {
+			if err := hostSettings(&cfg, hs, logLevel); err != nil {
 				return err
 			}
 			cfg.NoLocalNode = !localNode
@@ -87,7 +88,7 @@ and --on-stop=kill kills them.`,
 		},
 	}
 	f := cmd.Flags()
-	hostFlags(f, &cfg, &egressAllow, &logLevel)
+	hostFlags(f, &cfg, &hs, &logLevel)
 	f.BoolVar(&localNode, "local-node", true, "run a node in this process (the single-host setup); false makes a pure API server for the nodes that join (aenv node)")
 	f.StringVar(&cfg.ClusterToken, "cluster-token", "", "token servers and nodes authenticate each other with (default: $AENV_CLUSTER_TOKEN, else <data-dir>/secrets/cluster-token, generated on first start)")
 	f.StringVar(&cfg.Listen, "listen", ":8000", "address of the API and sandbox proxy")
@@ -111,7 +112,12 @@ and --on-stop=kill kills them.`,
 
 // hostFlags are the settings of whatever runs sandboxes on this host: the
 // local node of `aenv server` and `aenv node` alike.
-func hostFlags(f *pflag.FlagSet, cfg *server.Config, egressAllow *[]string, logLevel *string) {
+// hostStrings are host flags parsed by hostSettings.
+type hostStrings struct {
+	egressAllow, dns []string
+}
+
+func hostFlags(f *pflag.FlagSet, cfg *server.Config, hs *hostStrings, logLevel *string) {
 	f.StringVar(&cfg.DataDir, "data-dir", defaultDataDir, "durable state: API key, templates")
 	f.StringVar(&cfg.RunDir, "run-dir", "/run/aenv", "state that dies with the host: runsc state, network namespaces")
 	f.StringVar(&cfg.RunscPath, "runsc", "", "runsc binary (default: from PATH)")
@@ -129,7 +135,8 @@ func hostFlags(f *pflag.FlagSet, cfg *server.Config, egressAllow *[]string, logL
 	f.StringVar(&cfg.EtcdCAFile, "etcd-ca", "", "CA certificate to verify --etcd-endpoints")
 	f.StringVar(&cfg.EtcdCertFile, "etcd-cert", "", "client certificate for --etcd-endpoints")
 	f.StringVar(&cfg.EtcdKeyFile, "etcd-key", "", "client key for --etcd-endpoints")
-	f.StringSliceVar(egressAllow, "egress-allow", nil, "CIDR of the host's own networks that sandboxes may reach after all (they never reach the host's networks otherwise; the private and special ranges stay blocked)")
+	f.StringSliceVar(&hs.dns, "dns", nil, "resolvers sandboxes use (IPv4 addresses; default: the host's, from /etc/resolv.conf)")
+	f.StringSliceVar(&hs.egressAllow, "egress-allow", nil, "CIDR of the host's own networks that sandboxes may reach after all (they never reach the host's networks otherwise; the private and special ranges stay blocked)")
 	f.IntVar(&cfg.PidsLimit, "pids-limit", 1024, "processes and threads each user in a sandbox may run; past it fork fails with EAGAIN inside (templates may set their own)")
 	f.IntVar(&cfg.DiskMB, "disk-size", node.DefaultDiskMB, "each sandbox's disk in MiB, unless its template sets one: its files go to a sparse file on the host's disk, and past it writes fail with ENOSPC (-1 keeps files in the sandbox's memory)")
 	f.Float64Var(&cfg.Capacity.DiskHighWater, "disk-high-water", 0.95, "refuse creates (503, Retry-After) while the disk under --run-dir is fuller than this fraction")
@@ -142,14 +149,21 @@ func hostFlags(f *pflag.FlagSet, cfg *server.Config, egressAllow *[]string, logL
 }
 
 // hostSettings applies what hostFlags parsed that needs parsing.
-func hostSettings(cfg *server.Config, egressAllow []string, logLevel string) error {
+func hostSettings(cfg *server.Config, hs hostStrings, logLevel string) error {
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(logLevel)); err != nil {
 		return err
 	}
 	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	for _, d := range hs.dns {
+		a, err := netip.ParseAddr(d)
+		if err != nil || !a.Is4() {
+			return fmt.Errorf("--dns %q: not an IPv4 address", d)
+		}
+		cfg.DNSServers = append(cfg.DNSServers, a)
+	}
 	var err error
-	cfg.EgressAllow, err = parsePrefixes("--egress-allow", egressAllow)
+	cfg.EgressAllow, err = parsePrefixes("--egress-allow", hs.egressAllow)
 	return err
 }
 

@@ -139,6 +139,13 @@ type Sandbox struct {
 	// AllowInternet is the sandbox's egress setting, kept so that a resumed
 	// sandbox or a fork's children get the same.
 	AllowInternet bool `json:"allowInternet,omitempty"`
+	// AllowOut and DenyOut are its egress rules (E2B's network.allowOut,
+	// CIDRs, addresses and domains, and network.denyOut), kept so that a
+	// resumed, forked or moved sandbox keeps them.
+	AllowOut []string `json:"allowOut,omitempty"`
+	DenyOut  []string `json:"denyOut,omitempty"`
+	// MaskRequestHost replaces the Host of requests to its ports.
+	MaskRequestHost string `json:"maskRequestHost,omitempty"`
 	// KeyID is the API key that created it (for the key's quota).
 	KeyID string `json:"keyID,omitempty"`
 	// Mounts are the volumes it mounts (on its node, which it cannot
@@ -169,6 +176,8 @@ type CreateRequest struct {
 	// Mounts are volumes (by name or id) to mount; the sandbox goes to
 	// their node.
 	Mounts []VolumeMount
+	// Network holds the egress rules and the Host mask.
+	Network NetworkRules
 	// IdempotencyKey, when set, makes a repeated create (same key, same
 	// API key, within IdempotencyTTL) return the first one's sandbox.
 	IdempotencyKey string
@@ -300,6 +309,9 @@ func (c *Cluster) gone(id, reason string) {
 func (c *Cluster) Limits() Limits { return c.cfg.Limits }
 
 func (c *Cluster) validate(req *CreateRequest) error {
+	if err := req.Network.validate(); err != nil {
+		return err
+	}
 	l := c.cfg.Limits
 	switch {
 	case req.Timeout <= 0:
@@ -412,6 +424,8 @@ func (c *Cluster) create(ctx context.Context, req CreateRequest, id string) (*Sa
 		return nil, err
 	}
 	wreq := &nodev1.CreateRequest{
+		AllowOut:      req.Network.AllowOut,
+		DenyOut:       req.Network.DenyOut,
 		Mounts:        mountsToWire(mounts),
 		SandboxId:     id,
 		TemplateId:    req.TemplateID,
@@ -431,7 +445,7 @@ func (c *Cluster) create(ctx context.Context, req CreateRequest, id string) (*Sa
 	return c.register(ctx, n, nsb, registration{
 		requestedTemplate: req.TemplateID, metadata: req.Metadata, timeout: req.Timeout,
 		autoPause: req.AutoPause, autoResume: req.AutoResume, allowInternet: req.AllowInternet, keyID: req.Owner.KeyID,
-		privateTraffic: req.PrivateTraffic, mounts: mounts,
+		privateTraffic: req.PrivateTraffic, mounts: mounts, network: req.Network,
 	})
 }
 
@@ -497,6 +511,7 @@ type registration struct {
 	keyID             string
 	privateTraffic    bool
 	mounts            []VolumeMount
+	network           NetworkRules
 }
 
 // register stores the record of a sandbox node n started. If the record
@@ -527,6 +542,9 @@ func (c *Cluster) register(ctx context.Context, n nodeapi.Node, nsb *nodev1.Sand
 		KeyID:           reg.keyID,
 		Addr:            addr,
 		Mounts:          reg.mounts,
+		AllowOut:        reg.network.AllowOut,
+		DenyOut:         reg.network.DenyOut,
+		MaskRequestHost: reg.network.MaskRequestHost,
 	}}
 	if reg.privateTraffic {
 		r.TrafficAccessToken = randomToken()
@@ -580,18 +598,21 @@ type Route struct {
 	// TrafficToken, when set, must come with requests to the sandbox's
 	// own ports (not envd's).
 	TrafficToken string
+	// MaskRequestHost, when set, replaces the Host of requests to the
+	// sandbox's own ports (${PORT} becomes the port).
+	MaskRequestHost string
 }
 
 // Route says how to reach sandbox id's ports. The proxy asks it on every
 // request, so it reads the caches without copying the record.
 func (c *Cluster) Route(ctx context.Context, id string) (Route, error) {
-	a, nodeID, token, ok := c.recs.route(id)
+	a, nodeID, token, mask, ok := c.recs.route(id)
 	if !ok {
 		sb, err := c.Get(ctx, id)
 		if err != nil {
 			return Route{}, err
 		}
-		a, nodeID, token = sb.Addr, sb.NodeID, sb.TrafficAccessToken
+		a, nodeID, token, mask = sb.Addr, sb.NodeID, sb.TrafficAccessToken, sb.MaskRequestHost
 	}
 	if !a.IsValid() {
 		return Route{}, fmt.Errorf("%w: sandbox %s is not running", ErrConflict, id)
@@ -600,7 +621,7 @@ func (c *Cluster) Route(ctx context.Context, id string) (Route, error) {
 	if !ok {
 		return Route{}, fmt.Errorf("%w: the node of sandbox %s (%s) is not reachable", ErrUnavailable, id, nodeID)
 	}
-	return Route{Addr: a, Via: via, TrafficToken: token}, nil
+	return Route{Addr: a, Via: via, TrafficToken: token, MaskRequestHost: mask}, nil
 }
 
 // notFound is the ErrNotFound for id, with the reason it is gone if known.

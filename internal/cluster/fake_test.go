@@ -241,3 +241,7 @@ func (n *fakeNode) CreateVolume(ctx context.Context, req *nodev1.CreateVolumeReq
 func (n *fakeNode) DeleteVolume(ctx context.Context, req *nodev1.DeleteVolumeRequest) (*nodev1.DeleteVolumeResponse, error) {
 	return &nodev1.DeleteVolumeResponse{}, nil
 }
+
+func (n *fakeNode) UpdateNetwork(ctx context.Context, req *nodev1.UpdateNetworkRequest) (*nodev1.UpdateNetworkResponse, error) {
+	return &nodev1.UpdateNetworkResponse{}, nil
+}

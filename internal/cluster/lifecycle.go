@@ -120,6 +120,8 @@ func (c *Cluster) Connect(ctx context.Context, id string, d time.Duration) (sb *
 		SandboxId:     id,
 		TemplateId:    r.SnapshotID,
 		AllowInternet: r.AllowInternet,
+		AllowOut:      r.AllowOut,
+		DenyOut:       r.DenyOut,
 	})
 	if err != nil {
 		c.release(ctx, id, "resume")
@@ -242,6 +244,8 @@ func (c *Cluster) Fork(ctx context.Context, id string, count int, timeout time.D
 			nsb, n, err := c.start(ctx, p, &nodev1.CreateRequest{
 				TemplateId:    snap.Id,
 				AllowInternet: parent.AllowInternet,
+				AllowOut:      parent.AllowOut,
+				DenyOut:       parent.DenyOut,
 			})
 			if err != nil {
 				results[i].Err = err
@@ -251,6 +255,7 @@ func (c *Cluster) Fork(ctx context.Context, id string, count int, timeout time.D
 				requestedTemplate: parent.TemplateID, metadata: parent.Metadata, timeout: timeout,
 				autoPause: parent.AutoPause, autoResume: parent.AutoResume, allowInternet: parent.AllowInternet, keyID: owner.KeyID,
 				privateTraffic: parent.TrafficAccessToken != "", mounts: parent.Mounts,
+				network: NetworkRules{AllowOut: parent.AllowOut, DenyOut: parent.DenyOut, MaskRequestHost: parent.MaskRequestHost},
 			})
 			results[i] = ForkResult{Sandbox: sb, Err: err}
 		}()
@@ -435,7 +440,8 @@ func (c *Cluster) Migrate(ctx context.Context, id, target string) (*Migration, e
 	// From here on the sandbox exists only as its saved state: whatever
 	// fails, it must end up running somewhere or recorded as paused.
 	ctx = context.WithoutCancel(ctx)
-	req := &nodev1.CreateRequest{SandboxId: id, TemplateId: snap.Id, AllowInternet: r.AllowInternet}
+	req := &nodev1.CreateRequest{SandboxId: id, TemplateId: snap.Id, AllowInternet: r.AllowInternet,
+		AllowOut: r.AllowOut, DenyOut: r.DenyOut}
 	nsb, rerr := dest.Create(ctx, req)
 	if rerr != nil {
 		c.log.Warn("restoring a migrating sandbox on its new node failed; restoring it where it was",

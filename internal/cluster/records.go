@@ -195,14 +195,14 @@ func (rs *records) get(id string) (record, int64, bool) {
 
 // route returns what the proxy needs of id's cached record, without
 // copying the record.
-func (rs *records) route(id string) (addr netip.Addr, nodeID, trafficToken string, ok bool) {
+func (rs *records) route(id string) (addr netip.Addr, nodeID, trafficToken, maskHost string, ok bool) {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	c, ok := rs.m[id]
 	if !ok {
-		return netip.Addr{}, "", "", false
+		return netip.Addr{}, "", "", "", false
 	}
-	return c.rec.Addr, c.rec.NodeID, c.rec.TrafficAccessToken, true
+	return c.rec.Addr, c.rec.NodeID, c.rec.TrafficAccessToken, c.rec.MaskRequestHost, true
 }
 
 // each calls fn for every cached record, under the cache's lock: fn

@@ -140,7 +140,7 @@ func (c *Cluster) syncNode(nodeID string) {
 		}
 	})
 	for id := range running {
-		if _, _, _, known := c.recs.route(id); known {
+		if _, _, _, _, known := c.recs.route(id); known {
 			delete(running, id) // recorded, here or (resumed) elsewhere: not an orphan
 		}
 	}

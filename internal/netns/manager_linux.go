@@ -149,7 +149,13 @@ func (m *Manager) Acquire(ctx context.Context, opts SlotOptions) (*Slot, error) 
 	// Pooled and new slots alike come with an empty egress chain, which
 	// denies everything.
 	if !opts.denyAll() {
-		if err := setEgress(m.cfg.Tag, s, opts); err != nil {
+		if err := setEgress(m.cfg.Tag, s, opts, m.cfg.DNSServers); err != nil {
+			m.destroy(s)
+			return nil, fmt.Errorf("acquiring slot: %w", err)
+		}
+	}
+	if len(opts.AllowDomains) > 0 {
+		if err := m.applyDomains(s, opts); err != nil {
 			m.destroy(s)
 			return nil, fmt.Errorf("acquiring slot: %w", err)
 		}
@@ -175,7 +181,10 @@ func (m *Manager) UpdateEgress(ctx context.Context, s *Slot, opts SlotOptions) e
 	if !ok {
 		return fmt.Errorf("updating egress of %s: %w", s.Name, ErrNotHeld)
 	}
-	return setEgress(m.cfg.Tag, s, opts)
+	if err := setEgress(m.cfg.Tag, s, opts, m.cfg.DNSServers); err != nil {
+		return err
+	}
+	return m.applyDomains(s, opts)
 }
 
 // Release destroys a held slot: namespaces, interfaces and rules. When it
@@ -227,7 +236,11 @@ func (m *Manager) Recycle(ctx context.Context, s *Slot) error {
 	if !room {
 		return m.destroy(s)
 	}
+	s.stopProxy()
 	err := resetSlot(m.cfg.Tag, s)
+	if err == nil {
+		err = m.applyDomains(s, SlotOptions{}) // no redirect left for the next sandbox
+	}
 	if err != nil {
 		m.log.Warn("recycling network slot failed, destroying it", "slot", s.Name, "err", err)
 	}
@@ -326,6 +339,7 @@ func (m *Manager) build() (*Slot, error) {
 // could not be fully destroyed stays allocated. Close waits for the
 // background work.
 func (m *Manager) destroy(s *Slot) error {
+	s.stopProxy()
 	err := detachSlot(s)
 	if err != nil {
 		m.log.Error("network slot left behind", "slot", s.Name, "err", err)
@@ -449,7 +463,7 @@ func resetSlot(tag string, s *Slot) error {
 	if s.nft, err = nftAt(s.RouterNSPath); err != nil { // kept for the next Acquire
 		return fmt.Errorf("resetting slot %s: %w", s.Name, err)
 	}
-	return setEgress(tag, s, SlotOptions{})
+	return setEgress(tag, s, SlotOptions{}, nil)
 }
 
 // handleAt opens a netlink handle of the given family in the namespace at

@@ -58,3 +58,6 @@ func (m *Manager) Close(ctx context.Context) error { return nil }
 
 // Reap fails with ErrUnsupported outside Linux.
 func Reap(ctx context.Context, cfg Config) error { return ErrUnsupported }
+
+// slotProxy exists on Linux only.
+type slotProxy struct{}

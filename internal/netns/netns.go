@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/aenvhq/aenv/internal/egress"
 )
 
 // Defaults applied by NewManager to zero fields of Config.
@@ -128,6 +130,10 @@ type Config struct {
 	// them only as its own egress options allow. The always-blocked
 	// ranges stay blocked.
 	EgressAllow []netip.Prefix
+	// OnEgressRefused, if set, hears of each connection a slot's egress
+	// proxy refused (by domain); refusals by address are counted instead
+	// (RefusedCount).
+	OnEgressRefused func(s *Slot, r egress.Refusal)
 	// KeepLeftovers makes NewManager keep the intact slots a previous
 	// manager of this RunDir left (their sandboxes may still run after a
 	// restart) instead of reaping them: Adopt takes them back, and
@@ -230,10 +236,20 @@ type SlotOptions struct {
 	// DenyOut lists destinations the sandbox may not connect to even when
 	// AllowInternet is true.
 	DenyOut []netip.Prefix
+	// AllowDomains are names (and *.wildcards) the sandbox may reach over
+	// HTTP and TLS even where the address rules deny it; with any, its
+	// connections to ports 80 and 443 go through the slot's egress proxy.
+	AllowDomains []string
 }
 
 func (o SlotOptions) denyAll() bool {
-	return !o.AllowInternet && len(o.AllowOut) == 0
+	return !o.AllowInternet && len(o.AllowOut) == 0 && len(o.AllowDomains) == 0
+}
+
+// Equal reports whether o and p are the same rules.
+func (o SlotOptions) Equal(p SlotOptions) bool {
+	return o.AllowInternet == p.AllowInternet && slices.Equal(o.AllowOut, p.AllowOut) &&
+		slices.Equal(o.DenyOut, p.DenyOut) && slices.Equal(o.AllowDomains, p.AllowDomains)
 }
 
 // Slot is one sandbox's network. Its fields are read-only; the Manager that
@@ -266,6 +282,9 @@ type Slot struct {
 	hostIndex int          // and its ifindex
 	hostPeer  netip.Prefix // host side of the uplink, the router's gateway
 	uplink    netip.Prefix // HostAddr with its prefix length
+
+	// proxy is the slot's egress proxy while it has domain rules.
+	proxy *slotProxy
 
 	// nft is an nftables connection into the router namespace, kept while
 	// the slot waits in the pool so that Acquire need not open one. The

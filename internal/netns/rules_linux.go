@@ -171,6 +171,13 @@ func installRouterTable(c *nftables.Conn, cfg Config, s *Slot) error {
 	)})
 
 	egress := c.AddChain(&nftables.Chain{Name: egressChain, Table: t})
+	// A slot with domain rules redirects HTTP and TLS to its egress proxy
+	// (see applyDomains); empty otherwise.
+	enat := c.AddChain(&nftables.Chain{Name: egressNATChain, Table: t})
+	c.AddRule(&nftables.Rule{Table: t, Chain: pre, Exprs: cat(
+		ifName(expr.MetaKeyIIFNAME, routerSandbox),
+		[]expr.Any{&expr.Verdict{Kind: expr.VerdictJump, Chain: enat.Name}},
+	)})
 
 	drop := nftables.ChainPolicyDrop
 	fwd := c.AddChain(&nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter,
@@ -202,17 +209,27 @@ func installRouterTable(c *nftables.Conn, cfg Config, s *Slot) error {
 		)})
 	}
 	for _, p := range cfg.blocked() {
-		c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: cat(
-			ifName(expr.MetaKeyIIFNAME, routerSandbox),
-			ipv4Addr(ipDst, p, expr.CmpOpEq),
-			verdict(expr.VerdictDrop),
-		)})
+		for _, r := range refuse() {
+			c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: cat(
+				ifName(expr.MetaKeyIIFNAME, routerSandbox),
+				ipv4Addr(ipDst, p, expr.CmpOpEq),
+				r,
+			)})
+		}
 	}
 	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: cat(
 		ifName(expr.MetaKeyIIFNAME, routerSandbox),
 		ifName(expr.MetaKeyOIFNAME, routerUplink),
 		[]expr.Any{&expr.Verdict{Kind: expr.VerdictJump, Chain: egress.Name}},
 	)})
+	// What the egress chain did not accept is refused at once (the
+	// policy's silent drop would leave the sandbox's connect to time out).
+	for _, r := range refuse() {
+		c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: cat(
+			ifName(expr.MetaKeyIIFNAME, routerSandbox),
+			r,
+		)})
+	}
 
 	in := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &drop})
@@ -222,6 +239,11 @@ func installRouterTable(c *nftables.Conn, cfg Config, s *Slot) error {
 	)})
 	c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: cat(
 		ifName(expr.MetaKeyIIFNAME, "lo"),
+		verdict(expr.VerdictAccept),
+	)})
+	c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: cat(
+		ifName(expr.MetaKeyIIFNAME, routerSandbox),
+		tcpDport(egressProxyPort),
 		verdict(expr.VerdictAccept),
 	)})
 
@@ -234,13 +256,16 @@ func installRouterTable(c *nftables.Conn, cfg Config, s *Slot) error {
 // setEgress replaces the router's egress chain with opts:
 //
 //	chain egress {
+//	  ip daddr <dns> udp/tcp dport 53 accept  # only with AllowDomains
 //	  ip daddr <AllowOut...> accept
-//	  ip daddr <DenyOut...> drop
+//	  ip daddr <DenyOut...> return    # refused by the forward chain
 //	  meta nfproto ipv4 accept        # only with AllowInternet
 //	}
 //
-// Connections already established keep flowing.
-func setEgress(tag string, s *Slot, opts SlotOptions) error {
+// A sandbox with domain rules may always ask the resolvers (dns): its
+// names must resolve even when DenyOut covers everything. Connections
+// already established keep flowing.
+func setEgress(tag string, s *Slot, opts SlotOptions, dns []netip.Addr) error {
 	for _, p := range append(slices.Clone(opts.AllowOut), opts.DenyOut...) {
 		if !p.Addr().Is4() {
 			return fmt.Errorf("setting egress of %s: prefix %s is not IPv4", s.Name, p)
@@ -257,13 +282,18 @@ func setEgress(tag string, s *Slot, opts SlotOptions) error {
 	t := &nftables.Table{Name: tag, Family: nftables.TableFamilyINet}
 	ch := &nftables.Chain{Name: egressChain, Table: t}
 	c.FlushChain(ch)
+	if len(opts.AllowDomains) > 0 {
+		for _, m := range dnsMatches(dns) {
+			c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: cat(m, verdict(expr.VerdictAccept))})
+		}
+	}
 	for _, p := range opts.AllowOut {
 		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: cat(
 			ipv4Addr(ipDst, p.Masked(), expr.CmpOpEq), verdict(expr.VerdictAccept))})
 	}
 	for _, p := range opts.DenyOut {
 		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: cat(
-			ipv4Addr(ipDst, p.Masked(), expr.CmpOpEq), verdict(expr.VerdictDrop))})
+			ipv4Addr(ipDst, p.Masked(), expr.CmpOpEq), verdict(expr.VerdictReturn))})
 	}
 	if opts.AllowInternet {
 		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: cat(

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/aenvhq/aenv/internal/netns"
 	"github.com/aenvhq/aenv/internal/runtime"
 )
 
@@ -58,6 +59,9 @@ type history struct {
 	// cpuAt and cpuNanos are the previous CPU reading.
 	cpuAt    time.Time
 	cpuNanos uint64
+	// refused is the router's count of refused packets at the last
+	// sample.
+	refused uint64
 }
 
 // ring keeps the last cap items.
@@ -172,6 +176,13 @@ func (n *Node) sample(ctx context.Context, sb *Sandbox) {
 	if err != nil {
 		return
 	}
+	var refused uint64
+	rc, counts := n.cfg.Network.(interface {
+		RefusedCount(*netns.Slot) (uint64, error)
+	})
+	if counts && sb.slot != nil {
+		refused, _ = rc.RefusedCount(sb.slot)
+	}
 	now := time.Now().UTC()
 	n.hist.mu.Lock()
 	h := n.hist.get(sb.ID)
@@ -187,6 +198,15 @@ func (n *Node) sample(ctx context.Context, sb *Sandbox) {
 		h.coarse.add(s, coarseSamples)
 	}
 	h.taken++
+	delta := refused - h.refused
+	if refused < h.refused {
+		delta = refused // a new slot (restored here again)
+	}
+	h.refused = refused
+	if delta > 0 {
+		h.logs.add(LogEntry{At: now, Level: "warn", Message: "egress refused by address",
+			Fields: map[string]string{"packets": strconv.FormatUint(delta, 10)}}, maxLogEntries)
+	}
 	n.hist.mu.Unlock()
 }
 

@@ -14,7 +14,6 @@ import (
 	"log/slog"
 	"maps"
 	"net/netip"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -450,9 +449,7 @@ func (n *Node) activate(ctx context.Context, sb *Sandbox, tpl *template.Template
 		}
 	}()
 	// Prestarted sandboxes were booted with the pool's egress rules.
-	if !slices.Equal(sb.egress.AllowOut, req.Network.AllowOut) ||
-		!slices.Equal(sb.egress.DenyOut, req.Network.DenyOut) ||
-		sb.egress.AllowInternet != req.Network.AllowInternet {
+	if !sb.egress.Equal(req.Network) {
 		if err := n.cfg.Network.UpdateEgress(ctx, sb.slot, req.Network); err != nil {
 			return fmt.Errorf("creating sandbox %s: setting egress rules: %w", sb.ID, err)
 		}

@@ -10,6 +10,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/aenvhq/aenv/internal/egress"
 	"github.com/aenvhq/aenv/internal/netns"
 	"github.com/aenvhq/aenv/internal/node"
 	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
@@ -118,18 +119,9 @@ func (l *Local) Info(ctx context.Context, _ *nodev1.InfoRequest) (*nodev1.NodeIn
 
 // Create implements Node.
 func (l *Local) Create(ctx context.Context, req *nodev1.CreateRequest) (*nodev1.Sandbox, error) {
-	opts := netns.SlotOptions{AllowInternet: req.AllowInternet}
-	for _, list := range []struct {
-		in  []string
-		out *[]netip.Prefix
-	}{{req.AllowOut, &opts.AllowOut}, {req.DenyOut, &opts.DenyOut}} {
-		for _, s := range list.in {
-			p, err := netip.ParsePrefix(s)
-			if err != nil {
-				return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("egress rule %q: %w", s, err))
-			}
-			*list.out = append(*list.out, p)
-		}
+	opts, err := SlotOptions(req.AllowInternet, req.AllowOut, req.DenyOut)
+	if err != nil {
+		return nil, connect.NewError(connect.CodeInvalidArgument, err)
 	}
 	sb, err := l.n.Create(ctx, node.CreateRequest{
 		SandboxID:  req.SandboxId,
@@ -220,6 +212,60 @@ func (l *Local) DeleteSnapshot(ctx context.Context, req *nodev1.DeleteSnapshotRe
 		return nil, wireError(err)
 	}
 	return &nodev1.DeleteSnapshotResponse{}, nil
+}
+
+// SlotOptions reads E2B's egress rules: allowOut entries are CIDRs,
+// addresses or domain names (with *. wildcards), denyOut entries CIDRs or
+// addresses.
+func SlotOptions(allowInternet bool, allowOut, denyOut []string) (netns.SlotOptions, error) {
+	opts := netns.SlotOptions{AllowInternet: allowInternet}
+	prefix := func(s string) (netip.Prefix, bool) {
+		if p, err := netip.ParsePrefix(s); err == nil && p.Addr().Is4() {
+			return p.Masked(), true
+		}
+		if a, err := netip.ParseAddr(s); err == nil && a.Is4() {
+			return netip.PrefixFrom(a, 32), true
+		}
+		return netip.Prefix{}, false
+	}
+	for _, s := range allowOut {
+		if p, ok := prefix(s); ok {
+			opts.AllowOut = append(opts.AllowOut, p)
+			continue
+		}
+		d, err := egress.ParseDomain(s)
+		if err != nil {
+			return opts, fmt.Errorf("allowOut entry %q is not an IPv4 address, CIDR or domain name", truncateRule(s))
+		}
+		opts.AllowDomains = append(opts.AllowDomains, d)
+	}
+	for _, s := range denyOut {
+		p, ok := prefix(s)
+		if !ok {
+			return opts, fmt.Errorf("denyOut entry %q is not an IPv4 address or CIDR", truncateRule(s))
+		}
+		opts.DenyOut = append(opts.DenyOut, p)
+	}
+	return opts, nil
+}
+
+func truncateRule(s string) string {
+	if len(s) > 80 {
+		return s[:80] + "..."
+	}
+	return s
+}
+
+// UpdateNetwork implements Node.
+func (l *Local) UpdateNetwork(ctx context.Context, req *nodev1.UpdateNetworkRequest) (*nodev1.UpdateNetworkResponse, error) {
+	opts, err := SlotOptions(req.AllowInternet, req.AllowOut, req.DenyOut)
+	if err != nil {
+		return nil, connect.NewError(connect.CodeInvalidArgument, err)
+	}
+	if err := l.n.UpdateNetwork(ctx, req.SandboxId, opts); err != nil {
+		return nil, wireError(err)
+	}
+	return &nodev1.UpdateNetworkResponse{}, nil
 }
 
 // CreateVolume implements Node.

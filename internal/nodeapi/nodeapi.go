@@ -40,6 +40,7 @@ type Node interface {
 	DeleteSnapshot(context.Context, *nodev1.DeleteSnapshotRequest) (*nodev1.DeleteSnapshotResponse, error)
 	Logs(context.Context, *nodev1.LogsRequest) (*nodev1.LogsResponse, error)
 	CreateVolume(context.Context, *nodev1.CreateVolumeRequest) (*nodev1.CreateVolumeResponse, error)
+	UpdateNetwork(context.Context, *nodev1.UpdateNetworkRequest) (*nodev1.UpdateNetworkResponse, error)
 	DeleteVolume(context.Context, *nodev1.DeleteVolumeRequest) (*nodev1.DeleteVolumeResponse, error)
 	Metrics(context.Context, *nodev1.MetricsRequest) (*nodev1.MetricsResponse, error)
 	// Events calls fn with each event the node reports, beginning with a

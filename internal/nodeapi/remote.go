@@ -58,6 +58,10 @@ func (h *handler) DeleteSnapshot(ctx context.Context, r *nodev1.DeleteSnapshotRe
 	return h.n.DeleteSnapshot(ctx, r)
 }
 
+func (h *handler) UpdateNetwork(ctx context.Context, r *nodev1.UpdateNetworkRequest) (*nodev1.UpdateNetworkResponse, error) {
+	return h.n.UpdateNetwork(ctx, r)
+}
+
 func (h *handler) CreateVolume(ctx context.Context, r *nodev1.CreateVolumeRequest) (*nodev1.CreateVolumeResponse, error) {
 	return h.n.CreateVolume(ctx, r)
 }
@@ -174,6 +178,11 @@ func (r *Remote) GetSnapshot(ctx context.Context, q *nodev1.GetSnapshotRequest) 
 // DeleteSnapshot implements Node.
 func (r *Remote) DeleteSnapshot(ctx context.Context, q *nodev1.DeleteSnapshotRequest) (*nodev1.DeleteSnapshotResponse, error) {
 	return r.c.DeleteSnapshot(ctx, q)
+}
+
+// UpdateNetwork implements Node.
+func (r *Remote) UpdateNetwork(ctx context.Context, q *nodev1.UpdateNetworkRequest) (*nodev1.UpdateNetworkResponse, error) {
+	return r.c.UpdateNetwork(ctx, q)
 }
 
 // CreateVolume implements Node.

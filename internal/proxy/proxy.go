@@ -54,6 +54,10 @@ type Route struct {
 	// TrafficToken, when set, must come in HeaderTrafficToken with every
 	// request to the sandbox's own ports (envd's has its own token).
 	TrafficToken string
+	// MaskRequestHost, when set, is the Host requests to the sandbox's own
+	// ports arrive with (E2B's network.maskRequestHost; ${PORT} becomes
+	// the port), so that a server inside sees the name it expects.
+	MaskRequestHost string
 }
 
 // HeaderTrafficToken carries a sandbox's traffic access token (E2B's).
@@ -270,6 +274,9 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		r.Header.Del(HeaderTrafficToken)
+	}
+	if route.MaskRequestHost != "" && port != DefaultPort {
+		r.Host = strings.ReplaceAll(route.MaskRequestHost, "${PORT}", strconv.Itoa(port))
 	}
 	t := target{id: id, addr: netip.AddrPortFrom(route.Addr, uint16(port)), via: route.Via}
 	// Go's HTTP/1 server stops reading a request body once the handler

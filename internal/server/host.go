@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 
 	"github.com/aenvhq/aenv/internal/cluster"
+	"github.com/aenvhq/aenv/internal/egress"
 	"github.com/aenvhq/aenv/internal/envd"
 	"github.com/aenvhq/aenv/internal/netns"
 	"github.com/aenvhq/aenv/internal/node"
@@ -93,6 +94,9 @@ func (h *host) open(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return fmt.Errorf("parsing sandbox CIDR %q: %w", cfg.SandboxCIDR, err)
 	}
 	dns := netns.HostDNSServers("/etc/resolv.conf")
+	if len(cfg.DNSServers) > 0 {
+		dns = cfg.DNSServers
+	}
 	hostNets, err := netns.DetectHostNetworks(cfg.NetnsTag)
 	if err != nil {
 		return fmt.Errorf("reading the host's networks: %w", err)
@@ -108,6 +112,11 @@ func (h *host) open(ctx context.Context, cfg Config, log *slog.Logger) error {
 		Logger:       log,
 		// The slots of sandboxes that outlived the previous process.
 		KeepLeftovers: true,
+		OnEgressRefused: func(s *netns.Slot, r egress.Refusal) {
+			if h.node != nil {
+				h.node.EgressRefused(s, r)
+			}
+		},
 	})
 	if err != nil {
 		return fmt.Errorf("setting up sandbox networking: %w", err)

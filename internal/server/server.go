@@ -47,6 +47,9 @@ type Config struct {
 	EnvdPath string
 	// BaseRootFS optionally points the base template at a prebuilt tree.
 	BaseRootFS string
+	// DNSServers, when set, are the resolvers sandboxes use instead of
+	// the host's (/etc/resolv.conf).
+	DNSServers []netip.Addr
 	// CodeInterpreterRootFS, when set, is the tree of the code-interpreter
 	// template (aenv template build-code-interpreter), served as
 	// code-interpreter-v1 and kept in the warm pool beside base.
@@ -355,7 +358,7 @@ func (s *Server) SandboxRoute(id string) (proxy.Route, error) {
 			r, err = s.cluster.Route(ctx, id)
 		}
 	}
-	return proxy.Route{Addr: r.Addr, Via: r.Via, TrafficToken: r.TrafficToken}, err
+	return proxy.Route{Addr: r.Addr, Via: r.Via, TrafficToken: r.TrafficToken, MaskRequestHost: r.MaskRequestHost}, err
 }
 
 // dial reaches a node agent with the cluster token.

@@ -85,7 +85,7 @@ func (x Event_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Event_Kind.Descriptor instead.
 func (Event_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{30, 0}
+	return file_node_node_proto_rawDescGZIP(), []int{32, 0}
 }
 
 type LogsRequest struct {
@@ -667,8 +667,9 @@ type CreateRequest struct {
 	MemoryMb      int32             `protobuf:"varint,4,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
 	EnvVars       map[string]string `protobuf:"bytes,5,rep,name=env_vars,json=envVars,proto3" json:"env_vars,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	AllowInternet bool              `protobuf:"varint,6,opt,name=allow_internet,json=allowInternet,proto3" json:"allow_internet,omitempty"`
-	AllowOut      []string          `protobuf:"bytes,7,rep,name=allow_out,json=allowOut,proto3" json:"allow_out,omitempty"`
-	DenyOut       []string          `protobuf:"bytes,8,rep,name=deny_out,json=denyOut,proto3" json:"deny_out,omitempty"`
+	// allow_out entries are CIDRs, addresses or domain names (*.wildcards).
+	AllowOut []string `protobuf:"bytes,7,rep,name=allow_out,json=allowOut,proto3" json:"allow_out,omitempty"`
+	DenyOut  []string `protobuf:"bytes,8,rep,name=deny_out,json=denyOut,proto3" json:"deny_out,omitempty"`
 	// secure gives the sandbox an envd access token.
 	Secure bool `protobuf:"varint,9,opt,name=secure,proto3" json:"secure,omitempty"`
 	// mounts are volumes of this node mounted read-write into the sandbox.
@@ -990,6 +991,110 @@ func (*DeleteVolumeResponse) Descriptor() ([]byte, []int) {
 	return file_node_node_proto_rawDescGZIP(), []int{14}
 }
 
+type UpdateNetworkRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	AllowInternet bool                   `protobuf:"varint,2,opt,name=allow_internet,json=allowInternet,proto3" json:"allow_internet,omitempty"`
+	AllowOut      []string               `protobuf:"bytes,3,rep,name=allow_out,json=allowOut,proto3" json:"allow_out,omitempty"`
+	DenyOut       []string               `protobuf:"bytes,4,rep,name=deny_out,json=denyOut,proto3" json:"deny_out,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateNetworkRequest) Reset() {
+	*x = UpdateNetworkRequest{}
+	mi := &file_node_node_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateNetworkRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateNetworkRequest) ProtoMessage() {}
+
+func (x *UpdateNetworkRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateNetworkRequest.ProtoReflect.Descriptor instead.
+func (*UpdateNetworkRequest) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *UpdateNetworkRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *UpdateNetworkRequest) GetAllowInternet() bool {
+	if x != nil {
+		return x.AllowInternet
+	}
+	return false
+}
+
+func (x *UpdateNetworkRequest) GetAllowOut() []string {
+	if x != nil {
+		return x.AllowOut
+	}
+	return nil
+}
+
+func (x *UpdateNetworkRequest) GetDenyOut() []string {
+	if x != nil {
+		return x.DenyOut
+	}
+	return nil
+}
+
+type UpdateNetworkResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateNetworkResponse) Reset() {
+	*x = UpdateNetworkResponse{}
+	mi := &file_node_node_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateNetworkResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateNetworkResponse) ProtoMessage() {}
+
+func (x *UpdateNetworkResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateNetworkResponse.ProtoReflect.Descriptor instead.
+func (*UpdateNetworkResponse) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{16}
+}
+
 type Sandbox struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	Id              string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -1008,7 +1113,7 @@ type Sandbox struct {
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_node_node_proto_msgTypes[15]
+	mi := &file_node_node_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1020,7 +1125,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[15]
+	mi := &file_node_node_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1033,7 +1138,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{15}
+	return file_node_node_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Sandbox) GetId() string {
@@ -1108,7 +1213,7 @@ type KillRequest struct {
 
 func (x *KillRequest) Reset() {
 	*x = KillRequest{}
-	mi := &file_node_node_proto_msgTypes[16]
+	mi := &file_node_node_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1120,7 +1225,7 @@ func (x *KillRequest) String() string {
 func (*KillRequest) ProtoMessage() {}
 
 func (x *KillRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[16]
+	mi := &file_node_node_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1133,7 +1238,7 @@ func (x *KillRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillRequest.ProtoReflect.Descriptor instead.
 func (*KillRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{16}
+	return file_node_node_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *KillRequest) GetSandboxId() string {
@@ -1151,7 +1256,7 @@ type KillResponse struct {
 
 func (x *KillResponse) Reset() {
 	*x = KillResponse{}
-	mi := &file_node_node_proto_msgTypes[17]
+	mi := &file_node_node_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1163,7 +1268,7 @@ func (x *KillResponse) String() string {
 func (*KillResponse) ProtoMessage() {}
 
 func (x *KillResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[17]
+	mi := &file_node_node_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1176,7 +1281,7 @@ func (x *KillResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillResponse.ProtoReflect.Descriptor instead.
 func (*KillResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{17}
+	return file_node_node_proto_rawDescGZIP(), []int{19}
 }
 
 type ListRequest struct {
@@ -1187,7 +1292,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_node_node_proto_msgTypes[18]
+	mi := &file_node_node_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1199,7 +1304,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[18]
+	mi := &file_node_node_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1212,7 +1317,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{18}
+	return file_node_node_proto_rawDescGZIP(), []int{20}
 }
 
 type ListResponse struct {
@@ -1224,7 +1329,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_node_node_proto_msgTypes[19]
+	mi := &file_node_node_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1236,7 +1341,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[19]
+	mi := &file_node_node_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1249,7 +1354,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{19}
+	return file_node_node_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -1272,7 +1377,7 @@ type SnapshotRequest struct {
 
 func (x *SnapshotRequest) Reset() {
 	*x = SnapshotRequest{}
-	mi := &file_node_node_proto_msgTypes[20]
+	mi := &file_node_node_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1284,7 +1389,7 @@ func (x *SnapshotRequest) String() string {
 func (*SnapshotRequest) ProtoMessage() {}
 
 func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[20]
+	mi := &file_node_node_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1297,7 +1402,7 @@ func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{20}
+	return file_node_node_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SnapshotRequest) GetSandboxId() string {
@@ -1352,7 +1457,7 @@ type SnapshotInfo struct {
 
 func (x *SnapshotInfo) Reset() {
 	*x = SnapshotInfo{}
-	mi := &file_node_node_proto_msgTypes[21]
+	mi := &file_node_node_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1364,7 +1469,7 @@ func (x *SnapshotInfo) String() string {
 func (*SnapshotInfo) ProtoMessage() {}
 
 func (x *SnapshotInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[21]
+	mi := &file_node_node_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1377,7 +1482,7 @@ func (x *SnapshotInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotInfo.ProtoReflect.Descriptor instead.
 func (*SnapshotInfo) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{21}
+	return file_node_node_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SnapshotInfo) GetId() string {
@@ -1487,7 +1592,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_node_node_proto_msgTypes[22]
+	mi := &file_node_node_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1499,7 +1604,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[22]
+	mi := &file_node_node_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1512,7 +1617,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{22}
+	return file_node_node_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *StatsRequest) GetSandboxId() string {
@@ -1535,7 +1640,7 @@ type SandboxStats struct {
 
 func (x *SandboxStats) Reset() {
 	*x = SandboxStats{}
-	mi := &file_node_node_proto_msgTypes[23]
+	mi := &file_node_node_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1547,7 +1652,7 @@ func (x *SandboxStats) String() string {
 func (*SandboxStats) ProtoMessage() {}
 
 func (x *SandboxStats) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[23]
+	mi := &file_node_node_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1560,7 +1665,7 @@ func (x *SandboxStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxStats.ProtoReflect.Descriptor instead.
 func (*SandboxStats) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{23}
+	return file_node_node_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *SandboxStats) GetMemoryBytes() uint64 {
@@ -1593,7 +1698,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_node_node_proto_msgTypes[24]
+	mi := &file_node_node_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1605,7 +1710,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[24]
+	mi := &file_node_node_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1618,7 +1723,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{24}
+	return file_node_node_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListSnapshotsRequest) GetKinds() []string {
@@ -1637,7 +1742,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_node_node_proto_msgTypes[25]
+	mi := &file_node_node_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1649,7 +1754,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[25]
+	mi := &file_node_node_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1662,7 +1767,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{25}
+	return file_node_node_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*SnapshotInfo {
@@ -1681,7 +1786,7 @@ type GetSnapshotRequest struct {
 
 func (x *GetSnapshotRequest) Reset() {
 	*x = GetSnapshotRequest{}
-	mi := &file_node_node_proto_msgTypes[26]
+	mi := &file_node_node_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1693,7 +1798,7 @@ func (x *GetSnapshotRequest) String() string {
 func (*GetSnapshotRequest) ProtoMessage() {}
 
 func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[26]
+	mi := &file_node_node_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1706,7 +1811,7 @@ func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*GetSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{26}
+	return file_node_node_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *GetSnapshotRequest) GetIdOrName() string {
@@ -1725,7 +1830,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_node_node_proto_msgTypes[27]
+	mi := &file_node_node_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1737,7 +1842,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[27]
+	mi := &file_node_node_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1750,7 +1855,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{27}
+	return file_node_node_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *DeleteSnapshotRequest) GetId() string {
@@ -1768,7 +1873,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_node_node_proto_msgTypes[28]
+	mi := &file_node_node_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1780,7 +1885,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[28]
+	mi := &file_node_node_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1793,7 +1898,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{28}
+	return file_node_node_proto_rawDescGZIP(), []int{30}
 }
 
 type EventsRequest struct {
@@ -1804,7 +1909,7 @@ type EventsRequest struct {
 
 func (x *EventsRequest) Reset() {
 	*x = EventsRequest{}
-	mi := &file_node_node_proto_msgTypes[29]
+	mi := &file_node_node_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1816,7 +1921,7 @@ func (x *EventsRequest) String() string {
 func (*EventsRequest) ProtoMessage() {}
 
 func (x *EventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[29]
+	mi := &file_node_node_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1829,7 +1934,7 @@ func (x *EventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsRequest.ProtoReflect.Descriptor instead.
 func (*EventsRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{29}
+	return file_node_node_proto_rawDescGZIP(), []int{31}
 }
 
 type Event struct {
@@ -1843,7 +1948,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_node_node_proto_msgTypes[30]
+	mi := &file_node_node_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1855,7 +1960,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[30]
+	mi := &file_node_node_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1868,7 +1973,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{30}
+	return file_node_node_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Event) GetKind() Event_Kind {
@@ -1969,7 +2074,14 @@ const file_node_node_proto_rawDesc = "" +
 	"\x14CreateVolumeResponse\"2\n" +
 	"\x13DeleteVolumeRequest\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\"\x16\n" +
-	"\x14DeleteVolumeResponse\"\xab\x02\n" +
+	"\x14DeleteVolumeResponse\"\x94\x01\n" +
+	"\x14UpdateNetworkRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12%\n" +
+	"\x0eallow_internet\x18\x02 \x01(\bR\rallowInternet\x12\x1b\n" +
+	"\tallow_out\x18\x03 \x03(\tR\ballowOut\x12\x19\n" +
+	"\bdeny_out\x18\x04 \x03(\tR\adenyOut\"\x17\n" +
+	"\x15UpdateNetworkResponse\"\xab\x02\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1f\n" +
 	"\vtemplate_id\x18\x02 \x01(\tR\n" +
@@ -2043,7 +2155,7 @@ const file_node_node_proto_rawDesc = "" +
 	"\tKIND_SYNC\x10\x01\x12\x0f\n" +
 	"\vKIND_EXITED\x10\x02\x12\x13\n" +
 	"\x0fKIND_OOM_KILLED\x10\x03\x12\x11\n" +
-	"\rKIND_DRAINING\x10\x042\x83\b\n" +
+	"\rKIND_DRAINING\x10\x042\xdd\b\n" +
 	"\vNodeService\x129\n" +
 	"\x04Info\x12\x19.aenv.node.v1.InfoRequest\x1a\x16.aenv.node.v1.NodeInfo\x12<\n" +
 	"\x06Create\x12\x1b.aenv.node.v1.CreateRequest\x1a\x15.aenv.node.v1.Sandbox\x12=\n" +
@@ -2058,7 +2170,8 @@ const file_node_node_proto_rawDesc = "" +
 	"\x04Logs\x12\x19.aenv.node.v1.LogsRequest\x1a\x1a.aenv.node.v1.LogsResponse\x12F\n" +
 	"\aMetrics\x12\x1c.aenv.node.v1.MetricsRequest\x1a\x1d.aenv.node.v1.MetricsResponse\x12U\n" +
 	"\fCreateVolume\x12!.aenv.node.v1.CreateVolumeRequest\x1a\".aenv.node.v1.CreateVolumeResponse\x12U\n" +
-	"\fDeleteVolume\x12!.aenv.node.v1.DeleteVolumeRequest\x1a\".aenv.node.v1.DeleteVolumeResponseB7Z5github.com/aenvhq/aenv/internal/nodeapi/nodev1;nodev1b\x06proto3"
+	"\fDeleteVolume\x12!.aenv.node.v1.DeleteVolumeRequest\x1a\".aenv.node.v1.DeleteVolumeResponse\x12X\n" +
+	"\rUpdateNetwork\x12\".aenv.node.v1.UpdateNetworkRequest\x1a#.aenv.node.v1.UpdateNetworkResponseB7Z5github.com/aenvhq/aenv/internal/nodeapi/nodev1;nodev1b\x06proto3"
 
 var (
 	file_node_node_proto_rawDescOnce sync.Once
@@ -2073,7 +2186,7 @@ func file_node_node_proto_rawDescGZIP() []byte {
 }
 
 var file_node_node_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_node_node_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_node_node_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
 var file_node_node_proto_goTypes = []any{
 	(Event_Kind)(0),                // 0: aenv.node.v1.Event.Kind
 	(*LogsRequest)(nil),            // 1: aenv.node.v1.LogsRequest
@@ -2091,72 +2204,76 @@ var file_node_node_proto_goTypes = []any{
 	(*CreateVolumeResponse)(nil),   // 13: aenv.node.v1.CreateVolumeResponse
 	(*DeleteVolumeRequest)(nil),    // 14: aenv.node.v1.DeleteVolumeRequest
 	(*DeleteVolumeResponse)(nil),   // 15: aenv.node.v1.DeleteVolumeResponse
-	(*Sandbox)(nil),                // 16: aenv.node.v1.Sandbox
-	(*KillRequest)(nil),            // 17: aenv.node.v1.KillRequest
-	(*KillResponse)(nil),           // 18: aenv.node.v1.KillResponse
-	(*ListRequest)(nil),            // 19: aenv.node.v1.ListRequest
-	(*ListResponse)(nil),           // 20: aenv.node.v1.ListResponse
-	(*SnapshotRequest)(nil),        // 21: aenv.node.v1.SnapshotRequest
-	(*SnapshotInfo)(nil),           // 22: aenv.node.v1.SnapshotInfo
-	(*StatsRequest)(nil),           // 23: aenv.node.v1.StatsRequest
-	(*SandboxStats)(nil),           // 24: aenv.node.v1.SandboxStats
-	(*ListSnapshotsRequest)(nil),   // 25: aenv.node.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),  // 26: aenv.node.v1.ListSnapshotsResponse
-	(*GetSnapshotRequest)(nil),     // 27: aenv.node.v1.GetSnapshotRequest
-	(*DeleteSnapshotRequest)(nil),  // 28: aenv.node.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil), // 29: aenv.node.v1.DeleteSnapshotResponse
-	(*EventsRequest)(nil),          // 30: aenv.node.v1.EventsRequest
-	(*Event)(nil),                  // 31: aenv.node.v1.Event
-	nil,                            // 32: aenv.node.v1.LogEntry.FieldsEntry
-	nil,                            // 33: aenv.node.v1.CreateRequest.EnvVarsEntry
-	(*timestamppb.Timestamp)(nil),  // 34: google.protobuf.Timestamp
+	(*UpdateNetworkRequest)(nil),   // 16: aenv.node.v1.UpdateNetworkRequest
+	(*UpdateNetworkResponse)(nil),  // 17: aenv.node.v1.UpdateNetworkResponse
+	(*Sandbox)(nil),                // 18: aenv.node.v1.Sandbox
+	(*KillRequest)(nil),            // 19: aenv.node.v1.KillRequest
+	(*KillResponse)(nil),           // 20: aenv.node.v1.KillResponse
+	(*ListRequest)(nil),            // 21: aenv.node.v1.ListRequest
+	(*ListResponse)(nil),           // 22: aenv.node.v1.ListResponse
+	(*SnapshotRequest)(nil),        // 23: aenv.node.v1.SnapshotRequest
+	(*SnapshotInfo)(nil),           // 24: aenv.node.v1.SnapshotInfo
+	(*StatsRequest)(nil),           // 25: aenv.node.v1.StatsRequest
+	(*SandboxStats)(nil),           // 26: aenv.node.v1.SandboxStats
+	(*ListSnapshotsRequest)(nil),   // 27: aenv.node.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),  // 28: aenv.node.v1.ListSnapshotsResponse
+	(*GetSnapshotRequest)(nil),     // 29: aenv.node.v1.GetSnapshotRequest
+	(*DeleteSnapshotRequest)(nil),  // 30: aenv.node.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil), // 31: aenv.node.v1.DeleteSnapshotResponse
+	(*EventsRequest)(nil),          // 32: aenv.node.v1.EventsRequest
+	(*Event)(nil),                  // 33: aenv.node.v1.Event
+	nil,                            // 34: aenv.node.v1.LogEntry.FieldsEntry
+	nil,                            // 35: aenv.node.v1.CreateRequest.EnvVarsEntry
+	(*timestamppb.Timestamp)(nil),  // 36: google.protobuf.Timestamp
 }
 var file_node_node_proto_depIdxs = []int32{
-	34, // 0: aenv.node.v1.LogEntry.timestamp:type_name -> google.protobuf.Timestamp
-	32, // 1: aenv.node.v1.LogEntry.fields:type_name -> aenv.node.v1.LogEntry.FieldsEntry
+	36, // 0: aenv.node.v1.LogEntry.timestamp:type_name -> google.protobuf.Timestamp
+	34, // 1: aenv.node.v1.LogEntry.fields:type_name -> aenv.node.v1.LogEntry.FieldsEntry
 	2,  // 2: aenv.node.v1.LogsResponse.entries:type_name -> aenv.node.v1.LogEntry
-	34, // 3: aenv.node.v1.MetricSample.timestamp:type_name -> google.protobuf.Timestamp
+	36, // 3: aenv.node.v1.MetricSample.timestamp:type_name -> google.protobuf.Timestamp
 	5,  // 4: aenv.node.v1.MetricsResponse.samples:type_name -> aenv.node.v1.MetricSample
 	8,  // 5: aenv.node.v1.NodeInfo.capacity:type_name -> aenv.node.v1.Resources
 	8,  // 6: aenv.node.v1.NodeInfo.usage:type_name -> aenv.node.v1.Resources
-	33, // 7: aenv.node.v1.CreateRequest.env_vars:type_name -> aenv.node.v1.CreateRequest.EnvVarsEntry
+	35, // 7: aenv.node.v1.CreateRequest.env_vars:type_name -> aenv.node.v1.CreateRequest.EnvVarsEntry
 	11, // 8: aenv.node.v1.CreateRequest.mounts:type_name -> aenv.node.v1.VolumeMount
-	34, // 9: aenv.node.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
-	16, // 10: aenv.node.v1.ListResponse.sandboxes:type_name -> aenv.node.v1.Sandbox
-	34, // 11: aenv.node.v1.SnapshotInfo.created_at:type_name -> google.protobuf.Timestamp
-	34, // 12: aenv.node.v1.SandboxStats.since:type_name -> google.protobuf.Timestamp
-	22, // 13: aenv.node.v1.ListSnapshotsResponse.snapshots:type_name -> aenv.node.v1.SnapshotInfo
+	36, // 9: aenv.node.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
+	18, // 10: aenv.node.v1.ListResponse.sandboxes:type_name -> aenv.node.v1.Sandbox
+	36, // 11: aenv.node.v1.SnapshotInfo.created_at:type_name -> google.protobuf.Timestamp
+	36, // 12: aenv.node.v1.SandboxStats.since:type_name -> google.protobuf.Timestamp
+	24, // 13: aenv.node.v1.ListSnapshotsResponse.snapshots:type_name -> aenv.node.v1.SnapshotInfo
 	0,  // 14: aenv.node.v1.Event.kind:type_name -> aenv.node.v1.Event.Kind
 	7,  // 15: aenv.node.v1.NodeService.Info:input_type -> aenv.node.v1.InfoRequest
 	10, // 16: aenv.node.v1.NodeService.Create:input_type -> aenv.node.v1.CreateRequest
-	17, // 17: aenv.node.v1.NodeService.Kill:input_type -> aenv.node.v1.KillRequest
-	19, // 18: aenv.node.v1.NodeService.List:input_type -> aenv.node.v1.ListRequest
-	21, // 19: aenv.node.v1.NodeService.Snapshot:input_type -> aenv.node.v1.SnapshotRequest
-	23, // 20: aenv.node.v1.NodeService.Stats:input_type -> aenv.node.v1.StatsRequest
-	25, // 21: aenv.node.v1.NodeService.ListSnapshots:input_type -> aenv.node.v1.ListSnapshotsRequest
-	27, // 22: aenv.node.v1.NodeService.GetSnapshot:input_type -> aenv.node.v1.GetSnapshotRequest
-	28, // 23: aenv.node.v1.NodeService.DeleteSnapshot:input_type -> aenv.node.v1.DeleteSnapshotRequest
-	30, // 24: aenv.node.v1.NodeService.Events:input_type -> aenv.node.v1.EventsRequest
+	19, // 17: aenv.node.v1.NodeService.Kill:input_type -> aenv.node.v1.KillRequest
+	21, // 18: aenv.node.v1.NodeService.List:input_type -> aenv.node.v1.ListRequest
+	23, // 19: aenv.node.v1.NodeService.Snapshot:input_type -> aenv.node.v1.SnapshotRequest
+	25, // 20: aenv.node.v1.NodeService.Stats:input_type -> aenv.node.v1.StatsRequest
+	27, // 21: aenv.node.v1.NodeService.ListSnapshots:input_type -> aenv.node.v1.ListSnapshotsRequest
+	29, // 22: aenv.node.v1.NodeService.GetSnapshot:input_type -> aenv.node.v1.GetSnapshotRequest
+	30, // 23: aenv.node.v1.NodeService.DeleteSnapshot:input_type -> aenv.node.v1.DeleteSnapshotRequest
+	32, // 24: aenv.node.v1.NodeService.Events:input_type -> aenv.node.v1.EventsRequest
 	1,  // 25: aenv.node.v1.NodeService.Logs:input_type -> aenv.node.v1.LogsRequest
 	4,  // 26: aenv.node.v1.NodeService.Metrics:input_type -> aenv.node.v1.MetricsRequest
 	12, // 27: aenv.node.v1.NodeService.CreateVolume:input_type -> aenv.node.v1.CreateVolumeRequest
 	14, // 28: aenv.node.v1.NodeService.DeleteVolume:input_type -> aenv.node.v1.DeleteVolumeRequest
-	9,  // 29: aenv.node.v1.NodeService.Info:output_type -> aenv.node.v1.NodeInfo
-	16, // 30: aenv.node.v1.NodeService.Create:output_type -> aenv.node.v1.Sandbox
-	18, // 31: aenv.node.v1.NodeService.Kill:output_type -> aenv.node.v1.KillResponse
-	20, // 32: aenv.node.v1.NodeService.List:output_type -> aenv.node.v1.ListResponse
-	22, // 33: aenv.node.v1.NodeService.Snapshot:output_type -> aenv.node.v1.SnapshotInfo
-	24, // 34: aenv.node.v1.NodeService.Stats:output_type -> aenv.node.v1.SandboxStats
-	26, // 35: aenv.node.v1.NodeService.ListSnapshots:output_type -> aenv.node.v1.ListSnapshotsResponse
-	22, // 36: aenv.node.v1.NodeService.GetSnapshot:output_type -> aenv.node.v1.SnapshotInfo
-	29, // 37: aenv.node.v1.NodeService.DeleteSnapshot:output_type -> aenv.node.v1.DeleteSnapshotResponse
-	31, // 38: aenv.node.v1.NodeService.Events:output_type -> aenv.node.v1.Event
-	3,  // 39: aenv.node.v1.NodeService.Logs:output_type -> aenv.node.v1.LogsResponse
-	6,  // 40: aenv.node.v1.NodeService.Metrics:output_type -> aenv.node.v1.MetricsResponse
-	13, // 41: aenv.node.v1.NodeService.CreateVolume:output_type -> aenv.node.v1.CreateVolumeResponse
-	15, // 42: aenv.node.v1.NodeService.DeleteVolume:output_type -> aenv.node.v1.DeleteVolumeResponse
-	29, // [29:43] is the sub-list for method output_type
-	15, // [15:29] is the sub-list for method input_type
+	16, // 29: aenv.node.v1.NodeService.UpdateNetwork:input_type -> aenv.node.v1.UpdateNetworkRequest
+	9,  // 30: aenv.node.v1.NodeService.Info:output_type -> aenv.node.v1.NodeInfo
+	18, // 31: aenv.node.v1.NodeService.Create:output_type -> aenv.node.v1.Sandbox
+	20, // 32: aenv.node.v1.NodeService.Kill:output_type -> aenv.node.v1.KillResponse
+	22, // 33: aenv.node.v1.NodeService.List:output_type -> aenv.node.v1.ListResponse
+	24, // 34: aenv.node.v1.NodeService.Snapshot:output_type -> aenv.node.v1.SnapshotInfo
+	26, // 35: aenv.node.v1.NodeService.Stats:output_type -> aenv.node.v1.SandboxStats
+	28, // 36: aenv.node.v1.NodeService.ListSnapshots:output_type -> aenv.node.v1.ListSnapshotsResponse
+	24, // 37: aenv.node.v1.NodeService.GetSnapshot:output_type -> aenv.node.v1.SnapshotInfo
+	31, // 38: aenv.node.v1.NodeService.DeleteSnapshot:output_type -> aenv.node.v1.DeleteSnapshotResponse
+	33, // 39: aenv.node.v1.NodeService.Events:output_type -> aenv.node.v1.Event
+	3,  // 40: aenv.node.v1.NodeService.Logs:output_type -> aenv.node.v1.LogsResponse
+	6,  // 41: aenv.node.v1.NodeService.Metrics:output_type -> aenv.node.v1.MetricsResponse
+	13, // 42: aenv.node.v1.NodeService.CreateVolume:output_type -> aenv.node.v1.CreateVolumeResponse
+	15, // 43: aenv.node.v1.NodeService.DeleteVolume:output_type -> aenv.node.v1.DeleteVolumeResponse
+	17, // 44: aenv.node.v1.NodeService.UpdateNetwork:output_type -> aenv.node.v1.UpdateNetworkResponse
+	30, // [30:45] is the sub-list for method output_type
+	15, // [15:30] is the sub-list for method input_type
 	15, // [15:15] is the sub-list for extension type_name
 	15, // [15:15] is the sub-list for extension extendee
 	0,  // [0:15] is the sub-list for field type_name
@@ -2173,7 +2290,7 @@ func file_node_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_node_node_proto_rawDesc), len(file_node_node_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   33,
+			NumMessages:   35,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

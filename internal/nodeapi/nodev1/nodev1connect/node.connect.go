@@ -72,6 +72,9 @@ const (
 	// NodeServiceDeleteVolumeProcedure is the fully-qualified name of the NodeService's DeleteVolume
 	// RPC.
 	NodeServiceDeleteVolumeProcedure = "/aenv.node.v1.NodeService/DeleteVolume"
+	// NodeServiceUpdateNetworkProcedure is the fully-qualified name of the NodeService's UpdateNetwork
+	// RPC.
+	NodeServiceUpdateNetworkProcedure = "/aenv.node.v1.NodeService/UpdateNetwork"
 )
 
 // NodeServiceClient is a client for the aenv.node.v1.NodeService service.
@@ -109,6 +112,9 @@ type NodeServiceClient interface {
 	// /volumecontent/ on the node's port.
 	CreateVolume(context.Context, *nodev1.CreateVolumeRequest) (*nodev1.CreateVolumeResponse, error)
 	DeleteVolume(context.Context, *nodev1.DeleteVolumeRequest) (*nodev1.DeleteVolumeResponse, error)
+	// UpdateNetwork replaces a running sandbox's egress rules (allow_out
+	// entries are CIDRs, addresses or domain names).
+	UpdateNetwork(context.Context, *nodev1.UpdateNetworkRequest) (*nodev1.UpdateNetworkResponse, error)
 }
 
 // NewNodeServiceClient constructs a client for the aenv.node.v1.NodeService service. By default, it
@@ -206,6 +212,12 @@ func NewNodeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(nodeServiceMethods.ByName("DeleteVolume")),
 			connect.WithClientOptions(opts...),
 		),
+		updateNetwork: connect.NewClient[nodev1.UpdateNetworkRequest, nodev1.UpdateNetworkResponse](
+			httpClient,
+			baseURL+NodeServiceUpdateNetworkProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("UpdateNetwork")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -225,6 +237,7 @@ type nodeServiceClient struct {
 	metrics        *connect.Client[nodev1.MetricsRequest, nodev1.MetricsResponse]
 	createVolume   *connect.Client[nodev1.CreateVolumeRequest, nodev1.CreateVolumeResponse]
 	deleteVolume   *connect.Client[nodev1.DeleteVolumeRequest, nodev1.DeleteVolumeResponse]
+	updateNetwork  *connect.Client[nodev1.UpdateNetworkRequest, nodev1.UpdateNetworkResponse]
 }
 
 // Info calls aenv.node.v1.NodeService.Info.
@@ -349,6 +362,15 @@ func (c *nodeServiceClient) DeleteVolume(ctx context.Context, req *nodev1.Delete
 	return nil, err
 }
 
+// UpdateNetwork calls aenv.node.v1.NodeService.UpdateNetwork.
+func (c *nodeServiceClient) UpdateNetwork(ctx context.Context, req *nodev1.UpdateNetworkRequest) (*nodev1.UpdateNetworkResponse, error) {
+	response, err := c.updateNetwork.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
 // NodeServiceHandler is an implementation of the aenv.node.v1.NodeService service.
 type NodeServiceHandler interface {
 	// Info describes the node: its id, capacity, usage, runtime and the
@@ -384,6 +406,9 @@ type NodeServiceHandler interface {
 	// /volumecontent/ on the node's port.
 	CreateVolume(context.Context, *nodev1.CreateVolumeRequest) (*nodev1.CreateVolumeResponse, error)
 	DeleteVolume(context.Context, *nodev1.DeleteVolumeRequest) (*nodev1.DeleteVolumeResponse, error)
+	// UpdateNetwork replaces a running sandbox's egress rules (allow_out
+	// entries are CIDRs, addresses or domain names).
+	UpdateNetwork(context.Context, *nodev1.UpdateNetworkRequest) (*nodev1.UpdateNetworkResponse, error)
 }
 
 // NewNodeServiceHandler builds an HTTP handler from the service implementation. It returns the path
@@ -477,6 +502,12 @@ func NewNodeServiceHandler(svc NodeServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(nodeServiceMethods.ByName("DeleteVolume")),
 		connect.WithHandlerOptions(opts...),
 	)
+	nodeServiceUpdateNetworkHandler := connect.NewUnaryHandlerSimple(
+		NodeServiceUpdateNetworkProcedure,
+		svc.UpdateNetwork,
+		connect.WithSchema(nodeServiceMethods.ByName("UpdateNetwork")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/aenv.node.v1.NodeService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case NodeServiceInfoProcedure:
@@ -507,6 +538,8 @@ func NewNodeServiceHandler(svc NodeServiceHandler, opts ...connect.HandlerOption
 			nodeServiceCreateVolumeHandler.ServeHTTP(w, r)
 		case NodeServiceDeleteVolumeProcedure:
 			nodeServiceDeleteVolumeHandler.ServeHTTP(w, r)
+		case NodeServiceUpdateNetworkProcedure:
+			nodeServiceUpdateNetworkHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -570,4 +603,8 @@ func (UnimplementedNodeServiceHandler) CreateVolume(context.Context, *nodev1.Cre
 
 func (UnimplementedNodeServiceHandler) DeleteVolume(context.Context, *nodev1.DeleteVolumeRequest) (*nodev1.DeleteVolumeResponse, error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("aenv.node.v1.NodeService.DeleteVolume is not implemented"))
+}
+
+func (UnimplementedNodeServiceHandler) UpdateNetwork(context.Context, *nodev1.UpdateNetworkRequest) (*nodev1.UpdateNetworkResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("aenv.node.v1.NodeService.UpdateNetwork is not implemented"))
 }
