@@ -45,6 +45,8 @@ type createFlags struct {
 	metadata []string
 	envs     []string
 	volumes  []string
+	allowOut []string
+	denyOut  []string
 }
 
 func (f *createFlags) add(cmd *cobra.Command) {
@@ -55,6 +57,8 @@ func (f *createFlags) add(cmd *cobra.Command) {
 	fl.StringArrayVar(&f.metadata, "metadata", nil, "KEY=VALUE metadata to attach (repeatable; 'aenv ls --metadata' filters on it)")
 	fl.StringArrayVar(&f.envs, "env", nil, "KEY=VALUE environment variable for every process in the sandbox (repeatable)")
 	fl.BoolVar(&f.opts.Secure, "secure", false, "make envd demand the sandbox's access token (aenv passes it on by itself)")
+	fl.StringSliceVar(&f.allowOut, "allow-out", nil, "CIDR, address or domain (*.example.com: its subdomains) the sandbox may reach even where --deny-out covers it (repeatable)")
+	fl.StringSliceVar(&f.denyOut, "deny-out", nil, "CIDR or address the sandbox may not reach; --deny-out 0.0.0.0/0 with --allow-out makes an allowlist (repeatable)")
 	fl.StringArrayVar(&f.volumes, "volume", nil, "NAME:/path mounts volume NAME (aenv volume create) read-write at /path (repeatable)")
 }
 
@@ -74,6 +78,9 @@ func (f *createFlags) options(cmd *cobra.Command, template string) (client.Creat
 	}
 	if o.EnvVars, err = parsePairs(cmd, "env", f.envs); err != nil {
 		return o, err
+	}
+	if len(f.allowOut) > 0 || len(f.denyOut) > 0 {
+		o.Network = &client.Network{AllowOut: f.allowOut, DenyOut: f.denyOut}
 	}
 	for _, v := range f.volumes {
 		name, p, ok := strings.Cut(v, ":")

@@ -127,6 +127,15 @@ type CreateOptions struct {
 	Secure bool `json:"secure,omitempty"`
 	// VolumeMounts mount volumes (by name) at paths.
 	VolumeMounts []VolumeMount `json:"volumeMounts,omitempty"`
+	// Network holds egress rules.
+	Network *Network `json:"network,omitempty"`
+}
+
+// Network is a sandbox's egress rules: AllowOut (CIDRs, addresses,
+// domains with *. wildcards) wins over DenyOut (CIDRs, addresses).
+type Network struct {
+	AllowOut []string `json:"allowOut,omitempty"`
+	DenyOut  []string `json:"denyOut,omitempty"`
 }
 
 // VolumeMount mounts volume Name at Path.

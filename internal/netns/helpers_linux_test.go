@@ -208,18 +208,28 @@ func mustNotReach(t testing.TB, from, addr string) {
 	}
 }
 
-// unreachable checks that a connection to addr goes nowhere: it times out
-// (a rule dropped it) or finds no route. A refused connection is an error:
-// something at addr answered.
+// unreachable checks that a connection to addr, where something listens,
+// goes nowhere: a router rule refuses it (a reset: what sandboxes get), a
+// rule drops it (a timeout: what the host gets dialling into a slot), or
+// it finds no route.
 func unreachable(from, addr string) error {
 	got, err := dialFrom(from, addr, blockedTimeout)
-	switch {
-	case err == nil:
+	if err == nil {
 		return fmt.Errorf("%s answered as %q; want it unreachable", addr, got)
-	case errors.Is(err, unix.ECONNREFUSED):
-		return fmt.Errorf("%s refused the connection; want it unreachable: %v", addr, err)
 	}
 	return nil
+}
+
+// mustBeRefused checks that a sandbox's connection to addr (where
+// something listens) is refused by its router at once, not left to time
+// out.
+func mustBeRefused(t testing.TB, from, addr string) {
+	t.Helper()
+	start := time.Now()
+	_, err := dialFrom(from, addr, 2*time.Second)
+	if !errors.Is(err, unix.ECONNREFUSED) || time.Since(start) > time.Second {
+		t.Fatalf("from %q: dialing %s: %v after %v; want it refused at once", from, addr, err, time.Since(start))
+	}
 }
 
 // testNet is a namespace standing in for the internet: joined to the host

@@ -92,7 +92,7 @@ func TestEgress(t *testing.T) {
 	if peer := <-peers; !strings.HasPrefix(peer, inet.hostAddr.String()+":") {
 		t.Errorf("internet saw %s, want %s", peer, inet.hostAddr)
 	}
-	mustNotReach(t, closed.SandboxNSPath, target)
+	mustBeRefused(t, closed.SandboxNSPath, target)
 
 	// Inbound still works on the closed slot: replies are not egress.
 	listenIn(t, closed.SandboxNSPath, envdInside, "closed")

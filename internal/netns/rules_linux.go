@@ -137,20 +137,27 @@ func removeHostTable(tag string) error {
 //
 //	table inet <tag> {
 //	  chain prerouting { type nat hook prerouting priority dstnat
-//	    iifname "uplink" ip daddr <HostAddr> dnat ip to 169.254.0.21 }
+//	    iifname "uplink" ip daddr <HostAddr> dnat ip to 169.254.0.21
+//	    iifname "sandbox" jump egressnat }
+//	  chain egressnat { }                                 # see applyDomains
 //	  chain postrouting { type nat hook postrouting priority srcnat
 //	    oifname "uplink" ip saddr 169.254.0.21 snat ip to <HostAddr> }
 //	  chain forward { type filter hook forward priority filter; policy drop
 //	    ct state established,related accept
 //	    iifname "uplink" oifname "sandbox" ct status dnat accept
 //	    iifname "sandbox" ip saddr != 169.254.0.21 drop   # no spoofing
-//	    iifname "sandbox" ip daddr <blocked> drop
-//	    iifname "sandbox" oifname "uplink" jump egress }
+//	    iifname "sandbox" ip daddr <blocked> counter reject
+//	    iifname "sandbox" oifname "uplink" jump egress
+//	    iifname "sandbox" counter reject }                # what egress did not accept
 //	  chain egress { }                                    # see setEgress
 //	  chain input { type filter hook input priority filter; policy drop
 //	    ct state established,related accept
-//	    iifname "lo" accept }
+//	    iifname "lo" accept
+//	    iifname "sandbox" tcp dport <egress proxy> accept }
 //	}
+//
+// Rejects are a TCP reset, or ICMP "administratively prohibited" for the
+// rest, so that a refused connection fails at once.
 func installRouterTable(c *nftables.Conn, cfg Config, s *Slot) error {
 	t := c.AddTable(&nftables.Table{Name: cfg.Tag, Family: nftables.TableFamilyINet})
 
