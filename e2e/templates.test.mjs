@@ -39,6 +39,20 @@ srv.test('a template built with the SDK starts with its service up: getHost answ
   }
 })
 
+srv.test('build steps have network: aptInstall fetches from the Debian mirror', { timeout: 300_000 }, async () => {
+  const name = `apt-${randomTag(6)}`
+  const tpl = Template().fromTemplate('base').aptInstall(['jq'])
+  const logs = []
+  await Template.build(tpl, name, { onBuildLogs: (e) => logs.push(e.message) })
+  const sbx = await srv.create({ template: name })
+  try {
+    const r = await sbx.commands.run(`echo '{"a": 41}' | jq '.a + 1'`)
+    assert.equal(r.stdout, '42\n')
+  } finally {
+    await srv.kill(sbx)
+  }
+})
+
 srv.test('a start command whose ready check never passes fails the build with the reason', { timeout: 300_000 }, async () => {
   const name = `broken-${randomTag(6)}`
   const tpl = Template().fromTemplate('base').setStartCmd('exit 3', waitForPort(9999))

@@ -24,6 +24,7 @@ func newServerCmd() *cobra.Command {
 	var drain, cleanup, localNode bool
 	var trustedProxies []string
 	var hs hostStrings
+	var buildNetwork string
 	cmd := &cobra.Command{
 		Use:   "server",
 		Short: "Run the aenv server (API, proxy and a local node)",
@@ -49,6 +50,13 @@ and --on-stop=kill kills them.`,
 				return err
 			}
 			cfg.NoLocalNode = !localNode
+			switch buildNetwork {
+			case "sandbox":
+			case "none":
+				cfg.BuildWithoutNetwork = true
+			default:
+				return &usageError{cmd: cmd, err: fmt.Errorf("--build-network must be sandbox or none, got %q", buildNetwork)}
+			}
 			if cfg.APIKey == "" {
 				cfg.APIKey = os.Getenv("AENV_API_KEY")
 			}
@@ -106,6 +114,7 @@ and --on-stop=kill kills them.`,
 	f.BoolVar(&cfg.AllowInsecureSandboxes, "allow-insecure-sandboxes", false, "create sandboxes without an envd access token when the client sends secure: false (by default every sandbox has one; the SDKs send it)")
 	f.StringVar(&onStop, "on-stop", "keep", "what stopping the server does with running sandboxes: keep (the next start takes them over), pause or kill")
 	f.BoolVar(&drain, "drain-on-stop", false, "pause every running sandbox on SIGTERM (same as --on-stop=pause), for a host that is going away")
+	f.StringVar(&buildNetwork, "build-network", "sandbox", "network of template build steps: sandbox (a sandbox's open egress) or none")
 	f.BoolVar(&cleanup, "cleanup", false, "do not serve: kill every sandbox a stopped server with these settings left running, remove its network slots, and exit (for uninstalling)")
 	return cmd
 }

@@ -85,6 +85,9 @@ type Config struct {
 	EnvdVersion string
 	// DNSServers go into sandboxes' resolv.conf.
 	DNSServers []string
+	// BuildWithoutNetwork runs template build steps without network
+	// (they get a sandbox's open egress otherwise).
+	BuildWithoutNetwork bool
 	// ReadyTimeout bounds the wait for envd after start; 0 means 15s.
 	ReadyTimeout time.Duration
 	// WarmPoolSize is how many prestarted sandboxes of each of

@@ -138,6 +138,11 @@ type StepSpec struct {
 	UID, GID uint32
 	// Binds are host paths bound read-only into the tree.
 	Binds []Bind
+	// NetNSPath, when set, is a network namespace prepared as a sandbox's
+	// (see Spec.NetNSPath) the step gets network through; empty: none.
+	NetNSPath string
+	// DNSServers go into the step's /etc/resolv.conf (with NetNSPath).
+	DNSServers []string
 }
 
 // Bind is a host path bound read-only at Destination (absolute, inside

@@ -141,16 +141,17 @@ func (h *host) open(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	h.runtimeVersion = driver.Version(ctx)
 	h.node, err = node.New(node.Config{
-		Snapshots:      snapshots,
-		Volumes:        h.volumes,
-		ID:             cfg.NodeID,
-		Runtime:        driver,
-		RuntimeVersion: h.runtimeVersion,
-		Network:        h.net,
-		Templates:      templates,
-		EnvdPath:       envdPath,
-		EnvdVersion:    envd.Version,
-		DNSServers:     addrStrings(dns),
+		Snapshots:           snapshots,
+		Volumes:             h.volumes,
+		ID:                  cfg.NodeID,
+		Runtime:             driver,
+		RuntimeVersion:      h.runtimeVersion,
+		Network:             h.net,
+		Templates:           templates,
+		EnvdPath:            envdPath,
+		EnvdVersion:         envd.Version,
+		DNSServers:          addrStrings(dns),
+		BuildWithoutNetwork: cfg.BuildWithoutNetwork,
 		// Keep base sandboxes prestarted: the E2B default template is what
 		// most creates ask for.
 		WarmPoolSize:  cfg.WarmPoolSize,

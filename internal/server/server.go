@@ -47,6 +47,9 @@ type Config struct {
 	EnvdPath string
 	// BaseRootFS optionally points the base template at a prebuilt tree.
 	BaseRootFS string
+	// BuildWithoutNetwork runs build steps (RUN, aptInstall) without
+	// network (--build-network=none).
+	BuildWithoutNetwork bool
 	// DNSServers, when set, are the resolvers sandboxes use instead of
 	// the host's (/etc/resolv.conf).
 	DNSServers []netip.Addr

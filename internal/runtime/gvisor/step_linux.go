@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -33,13 +34,18 @@ var stepCaps = []string{
 // they get a root of their own.
 func (d *Driver) stepsRoot() string { return filepath.Join(d.cfg.StateDir, "steps") }
 
-// stepArgs are runsc's global flags for build steps.
-func (d *Driver) stepArgs(args ...string) []string {
+// stepArgs are runsc's global flags for build steps: network through the
+// step's own namespace when it has one (never the host's), none
+// otherwise.
+func (d *Driver) stepArgs(network bool, args ...string) []string {
+	mode := "--network=none"
+	if network {
+		mode = "--network=sandbox"
+	}
 	return append([]string{
 		"--root", d.stepsRoot(),
 		"--platform=" + d.cfg.Platform,
-		// No network during builds for now; never the host's.
-		"--network=none",
+		mode,
 		// Writes land in the tree being built.
 		"--overlay2=none",
 	}, args...)
@@ -60,7 +66,7 @@ func (d *Driver) RunStep(ctx context.Context, spec runtime.StepSpec, out io.Writ
 	if err := writeStepConfig(bundle, spec); err != nil {
 		return -1, fmt.Errorf("running build step: writing bundle: %w", err)
 	}
-	cmd := exec.Command(d.cfg.RunscPath, d.stepArgs("run", "--bundle", bundle, id)...)
+	cmd := exec.Command(d.cfg.RunscPath, d.stepArgs(spec.NetNSPath != "", "run", "--bundle", bundle, id)...)
 	cmd.Stdout, cmd.Stderr = out, out
 	// A Ctrl-C meant for us must not reach the step half-way; a cancelled
 	// ctx kills it below.
@@ -97,7 +103,7 @@ func (d *Driver) RunStep(ctx context.Context, spec runtime.StepSpec, out io.Writ
 
 // deleteStep removes a step's sandbox, running or not.
 func (d *Driver) deleteStep(id string) {
-	cmd := exec.Command(d.cfg.RunscPath, d.stepArgs("delete", "--force", id)...)
+	cmd := exec.Command(d.cfg.RunscPath, d.stepArgs(false, "delete", "--force", id)...)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		d.log.Debug("deleting build step sandbox", "id", id, "err", err, "out", string(out))
 	}
@@ -125,6 +131,21 @@ func writeStepConfig(bundle string, spec runtime.StepSpec) error {
 		mounts = append(mounts, specs.Mount{Destination: b.Destination, Type: "bind", Source: b.Source,
 			Options: []string{"rbind", "ro"}})
 	}
+	netns := specs.LinuxNamespace{Type: specs.NetworkNamespace}
+	if spec.NetNSPath != "" {
+		netns.Path = spec.NetNSPath
+		// The step resolves with the node's resolvers; the tree's own
+		// resolv.conf (what sandboxes of it get is theirs) stays as built.
+		var resolv strings.Builder
+		for _, s := range spec.DNSServers {
+			fmt.Fprintf(&resolv, "nameserver %s\n", s)
+		}
+		p := filepath.Join(bundle, "resolv.conf")
+		if err := os.WriteFile(p, []byte(resolv.String()), 0o644); err != nil {
+			return err
+		}
+		mounts = append(mounts, specs.Mount{Destination: "/etc/resolv.conf", Type: "bind", Source: p, Options: []string{"rbind", "ro"}})
+	}
 	s := specs.Spec{
 		Version:  specs.Version,
 		Process:  proc,
@@ -134,7 +155,7 @@ func writeStepConfig(bundle string, spec runtime.StepSpec) error {
 		Linux: &specs.Linux{
 			Namespaces: []specs.LinuxNamespace{
 				{Type: specs.PIDNamespace}, {Type: specs.IPCNamespace}, {Type: specs.UTSNamespace},
-				{Type: specs.MountNamespace}, {Type: specs.NetworkNamespace},
+				{Type: specs.MountNamespace}, netns,
 			},
 		},
 	}
