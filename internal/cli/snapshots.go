@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -110,25 +111,7 @@ from it. Prints the snapshot's id.`,
 			return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s", s.SnapshotID, names, dash(s.SandboxID), dash(s.TemplateID),
 				formatBytes(s.SizeBytes), s.CreatedAt.Local().Format(time.DateTime))
 		})
-	rm := &cobra.Command{
-		Use:     "rm ID...",
-		Aliases: []string{"delete"},
-		Short:   "Delete snapshots",
-		Args:    needArgs("ID..."),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			for _, id := range args {
-				if err := c.DeleteSnapshot(cmd.Context(), id); err != nil {
-					return err
-				}
-				fmt.Fprintln(cmd.OutOrStdout(), id)
-			}
-			return nil
-		},
-	}
+	rm := removeCmd(g, "Delete snapshots", (*client.Client).DeleteSnapshot)
 	cmd.AddCommand(ls, rm)
 	return cmd
 }
@@ -308,10 +291,18 @@ its files directly (set E2B_VOLUME_API_URL to the server's URL).`,
 	}
 	ls := listCmd(g, &cobra.Command{Use: "ls", Aliases: []string{"list"}, Short: "List volumes"},
 		(*client.Client).ListVolumes, "ID\tNAME", func(v client.Volume) string { return v.VolumeID + "\t" + v.Name })
-	rm := &cobra.Command{
+	rm := removeCmd(g, "Delete volumes and their files (refused while a sandbox mounts one)", (*client.Client).DeleteVolume)
+	cmd.AddCommand(create, ls, rm)
+	return cmd
+}
+
+// removeCmd is an "rm ID..." subcommand deleting each id with del and
+// printing it.
+func removeCmd(g *globals, short string, del func(*client.Client, context.Context, string) error) *cobra.Command {
+	return &cobra.Command{
 		Use:     "rm ID...",
 		Aliases: []string{"delete"},
-		Short:   "Delete volumes and their files (refused while a sandbox mounts one)",
+		Short:   short,
 		Args:    needArgs("ID..."),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()
@@ -319,7 +310,7 @@ its files directly (set E2B_VOLUME_API_URL to the server's URL).`,
 				return err
 			}
 			for _, id := range args {
-				if err := c.DeleteVolume(cmd.Context(), id); err != nil {
+				if err := del(c, cmd.Context(), id); err != nil {
 					return err
 				}
 				fmt.Fprintln(cmd.OutOrStdout(), id)
@@ -327,6 +318,4 @@ its files directly (set E2B_VOLUME_API_URL to the server's URL).`,
 			return nil
 		},
 	}
-	cmd.AddCommand(create, ls, rm)
-	return cmd
 }
