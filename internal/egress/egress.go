@@ -101,6 +101,8 @@ type Proxy struct {
 	// Resolver resolves names to check where they point; it must use the
 	// resolvers the sandboxes use. Nil: net.DefaultResolver.
 	Resolver *net.Resolver
+	// Lookup, when set, is used instead of Resolver (tests).
+	Lookup func(ctx context.Context, name string) ([]netip.Addr, error)
 	// OnRefused, if set, hears of every refusal.
 	OnRefused func(Refusal)
 	Logger    *slog.Logger
@@ -114,21 +116,40 @@ const peekTimeout = 10 * time.Second
 // TLS ClientHello).
 const maxPeek = 32 << 10
 
-// Serve accepts from l until it is closed. rules is read per connection,
-// so that updated rules apply to new connections at once; origDst says
-// where a connection was headed before its redirection.
+// Serve accepts from l until it is closed, then closes the connections it
+// still relays (their sandbox is going: its side would never end them) and
+// returns once they are done. rules is read per connection, so that
+// updated rules apply to new connections at once; origDst says where a
+// connection was headed before its redirection.
 func (p *Proxy) Serve(l net.Listener, rules func() Rules, origDst func(net.Conn) (netip.AddrPort, error)) {
-	var wg sync.WaitGroup
-	defer wg.Wait()
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		open = map[net.Conn]struct{}{}
+	)
+	defer func() {
+		mu.Lock()
+		for c := range open {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	}()
 	for {
 		c, err := l.Accept()
 		if err != nil {
 			return
 		}
+		mu.Lock()
+		open[c] = struct{}{}
+		mu.Unlock()
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			p.handle(c, rules(), origDst)
+			mu.Lock()
+			delete(open, c)
+			mu.Unlock()
 		}()
 	}
 }
@@ -183,11 +204,15 @@ func (p *Proxy) decide(rules Rules, name string, a netip.Addr) (bool, string) {
 	if name != "" && rules.AllowsDomain(name) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		r := p.Resolver
-		if r == nil {
-			r = net.DefaultResolver
+		lookup := p.Lookup
+		if lookup == nil {
+			r := p.Resolver
+			if r == nil {
+				r = net.DefaultResolver
+			}
+			lookup = func(ctx context.Context, name string) ([]netip.Addr, error) { return r.LookupNetIP(ctx, "ip4", name) }
 		}
-		addrs, err := r.LookupNetIP(ctx, "ip4", name)
+		addrs, err := lookup(ctx, name)
 		if err != nil {
 			return false, fmt.Sprintf("%s is allowed but does not resolve: %v", name, err)
 		}
@@ -264,18 +289,23 @@ func reset(c net.Conn) {
 	c.Close()
 }
 
-// relay copies both ways until both sides are done.
+// relay copies both ways until both sides are done. A side that ends
+// cleanly is half-closed (the other may still answer); one that fails (a
+// reset, or Serve closing it) ends both.
 func relay(a, b net.Conn) {
-	done := make(chan struct{}, 2)
+	errs := make(chan error, 2)
 	cp := func(dst, src net.Conn) {
-		io.Copy(dst, src)
-		if tc, ok := dst.(*net.TCPConn); ok {
+		_, err := io.Copy(dst, src)
+		if tc, ok := dst.(*net.TCPConn); ok && err == nil {
 			tc.CloseWrite()
 		}
-		done <- struct{}{}
+		errs <- err
 	}
 	go cp(a, b)
 	go cp(b, a)
-	<-done
-	<-done
+	if err := <-errs; err != nil {
+		a.Close()
+		b.Close()
+	}
+	<-errs
 }

@@ -3,11 +3,16 @@ package egress
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/tls"
+	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestRules(t *testing.T) {
@@ -89,4 +94,84 @@ func (t teeConn) Read(b []byte) (int, error) {
 	n, err := t.r.Read(b)
 	t.w.Write(b[:n])
 	return n, err
+}
+
+// TestProxy runs the proxy over real TCP on loopback, the redirect stood
+// in for by origDst: an allowed name is relayed, another is reset at once
+// and reported, and closing the listener ends an idle relay too.
+func TestProxy(t *testing.T) {
+	backend, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer backend.Close()
+	go func() {
+		for {
+			c, err := backend.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				req, err := http.ReadRequest(bufio.NewReader(c))
+				if err == nil && req.URL.Path == "/idle" {
+					return // holds the connection open, saying nothing
+				}
+				fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+				c.Close()
+			}()
+		}
+	}()
+	dst := netip.MustParseAddrPort(backend.Addr().String())
+	l, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := make(chan Refusal, 4)
+	p := &Proxy{
+		Lookup: func(ctx context.Context, name string) ([]netip.Addr, error) {
+			return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil
+		},
+		OnRefused: func(r Refusal) { refused <- r },
+	}
+	rules := Rules{AllowDomains: []string{"allowed.test"}, DenyOut: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}}
+	served := make(chan struct{})
+	go func() {
+		p.Serve(l, func() Rules { return rules }, func(net.Conn) (netip.AddrPort, error) { return dst, nil })
+		close(served)
+	}()
+	get := func(host, path string) (string, error) {
+		c, err := net.Dial("tcp4", l.Addr().String())
+		if err != nil {
+			return "", err
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: %s\r\n\r\n", path, host)
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		b, err := io.ReadAll(c)
+		return string(b), err
+	}
+	if out, err := get("allowed.test", "/"); err != nil || !strings.HasSuffix(out, "\r\n\r\nok") {
+		t.Fatalf("allowed name: %q %v", out, err)
+	}
+	start := time.Now()
+	if out, err := get("evil.test", "/"); err == nil && out != "" || time.Since(start) > time.Second {
+		t.Fatalf("a name not allowed: %q %v after %v; want a reset at once", out, err, time.Since(start))
+	}
+	if r := <-refused; r.Domain != "evil.test" || r.Dst != dst {
+		t.Fatalf("refusal %+v", r)
+	}
+
+	idle, err := net.Dial("tcp4", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer idle.Close()
+	fmt.Fprintf(idle, "GET /idle HTTP/1.1\r\nHost: allowed.test\r\n\r\n")
+	time.Sleep(200 * time.Millisecond) // relaying now
+	l.Close()
+	select {
+	case <-served:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Serve did not return with an idle relay open: a slot's release would hang")
+	}
 }
