@@ -42,7 +42,7 @@ test-e2e: build base code-interpreter
 # Each fuzz target of a decoder of client input runs briefly (the seed
 # corpora also run in test-go); FUZZTIME=1m digs deeper.
 FUZZTIME ?= 15s
-FUZZ_TARGETS = ./internal/build:FuzzParse ./internal/api:FuzzListQuery ./internal/api:FuzzDecodeBody ./internal/image:FuzzCleanPath ./internal/proxy:FuzzConnectStream ./internal/envd:FuzzFilesUpload
+FUZZ_TARGETS = ./internal/build:FuzzParse ./internal/api:FuzzListQuery ./internal/api:FuzzDecodeBody ./internal/image:FuzzCleanPath ./internal/proxy:FuzzConnectStream ./internal/envd:FuzzFilesUpload ./internal/egress:FuzzPeekName
 test-fuzz:
 	@for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; fn=$${t##*:}; start=$$(date +%s); log=$$(mktemp); \
