@@ -17,6 +17,11 @@ async function pidsRunning() {
   return (await sbx.commands.list()).map((p) => p.pid)
 }
 
+srv.test('the default user has passwordless sudo, as on E2B', async () => {
+  const r = await sbx.commands.run('sudo -n id -u && sudo -n sh -c "echo root-wrote > /etc/aenv-sudo-test" && cat /etc/aenv-sudo-test && id -un')
+  assert.equal(r.stdout, '0\nroot-wrote\nuser\n')
+})
+
 srv.test('stdout and stderr are captured separately', async () => {
   const r = await sbx.commands.run('echo out; echo err >&2; printf "no newline"')
   assert.equal(r.exitCode, 0)

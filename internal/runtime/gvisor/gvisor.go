@@ -113,6 +113,10 @@ func New(cfg Config) (*Driver, error) {
 				"--platform=" + cfg.Platform,
 				"--network=sandbox",
 				"--cpu-num-from-quota",
+				// The default user's passwordless sudo (as on E2B) needs
+				// setuid binaries to elevate; root inside controls only its
+				// own sandbox.
+				"--allow-suid",
 			},
 		},
 	}
