@@ -37,6 +37,27 @@ function hostProcesses(id) {
   return n
 }
 
+srv.test('pause with keepMemory: false keeps the files (deletions too) and resumes by booting afresh', async () => {
+  const sbx = await srv.create({ envs: { KEPT_ENV: 'from the create' } })
+  try {
+    await sbx.files.write('/home/user/notes.txt', 'kept across the reboot')
+    await sbx.commands.run('sudo rm /etc/issue && mkdir -p /home/user/d/e && echo deep > /home/user/d/e/f')
+    await sbx.commands.run('sleep 600', { background: true })
+    await Sandbox.pause(sbx.sandboxId, { keepMemory: false })
+    assert.equal((await Sandbox.getInfo(sbx.sandboxId)).state, 'paused')
+    const back = await Sandbox.connect(sbx.sandboxId)
+    assert.equal(await back.files.read('/home/user/notes.txt'), 'kept across the reboot')
+    assert.equal((await back.commands.run('cat /home/user/d/e/f; stat -c %U /home/user/notes.txt')).stdout, 'deep\nuser\n')
+    assert.equal((await back.commands.run('test -e /etc/issue').catch((e) => e)).exitCode, 1, 'a deleted file came back')
+    assert.equal((await back.commands.run('pgrep -f "sleep 600"').catch((e) => e)).exitCode, 1, 'a process survived a pause without memory')
+    assert.equal((await back.commands.run('echo "$KEPT_ENV"')).stdout, 'from the create\n')
+    const logs = (await srv.api('GET', `/v2/sandboxes/${sbx.sandboxId}/logs?search=afresh`)).json.logs
+    assert.equal(logs.length, 1, JSON.stringify(logs))
+  } finally {
+    await srv.kill(sbx)
+  }
+})
+
 srv.test('pause releases the sandbox; connect resumes it with files, processes and memory', async () => {
   const sbx = await srv.create()
   try {

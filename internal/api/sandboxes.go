@@ -31,7 +31,9 @@ type createBody struct {
 	Metadata   map[string]string `json:"metadata"`
 	EnvVars    map[string]string `json:"envVars"`
 	AutoPause  bool              `json:"autoPause"`
-	AutoResume *struct {
+	// AutoPauseMemory false makes the timeout\'s pause keep only files.
+	AutoPauseMemory *bool `json:"autoPauseMemory"`
+	AutoResume      *struct {
 		Enabled bool `json:"enabled"`
 	} `json:"autoResume"`
 	Secure              bool         `json:"secure"`
@@ -181,20 +183,21 @@ func (s *Server) createSandbox(defaultTimeout time.Duration) http.HandlerFunc {
 			allowInternet = *body.AllowInternetAccess
 		}
 		sb, err := s.cfg.Cluster.Create(r.Context(), cluster.CreateRequest{
-			TemplateID:     body.TemplateID,
-			Timeout:        timeout,
-			Metadata:       body.Metadata,
-			EnvVars:        body.EnvVars,
-			AllowInternet:  allowInternet,
-			Secure:         body.Secure || !s.cfg.AllowInsecure,
-			AutoPause:      body.AutoPause,
-			AutoResume:     body.AutoResume != nil && body.AutoResume.Enabled,
-			CPUCount:       body.CPUCount,
-			MemoryMB:       body.MemoryMB,
-			Owner:          owner(r),
-			IdempotencyKey: idem,
-			Mounts:         mounts,
-			Network:        body.Network.rules(),
+			TemplateID:         body.TemplateID,
+			Timeout:            timeout,
+			Metadata:           body.Metadata,
+			EnvVars:            body.EnvVars,
+			AllowInternet:      allowInternet,
+			Secure:             body.Secure || !s.cfg.AllowInsecure,
+			AutoPause:          body.AutoPause,
+			AutoPauseFilesOnly: body.AutoPauseMemory != nil && !*body.AutoPauseMemory,
+			AutoResume:         body.AutoResume != nil && body.AutoResume.Enabled,
+			CPUCount:           body.CPUCount,
+			MemoryMB:           body.MemoryMB,
+			Owner:              owner(r),
+			IdempotencyKey:     idem,
+			Mounts:             mounts,
+			Network:            body.Network.rules(),
 			PrivateTraffic: body.Network != nil && body.Network.AllowPublicTraffic != nil &&
 				!*body.Network.AllowPublicTraffic,
 		})
@@ -295,7 +298,14 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request, id string) {
 }
 
 func (s *Server) pause(w http.ResponseWriter, r *http.Request, id string) {
-	if err := s.cfg.Cluster.Pause(r.Context(), id); err != nil {
+	var body struct {
+		// Memory false keeps only the files (E2B's keepMemory: false).
+		Memory *bool `json:"memory"`
+	}
+	if !decodeBody(w, r, &body) {
+		return
+	}
+	if err := s.cfg.Cluster.PauseWith(r.Context(), id, cluster.PauseOptions{FilesOnly: body.Memory != nil && !*body.Memory}); err != nil {
 		s.writeClusterError(w, r, err)
 		return
 	}

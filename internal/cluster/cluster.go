@@ -126,6 +126,9 @@ type Sandbox struct {
 	EnvdVersion     string            `json:"envdVersion"`
 	EnvdAccessToken string            `json:"envdAccessToken,omitempty"`
 	AutoPause       bool              `json:"autoPause,omitempty"`
+	// AutoPauseFilesOnly makes that pause keep only the files (E2B's
+	// autoPauseMemory: false).
+	AutoPauseFilesOnly bool `json:"autoPauseFilesOnly,omitempty"`
 	// AutoResume makes traffic to the paused sandbox resume it (with
 	// AutoPause: E2B's lifecycle.autoResume).
 	AutoResume bool `json:"autoResume,omitempty"`
@@ -166,10 +169,12 @@ type CreateRequest struct {
 	AllowInternet bool
 	Secure        bool
 	AutoPause     bool
-	AutoResume    bool
-	CPUCount      int
-	MemoryMB      int
-	Owner         Owner
+	// AutoPauseFilesOnly makes that pause keep only the files.
+	AutoPauseFilesOnly bool
+	AutoResume         bool
+	CPUCount           int
+	MemoryMB           int
+	Owner              Owner
 	// PrivateTraffic makes the sandbox's own ports need its traffic
 	// access token (E2B's network.allowPublicTraffic false).
 	PrivateTraffic bool
@@ -444,7 +449,7 @@ func (c *Cluster) create(ctx context.Context, req CreateRequest, id string) (*Sa
 	}
 	return c.register(ctx, n, nsb, registration{
 		requestedTemplate: req.TemplateID, metadata: req.Metadata, timeout: req.Timeout,
-		autoPause: req.AutoPause, autoResume: req.AutoResume, allowInternet: req.AllowInternet, keyID: req.Owner.KeyID,
+		autoPause: req.AutoPause, autoPauseFilesOnly: req.AutoPauseFilesOnly, autoResume: req.AutoResume, allowInternet: req.AllowInternet, keyID: req.Owner.KeyID,
 		privateTraffic: req.PrivateTraffic, mounts: mounts, network: req.Network,
 	})
 }
@@ -502,16 +507,17 @@ func (c *Cluster) start(ctx context.Context, p placement, req *nodev1.CreateRequ
 
 // registration is what a new record takes beyond the node's description.
 type registration struct {
-	requestedTemplate string
-	metadata          map[string]string
-	timeout           time.Duration
-	autoPause         bool
-	autoResume        bool
-	allowInternet     bool
-	keyID             string
-	privateTraffic    bool
-	mounts            []VolumeMount
-	network           NetworkRules
+	requestedTemplate  string
+	metadata           map[string]string
+	timeout            time.Duration
+	autoPause          bool
+	autoPauseFilesOnly bool
+	autoResume         bool
+	allowInternet      bool
+	keyID              string
+	privateTraffic     bool
+	mounts             []VolumeMount
+	network            NetworkRules
 }
 
 // register stores the record of a sandbox node n started. If the record
@@ -522,29 +528,30 @@ func (c *Cluster) register(ctx context.Context, n nodeapi.Node, nsb *nodev1.Sand
 	addr, _ := netip.ParseAddr(nsb.Addr)
 	started := nsb.StartedAt.AsTime().UTC()
 	r := record{Sandbox: Sandbox{
-		ID:              id,
-		TemplateID:      nsb.TemplateId,
-		ClientID:        n.ID(),
-		NodeID:          n.ID(),
-		Metadata:        maps.Clone(reg.metadata),
-		State:           StateRunning,
-		StartedAt:       started,
-		EndAt:           started.Add(reg.timeout),
-		CPUCount:        int(nsb.CpuCount),
-		MemoryMB:        int(nsb.MemoryMb),
-		DiskMB:          int(nsb.DiskMb),
-		EnvdVersion:     nsb.EnvdVersion,
-		EnvdAccessToken: nsb.EnvdAccessToken,
-		AutoPause:       reg.autoPause,
-		AutoResume:      reg.autoResume && reg.autoPause,
-		Timeout:         reg.timeout,
-		AllowInternet:   reg.allowInternet,
-		KeyID:           reg.keyID,
-		Addr:            addr,
-		Mounts:          reg.mounts,
-		AllowOut:        reg.network.AllowOut,
-		DenyOut:         reg.network.DenyOut,
-		MaskRequestHost: reg.network.MaskRequestHost,
+		ID:                 id,
+		TemplateID:         nsb.TemplateId,
+		ClientID:           n.ID(),
+		NodeID:             n.ID(),
+		Metadata:           maps.Clone(reg.metadata),
+		State:              StateRunning,
+		StartedAt:          started,
+		EndAt:              started.Add(reg.timeout),
+		CPUCount:           int(nsb.CpuCount),
+		MemoryMB:           int(nsb.MemoryMb),
+		DiskMB:             int(nsb.DiskMb),
+		EnvdVersion:        nsb.EnvdVersion,
+		EnvdAccessToken:    nsb.EnvdAccessToken,
+		AutoPause:          reg.autoPause,
+		AutoPauseFilesOnly: reg.autoPauseFilesOnly,
+		AutoResume:         reg.autoResume && reg.autoPause,
+		Timeout:            reg.timeout,
+		AllowInternet:      reg.allowInternet,
+		KeyID:              reg.keyID,
+		Addr:               addr,
+		Mounts:             reg.mounts,
+		AllowOut:           reg.network.AllowOut,
+		DenyOut:            reg.network.DenyOut,
+		MaskRequestHost:    reg.network.MaskRequestHost,
 	}}
 	if reg.privateTraffic {
 		r.TrafficAccessToken = randomToken()

@@ -130,7 +130,7 @@ func (c *Cluster) expire(ctx context.Context, id string) {
 	}
 	if sb.AutoPause {
 		c.log.Info("sandbox timed out; pausing it", "sandbox_id", id)
-		err := c.Pause(ctx, id)
+		err := c.PauseWith(ctx, id, PauseOptions{FilesOnly: sb.AutoPauseFilesOnly})
 		if err == nil || errors.Is(err, ErrNotFound) || errors.Is(err, ErrConflict) {
 			return
 		}

@@ -47,11 +47,24 @@ func (c *Cluster) release(ctx context.Context, id, op string) {
 // Pause saves a running sandbox's whole state and releases its CPU, memory
 // and network; Connect resumes it. Pausing a paused sandbox is ErrConflict.
 func (c *Cluster) Pause(ctx context.Context, id string) error {
+	return c.PauseWith(ctx, id, PauseOptions{})
+}
+
+// PauseOptions tune PauseWith.
+type PauseOptions struct {
+	// FilesOnly keeps the sandbox's files, not its memory (E2B's pause
+	// with memory: false): its resume boots afresh with them.
+	FilesOnly bool
+}
+
+// PauseWith is Pause with options.
+func (c *Cluster) PauseWith(ctx context.Context, id string, opts PauseOptions) error {
 	r, err := c.claim(ctx, id, StateRunning, "pause")
 	if err != nil {
 		return err
 	}
-	snap, err := c.snapshotOn(ctx, r.NodeID, &nodev1.SnapshotRequest{SandboxId: id, Kind: string(snapshot.KindPause), Stop: true})
+	snap, err := c.snapshotOn(ctx, r.NodeID, &nodev1.SnapshotRequest{SandboxId: id, Kind: string(snapshot.KindPause), Stop: true,
+		FilesOnly: opts.FilesOnly})
 	if err != nil {
 		c.release(ctx, id, "pause")
 		return err

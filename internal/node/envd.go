@@ -5,9 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"strconv"
 	"time"
 )
@@ -89,6 +91,29 @@ func (c *envdClient) init(ctx context.Context, body initRequest) error {
 	defer resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
 		return fmt.Errorf("envd /init answered %s", resp.Status)
+	}
+	return nil
+}
+
+// upload writes body to path in the sandbox as user, through envd's /files.
+func (c *envdClient) upload(ctx context.Context, user, path string, body io.Reader) error {
+	q := url.Values{"path": {path}, "username": {user}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/files?"+q.Encode(), body)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/octet-stream")
+	if c.token != "" {
+		req.Header.Set("X-Access-Token", c.token)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("uploading %s: %w", path, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return fmt.Errorf("uploading %s: envd answered %s: %s", path, resp.Status, msg)
 	}
 	return nil
 }

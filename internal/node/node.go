@@ -144,6 +144,9 @@ type Sandbox struct {
 	EnvdAccessToken string
 	// Mounts are the volumes mounted into it.
 	Mounts []snapshot.Mount
+	// envVars are what it was created with (for a pause without memory,
+	// whose resume boots afresh).
+	envVars map[string]string
 	// Addr is where the host reaches the sandbox (envd and user ports).
 	Addr      netip.Addr
 	StartedAt time.Time
@@ -463,6 +466,7 @@ func (n *Node) activate(ctx context.Context, sb *Sandbox, tpl *template.Template
 	}
 	// The token goes in through /init rather than the sandbox's start-up
 	// environment, so that prestarted sandboxes can get theirs when taken.
+	sb.envVars = req.EnvVars
 	if err := newEnvdClient(sb.Addr, "").init(ctx, initFor(tpl, req.EnvVars, sb.EnvdAccessToken)); err != nil {
 		return fmt.Errorf("creating sandbox %s: initialising envd: %w", sb.ID, err)
 	}

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"encoding/base64"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -188,7 +189,15 @@ func (n *Node) bootService(ctx context.Context, id string, tpl *template.Templat
 // processClient runs the node's own commands in a sandbox through envd's
 // process API.
 type processClient struct {
-	c processconnect.ProcessClient
+	c     processconnect.ProcessClient
+	token string
+}
+
+// withToken makes p send envd's access token (a sandbox handed out has
+// one).
+func (p *processClient) withToken(token string) *processClient {
+	p.token = token
+	return p
 }
 
 func newProcessClient(sb *Sandbox) *processClient {
@@ -201,6 +210,11 @@ func newProcessClient(sb *Sandbox) *processClient {
 // soon as the command has run for a moment (code -1), leaving it running,
 // unless it ended by then.
 func (p *processClient) run(ctx context.Context, cmd string, background bool) (int, string, error) {
+	return p.runAs(ctx, "", cmd, background)
+}
+
+// runAs is run as user (empty: the sandbox's default user).
+func (p *processClient) runAs(ctx context.Context, user, cmd string, background bool) (int, string, error) {
 	if background {
 		// envd kills a process when its request's deadline passes: a
 		// service's request has none, and is cut off by hand instead.
@@ -208,9 +222,16 @@ func (p *processClient) run(ctx context.Context, cmd string, background bool) (i
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := p.c.Start(ctx, connect.NewRequest(&process.StartRequest{
+	sreq := connect.NewRequest(&process.StartRequest{
 		Process: &process.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-l", "-c", cmd}},
-	}))
+	})
+	if user != "" {
+		sreq.Header().Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte(user+":")))
+	}
+	if p.token != "" {
+		sreq.Header().Set("X-Access-Token", p.token)
+	}
+	stream, err := p.c.Start(ctx, sreq)
 	if err != nil {
 		return -1, "", err
 	}

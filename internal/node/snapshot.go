@@ -26,6 +26,9 @@ type SnapshotOptions struct {
 	// Stop ends the sandbox once its state is saved (pause); its CPU,
 	// memory and network are released.
 	Stop bool
+	// FilesOnly saves the sandbox's files without its memory (E2B's pause
+	// with memory: false); it needs Stop. Its restore boots afresh.
+	FilesOnly bool
 }
 
 // Snapshot saves the whole state of a running sandbox (memory, processes,
@@ -66,6 +69,9 @@ func (n *Node) snapshotSandbox(ctx context.Context, sb *Sandbox, opts SnapshotOp
 	dir, err := n.cfg.Snapshots.Begin(snap.ID)
 	if err != nil {
 		return nil, fmt.Errorf("snapshotting sandbox %s: %w", id, err)
+	}
+	if opts.FilesOnly {
+		return n.snapshotFiles(ctx, sb, snap, dir, start)
 	}
 	// A pause freezes the sandbox rather than stopping it, and ends it
 	// only once its state is committed: a failed save leaves it running.
@@ -110,6 +116,9 @@ func (n *Node) snapshotSandbox(ctx context.Context, sb *Sandbox, opts SnapshotOp
 // restore starts a sandbox from a snapshot. The state, envd's included
 // (environment, token, running processes), comes back as it was saved.
 func (n *Node) restore(ctx context.Context, snap *snapshot.Snapshot, req CreateRequest) (*Sandbox, error) {
+	if snap.FilesOnly {
+		return n.restoreFiles(ctx, snap, req)
+	}
 	if err := n.CanRestore(snap); err != nil {
 		return nil, err
 	}

@@ -164,7 +164,10 @@ func (l *Local) Snapshot(ctx context.Context, req *nodev1.SnapshotRequest) (*nod
 	default:
 		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("unknown snapshot kind %q", req.Kind))
 	}
-	s, err := l.n.Snapshot(ctx, req.SandboxId, node.SnapshotOptions{Kind: kind, Names: req.Names, Stop: req.Stop})
+	if req.FilesOnly && (!req.Stop || kind != snapshot.KindPause) {
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("files_only is for a pause (kind pause, stop)"))
+	}
+	s, err := l.n.Snapshot(ctx, req.SandboxId, node.SnapshotOptions{Kind: kind, Names: req.Names, Stop: req.Stop, FilesOnly: req.FilesOnly})
 	if err != nil {
 		return nil, wireError(err)
 	}

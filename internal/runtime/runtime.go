@@ -88,6 +88,13 @@ type Stats struct {
 	DiskBytes uint64
 }
 
+// FilesExporter is implemented by drivers that can save what a running
+// sandbox wrote to its root filesystem, without its memory: a tar of its
+// writable layer, deletions as overlay whiteouts (character devices 0/0).
+type FilesExporter interface {
+	ExportFiles(ctx context.Context, id, path string) error
+}
+
 // LogReader is implemented by drivers that keep envd's own log of a
 // running sandbox (the processes it started and ended).
 type LogReader interface {

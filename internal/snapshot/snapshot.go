@@ -78,6 +78,11 @@ type Snapshot struct {
 	// Mounts are the volumes the sandbox had mounted: a restore mounts
 	// them again (on the node that holds them).
 	Mounts []Mount `json:"mounts,omitempty"`
+	// FilesOnly marks a snapshot of the sandbox's files without its
+	// memory (FilesFile, a tar of its writes): restoring it boots the
+	// template afresh with those files, and EnvVars, as at its create.
+	FilesOnly bool              `json:"filesOnly,omitempty"`
+	EnvVars   map[string]string `json:"envVars,omitempty"`
 	// Dir holds the runtime's image (not stored).
 	Dir string `json:"-"`
 }
@@ -400,6 +405,9 @@ func (c *Catalog) Delete(ctx context.Context, id string) error {
 	}
 	return nil
 }
+
+// FilesFile is the tar of a FilesOnly snapshot.
+const FilesFile = "files.tar"
 
 // Mount is a volume mounted into a sandbox.
 type Mount struct {

@@ -1368,9 +1368,12 @@ type SnapshotRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
 	// kind is "snapshot", "pause" or "fork".
-	Kind          string   `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
-	Names         []string `protobuf:"bytes,3,rep,name=names,proto3" json:"names,omitempty"`
-	Stop          bool     `protobuf:"varint,4,opt,name=stop,proto3" json:"stop,omitempty"`
+	Kind  string   `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	Names []string `protobuf:"bytes,3,rep,name=names,proto3" json:"names,omitempty"`
+	Stop  bool     `protobuf:"varint,4,opt,name=stop,proto3" json:"stop,omitempty"`
+	// files_only saves the sandbox's files, not its memory (with stop: a
+	// pause whose resume boots afresh).
+	FilesOnly     bool `protobuf:"varint,5,opt,name=files_only,json=filesOnly,proto3" json:"files_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1429,6 +1432,13 @@ func (x *SnapshotRequest) GetNames() []string {
 func (x *SnapshotRequest) GetStop() bool {
 	if x != nil {
 		return x.Stop
+	}
+	return false
+}
+
+func (x *SnapshotRequest) GetFilesOnly() bool {
+	if x != nil {
+		return x.FilesOnly
 	}
 	return false
 }
@@ -2100,13 +2110,15 @@ const file_node_node_proto_rawDesc = "" +
 	"\fKillResponse\"\r\n" +
 	"\vListRequest\"C\n" +
 	"\fListResponse\x123\n" +
-	"\tsandboxes\x18\x01 \x03(\v2\x15.aenv.node.v1.SandboxR\tsandboxes\"n\n" +
+	"\tsandboxes\x18\x01 \x03(\v2\x15.aenv.node.v1.SandboxR\tsandboxes\"\x8d\x01\n" +
 	"\x0fSnapshotRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x14\n" +
 	"\x05names\x18\x03 \x03(\tR\x05names\x12\x12\n" +
-	"\x04stop\x18\x04 \x01(\bR\x04stop\"\xc7\x03\n" +
+	"\x04stop\x18\x04 \x01(\bR\x04stop\x12\x1d\n" +
+	"\n" +
+	"files_only\x18\x05 \x01(\bR\tfilesOnly\"\xc7\x03\n" +
 	"\fSnapshotInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05names\x18\x02 \x03(\tR\x05names\x12\x12\n" +

@@ -474,6 +474,16 @@ func (d *Driver) diskBytes(id string) uint64 {
 	return total
 }
 
+// ExportFiles implements runtime.FilesExporter with runsc's own export of
+// a container's rootfs upper layer.
+func (d *Driver) ExportFiles(ctx context.Context, id, path string) error {
+	out, err := exec.CommandContext(ctx, d.cfg.RunscPath, "--root", d.runc.Root, "tar", "rootfs-upper", "--file", path, id).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("exporting the files of %s: %w: %s", id, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
 // EnvdLog implements runtime.LogReader.
 func (d *Driver) EnvdLog(id string) (io.ReadCloser, error) {
 	f, err := os.Open(filepath.Join(d.sandboxDir(id), "envd.log"))
