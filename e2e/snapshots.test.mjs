@@ -58,6 +58,21 @@ srv.test('pause with keepMemory: false keeps the files (deletions too) and resum
   }
 })
 
+srv.test("connect with onResume: 'reboot' boots a sandbox paused with its memory afresh, files kept", async () => {
+  const sbx = await srv.create({ envs: { KEPT_ENV: 'rebooted' } })
+  try {
+    await sbx.files.write('/home/user/r.txt', 'written before the pause')
+    await sbx.commands.run('sleep 600', { background: true })
+    await sbx.pause()
+    const back = await Sandbox.connect(sbx.sandboxId, { onResume: 'reboot' })
+    assert.equal(await back.files.read('/home/user/r.txt'), 'written before the pause')
+    assert.equal((await back.commands.run('pgrep -f "sleep 600"').catch((e) => e)).exitCode, 1, 'a process survived the reboot')
+    assert.equal((await back.commands.run('echo "$KEPT_ENV"')).stdout, 'rebooted\n')
+  } finally {
+    await srv.kill(sbx)
+  }
+})
+
 srv.test('pause releases the sandbox; connect resumes it with files, processes and memory', async () => {
   const sbx = await srv.create()
   try {

@@ -230,12 +230,20 @@ func (s *Server) killSandbox(w http.ResponseWriter, r *http.Request, id string) 
 type timeoutBody struct {
 	Timeout  *int64 `json:"timeout"`
 	Duration *int64 `json:"duration"`
+	// Memory false (connect) resumes by booting afresh with the files.
+	Memory *bool `json:"memory"`
 }
 
 func (s *Server) readSeconds(w http.ResponseWriter, r *http.Request, field string, required bool, def time.Duration) (time.Duration, bool) {
+	d, _, ok := s.readTimeoutBody(w, r, field, required, def)
+	return d, ok
+}
+
+// readTimeoutBody is readSeconds that also returns the body.
+func (s *Server) readTimeoutBody(w http.ResponseWriter, r *http.Request, field string, required bool, def time.Duration) (time.Duration, timeoutBody, bool) {
 	var body timeoutBody
 	if !decodeBody(w, r, &body) {
-		return 0, false
+		return 0, body, false
 	}
 	v := body.Timeout
 	if field == "duration" {
@@ -244,16 +252,16 @@ func (s *Server) readSeconds(w http.ResponseWriter, r *http.Request, field strin
 	if v == nil {
 		if required {
 			writeError(w, http.StatusBadRequest, fmt.Sprintf("%s (seconds) is required", field))
-			return 0, false
+			return 0, body, false
 		}
-		return def, true
+		return def, body, true
 	}
 	max := int64(s.cfg.Cluster.Limits().MaxTimeout / time.Second)
 	if *v <= 0 || *v > max {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("%s must be between 1 and %d seconds, got %d", field, max, *v))
-		return 0, false
+		return 0, body, false
 	}
-	return time.Duration(*v) * time.Second, true
+	return time.Duration(*v) * time.Second, body, true
 }
 
 func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request, id string) {
@@ -281,11 +289,11 @@ func (s *Server) refresh(w http.ResponseWriter, r *http.Request, id string) {
 }
 
 func (s *Server) connect(w http.ResponseWriter, r *http.Request, id string) {
-	d, ok := s.readSeconds(w, r, "timeout", false, defaultTimeoutV2)
+	d, body, ok := s.readTimeoutBody(w, r, "timeout", false, defaultTimeoutV2)
 	if !ok {
 		return
 	}
-	sb, resumed, err := s.cfg.Cluster.Connect(r.Context(), id, d)
+	sb, resumed, err := s.cfg.Cluster.ConnectWith(r.Context(), id, d, cluster.ConnectOptions{Reboot: body.Memory != nil && !*body.Memory})
 	if err != nil {
 		s.writeClusterError(w, r, err)
 		return

@@ -105,6 +105,18 @@ func (c *Cluster) finishPause(ctx context.Context, id, snapID string) error {
 // Connect returns a sandbox ready for use, extending its deadline to at
 // least now + d; a paused sandbox is resumed first (resumed reports it).
 func (c *Cluster) Connect(ctx context.Context, id string, d time.Duration) (sb *Sandbox, resumed bool, err error) {
+	return c.ConnectWith(ctx, id, d, ConnectOptions{})
+}
+
+// ConnectOptions tune ConnectWith.
+type ConnectOptions struct {
+	// Reboot resumes a paused sandbox by booting it afresh with its files
+	// (E2B's connect with memory: false), not restoring its memory.
+	Reboot bool
+}
+
+// ConnectWith is Connect with options.
+func (c *Cluster) ConnectWith(ctx context.Context, id string, d time.Duration, opts ConnectOptions) (sb *Sandbox, resumed bool, err error) {
 	if d <= 0 || d > c.cfg.Limits.MaxTimeout {
 		return nil, false, fmt.Errorf("%w: timeout must be between 1s and %s", ErrInvalid, c.cfg.Limits.MaxTimeout)
 	}
@@ -135,6 +147,7 @@ func (c *Cluster) Connect(ctx context.Context, id string, d time.Duration) (sb *
 		AllowInternet: r.AllowInternet,
 		AllowOut:      r.AllowOut,
 		DenyOut:       r.DenyOut,
+		Reboot:        opts.Reboot,
 	})
 	if err != nil {
 		c.release(ctx, id, "resume")

@@ -131,6 +131,9 @@ type CreateRequest struct {
 	Secure bool
 	// Mounts are volumes of this node to mount read-write.
 	Mounts []snapshot.Mount
+	// Reboot, for a TemplateID naming a snapshot, boots afresh with the
+	// snapshot's files instead of restoring its memory.
+	Reboot bool
 }
 
 // Sandbox is what a node knows of a sandbox it runs.

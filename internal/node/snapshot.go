@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"strconv"
 	"time"
 
@@ -66,6 +67,13 @@ func (n *Node) snapshotSandbox(ctx context.Context, sb *Sandbox, opts SnapshotOp
 		WritableMB:      max(sb.DiskMB, 0),
 		Mounts:          sb.Mounts,
 	}
+	if opts.Kind == snapshot.KindPause {
+		// For a resume that boots afresh (its memory, which holds them
+		// too, is then not restored).
+		n.mu.Lock()
+		snap.EnvVars = maps.Clone(sb.envVars)
+		n.mu.Unlock()
+	}
 	dir, err := n.cfg.Snapshots.Begin(snap.ID)
 	if err != nil {
 		return nil, fmt.Errorf("snapshotting sandbox %s: %w", id, err)
@@ -118,6 +126,9 @@ func (n *Node) snapshotSandbox(ctx context.Context, sb *Sandbox, opts SnapshotOp
 func (n *Node) restore(ctx context.Context, snap *snapshot.Snapshot, req CreateRequest) (*Sandbox, error) {
 	if snap.FilesOnly {
 		return n.restoreFiles(ctx, snap, req)
+	}
+	if req.Reboot {
+		return n.reboot(ctx, snap, req)
 	}
 	if err := n.CanRestore(snap); err != nil {
 		return nil, err

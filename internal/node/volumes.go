@@ -223,3 +223,39 @@ func (n *Node) putFiles(ctx context.Context, sb *Sandbox, tarPath string) error 
 	}
 	return nil
 }
+
+// reboot resumes a sandbox paused with its memory by booting afresh with
+// its files: the saved state is restored under a scratch id just long
+// enough to export what it wrote, then the sandbox boots as from a
+// files-only snapshot.
+func (n *Node) reboot(ctx context.Context, snap *snapshot.Snapshot, req CreateRequest) (*Sandbox, error) {
+	if err := n.CanRestore(snap); err != nil {
+		return nil, err
+	}
+	fx, ok := n.cfg.Runtime.(runtime.FilesExporter)
+	if !ok {
+		return nil, fmt.Errorf("rebooting from snapshot %s: runtime %s: %w", snap.ID, n.cfg.Runtime.Name(), ErrUnsupported)
+	}
+	tpl, err := n.cfg.Templates.Fetch(ctx, snap.TemplateID)
+	if err != nil {
+		return nil, fmt.Errorf("rebooting from snapshot %s: its template: %w", snap.ID, err)
+	}
+	dir, err := os.MkdirTemp("", "aenv-reboot-")
+	if err != nil {
+		return nil, fmt.Errorf("rebooting from snapshot %s: %w", snap.ID, err)
+	}
+	defer os.RemoveAll(dir)
+	scratch, err := n.boot(ctx, NewID(), tpl, bootOptions{CPUCount: snap.CPUCount, MemoryMB: snap.MemoryMB,
+		ImageDir: snap.Dir, DiskMB: snap.WritableMB, Mounts: snap.Mounts})
+	if err != nil {
+		return nil, fmt.Errorf("rebooting from snapshot %s: restoring it to read its files: %w", snap.ID, err)
+	}
+	err = fx.ExportFiles(ctx, scratch.ID, filepath.Join(dir, snapshot.FilesFile))
+	n.destroy(context.WithoutCancel(ctx), scratch)
+	if err != nil {
+		return nil, fmt.Errorf("rebooting from snapshot %s: %w", snap.ID, err)
+	}
+	files := *snap
+	files.FilesOnly, files.Dir = true, dir
+	return n.restoreFiles(ctx, &files, req)
+}

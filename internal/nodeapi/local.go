@@ -132,6 +132,7 @@ func (l *Local) Create(ctx context.Context, req *nodev1.CreateRequest) (*nodev1.
 		Network:    opts,
 		Secure:     req.Secure,
 		Mounts:     mountsFromWire(req.Mounts),
+		Reboot:     req.Reboot,
 	})
 	if err != nil {
 		return nil, wireError(err)

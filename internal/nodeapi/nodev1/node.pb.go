@@ -673,7 +673,10 @@ type CreateRequest struct {
 	// secure gives the sandbox an envd access token.
 	Secure bool `protobuf:"varint,9,opt,name=secure,proto3" json:"secure,omitempty"`
 	// mounts are volumes of this node mounted read-write into the sandbox.
-	Mounts        []*VolumeMount `protobuf:"bytes,10,rep,name=mounts,proto3" json:"mounts,omitempty"`
+	Mounts []*VolumeMount `protobuf:"bytes,10,rep,name=mounts,proto3" json:"mounts,omitempty"`
+	// reboot, with template_id naming a snapshot, boots the sandbox afresh
+	// with the snapshot's files instead of restoring its memory.
+	Reboot        bool `protobuf:"varint,11,opt,name=reboot,proto3" json:"reboot,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -776,6 +779,13 @@ func (x *CreateRequest) GetMounts() []*VolumeMount {
 		return x.Mounts
 	}
 	return nil
+}
+
+func (x *CreateRequest) GetReboot() bool {
+	if x != nil {
+		return x.Reboot
+	}
+	return false
 }
 
 type VolumeMount struct {
@@ -2058,7 +2068,7 @@ const file_node_node_proto_rawDesc = "" +
 	"\x11memory_overcommit\x18\t \x01(\x01R\x10memoryOvercommit\x12*\n" +
 	"\x11memory_high_water\x18\n" +
 	" \x01(\x01R\x0fmemoryHighWater\x12$\n" +
-	"\x0ehost_memory_mb\x18\v \x01(\x05R\fhostMemoryMb\"\xb4\x03\n" +
+	"\x0ehost_memory_mb\x18\v \x01(\x05R\fhostMemoryMb\"\xcc\x03\n" +
 	"\rCreateRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1f\n" +
@@ -2072,7 +2082,8 @@ const file_node_node_proto_rawDesc = "" +
 	"\bdeny_out\x18\b \x03(\tR\adenyOut\x12\x16\n" +
 	"\x06secure\x18\t \x01(\bR\x06secure\x121\n" +
 	"\x06mounts\x18\n" +
-	" \x03(\v2\x19.aenv.node.v1.VolumeMountR\x06mounts\x1a:\n" +
+	" \x03(\v2\x19.aenv.node.v1.VolumeMountR\x06mounts\x12\x16\n" +
+	"\x06reboot\x18\v \x01(\bR\x06reboot\x1a:\n" +
 	"\fEnvVarsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\">\n" +
