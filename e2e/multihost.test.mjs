@@ -259,9 +259,24 @@ cl.test('a volume lives on one node: its sandboxes go there, and either server r
     await made[0].commands.run('cat /v/seed.txt > /v/copy.txt')
     assert.equal((await made[2].commands.run('cat /v/copy.txt')).stdout, 'seeded via server 0\n')
     assert.equal(await vol.readFile('/copy.txt', { apiUrl: cl.servers[1].url }), 'seeded via server 0\n')
+    const refused = await cl.api('POST', `/sandboxes/${made[0].sandboxId}/migrate`, { body: {} })
+    assert.equal(refused.status, 400, refused.text)
+    assert.match(refused.json.message, /mount too/)
+    // Alone with its volume, a sandbox takes it along (through the store).
+    for (const s of made.splice(1)) {
+      await s.kill()
+      cl.sandboxes.delete(s.sandboxId)
+    }
+    const before = await cl.nodeOf(made[0].sandboxId)
     const moved = await cl.api('POST', `/sandboxes/${made[0].sandboxId}/migrate`, { body: {} })
-    assert.equal(moved.status, 400, moved.text)
-    assert.match(moved.json.message, /mounts volumes/)
+    assert.equal(moved.status, 200, moved.text)
+    const after = await cl.nodeOf(made[0].sandboxId)
+    assert.notEqual(after, before)
+    assert.equal((await made[0].commands.run('cat /v/copy.txt && echo more >> /v/copy.txt')).stdout, 'seeded via server 0\n')
+    assert.equal(await vol.readFile('/copy.txt', { apiUrl: cl.servers[1].url }), 'seeded via server 0\nmore\n')
+    const next = await cl.create({ volumeMounts: { '/v': vol } })
+    made.push(next)
+    assert.equal(await cl.nodeOf(next.sandboxId), after, 'a new sandbox of the volume went to its old node')
   } finally {
     for (const s of made) {
       await s.kill()

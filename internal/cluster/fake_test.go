@@ -245,3 +245,11 @@ func (n *fakeNode) DeleteVolume(ctx context.Context, req *nodev1.DeleteVolumeReq
 func (n *fakeNode) UpdateNetwork(ctx context.Context, req *nodev1.UpdateNetworkRequest) (*nodev1.UpdateNetworkResponse, error) {
 	return &nodev1.UpdateNetworkResponse{}, nil
 }
+
+func (n *fakeNode) ExportVolume(ctx context.Context, req *nodev1.ExportVolumeRequest) (*nodev1.ExportVolumeResponse, error) {
+	return &nodev1.ExportVolumeResponse{}, nil
+}
+
+func (n *fakeNode) ImportVolume(ctx context.Context, req *nodev1.ImportVolumeRequest) (*nodev1.ImportVolumeResponse, error) {
+	return &nodev1.ImportVolumeResponse{}, nil
+}

@@ -440,9 +440,9 @@ func (c *Cluster) Migrate(ctx context.Context, id, target string) (*Migration, e
 		return nil, err
 	}
 	from := r.NodeID
-	if len(r.Mounts) > 0 {
+	if others := c.volumeSharers(&r); len(others) > 0 {
 		c.release(ctx, id, "migrate")
-		return nil, fmt.Errorf("%w: sandbox %s mounts volumes of node %s and cannot leave it", ErrInvalid, id, from)
+		return nil, fmt.Errorf("%w: sandbox %s mounts volumes that sandboxes %v mount too; they cannot leave node %s apart", ErrInvalid, id, others, from)
 	}
 	// The target is chosen before anything stops.
 	p := placement{memoryMB: r.MemoryMB, cpus: r.CPUCount, exclude: []string{from}, only: target}
@@ -468,7 +468,22 @@ func (c *Cluster) Migrate(ctx context.Context, id, target string) (*Migration, e
 	ctx = context.WithoutCancel(ctx)
 	req := &nodev1.CreateRequest{SandboxId: id, TemplateId: snap.Id, AllowInternet: r.AllowInternet,
 		AllowOut: r.AllowOut, DenyOut: r.DenyOut}
-	nsb, rerr := dest.Create(ctx, req)
+	// Its volumes go along (through the store), before it starts there.
+	rerr := c.moveVolumes(ctx, r.Mounts, from, dest)
+	var nsb *nodev1.Sandbox
+	if rerr == nil {
+		nsb, rerr = dest.Create(ctx, req)
+	}
+	if rerr != nil && len(r.Mounts) > 0 {
+		// What moved goes back, for the restore where it was.
+		back, err := c.nodes.node(from)
+		if err == nil {
+			err = c.moveVolumes(ctx, r.Mounts, dest.ID(), back)
+		}
+		if err != nil {
+			c.log.Error("moving volumes back after a failed migration", "sandbox_id", id, "err", err)
+		}
+	}
 	if rerr != nil {
 		c.log.Warn("restoring a migrating sandbox on its new node failed; restoring it where it was",
 			"sandbox_id", id, "from", from, "to", dest.ID(), "err", rerr)

@@ -228,3 +228,63 @@ func mountsToWire(ms []VolumeMount) []*nodev1.VolumeMount {
 	}
 	return out
 }
+
+// volumeSharers are the other sandboxes that mount a volume r mounts.
+func (c *Cluster) volumeSharers(r *record) []string {
+	if len(r.Mounts) == 0 {
+		return nil
+	}
+	mine := map[string]bool{}
+	for _, m := range r.Mounts {
+		mine[m.VolumeID] = true
+	}
+	var out []string
+	c.recs.each(func(o *record) {
+		if o.ID == r.ID {
+			return
+		}
+		for _, m := range o.Mounts {
+			if mine[m.VolumeID] {
+				out = append(out, o.ID)
+				return
+			}
+		}
+	})
+	return out
+}
+
+// moveVolumes moves the volumes of mounts that are on node from to node
+// to, through the store, updating their records; those already on to
+// stay.
+func (c *Cluster) moveVolumes(ctx context.Context, mounts []VolumeMount, from string, to nodeapi.Node) error {
+	for _, m := range mounts {
+		v, err := c.volume(ctx, m.VolumeID)
+		if err != nil {
+			return err
+		}
+		if v.NodeID == to.ID() || v.NodeID != from {
+			continue
+		}
+		src, err := c.nodes.node(from)
+		if err != nil {
+			return err
+		}
+		if _, err := src.ExportVolume(ctx, &nodev1.ExportVolumeRequest{VolumeId: v.ID}); err != nil {
+			return fmt.Errorf("moving volume %s off node %s: %w", v.Name, from, classifyNodeError(err))
+		}
+		if _, err := to.ImportVolume(ctx, &nodev1.ImportVolumeRequest{VolumeId: v.ID}); err != nil {
+			return fmt.Errorf("moving volume %s to node %s: %w", v.Name, to.ID(), classifyNodeError(err))
+		}
+		old := v.NodeID
+		v.NodeID = to.ID()
+		b, _ := json.Marshal(v)
+		if _, err := c.cfg.State.Put(ctx, volumePrefix+v.ID, b, state.WriteOptions{}); err != nil {
+			return fmt.Errorf("recording volume %s on node %s: %w", v.Name, to.ID(), err)
+		}
+		if _, err := src.DeleteVolume(ctx, &nodev1.DeleteVolumeRequest{VolumeId: v.ID}); err != nil {
+			c.log.Warn("removing a moved volume from its old node", "volume_id", v.ID, "node_id", old, "err", err)
+		}
+		c.log.Info("volume moved", "volume_id", v.ID, "from", old, "to", to.ID())
+	}
+	return nil
+}

@@ -25,6 +25,7 @@ import (
 	"github.com/aenvhq/aenv/internal/netns"
 	"github.com/aenvhq/aenv/internal/runtime"
 	"github.com/aenvhq/aenv/internal/snapshot"
+	"github.com/aenvhq/aenv/internal/store"
 	"github.com/aenvhq/aenv/internal/template"
 	"github.com/aenvhq/aenv/internal/undo"
 	"github.com/aenvhq/aenv/internal/volume"
@@ -79,6 +80,9 @@ type Config struct {
 	Snapshots *snapshot.Catalog
 	// Volumes holds the volumes of this node; nil: none.
 	Volumes *volume.Dir
+	// Store is the cluster's durable store, through which volumes move
+	// between nodes; nil: they cannot.
+	Store *store.Store
 	// EnvdPath is the static envd binary placed in every sandbox.
 	EnvdPath string
 	// EnvdVersion is the version the envd binary reports.

@@ -41,11 +41,12 @@ func (n *Node) toolBinds(tpl *template.Template) ([]runtime.Bind, error) {
 
 // readyName names the snapshot of tpl's started service. Whatever the
 // running service depends on is in it, so that a changed template, start
-// command, resources or node binary gets a snapshot of its own.
+// command, resources, runtime or node binary gets a snapshot of its own
+// (and nodes that differ never claim one name twice).
 func (n *Node) readyName(tpl *template.Template) string {
 	h := sha256.New()
-	fmt.Fprintf(h, "%s\x00%d\x00%s\x00%s\x00%d\x00%d\x00%d\x00", tpl.ID, tpl.CreatedAt.UnixNano(), tpl.StartCmd, tpl.ReadyCmd,
-		tpl.CPUCount, tpl.MemoryMB, pick(tpl.DiskMB, n.cfg.DiskMB))
+	fmt.Fprintf(h, "%s\x00%d\x00%s\x00%s\x00%d\x00%d\x00%d\x00%s\x00%s\x00", tpl.ID, tpl.CreatedAt.UnixNano(), tpl.StartCmd, tpl.ReadyCmd,
+		tpl.CPUCount, tpl.MemoryMB, pick(tpl.DiskMB, n.cfg.DiskMB), n.cfg.Runtime.Name(), n.cfg.RuntimeVersion)
 	for _, name := range tpl.Tools {
 		if fi, err := os.Stat(filepath.Join(filepath.Dir(n.cfg.EnvdPath), name)); err == nil {
 			fmt.Fprintf(h, "%s\x00%d\x00%d\x00", name, fi.Size(), fi.ModTime().UnixNano())

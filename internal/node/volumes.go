@@ -259,3 +259,63 @@ func (n *Node) reboot(ctx context.Context, snap *snapshot.Snapshot, req CreateRe
 	files.FilesOnly, files.Dir = true, dir
 	return n.restoreFiles(ctx, &files, req)
 }
+
+// volumeKey is where a moving volume's files wait in the store.
+func volumeKey(id string) string { return "volume-" + id }
+
+// ExportVolume saves volume id's files to the store, for another node's
+// ImportVolume.
+func (n *Node) ExportVolume(ctx context.Context, id string) (int64, error) {
+	if n.cfg.Store == nil {
+		return 0, fmt.Errorf("moving volume %s: %w: the cluster has no store (--store) to move it through", id, ErrUnsupported)
+	}
+	if n.cfg.Volumes == nil || !n.cfg.Volumes.Exists(id) {
+		return 0, fmt.Errorf("moving volume %s: %w", id, ErrNotFound)
+	}
+	f, err := os.CreateTemp("", "aenv-volume-*.tar")
+	if err != nil {
+		return 0, fmt.Errorf("moving volume %s: %w", id, err)
+	}
+	defer os.Remove(f.Name())
+	size, err := n.cfg.Volumes.Archive(id, f)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return 0, fmt.Errorf("moving volume %s: %w", id, err)
+	}
+	if _, _, err := n.cfg.Store.Save(ctx, volumeKey(id), "", map[string]string{"volume.tar": f.Name()}, []byte(`{"volume":"`+id+`"}`)); err != nil {
+		return 0, fmt.Errorf("moving volume %s: saving it: %w", id, err)
+	}
+	n.log.Info("volume saved to the store to move", "volume_id", id, "bytes", size)
+	return size, nil
+}
+
+// ImportVolume makes volume id on this node from what ExportVolume saved,
+// then drops that from the store.
+func (n *Node) ImportVolume(ctx context.Context, id string) error {
+	if n.cfg.Store == nil || n.cfg.Volumes == nil {
+		return fmt.Errorf("moving volume %s here: %w: no store or no volume directory", id, ErrUnsupported)
+	}
+	dir, err := os.MkdirTemp("", "aenv-volume-")
+	if err != nil {
+		return fmt.Errorf("moving volume %s here: %w", id, err)
+	}
+	defer os.RemoveAll(dir)
+	if err := n.cfg.Store.Restore(ctx, volumeKey(id), dir); err != nil {
+		return fmt.Errorf("moving volume %s here: fetching it: %w", id, err)
+	}
+	f, err := os.Open(filepath.Join(dir, "volume.tar"))
+	if err != nil {
+		return fmt.Errorf("moving volume %s here: %w", id, err)
+	}
+	defer f.Close()
+	if err := n.cfg.Volumes.Extract(id, f); err != nil {
+		return fmt.Errorf("moving volume %s here: %w", id, err)
+	}
+	if err := n.cfg.Store.Delete(ctx, volumeKey(id)); err != nil {
+		n.log.Warn("dropping a moved volume's copy from the store", "volume_id", id, "err", err)
+	}
+	n.log.Info("volume moved here", "volume_id", id)
+	return nil
+}

@@ -260,6 +260,23 @@ func truncateRule(s string) string {
 	return s
 }
 
+// ExportVolume implements Node.
+func (l *Local) ExportVolume(ctx context.Context, req *nodev1.ExportVolumeRequest) (*nodev1.ExportVolumeResponse, error) {
+	n, err := l.n.ExportVolume(ctx, req.VolumeId)
+	if err != nil {
+		return nil, wireError(err)
+	}
+	return &nodev1.ExportVolumeResponse{Bytes: n}, nil
+}
+
+// ImportVolume implements Node.
+func (l *Local) ImportVolume(ctx context.Context, req *nodev1.ImportVolumeRequest) (*nodev1.ImportVolumeResponse, error) {
+	if err := l.n.ImportVolume(ctx, req.VolumeId); err != nil {
+		return nil, wireError(err)
+	}
+	return &nodev1.ImportVolumeResponse{}, nil
+}
+
 // UpdateNetwork implements Node.
 func (l *Local) UpdateNetwork(ctx context.Context, req *nodev1.UpdateNetworkRequest) (*nodev1.UpdateNetworkResponse, error) {
 	opts, err := SlotOptions(req.AllowInternet, req.AllowOut, req.DenyOut)

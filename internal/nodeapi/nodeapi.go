@@ -41,6 +41,8 @@ type Node interface {
 	Logs(context.Context, *nodev1.LogsRequest) (*nodev1.LogsResponse, error)
 	CreateVolume(context.Context, *nodev1.CreateVolumeRequest) (*nodev1.CreateVolumeResponse, error)
 	UpdateNetwork(context.Context, *nodev1.UpdateNetworkRequest) (*nodev1.UpdateNetworkResponse, error)
+	ExportVolume(context.Context, *nodev1.ExportVolumeRequest) (*nodev1.ExportVolumeResponse, error)
+	ImportVolume(context.Context, *nodev1.ImportVolumeRequest) (*nodev1.ImportVolumeResponse, error)
 	DeleteVolume(context.Context, *nodev1.DeleteVolumeRequest) (*nodev1.DeleteVolumeResponse, error)
 	Metrics(context.Context, *nodev1.MetricsRequest) (*nodev1.MetricsResponse, error)
 	// Events calls fn with each event the node reports, beginning with a

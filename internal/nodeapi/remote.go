@@ -58,6 +58,14 @@ func (h *handler) DeleteSnapshot(ctx context.Context, r *nodev1.DeleteSnapshotRe
 	return h.n.DeleteSnapshot(ctx, r)
 }
 
+func (h *handler) ExportVolume(ctx context.Context, r *nodev1.ExportVolumeRequest) (*nodev1.ExportVolumeResponse, error) {
+	return h.n.ExportVolume(ctx, r)
+}
+
+func (h *handler) ImportVolume(ctx context.Context, r *nodev1.ImportVolumeRequest) (*nodev1.ImportVolumeResponse, error) {
+	return h.n.ImportVolume(ctx, r)
+}
+
 func (h *handler) UpdateNetwork(ctx context.Context, r *nodev1.UpdateNetworkRequest) (*nodev1.UpdateNetworkResponse, error) {
 	return h.n.UpdateNetwork(ctx, r)
 }
@@ -178,6 +186,16 @@ func (r *Remote) GetSnapshot(ctx context.Context, q *nodev1.GetSnapshotRequest) 
 // DeleteSnapshot implements Node.
 func (r *Remote) DeleteSnapshot(ctx context.Context, q *nodev1.DeleteSnapshotRequest) (*nodev1.DeleteSnapshotResponse, error) {
 	return r.c.DeleteSnapshot(ctx, q)
+}
+
+// ExportVolume implements Node.
+func (r *Remote) ExportVolume(ctx context.Context, q *nodev1.ExportVolumeRequest) (*nodev1.ExportVolumeResponse, error) {
+	return r.c.ExportVolume(ctx, q)
+}
+
+// ImportVolume implements Node.
+func (r *Remote) ImportVolume(ctx context.Context, q *nodev1.ImportVolumeRequest) (*nodev1.ImportVolumeResponse, error) {
+	return r.c.ImportVolume(ctx, q)
 }
 
 // UpdateNetwork implements Node.

@@ -143,6 +143,7 @@ func (h *host) open(ctx context.Context, cfg Config, log *slog.Logger) error {
 	h.node, err = node.New(node.Config{
 		Snapshots:           snapshots,
 		Volumes:             h.volumes,
+		Store:               h.remote,
 		ID:                  cfg.NodeID,
 		Runtime:             driver,
 		RuntimeVersion:      h.runtimeVersion,

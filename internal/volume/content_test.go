@@ -1,6 +1,7 @@
 package volume
 
 import (
+	"archive/tar"
 	"bytes"
 	"encoding/json"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -118,5 +120,53 @@ func TestContent(t *testing.T) {
 	}
 	if st, _ := do(t, ts, "GET", "/volumecontent/vol1/dir?path=/&depth=99", nil); st != 400 {
 		t.Fatalf("depth 99: %d", st)
+	}
+}
+
+// TestArchiveExtract moves a volume between two volume directories, as
+// between nodes: files, owners, modes, links and empty directories come
+// across; an archive cannot write outside its volume.
+func TestArchiveExtract(t *testing.T) {
+	from, ts := newContent(t)
+	do(t, ts, "PUT", "/volumecontent/vol1/file?path=/a/b.txt&force=true&mode=384", []byte("moved"))
+	do(t, ts, "POST", "/volumecontent/vol1/dir?path=/empty&mode=320", nil)
+	src, _ := from.Path("vol1")
+	os.Symlink("a/b.txt", filepath.Join(src, "link"))
+	var buf bytes.Buffer
+	if n, err := from.Archive("vol1", &buf); err != nil || n != 5 {
+		t.Fatalf("archive: %d %v", n, err)
+	}
+	to, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := to.Extract("vol1", bytes.NewReader(buf.Bytes())); err != nil {
+		t.Fatal(err)
+	}
+	dst, _ := to.Path("vol1")
+	b, err := os.ReadFile(filepath.Join(dst, "link"))
+	if err != nil || string(b) != "moved" {
+		t.Fatalf("through the link: %q %v", b, err)
+	}
+	fi, _ := os.Stat(filepath.Join(dst, "a/b.txt"))
+	if fi.Mode().Perm() != 0o600 || fi.Sys().(*syscall.Stat_t).Uid != DefaultUID {
+		t.Fatalf("a/b.txt: mode %v uid %d", fi.Mode(), fi.Sys().(*syscall.Stat_t).Uid)
+	}
+	if fi, err := os.Stat(filepath.Join(dst, "empty")); err != nil || !fi.IsDir() || fi.Mode().Perm() != 0o500 {
+		t.Fatalf("empty dir: %v %v", fi, err)
+	}
+
+	var evil bytes.Buffer
+	tw := tar.NewWriter(&evil)
+	tw.WriteHeader(&tar.Header{Name: "escape", Typeflag: tar.TypeSymlink, Linkname: "/etc"})
+	tw.WriteHeader(&tar.Header{Name: "escape/aenv-volume-escape", Typeflag: tar.TypeReg, Mode: 0o644, Size: 1})
+	tw.Write([]byte("x"))
+	tw.Close()
+	if err := to.Extract("vol2", &evil); err == nil {
+		t.Fatal("an archive wrote through a symlink out of its volume")
+	}
+	if _, err := os.Stat("/etc/aenv-volume-escape"); err == nil {
+		os.Remove("/etc/aenv-volume-escape")
+		t.Fatal("an archive wrote outside its volume")
 	}
 }

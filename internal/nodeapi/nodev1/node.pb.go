@@ -85,7 +85,7 @@ func (x Event_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Event_Kind.Descriptor instead.
 func (Event_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{32, 0}
+	return file_node_node_proto_rawDescGZIP(), []int{36, 0}
 }
 
 type LogsRequest struct {
@@ -1001,6 +1001,174 @@ func (*DeleteVolumeResponse) Descriptor() ([]byte, []int) {
 	return file_node_node_proto_rawDescGZIP(), []int{14}
 }
 
+type ExportVolumeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	VolumeId      string                 `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExportVolumeRequest) Reset() {
+	*x = ExportVolumeRequest{}
+	mi := &file_node_node_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExportVolumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExportVolumeRequest) ProtoMessage() {}
+
+func (x *ExportVolumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExportVolumeRequest.ProtoReflect.Descriptor instead.
+func (*ExportVolumeRequest) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ExportVolumeRequest) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+type ExportVolumeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Bytes         int64                  `protobuf:"varint,1,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExportVolumeResponse) Reset() {
+	*x = ExportVolumeResponse{}
+	mi := &file_node_node_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExportVolumeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExportVolumeResponse) ProtoMessage() {}
+
+func (x *ExportVolumeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExportVolumeResponse.ProtoReflect.Descriptor instead.
+func (*ExportVolumeResponse) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ExportVolumeResponse) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+type ImportVolumeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	VolumeId      string                 `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImportVolumeRequest) Reset() {
+	*x = ImportVolumeRequest{}
+	mi := &file_node_node_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImportVolumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImportVolumeRequest) ProtoMessage() {}
+
+func (x *ImportVolumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImportVolumeRequest.ProtoReflect.Descriptor instead.
+func (*ImportVolumeRequest) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ImportVolumeRequest) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+type ImportVolumeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImportVolumeResponse) Reset() {
+	*x = ImportVolumeResponse{}
+	mi := &file_node_node_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImportVolumeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImportVolumeResponse) ProtoMessage() {}
+
+func (x *ImportVolumeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImportVolumeResponse.ProtoReflect.Descriptor instead.
+func (*ImportVolumeResponse) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{18}
+}
+
 type UpdateNetworkRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
@@ -1013,7 +1181,7 @@ type UpdateNetworkRequest struct {
 
 func (x *UpdateNetworkRequest) Reset() {
 	*x = UpdateNetworkRequest{}
-	mi := &file_node_node_proto_msgTypes[15]
+	mi := &file_node_node_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1025,7 +1193,7 @@ func (x *UpdateNetworkRequest) String() string {
 func (*UpdateNetworkRequest) ProtoMessage() {}
 
 func (x *UpdateNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[15]
+	mi := &file_node_node_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1038,7 +1206,7 @@ func (x *UpdateNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkRequest.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{15}
+	return file_node_node_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *UpdateNetworkRequest) GetSandboxId() string {
@@ -1077,7 +1245,7 @@ type UpdateNetworkResponse struct {
 
 func (x *UpdateNetworkResponse) Reset() {
 	*x = UpdateNetworkResponse{}
-	mi := &file_node_node_proto_msgTypes[16]
+	mi := &file_node_node_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1089,7 +1257,7 @@ func (x *UpdateNetworkResponse) String() string {
 func (*UpdateNetworkResponse) ProtoMessage() {}
 
 func (x *UpdateNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[16]
+	mi := &file_node_node_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1102,7 +1270,7 @@ func (x *UpdateNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkResponse.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{16}
+	return file_node_node_proto_rawDescGZIP(), []int{20}
 }
 
 type Sandbox struct {
@@ -1123,7 +1291,7 @@ type Sandbox struct {
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_node_node_proto_msgTypes[17]
+	mi := &file_node_node_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1135,7 +1303,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[17]
+	mi := &file_node_node_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1148,7 +1316,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{17}
+	return file_node_node_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Sandbox) GetId() string {
@@ -1223,7 +1391,7 @@ type KillRequest struct {
 
 func (x *KillRequest) Reset() {
 	*x = KillRequest{}
-	mi := &file_node_node_proto_msgTypes[18]
+	mi := &file_node_node_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1235,7 +1403,7 @@ func (x *KillRequest) String() string {
 func (*KillRequest) ProtoMessage() {}
 
 func (x *KillRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[18]
+	mi := &file_node_node_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1248,7 +1416,7 @@ func (x *KillRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillRequest.ProtoReflect.Descriptor instead.
 func (*KillRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{18}
+	return file_node_node_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *KillRequest) GetSandboxId() string {
@@ -1266,7 +1434,7 @@ type KillResponse struct {
 
 func (x *KillResponse) Reset() {
 	*x = KillResponse{}
-	mi := &file_node_node_proto_msgTypes[19]
+	mi := &file_node_node_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1278,7 +1446,7 @@ func (x *KillResponse) String() string {
 func (*KillResponse) ProtoMessage() {}
 
 func (x *KillResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[19]
+	mi := &file_node_node_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1291,7 +1459,7 @@ func (x *KillResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillResponse.ProtoReflect.Descriptor instead.
 func (*KillResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{19}
+	return file_node_node_proto_rawDescGZIP(), []int{23}
 }
 
 type ListRequest struct {
@@ -1302,7 +1470,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_node_node_proto_msgTypes[20]
+	mi := &file_node_node_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1314,7 +1482,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[20]
+	mi := &file_node_node_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1327,7 +1495,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{20}
+	return file_node_node_proto_rawDescGZIP(), []int{24}
 }
 
 type ListResponse struct {
@@ -1339,7 +1507,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_node_node_proto_msgTypes[21]
+	mi := &file_node_node_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1351,7 +1519,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[21]
+	mi := &file_node_node_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1364,7 +1532,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{21}
+	return file_node_node_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -1390,7 +1558,7 @@ type SnapshotRequest struct {
 
 func (x *SnapshotRequest) Reset() {
 	*x = SnapshotRequest{}
-	mi := &file_node_node_proto_msgTypes[22]
+	mi := &file_node_node_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1402,7 +1570,7 @@ func (x *SnapshotRequest) String() string {
 func (*SnapshotRequest) ProtoMessage() {}
 
 func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[22]
+	mi := &file_node_node_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1415,7 +1583,7 @@ func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{22}
+	return file_node_node_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *SnapshotRequest) GetSandboxId() string {
@@ -1477,7 +1645,7 @@ type SnapshotInfo struct {
 
 func (x *SnapshotInfo) Reset() {
 	*x = SnapshotInfo{}
-	mi := &file_node_node_proto_msgTypes[23]
+	mi := &file_node_node_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1489,7 +1657,7 @@ func (x *SnapshotInfo) String() string {
 func (*SnapshotInfo) ProtoMessage() {}
 
 func (x *SnapshotInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[23]
+	mi := &file_node_node_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1502,7 +1670,7 @@ func (x *SnapshotInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotInfo.ProtoReflect.Descriptor instead.
 func (*SnapshotInfo) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{23}
+	return file_node_node_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *SnapshotInfo) GetId() string {
@@ -1612,7 +1780,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_node_node_proto_msgTypes[24]
+	mi := &file_node_node_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1624,7 +1792,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[24]
+	mi := &file_node_node_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1637,7 +1805,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{24}
+	return file_node_node_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *StatsRequest) GetSandboxId() string {
@@ -1660,7 +1828,7 @@ type SandboxStats struct {
 
 func (x *SandboxStats) Reset() {
 	*x = SandboxStats{}
-	mi := &file_node_node_proto_msgTypes[25]
+	mi := &file_node_node_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1672,7 +1840,7 @@ func (x *SandboxStats) String() string {
 func (*SandboxStats) ProtoMessage() {}
 
 func (x *SandboxStats) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[25]
+	mi := &file_node_node_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1685,7 +1853,7 @@ func (x *SandboxStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxStats.ProtoReflect.Descriptor instead.
 func (*SandboxStats) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{25}
+	return file_node_node_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *SandboxStats) GetMemoryBytes() uint64 {
@@ -1718,7 +1886,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_node_node_proto_msgTypes[26]
+	mi := &file_node_node_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1730,7 +1898,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[26]
+	mi := &file_node_node_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1743,7 +1911,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{26}
+	return file_node_node_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ListSnapshotsRequest) GetKinds() []string {
@@ -1762,7 +1930,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_node_node_proto_msgTypes[27]
+	mi := &file_node_node_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1774,7 +1942,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[27]
+	mi := &file_node_node_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1787,7 +1955,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{27}
+	return file_node_node_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*SnapshotInfo {
@@ -1806,7 +1974,7 @@ type GetSnapshotRequest struct {
 
 func (x *GetSnapshotRequest) Reset() {
 	*x = GetSnapshotRequest{}
-	mi := &file_node_node_proto_msgTypes[28]
+	mi := &file_node_node_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1818,7 +1986,7 @@ func (x *GetSnapshotRequest) String() string {
 func (*GetSnapshotRequest) ProtoMessage() {}
 
 func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[28]
+	mi := &file_node_node_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1831,7 +1999,7 @@ func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*GetSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{28}
+	return file_node_node_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *GetSnapshotRequest) GetIdOrName() string {
@@ -1850,7 +2018,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_node_node_proto_msgTypes[29]
+	mi := &file_node_node_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1862,7 +2030,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[29]
+	mi := &file_node_node_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1875,7 +2043,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{29}
+	return file_node_node_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *DeleteSnapshotRequest) GetId() string {
@@ -1893,7 +2061,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_node_node_proto_msgTypes[30]
+	mi := &file_node_node_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1905,7 +2073,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[30]
+	mi := &file_node_node_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1918,7 +2086,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{30}
+	return file_node_node_proto_rawDescGZIP(), []int{34}
 }
 
 type EventsRequest struct {
@@ -1929,7 +2097,7 @@ type EventsRequest struct {
 
 func (x *EventsRequest) Reset() {
 	*x = EventsRequest{}
-	mi := &file_node_node_proto_msgTypes[31]
+	mi := &file_node_node_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1941,7 +2109,7 @@ func (x *EventsRequest) String() string {
 func (*EventsRequest) ProtoMessage() {}
 
 func (x *EventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[31]
+	mi := &file_node_node_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1954,7 +2122,7 @@ func (x *EventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsRequest.ProtoReflect.Descriptor instead.
 func (*EventsRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{31}
+	return file_node_node_proto_rawDescGZIP(), []int{35}
 }
 
 type Event struct {
@@ -1968,7 +2136,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_node_node_proto_msgTypes[32]
+	mi := &file_node_node_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1980,7 +2148,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[32]
+	mi := &file_node_node_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1993,7 +2161,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{32}
+	return file_node_node_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *Event) GetKind() Event_Kind {
@@ -2095,7 +2263,14 @@ const file_node_node_proto_rawDesc = "" +
 	"\x14CreateVolumeResponse\"2\n" +
 	"\x13DeleteVolumeRequest\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\"\x16\n" +
-	"\x14DeleteVolumeResponse\"\x94\x01\n" +
+	"\x14DeleteVolumeResponse\"2\n" +
+	"\x13ExportVolumeRequest\x12\x1b\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\",\n" +
+	"\x14ExportVolumeResponse\x12\x14\n" +
+	"\x05bytes\x18\x01 \x01(\x03R\x05bytes\"2\n" +
+	"\x13ImportVolumeRequest\x12\x1b\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\"\x16\n" +
+	"\x14ImportVolumeResponse\"\x94\x01\n" +
 	"\x14UpdateNetworkRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12%\n" +
@@ -2178,7 +2353,8 @@ const file_node_node_proto_rawDesc = "" +
 	"\tKIND_SYNC\x10\x01\x12\x0f\n" +
 	"\vKIND_EXITED\x10\x02\x12\x13\n" +
 	"\x0fKIND_OOM_KILLED\x10\x03\x12\x11\n" +
-	"\rKIND_DRAINING\x10\x042\xdd\b\n" +
+	"\rKIND_DRAINING\x10\x042\x8b\n" +
+	"\n" +
 	"\vNodeService\x129\n" +
 	"\x04Info\x12\x19.aenv.node.v1.InfoRequest\x1a\x16.aenv.node.v1.NodeInfo\x12<\n" +
 	"\x06Create\x12\x1b.aenv.node.v1.CreateRequest\x1a\x15.aenv.node.v1.Sandbox\x12=\n" +
@@ -2193,7 +2369,9 @@ const file_node_node_proto_rawDesc = "" +
 	"\x04Logs\x12\x19.aenv.node.v1.LogsRequest\x1a\x1a.aenv.node.v1.LogsResponse\x12F\n" +
 	"\aMetrics\x12\x1c.aenv.node.v1.MetricsRequest\x1a\x1d.aenv.node.v1.MetricsResponse\x12U\n" +
 	"\fCreateVolume\x12!.aenv.node.v1.CreateVolumeRequest\x1a\".aenv.node.v1.CreateVolumeResponse\x12U\n" +
-	"\fDeleteVolume\x12!.aenv.node.v1.DeleteVolumeRequest\x1a\".aenv.node.v1.DeleteVolumeResponse\x12X\n" +
+	"\fDeleteVolume\x12!.aenv.node.v1.DeleteVolumeRequest\x1a\".aenv.node.v1.DeleteVolumeResponse\x12U\n" +
+	"\fExportVolume\x12!.aenv.node.v1.ExportVolumeRequest\x1a\".aenv.node.v1.ExportVolumeResponse\x12U\n" +
+	"\fImportVolume\x12!.aenv.node.v1.ImportVolumeRequest\x1a\".aenv.node.v1.ImportVolumeResponse\x12X\n" +
 	"\rUpdateNetwork\x12\".aenv.node.v1.UpdateNetworkRequest\x1a#.aenv.node.v1.UpdateNetworkResponseB7Z5github.com/aenvhq/aenv/internal/nodeapi/nodev1;nodev1b\x06proto3"
 
 var (
@@ -2209,7 +2387,7 @@ func file_node_node_proto_rawDescGZIP() []byte {
 }
 
 var file_node_node_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_node_node_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
+var file_node_node_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
 var file_node_node_proto_goTypes = []any{
 	(Event_Kind)(0),                // 0: aenv.node.v1.Event.Kind
 	(*LogsRequest)(nil),            // 1: aenv.node.v1.LogsRequest
@@ -2227,76 +2405,84 @@ var file_node_node_proto_goTypes = []any{
 	(*CreateVolumeResponse)(nil),   // 13: aenv.node.v1.CreateVolumeResponse
 	(*DeleteVolumeRequest)(nil),    // 14: aenv.node.v1.DeleteVolumeRequest
 	(*DeleteVolumeResponse)(nil),   // 15: aenv.node.v1.DeleteVolumeResponse
-	(*UpdateNetworkRequest)(nil),   // 16: aenv.node.v1.UpdateNetworkRequest
-	(*UpdateNetworkResponse)(nil),  // 17: aenv.node.v1.UpdateNetworkResponse
-	(*Sandbox)(nil),                // 18: aenv.node.v1.Sandbox
-	(*KillRequest)(nil),            // 19: aenv.node.v1.KillRequest
-	(*KillResponse)(nil),           // 20: aenv.node.v1.KillResponse
-	(*ListRequest)(nil),            // 21: aenv.node.v1.ListRequest
-	(*ListResponse)(nil),           // 22: aenv.node.v1.ListResponse
-	(*SnapshotRequest)(nil),        // 23: aenv.node.v1.SnapshotRequest
-	(*SnapshotInfo)(nil),           // 24: aenv.node.v1.SnapshotInfo
-	(*StatsRequest)(nil),           // 25: aenv.node.v1.StatsRequest
-	(*SandboxStats)(nil),           // 26: aenv.node.v1.SandboxStats
-	(*ListSnapshotsRequest)(nil),   // 27: aenv.node.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),  // 28: aenv.node.v1.ListSnapshotsResponse
-	(*GetSnapshotRequest)(nil),     // 29: aenv.node.v1.GetSnapshotRequest
-	(*DeleteSnapshotRequest)(nil),  // 30: aenv.node.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil), // 31: aenv.node.v1.DeleteSnapshotResponse
-	(*EventsRequest)(nil),          // 32: aenv.node.v1.EventsRequest
-	(*Event)(nil),                  // 33: aenv.node.v1.Event
-	nil,                            // 34: aenv.node.v1.LogEntry.FieldsEntry
-	nil,                            // 35: aenv.node.v1.CreateRequest.EnvVarsEntry
-	(*timestamppb.Timestamp)(nil),  // 36: google.protobuf.Timestamp
+	(*ExportVolumeRequest)(nil),    // 16: aenv.node.v1.ExportVolumeRequest
+	(*ExportVolumeResponse)(nil),   // 17: aenv.node.v1.ExportVolumeResponse
+	(*ImportVolumeRequest)(nil),    // 18: aenv.node.v1.ImportVolumeRequest
+	(*ImportVolumeResponse)(nil),   // 19: aenv.node.v1.ImportVolumeResponse
+	(*UpdateNetworkRequest)(nil),   // 20: aenv.node.v1.UpdateNetworkRequest
+	(*UpdateNetworkResponse)(nil),  // 21: aenv.node.v1.UpdateNetworkResponse
+	(*Sandbox)(nil),                // 22: aenv.node.v1.Sandbox
+	(*KillRequest)(nil),            // 23: aenv.node.v1.KillRequest
+	(*KillResponse)(nil),           // 24: aenv.node.v1.KillResponse
+	(*ListRequest)(nil),            // 25: aenv.node.v1.ListRequest
+	(*ListResponse)(nil),           // 26: aenv.node.v1.ListResponse
+	(*SnapshotRequest)(nil),        // 27: aenv.node.v1.SnapshotRequest
+	(*SnapshotInfo)(nil),           // 28: aenv.node.v1.SnapshotInfo
+	(*StatsRequest)(nil),           // 29: aenv.node.v1.StatsRequest
+	(*SandboxStats)(nil),           // 30: aenv.node.v1.SandboxStats
+	(*ListSnapshotsRequest)(nil),   // 31: aenv.node.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),  // 32: aenv.node.v1.ListSnapshotsResponse
+	(*GetSnapshotRequest)(nil),     // 33: aenv.node.v1.GetSnapshotRequest
+	(*DeleteSnapshotRequest)(nil),  // 34: aenv.node.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil), // 35: aenv.node.v1.DeleteSnapshotResponse
+	(*EventsRequest)(nil),          // 36: aenv.node.v1.EventsRequest
+	(*Event)(nil),                  // 37: aenv.node.v1.Event
+	nil,                            // 38: aenv.node.v1.LogEntry.FieldsEntry
+	nil,                            // 39: aenv.node.v1.CreateRequest.EnvVarsEntry
+	(*timestamppb.Timestamp)(nil),  // 40: google.protobuf.Timestamp
 }
 var file_node_node_proto_depIdxs = []int32{
-	36, // 0: aenv.node.v1.LogEntry.timestamp:type_name -> google.protobuf.Timestamp
-	34, // 1: aenv.node.v1.LogEntry.fields:type_name -> aenv.node.v1.LogEntry.FieldsEntry
+	40, // 0: aenv.node.v1.LogEntry.timestamp:type_name -> google.protobuf.Timestamp
+	38, // 1: aenv.node.v1.LogEntry.fields:type_name -> aenv.node.v1.LogEntry.FieldsEntry
 	2,  // 2: aenv.node.v1.LogsResponse.entries:type_name -> aenv.node.v1.LogEntry
-	36, // 3: aenv.node.v1.MetricSample.timestamp:type_name -> google.protobuf.Timestamp
+	40, // 3: aenv.node.v1.MetricSample.timestamp:type_name -> google.protobuf.Timestamp
 	5,  // 4: aenv.node.v1.MetricsResponse.samples:type_name -> aenv.node.v1.MetricSample
 	8,  // 5: aenv.node.v1.NodeInfo.capacity:type_name -> aenv.node.v1.Resources
 	8,  // 6: aenv.node.v1.NodeInfo.usage:type_name -> aenv.node.v1.Resources
-	35, // 7: aenv.node.v1.CreateRequest.env_vars:type_name -> aenv.node.v1.CreateRequest.EnvVarsEntry
+	39, // 7: aenv.node.v1.CreateRequest.env_vars:type_name -> aenv.node.v1.CreateRequest.EnvVarsEntry
 	11, // 8: aenv.node.v1.CreateRequest.mounts:type_name -> aenv.node.v1.VolumeMount
-	36, // 9: aenv.node.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
-	18, // 10: aenv.node.v1.ListResponse.sandboxes:type_name -> aenv.node.v1.Sandbox
-	36, // 11: aenv.node.v1.SnapshotInfo.created_at:type_name -> google.protobuf.Timestamp
-	36, // 12: aenv.node.v1.SandboxStats.since:type_name -> google.protobuf.Timestamp
-	24, // 13: aenv.node.v1.ListSnapshotsResponse.snapshots:type_name -> aenv.node.v1.SnapshotInfo
+	40, // 9: aenv.node.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
+	22, // 10: aenv.node.v1.ListResponse.sandboxes:type_name -> aenv.node.v1.Sandbox
+	40, // 11: aenv.node.v1.SnapshotInfo.created_at:type_name -> google.protobuf.Timestamp
+	40, // 12: aenv.node.v1.SandboxStats.since:type_name -> google.protobuf.Timestamp
+	28, // 13: aenv.node.v1.ListSnapshotsResponse.snapshots:type_name -> aenv.node.v1.SnapshotInfo
 	0,  // 14: aenv.node.v1.Event.kind:type_name -> aenv.node.v1.Event.Kind
 	7,  // 15: aenv.node.v1.NodeService.Info:input_type -> aenv.node.v1.InfoRequest
 	10, // 16: aenv.node.v1.NodeService.Create:input_type -> aenv.node.v1.CreateRequest
-	19, // 17: aenv.node.v1.NodeService.Kill:input_type -> aenv.node.v1.KillRequest
-	21, // 18: aenv.node.v1.NodeService.List:input_type -> aenv.node.v1.ListRequest
-	23, // 19: aenv.node.v1.NodeService.Snapshot:input_type -> aenv.node.v1.SnapshotRequest
-	25, // 20: aenv.node.v1.NodeService.Stats:input_type -> aenv.node.v1.StatsRequest
-	27, // 21: aenv.node.v1.NodeService.ListSnapshots:input_type -> aenv.node.v1.ListSnapshotsRequest
-	29, // 22: aenv.node.v1.NodeService.GetSnapshot:input_type -> aenv.node.v1.GetSnapshotRequest
-	30, // 23: aenv.node.v1.NodeService.DeleteSnapshot:input_type -> aenv.node.v1.DeleteSnapshotRequest
-	32, // 24: aenv.node.v1.NodeService.Events:input_type -> aenv.node.v1.EventsRequest
+	23, // 17: aenv.node.v1.NodeService.Kill:input_type -> aenv.node.v1.KillRequest
+	25, // 18: aenv.node.v1.NodeService.List:input_type -> aenv.node.v1.ListRequest
+	27, // 19: aenv.node.v1.NodeService.Snapshot:input_type -> aenv.node.v1.SnapshotRequest
+	29, // 20: aenv.node.v1.NodeService.Stats:input_type -> aenv.node.v1.StatsRequest
+	31, // 21: aenv.node.v1.NodeService.ListSnapshots:input_type -> aenv.node.v1.ListSnapshotsRequest
+	33, // 22: aenv.node.v1.NodeService.GetSnapshot:input_type -> aenv.node.v1.GetSnapshotRequest
+	34, // 23: aenv.node.v1.NodeService.DeleteSnapshot:input_type -> aenv.node.v1.DeleteSnapshotRequest
+	36, // 24: aenv.node.v1.NodeService.Events:input_type -> aenv.node.v1.EventsRequest
 	1,  // 25: aenv.node.v1.NodeService.Logs:input_type -> aenv.node.v1.LogsRequest
 	4,  // 26: aenv.node.v1.NodeService.Metrics:input_type -> aenv.node.v1.MetricsRequest
 	12, // 27: aenv.node.v1.NodeService.CreateVolume:input_type -> aenv.node.v1.CreateVolumeRequest
 	14, // 28: aenv.node.v1.NodeService.DeleteVolume:input_type -> aenv.node.v1.DeleteVolumeRequest
-	16, // 29: aenv.node.v1.NodeService.UpdateNetwork:input_type -> aenv.node.v1.UpdateNetworkRequest
-	9,  // 30: aenv.node.v1.NodeService.Info:output_type -> aenv.node.v1.NodeInfo
-	18, // 31: aenv.node.v1.NodeService.Create:output_type -> aenv.node.v1.Sandbox
-	20, // 32: aenv.node.v1.NodeService.Kill:output_type -> aenv.node.v1.KillResponse
-	22, // 33: aenv.node.v1.NodeService.List:output_type -> aenv.node.v1.ListResponse
-	24, // 34: aenv.node.v1.NodeService.Snapshot:output_type -> aenv.node.v1.SnapshotInfo
-	26, // 35: aenv.node.v1.NodeService.Stats:output_type -> aenv.node.v1.SandboxStats
-	28, // 36: aenv.node.v1.NodeService.ListSnapshots:output_type -> aenv.node.v1.ListSnapshotsResponse
-	24, // 37: aenv.node.v1.NodeService.GetSnapshot:output_type -> aenv.node.v1.SnapshotInfo
-	31, // 38: aenv.node.v1.NodeService.DeleteSnapshot:output_type -> aenv.node.v1.DeleteSnapshotResponse
-	33, // 39: aenv.node.v1.NodeService.Events:output_type -> aenv.node.v1.Event
-	3,  // 40: aenv.node.v1.NodeService.Logs:output_type -> aenv.node.v1.LogsResponse
-	6,  // 41: aenv.node.v1.NodeService.Metrics:output_type -> aenv.node.v1.MetricsResponse
-	13, // 42: aenv.node.v1.NodeService.CreateVolume:output_type -> aenv.node.v1.CreateVolumeResponse
-	15, // 43: aenv.node.v1.NodeService.DeleteVolume:output_type -> aenv.node.v1.DeleteVolumeResponse
-	17, // 44: aenv.node.v1.NodeService.UpdateNetwork:output_type -> aenv.node.v1.UpdateNetworkResponse
-	30, // [30:45] is the sub-list for method output_type
-	15, // [15:30] is the sub-list for method input_type
+	16, // 29: aenv.node.v1.NodeService.ExportVolume:input_type -> aenv.node.v1.ExportVolumeRequest
+	18, // 30: aenv.node.v1.NodeService.ImportVolume:input_type -> aenv.node.v1.ImportVolumeRequest
+	20, // 31: aenv.node.v1.NodeService.UpdateNetwork:input_type -> aenv.node.v1.UpdateNetworkRequest
+	9,  // 32: aenv.node.v1.NodeService.Info:output_type -> aenv.node.v1.NodeInfo
+	22, // 33: aenv.node.v1.NodeService.Create:output_type -> aenv.node.v1.Sandbox
+	24, // 34: aenv.node.v1.NodeService.Kill:output_type -> aenv.node.v1.KillResponse
+	26, // 35: aenv.node.v1.NodeService.List:output_type -> aenv.node.v1.ListResponse
+	28, // 36: aenv.node.v1.NodeService.Snapshot:output_type -> aenv.node.v1.SnapshotInfo
+	30, // 37: aenv.node.v1.NodeService.Stats:output_type -> aenv.node.v1.SandboxStats
+	32, // 38: aenv.node.v1.NodeService.ListSnapshots:output_type -> aenv.node.v1.ListSnapshotsResponse
+	28, // 39: aenv.node.v1.NodeService.GetSnapshot:output_type -> aenv.node.v1.SnapshotInfo
+	35, // 40: aenv.node.v1.NodeService.DeleteSnapshot:output_type -> aenv.node.v1.DeleteSnapshotResponse
+	37, // 41: aenv.node.v1.NodeService.Events:output_type -> aenv.node.v1.Event
+	3,  // 42: aenv.node.v1.NodeService.Logs:output_type -> aenv.node.v1.LogsResponse
+	6,  // 43: aenv.node.v1.NodeService.Metrics:output_type -> aenv.node.v1.MetricsResponse
+	13, // 44: aenv.node.v1.NodeService.CreateVolume:output_type -> aenv.node.v1.CreateVolumeResponse
+	15, // 45: aenv.node.v1.NodeService.DeleteVolume:output_type -> aenv.node.v1.DeleteVolumeResponse
+	17, // 46: aenv.node.v1.NodeService.ExportVolume:output_type -> aenv.node.v1.ExportVolumeResponse
+	19, // 47: aenv.node.v1.NodeService.ImportVolume:output_type -> aenv.node.v1.ImportVolumeResponse
+	21, // 48: aenv.node.v1.NodeService.UpdateNetwork:output_type -> aenv.node.v1.UpdateNetworkResponse
+	32, // [32:49] is the sub-list for method output_type
+	15, // [15:32] is the sub-list for method input_type
 	15, // [15:15] is the sub-list for extension type_name
 	15, // [15:15] is the sub-list for extension extendee
 	0,  // [0:15] is the sub-list for field type_name
@@ -2313,7 +2499,7 @@ func file_node_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_node_node_proto_rawDesc), len(file_node_node_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   35,
+			NumMessages:   39,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -72,6 +72,12 @@ const (
 	// NodeServiceDeleteVolumeProcedure is the fully-qualified name of the NodeService's DeleteVolume
 	// RPC.
 	NodeServiceDeleteVolumeProcedure = "/aenv.node.v1.NodeService/DeleteVolume"
+	// NodeServiceExportVolumeProcedure is the fully-qualified name of the NodeService's ExportVolume
+	// RPC.
+	NodeServiceExportVolumeProcedure = "/aenv.node.v1.NodeService/ExportVolume"
+	// NodeServiceImportVolumeProcedure is the fully-qualified name of the NodeService's ImportVolume
+	// RPC.
+	NodeServiceImportVolumeProcedure = "/aenv.node.v1.NodeService/ImportVolume"
 	// NodeServiceUpdateNetworkProcedure is the fully-qualified name of the NodeService's UpdateNetwork
 	// RPC.
 	NodeServiceUpdateNetworkProcedure = "/aenv.node.v1.NodeService/UpdateNetwork"
@@ -112,6 +118,11 @@ type NodeServiceClient interface {
 	// /volumecontent/ on the node's port.
 	CreateVolume(context.Context, *nodev1.CreateVolumeRequest) (*nodev1.CreateVolumeResponse, error)
 	DeleteVolume(context.Context, *nodev1.DeleteVolumeRequest) (*nodev1.DeleteVolumeResponse, error)
+	// ExportVolume saves a volume's files to the store; ImportVolume, on
+	// another node, makes the volume there from them (and removes them from
+	// the store): how a volume moves with its sandbox.
+	ExportVolume(context.Context, *nodev1.ExportVolumeRequest) (*nodev1.ExportVolumeResponse, error)
+	ImportVolume(context.Context, *nodev1.ImportVolumeRequest) (*nodev1.ImportVolumeResponse, error)
 	// UpdateNetwork replaces a running sandbox's egress rules (allow_out
 	// entries are CIDRs, addresses or domain names).
 	UpdateNetwork(context.Context, *nodev1.UpdateNetworkRequest) (*nodev1.UpdateNetworkResponse, error)
@@ -212,6 +223,18 @@ func NewNodeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(nodeServiceMethods.ByName("DeleteVolume")),
 			connect.WithClientOptions(opts...),
 		),
+		exportVolume: connect.NewClient[nodev1.ExportVolumeRequest, nodev1.ExportVolumeResponse](
+			httpClient,
+			baseURL+NodeServiceExportVolumeProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("ExportVolume")),
+			connect.WithClientOptions(opts...),
+		),
+		importVolume: connect.NewClient[nodev1.ImportVolumeRequest, nodev1.ImportVolumeResponse](
+			httpClient,
+			baseURL+NodeServiceImportVolumeProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("ImportVolume")),
+			connect.WithClientOptions(opts...),
+		),
 		updateNetwork: connect.NewClient[nodev1.UpdateNetworkRequest, nodev1.UpdateNetworkResponse](
 			httpClient,
 			baseURL+NodeServiceUpdateNetworkProcedure,
@@ -237,6 +260,8 @@ type nodeServiceClient struct {
 	metrics        *connect.Client[nodev1.MetricsRequest, nodev1.MetricsResponse]
 	createVolume   *connect.Client[nodev1.CreateVolumeRequest, nodev1.CreateVolumeResponse]
 	deleteVolume   *connect.Client[nodev1.DeleteVolumeRequest, nodev1.DeleteVolumeResponse]
+	exportVolume   *connect.Client[nodev1.ExportVolumeRequest, nodev1.ExportVolumeResponse]
+	importVolume   *connect.Client[nodev1.ImportVolumeRequest, nodev1.ImportVolumeResponse]
 	updateNetwork  *connect.Client[nodev1.UpdateNetworkRequest, nodev1.UpdateNetworkResponse]
 }
 
@@ -362,6 +387,24 @@ func (c *nodeServiceClient) DeleteVolume(ctx context.Context, req *nodev1.Delete
 	return nil, err
 }
 
+// ExportVolume calls aenv.node.v1.NodeService.ExportVolume.
+func (c *nodeServiceClient) ExportVolume(ctx context.Context, req *nodev1.ExportVolumeRequest) (*nodev1.ExportVolumeResponse, error) {
+	response, err := c.exportVolume.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
+// ImportVolume calls aenv.node.v1.NodeService.ImportVolume.
+func (c *nodeServiceClient) ImportVolume(ctx context.Context, req *nodev1.ImportVolumeRequest) (*nodev1.ImportVolumeResponse, error) {
+	response, err := c.importVolume.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
 // UpdateNetwork calls aenv.node.v1.NodeService.UpdateNetwork.
 func (c *nodeServiceClient) UpdateNetwork(ctx context.Context, req *nodev1.UpdateNetworkRequest) (*nodev1.UpdateNetworkResponse, error) {
 	response, err := c.updateNetwork.CallUnary(ctx, connect.NewRequest(req))
@@ -406,6 +449,11 @@ type NodeServiceHandler interface {
 	// /volumecontent/ on the node's port.
 	CreateVolume(context.Context, *nodev1.CreateVolumeRequest) (*nodev1.CreateVolumeResponse, error)
 	DeleteVolume(context.Context, *nodev1.DeleteVolumeRequest) (*nodev1.DeleteVolumeResponse, error)
+	// ExportVolume saves a volume's files to the store; ImportVolume, on
+	// another node, makes the volume there from them (and removes them from
+	// the store): how a volume moves with its sandbox.
+	ExportVolume(context.Context, *nodev1.ExportVolumeRequest) (*nodev1.ExportVolumeResponse, error)
+	ImportVolume(context.Context, *nodev1.ImportVolumeRequest) (*nodev1.ImportVolumeResponse, error)
 	// UpdateNetwork replaces a running sandbox's egress rules (allow_out
 	// entries are CIDRs, addresses or domain names).
 	UpdateNetwork(context.Context, *nodev1.UpdateNetworkRequest) (*nodev1.UpdateNetworkResponse, error)
@@ -502,6 +550,18 @@ func NewNodeServiceHandler(svc NodeServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(nodeServiceMethods.ByName("DeleteVolume")),
 		connect.WithHandlerOptions(opts...),
 	)
+	nodeServiceExportVolumeHandler := connect.NewUnaryHandlerSimple(
+		NodeServiceExportVolumeProcedure,
+		svc.ExportVolume,
+		connect.WithSchema(nodeServiceMethods.ByName("ExportVolume")),
+		connect.WithHandlerOptions(opts...),
+	)
+	nodeServiceImportVolumeHandler := connect.NewUnaryHandlerSimple(
+		NodeServiceImportVolumeProcedure,
+		svc.ImportVolume,
+		connect.WithSchema(nodeServiceMethods.ByName("ImportVolume")),
+		connect.WithHandlerOptions(opts...),
+	)
 	nodeServiceUpdateNetworkHandler := connect.NewUnaryHandlerSimple(
 		NodeServiceUpdateNetworkProcedure,
 		svc.UpdateNetwork,
@@ -538,6 +598,10 @@ func NewNodeServiceHandler(svc NodeServiceHandler, opts ...connect.HandlerOption
 			nodeServiceCreateVolumeHandler.ServeHTTP(w, r)
 		case NodeServiceDeleteVolumeProcedure:
 			nodeServiceDeleteVolumeHandler.ServeHTTP(w, r)
+		case NodeServiceExportVolumeProcedure:
+			nodeServiceExportVolumeHandler.ServeHTTP(w, r)
+		case NodeServiceImportVolumeProcedure:
+			nodeServiceImportVolumeHandler.ServeHTTP(w, r)
 		case NodeServiceUpdateNetworkProcedure:
 			nodeServiceUpdateNetworkHandler.ServeHTTP(w, r)
 		default:
@@ -603,6 +667,14 @@ func (UnimplementedNodeServiceHandler) CreateVolume(context.Context, *nodev1.Cre
 
 func (UnimplementedNodeServiceHandler) DeleteVolume(context.Context, *nodev1.DeleteVolumeRequest) (*nodev1.DeleteVolumeResponse, error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("aenv.node.v1.NodeService.DeleteVolume is not implemented"))
+}
+
+func (UnimplementedNodeServiceHandler) ExportVolume(context.Context, *nodev1.ExportVolumeRequest) (*nodev1.ExportVolumeResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("aenv.node.v1.NodeService.ExportVolume is not implemented"))
+}
+
+func (UnimplementedNodeServiceHandler) ImportVolume(context.Context, *nodev1.ImportVolumeRequest) (*nodev1.ImportVolumeResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("aenv.node.v1.NodeService.ImportVolume is not implemented"))
 }
 
 func (UnimplementedNodeServiceHandler) UpdateNetwork(context.Context, *nodev1.UpdateNetworkRequest) (*nodev1.UpdateNetworkResponse, error) {
