@@ -1,0 +1,132 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"sync"
+	"sync/atomic"
+)
+
+// LazyFile reads one file of a stored manifest on demand: only the chunks
+// a read touches are fetched (each verified by its hash, kept in the
+// store's bounded chunk cache), so that a large image serves a sandbox
+// having fetched a small part of it. It is safe for concurrent use.
+type LazyFile struct {
+	s      *Store
+	id     string
+	chunks []ChunkRef
+	// offsets[i] is where chunk i starts; offsets[len] is the size.
+	offsets []int64
+
+	mu       sync.Mutex
+	inflight map[int]*fetchCall
+
+	// Fetched counts chunks read from the backend (not the cache), and
+	// FetchedBytes their size as stored.
+	Fetched, FetchedBytes atomic.Int64
+}
+
+type fetchCall struct {
+	done chan struct{}
+	data []byte
+	err  error
+}
+
+// ErrNoFile is returned when a manifest has no file of the name asked.
+var ErrNoFile = errors.New("no such file in the manifest")
+
+// OpenLazy opens file name of manifest id for reads on demand.
+func (s *Store) OpenLazy(ctx context.Context, id, name string) (*LazyFile, error) {
+	m, err := s.Get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	fe := m.File(name)
+	if fe == nil {
+		return nil, fmt.Errorf("opening %s of %s: %w", name, id, ErrNoFile)
+	}
+	f := &LazyFile{s: s, id: id, chunks: fe.Chunks, offsets: make([]int64, len(fe.Chunks)+1), inflight: map[int]*fetchCall{}}
+	for i, c := range fe.Chunks {
+		f.offsets[i+1] = f.offsets[i] + c.Size
+	}
+	if f.offsets[len(fe.Chunks)] != fe.Size {
+		return nil, fmt.Errorf("opening %s of %s: %w: chunks sum to %d bytes, the file is %d", name, id, ErrCorrupt, f.offsets[len(fe.Chunks)], fe.Size)
+	}
+	return f, nil
+}
+
+// Size is the file's size.
+func (f *LazyFile) Size() int64 { return f.offsets[len(f.chunks)] }
+
+// ReadAt reads len(p) bytes at off, fetching the chunks it spans (at once,
+// in parallel). A chunk that fails its hash fails the read with
+// ErrCorrupt: never wrong bytes.
+func (f *LazyFile) ReadAt(p []byte, off int64) (int, error) {
+	return f.ReadAtContext(context.Background(), p, off)
+}
+
+// ReadAtContext is ReadAt bounded by ctx.
+func (f *LazyFile) ReadAtContext(ctx context.Context, p []byte, off int64) (int, error) {
+	size := f.Size()
+	if off >= size {
+		return 0, io.EOF
+	}
+	end := min(off+int64(len(p)), size)
+	first := sort.Search(len(f.chunks), func(i int) bool { return f.offsets[i+1] > off })
+	last := sort.Search(len(f.chunks), func(i int) bool { return f.offsets[i+1] >= end })
+	datas := make([][]byte, last-first+1)
+	errs := make([]error, len(datas))
+	var wg sync.WaitGroup
+	for i := first; i <= last; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			datas[i-first], errs[i-first] = f.chunk(ctx, i)
+		}()
+	}
+	wg.Wait()
+	n := 0
+	for i := first; i <= last; i++ {
+		if err := errs[i-first]; err != nil {
+			return n, fmt.Errorf("reading %s at %d: %w", f.id, off, err)
+		}
+		data := datas[i-first]
+		from := max(off, f.offsets[i]) - f.offsets[i]
+		to := min(end, f.offsets[i+1]) - f.offsets[i]
+		n += copy(p[n:], data[from:to])
+	}
+	if end < off+int64(len(p)) {
+		return n, io.EOF
+	}
+	return n, nil
+}
+
+// chunk returns chunk i, one fetch at a time per chunk however many
+// readers want it.
+func (f *LazyFile) chunk(ctx context.Context, i int) ([]byte, error) {
+	f.mu.Lock()
+	if c, ok := f.inflight[i]; ok {
+		f.mu.Unlock()
+		select {
+		case <-c.done:
+			return c.data, c.err
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	c := &fetchCall{done: make(chan struct{})}
+	f.inflight[i] = c
+	f.mu.Unlock()
+	var st restoreStats
+	c.data, c.err = f.s.fetchChunk(ctx, f.chunks[i], &st)
+	f.Fetched.Add(st.fromBackend.Load())
+	f.FetchedBytes.Add(st.bytesFetched.Load())
+	close(c.done)
+	f.mu.Lock()
+	delete(f.inflight, i)
+	f.mu.Unlock()
+	return c.data, c.err
+}
