@@ -13,7 +13,7 @@ if [ "$(id -u)" != 0 ]; then
   exit 1
 fi
 
-pkgs=(debootstrap iproute2 util-linux nftables e2fsprogs ca-certificates curl procps psmisc busybox-static python3-ipykernel python3-matplotlib)
+pkgs=(debootstrap iproute2 util-linux nftables e2fsprogs ca-certificates curl procps psmisc busybox-static python3-ipykernel python3-matplotlib erofs-utils fuse3)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
