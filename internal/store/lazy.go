@@ -23,6 +23,11 @@ type LazyFile struct {
 
 	mu       sync.Mutex
 	inflight map[int]*fetchCall
+	// recent holds the last chunks read, decoded: a file system reads a
+	// chunk in many small pieces, each of which would otherwise read and
+	// hash the whole chunk again from the disk cache.
+	recent     map[int][]byte
+	recentList []int
 
 	// Fetched counts chunks read from the backend (not the cache), and
 	// FetchedBytes their size as stored.
@@ -48,7 +53,8 @@ func (s *Store) OpenLazy(ctx context.Context, id, name string) (*LazyFile, error
 	if fe == nil {
 		return nil, fmt.Errorf("opening %s of %s: %w", name, id, ErrNoFile)
 	}
-	f := &LazyFile{s: s, id: id, chunks: fe.Chunks, offsets: make([]int64, len(fe.Chunks)+1), inflight: map[int]*fetchCall{}}
+	f := &LazyFile{s: s, id: id, chunks: fe.Chunks, offsets: make([]int64, len(fe.Chunks)+1), inflight: map[int]*fetchCall{},
+		recent: map[int][]byte{}}
 	for i, c := range fe.Chunks {
 		f.offsets[i+1] = f.offsets[i] + c.Size
 	}
@@ -104,10 +110,32 @@ func (f *LazyFile) ReadAtContext(ctx context.Context, p []byte, off int64) (int,
 	return n, nil
 }
 
+// recentChunks is how many decoded chunks a LazyFile keeps in memory.
+const recentChunks = 64
+
 // chunk returns chunk i, one fetch at a time per chunk however many
-// readers want it.
+// readers want it, and starts fetching the next one (reads of an image
+// go forward more often than not).
 func (f *LazyFile) chunk(ctx context.Context, i int) ([]byte, error) {
+	data, err := f.load(ctx, i)
+	if err == nil && i+1 < len(f.chunks) {
+		f.mu.Lock()
+		_, have := f.recent[i+1]
+		_, busy := f.inflight[i+1]
+		f.mu.Unlock()
+		if !have && !busy {
+			go f.load(context.WithoutCancel(ctx), i+1)
+		}
+	}
+	return data, err
+}
+
+func (f *LazyFile) load(ctx context.Context, i int) ([]byte, error) {
 	f.mu.Lock()
+	if d, ok := f.recent[i]; ok {
+		f.mu.Unlock()
+		return d, nil
+	}
 	if c, ok := f.inflight[i]; ok {
 		f.mu.Unlock()
 		select {
@@ -127,6 +155,14 @@ func (f *LazyFile) chunk(ctx context.Context, i int) ([]byte, error) {
 	close(c.done)
 	f.mu.Lock()
 	delete(f.inflight, i)
+	if c.err == nil {
+		f.recent[i] = c.data
+		f.recentList = append(f.recentList, i)
+		if len(f.recentList) > recentChunks {
+			delete(f.recent, f.recentList[0])
+			f.recentList = f.recentList[1:]
+		}
+	}
 	f.mu.Unlock()
 	return c.data, c.err
 }

@@ -46,8 +46,8 @@ func TestLazyFile(t *testing.T) {
 			if _, err := f.ReadAt(buf, 5*MiB-100); err != nil || !bytes.Equal(buf, data[5*MiB-100:5*MiB-100+4096]) {
 				t.Fatalf("a read across two chunks: %v", err)
 			}
-			if got := f.Fetched.Load(); got != 2 {
-				t.Fatalf("a read of 4 KiB fetched %d chunks, want the 2 it spans", got)
+			if got := f.Fetched.Load(); got < 2 || got > 3 {
+				t.Fatalf("a read of 4 KiB fetched %d chunks, want the 2 it spans (and 1 read ahead)", got)
 			}
 			// Many readers at once: each chunk is fetched once.
 			var wg sync.WaitGroup
@@ -63,8 +63,8 @@ func TestLazyFile(t *testing.T) {
 				}()
 			}
 			wg.Wait()
-			if got := f.Fetched.Load(); got != 3 {
-				t.Fatalf("8 concurrent reads of one chunk fetched %d chunks in all, want 3", got)
+			if got := f.Fetched.Load(); got > 5 {
+				t.Fatalf("8 concurrent reads of one chunk fetched %d chunks in all, want at most 5 (each once, with read-ahead)", got)
 			}
 			for round := range 2 {
 				got, err := io.ReadAll(io.NewSectionReader(f, 0, f.Size()))
