@@ -96,7 +96,7 @@ func Mount(work string, r ReaderAt, log *slog.Logger) (_ *Mounted, err error) {
 		return nil, fmt.Errorf("mounting a block image: attaching a loop device: %w: %s", err, strings.TrimSpace(string(out)))
 	}
 	m.loop = strings.TrimSpace(string(out))
-	if err := unix.Mount(m.loop, m.Dir, "erofs", unix.MS_RDONLY|unix.MS_NODEV, ""); err != nil {
+	if err := unix.Mount(m.loop, m.Dir, "erofs", unix.MS_RDONLY|unix.MS_NODEV|unix.MS_NOSUID, ""); err != nil {
 		return nil, fmt.Errorf("mounting a block image: mounting %s: %w", m.loop, err)
 	}
 	return m, nil

@@ -399,18 +399,17 @@ func (c *Cluster) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 	if err := c.validate(&req); err != nil {
 		return nil, err
 	}
-	if err := c.withinQuota(req.Owner, 1); err != nil {
-		return nil, err
-	}
 	var id string
 	if req.IdempotencyKey != "" {
+		// Before the quota: a retry of a create that took the key's last
+		// slot gets that sandbox, not a quota error.
 		id = newSandboxID()
 		sb, err := c.reserveIdempotent(ctx, req.Owner, req.IdempotencyKey, id)
 		if sb != nil || err != nil {
 			return sb, err
 		}
 	}
-	sb, err := c.create(ctx, req, id)
+	sb, err := c.withinQuotaCreate(ctx, req, id)
 	switch {
 	case req.IdempotencyKey == "":
 	case err != nil:
@@ -419,6 +418,14 @@ func (c *Cluster) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 		c.createdIdempotent(context.WithoutCancel(ctx), req.Owner, req.IdempotencyKey, sb.ID)
 	}
 	return sb, err
+}
+
+// withinQuotaCreate is create once the key's quota allows it.
+func (c *Cluster) withinQuotaCreate(ctx context.Context, req CreateRequest, id string) (*Sandbox, error) {
+	if err := c.withinQuota(req.Owner, 1); err != nil {
+		return nil, err
+	}
+	return c.create(ctx, req, id)
 }
 
 // create is Create once validated, with the sandbox's id chosen (or

@@ -51,10 +51,17 @@ func (c *Cluster) UpdateNetwork(ctx context.Context, id string, rules NetworkRul
 	if err := rules.validate(); err != nil {
 		return nil, err
 	}
-	sb, err := c.Get(ctx, id)
+	cur, err := c.Get(ctx, id)
 	if err != nil {
 		return nil, err
 	}
+	// Claimed like a pause or a migration, so that neither runs with the
+	// rules it read before this update.
+	claimed, err := c.claim(ctx, id, cur.State, "network")
+	if err != nil {
+		return nil, err
+	}
+	sb := &claimed.Sandbox
 	internet := sb.AllowInternet
 	if rules.AllowInternet != nil {
 		internet = *rules.AllowInternet
@@ -62,10 +69,12 @@ func (c *Cluster) UpdateNetwork(ctx context.Context, id string, rules NetworkRul
 	if sb.State == StateRunning {
 		n, err := c.nodes.node(sb.NodeID)
 		if err != nil {
+			c.release(ctx, id, "network")
 			return nil, err
 		}
 		if _, err := n.UpdateNetwork(ctx, &nodev1.UpdateNetworkRequest{SandboxId: id, AllowInternet: internet,
 			AllowOut: rules.AllowOut, DenyOut: rules.DenyOut}); err != nil {
+			c.release(ctx, id, "network")
 			if nodeapi.Code(err) == connect.CodeNotFound { // it just ended
 				return nil, c.notFound(ctx, id)
 			}
@@ -75,6 +84,9 @@ func (c *Cluster) UpdateNetwork(ctx context.Context, id string, rules NetworkRul
 	r, err := c.recs.mutate(ctx, id, func(r *record) error {
 		r.AllowOut, r.DenyOut, r.MaskRequestHost = rules.AllowOut, rules.DenyOut, rules.MaskRequestHost
 		r.AllowInternet = internet
+		if r.Op == "network" {
+			r.clearOp()
+		}
 		return nil
 	})
 	if errors.Is(err, ErrNotFound) {

@@ -38,6 +38,9 @@ type Volume struct {
 	NodeID    string    `json:"nodeID"`
 	KeyID     string    `json:"keyID,omitempty"`
 	CreatedAt time.Time `json:"createdAt"`
+	// Moving is set while the volume moves to another node: no new
+	// sandbox may mount it meanwhile.
+	Moving bool `json:"moving,omitempty"`
 }
 
 // VolumeMount asks for a volume (by name or id) at a path of a sandbox.
@@ -194,6 +197,9 @@ func (c *Cluster) resolveMounts(ctx context.Context, owner Owner, mounts []Volum
 		if err != nil {
 			return nil, "", err
 		}
+		if v.Moving {
+			return nil, "", fmt.Errorf("%w: volume %s is moving to another node with its sandbox; retry in a moment", ErrConflict, v.Name)
+		}
 		if nodeID != "" && v.NodeID != nodeID {
 			return nil, "", fmt.Errorf("%w: volumes %s and %s are on different nodes; one sandbox can mount volumes of one node", ErrInvalid, out[0].Name, v.Name)
 		}
@@ -269,14 +275,30 @@ func (c *Cluster) moveVolumes(ctx context.Context, mounts []VolumeMount, from st
 		if err != nil {
 			return err
 		}
+		put := func(v *Volume) error {
+			b, _ := json.Marshal(v)
+			_, err := c.cfg.State.Put(ctx, volumePrefix+v.ID, b, state.WriteOptions{})
+			return err
+		}
+		v.Moving = true
+		if err := put(v); err != nil {
+			return fmt.Errorf("moving volume %s: %w", v.Name, err)
+		}
+		failed := func(err error) error {
+			v.Moving = false
+			if perr := put(v); perr != nil {
+				c.log.Warn("clearing a volume's moving mark", "volume_id", v.ID, "err", perr)
+			}
+			return err
+		}
 		if _, err := src.ExportVolume(ctx, &nodev1.ExportVolumeRequest{VolumeId: v.ID}); err != nil {
-			return fmt.Errorf("moving volume %s off node %s: %w", v.Name, from, classifyNodeError(err))
+			return failed(fmt.Errorf("moving volume %s off node %s: %w", v.Name, from, classifyNodeError(err)))
 		}
 		if _, err := to.ImportVolume(ctx, &nodev1.ImportVolumeRequest{VolumeId: v.ID}); err != nil {
-			return fmt.Errorf("moving volume %s to node %s: %w", v.Name, to.ID(), classifyNodeError(err))
+			return failed(fmt.Errorf("moving volume %s to node %s: %w", v.Name, to.ID(), classifyNodeError(err)))
 		}
 		old := v.NodeID
-		v.NodeID = to.ID()
+		v.NodeID, v.Moving = to.ID(), false
 		b, _ := json.Marshal(v)
 		if _, err := c.cfg.State.Put(ctx, volumePrefix+v.ID, b, state.WriteOptions{}); err != nil {
 			return fmt.Errorf("recording volume %s on node %s: %w", v.Name, to.ID(), err)

@@ -108,6 +108,10 @@ type Proxy struct {
 	Logger    *slog.Logger
 }
 
+// MaxConnsPerSandbox bounds the connections one sandbox's proxy relays at
+// once (each costs the node two descriptors).
+const MaxConnsPerSandbox = 1024
+
 // peekTimeout bounds how long a sandbox may take to say which name it
 // wants.
 const peekTimeout = 10 * time.Second
@@ -135,12 +139,28 @@ func (p *Proxy) Serve(l net.Listener, rules func() Rules, origDst func(net.Conn)
 		mu.Unlock()
 		wg.Wait()
 	}()
+	backoff := 5 * time.Millisecond
 	for {
 		c, err := l.Accept()
-		if err != nil {
+		if errors.Is(err, net.ErrClosed) {
 			return
 		}
+		if err != nil {
+			// Out of descriptors, say: the listener stays, and the slot's
+			// traffic is served again once there is room.
+			p.log().Warn("egress: accepting a connection", "err", err)
+			time.Sleep(backoff)
+			backoff = min(2*backoff, time.Second)
+			continue
+		}
+		backoff = 5 * time.Millisecond
 		mu.Lock()
+		if len(open) >= MaxConnsPerSandbox {
+			mu.Unlock()
+			p.log().Warn("egress: too many connections from one sandbox; refusing", "open", MaxConnsPerSandbox)
+			reset(c)
+			continue
+		}
 		open[c] = struct{}{}
 		mu.Unlock()
 		wg.Add(1)

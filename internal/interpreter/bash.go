@@ -28,8 +28,13 @@ type bashKernel struct {
 	stdin  io.WriteCloser
 	out    chan chunk
 	exited chan struct{}
-	count  int
-	seq    int
+	// quit ends the pumps: nobody reads out any more.
+	quit     chan struct{}
+	quitOnce sync.Once
+	pipes    []*os.File
+	pumps    sync.WaitGroup
+	count    int
+	seq      int
 }
 
 // chunk is output read from the shell.
@@ -48,7 +53,7 @@ func startBashKernel(log *slog.Logger, opts kernelOptions) (*bashKernel, error) 
 	if opts.Cred != nil {
 		os.Chown(dir, int(opts.Cred.Uid), int(opts.Cred.Gid))
 	}
-	k := &bashKernel{log: log, dir: dir, out: make(chan chunk, 64), exited: make(chan struct{})}
+	k := &bashKernel{log: log, dir: dir, out: make(chan chunk, 64), exited: make(chan struct{}), quit: make(chan struct{})}
 	k.cmd = exec.Command("bash", "--noprofile", "--norc")
 	k.cmd.Dir, k.cmd.Env = opts.Cwd, opts.Env
 	k.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: opts.Cred}
@@ -56,38 +61,53 @@ func startBashKernel(log *slog.Logger, opts kernelOptions) (*bashKernel, error) 
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("starting bash: %w", err)
 	}
-	stdout, err := k.cmd.StdoutPipe()
+	// Pipes of our own, not StdoutPipe: the shell's exit is then seen at
+	// once (Wait does not wait for them), even while a background job it
+	// started holds them open.
+	outR, outW, err := os.Pipe()
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("starting bash: %w", err)
 	}
-	stderr, err := k.cmd.StderrPipe()
+	errR, errW, err := os.Pipe()
 	if err != nil {
+		outR.Close()
+		outW.Close()
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("starting bash: %w", err)
 	}
-	if err := k.cmd.Start(); err != nil {
+	k.cmd.Stdout, k.cmd.Stderr = outW, errW
+	err = k.cmd.Start()
+	outW.Close()
+	errW.Close()
+	k.pipes = []*os.File{outR, errR}
+	if err != nil {
+		outR.Close()
+		errR.Close()
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("starting bash: %w", err)
 	}
-	var wg sync.WaitGroup
 	pump := func(r io.Reader, isErr bool) {
-		defer wg.Done()
+		defer k.pumps.Done()
 		buf := make([]byte, 32<<10)
 		for {
 			n, err := r.Read(buf)
 			if n > 0 {
-				k.out <- chunk{stderr: isErr, data: bytes.Clone(buf[:n])}
+				select {
+				case k.out <- chunk{stderr: isErr, data: bytes.Clone(buf[:n])}:
+				case <-k.quit:
+					return
+				}
 			}
 			if err != nil {
 				return
 			}
 		}
 	}
-	wg.Add(2)
-	go pump(stdout, false)
-	go pump(stderr, true)
-	go func() { wg.Wait(); k.cmd.Wait(); close(k.exited) }()
+	k.pumps.Add(2)
+	go pump(outR, false)
+	go pump(errR, true)
+	go func() { k.cmd.Wait(); close(k.exited) }()
 	return k, nil
 }
 
@@ -107,6 +127,15 @@ func (k *bashKernel) execute(ctx context.Context, code string, env map[string]st
 	defer os.Remove(file)
 	if k.cmd.SysProcAttr.Credential != nil {
 		os.Chown(file, int(k.cmd.SysProcAttr.Credential.Uid), int(k.cmd.SysProcAttr.Credential.Gid))
+	}
+	// Output of background jobs since the last execution is not this
+	// one's.
+	for drained := false; !drained; {
+		select {
+		case <-k.out:
+		default:
+			drained = true
+		}
 	}
 	mark := "\x1eaenv-" + newToken() + "\x1e"
 	var pre, post strings.Builder
@@ -184,9 +213,16 @@ func (k *bashKernel) execute(ctx context.Context, code string, env map[string]st
 }
 
 func (k *bashKernel) close() {
+	k.quitOnce.Do(func() { close(k.quit) })
 	if k.cmd.Process != nil {
 		syscall.Kill(-k.cmd.Process.Pid, syscall.SIGKILL)
 		<-k.exited
 	}
+	// A job that left the process group may still hold the pipes' other
+	// ends: closing ours ends the pumps regardless.
+	for _, p := range k.pipes {
+		p.Close()
+	}
+	k.pumps.Wait()
 	os.RemoveAll(k.dir)
 }

@@ -324,9 +324,14 @@ func runPython(ctx context.Context, k *pythonKernel, code string, env map[string
 		if err := k.execute(ctx, set, true, quiet); err != nil {
 			return err
 		}
-		defer k.execute(context.WithoutCancel(ctx),
-			"[__import__('os').environ.pop(k, None) if v is None else __import__('os').environ.__setitem__(k, v) for k, v in __aenv_saved.items()]\n"+
+		defer func() {
+			// Bounded: behind code that ignored an interrupt it would
+			// otherwise wait for good.
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			defer cancel()
+			k.execute(rctx, "[__import__('os').environ.pop(k, None) if v is None else __import__('os').environ.__setitem__(k, v) for k, v in __aenv_saved.items()]\n"+
 				"del __aenv_env, __aenv_saved\n", true, quiet)
+		}()
 	}
 	err := k.execute(ctx, code, false, func(typ string, content json.RawMessage) {
 		switch typ {

@@ -60,7 +60,7 @@ type pythonKernel struct {
 	mu sync.Mutex
 	// waiting routes iopub messages and shell replies by their parent's
 	// msg_id.
-	waiting map[string]chan message
+	waiting map[string]*waiter
 }
 
 // kernelOptions say how to start a kernel.
@@ -111,7 +111,7 @@ func startPythonKernel(ctx context.Context, log *slog.Logger, opts kernelOptions
 		return nil, fmt.Errorf("starting kernel: %w", err)
 	}
 	k := &pythonKernel{log: log, key: []byte(newToken()), session: newToken(), exited: make(chan struct{}),
-		waiting: map[string]chan message{}}
+		waiting: map[string]*waiter{}}
 	k.connDir, err = os.MkdirTemp("", "aenv-kernel-")
 	if err != nil {
 		return nil, fmt.Errorf("starting kernel: %w", err)
@@ -142,6 +142,9 @@ func startPythonKernel(ctx context.Context, log *slog.Logger, opts kernelOptions
 	k.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: opts.Cred}
 	logw := &lineLogger{log: log.With("kernel", "python")}
 	k.cmd.Stdout, k.cmd.Stderr = logw, logw
+	// A process the user's code started outside the kernel's group may
+	// hold its output open: Wait must not wait for it.
+	k.cmd.WaitDelay = 2 * time.Second
 	if err := k.cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting kernel: %w", err)
 	}
@@ -263,9 +266,10 @@ func (k *pythonKernel) send(msgType string, content any) (string, chan message, 
 		return "", nil, err
 	}
 	parent, meta := []byte("{}"), []byte("{}")
-	ch := make(chan message, 64)
+	w := &waiter{ch: make(chan message, 64), gone: make(chan struct{})}
+	ch := w.ch
 	k.mu.Lock()
-	k.waiting[h.MsgID] = ch
+	k.waiting[h.MsgID] = w
 	k.mu.Unlock()
 	msg := zmq4.NewMsgFrom([]byte(delimiter), k.sign(hb, parent, meta, cb), hb, parent, meta, cb)
 	if err := k.shell.Send(msg); err != nil {
@@ -275,9 +279,18 @@ func (k *pythonKernel) send(msgType string, content any) (string, chan message, 
 	return h.MsgID, ch, nil
 }
 
+// waiter is whoever waits for the messages of one request.
+type waiter struct {
+	ch   chan message
+	gone chan struct{} // closed by forget
+}
+
 func (k *pythonKernel) forget(id string) {
 	k.mu.Lock()
-	delete(k.waiting, id)
+	if w := k.waiting[id]; w != nil {
+		close(w.gone)
+		delete(k.waiting, id)
+	}
 	k.mu.Unlock()
 }
 
@@ -309,17 +322,17 @@ func (k *pythonKernel) read(sock zmq4.Socket, pub bool) {
 		}
 		m.Content = cb
 		k.mu.Lock()
-		ch := k.waiting[m.ParentHeader.MsgID]
+		w := k.waiting[m.ParentHeader.MsgID]
 		k.mu.Unlock()
-		if ch == nil {
+		if w == nil {
 			continue
 		}
+		// Never drop a message of a waiting request (its idle status
+		// ends the execution): wait for a slow client instead. A request
+		// forgotten meanwhile takes nothing more.
 		select {
-		case ch <- m:
-		default:
-			// The reader must never block on a slow consumer; execute
-			// drains its channel promptly, so this only drops output of
-			// an execution nobody waits for any more.
+		case w.ch <- m:
+		case <-w.gone:
 		}
 	}
 }
@@ -370,7 +383,8 @@ func (k *pythonKernel) execute(ctx context.Context, code string, silent bool, em
 			return fmt.Errorf("the kernel died while running the code (%v)", k.cmd.ProcessState)
 		case <-time.After(30 * time.Second):
 			if interrupted {
-				return fmt.Errorf("the kernel did not stop after an interrupt: %w", ctx.Err())
+				// Replaced before the next execution.
+				return fmt.Errorf("%w: it did not stop within 30 s of an interrupt", errKernelDied)
 			}
 		}
 	}

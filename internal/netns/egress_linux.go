@@ -33,10 +33,13 @@ type slotProxy struct {
 
 // stopProxy ends s's egress proxy, if it has one.
 func (s *Slot) stopProxy() {
-	if p := s.proxy; p != nil {
+	s.proxyMu.Lock()
+	p := s.proxy
+	s.proxy = nil
+	s.proxyMu.Unlock()
+	if p != nil {
 		p.l.Close()
 		<-p.done
-		s.proxy = nil
 	}
 }
 
@@ -63,13 +66,17 @@ func (m *Manager) applyDomains(s *Slot, opts SlotOptions) error {
 		s.stopProxy()
 		return nil
 	}
+
+	r := rulesOf(opts)
+	s.proxyMu.Lock()
 	if s.proxy == nil {
-		if err := m.startProxy(s); err != nil {
+		if err := m.startProxy(s, r); err != nil {
+			s.proxyMu.Unlock()
 			return err
 		}
 	}
-	r := rulesOf(opts)
 	s.proxy.rules.Store(&r)
+	s.proxyMu.Unlock()
 	for _, port := range []uint16{80, 443} {
 		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: cat(
 			ifName(expr.MetaKeyIIFNAME, routerSandbox),
@@ -86,8 +93,9 @@ func (m *Manager) applyDomains(s *Slot, opts SlotOptions) error {
 	return nil
 }
 
-// startProxy opens s's listener inside its router namespace and serves it.
-func (m *Manager) startProxy(s *Slot) error {
+// startProxy opens s's listener inside its router namespace and serves it
+// with rules. s.proxyMu held.
+func (m *Manager) startProxy(s *Slot, rules egress.Rules) error {
 	ns, err := openNS(s.RouterNSPath)
 	if err != nil {
 		return fmt.Errorf("starting the egress proxy of %s: %w", s.Name, err)
@@ -101,6 +109,7 @@ func (m *Manager) startProxy(s *Slot) error {
 		return fmt.Errorf("starting the egress proxy of %s: %w", s.Name, err)
 	}
 	p := &slotProxy{l: l, done: make(chan struct{})}
+	p.rules.Store(&rules) // before the first connection can arrive
 	s.proxy = p
 	px := &egress.Proxy{
 		Blocked: func(a netip.Addr) bool {

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/aenvhq/aenv/internal/egress"
 )
@@ -283,8 +284,10 @@ type Slot struct {
 	hostPeer  netip.Prefix // host side of the uplink, the router's gateway
 	uplink    netip.Prefix // HostAddr with its prefix length
 
-	// proxy is the slot's egress proxy while it has domain rules.
-	proxy *slotProxy
+	// proxy is the slot's egress proxy while it has domain rules; its
+	// owner's updates and its release may race, hence proxyMu.
+	proxy   *slotProxy
+	proxyMu sync.Mutex
 
 	// nft is an nftables connection into the router namespace, kept while
 	// the slot waits in the pool so that Acquire need not open one. The

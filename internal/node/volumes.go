@@ -180,37 +180,44 @@ func (n *Node) putFiles(ctx context.Context, sb *Sandbox, tarPath string) error 
 	// are known once they all are.
 	var whiteouts bytes.Buffer
 	pr, pw := io.Pipe()
+	split := make(chan error, 1)
 	go func() {
-		tr := tar.NewReader(f)
-		tw := tar.NewWriter(pw)
-		for {
-			h, err := tr.Next()
-			if err == io.EOF {
-				pw.CloseWithError(tw.Close())
-				return
+		split <- func() error {
+			tr := tar.NewReader(f)
+			tw := tar.NewWriter(pw)
+			for {
+				h, err := tr.Next()
+				if err == io.EOF {
+					return tw.Close()
+				}
+				if err != nil {
+					return fmt.Errorf("reading the tar: %w", err)
+				}
+				if h.Typeflag == tar.TypeChar && h.Devmajor == 0 && h.Devminor == 0 {
+					whiteouts.WriteString("/" + strings.TrimPrefix(path.Clean("/"+h.Name), "/") + "\x00")
+					continue
+				}
+				if err := tw.WriteHeader(h); err != nil {
+					return err
+				}
+				if _, err := io.Copy(tw, tr); err != nil {
+					return err
+				}
 			}
-			if err != nil {
-				pw.CloseWithError(fmt.Errorf("reading the tar: %w", err))
-				return
-			}
-			if h.Typeflag == tar.TypeChar && h.Devmajor == 0 && h.Devminor == 0 {
-				whiteouts.WriteString("/" + strings.TrimPrefix(path.Clean("/"+h.Name), "/") + "\x00")
-				continue
-			}
-			if err := tw.WriteHeader(h); err != nil {
-				pw.CloseWithError(err)
-				return
-			}
-			if _, err := io.Copy(tw, tr); err != nil {
-				pw.CloseWithError(err)
-				return
-			}
-		}
+		}()
+		pw.Close()
 	}()
 	envd := newEnvdClient(sb.Addr, sb.EnvdAccessToken)
-	if err := envd.upload(ctx, "root", filesTarPath, pr); err != nil {
-		pr.CloseWithError(err)
-		return fmt.Errorf("putting its files back: %w", err)
+	uerr := envd.upload(ctx, "root", filesTarPath, pr)
+	// envd may answer before reading everything: the splitter must be
+	// done (and whiteouts complete) before anything else reads them.
+	pr.Close()
+	serr := <-split
+	if uerr != nil {
+		return fmt.Errorf("putting its files back: %w", uerr)
+	}
+	if serr != nil {
+		return fmt.Errorf("putting its files back: %w", serr)
 	}
 	if err := envd.upload(ctx, "root", whiteoutsPath, &whiteouts); err != nil {
 		return fmt.Errorf("putting its files back: %w", err)

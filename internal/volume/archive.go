@@ -8,35 +8,40 @@ import (
 	"io/fs"
 	"os"
 	"path"
-	"path/filepath"
 	"strings"
 	"syscall"
 )
 
 // Archive writes volume id's files to w as a tar (owners, modes, links
-// kept): how a volume moves to another node.
+// kept): how a volume moves to another node. It reads through os.Root,
+// like the data plane: a link a sandbox swaps in mid-walk leads nowhere
+// outside the volume.
 func (d *Dir) Archive(id string, w io.Writer) (int64, error) {
 	p, err := d.Path(id)
 	if err != nil || !d.Exists(id) {
 		return 0, fmt.Errorf("archiving volume %s: %w", id, ErrNotFound)
 	}
+	root, err := os.OpenRoot(p)
+	if err != nil {
+		return 0, fmt.Errorf("archiving volume %s: %w", id, err)
+	}
+	defer root.Close()
 	tw := tar.NewWriter(w)
 	var total int64
-	err = filepath.WalkDir(p, func(full string, de fs.DirEntry, err error) error {
+	err = fs.WalkDir(root.FS(), ".", func(name string, de fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
-		rel, _ := filepath.Rel(p, full)
-		if rel == "." {
+		if name == "." {
 			return nil
 		}
-		fi, err := de.Info()
+		fi, err := root.Lstat(name)
 		if err != nil {
 			return err
 		}
 		link := ""
 		if fi.Mode()&fs.ModeSymlink != 0 {
-			if link, err = os.Readlink(full); err != nil {
+			if link, err = root.Readlink(name); err != nil {
 				return err
 			}
 		}
@@ -44,7 +49,7 @@ func (d *Dir) Archive(id string, w io.Writer) (int64, error) {
 		if err != nil {
 			return nil // a socket or device: not a volume's content
 		}
-		h.Name = filepath.ToSlash(rel)
+		h.Name = name
 		if fi.IsDir() {
 			h.Name += "/"
 		}
@@ -52,15 +57,18 @@ func (d *Dir) Archive(id string, w io.Writer) (int64, error) {
 			h.Uid, h.Gid = int(st.Uid), int(st.Gid)
 		}
 		h.Uname, h.Gname = "", ""
+		if !fi.Mode().IsRegular() && !fi.IsDir() && fi.Mode()&fs.ModeSymlink == 0 {
+			return nil // a FIFO or device: not a volume's content
+		}
 		if err := tw.WriteHeader(h); err != nil {
 			return err
 		}
 		if fi.Mode().IsRegular() {
-			f, err := os.Open(full)
+			f, err := root.OpenFile(name, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 			if err != nil {
 				return err
 			}
-			n, err := io.Copy(tw, f)
+			n, err := io.CopyN(tw, f, h.Size)
 			f.Close()
 			total += n
 			if err != nil {
