@@ -151,8 +151,12 @@ srv.test('bash keeps its shell between calls; another language is UnsupportedLan
 })
 
 srv.test('envs apply to one execution; an execution timeout interrupts the kernel and keeps its state', async () => {
-  const sbx = await create()
+  const sbx = await create({ envs: { CREATE_ENV: 'from the create' } })
   try {
+    // The kernel started before this sandbox existed (in the template's
+    // snapshot), yet sees the create's environment.
+    assert.equal((await sbx.runCode('import os\nos.environ.get("CREATE_ENV")')).text, "'from the create'")
+    assert.deepEqual((await sbx.runCode('echo "$CREATE_ENV"', { language: 'bash' })).logs.stdout, ['from the create\n'])
     const withEnv = await sbx.runCode('import os\nos.environ["GREETING"]', { envs: { GREETING: 'hello' } })
     assert.equal(withEnv.text, "'hello'")
     assert.equal((await sbx.runCode('import os\nos.environ.get("GREETING", "unset")')).text, "'unset'")

@@ -38,6 +38,7 @@ func run() error {
 	home, _ := os.UserHomeDir()
 	cwd := fs.String("cwd", home, "working directory of new contexts")
 	verbose := fs.Bool("verbose", false, "log debug messages (kernels' own output too)")
+	envdURL := fs.String("envd", "http://127.0.0.1:49983", "the sandbox's envd, whose environment (the create's envs) every execution gets; empty: none")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return err
 	}
@@ -49,7 +50,7 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
-	srv := interpreter.New(interpreter.Config{Python: *python, Cwd: *cwd, Logger: log})
+	srv := interpreter.New(interpreter.Config{Python: *python, Cwd: *cwd, Logger: log, EnvdURL: *envdURL})
 	defer srv.Close()
 	// The default kernel is up before the port opens: a ready check on
 	// the port then means the first execution runs at once.

@@ -226,3 +226,16 @@ func (k *bashKernel) close() {
 	k.pumps.Wait()
 	os.RemoveAll(k.dir)
 }
+
+// setEnv exports env in the shell for good (the sandbox's environment).
+func (k *bashKernel) setEnv(ctx context.Context, env map[string]string) error {
+	var b strings.Builder
+	for name, v := range env {
+		if validEnvName.MatchString(name) {
+			fmt.Fprintf(&b, "export %s=%s\n", name, shellQuote(v))
+		}
+	}
+	err := k.execute(ctx, b.String(), nil, func(event) {})
+	k.count-- // not one of the user's executions
+	return err
+}

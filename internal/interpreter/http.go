@@ -1,8 +1,10 @@
 package interpreter
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"time"
 )
@@ -129,8 +131,9 @@ func (s *Server) handleExecute(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	globals := s.sandboxEnv(r.Context(), r.Header.Get("X-Access-Token"))
 	start := time.Now()
-	err := s.execute(r.Context(), c, body.Code, body.EnvVars, emit)
+	err := s.execute(r.Context(), c, body.Code, globals, body.EnvVars, emit)
 	if err != nil {
 		if r.Context().Err() != nil {
 			s.log.Info("execution interrupted: the client went away or timed out", "context_id", c.ID,
@@ -140,4 +143,35 @@ func (s *Server) handleExecute(w http.ResponseWriter, r *http.Request) {
 		emit(event{"type": "error", "name": "KernelError", "value": err.Error(), "traceback": ""})
 	}
 	emit(event{"type": "end_of_execution"})
+}
+
+// sandboxEnv is the environment the sandbox was created with, from envd,
+// with the access token the SDK sends along (envd demands it; processes
+// in the sandbox cannot read it otherwise). Unreadable, it is empty: the
+// execution still runs.
+func (s *Server) sandboxEnv(ctx context.Context, token string) map[string]string {
+	env := map[string]string{}
+	if s.cfg.EnvdURL == "" {
+		return env
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.cfg.EnvdURL+"/envs", nil)
+	if err != nil {
+		return env
+	}
+	if token != "" {
+		req.Header.Set("X-Access-Token", token)
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		s.log.Debug("reading the sandbox's environment from envd", "err", err)
+		return env
+	}
+	defer res.Body.Close()
+	if res.StatusCode != http.StatusOK || json.NewDecoder(io.LimitReader(res.Body, 1<<20)).Decode(&env) != nil {
+		s.log.Debug("reading the sandbox's environment from envd", "status", res.Status)
+		return map[string]string{}
+	}
+	return env
 }

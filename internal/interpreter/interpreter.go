@@ -43,6 +43,11 @@ type Config struct {
 	Cred   *syscall.Credential
 	Env    []string
 	Logger *slog.Logger
+	// EnvdURL, when set, is the sandbox's envd: the environment the
+	// sandbox was created with (GET /envs) applies to every execution, as
+	// kernels started before the create (in the template's snapshot)
+	// never saw it.
+	EnvdURL string
 }
 
 // Server holds the contexts and serves the API.
@@ -63,9 +68,11 @@ type codeContext struct {
 	Cwd      string `json:"cwd"`
 
 	// mu serialises executions, as a notebook runs one cell at a time.
-	mu     sync.Mutex
-	python *pythonKernel
-	bash   *bashKernel
+	mu sync.Mutex
+	// globals is the sandbox environment last put into the kernel (JSON).
+	globals string
+	python  *pythonKernel
+	bash    *bashKernel
 }
 
 // languages maps what clients send to the kernels there are.
@@ -287,7 +294,7 @@ func (s *Server) get(id string) *codeContext {
 // execute runs code in c and streams events. It returns an error only
 // for what the client should see as a failed execution (the kernel died,
 // the request ended); the code's own exceptions are events.
-func (s *Server) execute(ctx context.Context, c *codeContext, code string, env map[string]string, emit func(event)) error {
+func (s *Server) execute(ctx context.Context, c *codeContext, code string, globals, env map[string]string, emit func(event)) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.python == nil && c.bash == nil {
@@ -295,6 +302,22 @@ func (s *Server) execute(ctx context.Context, c *codeContext, code string, env m
 		if err := s.startKernel(context.WithoutCancel(ctx), c); err != nil {
 			return err
 		}
+		c.globals = ""
+	}
+	// The sandbox's own environment goes into the kernel once (and again
+	// only if it changes), not around every execution.
+	if b, _ := json.Marshal(globals); len(globals) > 0 && string(b) != c.globals {
+		var err error
+		if c.bash != nil {
+			err = c.bash.setEnv(ctx, globals)
+		} else {
+			err = c.python.execute(ctx, fmt.Sprintf("__import__('os').environ.update(__import__('json').loads(__import__('base64').b64decode(%q)))\n",
+				base64.StdEncoding.EncodeToString(b)), true, func(string, json.RawMessage) {})
+		}
+		if err != nil {
+			return err
+		}
+		c.globals = string(b)
 	}
 	var err error
 	if c.bash != nil {
