@@ -74,6 +74,31 @@ func BenchmarkLazyStart(b *testing.B) {
 		lazyBytes := lf.FetchedBytes.Load()
 		warm := run(m.Dir)
 		m.Close()
+		trace := lf.Trace()
+		lf.Close()
+
+		// Lazy, cold, on another node with the first start's trace:
+		// its chunks in one batch first.
+		other, _ := store.New(store.Options{Backend: backend, CacheDir: filepath.Join(work, "cache-pf", time.Now().Format("150405.000"))})
+		s = time.Now()
+		pf, err := other.OpenLazy(ctx, "img", "image")
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := pf.Prefetch(ctx, trace); err != nil {
+			b.Fatal(err)
+		}
+		prefetched := time.Since(s)
+		m2, err := Mount(filepath.Join(work, "lazy-pf"), pf, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		run(m2.Dir)
+		pfTotal := time.Since(s)
+		m2.Close()
+		pf.Close()
+		b.ReportMetric(float64(pfTotal.Milliseconds()), "prefetched-cold-ms")
+		b.ReportMetric(float64(prefetched.Milliseconds()), "prefetch-ms")
 
 		// Eager: the whole image fetched, then mounted from local disk.
 		eagerStore, _ := store.New(store.Options{Backend: backend})
@@ -100,6 +125,7 @@ func BenchmarkLazyStart(b *testing.B) {
 		b.ReportMetric(float64(warm.Milliseconds()), "lazy-warm-python-ms")
 		b.ReportMetric(float64(eagerTotal.Milliseconds()), "eager-cold-ms")
 		b.ReportMetric(float64(eagerTotal)/float64(lazyTotal), "eager/lazy")
+		b.ReportMetric(float64(eagerTotal)/float64(pfTotal), "eager/prefetched")
 		b.Logf("python: lazy %v (cold, incl. fetches), eager %v after the whole image", pyLazy, pyEager)
 	}
 }

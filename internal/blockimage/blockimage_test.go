@@ -50,6 +50,7 @@ func TestLazyImage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer lf.Close()
 	m, err := Mount(filepath.Join(work, "mnt"), lf, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -93,6 +94,7 @@ func TestLazyImage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer lf2.Close()
 	if _, err := lf2.ReadAt(make([]byte, 4096), 0); !errors.Is(err, store.ErrCorrupt) {
 		t.Fatalf("a corrupted image's first block: %v, want ErrCorrupt", err)
 	}

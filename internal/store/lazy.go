@@ -32,6 +32,14 @@ type LazyFile struct {
 	// Fetched counts chunks read from the backend (not the cache), and
 	// FetchedBytes their size as stored.
 	Fetched, FetchedBytes atomic.Int64
+
+	// ahead counts read-aheads in flight, for Close.
+	ahead sync.WaitGroup
+
+	// trace is the order chunks were first read in (see Trace).
+	traceMu sync.Mutex
+	trace   []int
+	traced  map[int]bool
 }
 
 type fetchCall struct {
@@ -54,7 +62,7 @@ func (s *Store) OpenLazy(ctx context.Context, id, name string) (*LazyFile, error
 		return nil, fmt.Errorf("opening %s of %s: %w", name, id, ErrNoFile)
 	}
 	f := &LazyFile{s: s, id: id, chunks: fe.Chunks, offsets: make([]int64, len(fe.Chunks)+1), inflight: map[int]*fetchCall{},
-		recent: map[int][]byte{}}
+		recent: map[int][]byte{}, traced: map[int]bool{}}
 	for i, c := range fe.Chunks {
 		f.offsets[i+1] = f.offsets[i] + c.Size
 	}
@@ -117,6 +125,12 @@ const recentChunks = 64
 // readers want it, and starts fetching the next one (reads of an image
 // go forward more often than not).
 func (f *LazyFile) chunk(ctx context.Context, i int) ([]byte, error) {
+	f.traceMu.Lock()
+	if !f.traced[i] {
+		f.traced[i] = true
+		f.trace = append(f.trace, i)
+	}
+	f.traceMu.Unlock()
 	data, err := f.load(ctx, i)
 	if err == nil && i+1 < len(f.chunks) {
 		f.mu.Lock()
@@ -124,7 +138,11 @@ func (f *LazyFile) chunk(ctx context.Context, i int) ([]byte, error) {
 		_, busy := f.inflight[i+1]
 		f.mu.Unlock()
 		if !have && !busy {
-			go f.load(context.WithoutCancel(ctx), i+1)
+			f.ahead.Add(1)
+			go func() {
+				defer f.ahead.Done()
+				f.load(context.WithoutCancel(ctx), i+1)
+			}()
 		}
 	}
 	return data, err
@@ -165,4 +183,56 @@ func (f *LazyFile) load(ctx context.Context, i int) ([]byte, error) {
 	}
 	f.mu.Unlock()
 	return c.data, c.err
+}
+
+// Close waits for the reads ahead it started (they fill the cache).
+func (f *LazyFile) Close() error {
+	f.ahead.Wait()
+	return nil
+}
+
+// Trace is the chunks reads asked for so far, by index, in the order they
+// were first wanted (read-ahead not counted): what a start of the image
+// reads, to store with it and Prefetch on the next cold start.
+func (f *LazyFile) Trace() []int {
+	f.traceMu.Lock()
+	defer f.traceMu.Unlock()
+	return append([]int(nil), f.trace...)
+}
+
+// Prefetch fetches the chunks of a Trace into the cache, in parallel
+// (up to the store's concurrency), before anything reads them: one batch
+// instead of a fetch per first read. Indexes out of range are ignored
+// (a trace of another version of the file).
+func (f *LazyFile) Prefetch(ctx context.Context, trace []int) error {
+	sem := make(chan struct{}, max(f.s.concurrency, 1))
+	var wg sync.WaitGroup
+	var first error
+	var mu sync.Mutex
+	for _, i := range trace {
+		if i < 0 || i >= len(f.chunks) {
+			continue
+		}
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			var st restoreStats
+			_, err := f.s.fetchChunk(ctx, f.chunks[i], &st)
+			f.Fetched.Add(st.fromBackend.Load())
+			f.FetchedBytes.Add(st.bytesFetched.Load())
+			if err != nil {
+				mu.Lock()
+				if first == nil {
+					first = err
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if first != nil {
+		return fmt.Errorf("prefetching %s: %w", f.id, first)
+	}
+	return nil
 }

@@ -39,6 +39,7 @@ func TestLazyFile(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			defer f.Close()
 			if f.Size() != int64(len(data)) {
 				t.Fatalf("size %d, want %d", f.Size(), len(data))
 			}
@@ -90,6 +91,7 @@ func TestLazyFile(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			defer g.Close()
 			if _, err := g.ReadAt(buf, f.offsets[3]+10); !errors.Is(err, ErrCorrupt) {
 				t.Fatalf("a read of a corrupted chunk: %v, want ErrCorrupt", err)
 			}
@@ -112,4 +114,67 @@ func dirBytes(t *testing.T, dir string) int64 {
 		return nil
 	})
 	return n
+}
+
+// TestLazyPrefetch records what one node's reads needed and prefetches it
+// on another: the same reads there fetch nothing more.
+func TestLazyPrefetch(t *testing.T) {
+	ctx := context.Background()
+	b := newLocalBackend(t)
+	s := newStore(t, Options{Backend: b, ChunkSize: MiB})
+	data := randomBytes(11, 8*MiB)
+	if _, _, err := s.Save(ctx, "img-p", "", writeFiles(t, map[string][]byte{"disk.img": data}), nil); err != nil {
+		t.Fatal(err)
+	}
+	reads := []int64{6*MiB + 5, 10, 3 * MiB}
+	first := newStore(t, Options{Backend: b, ChunkSize: MiB, CacheDir: t.TempDir()})
+	f, err := first.OpenLazy(ctx, "img-p", "disk.img")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 100)
+	for _, off := range reads {
+		if _, err := f.ReadAt(buf, off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	trace := f.Trace()
+	if len(trace) != 3 || trace[0] != 6 || trace[1] != 0 || trace[2] != 3 {
+		t.Fatalf("trace %v, want [6 0 3]", trace)
+	}
+	second := newStore(t, Options{Backend: b, ChunkSize: MiB, CacheDir: t.TempDir()})
+	g, err := second.OpenLazy(ctx, "img-p", "disk.img")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if err := g.Prefetch(ctx, append(trace, 999)); err != nil {
+		t.Fatal(err)
+	}
+	if got := g.Fetched.Load(); got != 3 {
+		t.Fatalf("prefetch fetched %d chunks, want 3", got)
+	}
+	// Bypass the in-memory chunks: a new LazyFile over the same cache.
+	h, _ := second.OpenLazy(ctx, "img-p", "disk.img")
+	defer h.Close()
+	for _, off := range reads {
+		if _, err := h.ReadAt(buf, off); err != nil || !bytes.Equal(buf, data[off:off+100]) {
+			t.Fatalf("read at %d after prefetch: %v", off, err)
+		}
+	}
+	// Only read-ahead of the next chunks may still go to the store; the
+	// chunks read came from the cache the prefetch filled.
+	if got := h.Fetched.Load(); got > int64(len(reads)) {
+		t.Fatalf("reads after a prefetch fetched %d chunks from the store, want at most %d read ahead", got, len(reads))
+	}
+	cold := newStore(t, Options{Backend: b, ChunkSize: MiB, CacheDir: t.TempDir()})
+	k, _ := cold.OpenLazy(ctx, "img-p", "disk.img")
+	defer k.Close()
+	for _, off := range reads {
+		k.ReadAt(buf, off)
+	}
+	if k.Fetched.Load() <= h.Fetched.Load() {
+		t.Fatalf("without a prefetch the reads fetched %d chunks, with one %d: the prefetch saved nothing", k.Fetched.Load(), h.Fetched.Load())
+	}
 }
