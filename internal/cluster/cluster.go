@@ -24,6 +24,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/aenvhq/aenv/internal/ids"
 	"github.com/aenvhq/aenv/internal/nodeapi"
 	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
 	"github.com/aenvhq/aenv/internal/state"
@@ -403,7 +404,7 @@ func (c *Cluster) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 	if req.IdempotencyKey != "" {
 		// Before the quota: a retry of a create that took the key's last
 		// slot gets that sandbox, not a quota error.
-		id = newSandboxID()
+		id = ids.New()
 		sb, err := c.reserveIdempotent(ctx, req.Owner, req.IdempotencyKey, id)
 		if sb != nil || err != nil {
 			return sb, err

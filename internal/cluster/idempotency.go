@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -96,20 +95,6 @@ func (c *Cluster) reserveIdempotent(ctx context.Context, owner Owner, key, id st
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-}
-
-// sandboxIDAlphabet is what sandbox ids are made of (as nodes make them).
-const sandboxIDAlphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
-
-// newSandboxID chooses a sandbox's id ahead of its create, so that the
-// id can be recorded before the sandbox exists.
-func newSandboxID() string {
-	b := make([]byte, 20)
-	_, _ = rand.Read(b)
-	for i := range b {
-		b[i] = sandboxIDAlphabet[int(b[i])%len(sandboxIDAlphabet)]
-	}
-	return string(b)
 }
 
 // createdIdempotent marks key's sandbox as made.

@@ -12,6 +12,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/aenvhq/aenv/internal/ids"
 	"github.com/aenvhq/aenv/internal/nodeapi"
 	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
 	"github.com/aenvhq/aenv/internal/state"
@@ -63,7 +64,7 @@ func (c *Cluster) CreateVolume(ctx context.Context, owner Owner, name string) (*
 	if !validVolumeName.MatchString(name) {
 		return nil, fmt.Errorf("%w: volume name %q: 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit", ErrInvalid, truncate(name))
 	}
-	v := &Volume{ID: newSandboxID(), Name: name, Token: randomToken(), KeyID: owner.KeyID, CreatedAt: time.Now().UTC()}
+	v := &Volume{ID: ids.New(), Name: name, Token: randomToken(), KeyID: owner.KeyID, CreatedAt: time.Now().UTC()}
 	nameKey := volumeNamePrefix + ownerScope(owner) + "/" + name
 	if _, err := c.cfg.State.Create(ctx, nameKey, []byte(v.ID), state.WriteOptions{}); errors.Is(err, state.ErrExists) {
 		return nil, fmt.Errorf("%w: a volume named %q exists", ErrConflict, name)

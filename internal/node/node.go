@@ -22,6 +22,7 @@ import (
 
 	"golang.org/x/sync/singleflight"
 
+	"github.com/aenvhq/aenv/internal/ids"
 	"github.com/aenvhq/aenv/internal/netns"
 	"github.com/aenvhq/aenv/internal/runtime"
 	"github.com/aenvhq/aenv/internal/snapshot"
@@ -640,18 +641,8 @@ func pick(v, def int) int {
 	return def
 }
 
-// idAlphabet is what E2B sandbox ids are made of (^[a-z0-9]+$).
-const idAlphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
-
 // NewID returns a random sandbox id.
-func NewID() string {
-	b := make([]byte, 20)
-	_, _ = rand.Read(b)
-	for i := range b {
-		b[i] = idAlphabet[int(b[i])%len(idAlphabet)]
-	}
-	return string(b)
-}
+func NewID() string { return ids.New() }
 
 func randomToken() string {
 	b := make([]byte, 24)
