@@ -178,8 +178,10 @@ type Node struct {
 	pending map[string]int
 	onExit  func(Exit)
 	pool    *warmPool
-	// readying starts each template's service once at a time.
+	// readying starts each template's service once at a time; ready
+	// holds the snapshots of started services by name.
 	readying singleflight.Group
+	ready    map[string]*snapshot.Snapshot
 	// bg is cancelled by Close: work that outlives the request that began
 	// it (starting a template's service) stops there, leaving nothing.
 	bg       context.Context
@@ -212,6 +214,7 @@ func New(cfg Config) (*Node, error) {
 		log:       cfg.Logger.With("node_id", cfg.ID),
 		sandboxes: make(map[string]*Sandbox),
 		pending:   make(map[string]int),
+		ready:     make(map[string]*snapshot.Snapshot),
 	}
 	n.bg, n.bgCancel = context.WithCancel(context.Background())
 	n.pool = newWarmPool(n, cfg.WarmPoolSize, cfg.WarmTemplates)

@@ -65,7 +65,18 @@ func (n *Node) hasService(tpl *template.Template) bool {
 // making it first if no node has (once per node at a time).
 func (n *Node) readySnapshot(ctx context.Context, tpl *template.Template) (*snapshot.Snapshot, error) {
 	name := n.readyName(tpl)
+	// Known here: a lookup by name would list the catalog (and the
+	// store's) on every create.
+	n.mu.Lock()
+	snap := n.ready[name]
+	n.mu.Unlock()
+	if snap != nil {
+		if _, err := os.Stat(snap.Dir); err == nil {
+			return snap, nil
+		}
+	}
 	if snap, err := n.cfg.Snapshots.Fetch(ctx, name); err == nil && n.CanRestore(snap) == nil {
+		n.rememberReady(name, snap)
 		return snap, nil
 	} else if err != nil && !errors.Is(err, snapshot.ErrNotFound) {
 		return nil, fmt.Errorf("starting template %s's service: %w", tpl.ID, err)
@@ -88,10 +99,17 @@ func (n *Node) readySnapshot(ctx context.Context, tpl *template.Template) (*snap
 		if r.Err != nil {
 			return nil, r.Err
 		}
+		n.rememberReady(name, r.Val.(*snapshot.Snapshot))
 		return r.Val.(*snapshot.Snapshot), nil
 	case <-ctx.Done():
 		return nil, fmt.Errorf("starting template %s's service: %w", tpl.ID, ctx.Err())
 	}
+}
+
+func (n *Node) rememberReady(name string, snap *snapshot.Snapshot) {
+	n.mu.Lock()
+	n.ready[name] = snap
+	n.mu.Unlock()
 }
 
 // startService boots a sandbox of tpl, runs its start command, waits for

@@ -12,6 +12,7 @@ import (
 	"github.com/aenvhq/aenv/internal/netns"
 	"github.com/aenvhq/aenv/internal/runtime"
 	"github.com/aenvhq/aenv/internal/snapshot"
+	"github.com/aenvhq/aenv/internal/template"
 )
 
 // ErrUnsupported is returned when the runtime or configuration cannot do
@@ -133,13 +134,9 @@ func (n *Node) restore(ctx context.Context, snap *snapshot.Snapshot, req CreateR
 	if err := n.CanRestore(snap); err != nil {
 		return nil, err
 	}
-	tpl, err := n.cfg.Templates.Fetch(ctx, snap.TemplateID)
+	tpl, id, err := n.restoreTarget(ctx, snap, req)
 	if err != nil {
-		return nil, fmt.Errorf("restoring snapshot %s: its template: %w", snap.ID, err)
-	}
-	id := req.SandboxID
-	if id == "" {
-		id = NewID()
+		return nil, err
 	}
 	start := time.Now()
 	sb, err := n.boot(ctx, id, tpl, bootOptions{
@@ -155,6 +152,20 @@ func (n *Node) restore(ctx context.Context, snap *snapshot.Snapshot, req CreateR
 	n.logEvent(id, "info", "sandbox restored", "snapshot_id", snap.ID, "kind", string(snap.Kind),
 		"took_ms", strconv.FormatInt(time.Since(start).Milliseconds(), 10))
 	return sb, nil
+}
+
+// restoreTarget is what every restore of snap starts from: its template
+// (fetched if this node lacks it) and the new sandbox's id.
+func (n *Node) restoreTarget(ctx context.Context, snap *snapshot.Snapshot, req CreateRequest) (*template.Template, string, error) {
+	tpl, err := n.cfg.Templates.Fetch(ctx, snap.TemplateID)
+	if err != nil {
+		return nil, "", fmt.Errorf("restoring snapshot %s: its template: %w", snap.ID, err)
+	}
+	id := req.SandboxID
+	if id == "" {
+		id = NewID()
+	}
+	return tpl, id, nil
 }
 
 // CanRestore says whether this node's runtime can restore snap: the

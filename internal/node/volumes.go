@@ -127,13 +127,9 @@ func (n *Node) snapshotFiles(ctx context.Context, sb *Sandbox, snap *snapshot.Sn
 // snapshot, with the snapshot's files put back (deletions too) and its
 // environment and token, as after a reboot.
 func (n *Node) restoreFiles(ctx context.Context, snap *snapshot.Snapshot, req CreateRequest) (_ *Sandbox, err error) {
-	tpl, err := n.cfg.Templates.Fetch(ctx, snap.TemplateID)
+	tpl, id, err := n.restoreTarget(ctx, snap, req)
 	if err != nil {
-		return nil, fmt.Errorf("restoring snapshot %s: its template: %w", snap.ID, err)
-	}
-	id := req.SandboxID
-	if id == "" {
-		id = NewID()
+		return nil, err
 	}
 	start := time.Now()
 	sb, err := n.boot(ctx, id, tpl, bootOptions{CPUCount: snap.CPUCount, MemoryMB: snap.MemoryMB, Network: req.Network, Mounts: snap.Mounts})
@@ -243,9 +239,9 @@ func (n *Node) reboot(ctx context.Context, snap *snapshot.Snapshot, req CreateRe
 	if !ok {
 		return nil, fmt.Errorf("rebooting from snapshot %s: runtime %s: %w", snap.ID, n.cfg.Runtime.Name(), ErrUnsupported)
 	}
-	tpl, err := n.cfg.Templates.Fetch(ctx, snap.TemplateID)
+	tpl, _, err := n.restoreTarget(ctx, snap, req)
 	if err != nil {
-		return nil, fmt.Errorf("rebooting from snapshot %s: its template: %w", snap.ID, err)
+		return nil, err
 	}
 	dir, err := os.MkdirTemp("", "aenv-reboot-")
 	if err != nil {
