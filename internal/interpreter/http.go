@@ -149,7 +149,17 @@ func (s *Server) handleExecute(w http.ResponseWriter, r *http.Request) {
 // with the access token the SDK sends along (envd demands it; processes
 // in the sandbox cannot read it otherwise). Unreadable, it is empty: the
 // execution still runs.
+//
+// Read once: envd gets a sandbox's environment at its handout, before any
+// execution, and keeps it (the service's memory, restored with a fork's
+// or a resume's, holds the same).
 func (s *Server) sandboxEnv(ctx context.Context, token string) map[string]string {
+	s.mu.Lock()
+	cached := s.env
+	s.mu.Unlock()
+	if cached != nil {
+		return cached
+	}
 	env := map[string]string{}
 	if s.cfg.EnvdURL == "" {
 		return env
@@ -173,5 +183,8 @@ func (s *Server) sandboxEnv(ctx context.Context, token string) map[string]string
 		s.log.Debug("reading the sandbox's environment from envd", "status", res.Status)
 		return map[string]string{}
 	}
+	s.mu.Lock()
+	s.env = env
+	s.mu.Unlock()
 	return env
 }

@@ -59,6 +59,9 @@ type Server struct {
 	contexts map[string]*codeContext
 	// defaults are the contexts /execute uses when given only a language.
 	defaults map[string]*codeContext
+	// env is the sandbox's environment once read from envd (never
+	// modified after).
+	env map[string]string
 }
 
 // codeContext is one kernel and what it was made with.
