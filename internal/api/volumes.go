@@ -72,7 +72,7 @@ func (s *Server) volumeContent(w http.ResponseWriter, r *http.Request) {
 	rest := strings.TrimPrefix(r.URL.Path, "/volumecontent/")
 	id, _, _ := strings.Cut(rest, "/")
 	if !volume.ValidID(id) {
-		writeError(w, http.StatusNotFound, fmt.Sprintf("volume %q not found", truncateForLog(id)))
+		writeError(w, http.StatusNotFound, "no volume has that id (ids match ^[a-z0-9]{1,64}$)")
 		return
 	}
 	v, err := s.cfg.Cluster.VolumeForData(r.Context(), id)
@@ -100,12 +100,6 @@ func (s *Server) volumeContent(w http.ResponseWriter, r *http.Request) {
 	h.ServeHTTP(w, r)
 }
 
-func truncateForLog(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "..."
-	}
-	return s
-}
 
 // parseVolumeMounts reads volumeMounts in either form E2B accepts: the
 // array the SDK sends ([{name, path}]) or a map of path to volume name.
