@@ -100,7 +100,6 @@ func (s *Server) volumeContent(w http.ResponseWriter, r *http.Request) {
 	h.ServeHTTP(w, r)
 }
 
-
 // parseVolumeMounts reads volumeMounts in either form E2B accepts: the
 // array the SDK sends ([{name, path}]) or a map of path to volume name.
 func parseVolumeMounts(raw json.RawMessage) ([]cluster.VolumeMount, error) {
