@@ -103,7 +103,7 @@ from it. Prints the snapshot's id.`,
 	cmd.Flags().StringVar(&name, "name", "", "a name the snapshot can also be used by")
 	ls := listCmd(g, &cobra.Command{Use: "ls", Aliases: []string{"list"}, Short: "List snapshots"},
 		(*client.Client).ListSnapshots, "ID\tNAMES\tSANDBOX\tTEMPLATE\tSIZE\tCREATED",
-		func(s client.SnapshotInfo) string {
+		func(s client.Snapshot) string {
 			names := strings.Join(s.Names, ",")
 			if names == "" {
 				names = "-"

@@ -27,7 +27,7 @@ func TestForkSnapshotLogsMetricsVolumes(t *testing.T) {
 	oneErrorLine(t, e.run(t, "", "fork", id, "-n", "0"), "-n must be at least 1")
 
 	snap := strings.TrimSpace(e.mustRun(t, "snapshot", id, "--name", "cli-snap"))
-	var snaps []client.SnapshotInfo
+	var snaps []client.Snapshot
 	if err := json.Unmarshal([]byte(e.mustRun(t, "snapshot", "ls", "-o", "json")), &snaps); err != nil {
 		t.Fatal(err)
 	}

@@ -10,11 +10,14 @@ import (
 
 // Snapshot is the server's description of a snapshot.
 type Snapshot struct {
-	SnapshotID string   `json:"snapshotID"`
-	Names      []string `json:"names"`
-	SizeBytes  int64    `json:"sizeBytes"`
-	CPUCount   int      `json:"cpuCount"`
-	MemoryMB   int      `json:"memoryMB"`
+	SnapshotID string    `json:"snapshotID"`
+	Names      []string  `json:"names"`
+	SandboxID  string    `json:"sandboxID,omitempty"`
+	TemplateID string    `json:"templateID,omitempty"`
+	CPUCount   int       `json:"cpuCount"`
+	MemoryMB   int       `json:"memoryMB"`
+	SizeBytes  int64     `json:"sizeBytes"`
+	CreatedAt  time.Time `json:"createdAt"`
 }
 
 // Snapshot saves a running sandbox, which keeps running; name, if not
@@ -62,28 +65,16 @@ func (c *Client) Fork(ctx context.Context, id string, count int, timeout time.Du
 	return out, nil
 }
 
-// SnapshotInfo is a listed snapshot.
-type SnapshotInfo struct {
-	SnapshotID string    `json:"snapshotID"`
-	Names      []string  `json:"names"`
-	SandboxID  string    `json:"sandboxID,omitempty"`
-	TemplateID string    `json:"templateID,omitempty"`
-	CPUCount   int       `json:"cpuCount,omitempty"`
-	MemoryMB   int       `json:"memoryMB,omitempty"`
-	SizeBytes  int64     `json:"sizeBytes"`
-	CreatedAt  time.Time `json:"createdAt"`
-}
-
 // ListSnapshots returns the snapshots users made, every page of them.
-func (c *Client) ListSnapshots(ctx context.Context) ([]SnapshotInfo, error) {
-	var all []SnapshotInfo
+func (c *Client) ListSnapshots(ctx context.Context) ([]Snapshot, error) {
+	var all []Snapshot
 	next := ""
 	for {
 		path := "/snapshots?limit=100"
 		if next != "" {
 			path += "&nextToken=" + url.QueryEscape(next)
 		}
-		var page []SnapshotInfo
+		var page []Snapshot
 		resp, err := c.doHeader(ctx, http.MethodGet, path, nil, &page)
 		if err != nil {
 			return nil, fmt.Errorf("listing snapshots: %w", err)
