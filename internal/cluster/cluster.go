@@ -763,34 +763,6 @@ func (c *Cluster) extend(ctx context.Context, id string, d time.Duration, onlyLa
 	return &r.Sandbox, nil
 }
 
-// Usage is a sandbox's resource use: memory now, and CPU time used since
-// the previous reading (or since the sandbox was handed out).
-type Usage struct {
-	MemoryBytes   uint64
-	CPUSinceNanos uint64
-	Since         time.Time
-}
-
-// Usage reads a sandbox's resource use from its node.
-func (c *Cluster) Usage(ctx context.Context, id string) (Usage, *Sandbox, error) {
-	sb, err := c.Get(ctx, id)
-	if err != nil {
-		return Usage{}, nil, err
-	}
-	if sb.State != StateRunning {
-		return Usage{Since: time.Now()}, sb, nil // a paused sandbox uses nothing
-	}
-	n, err := c.nodes.node(sb.NodeID)
-	if err != nil {
-		return Usage{}, nil, err
-	}
-	st, err := n.Stats(ctx, &nodev1.StatsRequest{SandboxId: id})
-	if err != nil {
-		return Usage{}, nil, fmt.Errorf("reading usage of sandbox %s: %w", id, err)
-	}
-	return Usage{MemoryBytes: st.MemoryBytes, CPUSinceNanos: st.CpuSinceNanos, Since: st.Since.AsTime()}, sb, nil
-}
-
 // StopMode says what Close does with running sandboxes.
 type StopMode int
 
