@@ -91,18 +91,60 @@ func Mount(work string, r ReaderAt, log *slog.Logger) (_ *Mounted, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("mounting a block image: serving it over FUSE: %w", err)
 	}
-	out, err := exec.Command("losetup", "--read-only", "--find", "--show", filepath.Join(m.fuseDir, ImageName)).CombinedOutput()
-	if err != nil {
-		return nil, fmt.Errorf("mounting a block image: attaching a loop device: %w: %s", err, strings.TrimSpace(string(out)))
-	}
-	m.loop = strings.TrimSpace(string(out))
-	if err := unix.Mount(m.loop, m.Dir, "erofs", unix.MS_RDONLY|unix.MS_NODEV|unix.MS_NOSUID, ""); err != nil {
-		return nil, fmt.Errorf("mounting a block image: mounting %s: %w", m.loop, err)
+	if err := m.attach(filepath.Join(m.fuseDir, ImageName)); err != nil {
+		return nil, err
 	}
 	return m, nil
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// MountFile mounts the image in a local file read-only at work/root,
+// through a loop device: an image this node has whole (built here, or
+// fetched whole first).
+func MountFile(work, file string) (_ *Mounted, err error) {
+	m := &Mounted{Dir: filepath.Join(work, "root")}
+	defer func() {
+		if err != nil {
+			m.Close()
+		}
+	}()
+	if err := os.MkdirAll(m.Dir, 0o755); err != nil {
+		return nil, fmt.Errorf("mounting a block image: %w", err)
+	}
+	if err := m.attach(file); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// attach attaches file to a loop device and mounts it at m.Dir.
+func (m *Mounted) attach(file string) error {
+	out, err := exec.Command("losetup", "--read-only", "--find", "--show", file).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("mounting a block image: attaching a loop device: %w: %s", err, strings.TrimSpace(string(out)))
+	}
+	m.loop = strings.TrimSpace(string(out))
+	if err := unix.Mount(m.loop, m.Dir, "erofs", unix.MS_RDONLY|unix.MS_NODEV|unix.MS_NOSUID, ""); err != nil {
+		return fmt.Errorf("mounting a block image: mounting %s: %w", m.loop, err)
+	}
+	return nil
+}
+
+// loopOf is the device mounted at dir, or "".
+func loopOf(dir string) string {
+	b, err := os.ReadFile("/proc/self/mounts")
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 2 && f[1] == dir && strings.HasPrefix(f[0], "/dev/loop") {
+			return f[0]
+		}
+	}
+	return ""
+}
 
 // Close unmounts the image and releases its loop device and FUSE mount.
 func (m *Mounted) Close() error {
@@ -128,6 +170,11 @@ func (m *Mounted) Close() error {
 		if err != nil {
 			unix.Unmount(m.fuseDir, unix.MNT_DETACH)
 			errs = append(errs, fmt.Sprintf("unmounting FUSE (detached it): %v", err))
+		}
+	} else if m.fuseDir != "" {
+		// Left by a process that is gone: its FUSE mount only errs.
+		if err := unix.Unmount(m.fuseDir, unix.MNT_DETACH); err != nil && err != unix.EINVAL && err != unix.ENOENT {
+			errs = append(errs, fmt.Sprintf("unmounting %s: %v", m.fuseDir, err))
 		}
 	}
 	if len(errs) > 0 {

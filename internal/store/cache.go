@@ -28,6 +28,8 @@ type chunkCache struct {
 	lru     *list.List // of *cacheEntry, front = most recently used
 	entries map[string]*list.Element
 	size    int64
+	// evictions counts entries dropped to stay within max.
+	evictions int64
 }
 
 type cacheEntry struct {
@@ -168,6 +170,7 @@ func (c *chunkCache) evictLocked() {
 			return
 		}
 		c.removeLocked(e)
+		c.evictions++
 		os.Remove(c.path(e.Value.(*cacheEntry).hash))
 	}
 }
@@ -183,6 +186,27 @@ func (c *chunkCache) usage() int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.size
+}
+
+// CacheStats describes a Store's local chunk cache.
+type CacheStats struct {
+	// Bytes is what the cache holds, within MaxBytes.
+	Bytes, MaxBytes int64
+	// Hits and Misses count chunk reads served from it or not (then
+	// fetched from the backend); Evictions counts chunks dropped to stay
+	// within MaxBytes.
+	Hits, Misses, Evictions int64
+}
+
+// CacheStats reports the local chunk cache's figures (all zero without
+// one).
+func (s *Store) CacheStats() CacheStats {
+	if s.cache == nil {
+		return CacheStats{}
+	}
+	s.cache.mu.Lock()
+	defer s.cache.mu.Unlock()
+	return CacheStats{Bytes: s.cache.size, MaxBytes: s.cache.max, Hits: s.hits.Load(), Misses: s.misses.Load(), Evictions: s.cache.evictions}
 }
 
 // writeFileAtomic writes data to p through a temporary file and a rename,

@@ -30,8 +30,9 @@ type LazyFile struct {
 	recentList []int
 
 	// Fetched counts chunks read from the backend (not the cache), and
-	// FetchedBytes their size as stored.
-	Fetched, FetchedBytes atomic.Int64
+	// FetchedBytes their size as stored; Hits counts chunks the local
+	// cache served.
+	Fetched, FetchedBytes, Hits atomic.Int64
 
 	// ahead counts read-aheads in flight, for Close.
 	ahead sync.WaitGroup
@@ -71,6 +72,9 @@ func (s *Store) OpenLazy(ctx context.Context, id, name string) (*LazyFile, error
 	}
 	return f, nil
 }
+
+// Chunks is how many chunks the file has.
+func (f *LazyFile) Chunks() int { return len(f.chunks) }
 
 // Size is the file's size.
 func (f *LazyFile) Size() int64 { return f.offsets[len(f.chunks)] }
@@ -170,6 +174,7 @@ func (f *LazyFile) load(ctx context.Context, i int) ([]byte, error) {
 	c.data, c.err = f.s.fetchChunk(ctx, f.chunks[i], &st)
 	f.Fetched.Add(st.fromBackend.Load())
 	f.FetchedBytes.Add(st.bytesFetched.Load())
+	f.Hits.Add(st.fromCache.Load())
 	close(c.done)
 	f.mu.Lock()
 	delete(f.inflight, i)
@@ -200,10 +205,11 @@ func (f *LazyFile) Trace() []int {
 	return append([]int(nil), f.trace...)
 }
 
-// Prefetch fetches the chunks of a Trace into the cache, in parallel
-// (up to the store's concurrency), before anything reads them: one batch
-// instead of a fetch per first read. Indexes out of range are ignored
-// (a trace of another version of the file).
+// Prefetch fetches the chunks of a Trace, in parallel (up to the store's
+// concurrency), before anything reads them: one batch instead of a fetch
+// per first read. A read that wants a chunk being prefetched waits for
+// that fetch rather than starting its own. Indexes out of range are
+// ignored (a trace of another version of the file).
 func (f *LazyFile) Prefetch(ctx context.Context, trace []int) error {
 	sem := make(chan struct{}, max(f.s.concurrency, 1))
 	var wg sync.WaitGroup
@@ -217,11 +223,7 @@ func (f *LazyFile) Prefetch(ctx context.Context, trace []int) error {
 		wg.Add(1)
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			var st restoreStats
-			_, err := f.s.fetchChunk(ctx, f.chunks[i], &st)
-			f.Fetched.Add(st.fromBackend.Load())
-			f.FetchedBytes.Add(st.bytesFetched.Load())
-			if err != nil {
+			if _, err := f.load(ctx, i); err != nil {
 				mu.Lock()
 				if first == nil {
 					first = err

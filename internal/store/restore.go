@@ -143,6 +143,7 @@ func (s *Store) fetchChunk(ctx context.Context, c ChunkRef, st *restoreStats) ([
 	if s.cache != nil {
 		if data, ok := s.cache.get(c.Hash); ok {
 			if verify(data, c) == nil {
+				s.hits.Add(1)
 				st.fromCache.Add(1)
 				return data, nil
 			}
@@ -151,6 +152,9 @@ func (s *Store) fetchChunk(ctx context.Context, c ChunkRef, st *restoreStats) ([
 	}
 	// Only chunks that shrink are stored compressed, so a stored chunk is
 	// at most its codec byte larger than its content.
+	if s.cache != nil {
+		s.misses.Add(1)
+	}
 	enc, err := getAll(ctx, s.b, chunkKey(c.Hash), c.Size+1)
 	if err != nil {
 		return nil, err

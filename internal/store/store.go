@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/klauspost/compress/zstd"
@@ -111,6 +112,9 @@ type Store struct {
 
 	zeroMu     sync.Mutex
 	zeroHashes map[int64]string
+
+	// hits and misses count chunk reads the cache served or not.
+	hits, misses atomic.Int64
 }
 
 // New returns a Store over opts.Backend.
