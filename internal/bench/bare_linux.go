@@ -293,7 +293,7 @@ const envdGuestPath = gvisor.EnvdGuestPath
 // work; only the network namespace is a fresh empty one.
 func writeBareBundle(dir, id string, opts Options, args []string) error {
 	spec := runtime.Spec{
-		ID: id, RootFS: opts.RootFS, EnvdPath: opts.EnvdPath,
+		ID: id, Root: runtime.RootFS{Dir: opts.RootFS}, EnvdPath: opts.EnvdPath,
 		CPUCount: opts.CPUCount, MemoryMB: opts.MemoryMB,
 	}
 	if err := gvisor.WriteBundleFiles(dir, spec); err != nil {

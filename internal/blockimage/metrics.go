@@ -2,6 +2,8 @@ package blockimage
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/aenvhq/aenv/internal/store"
 )
 
 // The image server's figures, in Prometheus' format: by template what
@@ -58,7 +60,10 @@ func (s *Server) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(hitsDesc, prometheus.CounterValue, float64(c.hits), t)
 		ch <- prometheus.MustNewConstMetric(missesDesc, prometheus.CounterValue, float64(c.misses), t)
 	}
-	cs := s.cfg.Store.CacheStats()
+	var cs store.CacheStats
+	if s.cfg.Store != nil {
+		cs = s.cfg.Store.CacheStats()
+	}
 	ch <- prometheus.MustNewConstMetric(evictionsDesc, prometheus.CounterValue, float64(cs.Evictions))
 	ch <- prometheus.MustNewConstMetric(cacheBytesDesc, prometheus.GaugeValue, float64(cs.Bytes))
 	ch <- prometheus.MustNewConstMetric(cacheMaxDesc, prometheus.GaugeValue, float64(cs.MaxBytes))

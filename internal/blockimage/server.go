@@ -40,7 +40,8 @@ const (
 // ServerConfig configures a Server.
 type ServerConfig struct {
 	// Store is where images are fetched from: its chunk cache (bounded,
-	// least recently used evicted) is the node's image cache.
+	// least recently used evicted) is the node's image cache. Without one
+	// only local image files are served.
 	Store *store.Store
 	// WorkDir holds one directory per mounted image.
 	WorkDir string
@@ -112,9 +113,6 @@ type imageCounters struct {
 
 // NewServer returns a Server; Run releases idle images in the background.
 func NewServer(cfg ServerConfig) (*Server, error) {
-	if cfg.Store == nil {
-		return nil, errors.New("starting the image server: no store")
-	}
 	if cfg.Grace == 0 {
 		cfg.Grace = DefaultGrace
 	}
@@ -207,6 +205,8 @@ func (s *Server) mount(img *served) {
 	start := time.Now()
 	var how string
 	switch {
+	case img.src.File == "" && s.cfg.Store == nil:
+		img.err = errors.New("this node has no store to fetch it from (--store)")
 	case img.src.File != "":
 		how = "local file"
 		img.mounted, img.err = MountFile(dir, img.src.File)

@@ -58,9 +58,13 @@ type errorResponse struct {
 	Message string `json:"message"`
 }
 
+// Version is the image server's protocol: a node refuses a server that
+// speaks another (a leftover of an older aenv still serving sandboxes).
+const Version = "1"
+
 // Serve answers on socket until ctx ends or a client asks for a
 // shutdown, then unmounts every image (Close).
-func (s *Server) Serve(ctx context.Context, socket, version string) error {
+func (s *Server) Serve(ctx context.Context, socket string) error {
 	if err := os.MkdirAll(filepath.Dir(socket), 0o755); err != nil {
 		return fmt.Errorf("image server: %w", err)
 	}
@@ -74,7 +78,7 @@ func (s *Server) Serve(ctx context.Context, socket, version string) error {
 		return fmt.Errorf("image server: %w", err)
 	}
 	shutdown := make(chan struct{}, 1)
-	srv := &http.Server{Handler: s.handler(version, shutdown), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: s.handler(shutdown), ReadHeaderTimeout: 10 * time.Second}
 	go srv.Serve(l)
 	s.log.Info("image server listening", "socket", socket, "pid", os.Getpid())
 	select {
@@ -89,13 +93,13 @@ func (s *Server) Serve(ctx context.Context, socket, version string) error {
 	return nil
 }
 
-func (s *Server) handler(version string, shutdown chan<- struct{}) http.Handler {
+func (s *Server) handler(shutdown chan<- struct{}) http.Handler {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(s)
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /v1/info", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, Info{PID: os.Getpid(), Version: version, Images: s.Images()})
+		writeJSON(w, http.StatusOK, Info{PID: os.Getpid(), Version: Version, Images: s.Images()})
 	})
 	mux.HandleFunc("POST /v1/acquire", func(w http.ResponseWriter, r *http.Request) {
 		var req acquireRequest

@@ -145,6 +145,7 @@ server's key file (` + localKeyFile + `), and ` + defaultURL + `.`,
 		newMigrateCmd(g),
 		newKeysCmd(g),
 		newNodeCmd(g),
+		newImageServerCmd(),
 		newVersionCmd(),
 	)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return &usageError{cmd: c, err: err} })

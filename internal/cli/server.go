@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/aenvhq/aenv/internal/cluster"
+	"github.com/aenvhq/aenv/internal/blockimage"
 	"github.com/aenvhq/aenv/internal/node"
 	"github.com/aenvhq/aenv/internal/server"
 )
@@ -124,6 +125,7 @@ and --on-stop=kill kills them.`,
 // hostStrings are host flags parsed by hostSettings.
 type hostStrings struct {
 	egressAllow, dns []string
+	imageCacheSize   string
 }
 
 func hostFlags(f *pflag.FlagSet, cfg *server.Config, hs *hostStrings, logLevel *string) {
@@ -154,6 +156,9 @@ func hostFlags(f *pflag.FlagSet, cfg *server.Config, hs *hostStrings, logLevel *
 	f.IntVar(&cfg.Capacity.CPUCount, "capacity-cpu", 0, "CPUs this host offers; sandboxes with more are refused (default: the host's; CPU is overcommitted freely and enforced by quota)")
 	f.Float64Var(&cfg.Capacity.MemoryOvercommit, "memory-overcommit", 4, "sandboxes' configured memory may add up to this multiple of --capacity-memory; past it creates get 503 with Retry-After")
 	f.Float64Var(&cfg.Capacity.MemoryHighWater, "memory-high-water", 0.9, "refuse creates (503, Retry-After) while the host's real memory use is above this fraction")
+	f.StringVar(&cfg.RootFS, "rootfs", server.RootFSImage, "how sandboxes get their template's files: image (its block image, read on demand from --store into the image cache by the node's image server, which outlives restarts), eager (the block image fetched whole first) or dir (the template's tree, copied whole)")
+	f.StringVar(&hs.imageCacheSize, "image-cache-size", "", "bound of this node's image cache in <data-dir>/image-cache, least recently used chunks evicted (bytes, or with K, M, G, T; default: 20% of the disk)")
+	f.DurationVar(&cfg.ImageGrace, "image-grace", blockimage.DefaultGrace, "how long a block image no sandbox uses stays mounted")
 	f.StringVar(logLevel, "log-level", "info", "debug, info, warn or error")
 }
 
@@ -170,6 +175,13 @@ func hostSettings(cfg *server.Config, hs hostStrings, logLevel string) error {
 			return fmt.Errorf("--dns %q: not an IPv4 address", d)
 		}
 		cfg.DNSServers = append(cfg.DNSServers, a)
+	}
+	if hs.imageCacheSize != "" {
+		n, err := parseBytes(hs.imageCacheSize)
+		if err != nil {
+			return fmt.Errorf("--image-cache-size: %w", err)
+		}
+		cfg.ImageCacheSize = n
 	}
 	var err error
 	cfg.EgressAllow, err = parsePrefixes("--egress-allow", hs.egressAllow)

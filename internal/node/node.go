@@ -77,6 +77,9 @@ type Config struct {
 	Network Network
 	// Templates resolves template ids to root filesystems.
 	Templates *template.Store
+	// RootFS prepares templates' root filesystems for sandboxes (default:
+	// their directories).
+	RootFS RootFSProvider
 	// Snapshots holds saved sandbox states; nil disables snapshots.
 	Snapshots *snapshot.Catalog
 	// Volumes holds the volumes of this node; nil: none.
@@ -152,6 +155,10 @@ type Sandbox struct {
 	EnvdAccessToken string
 	// Mounts are the volumes mounted into it.
 	Mounts []snapshot.Mount
+	// RootImage is the block image its root filesystem is on (empty: the
+	// template's directory): its snapshots restore on the same image,
+	// whatever version of the template is current then.
+	RootImage string
 	// envVars are what it was created with (for a pause without memory,
 	// whose resume boots afresh).
 	envVars map[string]string
@@ -208,6 +215,9 @@ func New(cfg Config) (*Node, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.RootFS == nil {
+		cfg.RootFS = DirRootFS{}
 	}
 	n := &Node{
 		cfg:       cfg,
@@ -296,7 +306,7 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) 
 		}
 	}
 	if errors.Is(err, template.ErrNotFound) {
-		tpl, err = n.cfg.Templates.Fetch(ctx, req.TemplateID)
+		tpl, err = n.template(ctx, req.TemplateID)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("creating sandbox: %w", err)
@@ -410,6 +420,13 @@ func (n *Node) boot(ctx context.Context, id string, tpl *template.Template, opts
 	rollback.Push("releasing network", func(ctx context.Context) error { return n.cfg.Network.Release(ctx, slot) })
 	sb.slot, sb.Addr, sb.egress = slot, slot.HostAddr, opts.Network
 
+	root, err := n.cfg.RootFS.Prepare(ctx, tpl, id)
+	if err != nil {
+		return nil, fmt.Errorf("creating sandbox %s: %w", id, err)
+	}
+	rollback.Push("releasing the root filesystem", func(ctx context.Context) error { return n.cfg.RootFS.Release(ctx, id) })
+	sb.RootImage = tpl.BlockImage
+
 	binds, err := n.toolBinds(tpl)
 	if err != nil {
 		return nil, fmt.Errorf("creating sandbox %s: %w", id, err)
@@ -422,7 +439,7 @@ func (n *Node) boot(ctx context.Context, id string, tpl *template.Template, opts
 	spec := runtime.Spec{
 		Binds:      binds,
 		ID:         id,
-		RootFS:     tpl.RootFS,
+		Root:       root,
 		EnvdPath:   n.cfg.EnvdPath,
 		EnvdPort:   EnvdPort,
 		NetNSPath:  slot.SandboxNSPath,
@@ -534,7 +551,21 @@ func (n *Node) destroy(ctx context.Context, sb *Sandbox) error {
 	if err := n.cfg.Network.Release(ctx, sb.slot); err != nil {
 		errs = append(errs, err)
 	}
+	if err := n.cfg.RootFS.Release(ctx, sb.ID); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
+}
+
+// template resolves a template this host may lack: its description, when
+// the root filesystem provider serves it without its files here, else
+// the template fetched whole.
+func (n *Node) template(ctx context.Context, idOrAlias string) (*template.Template, error) {
+	tpl, err := n.cfg.Templates.Get(idOrAlias)
+	if err != nil || !tpl.Remote || n.cfg.RootFS.Serves(tpl) {
+		return tpl, err
+	}
+	return n.cfg.Templates.Fetch(ctx, idOrAlias)
 }
 
 // Get returns a running sandbox.

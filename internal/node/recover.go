@@ -31,6 +31,7 @@ type localRecord struct {
 	StartedAt       time.Time         `json:"startedAt"`
 	Slot            string            `json:"slot"`
 	Egress          netns.SlotOptions `json:"egress"`
+	RootImage       string            `json:"rootImage,omitempty"`
 }
 
 func (n *Node) recordPath(id string) string {
@@ -47,6 +48,7 @@ func (n *Node) saveRecord(sb *Sandbox) error {
 		ID: sb.ID, TemplateID: sb.TemplateID, CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB,
 		DiskMB: sb.DiskMB, EnvdVersion: sb.EnvdVersion, EnvdAccessToken: sb.EnvdAccessToken,
 		Addr: sb.Addr, StartedAt: sb.StartedAt, Slot: sb.slot.Name, Egress: sb.egress,
+		RootImage: sb.RootImage,
 	}
 	b, err := json.Marshal(rec)
 	if err != nil {
@@ -125,6 +127,14 @@ func (n *Node) recover(ctx context.Context) ([]*Sandbox, error) {
 	if err := n.cfg.Network.ReleaseLeftovers(ctx); err != nil {
 		n.log.Warn("releasing network slots of gone sandboxes", "err", err)
 	}
+	// The images of sandboxes that did not survive are let go of.
+	live := make([]string, 0, len(kept))
+	for _, sb := range kept {
+		live = append(live, sb.ID)
+	}
+	if err := n.cfg.RootFS.Sync(ctx, live); err != nil {
+		n.log.Warn("releasing the root filesystems of gone sandboxes", "err", err)
+	}
 	if len(ids) > 0 {
 		n.log.Info("recovered sandboxes of an earlier run", "recovered", len(kept), "removed", len(ids)-len(kept))
 	}
@@ -166,6 +176,7 @@ func (n *Node) recoverOne(ctx context.Context, rec runtime.Recoverer, id string)
 		ID: lr.ID, TemplateID: lr.TemplateID, CPUCount: lr.CPUCount, MemoryMB: lr.MemoryMB,
 		DiskMB: lr.DiskMB, EnvdVersion: lr.EnvdVersion, EnvdAccessToken: lr.EnvdAccessToken,
 		Addr: slot.HostAddr, StartedAt: lr.StartedAt, slot: slot, egress: lr.Egress,
+		RootImage: lr.RootImage,
 	}
 	sb.cpuAt = time.Now()
 	if st, err := n.cfg.Runtime.Stats(ctx, id); err == nil {

@@ -58,6 +58,7 @@ func (n *Node) snapshotSandbox(ctx context.Context, sb *Sandbox, opts SnapshotOp
 		Kind:            opts.Kind,
 		SandboxID:       id,
 		TemplateID:      sb.TemplateID,
+		RootImage:       sb.RootImage,
 		CPUCount:        sb.CPUCount,
 		MemoryMB:        sb.MemoryMB,
 		DiskMB:          sb.DiskMB,
@@ -157,9 +158,16 @@ func (n *Node) restore(ctx context.Context, snap *snapshot.Snapshot, req CreateR
 // restoreTarget is what every restore of snap starts from: its template
 // (fetched if this node lacks it) and the new sandbox's id.
 func (n *Node) restoreTarget(ctx context.Context, snap *snapshot.Snapshot, req CreateRequest) (*template.Template, string, error) {
-	tpl, err := n.cfg.Templates.Fetch(ctx, snap.TemplateID)
+	tpl, err := n.template(ctx, snap.TemplateID)
 	if err != nil {
 		return nil, "", fmt.Errorf("restoring snapshot %s: its template: %w", snap.ID, err)
+	}
+	if snap.RootImage != "" && snap.RootImage != tpl.BlockImage && n.cfg.RootFS.Serves(tpl) {
+		// The template changed since: the state goes back on the image
+		// it was saved on, which the store keeps.
+		old := *tpl
+		old.BlockImage, old.ImageFile = snap.RootImage, ""
+		tpl = &old
 	}
 	id := req.SandboxID
 	if id == "" {

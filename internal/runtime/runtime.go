@@ -40,9 +40,8 @@ type Capabilities struct {
 type Spec struct {
 	// ID names the sandbox; it matches ^[a-z0-9]+$.
 	ID string
-	// RootFS is a host directory holding the root filesystem. Drivers must
-	// not write to it: many sandboxes share one template's tree.
-	RootFS string
+	// Root is the root filesystem, as the node's provider prepared it.
+	Root RootFS
 	// EnvdPath is the host path of the static envd binary, which becomes
 	// the sandbox's first process.
 	EnvdPath string
@@ -76,6 +75,20 @@ type Spec struct {
 	// the node rather than the template's tree, and volumes (writable). A
 	// restore must be given the binds the sandbox was saved with.
 	Binds []Bind
+}
+
+// RootFS is a sandbox's root filesystem as a driver receives it: the
+// template's read-only lower layer, on which the driver puts the
+// sandbox's own writable layer (see Spec.DiskMB). Drivers must not write
+// to it: every sandbox of a template on a node shares it.
+type RootFS struct {
+	// Dir is a host directory holding the tree: the template's directory,
+	// or the mount of its block image.
+	Dir string
+	// Image, when set, is the block image Dir is mounted from (a file or
+	// a device), for drivers that attach a disk instead of sharing a
+	// directory (a VM's root).
+	Image string
 }
 
 // Stats is a point-in-time reading of a sandbox's resource use.

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"path/filepath"
 
+	"github.com/aenvhq/aenv/internal/blockimage"
 	"github.com/aenvhq/aenv/internal/cluster"
 	"github.com/aenvhq/aenv/internal/egress"
 	"github.com/aenvhq/aenv/internal/envd"
@@ -31,6 +32,8 @@ type host struct {
 	net            *netns.Manager
 	stopWatch      context.CancelFunc
 	remote         *store.Store
+	images         *store.Store
+	imageServer    *blockimage.Client
 	node           *node.Node
 	api            *nodeapi.Local
 	volumes        *volume.Dir
@@ -72,7 +75,10 @@ func (h *host) open(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if h.remote, err = openRemote(ctx, cfg, log); err != nil {
 		return err
 	}
-	templates, err := openTemplates(cfg, h.remote, log)
+	if h.images, err = openImageStore(ctx, cfg); err != nil {
+		return err
+	}
+	templates, err := openTemplates(cfg, h.remote, h.images, log)
 	if err != nil {
 		return err
 	}
@@ -140,7 +146,13 @@ func (h *host) open(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	h.runtimeVersion = driver.Version(ctx)
+	rootfs, imageServer, err := openRootFS(ctx, cfg, envdPath, log)
+	if err != nil {
+		return err
+	}
+	h.imageServer = imageServer
 	h.node, err = node.New(node.Config{
+		RootFS:              rootfs,
 		Snapshots:           snapshots,
 		Volumes:             h.volumes,
 		Store:               h.remote,
@@ -206,6 +218,16 @@ func (h *host) close(ctx context.Context, stop cluster.StopMode) error {
 	if h.remote != nil {
 		errs = append(errs, h.remote.Close())
 	}
+	if h.images != nil {
+		errs = append(errs, h.images.Close())
+	}
+	// With no sandbox left the image server has nothing to serve; else it
+	// serves them on for the next process.
+	if h.imageServer != nil && kept == 0 && stop == cluster.StopKill {
+		if err := h.imageServer.Shutdown(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("stopping the image server: %w", err))
+		}
+	}
 	if kept > 0 {
 		h.log.Info("running sandboxes keep running for the next start", "count", kept)
 	}
@@ -241,7 +263,7 @@ func openRemote(ctx context.Context, cfg Config, log *slog.Logger) (*store.Store
 
 // openTemplates opens the templates of this data directory, published to
 // and fetched from remote when there is one.
-func openTemplates(cfg Config, remote *store.Store, log *slog.Logger) (*template.Store, error) {
+func openTemplates(cfg Config, remote, images *store.Store, log *slog.Logger) (*template.Store, error) {
 	var builtins []*template.Template
 	if cfg.CodeInterpreterRootFS != "" {
 		t, err := template.CodeInterpreter(cfg.CodeInterpreterRootFS)
@@ -252,7 +274,7 @@ func openTemplates(cfg Config, remote *store.Store, log *slog.Logger) (*template
 	}
 	return template.NewStore(template.StoreOptions{
 		Dir: filepath.Join(cfg.DataDir, "templates"), BaseRootFS: cfg.BaseRootFS, Builtins: builtins,
-		Remote: remote, Logger: log,
+		Remote: remote, Images: images, Logger: log,
 	})
 }
 

@@ -121,6 +121,21 @@ type Config struct {
 	// the host's disk), unless its template sets one; 0 means 10 GiB and
 	// a negative value keeps sandbox files in memory.
 	DiskMB int
+	// RootFS says how sandboxes get their template's files: "image"
+	// (the default) serves templates with a block image from it, read on
+	// demand from the store by the node's image server; "eager" fetches
+	// such an image whole first; "dir" copies templates whole and runs
+	// them from directories.
+	RootFS string
+	// ImageCacheSize bounds the node's image cache, in bytes; 0 means 20%
+	// of the data directory's disk.
+	ImageCacheSize int64
+	// ImageGrace is how long an image no sandbox uses stays mounted; 0
+	// means 10 minutes.
+	ImageGrace time.Duration
+	// AenvPath is the aenv binary that runs the image server; empty: this
+	// process's, when it is aenv, else the one beside envd.
+	AenvPath string
 	// AllowInsecureSandboxes lets clients create sandboxes without an
 	// envd access token (secure: false); by default every sandbox has one.
 	AllowInsecureSandboxes bool
@@ -165,6 +180,8 @@ type Server struct {
 	keys         *apikeys.Store
 	// remote is a pure API server's store (a local node has its own).
 	remote *store.Store
+	// images is the store block images are published to (beside remote).
+	images *store.Store
 	// token is the cluster token; nodeTransport carries it to nodes.
 	token         string
 	nodeTransport http.RoundTripper
@@ -240,7 +257,10 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 		if s.remote, err = openRemote(ctx, cfg, log); err != nil {
 			return nil, err
 		}
-		if s.templates, err = openTemplates(cfg, s.remote, log); err != nil {
+		if s.images, err = openImageStore(ctx, cfg); err != nil {
+			return nil, err
+		}
+		if s.templates, err = openTemplates(cfg, s.remote, s.images, log); err != nil {
 			return nil, err
 		}
 	}
@@ -406,6 +426,9 @@ func (s *Server) Close(ctx context.Context) error {
 	}
 	if s.keys != nil {
 		s.keys.Close()
+	}
+	if s.images != nil {
+		errs = append(errs, s.images.Close())
 	}
 	if s.remote != nil {
 		errs = append(errs, s.remote.Close())

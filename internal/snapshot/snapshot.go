@@ -60,6 +60,9 @@ type Snapshot struct {
 	SandboxID string `json:"sandboxID"`
 	// TemplateID is the template whose root filesystem the state runs on.
 	TemplateID      string    `json:"templateID"`
+	// RootImage is the block image the state's root filesystem was on
+	// (empty: the template's directory).
+	RootImage string `json:"rootImage,omitempty"`
 	CPUCount        int       `json:"cpuCount"`
 	MemoryMB        int       `json:"memoryMB"`
 	DiskMB          int       `json:"diskSizeMB"`

@@ -114,6 +114,9 @@ func (st *Stage) Commit(t *Template) error {
 		return fmt.Errorf("committing template %s: measuring it: %w", st.id, err)
 	}
 	rec.SizeBytes = size
+	if err := st.buildImage(&rec); err != nil {
+		return err
+	}
 	b, err := json.MarshalIndent(&rec, "", "  ")
 	if err != nil {
 		return fmt.Errorf("committing template %s: %w", st.id, err)

@@ -11,16 +11,18 @@ import (
 	"strings"
 	"time"
 
+	"github.com/aenvhq/aenv/internal/blockimage"
 	"github.com/aenvhq/aenv/internal/store"
 )
 
 // Templates are published to the store the nodes share, beside the
 // snapshots, so that a node that lacks one fetches it when a sandbox needs
-// it and every server lists it. A template is kept there as one tar of its
-// root filesystem (chunked, compressed and deduplicated by the store) with
-// its description as the manifest's metadata; `base` is not published, as
-// every node has its own. (Block images loaded on demand are to replace
-// the whole-tree copy.)
+// it and every server lists it. A template is kept there as its block
+// image (chunked, compressed and deduplicated by the store), which nodes
+// serve on demand (internal/blockimage) rather than copy, and its
+// description as the metadata of a manifest of its own; a template
+// without an image travels as one tar of its tree. `base` is not
+// published, as every node has its own.
 
 // remotePrefix tells templates from snapshots (whose ids are random) in
 // the store.
@@ -40,7 +42,11 @@ const publishTimeout = 30 * time.Minute
 // GNU tar does all of it; it is on every host aenv runs on.
 var tarFlags = []string{"--numeric-owner", "--xattrs", "--xattrs-include=*", "--sparse"}
 
-// publish puts t, files and description, into the remote store.
+// publish puts t, files and description, into the remote store: its
+// block image as a manifest of its own, named by its content (so that a
+// replaced template's old image stays for the sandboxes and snapshots
+// still using it), and the description as the template's manifest. A
+// template without a block image is published as one tar of its tree.
 func (s *Store) publish(t *Template) error {
 	if s.remote == nil || t.ID == BaseID {
 		return nil
@@ -48,20 +54,36 @@ func (s *Store) publish(t *Template) error {
 	ctx, cancel := context.WithTimeout(context.Background(), publishTimeout)
 	defer cancel()
 	start := time.Now()
-	tmp := filepath.Join(s.dir, ".publish-"+t.ID+".tar")
-	defer os.Remove(tmp)
-	args := append([]string{"--create", "--file", tmp, "--directory", filepath.Join(s.dir, t.ID, "rootfs")}, tarFlags...)
-	if out, err := exec.CommandContext(ctx, "tar", append(args, ".")...).CombinedOutput(); err != nil {
-		return fmt.Errorf("publishing template %s: archiving its root filesystem: %w: %s", t.ID, err, strings.TrimSpace(string(out)))
+	files := map[string]string{}
+	if t.BlockImage != "" {
+		img := map[string]string{blockimage.ImageName: filepath.Join(s.dir, t.ID, imageFile)}
+		if _, st, err := s.images.Save(ctx, t.BlockImage, "", img, nil); err == nil {
+			s.log.Info("template block image published", "template_id", t.ID, "image", t.BlockImage,
+				"chunks", st.ChunksTotal, "chunks_uploaded", st.ChunksUploaded, "bytes_uploaded", st.BytesUploaded)
+		} else if !errors.Is(err, store.ErrExists) {
+			return fmt.Errorf("publishing template %s: %w", t.ID, err)
+		}
+	} else {
+		tmp := filepath.Join(s.dir, ".publish-"+t.ID+".tar")
+		defer os.Remove(tmp)
+		args := append([]string{"--create", "--file", tmp, "--directory", filepath.Join(s.dir, t.ID, "rootfs")}, tarFlags...)
+		if out, err := exec.CommandContext(ctx, "tar", append(args, ".")...).CombinedOutput(); err != nil {
+			return fmt.Errorf("publishing template %s: archiving its root filesystem: %w: %s", t.ID, err, strings.TrimSpace(string(out)))
+		}
+		files[rootfsTar] = tmp
 	}
 	meta, err := json.Marshal(t)
 	if err != nil {
 		return err
 	}
-	if _, _, err := s.remote.Save(ctx, remoteID(t.ID), "", map[string]string{rootfsTar: tmp}, meta); err != nil {
+	// A new version replaces the description (its image is new).
+	if err := s.remote.Delete(ctx, remoteID(t.ID)); err != nil && !errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("publishing template %s: replacing the previous version: %w", t.ID, err)
+	}
+	if _, _, err := s.remote.Save(ctx, remoteID(t.ID), "", files, meta); err != nil {
 		return fmt.Errorf("publishing template %s: %w", t.ID, err)
 	}
-	s.log.Info("template published to the store", "template_id", t.ID, "took_ms", time.Since(start).Milliseconds())
+	s.log.Info("template published to the store", "template_id", t.ID, "image", t.BlockImage, "took_ms", time.Since(start).Milliseconds())
 	return nil
 }
 
@@ -139,16 +161,22 @@ func (s *Store) fetch(ctx context.Context, t *Template) (*Template, error) {
 	staging := filepath.Join(s.dir, ".fetch-"+t.ID)
 	os.RemoveAll(staging)
 	defer os.RemoveAll(staging)
-	if err := s.remote.Restore(ctx, remoteID(t.ID), staging); err != nil {
-		return nil, fmt.Errorf("fetching template %s: %w", t.ID, err)
-	}
 	root := filepath.Join(staging, "tree", "rootfs")
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		return nil, fmt.Errorf("fetching template %s: %w", t.ID, err)
 	}
-	args := append([]string{"--extract", "--preserve-permissions", "--file", filepath.Join(staging, rootfsTar), "--directory", root}, tarFlags...)
-	if out, err := exec.CommandContext(ctx, "tar", args...).CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("fetching template %s: unpacking it: %w: %s", t.ID, err, strings.TrimSpace(string(out)))
+	if t.BlockImage != "" {
+		if err := s.fetchImage(ctx, t, root, filepath.Join(staging, "tree", imageFile)); err != nil {
+			return nil, fmt.Errorf("fetching template %s: %w", t.ID, err)
+		}
+	} else {
+		if err := s.remote.Restore(ctx, remoteID(t.ID), staging); err != nil {
+			return nil, fmt.Errorf("fetching template %s: %w", t.ID, err)
+		}
+		args := append([]string{"--extract", "--preserve-permissions", "--file", filepath.Join(staging, rootfsTar), "--directory", root}, tarFlags...)
+		if out, err := exec.CommandContext(ctx, "tar", args...).CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("fetching template %s: unpacking it: %w: %s", t.ID, err, strings.TrimSpace(string(out)))
+		}
 	}
 	local := *t
 	local.Remote = false

@@ -60,8 +60,20 @@ type Template struct {
 	// Image is the configuration of the OCI image the template was pulled
 	// from; nil for templates made otherwise.
 	Image *ImageConfig `json:"image,omitempty"`
+	// BlockImage names the template's root filesystem as one block image
+	// (erofs), by its content: the manifest in the store it is served
+	// from, on demand, on nodes that lack the tree. A new version of the
+	// template is a new image, so that sandboxes started from the old
+	// one keep their files. Empty for templates without one (base, the
+	// builtins, hosts without mkfs.erofs).
+	BlockImage string `json:"blockImage,omitempty"`
+	// ImageBytes is the block image's size.
+	ImageBytes int64 `json:"imageBytes,omitempty"`
 	// RootFS is the host directory of the root filesystem (not stored).
 	RootFS string `json:"-"`
+	// ImageFile is the host path of the block image, when this host has
+	// it whole (not stored).
+	ImageFile string `json:"-"`
 	// Remote marks a template known only from the remote store: its files
 	// are not on this host (Fetch brings them).
 	Remote bool `json:"-"`
@@ -79,7 +91,9 @@ type Store struct {
 
 	// remote, when set, is the store templates are published to and
 	// fetched from.
-	remote   *store.Store
+	remote *store.Store
+	// images is remote cut finer, for block images (see StoreOptions).
+	images   *store.Store
 	fetching singleflight.Group
 	log      *slog.Logger
 
@@ -106,6 +120,10 @@ type StoreOptions struct {
 	// put here are published there, and those there are listed (and
 	// fetched by Fetch) here too.
 	Remote *store.Store
+	// Images is the store block images are published to: Remote's
+	// backend, cut into smaller chunks than snapshots (a read on demand
+	// then fetches less). Default: Remote.
+	Images *store.Store
 	Logger *slog.Logger
 }
 
@@ -117,7 +135,10 @@ func NewStore(opts StoreOptions) (*Store, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	return &Store{dir: opts.Dir, baseRootFS: opts.BaseRootFS, builtins: opts.Builtins, remote: opts.Remote, log: opts.Logger}, nil
+	if opts.Images == nil {
+		opts.Images = opts.Remote
+	}
+	return &Store{dir: opts.Dir, baseRootFS: opts.BaseRootFS, builtins: opts.Builtins, remote: opts.Remote, images: opts.Images, log: opts.Logger}, nil
 }
 
 // remoteTimeout bounds a look at the remote store's catalog.
@@ -231,6 +252,11 @@ func (s *Store) describeBase(t *Template) {
 	s.mu.Unlock()
 }
 
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
+
 // diskUsage is the space the files under root take on disk (allocated
 // blocks, as du counts them; hard links once).
 func diskUsage(root string) (int64, error) {
@@ -271,6 +297,11 @@ func (s *Store) read(id string) (*Template, error) {
 		return nil, fmt.Errorf("reading template %s: %w", id, err)
 	}
 	t.RootFS = filepath.Join(s.dir, id, "rootfs")
+	if t.BlockImage != "" {
+		if p := filepath.Join(s.dir, id, imageFile); fileExists(p) {
+			t.ImageFile = p
+		}
+	}
 	return &t, nil
 }
 

@@ -92,7 +92,7 @@ func OCISpec(dir string, spec runtime.Spec, cgroupPath string) *specs.Spec {
 			},
 			Rlimits: []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: 1048576, Soft: 1048576}},
 		},
-		Root:     &specs.Root{Path: spec.RootFS, Readonly: false},
+		Root:     &specs.Root{Path: spec.Root.Dir, Readonly: false},
 		Hostname: hostname(spec),
 		Mounts: append(KernelMounts(),
 			specs.Mount{Destination: "/etc/resolv.conf", Type: "bind", Source: filepath.Join(dir, "resolv.conf"), Options: []string{"rbind", "ro"}},

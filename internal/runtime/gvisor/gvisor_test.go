@@ -54,7 +54,7 @@ func (f *fixture) spec(t *testing.T, id string) (runtime.Spec, *netns.Slot) {
 	}
 	t.Cleanup(func() { f.net.Release(context.Background(), slot) })
 	return runtime.Spec{
-		ID: id, RootFS: f.rootfs, EnvdPath: f.envd, EnvdPort: 49983,
+		ID: id, Root: runtime.RootFS{Dir: f.rootfs}, EnvdPath: f.envd, EnvdPort: 49983,
 		NetNSPath: slot.SandboxNSPath, HostAddr: slot.HostAddr,
 		CPUCount: 1, MemoryMB: 256,
 	}, slot
@@ -123,7 +123,7 @@ func TestCreateStatsKill(t *testing.T) {
 func TestFailedCreateLeavesNothing(t *testing.T) {
 	f := setup(t)
 	spec, _ := f.spec(t, "gvtest2")
-	spec.RootFS = filepath.Join(t.TempDir(), "missing")
+	spec.Root.Dir = filepath.Join(t.TempDir(), "missing")
 	if err := f.driver.Create(context.Background(), spec); err == nil {
 		t.Fatal("create with a missing rootfs succeeded")
 	}
