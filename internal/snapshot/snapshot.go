@@ -59,10 +59,10 @@ type Snapshot struct {
 	// SandboxID is the sandbox the state was saved from.
 	SandboxID string `json:"sandboxID"`
 	// TemplateID is the template whose root filesystem the state runs on.
-	TemplateID      string    `json:"templateID"`
+	TemplateID string `json:"templateID"`
 	// RootImage is the block image the state's root filesystem was on
 	// (empty: the template's directory).
-	RootImage string `json:"rootImage,omitempty"`
+	RootImage       string    `json:"rootImage,omitempty"`
 	CPUCount        int       `json:"cpuCount"`
 	MemoryMB        int       `json:"memoryMB"`
 	DiskMB          int       `json:"diskSizeMB"`
