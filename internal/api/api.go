@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/prometheus/client_golang/prometheus"
 	"io"
 	"log/slog"
 	"net/http"
@@ -34,6 +35,9 @@ const MaxUploadBytes = 4 << 30
 
 // Config wires the API.
 type Config struct {
+	// Metrics, when set, adds to what /metrics serves (the local node's
+	// image server's figures).
+	Metrics   prometheus.Gatherer
 	Cluster   *cluster.Cluster
 	Templates *template.Store
 	// Proxy serves requests addressed to a sandbox.

@@ -12,7 +12,8 @@ import (
 
 // metricsHandler serves GET /metrics (behind the API key) in Prometheus'
 // text format: the server process's own figures (goroutines, memory, open
-// files: what a soak test watches for leaks) and the sandboxes by state.
+// files: what a soak test watches for leaks), the sandboxes by state, and
+// Config.Metrics (the local node's block images).
 // The registry is this server's, not the library's global one.
 func (s *Server) metricsHandler() http.Handler {
 	reg := prometheus.NewRegistry()
@@ -32,5 +33,11 @@ func (s *Server) metricsHandler() http.Handler {
 			return float64(s.cfg.Cluster.Count(cluster.ListFilter{States: []cluster.State{st}}))
 		}))
 	}
-	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+	var g prometheus.Gatherer = reg
+	if s.cfg.Metrics != nil {
+		g = prometheus.Gatherers{reg, s.cfg.Metrics}
+	}
+	// A part that cannot be read (the image server restarting) leaves the
+	// rest served.
+	return promhttp.HandlerFor(g, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
 }

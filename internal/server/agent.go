@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"log/slog"
 	"net"
 	"net/http"
@@ -93,6 +94,11 @@ func StartNode(ctx context.Context, cfg Config) (_ *Agent, err error) {
 	// Servers forward volumes' data plane here (after checking the
 	// volume's token): the files are this node's.
 	mux.Handle("/volumecontent/", a.host.volumes.Content())
+	if a.host.imageServer != nil {
+		// The node's own figures (its block images), for the cluster
+		// token's holders: a monitoring system scrapes each node.
+		mux.Handle("GET /metrics", promhttp.HandlerFor(a.host.imageServer, promhttp.HandlerOpts{}))
+	}
 	mux.Handle("/", prx)
 	a.http = &http.Server{
 		Handler:           nodeapi.RequireToken(token, log, mux),

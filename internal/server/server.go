@@ -314,6 +314,9 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 	}
 	if s.host != nil {
 		acfg.BuildSteps = s.host.node
+		if s.host.imageServer != nil {
+			acfg.Metrics = s.host.imageServer
+		}
 	}
 	acfg.VolumeContent = s.volumeContent
 	// Pulls need no node: the image is unpacked here and published to the
