@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -137,6 +138,27 @@ func (c *Client) Sync(ctx context.Context, live []string) (int, error) {
 // Shutdown asks the server to unmount everything and exit.
 func (c *Client) Shutdown(ctx context.Context) error {
 	return c.call(ctx, http.MethodPost, "/v1/shutdown", nil, nil)
+}
+
+// Stop asks the server to unmount everything and exit, and waits until it
+// has (the sandboxes using its images must be gone). No server: no-op.
+func (c *Client) Stop(ctx context.Context) error {
+	if err := c.Shutdown(ctx); err != nil {
+		if errors.Is(err, errNotRunning) {
+			return nil
+		}
+		return err
+	}
+	for {
+		if _, err := c.Info(ctx); errors.Is(err, errNotRunning) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("stopping the image server: %w", ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // Gather reads the server's metrics: a prometheus.Gatherer, so that the

@@ -127,24 +127,24 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, images: map[string]*served{}, holders: map[string]string{},
 		released: map[string]imageCounters{}, stop: make(chan struct{}), done: make(chan struct{})}
-	s.sweepLeftovers()
+	Sweep(cfg.WorkDir, s.log)
 	go s.releaseIdle()
 	return s, nil
 }
 
-// sweepLeftovers unmounts what a previous image server left in WorkDir (it
-// was killed): nothing uses those mounts any more, since a sandbox's root
-// dies with the FUSE server behind it.
-func (s *Server) sweepLeftovers() {
-	entries, _ := os.ReadDir(s.cfg.WorkDir)
+// Sweep unmounts what an image server that is gone left in workDir (it
+// was killed): nothing can use those mounts any more, since a lazy
+// image's files die with the FUSE server behind them.
+func Sweep(workDir string, log *slog.Logger) {
+	entries, _ := os.ReadDir(workDir)
 	for _, e := range entries {
 		if !e.IsDir() {
 			continue
 		}
-		dir := filepath.Join(s.cfg.WorkDir, e.Name())
+		dir := filepath.Join(workDir, e.Name())
 		m := &Mounted{Dir: filepath.Join(dir, "root"), fuseDir: filepath.Join(dir, "fuse"), loop: loopOf(filepath.Join(dir, "root"))}
-		if err := m.Close(); err != nil {
-			s.log.Warn("releasing an image a previous image server left", "dir", dir, "err", err)
+		if err := m.Close(); err != nil && log != nil {
+			log.Warn("releasing an image a previous image server left", "dir", dir, "err", err)
 		}
 		os.RemoveAll(dir)
 	}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/aenvhq/aenv/internal/api"
 	"github.com/aenvhq/aenv/internal/apikeys"
+	"github.com/aenvhq/aenv/internal/blockimage"
 	"github.com/aenvhq/aenv/internal/cluster"
 	"github.com/aenvhq/aenv/internal/netns"
 	"github.com/aenvhq/aenv/internal/node"
@@ -529,6 +530,11 @@ func Cleanup(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("cleaning up: %w", err)
 	}
 	errs := []error{driver.Cleanup(ctx), driver.Close(), os.RemoveAll(filepath.Join(cfg.RunDir, "node"))}
+	// The sandboxes are gone: so goes the image server serving their
+	// roots, and what a killed one left mounted.
+	images := filepath.Join(cfg.RunDir, "images")
+	errs = append(errs, blockimage.NewClient(filepath.Join(images, "server.sock")).Stop(ctx))
+	blockimage.Sweep(filepath.Join(images, "mounts"), cfg.Logger)
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("cleaning up: %w", err)
 	}
