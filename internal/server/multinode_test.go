@@ -2,9 +2,13 @@ package server
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
+	"io"
 	"log/slog"
+	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,6 +16,7 @@ import (
 
 	"github.com/aenvhq/aenv/internal/client"
 	"github.com/aenvhq/aenv/internal/cluster"
+	"github.com/aenvhq/aenv/internal/nodeapi"
 	"github.com/aenvhq/aenv/internal/template"
 	"github.com/aenvhq/aenv/internal/testutil"
 )
@@ -19,8 +24,10 @@ import (
 // TestTemplateReachesNodeFromStore: a pure API server (no local node) and
 // a node agent that joined it share a store. A template made on the API
 // server's side is published there; a sandbox of it is placed on the node,
-// which fetches the template and runs it; deleting the template removes it
-// from the store.
+// which serves it from its block image, fetched on demand (one mount for
+// eight sandboxes; a new version leaves running sandboxes their files; a
+// restarted node with a warm cache fetches nothing); deleting the template
+// removes it from the store.
 func TestTemplateReachesNodeFromStore(t *testing.T) {
 	testutil.RequireRoot(t)
 	runsc := testutil.RequireBinary(t, "runsc", "AENV_RUNSC")
@@ -48,17 +55,18 @@ func TestTemplateReachesNodeFromStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := tagCounter.Add(1)
-	agent, err := StartNode(context.Background(), Config{
+	nodeCfg := Config{
 		Join: url, ClusterToken: strings.TrimSpace(string(token)), Listen: "127.0.0.1:0", NodeID: "storenode",
 		DataDir: filepath.Join(dir, "node"), RunDir: filepath.Join(dir, "node-run"),
 		RunscPath: runsc, EnvdPath: filepath.Join(binDir, "envd"), BaseRootFS: base,
 		SandboxCIDR: fmt.Sprintf("10.23%d.0.0/16", 2+n%7), NetnsTag: "mnodet" + string(rune('a'+n%26)),
 		NetnsPoolSize: 1, StoreURL: shared, OnStop: cluster.StopKill, Logger: log,
-	})
+	}
+	agent, err := StartNode(context.Background(), nodeCfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer agent.Close(context.Background())
+	defer func() { agent.Close(context.Background()) }()
 	c := client.New(url, api.APIKey())
 	ctx := context.Background()
 	deadline := time.Now().Add(10 * time.Second)
@@ -74,7 +82,7 @@ func TestTemplateReachesNodeFromStore(t *testing.T) {
 	}
 
 	// The API server's side of the store gets a template (as a pull does).
-	ts, err := template.NewStore(template.StoreOptions{Dir: filepath.Join(dir, "api", "templates"), Remote: api.remote, Logger: log})
+	ts, err := template.NewStore(template.StoreOptions{Dir: filepath.Join(dir, "api", "templates"), Remote: api.remote, Images: api.images, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,6 +103,10 @@ func TestTemplateReachesNodeFromStore(t *testing.T) {
 	must(t, os.WriteFile(filepath.Join(root, "etc/passwd"), []byte("root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000::/home/user:/bin/sh\n"), 0o644))
 	must(t, os.WriteFile(filepath.Join(root, "etc/group"), []byte("root:x:0:\nuser:x:1000:\n"), 0o644))
 	must(t, os.WriteFile(filepath.Join(root, "etc/marker"), []byte("from the store"), 0o644))
+	// A file no sandbox reads until the template has a new version.
+	unread := make([]byte, 16<<20)
+	rand.Read(unread)
+	must(t, os.WriteFile(filepath.Join(root, "etc/unread"), unread, 0o644))
 	must(t, os.Chown(filepath.Join(root, "home/user"), 1000, 1000))
 	if err := st.Commit(&template.Template{ID: "tinyshared", CPUCount: 1, MemoryMB: 256,
 		Image: &template.ImageConfig{Env: []string{"PATH=/bin"}}}); err != nil {
@@ -112,6 +124,76 @@ func TestTemplateReachesNodeFromStore(t *testing.T) {
 	if info, err := c.Get(ctx, sb.SandboxID); err != nil || info.NodeID != "storenode" {
 		t.Fatalf("placed on %+v %v", info, err)
 	}
+	// The node serves the template from its block image, fetched on
+	// demand: one mount, read in part.
+	info, err := agent.host.imageServer.Info(ctx)
+	must(t, err)
+	if len(info.Images) != 1 || info.Images[0].File != "" || info.Images[0].Eager {
+		t.Fatalf("images the node serves: %+v", info.Images)
+	}
+	img := info.Images[0]
+	if img.FetchedBytes == 0 || img.FetchedBytes >= img.Size/2 {
+		t.Fatalf("the node fetched %d bytes of a %d-byte image to start a sandbox: not on demand", img.FetchedBytes, img.Size)
+	}
+	t.Logf("first sandbox: %d of %d image bytes fetched", img.FetchedBytes, img.Size)
+	// Eight sandboxes of the template on the node: one mount.
+	sbs := []*client.Sandbox{sb}
+	for range 7 {
+		sbs = append(sbs, mustCreate(t, c, client.CreateOptions{TemplateID: "tinyshared", Timeout: 120}))
+	}
+	if n := mountCount(t, filepath.Join(dir, "node-run", "images"), "erofs"); n != 1 {
+		t.Fatalf("%d erofs mounts for 8 sandboxes of one template, want 1", n)
+	}
+	if info, _ = agent.host.imageServer.Info(ctx); len(info.Images) != 1 || len(info.Images[0].Holders) != 8 {
+		t.Fatalf("images the node serves to 8 sandboxes: %+v", info.Images)
+	}
+	metrics := nodeMetrics(t, agent, string(token))
+	if !strings.Contains(metrics, `aenv_image_fetched_bytes_total{template="tinyshared"}`) || !strings.Contains(metrics, "aenv_image_cache_bytes") {
+		t.Fatalf("the node's /metrics lack the image figures:\n%s", metrics)
+	}
+
+	// A new version replaces the template: a sandbox started before keeps
+	// its files, even those it never read; a new one gets the new files.
+	st, err = ts.NewStage("tinyshared")
+	must(t, err)
+	must(t, exec.Command("cp", "-a", root+"/.", st.RootFS()+"/").Run())
+	must(t, os.WriteFile(filepath.Join(st.RootFS(), "etc/marker"), []byte("version 2"), 0o644))
+	must(t, os.Remove(filepath.Join(st.RootFS(), "etc/unread")))
+	must(t, st.Commit(&template.Template{ID: "tinyshared", CPUCount: 1, MemoryMB: 256,
+		Image: &template.ImageConfig{Env: []string{"PATH=/bin"}}}))
+	if got := runOut(t, c, sb.SandboxID, "cat /etc/marker"); got != "from the store" {
+		t.Fatalf("a sandbox of the first version, after the second: marker %q", got)
+	}
+	if got := runOut(t, c, sb.SandboxID, "cat /etc/unread | wc -c"); got != "16777216" {
+		t.Fatalf("a sandbox of the first version reading a file it had not read: %q bytes", got)
+	}
+	v2 := mustCreate(t, c, client.CreateOptions{TemplateID: "tinyshared", Timeout: 60})
+	if got := runOut(t, c, v2.SandboxID, "cat /etc/marker"); got != "version 2" {
+		t.Fatalf("a sandbox of the second version: marker %q", got)
+	}
+	sbs = append(sbs, v2)
+	for _, s := range sbs {
+		must(t, c.Kill(ctx, s.SandboxID))
+	}
+
+	// The node restarts (its image server too): with its cache warm it
+	// fetches nothing for the template it had.
+	must(t, agent.Close(ctx))
+	if n := mountCount(t, filepath.Join(dir, "node-run", "images"), "erofs"); n != 0 {
+		t.Fatalf("%d image mounts left after the node stopped with its sandboxes", n)
+	}
+	agent, err = StartNode(ctx, nodeCfg)
+	must(t, err)
+	waitNodeReady(t, c)
+	sb = mustCreate(t, c, client.CreateOptions{TemplateID: "tinyshared", Timeout: 60})
+	if got := runOut(t, c, sb.SandboxID, "cat /etc/marker"); got != "version 2" {
+		t.Fatalf("after the node restarted: marker %q", got)
+	}
+	info, err = agent.host.imageServer.Info(ctx)
+	must(t, err)
+	if len(info.Images) != 1 || info.Images[0].FetchedBytes != 0 || info.Images[0].Hits == 0 {
+		t.Fatalf("a node restarted with a warm cache fetched from the store: %+v", info.Images)
+	}
 	if err := c.Kill(ctx, sb.SandboxID); err != nil {
 		t.Fatal(err)
 	}
@@ -120,6 +202,52 @@ func TestTemplateReachesNodeFromStore(t *testing.T) {
 	}
 	if _, err := api.remote.Get(ctx, "template-tinyshared"); err == nil {
 		t.Fatal("the deleted template is still in the store")
+	}
+}
+
+// mountCount counts the mounts of type fstype under dir.
+func mountCount(t *testing.T, dir, fstype string) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/mounts")
+	must(t, err)
+	n := 0
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 3 && strings.HasPrefix(f[1], dir+"/") && f[2] == fstype {
+			n++
+		}
+	}
+	return n
+}
+
+// nodeMetrics reads a node agent's /metrics with the cluster token.
+func nodeMetrics(t *testing.T, a *Agent, token string) string {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, "http://"+a.listener.Addr().String()+"/metrics", nil)
+	req.Header.Set(nodeapi.TokenHeader, strings.TrimSpace(token))
+	resp, err := http.DefaultClient.Do(req)
+	must(t, err)
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("node /metrics: %d %s", resp.StatusCode, b)
+	}
+	return string(b)
+}
+
+// waitNodeReady waits for the cluster's one node to be ready.
+func waitNodeReady(t *testing.T, c *client.Client) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		nodes, err := c.Nodes(context.Background())
+		if err == nil && len(nodes) == 1 && nodes[0].State == "ready" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the node is not ready: %+v %v", nodes, err)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 

@@ -17,6 +17,8 @@ import (
 
 	"github.com/aenvhq/aenv/internal/client"
 	"github.com/aenvhq/aenv/internal/state"
+	"github.com/aenvhq/aenv/internal/store"
+	"github.com/aenvhq/aenv/internal/template"
 	"github.com/aenvhq/aenv/internal/testutil"
 )
 
@@ -24,7 +26,43 @@ import (
 func TestRestartKeepsSandboxes(t *testing.T) {
 	testutil.RequireRoot(t)
 	testutil.RequireBinary(t, "runsc", "AENV_RUNSC")
-	restartSuite(t, nil)
+	restartSuite(t, nil, "")
+}
+
+// TestRestartKeepsSandboxesLazy runs the suite on a template this server
+// has only in the store, served lazily by the node's image server, which
+// outlives the server's kill -9: the sandbox's root keeps its files.
+func TestRestartKeepsSandboxesLazy(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequireBinary(t, "runsc", "AENV_RUNSC")
+	testutil.RequireBinary(t, "mkfs.erofs", "")
+	storeDir := filepath.Join(t.TempDir(), "store")
+	publishBaseCopy(t, storeDir, "lazybase")
+	restartSuite(t, []string{"--store", storeDir}, "lazybase")
+}
+
+// publishBaseCopy publishes a copy of the base tree as template id to the
+// store at dir, as a server elsewhere would after a pull: its block image
+// only, which this host does not have.
+func publishBaseCopy(t *testing.T, dir, id string) {
+	t.Helper()
+	backend, err := store.NewLocal(dir)
+	must(t, err)
+	remote, err := store.New(store.Options{Backend: backend})
+	must(t, err)
+	defer remote.Close()
+	images, err := store.New(store.Options{Backend: backend, ChunkSize: imageChunkSize})
+	must(t, err)
+	defer images.Close()
+	ts, err := template.NewStore(template.StoreOptions{Dir: filepath.Join(t.TempDir(), "templates"), Remote: remote, Images: images})
+	must(t, err)
+	st, err := ts.NewStage(id)
+	must(t, err)
+	defer st.Abort()
+	if out, err := exec.Command("cp", "-a", os.Getenv("AENV_BASE_ROOTFS")+"/.", st.RootFS()+"/").CombinedOutput(); err != nil {
+		t.Fatalf("copying the base tree: %v: %s", err, out)
+	}
+	must(t, st.Commit(&template.Template{ID: id, CPUCount: 1, MemoryMB: 512}))
 }
 
 // TestRestartKeepsSandboxesExternalEtcd runs the same suite against an
@@ -34,7 +72,7 @@ func TestRestartKeepsSandboxesExternalEtcd(t *testing.T) {
 	testutil.RequireBinary(t, "runsc", "AENV_RUNSC")
 	m := startEtcdProc(t, t.TempDir())
 	defer m.stop()
-	restartSuite(t, []string{"--etcd-endpoints", m.url})
+	restartSuite(t, []string{"--etcd-endpoints", m.url}, "")
 }
 
 // restartSuite: a sandbox with a counter running in memory survives kill -9
@@ -42,7 +80,7 @@ func TestRestartKeepsSandboxesExternalEtcd(t *testing.T) {
 // envd processes intact; a timeout that passed while the server was down
 // is enforced after the restart; a paused sandbox resumes after a
 // restart; records and sandboxes reconcile both ways.
-func restartSuite(t *testing.T, extra []string) {
+func restartSuite(t *testing.T, extra []string, templateID string) {
 	dir := t.TempDir()
 	dataDir, runDir := filepath.Join(dir, "data"), filepath.Join(dir, "run")
 	ctx := context.Background()
@@ -59,7 +97,7 @@ func restartSuite(t *testing.T, extra []string) {
 	}()
 	c := client.New(p.url, p.key)
 
-	keep, err := c.Create(ctx, client.CreateOptions{Timeout: 600})
+	keep, err := c.Create(ctx, client.CreateOptions{Timeout: 600, TemplateID: templateID})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,11 +106,11 @@ func restartSuite(t *testing.T, extra []string) {
 	// A long-lived envd process, started through the API.
 	runOut(t, c, keep.SandboxID, "nohup sleep 3600 >/dev/null 2>&1 & echo $! > /tmp/sleeper")
 	sleeper := runOut(t, c, keep.SandboxID, "cat /tmp/sleeper")
-	short, err := c.Create(ctx, client.CreateOptions{Timeout: 4})
+	short, err := c.Create(ctx, client.CreateOptions{Timeout: 4, TemplateID: templateID})
 	if err != nil {
 		t.Fatal(err)
 	}
-	paused, err := c.Create(ctx, client.CreateOptions{Timeout: 600})
+	paused, err := c.Create(ctx, client.CreateOptions{Timeout: 600, TemplateID: templateID})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,6 +131,11 @@ func restartSuite(t *testing.T, extra []string) {
 	}
 	if f := runOut(t, c, keep.SandboxID, "cat /home/user/f"); f != "precious" {
 		t.Fatalf("file after restart: %q", f)
+	}
+	// Files of the template nothing read before the restart (on a lazy
+	// template: fetched now, by the image server that outlived it).
+	if n := runOut(t, c, keep.SandboxID, "find /usr/lib -type f -name '*.so*' | head -40 | xargs cat | wc -c"); n == "0" || n == "" {
+		t.Fatalf("reading the template's files after the restart: %q", n)
 	}
 	if out := runOut(t, c, keep.SandboxID, "kill -0 "+sleeper+" && echo alive"); out != "alive" {
 		t.Fatalf("the envd process %s did not survive: %q", sleeper, out)
