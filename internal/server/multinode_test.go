@@ -206,7 +206,7 @@ func TestTemplateReachesNodeFromStore(t *testing.T) {
 }
 
 // mountCount counts the mounts of type fstype under dir.
-func mountCount(t *testing.T, dir, fstype string) int {
+func mountCount(t testing.TB, dir, fstype string) int {
 	t.Helper()
 	b, err := os.ReadFile("/proc/self/mounts")
 	must(t, err)
@@ -251,7 +251,7 @@ func waitNodeReady(t *testing.T, c *client.Client) {
 	}
 }
 
-func must(t *testing.T, err error) {
+func must(t testing.TB, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)

@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/aenvhq/aenv/internal/api"
@@ -183,6 +184,9 @@ type Server struct {
 	remote *store.Store
 	// images is the store block images are published to (beside remote).
 	images *store.Store
+
+	closeOnce sync.Once
+	closeErr  error
 	// token is the cluster token; nodeTransport carries it to nodes.
 	token         string
 	nodeTransport http.RoundTripper
@@ -402,6 +406,11 @@ func (s *Server) APIKey() string { return s.apiKey }
 // Close stops serving. Running sandboxes keep running for the next start
 // unless Config.OnStop says to pause or kill them.
 func (s *Server) Close(ctx context.Context) error {
+	s.closeOnce.Do(func() { s.closeErr = s.close(ctx) })
+	return s.closeErr
+}
+
+func (s *Server) close(ctx context.Context) error {
 	var errs []error
 	if s.http != nil {
 		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
