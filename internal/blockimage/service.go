@@ -85,10 +85,12 @@ func (s *Server) Serve(ctx context.Context, socket string) error {
 	case <-ctx.Done():
 	case <-shutdown:
 	}
+	// Unmounted first, answering meanwhile: a node waiting for the stop
+	// (Client.Stop) sees the socket go only once the mounts are gone.
+	s.Close()
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	srv.Shutdown(sctx)
-	s.Close()
 	s.log.Info("image server stopped")
 	return nil
 }

@@ -154,9 +154,11 @@ func TestTemplateReachesNodeFromStore(t *testing.T) {
 
 	// A new version replaces the template: a sandbox started before keeps
 	// its files, even those it never read; a new one gets the new files.
+	v1, err := ts.GetLocal("tinyshared")
+	must(t, err)
 	st, err = ts.NewStage("tinyshared")
 	must(t, err)
-	must(t, exec.Command("cp", "-a", root+"/.", st.RootFS()+"/").Run())
+	must(t, exec.Command("cp", "-a", v1.RootFS+"/.", st.RootFS()+"/").Run())
 	must(t, os.WriteFile(filepath.Join(st.RootFS(), "etc/marker"), []byte("version 2"), 0o644))
 	must(t, os.Remove(filepath.Join(st.RootFS(), "etc/unread")))
 	must(t, st.Commit(&template.Template{ID: "tinyshared", CPUCount: 1, MemoryMB: 256,

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -33,6 +34,9 @@ func (st *Stage) buildImage(t *Template) error {
 	ctx, cancel := context.WithTimeout(context.Background(), imageTimeout)
 	defer cancel()
 	start := time.Now()
+	if err := addMountPoints(st.RootFS(), t.Tools); err != nil {
+		return fmt.Errorf("committing template %s: %w", st.id, err)
+	}
 	out := filepath.Join(st.dir, imageFile)
 	if err := blockimage.Build(ctx, st.RootFS(), out); err != nil {
 		return fmt.Errorf("committing template %s: %w", st.id, err)
@@ -43,6 +47,43 @@ func (st *Stage) buildImage(t *Template) error {
 	}
 	t.BlockImage, t.ImageBytes = name, size
 	st.store.log.Info("template block image built", "template_id", t.ID, "image", name, "bytes", size, "took_ms", time.Since(start).Milliseconds())
+	return nil
+}
+
+// mountPoints are the files every sandbox gets bound over its root
+// filesystem (the runtime's: resolv.conf, hosts, envd).
+var mountPoints = []string{"etc/resolv.conf", "etc/hosts", ".aenv/envd"}
+
+// addMountPoints makes sure the files sandboxes get bound over the tree
+// exist in it as plain files: the runtime cannot create them in a
+// read-only image (a tree got them written into it at the first start).
+// A symlink there (resolv.conf often is one) becomes an empty file: what
+// it pointed to is hidden by the bind anyway.
+func addMountPoints(root string, tools []string) error {
+	points := slices.Clone(mountPoints)
+	for _, t := range tools {
+		points = append(points, ".aenv/"+t)
+	}
+	for _, p := range points {
+		full := filepath.Join(root, p)
+		fi, err := os.Lstat(full)
+		if err == nil && fi.Mode().IsRegular() {
+			continue
+		}
+		if err == nil && fi.Mode()&os.ModeSymlink != 0 {
+			if err := os.Remove(full); err != nil {
+				return fmt.Errorf("adding mount point /%s: %w", p, err)
+			}
+		} else if err == nil {
+			continue // a directory or a device: leave it to the runtime
+		}
+		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+			return fmt.Errorf("adding mount point /%s: %w", p, err)
+		}
+		if err := os.WriteFile(full, nil, 0o644); err != nil {
+			return fmt.Errorf("adding mount point /%s: %w", p, err)
+		}
+	}
 	return nil
 }
 
