@@ -420,13 +420,6 @@ func (n *Node) boot(ctx context.Context, id string, tpl *template.Template, opts
 	rollback.Push("releasing network", func(ctx context.Context) error { return n.cfg.Network.Release(ctx, slot) })
 	sb.slot, sb.Addr, sb.egress = slot, slot.HostAddr, opts.Network
 
-	root, err := n.cfg.RootFS.Prepare(ctx, tpl, id)
-	if err != nil {
-		return nil, fmt.Errorf("creating sandbox %s: %w", id, err)
-	}
-	rollback.Push("releasing the root filesystem", func(ctx context.Context) error { return n.cfg.RootFS.Release(ctx, id) })
-	sb.RootImage = tpl.BlockImage
-
 	binds, err := n.toolBinds(tpl)
 	if err != nil {
 		return nil, fmt.Errorf("creating sandbox %s: %w", id, err)
@@ -436,6 +429,12 @@ func (n *Node) boot(ctx context.Context, id string, tpl *template.Template, opts
 		return nil, fmt.Errorf("creating sandbox %s: %w", id, err)
 	}
 	binds = append(binds, vbinds...)
+	root, err := n.cfg.RootFS.Prepare(ctx, tpl, id, binds)
+	if err != nil {
+		return nil, fmt.Errorf("creating sandbox %s: %w", id, err)
+	}
+	rollback.Push("releasing the root filesystem", func(ctx context.Context) error { return n.cfg.RootFS.Release(ctx, id) })
+	sb.RootImage = tpl.BlockImage
 	spec := runtime.Spec{
 		Binds:      binds,
 		ID:         id,

@@ -87,7 +87,7 @@ func openRootFS(ctx context.Context, cfg Config, envdPath string, log *slog.Logg
 		return nil, nil, fmt.Errorf("the image server running (pid %d) speaks version %q, this aenv %q: it serves sandboxes of the previous aenv; stop them, or the image server, first", info.PID, info.Version, blockimage.Version)
 	}
 	log.Info("image server ready", "pid", info.PID, "images_mounted", len(info.Images), "cache_bytes", cacheSize, "log", filepath.Join(dir, "server.log"))
-	return &node.ImageRootFS{Client: client, Eager: cfg.RootFS == RootFSEager}, client, nil
+	return &node.ImageRootFS{Client: client, Eager: cfg.RootFS == RootFSEager, WorkDir: filepath.Join(cfg.RunDir, "node", "rootfs")}, client, nil
 }
 
 // defaultImageCacheSize is 20% of the disk holding dir.

@@ -147,6 +147,20 @@ func TestTemplateReachesNodeFromStore(t *testing.T) {
 	if info, _ = agent.host.imageServer.Info(ctx); len(info.Images) != 1 || len(info.Images[0].Holders) != 8 {
 		t.Fatalf("images the node serves to 8 sandboxes: %+v", info.Images)
 	}
+	// A volume at a path the read-only image lacks: its mount point is
+	// added over the image for that sandbox alone.
+	if _, err := c.CreateVolume(ctx, "lazyvol"); err != nil {
+		t.Fatal(err)
+	}
+	withVol := mustCreate(t, c, client.CreateOptions{TemplateID: "tinyshared", Timeout: 60,
+		VolumeMounts: []client.VolumeMount{{Name: "lazyvol", Path: "/mnt/new/vol"}}})
+	if got := runOut(t, c, withVol.SandboxID, "echo kept > /mnt/new/vol/f && cat /mnt/new/vol/f /etc/marker"); got != "kept\nfrom the store" {
+		t.Fatalf("a volume at a new path in a lazy template's sandbox: %q", got)
+	}
+	must(t, c.Kill(ctx, withVol.SandboxID))
+	if n := mountCount(t, filepath.Join(dir, "node-run"), "overlay"); n != 0 {
+		t.Fatalf("%d overlays left after the sandbox with a volume ended", n)
+	}
 	metrics := nodeMetrics(t, agent, string(token))
 	if !strings.Contains(metrics, `aenv_image_fetched_bytes_total{template="tinyshared"}`) || !strings.Contains(metrics, "aenv_image_cache_bytes") {
 		t.Fatalf("the node's /metrics lack the image figures:\n%s", metrics)

@@ -538,7 +538,13 @@ func Cleanup(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("cleaning up: %w", err)
 	}
-	errs := []error{driver.Cleanup(ctx), driver.Close(), os.RemoveAll(filepath.Join(cfg.RunDir, "node"))}
+	errs := []error{driver.Cleanup(ctx), driver.Close()}
+	overlays := filepath.Join(cfg.RunDir, "node", "rootfs")
+	entries, _ := os.ReadDir(overlays)
+	for _, e := range entries {
+		errs = append(errs, node.ReleaseOverlay(overlays, e.Name()))
+	}
+	errs = append(errs, os.RemoveAll(filepath.Join(cfg.RunDir, "node")))
 	// The sandboxes are gone: so goes the image server serving their
 	// roots, and what a killed one left mounted.
 	images := filepath.Join(cfg.RunDir, "images")
