@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/aenvhq/aenv/internal/blockimage"
 )
 
@@ -34,11 +36,14 @@ func (st *Stage) buildImage(t *Template) error {
 	ctx, cancel := context.WithTimeout(context.Background(), imageTimeout)
 	defer cancel()
 	start := time.Now()
-	if err := addMountPoints(st.RootFS(), t.Tools); err != nil {
+	src, done, err := withMountPoints(st.RootFS(), filepath.Join(st.dir, "image-src"), t.Tools)
+	if err != nil {
 		return fmt.Errorf("committing template %s: %w", st.id, err)
 	}
 	out := filepath.Join(st.dir, imageFile)
-	if err := blockimage.Build(ctx, st.RootFS(), out); err != nil {
+	err = blockimage.Build(ctx, src, out)
+	done()
+	if err != nil {
 		return fmt.Errorf("committing template %s: %w", st.id, err)
 	}
 	name, size, err := imageName(out)
@@ -54,37 +59,55 @@ func (st *Stage) buildImage(t *Template) error {
 // filesystem (the runtime's: resolv.conf, hosts, envd).
 var mountPoints = []string{"etc/resolv.conf", "etc/hosts", ".aenv/envd"}
 
-// addMountPoints makes sure the files sandboxes get bound over the tree
-// exist in it as plain files: the runtime cannot create them in a
-// read-only image (a tree got them written into it at the first start).
+// withMountPoints returns the tree at root as the image is built from:
+// with the files sandboxes get bound over it present as plain files,
+// since the runtime cannot create them in a read-only image. When the
+// tree lacks some, it is a host overlay (in work) adding them, so that the
+// template's own tree stays as it was pulled or built; done removes it.
 // A symlink there (resolv.conf often is one) becomes an empty file: what
 // it pointed to is hidden by the bind anyway.
-func addMountPoints(root string, tools []string) error {
+func withMountPoints(root, work string, tools []string) (dir string, done func(), err error) {
 	points := slices.Clone(mountPoints)
 	for _, t := range tools {
 		points = append(points, ".aenv/"+t)
 	}
+	var missing []string
 	for _, p := range points {
-		full := filepath.Join(root, p)
-		fi, err := os.Lstat(full)
-		if err == nil && fi.Mode().IsRegular() {
-			continue
-		}
-		if err == nil && fi.Mode()&os.ModeSymlink != 0 {
-			if err := os.Remove(full); err != nil {
-				return fmt.Errorf("adding mount point /%s: %w", p, err)
-			}
-		} else if err == nil {
-			continue // a directory or a device: leave it to the runtime
-		}
-		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
-			return fmt.Errorf("adding mount point /%s: %w", p, err)
-		}
-		if err := os.WriteFile(full, nil, 0o644); err != nil {
-			return fmt.Errorf("adding mount point /%s: %w", p, err)
+		fi, err := os.Lstat(filepath.Join(root, p))
+		if err != nil || fi.Mode()&os.ModeSymlink != 0 {
+			missing = append(missing, p)
 		}
 	}
-	return nil
+	if len(missing) == 0 {
+		return root, func() {}, nil
+	}
+	upper, wk, merged := filepath.Join(work, "upper"), filepath.Join(work, "work"), filepath.Join(work, "merged")
+	done = func() {
+		unix.Unmount(merged, unix.MNT_DETACH)
+		os.RemoveAll(work)
+	}
+	for _, d := range []string{upper, wk, merged} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			done()
+			return "", nil, fmt.Errorf("adding mount points: %w", err)
+		}
+	}
+	if err := unix.Mount("overlay", merged, "overlay", 0, "lowerdir="+root+",upperdir="+upper+",workdir="+wk); err != nil {
+		done()
+		return "", nil, fmt.Errorf("adding mount points: mounting an overlay of the tree: %w", err)
+	}
+	for _, p := range missing {
+		full := filepath.Join(merged, p)
+		os.Remove(full) // a symlink
+		if err := os.MkdirAll(filepath.Dir(full), 0o755); err == nil {
+			err = os.WriteFile(full, nil, 0o644)
+		}
+		if err != nil {
+			done()
+			return "", nil, fmt.Errorf("adding mount point /%s: %w", p, err)
+		}
+	}
+	return merged, done, nil
 }
 
 // imageName names an image by its content, so that the same tree
