@@ -113,6 +113,8 @@ and --on-stop=kill kills them.`,
 	f.StringVar(&cfg.TLSKey, "tls-key", "", "TLS private key file")
 	f.StringSliceVar(&cfg.EtcdClientURLs, "etcd-listen", nil, "loopback URLs the embedded etcd listens on instead of its unix socket (e.g. http://127.0.0.1:23790)")
 	f.BoolVar(&cfg.AllowInsecureSandboxes, "allow-insecure-sandboxes", false, "create sandboxes without an envd access token when the client sends secure: false (by default every sandbox has one; the SDKs send it)")
+	f.DurationVar(&cfg.PausedRetention, "paused-retention", 0, "delete paused sandboxes (and their snapshots) kept longer than this, e.g. 720h; 0 keeps them until killed")
+	f.DurationVar(&cfg.StoreGCInterval, "store-gc-interval", 0, "how often the elected server deletes what nothing in --store refers to any more (chunks, images of deleted templates); default hourly, negative never")
 	f.StringVar(&onStop, "on-stop", "keep", "what stopping the server does with running sandboxes: keep (the next start takes them over), pause or kill")
 	f.BoolVar(&drain, "drain-on-stop", false, "pause every running sandbox on SIGTERM (same as --on-stop=pause), for a host that is going away")
 	f.StringVar(&buildNetwork, "build-network", "sandbox", "network of template build steps: sandbox (a sandbox's open egress) or none")

@@ -89,6 +89,10 @@ type Config struct {
 	// Local.
 	Dial   func(id, address string) nodeapi.Node
 	Limits Limits
+	// PausedRetention, when positive, is how long a paused sandbox is
+	// kept: past it the elected server deletes it and its snapshot, with
+	// a log line. Zero keeps paused sandboxes until they are killed.
+	PausedRetention time.Duration
 	// State holds the records; required.
 	State state.Store
 	// OnGone, if set, is called after a sandbox is killed, paused, moved
@@ -140,6 +144,8 @@ type Sandbox struct {
 	Addr netip.Addr `json:"addr,omitzero"`
 	// SnapshotID holds a paused sandbox's state.
 	SnapshotID string `json:"snapshotID,omitempty"`
+	// PausedAt is when it was paused (zero while it runs).
+	PausedAt time.Time `json:"pausedAt,omitzero"`
 	// AllowInternet is the sandbox's egress setting, kept so that a resumed
 	// sandbox or a fork's children get the same.
 	AllowInternet bool `json:"allowInternet,omitempty"`

@@ -348,3 +348,50 @@ func TestNodeRegistry(t *testing.T) {
 		t.Fatalf("unknown node: %v, want ErrNotFound", err)
 	}
 }
+
+// TestPausedRetention: a paused sandbox kept past the retention is deleted
+// with its snapshot by the elected server; a younger one and a running one
+// stay, and a resumed one is no longer counted as paused.
+func TestPausedRetention(t *testing.T) {
+	ctx := context.Background()
+	st := state.NewMemory()
+	n := newFakeNode("n1")
+	c, err := Open(ctx, Config{State: st, Local: n, Candidate: fmt.Sprintf("server-%d", candidates.Add(1)),
+		TickInterval: 20 * time.Millisecond, PausedRetention: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(ctx, StopKeep)
+	old, young, running := create(t, c, time.Hour), create(t, c, time.Hour), create(t, c, time.Hour)
+	for _, sb := range []*Sandbox{old, young} {
+		if err := c.Pause(ctx, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p, err := c.Get(ctx, young.ID)
+	if err != nil || p.PausedAt.IsZero() {
+		t.Fatalf("a paused sandbox without its pause time: %+v %v", p, err)
+	}
+	oldSnap := ""
+	if _, err := c.recs.mutate(ctx, old.ID, func(r *record) error {
+		r.PausedAt = time.Now().Add(-2 * time.Hour)
+		oldSnap = r.SnapshotID
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { _, err := c.Get(ctx, old.ID); return errors.Is(err, ErrNotFound) }, "the old paused sandbox to be reclaimed")
+	waitFor(t, func() bool { return n.store.get(oldSnap) == nil }, "its snapshot to be deleted")
+	time.Sleep(100 * time.Millisecond)
+	for _, sb := range []*Sandbox{young, running} {
+		if _, err := c.Get(ctx, sb.ID); err != nil {
+			t.Fatalf("sandbox %s reclaimed before its time: %v", sb.ID, err)
+		}
+	}
+	if _, _, err := c.Connect(ctx, young.ID, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if r, _ := c.Get(ctx, young.ID); !r.PausedAt.IsZero() {
+		t.Fatalf("a resumed sandbox keeps its pause time: %v", r.PausedAt)
+	}
+}

@@ -84,6 +84,7 @@ func (c *Cluster) leadOnce(ctx context.Context) error {
 		case <-tick.C:
 		}
 		c.expireDue(ctx)
+		c.reclaimPaused(ctx)
 		if time.Since(lastOrphans) > orphansEvery {
 			lastOrphans = time.Now()
 			c.loseOrphanedRecords(ctx)
@@ -157,5 +158,25 @@ func (c *Cluster) sweepTombstones(ctx context.Context) {
 		if err := c.cfg.State.Delete(ctx, e.Key, e.Revision); err != nil {
 			c.log.Debug("removing tombstone", "sandbox_id", strings.TrimPrefix(e.Key, tombstonePrefix), "err", err)
 		}
+	}
+}
+
+// reclaimPaused deletes the paused sandboxes kept past the retention,
+// with their snapshots.
+func (c *Cluster) reclaimPaused(ctx context.Context) {
+	keep := c.cfg.PausedRetention
+	if keep <= 0 {
+		return
+	}
+	for _, sb := range c.List(ListFilter{States: []State{StatePaused}}) {
+		if sb.PausedAt.IsZero() || time.Since(sb.PausedAt) < keep {
+			continue
+		}
+		if err := c.Kill(ctx, sb.ID); err != nil && !errors.Is(err, ErrNotFound) {
+			c.log.Warn("reclaiming a paused sandbox past the retention", "sandbox_id", sb.ID, "err", err)
+			continue
+		}
+		c.log.Info("paused sandbox reclaimed: it was kept past the paused retention", "sandbox_id", sb.ID,
+			"paused_at", sb.PausedAt, "retention", keep, "snapshot_id", sb.SnapshotID)
 	}
 }

@@ -92,6 +92,7 @@ func (c *Cluster) finishPause(ctx context.Context, id, snapID string) error {
 	_, err := c.recs.mutate(ctx, id, func(r *record) error {
 		r.State = StatePaused
 		r.SnapshotID = snapID
+		r.PausedAt = time.Now().UTC()
 		r.Addr = netip.Addr{}
 		r.clearOp()
 		return nil
@@ -168,6 +169,7 @@ func (c *Cluster) finishResume(ctx context.Context, n nodeapi.Node, id string, a
 	r, err := c.recs.mutate(ctx, id, func(r *record) error {
 		oldSnap = r.SnapshotID
 		r.State = StateRunning
+		r.PausedAt = time.Time{}
 		r.SnapshotID = ""
 		r.Addr = addr
 		r.EndAt = end

@@ -123,6 +123,13 @@ type Config struct {
 	// the host's disk), unless its template sets one; 0 means 10 GiB and
 	// a negative value keeps sandbox files in memory.
 	DiskMB int
+	// PausedRetention, when positive, is how long paused sandboxes are
+	// kept before they are deleted with their snapshots; 0 keeps them.
+	PausedRetention time.Duration
+	// StoreGCInterval is how often the elected server collects the
+	// store's garbage (chunks and images nothing refers to); 0 means
+	// hourly, negative never.
+	StoreGCInterval time.Duration
 	// RootFS says how sandboxes get their template's files: "image"
 	// (the default) serves templates with a block image from it, read on
 	// demand from the store by the node's image server; "eager" fetches
@@ -272,11 +279,12 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 	prx := proxy.New(s, http.Header{nodeapi.TokenHeader: {s.token}}, log)
 	hostname, _ := os.Hostname()
 	ccfg := cluster.Config{
-		Dial:           s.dial,
-		State:          s.state,
-		Limits:         cfg.Limits,
-		OnGone:         prx.Forget,
-		LegacyStateDir: cfg.DataDir,
+		Dial:            s.dial,
+		State:           s.state,
+		Limits:          cfg.Limits,
+		OnGone:          prx.Forget,
+		LegacyStateDir:  cfg.DataDir,
+		PausedRetention: cfg.PausedRetention,
 		// One server per data directory on a host: its restarted self has
 		// the same name, whatever port it listens on.
 		Candidate: hostname + ":" + cfg.DataDir,
