@@ -83,6 +83,13 @@ func (s *Store) save(ctx context.Context, id, parent string, files map[string]st
 	case ok:
 		return nil, st, fmt.Errorf("snapshot %w", ErrExists)
 	}
+	if len(files) > 0 {
+		end, err := s.beginSave(ctx, id)
+		if err != nil {
+			return nil, st, err
+		}
+		defer end()
+	}
 
 	run := &saveRun{s: s, parent: map[string]struct{}{}, inflight: map[string]*chunkCall{}, st: &st}
 	if parent != "" {

@@ -109,6 +109,8 @@ type Store struct {
 	// chunk behind our back only if no manifest referenced it; see GC.
 	knownMu sync.Mutex
 	known   map[string]struct{}
+	// gcGeneration is the last GC known is valid after (see fence.go).
+	gcGeneration int64
 
 	zeroMu     sync.Mutex
 	zeroHashes map[int64]string
@@ -418,6 +420,8 @@ type GCStats struct {
 	ChunksSpared int
 	// TempsRemoved counts files of interrupted writes the backend removed.
 	TempsRemoved int
+	// Deferred is the saves in flight that made the GC delete nothing.
+	Deferred int
 }
 
 // staleTempRemover is implemented by backends whose interrupted writes
@@ -426,15 +430,23 @@ type staleTempRemover interface {
 	RemoveStaleTemps(ctx context.Context, age time.Duration) (int, error)
 }
 
-// GC deletes chunks that no manifest references. It lists chunks before
-// manifests, and spares chunks younger than the grace period, so that
-// chunks uploaded by a Save in flight survive until its manifest is
-// written. What the grace period cannot cover: a Save that reuses an old
-// chunk no manifest references (its snapshot was deleted) while GC runs.
-// Run GC from one node at a time, at a quiet moment.
+// GC deletes chunks that no manifest references. It deletes nothing while
+// a Save is in flight anywhere (see fence.go: a Save may rely on chunks no
+// manifest references yet), lists chunks before manifests, and spares
+// chunks younger than the grace period. Run GC from one node at a time.
 func (s *Store) GC(ctx context.Context) (GCStats, error) {
 	var st GCStats
 	start := time.Now()
+	pending, end, err := s.beginGC(ctx)
+	if err != nil {
+		return st, fmt.Errorf("collecting garbage: %w", err)
+	}
+	defer end()
+	if pending > 0 {
+		st.Deferred = pending
+		s.log.Info("snapshot store garbage collection deferred: saves in flight", "store", s.b.String(), "saves", pending)
+		return st, nil
+	}
 	chunks, err := s.b.List(ctx, "chunks/")
 	if err != nil {
 		return st, fmt.Errorf("collecting garbage: listing chunks: %w", err)
