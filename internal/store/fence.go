@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"io"
 	"time"
-
 )
 
 // A GC must never delete a chunk a Save in flight relies on: one it
