@@ -75,22 +75,18 @@ func newImageFixture(t *testing.T, files, size int) *imageFixture {
 
 // server starts an image server over the fixture's store with its own
 // cache directory (bounded by cacheMax) and log.
-func (f *imageFixture) server(t *testing.T, cacheDir string, cacheMax int64, log *bytes.Buffer) *Server {
+func (f *imageFixture) server(t *testing.T, cacheDir string, cacheMax int64, log *syncWriter, traceWindow time.Duration) *Server {
 	t.Helper()
 	st, err := store.New(store.Options{Backend: f.backend, CacheDir: cacheDir, CacheMaxBytes: cacheMax})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var w *syncWriter
-	if log != nil {
-		w = &syncWriter{w: log}
-	}
 	logger := slog.New(slog.DiscardHandler)
-	if w != nil {
-		logger = slog.New(slog.NewTextHandler(w, nil))
+	if log != nil {
+		logger = slog.New(slog.NewTextHandler(log, nil))
 	}
 	s, err := NewServer(ServerConfig{Store: st, WorkDir: filepath.Join(f.work, "mounts"), Grace: 200 * time.Millisecond,
-		TraceWindow: time.Hour, Logger: logger})
+		TraceWindow: traceWindow, Logger: logger})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,15 +94,22 @@ func (f *imageFixture) server(t *testing.T, cacheDir string, cacheMax int64, log
 	return s
 }
 
+// syncWriter is a log the server writes while the test reads it.
 type syncWriter struct {
 	mu sync.Mutex
-	w  *bytes.Buffer
+	b  bytes.Buffer
 }
 
 func (w *syncWriter) Write(p []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.w.Write(p)
+	return w.b.Write(p)
+}
+
+func (w *syncWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
 }
 
 // compareTree reads every file of the fixture's tree through dir and
@@ -161,7 +164,7 @@ func mountsUnder(t *testing.T, dir, fstype string) int {
 // did not survive.
 func TestServerSharesOneMount(t *testing.T) {
 	f := newImageFixture(t, 8, 1<<20)
-	s := f.server(t, filepath.Join(f.work, "cache"), 1<<30, nil)
+	s := f.server(t, filepath.Join(f.work, "cache"), 1<<30, nil, time.Hour)
 	ctx := context.Background()
 	src := Source{Image: f.image, Template: "t"}
 	dirs := make([]string, 8)
@@ -217,7 +220,7 @@ func TestServerCacheBound(t *testing.T) {
 	f := newImageFixture(t, 24, 1<<20) // 24 MiB, incompressible
 	const bound = 4 << 20
 	cacheDir := filepath.Join(f.work, "cache")
-	s := f.server(t, cacheDir, bound, nil)
+	s := f.server(t, cacheDir, bound, nil, time.Hour)
 	dir, err := s.Acquire(context.Background(), Source{Image: f.image, Template: "t"}, "sb")
 	if err != nil {
 		t.Fatal(err)
@@ -272,8 +275,8 @@ func dirSize(dir string) int64 {
 // same reads succeed with the right bytes.
 func TestServerStoreOutage(t *testing.T) {
 	f := newImageFixture(t, 8, 1<<20)
-	var log bytes.Buffer
-	s := f.server(t, filepath.Join(f.work, "cache"), 1<<30, &log)
+	var log syncWriter
+	s := f.server(t, filepath.Join(f.work, "cache"), 1<<30, &log, time.Hour)
 	dir, err := s.Acquire(context.Background(), Source{Image: f.image, Template: "t"}, "sb")
 	if err != nil {
 		t.Fatal(err)
@@ -306,8 +309,8 @@ func TestServerStoreOutage(t *testing.T) {
 // the log names the chunk.
 func TestServerCorruptChunk(t *testing.T) {
 	f := newImageFixture(t, 8, 1<<20)
-	var log bytes.Buffer
-	s := f.server(t, filepath.Join(f.work, "cache"), 1<<30, &log)
+	var log syncWriter
+	s := f.server(t, filepath.Join(f.work, "cache"), 1<<30, &log, time.Hour)
 	// Every chunk past the first few (the file system's own metadata)
 	// is damaged.
 	chunks := f.manifest.File(ImageName).Chunks
@@ -367,8 +370,7 @@ func TestServerCorruptChunk(t *testing.T) {
 func TestServerWarmRestart(t *testing.T) {
 	f := newImageFixture(t, 8, 1<<20)
 	cacheDir := filepath.Join(f.work, "cache")
-	s := f.server(t, cacheDir, 1<<30, nil)
-	s.cfg.TraceWindow = 10 * time.Millisecond
+	s := f.server(t, cacheDir, 1<<30, nil, 10*time.Millisecond)
 	dir, err := s.Acquire(context.Background(), Source{Image: f.image, Template: "t"}, "sb")
 	if err != nil {
 		t.Fatal(err)
@@ -386,7 +388,7 @@ func TestServerWarmRestart(t *testing.T) {
 	}
 	s.Close()
 
-	s2 := f.server(t, cacheDir, 1<<30, nil)
+	s2 := f.server(t, cacheDir, 1<<30, nil, time.Hour)
 	dir, err = s2.Acquire(context.Background(), Source{Image: f.image, Template: "t"}, "sb")
 	if err != nil {
 		t.Fatal(err)
@@ -405,8 +407,7 @@ func TestServerWarmRestart(t *testing.T) {
 // read-ahead around those reads varies a little from run to run.
 func TestServerPrefetch(t *testing.T) {
 	f := newImageFixture(t, 16, 1<<20)
-	s := f.server(t, filepath.Join(f.work, "cache1"), 1<<30, nil)
-	s.cfg.TraceWindow = 300 * time.Millisecond
+	s := f.server(t, filepath.Join(f.work, "cache1"), 1<<30, nil, 300*time.Millisecond)
 	dir, err := s.Acquire(context.Background(), Source{Image: f.image, Template: "t"}, "sb")
 	if err != nil {
 		t.Fatal(err)
@@ -433,7 +434,7 @@ func TestServerPrefetch(t *testing.T) {
 	s.Close()
 
 	// Another node: an empty cache.
-	s2 := f.server(t, filepath.Join(f.work, "cache2"), 1<<30, nil)
+	s2 := f.server(t, filepath.Join(f.work, "cache2"), 1<<30, nil, time.Hour)
 	dir, err = s2.Acquire(context.Background(), Source{Image: f.image, Template: "t"}, "sb")
 	if err != nil {
 		t.Fatal(err)

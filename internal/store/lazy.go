@@ -34,8 +34,11 @@ type LazyFile struct {
 	// cache served.
 	Fetched, FetchedBytes, Hits atomic.Int64
 
-	// ahead counts read-aheads in flight, for Close.
-	ahead sync.WaitGroup
+	// ahead counts read-aheads in flight, for Close (not a WaitGroup:
+	// reads start new ones while Close waits).
+	aheadMu   sync.Mutex
+	aheadN    int
+	aheadIdle *sync.Cond
 
 	// trace is the order chunks were first read in (see Trace).
 	traceMu sync.Mutex
@@ -64,6 +67,7 @@ func (s *Store) OpenLazy(ctx context.Context, id, name string) (*LazyFile, error
 	}
 	f := &LazyFile{s: s, id: id, chunks: fe.Chunks, offsets: make([]int64, len(fe.Chunks)+1), inflight: map[int]*fetchCall{},
 		recent: map[int][]byte{}, traced: map[int]bool{}}
+	f.aheadIdle = sync.NewCond(&f.aheadMu)
 	for i, c := range fe.Chunks {
 		f.offsets[i+1] = f.offsets[i] + c.Size
 	}
@@ -142,9 +146,17 @@ func (f *LazyFile) chunk(ctx context.Context, i int) ([]byte, error) {
 		_, busy := f.inflight[i+1]
 		f.mu.Unlock()
 		if !have && !busy {
-			f.ahead.Add(1)
+			f.aheadMu.Lock()
+			f.aheadN++
+			f.aheadMu.Unlock()
 			go func() {
-				defer f.ahead.Done()
+				defer func() {
+					f.aheadMu.Lock()
+					if f.aheadN--; f.aheadN == 0 {
+						f.aheadIdle.Broadcast()
+					}
+					f.aheadMu.Unlock()
+				}()
 				f.load(context.WithoutCancel(ctx), i+1)
 			}()
 		}
@@ -190,9 +202,13 @@ func (f *LazyFile) load(ctx context.Context, i int) ([]byte, error) {
 	return c.data, c.err
 }
 
-// Close waits for the reads ahead it started (they fill the cache).
+// Close waits for the reads ahead in flight (they fill the cache).
 func (f *LazyFile) Close() error {
-	f.ahead.Wait()
+	f.aheadMu.Lock()
+	for f.aheadN > 0 {
+		f.aheadIdle.Wait()
+	}
+	f.aheadMu.Unlock()
 	return nil
 }
 
