@@ -705,6 +705,10 @@ func (f ListFilter) match(sb *Sandbox) bool {
 	return false
 }
 
+// Leading reports whether this server is the elected one, which enforces
+// deadlines and does the cluster's housekeeping.
+func (c *Cluster) Leading() bool { return c.leading.Load() }
+
 // Kill ends a sandbox and forgets it. The record goes first: once Kill
 // has begun no other server can pause or resume the sandbox.
 func (c *Cluster) Kill(ctx context.Context, id string) error {

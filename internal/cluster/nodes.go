@@ -56,6 +56,8 @@ type NodeInfo struct {
 	Version        string `json:"version,omitempty"`
 	// Templates are the templates the node holds (ids and aliases).
 	Templates []string `json:"templates,omitempty"`
+	// Images are the block images its sandboxes run on.
+	Images []string `json:"images,omitempty"`
 	// MemoryOvercommit and MemoryHighWater are the node's admission rule,
 	// which placement applies to its reports.
 	MemoryOvercommit float64 `json:"memoryOvercommit,omitempty"`
@@ -81,6 +83,7 @@ func InfoFromWire(w *nodev1.NodeInfo) NodeInfo {
 		RuntimeVersion:   w.RuntimeVersion,
 		Version:          w.Version,
 		Templates:        w.Templates,
+		Images:           w.Images,
 		MemoryOvercommit: w.MemoryOvercommit,
 		MemoryHighWater:  w.MemoryHighWater,
 		HostMemoryMB:     int(w.HostMemoryMb),

@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/netip"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -576,6 +577,25 @@ func (n *Node) Get(id string) (*Sandbox, error) {
 		return nil, fmt.Errorf("looking up sandbox %s: %w", id, ErrNotFound)
 	}
 	return sb, nil
+}
+
+// RootImages lists the block images the node's sandboxes run on (the warm
+// pool's included), each once.
+func (n *Node) RootImages() []string {
+	seen := map[string]bool{}
+	n.mu.Lock()
+	for _, sb := range n.sandboxes {
+		if sb.RootImage != "" {
+			seen[sb.RootImage] = true
+		}
+	}
+	n.mu.Unlock()
+	for _, sb := range n.pool.list() {
+		if sb.RootImage != "" {
+			seen[sb.RootImage] = true
+		}
+	}
+	return slices.Sorted(maps.Keys(seen))
 }
 
 // List returns the running sandboxes ordered by id.

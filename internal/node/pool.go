@@ -92,6 +92,17 @@ func (p *warmPool) memoryMB() int {
 	return total
 }
 
+// list returns the prestarted sandboxes.
+func (p *warmPool) list() []*Sandbox {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []*Sandbox
+	for _, l := range p.ready {
+		out = append(out, l...)
+	}
+	return out
+}
+
 // remove drops a prestarted sandbox that died; it returns nil if id is not
 // in the pool.
 func (p *warmPool) remove(id string) *Sandbox {

@@ -105,6 +105,7 @@ func (l *Local) Info(ctx context.Context, _ *nodev1.InfoRequest) (*nodev1.NodeIn
 		MemoryOvercommit: st.Capacity.MemoryOvercommit,
 		MemoryHighWater:  st.Capacity.MemoryHighWater,
 		HostMemoryMb:     int32(st.HostMemoryMB),
+		Images:           l.n.RootImages(),
 	}
 	if l.opts.Templates != nil {
 		if ts, err := l.opts.Templates.ListLocal(); err == nil {

@@ -210,6 +210,21 @@ func TestTemplateReachesNodeFromStore(t *testing.T) {
 	if len(info.Images) != 1 || info.Images[0].FetchedBytes != 0 || info.Images[0].Hits == 0 {
 		t.Fatalf("a node restarted with a warm cache fetched from the store: %+v", info.Images)
 	}
+	// The store keeps the images something uses: the current version's;
+	// the replaced one goes. Once the template is deleted (the API
+	// refuses while a sandbox runs on it), its image goes too.
+	v2tpl, err := ts.GetLocal("tinyshared")
+	must(t, err)
+	must(t, collectGarbage(ctx, api.remote, api.cluster, 0, log))
+	if _, err := api.remote.Get(ctx, v2tpl.BlockImage); err != nil {
+		t.Fatalf("the store's GC deleted the image of a template's current version: %v", err)
+	}
+	if _, err := api.remote.Get(ctx, v1.BlockImage); err == nil {
+		t.Fatal("the store's GC kept an image nothing uses")
+	}
+	if got := runOut(t, c, sb.SandboxID, "cat /etc/marker /etc/passwd | wc -l"); got != "2" {
+		t.Fatalf("a sandbox after the store's GC: %q", got)
+	}
 	if err := c.Kill(ctx, sb.SandboxID); err != nil {
 		t.Fatal(err)
 	}
@@ -218,6 +233,17 @@ func TestTemplateReachesNodeFromStore(t *testing.T) {
 	}
 	if _, err := api.remote.Get(ctx, "template-tinyshared"); err == nil {
 		t.Fatal("the deleted template is still in the store")
+	}
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		must(t, collectGarbage(ctx, api.remote, api.cluster, 0, log))
+		if _, err := api.remote.Get(ctx, v2tpl.BlockImage); err != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the image of a deleted template outlived its last sandbox")
+		}
+		time.Sleep(500 * time.Millisecond)
 	}
 }
 

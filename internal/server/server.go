@@ -192,6 +192,9 @@ type Server struct {
 	// images is the store block images are published to (beside remote).
 	images *store.Store
 
+	// stopGC ends the store's garbage collection loop.
+	stopGC func()
+
 	closeOnce sync.Once
 	closeErr  error
 	// token is the cluster token; nodeTransport carries it to nodes.
@@ -295,6 +298,15 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 	}
 	if s.cluster, err = cluster.Open(ctx, ccfg); err != nil {
 		return nil, err
+	}
+	if remote := s.storeOf(); remote != nil && cfg.StoreGCInterval >= 0 {
+		interval := cfg.StoreGCInterval
+		if interval == 0 {
+			interval = DefaultStoreGCInterval
+		}
+		gcCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+		s.stopGC = stop
+		go s.collectLoop(gcCtx, remote, interval)
 	}
 	if s.host != nil {
 		if s.registration, err = cluster.RegisterNode(ctx, s.state, cluster.Reporter(s.host.api, ""), log); err != nil {
@@ -400,6 +412,14 @@ func (s *Server) SandboxRoute(id string) (proxy.Route, error) {
 	return proxy.Route{Addr: r.Addr, Via: r.Via, TrafficToken: r.TrafficToken, MaskRequestHost: r.MaskRequestHost}, err
 }
 
+// storeOf is the cluster's store as this server opened it (nil: none).
+func (s *Server) storeOf() *store.Store {
+	if s.host != nil {
+		return s.host.remote
+	}
+	return s.remote
+}
+
 // dial reaches a node agent with the cluster token.
 func (s *Server) dial(id, address string) nodeapi.Node {
 	return nodeapi.Dial(id, address, s.nodeTransport)
@@ -420,6 +440,9 @@ func (s *Server) Close(ctx context.Context) error {
 
 func (s *Server) close(ctx context.Context) error {
 	var errs []error
+	if s.stopGC != nil {
+		s.stopGC()
+	}
 	if s.http != nil {
 		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		if err := s.http.Shutdown(sctx); err != nil {

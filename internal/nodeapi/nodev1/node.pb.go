@@ -546,7 +546,10 @@ type NodeInfo struct {
 	MemoryHighWater  float64 `protobuf:"fixed64,10,opt,name=memory_high_water,json=memoryHighWater,proto3" json:"memory_high_water,omitempty"`
 	// host_memory_mb is the host's physical memory, which usage.memory_mb
 	// (the host's real use) is a part of; capacity may be set lower.
-	HostMemoryMb  int32 `protobuf:"varint,11,opt,name=host_memory_mb,json=hostMemoryMb,proto3" json:"host_memory_mb,omitempty"`
+	HostMemoryMb int32 `protobuf:"varint,11,opt,name=host_memory_mb,json=hostMemoryMb,proto3" json:"host_memory_mb,omitempty"`
+	// images are the block images the node's sandboxes run on: the store
+	// keeps them while any does.
+	Images        []string `protobuf:"bytes,12,rep,name=images,proto3" json:"images,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -656,6 +659,13 @@ func (x *NodeInfo) GetHostMemoryMb() int32 {
 		return x.HostMemoryMb
 	}
 	return 0
+}
+
+func (x *NodeInfo) GetImages() []string {
+	if x != nil {
+		return x.Images
+	}
+	return nil
 }
 
 type CreateRequest struct {
@@ -2223,7 +2233,7 @@ const file_node_node_proto_rawDesc = "" +
 	"\tcpu_count\x18\x01 \x01(\x05R\bcpuCount\x12\x1b\n" +
 	"\tmemory_mb\x18\x02 \x01(\x05R\bmemoryMb\x12.\n" +
 	"\x13committed_memory_mb\x18\x03 \x01(\x05R\x11committedMemoryMb\x12\x17\n" +
-	"\adisk_mb\x18\x04 \x01(\x05R\x06diskMb\"\x96\x03\n" +
+	"\adisk_mb\x18\x04 \x01(\x05R\x06diskMb\"\xae\x03\n" +
 	"\bNodeInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x123\n" +
 	"\bcapacity\x18\x02 \x01(\v2\x17.aenv.node.v1.ResourcesR\bcapacity\x12-\n" +
@@ -2236,7 +2246,8 @@ const file_node_node_proto_rawDesc = "" +
 	"\x11memory_overcommit\x18\t \x01(\x01R\x10memoryOvercommit\x12*\n" +
 	"\x11memory_high_water\x18\n" +
 	" \x01(\x01R\x0fmemoryHighWater\x12$\n" +
-	"\x0ehost_memory_mb\x18\v \x01(\x05R\fhostMemoryMb\"\xcc\x03\n" +
+	"\x0ehost_memory_mb\x18\v \x01(\x05R\fhostMemoryMb\x12\x16\n" +
+	"\x06images\x18\f \x03(\tR\x06images\"\xcc\x03\n" +
 	"\rCreateRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1f\n" +
