@@ -162,6 +162,7 @@ func (s *Server) routes() {
 	m.Handle("DELETE /volumes/{volumeID}", s.auth(http.HandlerFunc(s.deleteVolume)))
 
 	m.Handle("GET /templates", s.auth(http.HandlerFunc(s.listTemplates)))
+	m.Handle("GET /templates/usage", s.auth(http.HandlerFunc(s.templateUsage)))
 	m.Handle("POST /templates/pulls", s.auth(http.HandlerFunc(s.pullTemplate)))
 	m.Handle("POST /templates/builds", s.auth(http.HandlerFunc(s.buildTemplate)))
 	m.Handle("GET /templates/aliases/{alias}", s.auth(http.HandlerFunc(s.getTemplateAlias)))

@@ -1,13 +1,16 @@
 package api
 
 import (
+	"context"
 	"net/http"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/aenvhq/aenv/internal/cluster"
+	"github.com/aenvhq/aenv/internal/template"
 )
 
 // metricsHandler serves GET /metrics (behind the API key) in Prometheus'
@@ -32,6 +35,23 @@ func (s *Server) metricsHandler() http.Handler {
 		}, func() float64 {
 			return float64(s.cfg.Cluster.Count(cluster.ListFilter{States: []cluster.State{st}}))
 		}))
+	}
+	if s.cfg.Templates != nil {
+		usage := func(f func(template.Usage) int64) func() float64 {
+			return func() float64 {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				u, _ := s.cfg.Templates.Usage(ctx)
+				return float64(f(u))
+			}
+		}
+		reg.MustRegister(
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "aenv_template_image_bytes",
+				Help: "Sum of the templates' block image sizes."}, usage(func(u template.Usage) int64 { return u.ImageBytes })),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "aenv_template_stored_bytes",
+				Help: "What the store keeps of the templates' block images, each shared chunk once (deduplicated, uncompressed)."},
+				usage(func(u template.Usage) int64 { return u.StoredBytes })),
+		)
 	}
 	var g prometheus.Gatherer = reg
 	if s.cfg.Metrics != nil {

@@ -22,6 +22,11 @@ type templateJSON struct {
 	// SizeBytes (an aenv extension) is the disk space the root filesystem
 	// takes.
 	SizeBytes int64 `json:"sizeBytes"`
+	// ImageBytes and UniqueBytes (aenv extensions) are its block image's
+	// size, and the part of it no other template's image shares in the
+	// store (what deleting it frees).
+	ImageBytes  int64 `json:"imageBytes,omitempty"`
+	UniqueBytes int64 `json:"uniqueBytes,omitempty"`
 }
 
 func toTemplateJSON(t *template.Template) templateJSON {
@@ -42,11 +47,28 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, err.Error())
 		return
 	}
+	usage, err := s.cfg.Templates.Usage(r.Context())
+	if err != nil {
+		s.log.Warn("measuring the templates' images", "err", err)
+	}
 	out := make([]templateJSON, 0, len(ts))
 	for _, t := range ts {
-		out = append(out, toTemplateJSON(t))
+		j := toTemplateJSON(t)
+		j.ImageBytes, j.UniqueBytes = t.ImageBytes, usage.Templates[t.ID]
+		out = append(out, j)
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// templateUsage answers GET /templates/usage: what the templates' block
+// images take as images and, deduplicated, in the store.
+func (s *Server) templateUsage(w http.ResponseWriter, r *http.Request) {
+	u, err := s.cfg.Templates.Usage(r.Context())
+	if err != nil {
+		writeError(w, http.StatusBadGateway, "measuring the templates' images: "+err.Error())
+		return
+	}
+	writeJSON(w, http.StatusOK, u)
 }
 
 func (s *Server) getTemplateAlias(w http.ResponseWriter, r *http.Request) {

@@ -166,6 +166,9 @@ func TestBuild(t *testing.T) {
 	if !strings.Contains(list, "built-ctx") || !strings.Contains(list, "MiB") {
 		t.Fatalf("template ls does not show the built template with its size:\n%s", list)
 	}
+	if !strings.Contains(list, "block images: ") || !strings.Contains(list, "deduplicated") {
+		t.Fatalf("template ls does not sum the block images:\n%s", list)
+	}
 	// A Dockerfile the server cannot parse is a clear error, before any work.
 	os.WriteFile(df, []byte("FROM base\nADD x /x\n"), 0o644)
 	if r = e.run(t, "", "build", df, "--name", "never-built"); r.code == 0 || !strings.Contains(r.stderr, "ADD") {

@@ -55,8 +55,13 @@ aenv-interpreter binary next to envd, not part of DIR.`,
 }
 
 func newTemplateListCmd(g *globals) *cobra.Command {
-	return listCmd(g, &cobra.Command{Use: "ls", Aliases: []string{"list"}, Short: "List templates"},
-		(*client.Client).ListTemplates, "ID\tALIASES\tCPU\tMEMORY\tDISK\tSIZE\tCREATED",
+	cmd := listCmd(g, &cobra.Command{Use: "ls", Aliases: []string{"list"}, Short: "List templates",
+		Long: `List the server's templates. SIZE is the template's files; IMAGE its block
+image (what nodes read on demand), and UNIQUE the part of that image no other
+template's image shares in the store: what deleting the template frees. The
+last line sums the images, and what the store keeps of them, shared chunks
+once.`},
+		(*client.Client).ListTemplates, "ID\tALIASES\tCPU\tMEMORY\tDISK\tSIZE\tIMAGE\tUNIQUE\tCREATED",
 		func(t client.Template) string {
 			aliases := strings.Join(t.Aliases, ",")
 			if aliases == "" {
@@ -66,9 +71,32 @@ func newTemplateListCmd(g *globals) *cobra.Command {
 			if !t.CreatedAt.IsZero() {
 				created = t.CreatedAt.Local().Format(time.DateTime)
 			}
-			return fmt.Sprintf("%s\t%s\t%d\t%dMiB\t%dMiB\t%s\t%s", t.TemplateID, aliases, t.CPUCount, t.MemoryMB, t.DiskSizeMB,
-				formatBytes(t.SizeBytes), created)
+			image, unique := "-", "-"
+			if t.ImageBytes > 0 {
+				image, unique = formatBytes(t.ImageBytes), formatBytes(t.UniqueBytes)
+			}
+			return fmt.Sprintf("%s\t%s\t%d\t%dMiB\t%dMiB\t%s\t%s\t%s\t%s", t.TemplateID, aliases, t.CPUCount, t.MemoryMB, t.DiskSizeMB,
+				formatBytes(t.SizeBytes), image, unique, created)
 		})
+	list := cmd.RunE
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		if err := list(cmd, args); err != nil {
+			return err
+		}
+		if out, _ := cmd.Flags().GetString("output"); out == "json" {
+			return nil
+		}
+		c, err := g.client()
+		if err != nil {
+			return err
+		}
+		// Older servers have no usage: the table stands alone.
+		if u, err := c.TemplateUsage(cmd.Context()); err == nil && u.ImageBytes > 0 {
+			fmt.Fprintf(cmd.OutOrStdout(), "block images: %s; in the store, deduplicated: %s\n", formatBytes(u.ImageBytes), formatBytes(u.StoredBytes))
+		}
+		return nil
+	}
+	return cmd
 }
 
 func newTemplateRemoveCmd(g *globals) *cobra.Command {

@@ -21,6 +21,27 @@ type Template struct {
 	UpdatedAt  time.Time `json:"updatedAt"`
 	// SizeBytes is the disk space the template's files take.
 	SizeBytes int64 `json:"sizeBytes"`
+	// ImageBytes is its block image's size; UniqueBytes the part of it no
+	// other template's image shares in the store.
+	ImageBytes  int64 `json:"imageBytes,omitempty"`
+	UniqueBytes int64 `json:"uniqueBytes,omitempty"`
+}
+
+// TemplateUsage is what the templates' block images take.
+type TemplateUsage struct {
+	// ImageBytes is the sum of the images' sizes; StoredBytes what the
+	// store keeps of them, each shared chunk once.
+	ImageBytes  int64 `json:"imageBytes"`
+	StoredBytes int64 `json:"storedBytes"`
+}
+
+// TemplateUsage asks what the templates' block images take in the store.
+func (c *Client) TemplateUsage(ctx context.Context) (*TemplateUsage, error) {
+	var u TemplateUsage
+	if err := c.do(ctx, "GET", "/templates/usage", nil, &u); err != nil {
+		return nil, err
+	}
+	return &u, nil
 }
 
 // ListTemplates returns the server's templates.

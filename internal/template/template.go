@@ -97,6 +97,8 @@ type Store struct {
 	fetching singleflight.Group
 	log      *slog.Logger
 
+	usage usageCache
+
 	mu sync.Mutex
 	// baseSize and baseTime describe the base tree, measured once.
 	baseMeasured bool

@@ -1,0 +1,67 @@
+package template
+
+import (
+	"context"
+	"crypto/rand"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/aenvhq/aenv/internal/store"
+	"github.com/aenvhq/aenv/internal/testutil"
+)
+
+// TestUsageDeduplicates: two templates whose trees share a large file are
+// two images, but the store keeps the shared part once; each template's
+// unique bytes are what only its image has.
+func TestUsageDeduplicates(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequireBinary(t, "mkfs.erofs", "")
+	dir := t.TempDir()
+	backend, err := store.NewLocal(filepath.Join(dir, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	remote, _ := store.New(store.Options{Backend: backend})
+	images, _ := store.New(store.Options{Backend: backend, ChunkSize: 1 << 20})
+	s, err := NewStore(StoreOptions{Dir: filepath.Join(dir, "templates"), Remote: remote, Images: images})
+	if err != nil {
+		t.Fatal(err)
+	}
+	shared := make([]byte, 16<<20)
+	rand.Read(shared)
+	for _, id := range []string{"one", "two"} {
+		st, err := s.NewStage(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		own := make([]byte, 4<<20)
+		rand.Read(own)
+		for name, data := range map[string][]byte{"shared": shared, id: own} {
+			if err := os.WriteFile(filepath.Join(st.RootFS(), name), data, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := st.Commit(&Template{ID: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	u, err := s.Usage(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("images %d bytes, stored %d, unique %v", u.ImageBytes, u.StoredBytes, u.Templates)
+	if u.ImageBytes < 40<<20 || u.StoredBytes > u.ImageBytes-12<<20 {
+		t.Fatalf("two images sharing 16 MiB: %d bytes as images, %d stored: not deduplicated", u.ImageBytes, u.StoredBytes)
+	}
+	for _, id := range []string{"one", "two"} {
+		if n := u.Templates[id]; n < 4<<20 || n > 8<<20 {
+			t.Fatalf("template %s's unique bytes: %d, want its own 4 MiB (and its metadata)", id, n)
+		}
+	}
+	// The images hold the files.
+	one, _ := s.GetLocal("one")
+	if one.BlockImage == "" || one.ImageFile == "" {
+		t.Fatalf("a committed template without its block image: %+v", one)
+	}
+}
