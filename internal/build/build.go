@@ -264,6 +264,11 @@ func prepareRoot(ctx context.Context, stage *template.Stage, from string, kind F
 	var cfg template.ImageConfig
 	if kind == FromAuto || kind == FromTemplate {
 		t, err := opts.Store.Get(from)
+		if err == nil && t.Remote {
+			// Published by another host: its files come from the store.
+			fmt.Fprintf(opts.Log, "fetching template %s from the store\n", t.ID)
+			t, err = opts.Store.Fetch(ctx, from)
+		}
 		switch {
 		case err == nil:
 			fmt.Fprintf(opts.Log, "copying template %s\n", t.ID)

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 
 	"github.com/aenvhq/aenv/internal/store"
@@ -63,5 +64,60 @@ func TestUsageDeduplicates(t *testing.T) {
 	one, _ := s.GetLocal("one")
 	if one.BlockImage == "" || one.ImageFile == "" {
 		t.Fatalf("a committed template without its block image: %+v", one)
+	}
+}
+
+// TestFetchFromImage: a host without a template's files (a build starting
+// from it) fetches them from its block image in the store: the same
+// files, modes, owners and links as the tree it was made from (with the
+// image's empty mount points, which sandboxes get bound over anyway).
+func TestFetchFromImage(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequireBinary(t, "mkfs.erofs", "")
+	dir := t.TempDir()
+	backend, err := store.NewLocal(filepath.Join(dir, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	open := func(name string) *Store {
+		remote, _ := store.New(store.Options{Backend: backend})
+		images, _ := store.New(store.Options{Backend: backend, ChunkSize: 1 << 20})
+		s, err := NewStore(StoreOptions{Dir: filepath.Join(dir, name), Remote: remote, Images: images})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	a, b := open("a"), open("b")
+	st, err := a.NewStage("shipped")
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := st.RootFS()
+	os.MkdirAll(filepath.Join(root, "etc"), 0o755)
+	os.WriteFile(filepath.Join(root, "etc", "conf"), []byte("setting=1\n"), 0o640)
+	os.Chown(filepath.Join(root, "etc", "conf"), 1000, 1000)
+	os.Symlink("conf", filepath.Join(root, "etc", "link"))
+	if err := st.Commit(&Template{ID: "shipped"}); err != nil {
+		t.Fatal(err)
+	}
+	remote, err := b.Get("shipped")
+	if err != nil || !remote.Remote || remote.BlockImage == "" {
+		t.Fatalf("the other host's view: %+v %v", remote, err)
+	}
+	got, err := b.Fetch(context.Background(), "shipped")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(filepath.Join(got.RootFS, "etc", "conf"))
+	fi, _ := os.Lstat(filepath.Join(got.RootFS, "etc", "conf"))
+	if err != nil || string(data) != "setting=1\n" || fi.Mode().Perm() != 0o640 || fi.Sys().(*syscall.Stat_t).Uid != 1000 {
+		t.Fatalf("fetched file: %q %v %v", data, fi.Mode(), err)
+	}
+	if l, err := os.Readlink(filepath.Join(got.RootFS, "etc", "link")); err != nil || l != "conf" {
+		t.Fatalf("fetched symlink: %q %v", l, err)
+	}
+	if got.ImageFile == "" {
+		t.Fatal("the fetched template does not keep its image")
 	}
 }
