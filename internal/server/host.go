@@ -223,7 +223,7 @@ func (h *host) close(ctx context.Context, stop cluster.StopMode) error {
 	}
 	// With no sandbox left the image server has nothing to serve; else it
 	// serves them on for the next process.
-	if h.imageServer != nil && kept == 0 && stop == cluster.StopKill {
+	if h.imageServer != nil && kept == 0 {
 		if err := h.imageServer.Stop(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("stopping the image server: %w", err))
 		}
