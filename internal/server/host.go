@@ -240,11 +240,9 @@ func openRemote(ctx context.Context, cfg Config, log *slog.Logger) (*store.Store
 	if cfg.StoreURL == "" {
 		return nil, nil
 	}
-	backend, err := store.Open(ctx, cfg.StoreURL, store.OpenOptions{
-		AccessKeyID: cfg.StoreAccessKey, SecretAccessKey: cfg.StoreSecretKey,
-	})
+	backend, err := openBackend(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("opening the store: %w", err)
+		return nil, err
 	}
 	remote, err := store.New(store.Options{
 		Backend:  backend,
@@ -259,6 +257,17 @@ func openRemote(ctx context.Context, cfg Config, log *slog.Logger) (*store.Store
 	}
 	log.Info("snapshots and templates are stored durably", "store", backend.String())
 	return remote, nil
+}
+
+// openBackend opens the backend of Config.StoreURL.
+func openBackend(ctx context.Context, cfg Config) (store.Backend, error) {
+	backend, err := store.Open(ctx, cfg.StoreURL, store.OpenOptions{
+		AccessKeyID: cfg.StoreAccessKey, SecretAccessKey: cfg.StoreSecretKey,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("opening the store: %w", err)
+	}
+	return backend, nil
 }
 
 // openTemplates opens the templates of this data directory, published to

@@ -35,11 +35,9 @@ func openImageStore(ctx context.Context, cfg Config) (*store.Store, error) {
 	if cfg.StoreURL == "" {
 		return nil, nil
 	}
-	backend, err := store.Open(ctx, cfg.StoreURL, store.OpenOptions{
-		AccessKeyID: cfg.StoreAccessKey, SecretAccessKey: cfg.StoreSecretKey,
-	})
+	backend, err := openBackend(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("opening the image store: %w", err)
+		return nil, err
 	}
 	return store.New(store.Options{Backend: backend, ChunkSize: imageChunkSize})
 }

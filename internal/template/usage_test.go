@@ -19,16 +19,7 @@ func TestUsageDeduplicates(t *testing.T) {
 	testutil.RequireRoot(t)
 	testutil.RequireBinary(t, "mkfs.erofs", "")
 	dir := t.TempDir()
-	backend, err := store.NewLocal(filepath.Join(dir, "store"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	remote, _ := store.New(store.Options{Backend: backend})
-	images, _ := store.New(store.Options{Backend: backend, ChunkSize: 1 << 20})
-	s, err := NewStore(StoreOptions{Dir: filepath.Join(dir, "templates"), Remote: remote, Images: images})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := storeOver(t, dir, "templates")
 	shared := make([]byte, 16<<20)
 	rand.Read(shared)
 	for _, id := range []string{"one", "two"} {
@@ -75,20 +66,7 @@ func TestFetchFromImage(t *testing.T) {
 	testutil.RequireRoot(t)
 	testutil.RequireBinary(t, "mkfs.erofs", "")
 	dir := t.TempDir()
-	backend, err := store.NewLocal(filepath.Join(dir, "store"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	open := func(name string) *Store {
-		remote, _ := store.New(store.Options{Backend: backend})
-		images, _ := store.New(store.Options{Backend: backend, ChunkSize: 1 << 20})
-		s, err := NewStore(StoreOptions{Dir: filepath.Join(dir, name), Remote: remote, Images: images})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
-	a, b := open("a"), open("b")
+	a, b := storeOver(t, dir, "a"), storeOver(t, dir, "b")
 	st, err := a.NewStage("shipped")
 	if err != nil {
 		t.Fatal(err)
@@ -120,4 +98,21 @@ func TestFetchFromImage(t *testing.T) {
 	if got.ImageFile == "" {
 		t.Fatal("the fetched template does not keep its image")
 	}
+}
+
+// storeOver opens a template store in dir/name publishing to the store
+// in dir/store, as a host of a cluster does.
+func storeOver(t *testing.T, dir, name string) *Store {
+	t.Helper()
+	backend, err := store.NewLocal(filepath.Join(dir, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	remote, _ := store.New(store.Options{Backend: backend})
+	images, _ := store.New(store.Options{Backend: backend, ChunkSize: 1 << 20})
+	s, err := NewStore(StoreOptions{Dir: filepath.Join(dir, name), Remote: remote, Images: images})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
