@@ -84,6 +84,7 @@ type Server struct {
 	images  map[string]*served
 	holders map[string]string // holder → image
 	closed  bool
+	seq     int
 	// released keeps, by template, the figures of images unmounted
 	// since: counters must not go down.
 	released map[string]imageCounters
@@ -95,6 +96,9 @@ type Server struct {
 // served is one image mounted (or being mounted) on this node.
 type served struct {
 	src Source
+	// dir holds its mounts: a directory of its own, so that a mount
+	// being released never meets the next mount of the same image.
+	dir string
 	// ready is closed once the mount is done, err saying how it went.
 	ready chan struct{}
 	err   error
@@ -165,7 +169,9 @@ func (s *Server) Acquire(ctx context.Context, src Source, holder string) (string
 	}
 	img, ok := s.images[src.Image]
 	if !ok {
-		img = &served{src: src, ready: make(chan struct{}), holders: map[string]struct{}{}, started: time.Now()}
+		s.seq++
+		img = &served{src: src, dir: filepath.Join(s.cfg.WorkDir, fmt.Sprintf("%s.%d", src.Image, s.seq)),
+			ready: make(chan struct{}), holders: map[string]struct{}{}, started: time.Now()}
 		s.images[src.Image] = img
 		go s.mount(img)
 	}
@@ -200,7 +206,7 @@ func (s *Server) mount(img *served) {
 	defer close(img.ready)
 	ctx, cancel := context.WithTimeout(context.Background(), mountTimeout)
 	defer cancel()
-	dir := filepath.Join(s.cfg.WorkDir, img.src.Image)
+	dir := img.dir
 	log := s.log.With("image", img.src.Image, "template_id", img.src.Template)
 	start := time.Now()
 	var how string
@@ -376,7 +382,7 @@ func (s *Server) unmount(img *served, why string) {
 	if img.lazy != nil {
 		img.lazy.Close()
 	}
-	os.RemoveAll(filepath.Join(s.cfg.WorkDir, img.src.Image))
+	os.RemoveAll(img.dir)
 	if err != nil {
 		s.log.Error("releasing image", "image", img.src.Image, "template_id", img.src.Template, "err", err)
 		return
