@@ -91,6 +91,8 @@ type Server struct {
 
 	stop chan struct{}
 	done chan struct{}
+	// traces counts prefetch lists being recorded, which Close waits for.
+	traces sync.WaitGroup
 }
 
 // served is one image mounted (or being mounted) on this node.
@@ -229,6 +231,7 @@ func (s *Server) mount(img *served) {
 			prefetched := s.prefetch(ctx, img, log)
 			img.mounted, img.err = Mount(dir, img.lazy, log)
 			if img.err == nil && !prefetched {
+				s.traces.Add(1)
 				go s.recordTrace(img, log)
 			}
 		}
@@ -284,10 +287,11 @@ func (s *Server) prefetch(ctx context.Context, img *served, log *slog.Logger) bo
 // recordTrace stores, once TraceWindow has passed, which chunks img's
 // first start read: the next cold start on any node fetches them first.
 func (s *Server) recordTrace(img *served, log *slog.Logger) {
+	defer s.traces.Done()
+	// A server stopping sooner records what was read so far.
 	select {
 	case <-time.After(s.cfg.TraceWindow):
 	case <-s.stop:
-		return
 	}
 	chunks := img.lazy.Trace()
 	meta, _ := json.Marshal(traceRecord{Chunks: chunks})
@@ -459,5 +463,7 @@ func (s *Server) Close() error {
 			s.unmount(img, "image server stopping")
 		}
 	}
+	// Every mount is done, so every recording has begun.
+	s.traces.Wait()
 	return nil
 }

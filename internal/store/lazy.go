@@ -44,6 +44,8 @@ type LazyFile struct {
 	traceMu sync.Mutex
 	trace   []int
 	traced  map[int]bool
+	// prev is the chunk the last read wanted.
+	prev int
 }
 
 type fetchCall struct {
@@ -66,7 +68,7 @@ func (s *Store) OpenLazy(ctx context.Context, id, name string) (*LazyFile, error
 		return nil, fmt.Errorf("opening %s of %s: %w", name, id, ErrNoFile)
 	}
 	f := &LazyFile{s: s, id: id, chunks: fe.Chunks, offsets: make([]int64, len(fe.Chunks)+1), inflight: map[int]*fetchCall{},
-		recent: map[int][]byte{}, traced: map[int]bool{}}
+		recent: map[int][]byte{}, traced: map[int]bool{}, prev: -2}
 	f.aheadIdle = sync.NewCond(&f.aheadMu)
 	for i, c := range fe.Chunks {
 		f.offsets[i+1] = f.offsets[i] + c.Size
@@ -130,17 +132,23 @@ func (f *LazyFile) ReadAtContext(ctx context.Context, p []byte, off int64) (int,
 const recentChunks = 64
 
 // chunk returns chunk i, one fetch at a time per chunk however many
-// readers want it, and starts fetching the next one (reads of an image
-// go forward more often than not).
+// readers want it, and starts fetching the next one when reads go forward.
 func (f *LazyFile) chunk(ctx context.Context, i int) ([]byte, error) {
 	f.traceMu.Lock()
 	if !f.traced[i] {
 		f.traced[i] = true
 		f.trace = append(f.trace, i)
 	}
+	// Only a read that follows the previous one reads ahead: a file
+	// system's reads jump around, and fetching the next chunk after each
+	// jump would double what a start fetches.
+	sequential := i == f.prev+1
+	if i != f.prev {
+		f.prev = i
+	}
 	f.traceMu.Unlock()
 	data, err := f.load(ctx, i)
-	if err == nil && i+1 < len(f.chunks) {
+	if err == nil && sequential && i+1 < len(f.chunks) {
 		f.mu.Lock()
 		_, have := f.recent[i+1]
 		_, busy := f.inflight[i+1]
