@@ -35,7 +35,12 @@ func Build(ctx context.Context, root, out string) error {
 		return fmt.Errorf("building a block image: mkfs.erofs not installed (apt-get install erofs-utils): %w", err)
 	}
 	tmp := out + ".building"
-	cmd := exec.CommandContext(ctx, "mkfs.erofs", "--quiet", tmp, root)
+	// noinline_data keeps every file's data in whole blocks of its own,
+	// apart from the metadata: two images sharing files then share those
+	// blocks byte for byte, which the store's content-defined chunks
+	// find (measured on two templates built on base: 272 MiB stored for
+	// both against 328 MiB with tails packed into the metadata).
+	cmd := exec.CommandContext(ctx, "mkfs.erofs", "--quiet", "-Enoinline_data", tmp, root)
 	if b, err := cmd.CombinedOutput(); err != nil {
 		os.Remove(tmp)
 		return fmt.Errorf("building a block image of %s: %w: %s", root, err, strings.TrimSpace(string(b)))

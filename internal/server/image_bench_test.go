@@ -233,7 +233,7 @@ func publishTree(b *testing.B, ctx context.Context, dir, root, url string, keys 
 	must(b, err)
 	remote, err := store.New(store.Options{Backend: backend})
 	must(b, err)
-	images, err := store.New(store.Options{Backend: backend, ChunkSize: imageChunkSize})
+	images, err := store.New(imageStoreOptions(backend))
 	must(b, err)
 	ts, err := template.NewStore(template.StoreOptions{Dir: filepath.Join(dir, "templates"), Remote: remote, Images: images})
 	must(b, err)

@@ -51,7 +51,7 @@ func publishBaseCopy(t *testing.T, dir, id string) {
 	remote, err := store.New(store.Options{Backend: backend})
 	must(t, err)
 	defer remote.Close()
-	images, err := store.New(store.Options{Backend: backend, ChunkSize: imageChunkSize})
+	images, err := store.New(imageStoreOptions(backend))
 	must(t, err)
 	defer images.Close()
 	ts, err := template.NewStore(template.StoreOptions{Dir: filepath.Join(t.TempDir(), "templates"), Remote: remote, Images: images})
