@@ -581,3 +581,34 @@ func TestServerPrefetch(t *testing.T) {
 		}
 	})
 }
+
+// TestServeStopsWhenSocketGone: an image server whose socket was removed
+// (its run directory deleted) stops instead of lingering unreachable.
+func TestServeStopsWhenSocketGone(t *testing.T) {
+	dir := t.TempDir()
+	s, err := NewServer(ServerConfig{WorkDir: filepath.Join(dir, "mounts")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	socket := filepath.Join(dir, "server.sock")
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(context.Background(), socket) }()
+	c := NewClient(socket)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if _, err := c.Info(context.Background()); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the image server did not answer")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	must(t, os.Remove(socket))
+	select {
+	case err := <-done:
+		must(t, err)
+	case <-time.After(3 * socketGoneEvery):
+		t.Fatal("the image server outlived its socket")
+	}
+}

@@ -81,9 +81,14 @@ func (s *Server) Serve(ctx context.Context, socket string) error {
 	srv := &http.Server{Handler: s.handler(shutdown), ReadHeaderTimeout: 10 * time.Second}
 	go srv.Serve(l)
 	s.log.Info("image server listening", "socket", socket, "pid", os.Getpid())
+	gone := socketGone(ctx, socket)
 	select {
 	case <-ctx.Done():
 	case <-shutdown:
+	case <-gone:
+		// Its run directory was removed (an uninstall, a test's
+		// cleanup): no node can reach it any more.
+		s.log.Warn("image server socket gone; stopping", "socket", socket)
 	}
 	// Unmounted first, answering meanwhile: a node waiting for the stop
 	// (Client.Stop) sees the socket go only once the mounts are gone.
@@ -93,6 +98,37 @@ func (s *Server) Serve(ctx context.Context, socket string) error {
 	srv.Shutdown(sctx)
 	s.log.Info("image server stopped")
 	return nil
+}
+
+// socketGoneEvery is how often the image server checks its socket is
+// still its own.
+const socketGoneEvery = 5 * time.Second
+
+// socketGone is closed once socket no longer names the socket the
+// server listens on (removed, or replaced by another server's).
+func socketGone(ctx context.Context, socket string) <-chan struct{} {
+	gone := make(chan struct{})
+	first, err := os.Stat(socket)
+	if err != nil {
+		close(gone)
+		return gone
+	}
+	go func() {
+		t := time.NewTicker(socketGoneEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			if fi, err := os.Stat(socket); err != nil || !os.SameFile(first, fi) {
+				close(gone)
+				return
+			}
+		}
+	}()
+	return gone
 }
 
 func (s *Server) handler(shutdown chan<- struct{}) http.Handler {

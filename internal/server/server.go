@@ -564,6 +564,16 @@ func Cleanup(ctx context.Context, cfg Config) error {
 	if err := netns.Reap(ctx, netCfg); err != nil {
 		return fmt.Errorf("cleaning up: %w", err)
 	}
+	// No server holds the run directory: once its sandboxes are gone
+	// (below), so goes the image server serving their roots, and what a
+	// killed one left mounted, whatever else fails.
+	images := filepath.Join(cfg.RunDir, "images")
+	defer func() {
+		if err := blockimage.NewClient(filepath.Join(images, "server.sock")).Stop(ctx); err != nil {
+			cfg.Logger.Warn("stopping the image server", "err", err)
+		}
+		blockimage.Sweep(filepath.Join(images, "mounts"), cfg.Logger)
+	}()
 	// Without PidsTotal: cleaning up must not set the host's limits.
 	driver, err := gvisor.New(gvisorConfig(cfg, cfg.Logger))
 	if err != nil {
@@ -576,11 +586,6 @@ func Cleanup(ctx context.Context, cfg Config) error {
 		errs = append(errs, node.ReleaseOverlay(overlays, e.Name()))
 	}
 	errs = append(errs, os.RemoveAll(filepath.Join(cfg.RunDir, "node")))
-	// The sandboxes are gone: so goes the image server serving their
-	// roots, and what a killed one left mounted.
-	images := filepath.Join(cfg.RunDir, "images")
-	errs = append(errs, blockimage.NewClient(filepath.Join(images, "server.sock")).Stop(ctx))
-	blockimage.Sweep(filepath.Join(images, "mounts"), cfg.Logger)
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("cleaning up: %w", err)
 	}
