@@ -109,8 +109,7 @@ type served struct {
 	mounted *Mounted
 	holders map[string]struct{}
 	// idle is when the last holder let go (zero while held).
-	idle    time.Time
-	started time.Time
+	idle time.Time
 }
 
 type imageCounters struct {
@@ -173,7 +172,7 @@ func (s *Server) Acquire(ctx context.Context, src Source, holder string) (string
 	if !ok {
 		s.seq++
 		img = &served{src: src, dir: filepath.Join(s.cfg.WorkDir, fmt.Sprintf("%s.%d", src.Image, s.seq)),
-			ready: make(chan struct{}), holders: map[string]struct{}{}, started: time.Now()}
+			ready: make(chan struct{}), holders: map[string]struct{}{}}
 		s.images[src.Image] = img
 		go s.mount(img)
 	}
