@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"time"
 )
 
@@ -49,15 +48,10 @@ type gcState struct {
 
 func (s *Store) readGCState(ctx context.Context) (gcState, error) {
 	var st gcState
-	r, err := s.b.Get(ctx, gcStateKey)
+	b, err := getAll(ctx, s.b, gcStateKey, 4096)
 	if errors.Is(err, ErrNotFound) {
 		return st, nil
 	}
-	if err != nil {
-		return st, err
-	}
-	defer r.Close()
-	b, err := io.ReadAll(io.LimitReader(r, 4096))
 	if err != nil {
 		return st, err
 	}
