@@ -47,10 +47,7 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, err.Error())
 		return
 	}
-	usage, err := s.cfg.Templates.Usage(r.Context())
-	if err != nil {
-		s.log.Warn("measuring the templates' images", "err", err)
-	}
+	usage := s.cfg.Templates.UsageOf(r.Context(), ts)
 	out := make([]templateJSON, 0, len(ts))
 	for _, t := range ts {
 		j := toTemplateJSON(t)

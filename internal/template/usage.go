@@ -36,20 +36,34 @@ type usageCache struct {
 }
 
 // Usage reports what the templates' block images take (cached for
-// usageTTL). Without a store each image is kept whole on its host.
+// usageTTL: metrics ask often). Without a store each image is kept whole
+// on its host.
 func (s *Store) Usage(ctx context.Context) (Usage, error) {
 	s.usage.mu.Lock()
-	defer s.usage.mu.Unlock()
-	if time.Since(s.usage.at) < usageTTL {
-		return s.usage.last, nil
+	fresh, last := time.Since(s.usage.at) < usageTTL, s.usage.last
+	s.usage.mu.Unlock()
+	if fresh {
+		return last, nil
 	}
 	ts, err := s.List()
 	if err != nil {
 		return Usage{}, err
 	}
-	if s.usage.images == nil {
-		s.usage.images = map[string][]store.ChunkRef{}
-	}
+	u := s.UsageOf(ctx, ts)
+	s.usage.mu.Lock()
+	s.usage.at, s.usage.last = time.Now(), u
+	s.usage.mu.Unlock()
+	return u, nil
+}
+
+// UsageOf is Usage over templates ts, as List returned them (a caller
+// that has listed them already).
+func (s *Store) UsageOf(ctx context.Context, ts []*Template) Usage {
+	s.usage.mu.Lock()
+	defer s.usage.mu.Unlock()
+	// Only the images still listed stay cached.
+	cached := s.usage.images
+	s.usage.images = map[string][]store.ChunkRef{}
 	u := Usage{Templates: map[string]int64{}}
 	owners := map[string]map[string]bool{} // chunk → templates
 	sizes := map[string]int64{}
@@ -64,7 +78,7 @@ func (s *Store) Usage(ctx context.Context) (Usage, error) {
 			u.Templates[t.ID] = t.ImageBytes
 			continue
 		}
-		chunks, ok := s.usage.images[t.BlockImage]
+		chunks, ok := cached[t.BlockImage]
 		if !ok {
 			m, err := s.images.Get(ctx, t.BlockImage)
 			if err != nil {
@@ -73,8 +87,8 @@ func (s *Store) Usage(ctx context.Context) (Usage, error) {
 			for _, f := range m.Files {
 				chunks = append(chunks, f.Chunks...)
 			}
-			s.usage.images[t.BlockImage] = chunks
 		}
+		s.usage.images[t.BlockImage] = chunks
 		for _, c := range chunks {
 			if owners[c.Hash] == nil {
 				owners[c.Hash] = map[string]bool{}
@@ -91,6 +105,5 @@ func (s *Store) Usage(ctx context.Context) (Usage, error) {
 			}
 		}
 	}
-	s.usage.at, s.usage.last = time.Now(), u
-	return u, nil
+	return u
 }
