@@ -250,8 +250,12 @@ func (s *Server) mount(img *served) {
 	log.Info("image mounted", "how", how, "dir", img.mounted.Dir, "took_ms", time.Since(start).Milliseconds())
 }
 
+// TraceSuffix ends the id of an image's stored prefetch list (the
+// image's id, then this): the store's garbage collector tells them apart.
+const TraceSuffix = "-trace"
+
 // traceID names the stored prefetch list of an image.
-func traceID(image string) string { return image + "-trace" }
+func traceID(image string) string { return image + TraceSuffix }
 
 // traceRecord is a stored prefetch list: the image's chunks its first
 // start read, in order.

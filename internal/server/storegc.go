@@ -7,8 +7,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/aenvhq/aenv/internal/blockimage"
 	"github.com/aenvhq/aenv/internal/cluster"
 	"github.com/aenvhq/aenv/internal/store"
+	"github.com/aenvhq/aenv/internal/template"
 )
 
 // The elected server collects the store's garbage: first the block images
@@ -68,9 +70,9 @@ func collectGarbage(ctx context.Context, remote *store.Store, c *cluster.Cluster
 		}
 		json.Unmarshal(m.Meta, &meta)
 		switch {
-		case strings.HasPrefix(m.ID, "image-") && !strings.HasSuffix(m.ID, "-trace"):
+		case strings.HasSuffix(m.ID, blockimage.TraceSuffix):
+		case strings.HasPrefix(m.ID, template.ImagePrefix):
 			images = append(images, m)
-		case strings.HasSuffix(m.ID, "-trace"):
 		default: // a template's description or a snapshot
 			live[meta.BlockImage] = true
 			live[meta.RootImage] = true
@@ -93,12 +95,13 @@ func collectGarbage(ctx context.Context, remote *store.Store, c *cluster.Cluster
 		if err := remote.Delete(ctx, m.ID); err != nil {
 			return err
 		}
+		delete(present, m.ID)
 		deleted++
 		log.Info("block image deleted: no template, snapshot or sandbox uses it", "image", m.ID, "bytes", m.Size)
 	}
 	// Prefetch lists follow their images.
 	for _, m := range ms {
-		if img, ok := strings.CutSuffix(m.ID, "-trace"); ok && strings.HasPrefix(img, "image-") && (!present[img] || (!live[img] && time.Since(m.Created) >= grace)) {
+		if img, ok := strings.CutSuffix(m.ID, blockimage.TraceSuffix); ok && !present[img] {
 			remote.Delete(ctx, m.ID)
 		}
 	}

@@ -110,6 +110,9 @@ func withMountPoints(root, work string, tools []string) (dir string, done func()
 	return merged, done, nil
 }
 
+// ImagePrefix begins every block image's id in the store.
+const ImagePrefix = "image-"
+
 // imageName names an image by its content, so that the same tree
 // published twice is one image and a changed one is a new image.
 func imageName(path string) (string, int64, error) {
@@ -123,7 +126,7 @@ func imageName(path string) (string, int64, error) {
 	if err != nil {
 		return "", 0, fmt.Errorf("hashing block image: %w", err)
 	}
-	return "image-" + hex.EncodeToString(h.Sum(nil))[:32], n, nil
+	return ImagePrefix + hex.EncodeToString(h.Sum(nil))[:32], n, nil
 }
 
 // fetchImage fills root with the tree of t's block image, fetched whole
