@@ -72,10 +72,7 @@ func (h *host) open(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	if h.remote, err = openRemote(ctx, cfg, log); err != nil {
-		return err
-	}
-	if h.images, err = openImageStore(ctx, cfg); err != nil {
+	if h.remote, h.images, err = openRemote(ctx, cfg, log); err != nil {
 		return err
 	}
 	templates, err := openTemplates(cfg, h.remote, h.images, log)
@@ -235,16 +232,17 @@ func (h *host) close(ctx context.Context, stop cluster.StopMode) error {
 }
 
 // openRemote opens the store snapshots and templates are kept in beyond
-// this host (nil without Config.StoreURL).
-func openRemote(ctx context.Context, cfg Config, log *slog.Logger) (*store.Store, error) {
+// this host (nil without Config.StoreURL), and over the same backend the
+// store block images are published to (see imageStoreOptions).
+func openRemote(ctx context.Context, cfg Config, log *slog.Logger) (remote, images *store.Store, err error) {
 	if cfg.StoreURL == "" {
-		return nil, nil
+		return nil, nil, nil
 	}
 	backend, err := openBackend(ctx, cfg)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	remote, err := store.New(store.Options{
+	remote, err = store.New(store.Options{
 		Backend:  backend,
 		CacheDir: filepath.Join(cfg.DataDir, "chunk-cache"),
 		// Pages move around in memory images between snapshots;
@@ -253,10 +251,14 @@ func openRemote(ctx context.Context, cfg Config, log *slog.Logger) (*store.Store
 		Logger:         log,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("opening the store: %w", err)
+		return nil, nil, fmt.Errorf("opening the store: %w", err)
+	}
+	if images, err = store.New(imageStoreOptions(backend)); err != nil {
+		remote.Close()
+		return nil, nil, fmt.Errorf("opening the store: %w", err)
 	}
 	log.Info("snapshots and templates are stored durably", "store", backend.String())
-	return remote, nil
+	return remote, images, nil
 }
 
 // openBackend opens the backend of Config.StoreURL.

@@ -36,19 +36,6 @@ func imageStoreOptions(b store.Backend) store.Options {
 	return store.Options{Backend: b, ChunkSize: 1 << 20, ContentDefined: true}
 }
 
-// openImageStore is the store block images are published to: the
-// cluster's, cut in fixed chunks of imageChunkSize (nil without a store).
-func openImageStore(ctx context.Context, cfg Config) (*store.Store, error) {
-	if cfg.StoreURL == "" {
-		return nil, nil
-	}
-	backend, err := openBackend(ctx, cfg)
-	if err != nil {
-		return nil, err
-	}
-	return store.New(imageStoreOptions(backend))
-}
-
 // openRootFS starts (or takes over) the node's image server and returns
 // the root filesystem provider sandboxes get their template's files from.
 func openRootFS(ctx context.Context, cfg Config, envdPath string, log *slog.Logger) (node.RootFSProvider, *blockimage.Client, error) {

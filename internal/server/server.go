@@ -269,10 +269,7 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 	} else {
 		// A pure API server lists the templates of the store the nodes
 		// share, and pulls templates into it.
-		if s.remote, err = openRemote(ctx, cfg, log); err != nil {
-			return nil, err
-		}
-		if s.images, err = openImageStore(ctx, cfg); err != nil {
+		if s.remote, s.images, err = openRemote(ctx, cfg, log); err != nil {
 			return nil, err
 		}
 		if s.templates, err = openTemplates(cfg, s.remote, s.images, log); err != nil {
