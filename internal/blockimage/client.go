@@ -48,6 +48,9 @@ type StartOptions struct {
 	LogFile string
 }
 
+// errNotRunning means no image server answers on the socket.
+var errNotRunning = errors.New("no image server answers")
+
 // startTimeout bounds waiting for a started image server to answer.
 const startTimeout = 20 * time.Second
 

@@ -3,7 +3,6 @@ package blockimage
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -191,6 +190,3 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.WriteHeader(status)
 	json.NewEncoder(w).Encode(v)
 }
-
-// errNotRunning means no image server answers on the socket.
-var errNotRunning = errors.New("no image server answers")
