@@ -336,7 +336,11 @@ func TestNodeRegistry(t *testing.T) {
 	if _, err := c.SetDraining(ctx, "n1", false); err != nil {
 		t.Fatal(err)
 	}
-	create(t, c, time.Hour)
+	// Placement sees the mark through its watch, a moment later.
+	waitFor(t, func() bool {
+		_, err := c.Create(ctx, CreateRequest{TemplateID: "base", Timeout: time.Hour})
+		return err == nil
+	}, "a create on the undrained node")
 	reg.Stop()
 	if err := DeregisterNode(ctx, st, "n1"); err != nil {
 		t.Fatal(err)
