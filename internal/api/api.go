@@ -93,6 +93,8 @@ type Server struct {
 	mux   *http.ServeMux
 	api   http.Handler // mux behind the rate limit
 	proxy http.Handler // cfg.Proxy behind its rate limit
+	// routeList is every route registered, with who may call it.
+	routeList []route
 }
 
 // New builds the API handler.
@@ -119,61 +121,98 @@ func New(cfg Config) *Server {
 	return s
 }
 
+// access says who may call a route.
+type access int
+
+const (
+	// public routes need no key.
+	public access = iota
+	// team routes need a key and act only on what its team owns (an
+	// admin key's: on anything); each handler checks the resources it
+	// names, and TestRoutesCheckTeams proves it for every team route.
+	team
+	// adminOnly routes need an admin key.
+	adminOnly
+)
+
+// route is one registered route, kept so that tests can enumerate them.
+type route struct {
+	Pattern string
+	Access  access
+}
+
+// handle registers h for pattern behind the access check.
+func (s *Server) handle(pattern string, a access, h http.HandlerFunc) {
+	s.routeList = append(s.routeList, route{Pattern: pattern, Access: a})
+	switch a {
+	case public:
+		s.mux.Handle(pattern, h)
+	case team:
+		s.mux.Handle(pattern, s.auth(h))
+	case adminOnly:
+		s.mux.Handle(pattern, s.admin(h))
+	}
+}
+
 func (s *Server) routes() {
-	m := s.mux
-	m.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
+	s.handle("GET /health", public, func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
 
-	m.Handle("POST /sandboxes", s.auth(s.createSandbox(defaultTimeoutV1)))
-	m.Handle("POST /v2/sandboxes", s.auth(s.createSandbox(defaultTimeoutV2)))
-	m.Handle("GET /sandboxes", s.auth(s.listSandboxesV1))
-	m.Handle("GET /v2/sandboxes", s.auth(s.listSandboxesV2))
-	m.Handle("GET /sandboxes/{id}", s.auth(s.withID(s.getSandbox)))
-	m.Handle("DELETE /sandboxes/{id}", s.auth(s.withID(s.killSandbox)))
-	m.Handle("POST /sandboxes/{id}/timeout", s.auth(s.withID(s.setTimeout)))
-	m.Handle("POST /sandboxes/{id}/refreshes", s.auth(s.withID(s.refresh)))
-	m.Handle("POST /sandboxes/{id}/connect", s.auth(s.withID(s.connect)))
-	m.Handle("POST /v2/sandboxes/{id}/connect", s.auth(s.withID(s.connect)))
-	m.Handle("POST /sandboxes/{id}/resume", s.auth(s.withID(s.connect)))
-	m.Handle("POST /sandboxes/{id}/pause", s.auth(s.withID(s.pause)))
-	m.Handle("PUT /sandboxes/{id}/network", s.auth(s.withID(s.updateNetwork)))
-	m.Handle("GET /sandboxes/{id}/metrics", s.auth(s.withID(s.metrics)))
-	m.Handle("GET /sandboxes/metrics", s.auth(http.HandlerFunc(s.metricsOfMany)))
-	m.Handle("GET /v2/sandboxes/{id}/logs", s.auth(s.withID(s.logsV2)))
+	s.handle("POST /sandboxes", team, s.createSandbox(defaultTimeoutV1))
+	s.handle("POST /v2/sandboxes", team, s.createSandbox(defaultTimeoutV2))
+	s.handle("GET /sandboxes", team, s.listSandboxesV1)
+	s.handle("GET /v2/sandboxes", team, s.listSandboxesV2)
+	s.handle("GET /sandboxes/{id}", team, s.withID(s.getSandbox))
+	s.handle("DELETE /sandboxes/{id}", team, s.withID(s.killSandbox))
+	s.handle("POST /sandboxes/{id}/timeout", team, s.withID(s.setTimeout))
+	s.handle("POST /sandboxes/{id}/refreshes", team, s.withID(s.refresh))
+	s.handle("POST /sandboxes/{id}/connect", team, s.withID(s.connect))
+	s.handle("POST /v2/sandboxes/{id}/connect", team, s.withID(s.connect))
+	s.handle("POST /sandboxes/{id}/resume", team, s.withID(s.connect))
+	s.handle("POST /sandboxes/{id}/pause", team, s.withID(s.pause))
+	s.handle("PUT /sandboxes/{id}/network", team, s.withID(s.updateNetwork))
+	s.handle("GET /sandboxes/{id}/metrics", team, s.withID(s.metrics))
+	s.handle("GET /sandboxes/metrics", team, s.metricsOfMany)
+	s.handle("GET /v2/sandboxes/{id}/logs", team, s.withID(s.logsV2))
 
-	m.Handle("POST /sandboxes/{id}/snapshots", s.auth(s.withID(s.createSnapshot)))
-	m.Handle("POST /sandboxes/{id}/fork", s.auth(s.withID(s.fork)))
-	m.Handle("POST /sandboxes/{id}/migrate", s.auth(s.withID(s.migrate)))
-	m.Handle("GET /snapshots", s.auth(http.HandlerFunc(s.listSnapshots)))
-	m.Handle("GET /snapshots/{snapshotID}", s.auth(http.HandlerFunc(s.getSnapshot)))
-	m.Handle("DELETE /templates/{templateID}", s.auth(http.HandlerFunc(s.deleteTemplate)))
+	s.handle("POST /sandboxes/{id}/snapshots", team, s.withID(s.createSnapshot))
+	s.handle("POST /sandboxes/{id}/fork", team, s.withID(s.fork))
+	s.handle("POST /sandboxes/{id}/migrate", team, s.withID(s.migrate))
+	s.handle("GET /snapshots", team, s.listSnapshots)
+	s.handle("GET /snapshots/{snapshotID}", team, s.getSnapshot)
+	s.handle("DELETE /templates/{templateID}", team, s.deleteTemplate)
 
-	m.Handle("GET /metrics", s.auth(s.metricsHandler().ServeHTTP))
-	m.Handle("GET /nodes", s.auth(http.HandlerFunc(s.listNodes)))
-	m.Handle("GET /nodes/{nodeID}", s.auth(withNodeID(s.getNode)))
-	m.Handle("POST /nodes/{nodeID}/drain", s.admin(withNodeID(s.drainNode)))
-	m.Handle("DELETE /nodes/{nodeID}/drain", s.admin(withNodeID(s.drainNode)))
-	m.Handle("GET /keys", s.admin(s.listKeys))
-	m.Handle("POST /keys", s.admin(s.createKey))
-	m.Handle("DELETE /keys/{keyID}", s.admin(s.revokeKey))
+	s.handle("GET /metrics", adminOnly, s.metricsHandler().ServeHTTP)
+	s.handle("GET /nodes", adminOnly, s.listNodes)
+	s.handle("GET /nodes/{nodeID}", adminOnly, withNodeID(s.getNode))
+	s.handle("POST /nodes/{nodeID}/drain", adminOnly, withNodeID(s.drainNode))
+	s.handle("DELETE /nodes/{nodeID}/drain", adminOnly, withNodeID(s.drainNode))
+	s.handle("GET /keys", adminOnly, s.listKeys)
+	s.handle("POST /keys", adminOnly, s.createKey)
+	s.handle("DELETE /keys/{keyID}", adminOnly, s.revokeKey)
+	s.handle("GET /teams", team, s.listTeams)
+	s.handle("POST /teams", adminOnly, s.createTeam)
+	s.handle("GET /teams/{teamID}", team, s.getTeam)
+	s.handle("PATCH /teams/{teamID}", adminOnly, s.setTeam)
 
-	m.Handle("POST /volumes", s.auth(http.HandlerFunc(s.createVolume)))
-	m.Handle("GET /volumes", s.auth(http.HandlerFunc(s.listVolumes)))
-	m.Handle("GET /volumes/{volumeID}", s.auth(http.HandlerFunc(s.getVolume)))
-	m.Handle("DELETE /volumes/{volumeID}", s.auth(http.HandlerFunc(s.deleteVolume)))
+	s.handle("POST /volumes", team, s.createVolume)
+	s.handle("GET /volumes", team, s.listVolumes)
+	s.handle("GET /volumes/{volumeID}", team, s.getVolume)
+	s.handle("DELETE /volumes/{volumeID}", team, s.deleteVolume)
 
-	m.Handle("GET /templates", s.auth(http.HandlerFunc(s.listTemplates)))
-	m.Handle("GET /templates/usage", s.auth(http.HandlerFunc(s.templateUsage)))
-	m.Handle("POST /templates/pulls", s.auth(http.HandlerFunc(s.pullTemplate)))
-	m.Handle("POST /templates/builds", s.auth(http.HandlerFunc(s.buildTemplate)))
-	m.Handle("GET /templates/aliases/{alias}", s.auth(http.HandlerFunc(s.getTemplateAlias)))
+	s.handle("GET /templates", team, s.listTemplates)
+	s.handle("GET /templates/usage", adminOnly, s.templateUsage)
+	s.handle("PATCH /templates/{templateID}", adminOnly, s.patchTemplate)
+	s.handle("POST /templates/pulls", team, s.pullTemplate)
+	s.handle("POST /templates/builds", team, s.buildTemplate)
+	s.handle("GET /templates/aliases/{alias}", team, s.getTemplateAlias)
 	b := newBuilds(s)
-	m.Handle("POST /v3/templates", s.auth(b.request))
-	m.Handle("POST /v2/templates/{templateID}/builds/{buildID}", s.auth(b.start))
-	m.Handle("GET /templates/{templateID}/builds/{buildID}/status", s.auth(b.status))
-	m.Handle("GET /templates/{templateID}/files/{hash}", s.auth(b.files))
-	m.Handle("PUT /templates/{templateID}/files/{hash}", s.auth(b.upload))
+	s.handle("POST /v3/templates", team, b.request)
+	s.handle("POST /v2/templates/{templateID}/builds/{buildID}", team, b.start)
+	s.handle("GET /templates/{templateID}/builds/{buildID}/status", team, b.status)
+	s.handle("GET /templates/{templateID}/files/{hash}", team, b.files)
+	s.handle("PUT /templates/{templateID}/files/{hash}", team, b.upload)
 
-	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+	s.handle("/", public, func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path))
 	})
 }
@@ -215,7 +254,7 @@ func (s *Server) lookupKey(r *http.Request) (apikeys.Key, bool) {
 		return apikeys.Key{}, false
 	}
 	if s.cfg.APIKey != "" && subtle.ConstantTimeCompare([]byte(key), []byte(s.cfg.APIKey)) == 1 {
-		return apikeys.Key{ID: "server", Name: "server", Admin: true}, true
+		return apikeys.Key{ID: "server", Name: "server", Team: "server", Admin: true}, true
 	}
 	if s.cfg.Keys != nil {
 		return s.cfg.Keys.Lookup(key)
@@ -263,8 +302,9 @@ func requestKey(r *http.Request) string {
 
 var sandboxIDPattern = regexp.MustCompile(`^[a-z0-9]{1,64}$`)
 
-// withID validates the {id} path segment before the handler sees it: ids
-// end up in paths on the node, so anything but [a-z0-9] is refused here.
+// withID validates the {id} path segment before the handler sees it (ids
+// end up in paths on the node, so anything but [a-z0-9] is refused here)
+// and checks that the caller's team owns the sandbox.
 func (s *Server) withID(next func(http.ResponseWriter, *http.Request, string)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		id := r.PathValue("id")
@@ -272,7 +312,9 @@ func (s *Server) withID(next func(http.ResponseWriter, *http.Request, string)) h
 			writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid sandbox id %q: ids match ^[a-z0-9]+$", id))
 			return
 		}
-		next(w, r, id)
+		if s.ownSandbox(w, r, id) {
+			next(w, r, id)
+		}
 	}
 }
 

@@ -47,8 +47,10 @@ func newBuilds(s *Server) *builds {
 // buildRecord is one build and its log.
 type buildRecord struct {
 	templateID, buildID string
-	cpuCount, memoryMB  int
-	names               []string
+	// team owns the build and the template it makes.
+	team               string
+	cpuCount, memoryMB int
+	names              []string
 
 	mu      sync.Mutex
 	status  string
@@ -163,24 +165,21 @@ func (bs *builds) request(w http.ResponseWriter, r *http.Request) {
 	if name == "" {
 		name = "tpl-" + randomHex(8)
 	}
-	if !template.ValidID(name) {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid template name %q: lower-case letters, digits, '.', '_' and '-', at most 63, starting with a letter or digit", name))
+	if err := validTemplateName(name); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	if name == template.BaseID {
-		writeError(w, http.StatusBadRequest, "template name \"base\" is reserved for the built-in base template")
-		return
-	}
+	tpl := newTemplate(r, name)
 	if body.CPUCount < 0 || body.MemoryMB < 0 {
 		writeError(w, http.StatusBadRequest, "cpuCount and memoryMB must not be negative")
 		return
 	}
 	rec := &buildRecord{
-		templateID: name, buildID: randomHex(16), status: buildWaiting,
+		templateID: tpl.ID, team: tpl.Team, buildID: randomHex(16), status: buildWaiting,
 		cpuCount: body.CPUCount, memoryMB: body.MemoryMB, names: []string{name},
 	}
 	bs.mu.Lock()
-	if old := bs.byTemplate[name]; old != nil {
+	if old := bs.byTemplate[tpl.ID]; old != nil {
 		old.mu.Lock()
 		busy := old.status == buildBuilding
 		old.mu.Unlock()
@@ -190,7 +189,7 @@ func (bs *builds) request(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	bs.byTemplate[name] = rec
+	bs.byTemplate[tpl.ID] = rec
 	bs.mu.Unlock()
 	if tags == nil {
 		tags = []string{}
@@ -201,13 +200,27 @@ func (bs *builds) request(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
+// building checks that the {templateID} a files route names is a build
+// the caller's team requested (POST /v3/templates comes first).
+func (bs *builds) building(w http.ResponseWriter, r *http.Request) bool {
+	id := r.PathValue("templateID")
+	bs.mu.Lock()
+	rec := bs.byTemplate[id]
+	bs.mu.Unlock()
+	if rec == nil || !owner(r).Sees(rec.team) {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no build of template %s (request one with POST /v3/templates first)", id))
+		return false
+	}
+	return true
+}
+
 // lookup finds the build a path names.
 func (bs *builds) lookup(w http.ResponseWriter, r *http.Request) *buildRecord {
 	id, buildID := r.PathValue("templateID"), r.PathValue("buildID")
 	bs.mu.Lock()
 	rec := bs.byTemplate[id]
 	bs.mu.Unlock()
-	if rec == nil || rec.buildID != buildID {
+	if rec == nil || rec.buildID != buildID || !owner(r).Sees(rec.team) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("build %s of template %s not found", buildID, id))
 		return nil
 	}
@@ -245,7 +258,7 @@ func (bs *builds) start(w http.ResponseWriter, r *http.Request) {
 	if !decodeBody(w, r, &body) {
 		return
 	}
-	df, err := toDockerfile(body, bs.filesDir())
+	df, err := toDockerfile(body, bs.filesDir(rec.team))
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
@@ -265,7 +278,7 @@ func (bs *builds) start(w http.ResponseWriter, r *http.Request) {
 		Steps: bs.s.cfg.BuildSteps,
 		Store: bs.s.cfg.Templates,
 		Template: template.Template{
-			ID: rec.templateID, CPUCount: rec.cpuCount, MemoryMB: rec.memoryMB,
+			ID: rec.templateID, Team: rec.team, Name: rec.names[0], CPUCount: rec.cpuCount, MemoryMB: rec.memoryMB,
 			StartCmd: body.StartCmd, ReadyCmd: body.ReadyCmd,
 		},
 		Log:    rec,
@@ -415,10 +428,12 @@ var filesHash = regexp.MustCompile(`^[a-zA-Z0-9_-]{1,128}$`)
 // uploadDone marks an upload directory complete.
 const uploadDone = "complete"
 
-// filesDir is where uploaded COPY sources are kept, one directory per
-// hash.
-func (bs *builds) filesDir() string {
-	return filepath.Join(bs.s.cfg.Templates.Dir(), ".build-files")
+// filesDir is where team's uploaded COPY sources are kept, one directory
+// per hash. The hash is the client's word, never checked against the
+// files: a cache per team means an upload can only ever serve its own
+// team's builds.
+func (bs *builds) filesDir(team string) string {
+	return filepath.Join(bs.s.cfg.Templates.Dir(), ".build-files", teamTag(team))
 }
 
 // files answers the SDK's upload-link request, made before a build with
@@ -433,7 +448,10 @@ func (bs *builds) files(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid files hash %q", hash))
 		return
 	}
-	_, err := os.Stat(filepath.Join(bs.filesDir(), hash, uploadDone))
+	if !bs.building(w, r) {
+		return
+	}
+	_, err := os.Stat(filepath.Join(bs.filesDir(callerKey(r).Team), hash, uploadDone))
 	scheme := "http"
 	if r.TLS != nil {
 		scheme = "https"
@@ -459,16 +477,20 @@ func (bs *builds) upload(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid files hash %q", hash))
 		return
 	}
-	final := filepath.Join(bs.filesDir(), hash)
+	if !bs.building(w, r) {
+		return
+	}
+	dir := bs.filesDir(callerKey(r).Team)
+	final := filepath.Join(dir, hash)
 	if _, err := os.Stat(filepath.Join(final, uploadDone)); err == nil {
 		w.WriteHeader(http.StatusOK)
 		return
 	}
-	if err := os.MkdirAll(bs.filesDir(), 0o700); err != nil {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		writeError(w, http.StatusInternalServerError, err.Error())
 		return
 	}
-	tmp := filepath.Join(bs.filesDir(), ".upload-"+randomHex(8))
+	tmp := filepath.Join(dir, ".upload-"+randomHex(8))
 	if err := os.Mkdir(tmp, 0o700); err != nil {
 		writeError(w, http.StatusInternalServerError, err.Error())
 		return

@@ -7,9 +7,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/aenvhq/aenv/internal/api"
@@ -46,11 +48,14 @@ func TestBuildRoutesValidate(t *testing.T) {
 		}
 	}
 	code, out := do("POST", "/v3/templates", map[string]any{"alias": "mine:v2"})
-	if code != 202 || out["templateID"] != "mine" || out["buildID"] == "" {
+	// The template is the key's team's: its id is the name qualified by
+	// the team, its alias the name.
+	tplID, _ := out["templateID"].(string)
+	if code != 202 || !strings.HasPrefix(tplID, "mine.") || out["buildID"] == "" || fmt.Sprint(out["aliases"]) != "[mine]" {
 		t.Fatalf("request: %d %v", code, out)
 	}
 	buildID := out["buildID"].(string)
-	start := "/v2/templates/mine/builds/" + buildID
+	start := "/v2/templates/" + tplID + "/builds/" + buildID
 	for _, body := range []map[string]any{
 		{},
 		{"fromImage": "x", "fromTemplate": "base"},
@@ -64,21 +69,21 @@ func TestBuildRoutesValidate(t *testing.T) {
 			t.Errorf("start %v: %d %v", body, code, out)
 		}
 	}
-	if code, _ := do("POST", "/v2/templates/mine/builds/other", map[string]any{"fromTemplate": "base"}); code != 404 {
+	if code, _ := do("POST", "/v2/templates/"+tplID+"/builds/other", map[string]any{"fromTemplate": "base"}); code != 404 {
 		t.Errorf("unknown build id: %d", code)
 	}
-	code, out = do("GET", "/templates/mine/builds/"+buildID+"/status?logsOffset=5", nil)
+	code, out = do("GET", "/templates/"+tplID+"/builds/"+buildID+"/status?logsOffset=5", nil)
 	if code != 200 || out["status"] != "waiting" || len(out["logEntries"].([]any)) != 0 {
 		t.Fatalf("status: %d %v", code, out)
 	}
-	if code, _ := do("GET", "/templates/mine/builds/"+buildID+"/status?logsOffset=-1", nil); code != 400 {
+	if code, _ := do("GET", "/templates/"+tplID+"/builds/"+buildID+"/status?logsOffset=-1", nil); code != 400 {
 		t.Errorf("negative offset: %d", code)
 	}
-	if code, out := do("GET", "/templates/mine/files/abc", nil); code != 201 || out["present"] != false || out["url"] == "" {
+	if code, out := do("GET", "/templates/"+tplID+"/files/abc", nil); code != 201 || out["present"] != false || out["url"] == "" {
 		t.Errorf("files: %d %v", code, out)
 	}
 	put := func(hash string, tarball []byte) int {
-		req, _ := http.NewRequest("PUT", srv.URL+"/templates/mine/files/"+hash, bytes.NewReader(tarball))
+		req, _ := http.NewRequest("PUT", srv.URL+"/templates/"+tplID+"/files/"+hash, bytes.NewReader(tarball))
 		req.Header.Set("X-API-Key", "k")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
@@ -93,7 +98,7 @@ func TestBuildRoutesValidate(t *testing.T) {
 	if code := put("abc", tarOf(t, "dir/f.txt", "hello")); code != 200 {
 		t.Errorf("upload: %d", code)
 	}
-	if code, out := do("GET", "/templates/mine/files/abc", nil); code != 201 || out["present"] != true {
+	if code, out := do("GET", "/templates/"+tplID+"/files/abc", nil); code != 201 || out["present"] != true {
 		t.Errorf("files after upload: %d %v", code, out)
 	}
 

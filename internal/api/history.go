@@ -180,10 +180,15 @@ func (s *Server) metricsOfMany(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out := map[string]metricJSON{}
+	o := owner(r)
 	for _, id := range ids {
 		if !sandboxIDPattern.MatchString(id) || len(id) > 64 {
 			writeError(w, http.StatusBadRequest, "invalid sandbox id in sandbox_ids: ids match ^[a-z0-9]+$")
 			return
+		}
+		// Another team's sandbox is left out, as one that ended.
+		if sb, err := s.cfg.Cluster.Get(r.Context(), id); err != nil || !o.Sees(sb.TeamID()) {
+			continue
 		}
 		samples, err := s.cfg.Cluster.Metrics(r.Context(), id)
 		if err != nil || len(samples) == 0 {

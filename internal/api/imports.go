@@ -151,13 +151,13 @@ type importParams struct {
 // and insecure; on error it has answered 400.
 func parseImportParams(w http.ResponseWriter, r *http.Request) (importParams, bool) {
 	q := r.URL.Query()
-	p := importParams{tpl: template.Template{
-		ID: q.Get("name"), StartCmd: q.Get("startCmd"), ReadyCmd: q.Get("readyCmd"),
-	}}
-	if !template.ValidID(p.tpl.ID) {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid template name %q: use lower-case letters, digits, '-', '_' and '.'", p.tpl.ID))
-		return p, false
+	if err := validTemplateName(q.Get("name")); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return importParams{}, false
 	}
+	// The template is the caller's team's, under the name it gave.
+	p := importParams{tpl: newTemplate(r, q.Get("name"))}
+	p.tpl.StartCmd, p.tpl.ReadyCmd = q.Get("startCmd"), q.Get("readyCmd")
 	for _, f := range []struct {
 		name string
 		dst  *int

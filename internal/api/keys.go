@@ -2,22 +2,19 @@ package api
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"regexp"
 
 	"github.com/aenvhq/aenv/internal/apikeys"
-	"github.com/aenvhq/aenv/internal/cluster"
 )
-
-// owner is who a request's new sandboxes count against.
-func owner(r *http.Request) cluster.Owner {
-	k := callerKey(r)
-	return cluster.Owner{KeyID: k.ID, MaxSandboxes: k.MaxSandboxes}
-}
 
 // createKeyBody is POST /keys's (an aenv extension).
 type createKeyBody struct {
-	Name         string `json:"name"`
+	Name string `json:"name"`
+	// Team is the team the key joins (made if new); empty gives the key
+	// a team of its own.
+	Team         string `json:"team"`
 	MaxSandboxes int    `json:"maxSandboxes"`
 	Admin        bool   `json:"admin"`
 }
@@ -52,7 +49,11 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request) {
 	if !decodeBody(w, r, &body) {
 		return
 	}
-	key, k, err := s.cfg.Keys.Create(r.Context(), body.Name, body.MaxSandboxes, body.Admin)
+	if body.Team != "" && !apikeys.ValidTeam(body.Team) {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid team %q: 1-40 lowercase letters, digits or '-'", truncate(body.Team)))
+		return
+	}
+	key, k, err := s.cfg.Keys.Create(r.Context(), apikeys.KeyOptions{Name: body.Name, Team: body.Team, MaxSandboxes: body.MaxSandboxes, Admin: body.Admin})
 	if err != nil {
 		s.writeKeyError(w, r, err)
 		return
@@ -89,6 +90,8 @@ func (s *Server) writeKeyError(w http.ResponseWriter, r *http.Request, err error
 		writeError(w, http.StatusBadRequest, err.Error())
 	case errors.Is(err, apikeys.ErrNotFound):
 		writeError(w, http.StatusNotFound, err.Error())
+	case errors.Is(err, apikeys.ErrTeamExists):
+		writeError(w, http.StatusConflict, err.Error())
 	default:
 		s.writeClusterError(w, r, err)
 	}

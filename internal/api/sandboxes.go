@@ -182,8 +182,14 @@ func (s *Server) createSandbox(defaultTimeout time.Duration) http.HandlerFunc {
 		if body.AllowInternetAccess != nil {
 			allowInternet = *body.AllowInternetAccess
 		}
+		from, err := s.resolveCreate(r.Context(), owner(r), body.TemplateID)
+		if err != nil {
+			s.writeClusterError(w, r, err)
+			return
+		}
 		sb, err := s.cfg.Cluster.Create(r.Context(), cluster.CreateRequest{
-			TemplateID:         body.TemplateID,
+			TemplateID:         from,
+			Requested:          body.TemplateID,
 			Timeout:            timeout,
 			Metadata:           body.Metadata,
 			EnvVars:            body.EnvVars,
@@ -389,12 +395,19 @@ func parseLimit(w http.ResponseWriter, q url.Values) (int, bool) {
 	return n, true
 }
 
+// parseListFilter reads a list's filters; a non-admin key lists its own
+// team's sandboxes only, an admin's every team's or those of ?team=.
 func parseListFilter(w http.ResponseWriter, r *http.Request) (cluster.ListFilter, bool) {
 	var f cluster.ListFilter
 	q, err := url.ParseQuery(r.URL.RawQuery)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "malformed query string: "+err.Error())
 		return f, false
+	}
+	if o := owner(r); !o.Admin {
+		f.Teams = []string{o.Team}
+	} else if t := q.Get("team"); t != "" {
+		f.Teams = strings.Split(t, ",")
 	}
 	if md := q.Get("metadata"); md != "" {
 		vals, err := url.ParseQuery(md)

@@ -41,6 +41,21 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request, id strin
 	if !decodeBody(w, r, &body) {
 		return
 	}
+	if body.Name != "" {
+		// A snapshot's name works as a templateID, where the team's
+		// templates come first: one that a template hides is refused.
+		sb, err := s.cfg.Cluster.Get(r.Context(), id)
+		if err != nil {
+			s.writeClusterError(w, r, err)
+			return
+		}
+		if len(body.Name) <= maxTemplateName {
+			if _, err := s.cfg.Templates.Get(teamTemplateID(sb.TeamID(), body.Name)); err == nil {
+				writeError(w, http.StatusConflict, fmt.Sprintf("the team has a template named %q; a snapshot of that name would never be found by it", body.Name))
+				return
+			}
+		}
+	}
 	snap, err := s.cfg.Cluster.Snapshot(r.Context(), id, body.Name)
 	if err != nil {
 		s.writeClusterError(w, r, err)
@@ -51,7 +66,7 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request, id strin
 
 func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	all, err := s.cfg.Cluster.Snapshots(r.Context())
+	all, err := s.cfg.Cluster.Snapshots(r.Context(), owner(r))
 	if err != nil {
 		s.writeClusterError(w, r, err)
 		return
@@ -79,7 +94,7 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("X-Next-Token", out[len(out)-1].SnapshotID)
 			break
 		}
-		out = append(out, toSnapshotJSON(snap))
+		out = append(out, toSnapshotJSON(snap.Snapshot))
 	}
 	writeJSON(w, http.StatusOK, out)
 }
@@ -94,54 +109,68 @@ func contains(list []string, v string) bool {
 }
 
 func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
-	snap, err := s.cfg.Cluster.GetSnapshot(r.Context(), r.PathValue("snapshotID"))
+	snap, err := s.cfg.Cluster.GetSnapshot(r.Context(), owner(r), r.PathValue("snapshotID"))
 	if err != nil {
 		s.writeClusterError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, toSnapshotJSON(snap))
+	writeJSON(w, http.StatusOK, toSnapshotJSON(snap.Snapshot))
 }
 
 // deleteTemplate deletes a snapshot (E2B deletes snapshots through the
-// template route) or a template.
+// template route) or a template of the caller's team. Another team's is
+// not found; a public or built-in one is read-only but for admins.
 func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("templateID")
-	err := s.cfg.Cluster.DeleteSnapshot(r.Context(), id)
-	if errors.Is(err, cluster.ErrNotFound) {
-		// A template's tree is what its sandboxes and snapshots run on.
-		if t, terr := s.cfg.Templates.Get(id); terr == nil && t.ID != template.BaseID {
-			n, uerr := s.cfg.Cluster.TemplateUsers(r.Context(), t.ID)
-			if uerr != nil {
-				s.writeClusterError(w, r, uerr)
-				return
-			}
-			if n > 0 {
-				writeError(w, http.StatusConflict, fmt.Sprintf("template %s is in use by %d sandboxes or snapshots; kill or delete them first", t.ID, n))
-				return
-			}
-		}
-		canonical := id
-		if t, terr := s.cfg.Templates.Get(id); terr == nil {
-			canonical = t.ID
-		}
-		err = s.cfg.Templates.Delete(id)
-		if err == nil {
-			if derr := s.cfg.Cluster.DeleteTemplateSnapshots(r.Context(), canonical); derr != nil {
-				s.log.Warn("deleting the snapshots of a deleted template's service", "template_id", id, "err", derr)
-			}
-		}
-		if errors.Is(err, template.ErrNotFound) {
-			writeError(w, http.StatusNotFound, fmt.Sprintf("no template or snapshot %q", id))
+	o := owner(r)
+	err := s.cfg.Cluster.DeleteSnapshot(r.Context(), o, id)
+	if !errors.Is(err, cluster.ErrNotFound) {
+		if err != nil {
+			s.writeClusterError(w, r, err)
 			return
 		}
-		if errors.Is(err, template.ErrProtected) {
-			writeError(w, http.StatusBadRequest, err.Error())
-			return
-		}
+		w.WriteHeader(http.StatusNoContent)
+		return
 	}
+	t, acc, err := s.findTemplate(r.Context(), o, id)
+	switch {
+	case errors.Is(err, template.ErrNotFound):
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no template or snapshot %q", id))
+		return
+	case err != nil:
+		writeError(w, http.StatusInternalServerError, err.Error())
+		return
+	case t.ID == template.BaseID:
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("deleting template %s: %v", t.ID, template.ErrProtected))
+		return
+	case acc != templateOwned:
+		writeError(w, http.StatusForbidden, fmt.Sprintf("template %s is public or built in: only an admin key may delete it", id))
+		return
+	}
+	// A template's tree is what its sandboxes and snapshots run on.
+	n, err := s.cfg.Cluster.TemplateUsers(r.Context(), t.ID)
 	if err != nil {
 		s.writeClusterError(w, r, err)
 		return
+	}
+	if n > 0 {
+		writeError(w, http.StatusConflict, fmt.Sprintf("template %s is in use by %d sandboxes or snapshots; kill or delete them first", id, n))
+		return
+	}
+	err = s.cfg.Templates.Delete(t.ID)
+	if errors.Is(err, template.ErrProtected) {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	if derr := s.cfg.Cluster.DeleteTemplateSnapshots(r.Context(), t.ID); derr != nil {
+		s.log.Warn("deleting the snapshots of a deleted template's service", "template_id", t.ID, "err", derr)
+	}
+	if derr := s.cfg.Cluster.SetTemplatePublic(r.Context(), t.ID, false); derr != nil {
+		s.log.Warn("dropping a deleted template's public mark", "template_id", t.ID, "err", derr)
 	}
 	w.WriteHeader(http.StatusNoContent)
 }

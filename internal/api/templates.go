@@ -2,9 +2,11 @@ package api
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"time"
 
+	"github.com/aenvhq/aenv/internal/cluster"
 	"github.com/aenvhq/aenv/internal/template"
 )
 
@@ -27,10 +29,16 @@ type templateJSON struct {
 	// store (what deleting it frees).
 	ImageBytes  int64 `json:"imageBytes,omitempty"`
 	UniqueBytes int64 `json:"uniqueBytes,omitempty"`
+	// Team (an aenv extension) owns it; empty for base, the builtins and
+	// templates from before teams, which every team sees.
+	Team string `json:"team,omitempty"`
 }
 
-func toTemplateJSON(t *template.Template) templateJSON {
+func toTemplateJSON(t *template.Template, public map[string]bool) templateJSON {
 	aliases := t.Aliases
+	if t.Name != "" {
+		aliases = []string{t.Name}
+	}
 	if aliases == nil {
 		aliases = []string{}
 	}
@@ -38,23 +46,77 @@ func toTemplateJSON(t *template.Template) templateJSON {
 		TemplateID: t.ID, BuildID: t.ID, Aliases: aliases,
 		CPUCount: t.CPUCount, MemoryMB: t.MemoryMB, DiskSizeMB: t.DiskMB,
 		CreatedAt: t.CreatedAt, UpdatedAt: t.CreatedAt, SizeBytes: t.SizeBytes,
+		Public: t.Team == "" || public[t.ID], Team: t.Team,
 	}
 }
 
+// listTemplates answers GET /templates: the caller's team's templates and
+// those every team sees (an admin's: every team's, or ?team='s).
 func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
-	ts, err := s.cfg.Templates.List()
+	ts, public, err := s.visibleTemplates(r.Context(), owner(r))
 	if err != nil {
-		writeError(w, http.StatusInternalServerError, err.Error())
+		s.writeClusterError(w, r, err)
 		return
+	}
+	if team := r.URL.Query().Get("team"); team != "" {
+		kept := ts[:0]
+		for _, t := range ts {
+			if t.Team == team {
+				kept = append(kept, t)
+			}
+		}
+		ts = kept
 	}
 	usage := s.cfg.Templates.UsageOf(r.Context(), ts)
 	out := make([]templateJSON, 0, len(ts))
 	for _, t := range ts {
-		j := toTemplateJSON(t)
+		j := toTemplateJSON(t, public)
 		j.ImageBytes, j.UniqueBytes = t.ImageBytes, usage.Templates[t.ID]
 		out = append(out, j)
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// patchTemplate answers PATCH /templates/{templateID} {public}: an admin
+// makes a template visible (read-only) to every team, or private again.
+func (s *Server) patchTemplate(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Public *bool `json:"public"`
+	}
+	if !decodeBody(w, r, &body) {
+		return
+	}
+	if body.Public == nil {
+		writeError(w, http.StatusBadRequest, "give public: true or false")
+		return
+	}
+	t, _, err := s.findTemplate(r.Context(), owner(r), r.PathValue("templateID"))
+	if errors.Is(err, template.ErrNotFound) {
+		writeError(w, http.StatusNotFound, "template "+r.PathValue("templateID")+" not found")
+		return
+	}
+	if err != nil {
+		s.writeClusterError(w, r, err)
+		return
+	}
+	if t.Team == "" {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("template %s belongs to no team: every team sees it already", t.ID))
+		return
+	}
+	if *body.Public && t.Name != "" {
+		// A create resolves public templates by name: two of one name
+		// would make which one it gets depend on their age.
+		if other, _, err := s.findTemplate(r.Context(), cluster.Owner{}, t.Name); err == nil && other.ID != t.ID {
+			writeError(w, http.StatusConflict, fmt.Sprintf("a public template named %q exists (%s)", t.Name, other.ID))
+			return
+		}
+	}
+	if err := s.cfg.Cluster.SetTemplatePublic(r.Context(), t.ID, *body.Public); err != nil {
+		s.writeClusterError(w, r, err)
+		return
+	}
+	public, _ := s.cfg.Cluster.PublicTemplates(r.Context())
+	writeJSON(w, http.StatusOK, toTemplateJSON(t, public))
 }
 
 // templateUsage answers GET /templates/usage: what the templates' block
@@ -70,7 +132,7 @@ func (s *Server) templateUsage(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) getTemplateAlias(w http.ResponseWriter, r *http.Request) {
 	alias := r.PathValue("alias")
-	t, err := s.cfg.Templates.Get(alias)
+	t, acc, err := s.findTemplate(r.Context(), owner(r), alias)
 	if errors.Is(err, template.ErrNotFound) {
 		writeError(w, http.StatusNotFound, "template alias "+alias+" not found")
 		return
@@ -79,5 +141,5 @@ func (s *Server) getTemplateAlias(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, err.Error())
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"templateID": t.ID, "public": false})
+	writeJSON(w, http.StatusOK, map[string]any{"templateID": t.ID, "public": acc == templateReadOnly})
 }

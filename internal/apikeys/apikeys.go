@@ -1,9 +1,10 @@
-// Package apikeys keeps the cluster's API keys in the live state store, so
-// that every API server accepts the same keys and a key revoked on one is
-// refused by all of them within milliseconds. Only a key's SHA-256 is
-// stored: the key itself is shown once, when it is created. Each server
-// holds the keys in a cache its watch keeps current, so checking a key
-// costs no round trip.
+// Package apikeys keeps the cluster's API keys and the teams they belong
+// to in the live state store, so that every API server accepts the same
+// keys and a key revoked on one is refused by all of them within
+// milliseconds. Only a key's SHA-256 is stored: the key itself is shown
+// once, when it is created. Each server holds keys and teams in caches its
+// watches keep current, so checking a key costs no round trip. The api
+// package and the server wiring import it.
 package apikeys
 
 import (
@@ -24,12 +25,19 @@ import (
 	"github.com/aenvhq/aenv/internal/state"
 )
 
-const prefix = "apikeys/"
+const (
+	prefix = "apikeys/"
+	// seenPrefix marks the keys a server recorded as its own, so that a
+	// revoked one is not added again at the server's next start.
+	seenPrefix = "apikeys-seen/"
+)
 
 // Errors callers map to statuses.
 var (
 	ErrNotFound = errors.New("API key not found")
 	ErrInvalid  = errors.New("invalid API key request")
+	// ErrRevoked: a server's own key was revoked; it is not added again.
+	ErrRevoked = errors.New("API key was revoked")
 )
 
 // Key is what the cluster knows of an API key.
@@ -38,7 +46,12 @@ type Key struct {
 	Name string `json:"name"`
 	// Hint is the key's first characters, to tell keys apart in lists.
 	Hint string `json:"hint"`
-	// Admin keys may manage keys and nodes as well as sandboxes.
+	// Team owns everything the key makes; a key sees only its team's
+	// resources (admin keys see every team's). Keys from before teams
+	// have none: each is then a team of its own (TeamOf).
+	Team string `json:"team,omitempty"`
+	// Admin keys are the operator's: they manage keys, teams and nodes,
+	// and act across teams.
 	Admin bool `json:"admin,omitempty"`
 	// MaxSandboxes bounds the running sandboxes created with the key
 	// (0: no bound).
@@ -77,23 +90,33 @@ type Store struct {
 
 	mu     sync.RWMutex
 	byHash map[string]Key
+	teams  map[string]Team
 
 	stop context.CancelFunc
-	done chan struct{}
+	done sync.WaitGroup
 }
 
 // Open loads the keys and follows changes to them until Close.
 func Open(ctx context.Context, st state.Store, log *slog.Logger) (*Store, error) {
-	s := &Store{st: st, log: log, byHash: map[string]Key{}, done: make(chan struct{})}
+	s := &Store{st: st, log: log, byHash: map[string]Key{}, teams: map[string]Team{}}
 	rev, err := s.load(ctx)
+	if err != nil {
+		return nil, err
+	}
+	teamRev, err := s.loadTeams(ctx)
 	if err != nil {
 		return nil, err
 	}
 	bg, stop := context.WithCancel(context.WithoutCancel(ctx))
 	s.stop = stop
+	s.done.Add(2)
 	go func() {
-		defer close(s.done)
+		defer s.done.Done()
 		state.Follow(bg, st, prefix, rev, s.load, s.apply, func(err error) { log.Warn("following API keys", "err", err) })
+	}()
+	go func() {
+		defer s.done.Done()
+		state.Follow(bg, st, teamPrefix, teamRev, s.loadTeams, s.applyTeam, func(err error) { log.Warn("following teams", "err", err) })
 	}()
 	return s, nil
 }
@@ -101,7 +124,7 @@ func Open(ctx context.Context, st state.Store, log *slog.Logger) (*Store, error)
 // Close stops following the store.
 func (s *Store) Close() {
 	s.stop()
-	<-s.done
+	s.done.Wait()
 }
 
 func (s *Store) load(ctx context.Context) (int64, error) {
@@ -113,7 +136,7 @@ func (s *Store) load(ctx context.Context) (int64, error) {
 	for _, e := range entries {
 		var k Key
 		if json.Unmarshal(e.Value, &k) == nil && k.SHA256 != "" {
-			m[k.SHA256] = k
+			m[k.SHA256] = withTeam(k)
 		}
 	}
 	s.mu.Lock()
@@ -136,8 +159,17 @@ func (s *Store) apply(ev state.Event) {
 	}
 	var k Key
 	if json.Unmarshal(ev.Entry.Value, &k) == nil && k.SHA256 != "" {
-		s.byHash[k.SHA256] = k
+		s.byHash[k.SHA256] = withTeam(k)
 	}
+}
+
+// withTeam gives a key from before teams the team of its own it has
+// been since: its id, which is also what its records name (keyID).
+func withTeam(k Key) Key {
+	if k.Team == "" {
+		k.Team = k.ID
+	}
+	return k
 }
 
 // Lookup returns the key a client presented, if the cluster has it.
@@ -153,8 +185,10 @@ func (s *Store) Lookup(key string) (Key, bool) {
 }
 
 // Ensure records key (a server's own, from its data directory) as an
-// admin key, if it is not yet: every server of the cluster then accepts
-// it.
+// admin key of a team of its own, if it is not yet: every server of the
+// cluster then accepts it. A key once recorded this way and revoked since
+// is not added again (ErrRevoked): revoking a server's key must hold
+// across that server's restarts.
 func (s *Store) Ensure(ctx context.Context, key, name string) (Key, error) {
 	if !ValidKey(key) {
 		return Key{}, fmt.Errorf("%w: keys look like e2b_<hex>", ErrInvalid)
@@ -162,41 +196,72 @@ func (s *Store) Ensure(ctx context.Context, key, name string) (Key, error) {
 	if k, ok := s.Lookup(key); ok {
 		return k, nil
 	}
-	k, err := s.put(ctx, key, name, 0, true)
-	if !errors.Is(err, state.ErrExists) {
-		return k, err
+	id := idOf(hashOf(key))
+	if _, err := s.st.Create(ctx, seenPrefix+id, []byte(time.Now().UTC().Format(time.RFC3339)), state.WriteOptions{}); errors.Is(err, state.ErrExists) {
+		// Recorded before: either revoked, or another server added it
+		// a moment ago (its watch event is on the way).
+		e, err := s.st.Get(ctx, prefix+id)
+		if errors.Is(err, state.ErrNotFound) {
+			return Key{}, fmt.Errorf("%w: %s (create another with `aenv keys create --admin`, or set a new one in AENV_API_KEY)", ErrRevoked, id)
+		}
+		if err != nil {
+			return Key{}, fmt.Errorf("reading API key %s: %w", id, err)
+		}
+		var k Key
+		if err := json.Unmarshal(e.Value, &k); err != nil {
+			return Key{}, fmt.Errorf("reading API key %s: %w", e.Key, err)
+		}
+		return withTeam(k), nil
+	} else if err != nil {
+		return Key{}, fmt.Errorf("recording API key %s: %w", id, err)
 	}
-	// Another server added it moments ago; its watch event is on the way.
-	e, err := s.st.Get(ctx, prefix+idOf(hashOf(key)))
-	if err != nil {
-		return Key{}, fmt.Errorf("reading API key: %w", err)
+	k, err := s.put(ctx, key, KeyOptions{Name: name, Admin: true, Team: id})
+	if errors.Is(err, state.ErrExists) {
+		// Recorded by a server from before the seen marks.
+		return s.Ensure(ctx, key, name)
 	}
-	if err := json.Unmarshal(e.Value, &k); err != nil {
-		return Key{}, fmt.Errorf("reading API key %s: %w", e.Key, err)
-	}
-	return k, nil
+	return k, err
 }
 
-// Create makes a new key; the key itself is returned this once.
-func (s *Store) Create(ctx context.Context, name string, maxSandboxes int, admin bool) (string, Key, error) {
-	if name == "" || len(name) > 128 {
+// KeyOptions describe a new key.
+type KeyOptions struct {
+	Name string
+	// Team is the team the key belongs to; empty gives it a team of its
+	// own (named by the key's id).
+	Team string
+	// MaxSandboxes bounds the key's own running sandboxes (0: no bound),
+	// within its team's quota.
+	MaxSandboxes int
+	Admin        bool
+}
+
+// Create makes a new key; the key itself is returned this once. A team
+// named by opts that does not exist yet is created.
+func (s *Store) Create(ctx context.Context, opts KeyOptions) (string, Key, error) {
+	if opts.Name == "" || len(opts.Name) > 128 {
 		return "", Key{}, fmt.Errorf("%w: a key's name must be 1 to 128 characters", ErrInvalid)
 	}
-	if maxSandboxes < 0 {
+	if opts.MaxSandboxes < 0 {
 		return "", Key{}, fmt.Errorf("%w: maxSandboxes must not be negative", ErrInvalid)
 	}
 	key := NewKey()
-	k, err := s.put(ctx, key, name, maxSandboxes, admin)
+	if opts.Team == "" {
+		opts.Team = idOf(hashOf(key))
+	}
+	if err := s.ensureTeam(ctx, opts.Team); err != nil {
+		return "", Key{}, err
+	}
+	k, err := s.put(ctx, key, opts)
 	if err != nil {
 		return "", Key{}, err
 	}
-	s.log.Info("API key created", "key_id", k.ID, "name", name, "admin", admin, "max_sandboxes", maxSandboxes)
+	s.log.Info("API key created", "key_id", k.ID, "name", k.Name, "team", k.Team, "admin", k.Admin, "max_sandboxes", k.MaxSandboxes)
 	return key, k, nil
 }
 
-func (s *Store) put(ctx context.Context, key, name string, maxSandboxes int, admin bool) (Key, error) {
+func (s *Store) put(ctx context.Context, key string, opts KeyOptions) (Key, error) {
 	h := hashOf(key)
-	k := Key{ID: idOf(h), Name: name, Hint: key[:8] + "...", Admin: admin, MaxSandboxes: maxSandboxes,
+	k := Key{ID: idOf(h), Name: opts.Name, Hint: key[:8] + "...", Team: opts.Team, Admin: opts.Admin, MaxSandboxes: opts.MaxSandboxes,
 		CreatedAt: time.Now().UTC(), SHA256: h}
 	b, err := json.Marshal(k)
 	if err != nil {

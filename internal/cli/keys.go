@@ -19,8 +19,7 @@ a server's own (<data-dir>/secrets/api-key).`,
 		Args: cobra.ArbitraryArgs,
 		RunE: groupRun,
 	}
-	var maxSandboxes int
-	var admin bool
+	var opts client.KeyOptions
 	create := &cobra.Command{
 		Use:   "create NAME",
 		Short: "Create an API key and print it (it is shown only this once)",
@@ -30,25 +29,26 @@ a server's own (<data-dir>/secrets/api-key).`,
 			if err != nil {
 				return err
 			}
-			k, err := c.CreateKey(cmd.Context(), args[0], maxSandboxes, admin)
+			k, err := c.CreateKey(cmd.Context(), args[0], opts)
 			if err != nil {
 				return err
 			}
 			fmt.Fprintln(cmd.OutOrStdout(), k.Key)
-			fmt.Fprintf(cmd.ErrOrStderr(), "created key %s (%s); store it now: it is not shown again\n", k.ID, k.Name)
+			fmt.Fprintf(cmd.ErrOrStderr(), "created key %s (%s) of team %s; store it now: it is not shown again\n", k.ID, k.Name, k.Team)
 			return nil
 		},
 	}
-	create.Flags().IntVar(&maxSandboxes, "max-sandboxes", 0, "running sandboxes the key may have at once (0: no bound); past it creates get 429")
-	create.Flags().BoolVar(&admin, "admin", false, "let the key manage keys and drain nodes")
+	create.Flags().StringVar(&opts.Team, "team", "", "the team the key joins (made if new); without it the key gets a team of its own")
+	create.Flags().IntVar(&opts.MaxSandboxes, "max-sandboxes", 0, "running sandboxes the key may have at once (0: no bound; its team's quota holds too); past it creates get 429")
+	create.Flags().BoolVar(&opts.Admin, "admin", false, "make it an operator's key: it manages keys, teams and nodes, and acts across teams")
 
 	ls := listCmd(g, &cobra.Command{Use: "ls", Aliases: []string{"list"}, Short: "List API keys"},
-		(*client.Client).Keys, "ID\tNAME\tKEY\tADMIN\tMAX SANDBOXES\tCREATED", func(k client.Key) string {
+		(*client.Client).Keys, "ID\tNAME\tTEAM\tKEY\tADMIN\tMAX SANDBOXES\tCREATED", func(k client.Key) string {
 			limit := "-"
 			if k.MaxSandboxes > 0 {
 				limit = strconv.Itoa(k.MaxSandboxes)
 			}
-			return fmt.Sprintf("%s\t%s\t%s\t%v\t%s\t%s", k.ID, k.Name, k.Hint, k.Admin, limit, k.CreatedAt.Local().Format("2006-01-02 15:04:05"))
+			return fmt.Sprintf("%s\t%s\t%s\t%s\t%v\t%s\t%s", k.ID, k.Name, k.Team, k.Hint, k.Admin, limit, k.CreatedAt.Local().Format("2006-01-02 15:04:05"))
 		})
 
 	revoke := &cobra.Command{

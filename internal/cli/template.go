@@ -50,7 +50,7 @@ aenv-interpreter binary next to envd, not part of DIR.`,
 		},
 	}
 	ci.Flags().StringVar(&mirror, "mirror", "", "Debian mirror (default: the first in this host's apt sources)")
-	cmd.AddCommand(build, ci, newTemplateListCmd(g), newTemplateRemoveCmd(g))
+	cmd.AddCommand(build, ci, newTemplateListCmd(g), newTemplateRemoveCmd(g), newTemplatePublishCmd(g))
 	return cmd
 }
 

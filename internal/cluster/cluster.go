@@ -8,6 +8,7 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -16,6 +17,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/netip"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -46,15 +48,37 @@ var (
 	ErrUnavailable = state.ErrUnavailable
 	// ErrNoCapacity: no node can take the sandbox now; try again later.
 	ErrNoCapacity = errors.New("no capacity")
-	// ErrQuota: the caller's key runs as many sandboxes as it may.
-	ErrQuota = errors.New("sandbox quota reached")
+	// ErrQuota: the caller's key or team has as many sandboxes (or
+	// bytes) as it may.
+	ErrQuota = errors.New("quota reached")
 )
 
-// Owner is the API key a new sandbox counts against.
+// Owner is who a request acts for: the API key, its team (which owns
+// what the request makes) and whether the key is an admin's (which acts
+// across teams).
 type Owner struct {
 	KeyID string
-	// MaxSandboxes bounds the key's running sandboxes (0: no bound).
+	Team  string
+	Admin bool
+	// MaxSandboxes bounds the key's running sandboxes (0: no bound);
+	// its team's quota comes from Config.TeamLimits.
 	MaxSandboxes int
+}
+
+// Sees reports whether o may see and act on what team owns: its own
+// team's, or anything for an admin.
+func (o Owner) Sees(team string) bool { return o.Admin || o.Team == team }
+
+// TeamLimits are a team's bounds the cluster enforces; zero is no bound.
+type TeamLimits struct {
+	// MaxSandboxes bounds the team's running sandboxes, across servers.
+	MaxSandboxes int
+	// MaxPaused bounds the paused sandboxes it keeps.
+	MaxPaused int
+	// MaxVolumeBytes and MaxSnapshotBytes bound the sizes of its volumes
+	// and of its snapshots, in all.
+	MaxVolumeBytes   int64
+	MaxSnapshotBytes int64
 }
 
 // State is a sandbox's lifecycle state as E2B names it.
@@ -110,7 +134,11 @@ type Config struct {
 	// TickInterval is how often the elected server looks for deadlines
 	// that passed; 0 means 250ms.
 	TickInterval time.Duration
-	Logger       *slog.Logger
+	// TeamLimits returns team's quota; nil bounds no team. It is asked
+	// at every create, fork and resume (automatic ones too, which come
+	// with no API key), so it must answer from memory.
+	TeamLimits func(team string) TeamLimits
+	Logger     *slog.Logger
 }
 
 // Sandbox is the control plane's record of a sandbox. Values returned by
@@ -158,6 +186,8 @@ type Sandbox struct {
 	MaskRequestHost string `json:"maskRequestHost,omitempty"`
 	// KeyID is the API key that created it (for the key's quota).
 	KeyID string `json:"keyID,omitempty"`
+	// Team owns it (TeamID says whose a record from before teams is).
+	Team string `json:"team,omitempty"`
 	// Mounts are the volumes it mounts (on its node, which it cannot
 	// leave while it has them).
 	Mounts []VolumeMount `json:"mounts,omitempty"`
@@ -166,10 +196,24 @@ type Sandbox struct {
 	TrafficAccessToken string `json:"trafficAccessToken,omitempty"`
 }
 
+// TeamID is the team that owns the sandbox: its Team, or for a record
+// from before teams, the team of its own its key has had since.
+func (sb *Sandbox) TeamID() string {
+	if sb.Team != "" {
+		return sb.Team
+	}
+	return sb.KeyID
+}
+
 // CreateRequest describes a sandbox to create. EnvVars are handed to the
 // sandbox and never stored: they are the user's secrets.
 type CreateRequest struct {
-	TemplateID    string
+	// TemplateID is what the node starts from: a template's id or a
+	// snapshot's (the api resolves the client's names).
+	TemplateID string
+	// Requested is the name the client asked for, kept as the sandbox's
+	// alias when it differs.
+	Requested     string
 	Timeout       time.Duration
 	Metadata      map[string]string
 	EnvVars       map[string]string
@@ -427,12 +471,22 @@ func (c *Cluster) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 	return sb, err
 }
 
-// withinQuotaCreate is create once the key's quota allows it.
+// withinQuotaCreate is create once the key's and the team's quotas allow
+// it.
 func (c *Cluster) withinQuotaCreate(ctx context.Context, req CreateRequest, id string) (*Sandbox, error) {
 	if err := c.withinQuota(req.Owner, 1); err != nil {
 		return nil, err
 	}
-	return c.create(ctx, req, id)
+	if id == "" {
+		id = ids.New()
+	}
+	done, err := c.reserveRunning(ctx, req.Owner.Team, id)
+	if err != nil {
+		return nil, err
+	}
+	sb, err := c.create(ctx, req, id)
+	done(err == nil)
+	return sb, err
 }
 
 // create is Create once validated, with the sandbox's id chosen (or
@@ -462,9 +516,9 @@ func (c *Cluster) create(ctx context.Context, req CreateRequest, id string) (*Sa
 		return nil, err
 	}
 	return c.register(ctx, n, nsb, registration{
-		requestedTemplate: req.TemplateID, metadata: req.Metadata, timeout: req.Timeout,
+		requestedTemplate: cmp.Or(req.Requested, req.TemplateID), metadata: req.Metadata, timeout: req.Timeout,
 		autoPause: req.AutoPause, autoPauseFilesOnly: req.AutoPauseFilesOnly, autoResume: req.AutoResume, allowInternet: req.AllowInternet, keyID: req.Owner.KeyID,
-		privateTraffic: req.PrivateTraffic, mounts: mounts, network: req.Network,
+		team: req.Owner.Team, privateTraffic: req.PrivateTraffic, mounts: mounts, network: req.Network,
 	})
 }
 
@@ -529,6 +583,7 @@ type registration struct {
 	autoResume         bool
 	allowInternet      bool
 	keyID              string
+	team               string
 	privateTraffic     bool
 	mounts             []VolumeMount
 	network            NetworkRules
@@ -561,6 +616,7 @@ func (c *Cluster) register(ctx context.Context, n nodeapi.Node, nsb *nodev1.Sand
 		Timeout:            reg.timeout,
 		AllowInternet:      reg.allowInternet,
 		KeyID:              reg.keyID,
+		Team:               reg.team,
 		Addr:               addr,
 		Mounts:             reg.mounts,
 		AllowOut:           reg.network.AllowOut,
@@ -645,13 +701,43 @@ func (c *Cluster) Route(ctx context.Context, id string) (Route, error) {
 	return Route{Addr: a, Via: via, TrafficToken: token, MaskRequestHost: mask}, nil
 }
 
-// notFound is the ErrNotFound for id, with the reason it is gone if known.
-func (c *Cluster) notFound(ctx context.Context, id string) error {
-	if why := c.recs.whyGone(ctx, id); why != "" {
-		return fmt.Errorf("%w: %s: %s", ErrNotFound, id, why)
-	}
-	return fmt.Errorf("%w: %s", ErrNotFound, id)
+// GoneError is the ErrNotFound of a sandbox that existed in the last day:
+// why it is gone, if it died, and whose it was (whom the reason, and its
+// logs, may be shown to).
+type GoneError struct {
+	ID     string
+	Reason string
+	Team   string
 }
+
+func (e *GoneError) Error() string {
+	if e.Reason != "" {
+		return fmt.Sprintf("%v: %s: %s", ErrNotFound, e.ID, e.Reason)
+	}
+	return fmt.Sprintf("%v: %s", ErrNotFound, e.ID)
+}
+
+// Unwrap makes a GoneError an ErrNotFound.
+func (e *GoneError) Unwrap() error { return ErrNotFound }
+
+// NotFoundError is the ErrNotFound of an id nobody knows: what the API
+// answers for another team's sandbox too, so that nothing tells the two
+// apart.
+func NotFoundError(id string) error { return fmt.Errorf("%w: %s", ErrNotFound, id) }
+
+// notFound is the ErrNotFound for id, a GoneError if it existed lately.
+func (c *Cluster) notFound(ctx context.Context, id string) error {
+	lctx, cancel := context.WithTimeout(ctx, lookupTimeout)
+	defer cancel()
+	if t, ok := c.recs.whyGone(lctx, id); ok {
+		return &GoneError{ID: id, Reason: t.Reason, Team: t.Team}
+	}
+	return NotFoundError(id)
+}
+
+// lookupTimeout bounds the store reads of a lookup of an id the cache
+// does not have.
+const lookupTimeout = 5 * time.Second
 
 // ListFilter selects sandboxes.
 type ListFilter struct {
@@ -659,6 +745,8 @@ type ListFilter struct {
 	Metadata map[string]string
 	// States, if not empty, must contain the sandbox's state.
 	States []State
+	// Teams, if not empty, must contain the sandbox's team.
+	Teams []string
 }
 
 // List returns the sandboxes matching f, ordered by start time then id.
@@ -689,6 +777,9 @@ func (c *Cluster) Count(f ListFilter) int {
 }
 
 func (f ListFilter) match(sb *Sandbox) bool {
+	if len(f.Teams) > 0 && !slices.Contains(f.Teams, sb.TeamID()) {
+		return false
+	}
 	for k, v := range f.Metadata {
 		if got, ok := sb.Metadata[k]; !ok || got != v {
 			return false

@@ -10,6 +10,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/aenvhq/aenv/internal/ids"
 	"github.com/aenvhq/aenv/internal/nodeapi"
 	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
 	"github.com/aenvhq/aenv/internal/snapshot"
@@ -59,6 +60,11 @@ type PauseOptions struct {
 
 // PauseWith is Pause with options.
 func (c *Cluster) PauseWith(ctx context.Context, id string, opts PauseOptions) error {
+	if cur, _, ok := c.recs.get(id); ok {
+		if err := c.withinPausedQuota(cur.TeamID()); err != nil {
+			return err
+		}
+	}
 	r, err := c.claim(ctx, id, StateRunning, "pause")
 	if err != nil {
 		return err
@@ -133,6 +139,24 @@ func (c *Cluster) ConnectWith(ctx context.Context, id string, d time.Duration, o
 	if err != nil {
 		return nil, false, err
 	}
+	// Claimed first: a reservation of a paused sandbox that no operation
+	// holds would be pruned by the next start.
+	done, err := c.reserveRunning(ctx, r.TeamID(), id)
+	if err != nil {
+		c.release(ctx, id, "resume")
+		return nil, false, err
+	}
+	sb, err = c.resume(ctx, r, d, opts)
+	done(err == nil)
+	if err != nil {
+		return nil, false, err
+	}
+	return sb, true, nil
+}
+
+// resume starts claimed paused sandbox r from its snapshot.
+func (c *Cluster) resume(ctx context.Context, r record, d time.Duration, opts ConnectOptions) (*Sandbox, error) {
+	id := r.ID
 	// Any node whose runtime saved the state may resume it; the one it
 	// was paused on still has the image at hand.
 	p := placement{memoryMB: r.MemoryMB, cpus: r.CPUCount, prefer: r.NodeID}
@@ -152,14 +176,10 @@ func (c *Cluster) ConnectWith(ctx context.Context, id string, d time.Duration, o
 	})
 	if err != nil {
 		c.release(ctx, id, "resume")
-		return nil, false, fmt.Errorf("resuming sandbox %s: %w", id, err)
+		return nil, fmt.Errorf("resuming sandbox %s: %w", id, err)
 	}
 	addr, _ := netip.ParseAddr(nsb.Addr)
-	out, err := c.finishResume(context.WithoutCancel(ctx), n, id, addr, time.Now().UTC().Add(d))
-	if err != nil {
-		return nil, false, err
-	}
-	return out, true, nil
+	return c.finishResume(context.WithoutCancel(ctx), n, id, addr, time.Now().UTC().Add(d))
 }
 
 // finishResume records that paused sandbox id runs again at addr on node
@@ -187,31 +207,6 @@ func (c *Cluster) finishResume(ctx context.Context, n nodeapi.Node, id string, a
 	// Removing a large image takes a while; the caller need not wait.
 	go c.deleteSnapshotQuietly(oldSnap, "consumed pause snapshot")
 	return &r.Sandbox, nil
-}
-
-// Snapshot saves a running sandbox's state as a snapshot usable as a
-// template; the sandbox keeps running.
-func (c *Cluster) Snapshot(ctx context.Context, id, name string) (*snapshot.Snapshot, error) {
-	if name != "" && !snapshot.ValidID(name) {
-		return nil, fmt.Errorf("%w: invalid snapshot name %q", ErrInvalid, name)
-	}
-	r, err := c.claim(ctx, id, StateRunning, "snapshot")
-	if err != nil {
-		return nil, err
-	}
-	defer c.release(ctx, id, "snapshot")
-	var names []string
-	if name != "" {
-		if _, err := c.GetSnapshotAny(ctx, name); err == nil {
-			return nil, fmt.Errorf("%w: a snapshot named %q exists", ErrConflict, name)
-		}
-		names = []string{name}
-	}
-	snap, err := c.snapshotOn(ctx, r.NodeID, &nodev1.SnapshotRequest{SandboxId: id, Kind: string(snapshot.KindSnapshot), Names: names})
-	if err != nil {
-		return nil, err
-	}
-	return nodeapi.SnapshotFromWire(snap), nil
 }
 
 // ForkResult is the outcome for one child of a fork.
@@ -245,6 +240,17 @@ func (c *Cluster) Fork(ctx context.Context, id string, count int, timeout time.D
 		return nil, err
 	}
 	parent := r.Sandbox
+	// The children are the parent's team's, whoever asks (an admin
+	// may), and count against its quota.
+	childIDs := make([]string, count)
+	for i := range childIDs {
+		childIDs[i] = ids.New()
+	}
+	if _, err := c.reserveRunning(ctx, parent.TeamID(), childIDs...); err != nil {
+		c.release(ctx, id, "fork")
+		return nil, err
+	}
+	defer c.releaseUnstarted(ctx, parent.TeamID(), childIDs)
 	snap, err := c.snapshotOn(ctx, r.NodeID, &nodev1.SnapshotRequest{SandboxId: id, Kind: string(snapshot.KindFork)})
 	c.release(ctx, id, "fork")
 	if err != nil {
@@ -270,6 +276,7 @@ func (c *Cluster) Fork(ctx context.Context, id string, count int, timeout time.D
 			sem <- struct{}{}
 			defer func() { <-sem }()
 			nsb, n, err := c.start(ctx, p, &nodev1.CreateRequest{
+				SandboxId:     childIDs[i],
 				TemplateId:    snap.Id,
 				AllowInternet: parent.AllowInternet,
 				AllowOut:      parent.AllowOut,
@@ -281,7 +288,8 @@ func (c *Cluster) Fork(ctx context.Context, id string, count int, timeout time.D
 			}
 			sb, err := c.register(ctx, n, nsb, registration{
 				requestedTemplate: parent.TemplateID, metadata: parent.Metadata, timeout: timeout,
-				autoPause: parent.AutoPause, autoResume: parent.AutoResume, allowInternet: parent.AllowInternet, keyID: owner.KeyID,
+				autoPause: parent.AutoPause, autoPauseFilesOnly: parent.AutoPauseFilesOnly, autoResume: parent.AutoResume,
+				allowInternet: parent.AllowInternet, keyID: owner.KeyID, team: parent.TeamID(),
 				privateTraffic: parent.TrafficAccessToken != "", mounts: parent.Mounts,
 				network: NetworkRules{AllowOut: parent.AllowOut, DenyOut: parent.DenyOut, MaskRequestHost: parent.MaskRequestHost},
 			})
@@ -290,6 +298,23 @@ func (c *Cluster) Fork(ctx context.Context, id string, count int, timeout time.D
 	}
 	wg.Wait()
 	return results, nil
+}
+
+// releaseUnstarted gives back the reservations of a fork's children that
+// did not start.
+func (c *Cluster) releaseUnstarted(ctx context.Context, team string, childIDs []string) {
+	if c.teamLimits(team).MaxSandboxes <= 0 {
+		return
+	}
+	var failed []string
+	for _, id := range childIDs {
+		if !c.recs.has(id) {
+			failed = append(failed, id)
+		}
+	}
+	if len(failed) > 0 {
+		c.releaseSlots(context.WithoutCancel(ctx), team, failed)
+	}
 }
 
 func (c *Cluster) deleteSnapshotQuietly(id, what string) {
@@ -349,32 +374,6 @@ func (c *Cluster) GetSnapshotAny(ctx context.Context, idOrName string) (*snapsho
 		return nil, fmt.Errorf("looking up snapshot %q: %w", idOrName, err)
 	}
 	return nodeapi.SnapshotFromWire(w), nil
-}
-
-// Snapshots lists user snapshots.
-func (c *Cluster) Snapshots(ctx context.Context) ([]*snapshot.Snapshot, error) {
-	return c.snapshots(ctx, snapshot.KindSnapshot)
-}
-
-// GetSnapshot returns a user snapshot by id or name.
-func (c *Cluster) GetSnapshot(ctx context.Context, idOrName string) (*snapshot.Snapshot, error) {
-	s, err := c.GetSnapshotAny(ctx, idOrName)
-	if err != nil {
-		return nil, err
-	}
-	if s.Kind != snapshot.KindSnapshot {
-		return nil, fmt.Errorf("%w: snapshot %q", ErrNotFound, idOrName)
-	}
-	return s, nil
-}
-
-// DeleteSnapshot removes a user snapshot.
-func (c *Cluster) DeleteSnapshot(ctx context.Context, idOrName string) error {
-	s, err := c.GetSnapshot(ctx, idOrName)
-	if err != nil {
-		return err
-	}
-	return c.deleteSnapshot(ctx, s.ID)
 }
 
 // TemplateUsers counts the sandboxes (running or paused) and snapshots that

@@ -44,9 +44,12 @@ const staleOp = 15 * time.Minute
 // clearOp ends the operation mark.
 func (r *record) clearOp() { r.Op, r.OpSince = "", time.Time{} }
 
-// tombstone says why a sandbox id is gone.
+// tombstone says why a sandbox id is gone, if it died, and whose it was:
+// its logs and metrics outlive its record, and only its team may read
+// them.
 type tombstone struct {
 	Reason string    `json:"reason"`
+	Team   string    `json:"team,omitempty"`
 	At     time.Time `json:"at"`
 }
 
@@ -141,6 +144,9 @@ func (rs *records) apply(ev state.Event) {
 	switch ev.Type {
 	case state.EventDelete:
 		delete(rs.m, id)
+		// Another server's delete: the quota's reservations need to know
+		// the id is gone, not still being created.
+		rs.markGone(id)
 	case state.EventPut:
 		r, err := decodeRecord(ev.Entry)
 		if err != nil {
@@ -166,6 +172,11 @@ func (rs *records) drop(id string) {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	delete(rs.m, id)
+	rs.markGone(id)
+}
+
+// markGone notes that id was deleted; rs.mu is held.
+func (rs *records) markGone(id string) {
 	now := time.Now()
 	// Expired entries are swept at most once per goneFor, not per delete:
 	// a mass kill deletes thousands at once.
@@ -178,6 +189,23 @@ func (rs *records) drop(id string) {
 		rs.swept = now
 	}
 	rs.gone[id] = now
+}
+
+// has reports whether the cache holds id's record.
+func (rs *records) has(id string) bool {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	_, ok := rs.m[id]
+	return ok
+}
+
+// deletedRecently reports whether id's record was deleted in the last
+// goneFor.
+func (rs *records) deletedRecently(id string) bool {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	at, ok := rs.gone[id]
+	return ok && time.Since(at) < goneFor
 }
 
 // get returns a copy of the cached record and its revision.
@@ -348,11 +376,9 @@ func (rs *records) removeIf(ctx context.Context, id, reason string, cond func(*r
 		switch {
 		case err == nil:
 			rs.drop(id)
-			if reason != "" {
-				b, _ := json.Marshal(tombstone{Reason: reason, At: time.Now().UTC()})
-				if _, err := rs.st.Put(ctx, tombstoneKey(id), b, state.WriteOptions{}); err != nil {
-					return true, fmt.Errorf("recording why %s is gone: %w", id, err)
-				}
+			b, _ := json.Marshal(tombstone{Reason: reason, Team: r.TeamID(), At: time.Now().UTC()})
+			if _, err := rs.st.Put(ctx, tombstoneKey(id), b, state.WriteOptions{}); err != nil {
+				return true, fmt.Errorf("recording why %s is gone: %w", id, err)
 			}
 			return true, nil
 		case errors.Is(err, state.ErrNotFound):
@@ -367,15 +393,15 @@ func (rs *records) removeIf(ctx context.Context, id, reason string, cond func(*r
 	return false, fmt.Errorf("deleting record of %s: it keeps changing", id)
 }
 
-// whyGone returns the reason a recently lost sandbox is gone, or "".
-func (rs *records) whyGone(ctx context.Context, id string) string {
+// whyGone returns the tombstone of a sandbox gone in the last day.
+func (rs *records) whyGone(ctx context.Context, id string) (tombstone, bool) {
 	e, err := rs.st.Get(ctx, tombstoneKey(id))
 	if err != nil {
-		return ""
+		return tombstone{}, false
 	}
 	var t tombstone
 	if json.Unmarshal(e.Value, &t) != nil || time.Since(t.At) > tombstoneTTL {
-		return ""
+		return tombstone{}, false
 	}
-	return t.Reason
+	return t, true
 }

@@ -20,8 +20,9 @@ import (
 
 // Volumes are directories on one node each, mounted into the sandboxes
 // that name them (which are then placed on that node). Their records are
-// in the store: volumes/<id>, and volume-names/<owner>/<name> pointing at
-// the id, so that a name is unique per API key.
+// in the store: volumes/<id>, and volume-names/<team>/<name> pointing at
+// the id, so that a name is unique per team (two teams may each have one
+// of a name).
 const (
 	volumePrefix     = "volumes/"
 	volumeNamePrefix = "volume-names/"
@@ -35,9 +36,11 @@ type Volume struct {
 	ID   string `json:"volumeID"`
 	Name string `json:"name"`
 	// Token authorises its data plane (/volumecontent/...).
-	Token     string    `json:"token"`
-	NodeID    string    `json:"nodeID"`
-	KeyID     string    `json:"keyID,omitempty"`
+	Token  string `json:"token"`
+	NodeID string `json:"nodeID"`
+	KeyID  string `json:"keyID,omitempty"`
+	// Team owns it; a volume from before teams is its key's (TeamID).
+	Team      string    `json:"team,omitempty"`
 	CreatedAt time.Time `json:"createdAt"`
 	// Moving is set while the volume moves to another node: no new
 	// sandbox may mount it meanwhile.
@@ -52,11 +55,20 @@ type VolumeMount struct {
 	VolumeID string `json:"volumeID,omitempty"`
 }
 
-func ownerScope(o Owner) string {
-	if o.KeyID == "" {
-		return "_"
+// TeamID is the team that owns v.
+func (v *Volume) TeamID() string {
+	if v.Team != "" {
+		return v.Team
 	}
-	return o.KeyID
+	return v.KeyID
+}
+
+// volumeNameKey is where team's volume name points at its id.
+func volumeNameKey(team, name string) string {
+	if team == "" {
+		team = "_"
+	}
+	return volumeNamePrefix + team + "/" + name
 }
 
 // CreateVolume makes a volume on the node with the most room.
@@ -64,8 +76,8 @@ func (c *Cluster) CreateVolume(ctx context.Context, owner Owner, name string) (*
 	if !validVolumeName.MatchString(name) {
 		return nil, fmt.Errorf("%w: volume name %q: 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit", ErrInvalid, truncate(name))
 	}
-	v := &Volume{ID: ids.New(), Name: name, Token: randomToken(), KeyID: owner.KeyID, CreatedAt: time.Now().UTC()}
-	nameKey := volumeNamePrefix + ownerScope(owner) + "/" + name
+	v := &Volume{ID: ids.New(), Name: name, Token: randomToken(), KeyID: owner.KeyID, Team: owner.Team, CreatedAt: time.Now().UTC()}
+	nameKey := volumeNameKey(owner.Team, name)
 	if _, err := c.cfg.State.Create(ctx, nameKey, []byte(v.ID), state.WriteOptions{}); errors.Is(err, state.ErrExists) {
 		return nil, fmt.Errorf("%w: a volume named %q exists", ErrConflict, name)
 	} else if err != nil {
@@ -98,7 +110,7 @@ func (c *Cluster) GetVolume(ctx context.Context, owner Owner, id string) (*Volum
 	if err != nil {
 		return nil, err
 	}
-	if v.KeyID != owner.KeyID && owner.KeyID != "" {
+	if !owner.Sees(v.TeamID()) {
 		return nil, fmt.Errorf("%w: volume %s", ErrNotFound, id)
 	}
 	return v, nil
@@ -134,7 +146,7 @@ func (c *Cluster) ListVolumes(ctx context.Context, owner Owner) ([]*Volume, erro
 	var out []*Volume
 	for _, e := range entries {
 		var v Volume
-		if json.Unmarshal(e.Value, &v) != nil || (owner.KeyID != "" && v.KeyID != owner.KeyID) {
+		if json.Unmarshal(e.Value, &v) != nil || !owner.Sees(v.TeamID()) {
 			continue
 		}
 		out = append(out, &v)
@@ -171,7 +183,7 @@ func (c *Cluster) DeleteVolume(ctx context.Context, owner Owner, id string) erro
 	if err := c.cfg.State.Delete(ctx, volumePrefix+v.ID, 0); err != nil && !errors.Is(err, state.ErrNotFound) {
 		return fmt.Errorf("deleting volume %s: %w", v.Name, err)
 	}
-	c.cfg.State.Delete(ctx, volumeNamePrefix+ownerScope(Owner{KeyID: v.KeyID})+"/"+v.Name, 0)
+	c.cfg.State.Delete(ctx, volumeNameKey(v.TeamID(), v.Name), 0)
 	c.log.Info("volume deleted", "volume_id", v.ID, "name", v.Name)
 	return nil
 }
@@ -211,7 +223,7 @@ func (c *Cluster) resolveMounts(ctx context.Context, owner Owner, mounts []Volum
 }
 
 func (c *Cluster) volumeByName(ctx context.Context, owner Owner, name string) (*Volume, error) {
-	e, err := c.cfg.State.Get(ctx, volumeNamePrefix+ownerScope(owner)+"/"+name)
+	e, err := c.cfg.State.Get(ctx, volumeNameKey(owner.Team, name))
 	if err == nil {
 		return c.volume(ctx, string(e.Value))
 	}

@@ -226,7 +226,7 @@ func TestKeysAndQuotas(t *testing.T) {
 	srv, admin, _ := startServerWith(t, func(cfg *Config) { cfg.WarmPoolSize = 0 })
 	ctx := context.Background()
 	url := "http://" + srv.Addr().String()
-	k, err := admin.CreateKey(ctx, "trainer", 1, false)
+	k, err := admin.CreateKey(ctx, "trainer", client.KeyOptions{MaxSandboxes: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

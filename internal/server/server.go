@@ -257,8 +257,11 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 	if s.keys, err = apikeys.Open(ctx, s.state, log); err != nil {
 		return nil, err
 	}
-	// Every server of the cluster accepts this server's key too.
-	if _, err := s.keys.Ensure(ctx, s.apiKey, "server "+cfg.DataDir); err != nil {
+	// Every server of the cluster accepts this server's key too, unless
+	// an admin revoked it.
+	if _, err := s.keys.Ensure(ctx, s.apiKey, "server "+cfg.DataDir); errors.Is(err, apikeys.ErrRevoked) {
+		log.Warn("this server's own API key was revoked; it is not added again", "path", APIKeyPath(cfg.DataDir), "err", err)
+	} else if err != nil {
 		return nil, fmt.Errorf("recording this server's API key: %w", err)
 	}
 	if !cfg.NoLocalNode {
@@ -285,6 +288,7 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 		OnGone:          prx.Forget,
 		LegacyStateDir:  cfg.DataDir,
 		PausedRetention: cfg.PausedRetention,
+		TeamLimits:      api.TeamLimits(s.keys),
 		// One server per data directory on a host: its restarted self has
 		// the same name, whatever port it listens on.
 		Candidate: hostname + ":" + cfg.DataDir,

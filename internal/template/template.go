@@ -37,8 +37,14 @@ var validID = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
 
 // Template describes one template.
 type Template struct {
-	ID        string    `json:"templateID"`
-	Aliases   []string  `json:"aliases,omitempty"`
+	ID      string   `json:"templateID"`
+	Aliases []string `json:"aliases,omitempty"`
+	// Team owns the template and Name is what the team calls it (its id
+	// is the name qualified by the team: two teams may each have a
+	// template of a name). Templates from before teams, base and the
+	// builtins have neither: every team sees them.
+	Team      string    `json:"team,omitempty"`
+	Name      string    `json:"name,omitempty"`
 	CPUCount  int       `json:"cpuCount"`
 	MemoryMB  int       `json:"memoryMB"`
 	DiskMB    int       `json:"diskSizeMB"`

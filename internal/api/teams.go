@@ -1,0 +1,145 @@
+package api
+
+import (
+	"fmt"
+	"net/http"
+
+	"github.com/aenvhq/aenv/internal/apikeys"
+	"github.com/aenvhq/aenv/internal/cluster"
+)
+
+// teamJSON is a team with what it uses (an aenv extension).
+type teamJSON struct {
+	apikeys.Team
+	Usage teamUsageJSON `json:"usage"`
+}
+
+// teamUsageJSON is what a team has now, against its quota.
+type teamUsageJSON struct {
+	cluster.Usage
+	Keys          int   `json:"keys"`
+	SnapshotBytes int64 `json:"snapshotBytes"`
+	Volumes       int   `json:"volumes"`
+}
+
+func (s *Server) teamJSON(r *http.Request, t apikeys.Team) teamJSON {
+	u := teamUsageJSON{Usage: s.cfg.Cluster.TeamUsage(t.ID)}
+	for _, k := range s.cfg.Keys.List() {
+		if k.Team == t.ID {
+			u.Keys++
+		}
+	}
+	if b, err := s.cfg.Cluster.SnapshotBytes(r.Context(), t.ID); err == nil {
+		u.SnapshotBytes = b
+	}
+	if vs, err := s.cfg.Cluster.ListVolumes(r.Context(), cluster.Owner{Team: t.ID}); err == nil {
+		u.Volumes = len(vs)
+	}
+	return teamJSON{Team: t, Usage: u}
+}
+
+// listTeams answers GET /teams: every team for an admin, the caller's own
+// otherwise.
+func (s *Server) listTeams(w http.ResponseWriter, r *http.Request) {
+	if !s.keyStore(w) {
+		return
+	}
+	o := owner(r)
+	out := []teamJSON{}
+	for _, t := range s.cfg.Keys.Teams() {
+		if o.Sees(t.ID) {
+			out = append(out, s.teamJSON(r, t))
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// getTeam answers GET /teams/{teamID}: a team, its quota and its usage.
+func (s *Server) getTeam(w http.ResponseWriter, r *http.Request) {
+	if !s.keyStore(w) {
+		return
+	}
+	id := r.PathValue("teamID")
+	t, ok := s.cfg.Keys.Team(id)
+	if !ok || !owner(r).Sees(id) {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("team %s not found", truncate(id)))
+		return
+	}
+	writeJSON(w, http.StatusOK, s.teamJSON(r, t))
+}
+
+// teamBody is POST /teams's and PATCH /teams/{id}'s: quota fields left
+// out stay as they are.
+type teamBody struct {
+	ID               string `json:"id"`
+	MaxSandboxes     *int   `json:"maxSandboxes"`
+	MaxPaused        *int   `json:"maxPaused"`
+	MaxBuilds        *int   `json:"maxBuilds"`
+	MaxVolumeBytes   *int64 `json:"maxVolumeBytes"`
+	MaxSnapshotBytes *int64 `json:"maxSnapshotBytes"`
+}
+
+func (b teamBody) apply(q *apikeys.Quota) {
+	set := func(dst *int, v *int) {
+		if v != nil {
+			*dst = *v
+		}
+	}
+	set(&q.MaxSandboxes, b.MaxSandboxes)
+	set(&q.MaxPaused, b.MaxPaused)
+	set(&q.MaxBuilds, b.MaxBuilds)
+	if b.MaxVolumeBytes != nil {
+		q.MaxVolumeBytes = *b.MaxVolumeBytes
+	}
+	if b.MaxSnapshotBytes != nil {
+		q.MaxSnapshotBytes = *b.MaxSnapshotBytes
+	}
+}
+
+// createTeam answers POST /teams (admin keys only).
+func (s *Server) createTeam(w http.ResponseWriter, r *http.Request) {
+	if !s.keyStore(w) {
+		return
+	}
+	var body teamBody
+	if !decodeBody(w, r, &body) {
+		return
+	}
+	var q apikeys.Quota
+	body.apply(&q)
+	t, err := s.cfg.Keys.CreateTeam(r.Context(), body.ID, q)
+	if err != nil {
+		s.writeKeyError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, s.teamJSON(r, t))
+}
+
+// setTeam answers PATCH /teams/{teamID} (admin keys only): its quota.
+func (s *Server) setTeam(w http.ResponseWriter, r *http.Request) {
+	if !s.keyStore(w) {
+		return
+	}
+	var body teamBody
+	if !decodeBody(w, r, &body) {
+		return
+	}
+	t, err := s.cfg.Keys.SetQuota(r.Context(), r.PathValue("teamID"), body.apply)
+	if err != nil {
+		s.writeKeyError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.teamJSON(r, t))
+}
+
+// teamLimits is what the cluster enforces of team's quota.
+func TeamLimits(keys *apikeys.Store) func(team string) cluster.TeamLimits {
+	return func(team string) cluster.TeamLimits {
+		t, ok := keys.Team(team)
+		if !ok {
+			return cluster.TeamLimits{}
+		}
+		return cluster.TeamLimits{MaxSandboxes: t.MaxSandboxes, MaxPaused: t.MaxPaused,
+			MaxVolumeBytes: t.MaxVolumeBytes, MaxSnapshotBytes: t.MaxSnapshotBytes}
+	}
+}
