@@ -56,7 +56,9 @@ type Config struct {
 	// `<port>-<id>.<Domain>`.
 	Domain string
 	// ProxyRateLimit and ProxyRateBurst bound the requests to each
-	// sandbox through the proxy (per second; 0 disables).
+	// sandbox through the proxy (per second; 0 disables). Lookups of
+	// sandboxes the cluster does not hold in memory are limited per client
+	// address besides (see guardProxy).
 	ProxyRateLimit float64
 	ProxyRateBurst int
 	// TrustedProxies are the addresses of proxies in front of the server
@@ -114,9 +116,8 @@ func New(cfg Config) *Server {
 	if cfg.RateLimit > 0 {
 		s.api = newRateLimiter(cfg.RateLimit, max(cfg.RateBurst, 1)).limit(s.mux, s.clientKey)
 	}
-	s.proxy = cfg.Proxy
-	if cfg.Proxy != nil && cfg.ProxyRateLimit > 0 {
-		s.proxy = newRateLimiter(cfg.ProxyRateLimit, max(cfg.ProxyRateBurst, 1)).limit(cfg.Proxy, sandboxKey)
+	if cfg.Proxy != nil {
+		s.proxy = s.guardProxy(cfg.Proxy)
 	}
 	return s
 }

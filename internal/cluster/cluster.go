@@ -681,15 +681,16 @@ type Route struct {
 }
 
 // Route says how to reach sandbox id's ports. The proxy asks it on every
-// request, so it reads the caches without copying the record.
+// request, so it reads the caches without copying the record; an id they
+// lack costs at most one bounded store read (see records.lookup).
 func (c *Cluster) Route(ctx context.Context, id string) (Route, error) {
 	a, nodeID, token, mask, ok := c.recs.route(id)
 	if !ok {
-		sb, err := c.Get(ctx, id)
+		r, err := c.recs.lookup(ctx, id)
 		if err != nil {
 			return Route{}, err
 		}
-		a, nodeID, token, mask = sb.Addr, sb.NodeID, sb.TrafficAccessToken, sb.MaskRequestHost
+		a, nodeID, token, mask = r.Addr, r.NodeID, r.TrafficAccessToken, r.MaskRequestHost
 	}
 	if !a.IsValid() {
 		return Route{}, fmt.Errorf("%w: sandbox %s is not running", ErrConflict, id)

@@ -80,13 +80,15 @@ type records struct {
 	// event of it must have arrived (goneFor).
 	gone  map[string]time.Time
 	swept time.Time
+	// unknown are the ids lookup found no record of, a moment ago.
+	unknown *unknownIDs
 }
 
 // goneFor is far beyond any watch delay.
 const goneFor = time.Minute
 
 func newRecords(st state.Store) *records {
-	return &records{st: st, m: map[string]*cached{}, gone: map[string]time.Time{}}
+	return &records{st: st, m: map[string]*cached{}, gone: map[string]time.Time{}, unknown: newUnknownIDs(maxUnknown)}
 }
 
 func encodeRecord(r *record) ([]byte, error) { return json.Marshal(r) }

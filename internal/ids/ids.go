@@ -17,3 +17,22 @@ func New() string {
 	}
 	return string(b)
 }
+
+// MaxLen is the longest id accepted from a client: ids made here are 20
+// characters, and the API has always taken up to 64.
+const MaxLen = 64
+
+// Valid reports whether s has the form of an id (^[a-z0-9]{1,64}$). It
+// looks at no more than MaxLen bytes, so that a client's 64 KiB "id"
+// costs no more than a real one.
+func Valid(s string) bool {
+	if len(s) == 0 || len(s) > MaxLen {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; (c < 'a' || c > 'z') && (c < '0' || c > '9') {
+			return false
+		}
+	}
+	return true
+}

@@ -24,6 +24,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/aenvhq/aenv/internal/ids"
 )
 
 // Headers the E2B SDKs send when E2B_SANDBOX_URL points at one base URL.
@@ -36,11 +38,13 @@ const (
 const DefaultPort = 49983
 
 var hostPattern = regexp.MustCompile(`^([0-9]{1,5})-([a-z0-9]+)\.`)
-var idPattern = regexp.MustCompile(`^[a-z0-9]{1,64}$`)
 
-// Resolver finds where a sandbox is reachable from this host.
+// Resolver finds where a sandbox is reachable from this host. The proxy
+// asks it on every request, with the request's context: an id it does not
+// hold in memory may cost it a read of the state store, which must end
+// when the client goes.
 type Resolver interface {
-	SandboxRoute(id string) (Route, error)
+	SandboxRoute(ctx context.Context, id string) (Route, error)
 }
 
 // Route is how a sandbox's ports are reached.
@@ -246,8 +250,11 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "request names no sandbox")
 		return
 	}
-	if !idPattern.MatchString(id) {
-		writeError(w, http.StatusBadRequest, "invalid sandbox id")
+	if !ids.Valid(id) {
+		// Answered as an unknown sandbox (no id of that form exists),
+		// before any lookup: junk costs nothing. The id is not echoed,
+		// as it may be 64 KiB.
+		writeError(w, http.StatusBadGateway, "sandbox not found: not a sandbox id")
 		return
 	}
 	if port < 1 || port > 65535 {
@@ -261,7 +268,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusForbidden, "envd's /init is not reachable through the proxy")
 		return
 	}
-	route, err := p.resolve.SandboxRoute(id)
+	route, err := p.resolve.SandboxRoute(r.Context(), id)
 	if err != nil {
 		// The SDKs read a 502 on envd's /health as "sandbox not running".
 		writeError(w, http.StatusBadGateway, fmt.Sprintf("sandbox %s not found", id))

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -49,7 +50,7 @@ func TestMatch(t *testing.T) {
 
 type resolver map[string]netip.Addr
 
-func (r resolver) SandboxRoute(id string) (Route, error) {
+func (r resolver) SandboxRoute(_ context.Context, id string) (Route, error) {
 	a, ok := r[id]
 	if !ok {
 		return Route{}, errors.New("not found")
@@ -114,9 +115,12 @@ func TestServe(t *testing.T) {
 	if resp.StatusCode != http.StatusBadRequest {
 		t.Fatalf("bad port: %d, want 400", resp.StatusCode)
 	}
-	resp, _ = get("127.0.0.1", "/", map[string]string{HeaderSandboxID: "../x"})
-	if resp.StatusCode != http.StatusBadRequest {
-		t.Fatalf("bad id: %d, want 400", resp.StatusCode)
+	// An id of the wrong form is answered as an unknown sandbox.
+	for _, id := range []string{"../x", strings.Repeat("a", 65), "ABC"} {
+		resp, body := get("127.0.0.1", "/", map[string]string{HeaderSandboxID: id})
+		if resp.StatusCode != http.StatusBadGateway || !strings.Contains(body, `"code":502`) || strings.Contains(body, id) {
+			t.Fatalf("bad id %.10q: %d %s, want 502 as for an unknown sandbox, without the id", id, resp.StatusCode, body)
+		}
 	}
 	// envd's /init is never forwarded, however the path is spelled.
 	for _, path := range []string{"/init", "//init", "/./init", "/x/../init"} {
@@ -151,7 +155,7 @@ func TestServe(t *testing.T) {
 
 type viaResolver struct{ via string }
 
-func (r viaResolver) SandboxRoute(id string) (Route, error) {
+func (r viaResolver) SandboxRoute(_ context.Context, id string) (Route, error) {
 	return Route{Addr: netip.MustParseAddr("127.0.0.1"), Via: r.via}, nil
 }
 

@@ -202,7 +202,7 @@ func (a *Agent) drain(ctx context.Context) {
 // localRoutes resolves the sandboxes of this host's node for its proxy.
 type localRoutes struct{ n *node.Node }
 
-func (l localRoutes) SandboxRoute(id string) (proxy.Route, error) {
+func (l localRoutes) SandboxRoute(_ context.Context, id string) (proxy.Route, error) {
 	sb, err := l.n.Get(id)
 	if err != nil {
 		return proxy.Route{}, err

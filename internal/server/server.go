@@ -399,12 +399,12 @@ func openState(ctx context.Context, cfg Config, log *slog.Logger) (*state.Etcd, 
 }
 
 // SandboxRoute implements proxy.Resolver.
-func (s *Server) SandboxRoute(id string) (proxy.Route, error) {
-	ctx := context.Background()
+func (s *Server) SandboxRoute(ctx context.Context, id string) (proxy.Route, error) {
 	r, err := s.cluster.Route(ctx, id)
 	if errors.Is(err, cluster.ErrConflict) {
-		// Paused: traffic resumes it if it asked for that.
-		if ok, rerr := s.cluster.AutoResume(ctx, id); rerr != nil {
+		// Paused: traffic resumes it if it asked for that. The resume
+		// finishes even if this client goes: the next one finds it running.
+		if ok, rerr := s.cluster.AutoResume(context.WithoutCancel(ctx), id); rerr != nil {
 			s.log.Warn("resuming a sandbox for its traffic", "sandbox_id", id, "err", rerr)
 		} else if ok {
 			r, err = s.cluster.Route(ctx, id)
