@@ -736,10 +736,6 @@ func (c *Cluster) notFound(ctx context.Context, id string) error {
 	return NotFoundError(id)
 }
 
-// lookupTimeout bounds the store reads of a lookup of an id the cache
-// does not have.
-const lookupTimeout = 5 * time.Second
-
 // ListFilter selects sandboxes.
 type ListFilter struct {
 	// Metadata entries must all match.
