@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"net/netip"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -96,7 +97,7 @@ type Server struct {
 	api   http.Handler // mux behind the rate limit
 	proxy http.Handler // cfg.Proxy behind its rate limit
 	// routeList is every route registered, with who may call it.
-	routeList []route
+	routeList []Route
 }
 
 // New builds the API handler.
@@ -122,29 +123,40 @@ func New(cfg Config) *Server {
 	return s
 }
 
-// access says who may call a route.
-type access int
+// Access says who may call a route.
+type Access string
 
+// Accesses.
 const (
-	// public routes need no key.
-	public access = iota
-	// team routes need a key and act only on what its team owns (an
+	// Public routes need no key.
+	Public Access = "public"
+	// Team routes need a key and act only on what its team owns (an
 	// admin key's: on anything); each handler checks the resources it
-	// names, and TestRoutesCheckTeams proves it for every team route.
-	team
-	// adminOnly routes need an admin key.
-	adminOnly
+	// names, and the server's TestRoutesCheckTeams proves it for every
+	// team route.
+	Team Access = "team"
+	// AdminOnly routes need an admin key.
+	AdminOnly Access = "admin"
 )
 
-// route is one registered route, kept so that tests can enumerate them.
-type route struct {
+const (
+	public    = Public
+	team      = Team
+	adminOnly = AdminOnly
+)
+
+// Route is one registered route, kept so that tests can enumerate them.
+type Route struct {
 	Pattern string
-	Access  access
+	Access  Access
 }
 
+// Routes returns every route the API serves, with who may call it.
+func (s *Server) Routes() []Route { return slices.Clone(s.routeList) }
+
 // handle registers h for pattern behind the access check.
-func (s *Server) handle(pattern string, a access, h http.HandlerFunc) {
-	s.routeList = append(s.routeList, route{Pattern: pattern, Access: a})
+func (s *Server) handle(pattern string, a Access, h http.HandlerFunc) {
+	s.routeList = append(s.routeList, Route{Pattern: pattern, Access: a})
 	switch a {
 	case public:
 		s.mux.Handle(pattern, h)

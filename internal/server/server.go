@@ -187,6 +187,7 @@ type Server struct {
 	registration *cluster.Registration
 	apiKey       string
 	keys         *apikeys.Store
+	api          *api.Server
 	// remote is a pure API server's store (a local node has its own).
 	remote *store.Store
 	// images is the store block images are published to (beside remote).
@@ -349,7 +350,8 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 	// store, from which nodes fetch it. Without a store only a local node
 	// could use it.
 	acfg.Pulls = s.host != nil || s.remote != nil
-	handler := s.withJoin(api.New(acfg))
+	s.api = api.New(acfg)
+	handler := s.withJoin(s.api)
 	s.http = &http.Server{
 		Handler:           handler,
 		ReadHeaderTimeout: 10 * time.Second,
