@@ -24,6 +24,8 @@ type fakeNode struct {
 	// whose admission says no.
 	memoryMB int
 	full     bool
+	// delay is how long a create takes (starts that overlap in time).
+	delay time.Duration
 
 	mu      sync.Mutex
 	running map[string]*nodev1.Sandbox
@@ -91,6 +93,7 @@ func (n *fakeNode) Info(context.Context, *nodev1.InfoRequest) (*nodev1.NodeInfo,
 }
 
 func (n *fakeNode) Create(ctx context.Context, req *nodev1.CreateRequest) (*nodev1.Sandbox, error) {
+	time.Sleep(n.delay)
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.full {
