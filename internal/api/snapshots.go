@@ -84,6 +84,9 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 		if name := q.Get("name"); name != "" && !contains(snap.Names, name) {
 			continue
 		}
+		if team := q.Get("team"); team != "" && snap.Team != team {
+			continue
+		}
 		if after != "" {
 			if snap.ID == after {
 				after = ""

@@ -42,8 +42,11 @@ func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out := []volumeJSON{}
+	team := r.URL.Query().Get("team") // an admin's filter
 	for _, v := range vs {
-		out = append(out, volumeJSON{VolumeID: v.ID, Name: v.Name})
+		if team == "" || v.TeamID() == team {
+			out = append(out, volumeJSON{VolumeID: v.ID, Name: v.Name})
+		}
 	}
 	writeJSON(w, http.StatusOK, out)
 }
