@@ -19,17 +19,7 @@ import (
 func TestKeysAcrossServers(t *testing.T) {
 	ctx := context.Background()
 	st := state.NewMemory()
-	log := slog.New(slog.DiscardHandler)
-	a, err := Open(ctx, st, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	b, err := Open(ctx, st, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	a, b := openTwo(t, st)
 
 	key, k, err := a.Create(ctx, KeyOptions{Name: "trainer", MaxSandboxes: 5})
 	if err != nil {
@@ -99,17 +89,7 @@ func TestKeysAcrossServers(t *testing.T) {
 func TestTeams(t *testing.T) {
 	ctx := context.Background()
 	st := state.NewMemory()
-	log := slog.New(slog.DiscardHandler)
-	a, err := Open(ctx, st, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	b, err := Open(ctx, st, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	a, b := openTwo(t, st)
 	_, k1, err := a.Create(ctx, KeyOptions{Name: "one", Team: "beta"})
 	if err != nil || k1.Team != "beta" {
 		t.Fatalf("key in team beta: %+v %v", k1, err)
@@ -155,6 +135,21 @@ func TestTeams(t *testing.T) {
 	if !slices.Contains(ids, "beta") || !slices.Contains(ids, old.ID) {
 		t.Fatalf("teams %v: want beta and the old key's own", ids)
 	}
+}
+
+// openTwo opens two servers' views of the keys in st.
+func openTwo(t *testing.T, st state.Store) (*Store, *Store) {
+	t.Helper()
+	var out [2]*Store
+	for i := range out {
+		s, err := Open(context.Background(), st, slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(s.Close)
+		out[i] = s
+	}
+	return out[0], out[1]
 }
 
 func waitFor(t *testing.T, cond func() bool, what string) {
