@@ -27,6 +27,7 @@ import (
 	"github.com/aenvhq/aenv/internal/ids"
 	"github.com/aenvhq/aenv/internal/nodeapi"
 	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
+	"github.com/aenvhq/aenv/internal/sealed"
 	"github.com/aenvhq/aenv/internal/state"
 )
 
@@ -110,7 +111,10 @@ type Config struct {
 	// TickInterval is how often the elected server looks for deadlines
 	// that passed; 0 means 250ms.
 	TickInterval time.Duration
-	Logger       *slog.Logger
+	// DataKeys seal the tokens of sandbox and volume records in the
+	// store; nil stores them in clear (unit tests).
+	DataKeys *sealed.Keyring
+	Logger   *slog.Logger
 }
 
 // Sandbox is the control plane's record of a sandbox. Values returned by
@@ -231,7 +235,7 @@ func Open(ctx context.Context, cfg Config) (*Cluster, error) {
 	if cfg.TickInterval == 0 {
 		cfg.TickInterval = 250 * time.Millisecond
 	}
-	c := &Cluster{cfg: cfg, log: cfg.Logger, recs: newRecords(cfg.State), expiring: map[string]bool{}}
+	c := &Cluster{cfg: cfg, log: cfg.Logger, recs: newRecords(cfg.State, cfg.DataKeys), expiring: map[string]bool{}}
 	c.nodes = newFleet(cfg.State, cfg.Local, cfg.Dial, cfg.Logger)
 	c.nodes.onEvent = c.nodeEvent
 	if err := c.migrateLegacy(ctx); err != nil {
