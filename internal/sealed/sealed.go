@@ -107,6 +107,7 @@ type Keyring struct {
 	mu      sync.RWMutex
 	current string
 	aeads   map[string]cipher.AEAD
+	keys    []Key
 	ids     []string
 
 	// reload, when set, is asked for the keys again when a value names an
@@ -131,6 +132,7 @@ func (kr *Keyring) set(keys []Key) error {
 	}
 	aeads := make(map[string]cipher.AEAD, len(keys))
 	var ids []string
+	var kept []Key
 	for _, k := range keys {
 		block, err := aes.NewCipher(k.secret)
 		if err != nil {
@@ -141,12 +143,12 @@ func (kr *Keyring) set(keys []Key) error {
 			return fmt.Errorf("making a keyring: key %s: %w", k.ID, err)
 		}
 		if _, dup := aeads[k.ID]; !dup {
-			ids = append(ids, k.ID)
+			ids, kept = append(ids, k.ID), append(kept, k)
 		}
 		aeads[k.ID] = g
 	}
 	kr.mu.Lock()
-	kr.current, kr.aeads, kr.ids = keys[0].ID, aeads, ids
+	kr.current, kr.aeads, kr.ids, kr.keys = keys[0].ID, aeads, ids, kept
 	kr.mu.Unlock()
 	return nil
 }
@@ -169,6 +171,17 @@ func (kr *Keyring) IDs() []string {
 	kr.mu.RLock()
 	defer kr.mu.RUnlock()
 	return append([]string(nil), kr.ids...)
+}
+
+// Text is the keys held in ParseKeys' form, the sealing one first: what
+// a key file holds, for handing the keyring to another process.
+func (kr *Keyring) Text() string {
+	if kr == nil {
+		return ""
+	}
+	kr.mu.RLock()
+	defer kr.mu.RUnlock()
+	return FormatKeys(kr.keys)
 }
 
 // Seal encrypts plaintext for the place named by aad (a value sealed for

@@ -72,6 +72,9 @@ func TestRotation(t *testing.T) {
 	if after := kr.Seal("v", "p"); KeyOf(after) != next.ID {
 		t.Fatalf("sealed with %s, want the new key %s", KeyOf(after), next.ID)
 	}
+	if back, err := ParseKeys(kr.Text()); err != nil || len(back) != 2 || back[0].ID != next.ID || back[1].ID != old.ID {
+		t.Fatalf("Text round trip: %v %v", back, err)
+	}
 	if ids := kr.IDs(); len(ids) != 2 || ids[0] != next.ID || kr.Current() != next.ID {
 		t.Fatalf("ids %v current %s", ids, kr.Current())
 	}
