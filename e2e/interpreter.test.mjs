@@ -184,3 +184,36 @@ srv.test('a paused code-interpreter sandbox resumes with its kernel state', asyn
     await srv.kill(sbx)
   }
 })
+
+srv.test("the service runs code only with the sandbox's own access token: none or another sandbox's gets 401", async () => {
+  const sbx = await create()
+  const other = await create()
+  try {
+    assert.ok(sbx.envdAccessToken && other.envdAccessToken && sbx.envdAccessToken !== other.envdAccessToken)
+    // As runCode sends it, but with the token chosen here.
+    const execute = (token) => fetch(sbx.jupyterUrl + '/execute', {
+      method: 'POST',
+      headers: {
+        'Content-Type': 'application/json',
+        'E2b-Sandbox-Id': sbx.sandboxId,
+        'E2b-Sandbox-Port': '49999',
+        ...(token ? { 'X-Access-Token': token } : {}),
+      },
+      body: JSON.stringify({ code: 'print("ran")' }),
+    })
+    for (const [what, token] of [['no token', undefined], ["another sandbox's token", other.envdAccessToken]]) {
+      const res = await execute(token)
+      const body = await res.text()
+      assert.equal(res.status, 401, `${what}: ${body}`)
+      const err = JSON.parse(body)
+      assert.equal(err.code, 401, what)
+      assert.ok(err.message, what)
+    }
+    const res = await execute(sbx.envdAccessToken)
+    assert.equal(res.status, 200)
+    assert.match(await res.text(), /"text":"ran\\n"/)
+  } finally {
+    await srv.kill(other)
+    await srv.kill(sbx)
+  }
+})

@@ -38,7 +38,8 @@ func run() error {
 	home, _ := os.UserHomeDir()
 	cwd := fs.String("cwd", home, "working directory of new contexts")
 	verbose := fs.Bool("verbose", false, "log debug messages (kernels' own output too)")
-	envdURL := fs.String("envd", "http://127.0.0.1:49983", "the sandbox's envd, whose environment (the create's envs) every execution gets; empty: none")
+	envdURL := fs.String("envd", "http://127.0.0.1:49983", "the sandbox's envd, whose environment (the create's envs) every execution gets and whose access token every request must carry; empty: none, and no token")
+	prestart := fs.Bool("prestart", true, "start the default Python kernel before the port opens (false: at the first Python execution, for trees without ipykernel)")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return err
 	}
@@ -54,11 +55,13 @@ func run() error {
 	defer srv.Close()
 	// The default kernel is up before the port opens: a ready check on
 	// the port then means the first execution runs at once.
-	startCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	err := srv.Start(startCtx)
-	cancel()
-	if err != nil {
-		return err
+	if *prestart {
+		startCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		err := srv.Start(startCtx)
+		cancel()
+		if err != nil {
+			return err
+		}
 	}
 	hs := &http.Server{Addr: ":" + strconv.Itoa(*port), Handler: srv.Handler(), ReadHeaderTimeout: 30 * time.Second}
 	errc := make(chan error, 1)

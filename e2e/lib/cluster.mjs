@@ -14,6 +14,7 @@
 // Root is required; a missing prerequisite fails, never skips.
 
 import { execFileSync, spawn } from 'node:child_process'
+import crypto from 'node:crypto'
 import fs from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
@@ -97,6 +98,8 @@ export class TestCluster {
     this.serverCount = servers
     this.bridge = `${tag}br`
     this.token = `aenvct_${tag}_cluster_token_for_tests`
+    // Every server seals with the same data key (nodes are handed it by the join).
+    this.dataKey = 'aenvdk1_' + crypto.randomBytes(32).toString('base64url')
     this.apiKey = 'e2b_' + '0123456789abcdef'.repeat(2) + tag.split('').map((c) => c.charCodeAt(0).toString(16)).join('')
     this.failed = false
     this.sandboxes = new Set()
@@ -137,7 +140,7 @@ export class TestCluster {
         '--etcd-endpoints', this.etcdEndpoints.join(','), '--store', this.store,
         '--data-dir', path.join(this.tmp, `server${j}`), '--run-dir', path.join(this.tmp, `server${j}-run`),
         '--log-level', 'debug'], path.join(this.tmp, `server${j}.log`),
-      { env: { AENV_CLUSTER_TOKEN: this.token, AENV_API_KEY: this.apiKey } })
+      { env: { AENV_CLUSTER_TOKEN: this.token, AENV_API_KEY: this.apiKey, AENV_DATA_KEY: this.dataKey } })
       p.port = port
       p.url = `http://127.0.0.1:${port}`
       this.servers.push(p)

@@ -27,7 +27,7 @@ records and deadlines, kept in etcd (by default an embedded member in
 Templates and snapshots are not part of it: they live in the data directory
 or the snapshot store.`,
 	}
-	cmd.AddCommand(newStateBackupCmd(), newStateRestoreCmd())
+	cmd.AddCommand(newStateBackupCmd(), newStateRestoreCmd(), newStateRotateDataKeyCmd())
 	return cmd
 }
 
@@ -42,34 +42,11 @@ func newStateBackupCmd() *cobra.Command {
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			cfg := state.Config{Endpoints: endpoints, Logger: quietLogger()}
-			if len(endpoints) == 0 {
-				sock := filepath.Join(runDir, state.SocketName)
-				if _, err := os.Stat(sock); err == nil {
-					cfg.Endpoints = []string{"unix://" + sock}
-				} else {
-					// No server: open its data directory ourselves.
-					tmp, err := os.MkdirTemp("", "aenv-state-")
-					if err != nil {
-						return err
-					}
-					defer os.RemoveAll(tmp)
-					cfg.DataDir, cfg.SocketDir = filepath.Join(dataDir, "etcd"), tmp
-					if _, err := os.Stat(cfg.DataDir); err != nil {
-						return fmt.Errorf("backing up: no running server (%s) and no state in %s", sock, cfg.DataDir)
-					}
-				}
-			}
-			st, err := state.Open(ctx, cfg)
+			st, done, err := openServerState(ctx, dataDir, runDir, endpoints)
 			if err != nil {
 				return fmt.Errorf("backing up: %w", err)
 			}
-			defer st.Close()
-			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			defer cancel()
-			if err := st.WaitReady(wctx); err != nil {
-				return fmt.Errorf("backing up: %w", err)
-			}
+			defer done()
 			tmp := args[0] + ".partial"
 			f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
 			if err != nil {
@@ -98,6 +75,45 @@ func newStateBackupCmd() *cobra.Command {
 	cmd.Flags().StringVar(&runDir, "run-dir", "/run/aenv", "the server's run directory (where its etcd socket is)")
 	cmd.Flags().StringSliceVar(&endpoints, "etcd-endpoints", nil, "back up this external etcd cluster instead")
 	return cmd
+}
+
+// openServerState reaches a server's etcd: the external cluster at
+// endpoints, else the running server's through its socket in runDir,
+// else (no server) its data directory's, opened here. done closes it.
+func openServerState(ctx context.Context, dataDir, runDir string, endpoints []string) (*state.Etcd, func(), error) {
+	cfg := state.Config{Endpoints: endpoints, Logger: quietLogger()}
+	cleanup := func() {}
+	if len(endpoints) == 0 {
+		sock := filepath.Join(runDir, state.SocketName)
+		if _, err := os.Stat(sock); err == nil {
+			cfg.Endpoints = []string{"unix://" + sock}
+		} else {
+			// No server: open its data directory ourselves.
+			tmp, err := os.MkdirTemp("", "aenv-state-")
+			if err != nil {
+				return nil, nil, err
+			}
+			cleanup = func() { os.RemoveAll(tmp) }
+			cfg.DataDir, cfg.SocketDir = filepath.Join(dataDir, "etcd"), tmp
+			if _, err := os.Stat(cfg.DataDir); err != nil {
+				cleanup()
+				return nil, nil, fmt.Errorf("no running server (%s) and no state in %s", sock, cfg.DataDir)
+			}
+		}
+	}
+	st, err := state.Open(ctx, cfg)
+	if err != nil {
+		cleanup()
+		return nil, nil, err
+	}
+	done := func() { st.Close(); cleanup() }
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := st.WaitReady(wctx); err != nil {
+		done()
+		return nil, nil, err
+	}
+	return st, done, nil
 }
 
 func newStateRestoreCmd() *cobra.Command {

@@ -63,7 +63,7 @@ func BenchmarkPlacement(b *testing.B) {
 			r := record{Sandbox: Sandbox{ID: fmt.Sprintf("rec%07d", i), TemplateID: "base", NodeID: fmt.Sprintf("node%04d", i%nodeCount),
 				State: StateRunning, MemoryMB: 512, CPUCount: 2, StartedAt: time.Now().UTC(), EndAt: time.Now().Add(time.Hour).UTC(),
 				Metadata: map[string]string{"run": "bench", "step": fmt.Sprint(i)}}}
-			v, err := encodeRecord(&r)
+			v, err := encodeRecord(nil, &r)
 			if err != nil {
 				return err
 			}

@@ -29,6 +29,7 @@ import (
 	"github.com/aenvhq/aenv/internal/ids"
 	"github.com/aenvhq/aenv/internal/nodeapi"
 	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
+	"github.com/aenvhq/aenv/internal/sealed"
 	"github.com/aenvhq/aenv/internal/state"
 )
 
@@ -138,7 +139,10 @@ type Config struct {
 	// at every create, fork and resume (automatic ones too, which come
 	// with no API key), so it must answer from memory.
 	TeamLimits func(team string) TeamLimits
-	Logger     *slog.Logger
+	// DataKeys seal the tokens of sandbox and volume records in the
+	// store; nil stores them in clear (unit tests).
+	DataKeys *sealed.Keyring
+	Logger   *slog.Logger
 }
 
 // Sandbox is the control plane's record of a sandbox. Values returned by
@@ -275,7 +279,7 @@ func Open(ctx context.Context, cfg Config) (*Cluster, error) {
 	if cfg.TickInterval == 0 {
 		cfg.TickInterval = 250 * time.Millisecond
 	}
-	c := &Cluster{cfg: cfg, log: cfg.Logger, recs: newRecords(cfg.State), expiring: map[string]bool{}}
+	c := &Cluster{cfg: cfg, log: cfg.Logger, recs: newRecords(cfg.State, cfg.DataKeys), expiring: map[string]bool{}}
 	c.nodes = newFleet(cfg.State, cfg.Local, cfg.Dial, cfg.Logger)
 	c.nodes.onEvent = c.nodeEvent
 	if err := c.migrateLegacy(ctx); err != nil {

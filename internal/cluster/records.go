@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/aenvhq/aenv/internal/sealed"
 	"github.com/aenvhq/aenv/internal/state"
 )
 
@@ -71,6 +72,8 @@ type cached struct {
 // server's writes arrive with the watch, milliseconds later.
 type records struct {
 	st state.Store
+	// keys seal the tokens in the stored records.
+	keys *sealed.Keyring
 
 	mu sync.Mutex
 	m  map[string]*cached
@@ -87,15 +90,28 @@ type records struct {
 // goneFor is far beyond any watch delay.
 const goneFor = time.Minute
 
-func newRecords(st state.Store) *records {
-	return &records{st: st, m: map[string]*cached{}, gone: map[string]time.Time{}, unknown: newUnknownIDs(maxUnknown)}
+func newRecords(st state.Store, keys *sealed.Keyring) *records {
+	return &records{st: st, keys: keys, m: map[string]*cached{}, gone: map[string]time.Time{}, unknown: newUnknownIDs(maxUnknown)}
 }
 
-func encodeRecord(r *record) ([]byte, error) { return json.Marshal(r) }
+// encodeRecord stores r with its tokens sealed with the data key, each
+// bound to its record and field.
+func encodeRecord(keys *sealed.Keyring, r *record) ([]byte, error) {
+	s := *r
+	s.EnvdAccessToken = keys.Seal(r.EnvdAccessToken, sandboxKey(r.ID)+"/envdAccessToken")
+	s.TrafficAccessToken = keys.Seal(r.TrafficAccessToken, sandboxKey(r.ID)+"/trafficAccessToken")
+	return json.Marshal(&s)
+}
 
-func decodeRecord(e state.Entry) (record, error) {
+func decodeRecord(keys *sealed.Keyring, e state.Entry) (record, error) {
 	var r record
 	if err := json.Unmarshal(e.Value, &r); err != nil {
+		return r, fmt.Errorf("decoding record %s: %w", e.Key, err)
+	}
+	var err1, err2 error
+	r.EnvdAccessToken, err1 = keys.Open(r.EnvdAccessToken, sandboxKey(r.ID)+"/envdAccessToken")
+	r.TrafficAccessToken, err2 = keys.Open(r.TrafficAccessToken, sandboxKey(r.ID)+"/trafficAccessToken")
+	if err := errors.Join(err1, err2); err != nil {
 		return r, fmt.Errorf("decoding record %s: %w", e.Key, err)
 	}
 	return r, nil
@@ -110,7 +126,7 @@ func (rs *records) load(ctx context.Context) (int64, error) {
 	}
 	m := make(map[string]*cached, len(entries))
 	for _, e := range entries {
-		r, err := decodeRecord(e)
+		r, err := decodeRecord(rs.keys, e)
 		if err != nil {
 			return 0, err
 		}
@@ -150,7 +166,7 @@ func (rs *records) apply(ev state.Event) {
 		// the id is gone, not still being created.
 		rs.markGone(id)
 	case state.EventPut:
-		r, err := decodeRecord(ev.Entry)
+		r, err := decodeRecord(rs.keys, ev.Entry)
 		if err != nil {
 			return
 		}
@@ -285,7 +301,7 @@ func (rs *records) fetch(ctx context.Context, id string) (record, int64, error) 
 	if err != nil {
 		return record{}, 0, err
 	}
-	r, err := decodeRecord(e)
+	r, err := decodeRecord(rs.keys, e)
 	if err != nil {
 		return record{}, 0, err
 	}
@@ -295,7 +311,7 @@ func (rs *records) fetch(ctx context.Context, id string) (record, int64, error) 
 
 // create stores a new record.
 func (rs *records) create(ctx context.Context, r record) error {
-	b, err := encodeRecord(&r)
+	b, err := encodeRecord(rs.keys, &r)
 	if err != nil {
 		return err
 	}
@@ -332,7 +348,7 @@ func (rs *records) mutate(ctx context.Context, id string, fn func(r *record) err
 			}
 			return record{}, err
 		}
-		b, err := encodeRecord(&r)
+		b, err := encodeRecord(rs.keys, &r)
 		if err != nil {
 			return record{}, err
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/aenvhq/aenv/internal/ids"
 	"github.com/aenvhq/aenv/internal/nodeapi"
 	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
+	"github.com/aenvhq/aenv/internal/sealed"
 	"github.com/aenvhq/aenv/internal/state"
 )
 
@@ -95,7 +96,7 @@ func (c *Cluster) CreateVolume(ctx context.Context, owner Owner, name string) (*
 		return fail(fmt.Errorf("creating volume %s on node %s: %w", name, n.ID(), err))
 	}
 	v.NodeID = n.ID()
-	b, _ := json.Marshal(v)
+	b, _ := encodeVolume(c.cfg.DataKeys, v)
 	if _, err := c.cfg.State.Create(ctx, volumePrefix+v.ID, b, state.WriteOptions{}); err != nil {
 		n.DeleteVolume(context.WithoutCancel(ctx), &nodev1.DeleteVolumeRequest{VolumeId: v.ID})
 		return fail(fmt.Errorf("recording volume %s: %w", name, err))
@@ -130,9 +131,28 @@ func (c *Cluster) volume(ctx context.Context, id string) (*Volume, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading volume %s: %w", id, err)
 	}
-	var v Volume
-	if err := json.Unmarshal(e.Value, &v); err != nil {
+	v, err := decodeVolume(c.cfg.DataKeys, e.Value)
+	if err != nil {
 		return nil, fmt.Errorf("reading volume %s: %w", id, err)
+	}
+	return v, nil
+}
+
+// encodeVolume stores v with its token sealed with the data key.
+func encodeVolume(keys *sealed.Keyring, v *Volume) ([]byte, error) {
+	s := *v
+	s.Token = keys.Seal(v.Token, volumePrefix+v.ID+"/token")
+	return json.Marshal(&s)
+}
+
+func decodeVolume(keys *sealed.Keyring, b []byte) (*Volume, error) {
+	var v Volume
+	if err := json.Unmarshal(b, &v); err != nil {
+		return nil, err
+	}
+	var err error
+	if v.Token, err = keys.Open(v.Token, volumePrefix+v.ID+"/token"); err != nil {
+		return nil, fmt.Errorf("volume %s's token: %w", v.ID, err)
 	}
 	return &v, nil
 }
@@ -145,11 +165,11 @@ func (c *Cluster) ListVolumes(ctx context.Context, owner Owner) ([]*Volume, erro
 	}
 	var out []*Volume
 	for _, e := range entries {
-		var v Volume
-		if json.Unmarshal(e.Value, &v) != nil || !owner.Sees(v.TeamID()) {
+		v, err := decodeVolume(c.cfg.DataKeys, e.Value)
+		if err != nil || !owner.Sees(v.TeamID()) {
 			continue
 		}
-		out = append(out, &v)
+		out = append(out, v)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
@@ -289,7 +309,7 @@ func (c *Cluster) moveVolumes(ctx context.Context, mounts []VolumeMount, from st
 			return err
 		}
 		put := func(v *Volume) error {
-			b, _ := json.Marshal(v)
+			b, _ := encodeVolume(c.cfg.DataKeys, v)
 			_, err := c.cfg.State.Put(ctx, volumePrefix+v.ID, b, state.WriteOptions{})
 			return err
 		}
@@ -312,7 +332,7 @@ func (c *Cluster) moveVolumes(ctx context.Context, mounts []VolumeMount, from st
 		}
 		old := v.NodeID
 		v.NodeID, v.Moving = to.ID(), false
-		b, _ := json.Marshal(v)
+		b, _ := encodeVolume(c.cfg.DataKeys, v)
 		if _, err := c.cfg.State.Put(ctx, volumePrefix+v.ID, b, state.WriteOptions{}); err != nil {
 			return fmt.Errorf("recording volume %s on node %s: %w", v.Name, to.ID(), err)
 		}

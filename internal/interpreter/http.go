@@ -41,7 +41,7 @@ func (s *Server) Handler() http.Handler {
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no route for "+r.Method+" "+r.URL.Path)
 	})
-	return m
+	return s.withAuth(m)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -131,7 +131,7 @@ func (s *Server) handleExecute(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	globals := s.sandboxEnv(r.Context(), r.Header.Get("X-Access-Token"))
+	globals := s.sandboxEnv(r.Context(), r.Header.Get(AccessTokenHeader))
 	start := time.Now()
 	err := s.execute(r.Context(), c, body.Code, globals, body.EnvVars, emit)
 	if err != nil {
@@ -171,7 +171,7 @@ func (s *Server) sandboxEnv(ctx context.Context, token string) map[string]string
 		return env
 	}
 	if token != "" {
-		req.Header.Set("X-Access-Token", token)
+		req.Header.Set(AccessTokenHeader, token)
 	}
 	res, err := http.DefaultClient.Do(req)
 	if err != nil {

@@ -46,7 +46,8 @@ type Config struct {
 	// EnvdURL, when set, is the sandbox's envd: the environment the
 	// sandbox was created with (GET /envs) applies to every execution, as
 	// kernels started before the create (in the template's snapshot)
-	// never saw it.
+	// never saw it, and requests must carry the access token envd demands
+	// (see withAuth). Empty, nothing checks tokens.
 	EnvdURL string
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/aenvhq/aenv/internal/nodeapi"
 	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
 	"github.com/aenvhq/aenv/internal/proxy"
+	"github.com/aenvhq/aenv/internal/sealed"
 	"github.com/aenvhq/aenv/internal/state"
 )
 
@@ -61,11 +62,32 @@ func StartNode(ctx context.Context, cfg Config) (_ *Agent, err error) {
 	if err != nil {
 		return nil, err
 	}
+	keys, err := loadDataKeys(cfg.DataDir, cfg.DataKeyFile, false, log)
+	if err != nil {
+		return nil, err
+	}
 	if cfg.Join != "" {
-		if cfg.EtcdEndpoints, err = joinCluster(ctx, cfg.Join, token); err != nil {
+		var joined joinAnswer
+		if joined, err = joinCluster(ctx, cfg.Join, token); err != nil {
 			return nil, err
 		}
+		cfg.EtcdEndpoints = joined.EtcdEndpoints
+		if keys.keys == nil && joined.DataKey != "" {
+			// Kept in memory only: the next start joins again.
+			parsed, err := sealed.ParseKeys(joined.DataKey)
+			if err != nil {
+				return nil, fmt.Errorf("joining %s: the data key it handed over: %w", cfg.Join, err)
+			}
+			if keys.keys, err = sealed.NewKeyring(parsed, nil); err != nil {
+				return nil, err
+			}
+			keys.where = "the join at " + cfg.Join
+		}
 	}
+	if keys.keys == nil {
+		return nil, fmt.Errorf("starting node: no data key: give --join URL (a server hands it over), --data-key-file or $%s", DataKeyEnv)
+	}
+	cfg.dataKeys = keys.keys
 	if len(cfg.EtcdEndpoints) == 0 {
 		return nil, errors.New("starting node: give --join URL (a server of the cluster) or --etcd-endpoints")
 	}
@@ -73,6 +95,9 @@ func StartNode(ctx context.Context, cfg Config) (_ *Agent, err error) {
 		return nil, err
 	}
 	if err := cluster.CheckToken(ctx, a.state, token, false); err != nil {
+		return nil, fmt.Errorf("starting node: %w", err)
+	}
+	if err := checkDataKeys(ctx, a.state, keys, false); err != nil {
 		return nil, fmt.Errorf("starting node: %w", err)
 	}
 	if a.listener, err = net.Listen("tcp", cfg.Listen); err != nil {
@@ -213,32 +238,35 @@ func (l localRoutes) SandboxRoute(_ context.Context, id string) (proxy.Route, er
 // joinAnswer is what JoinPath returns.
 type joinAnswer struct {
 	EtcdEndpoints []string `json:"etcdEndpoints"`
+	// DataKey is the cluster's data keys (sealed.ParseKeys' form), for
+	// the node's snapshot metadata.
+	DataKey string `json:"dataKey,omitempty"`
 }
 
 // joinCluster asks the server at url for the cluster's etcd endpoints.
-func joinCluster(ctx context.Context, url, token string) ([]string, error) {
+func joinCluster(ctx context.Context, url, token string) (joinAnswer, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(url, "/")+JoinPath, nil)
 	if err != nil {
-		return nil, fmt.Errorf("joining %s: %w", url, err)
+		return joinAnswer{}, fmt.Errorf("joining %s: %w", url, err)
 	}
 	req.Header.Set(nodeapi.TokenHeader, token)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("joining %s: %w", url, err)
+		return joinAnswer{}, fmt.Errorf("joining %s: %w", url, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		var e struct{ Message string }
 		_ = json.NewDecoder(resp.Body).Decode(&e)
-		return nil, fmt.Errorf("joining %s: the server refused (%d): %s", url, resp.StatusCode, e.Message)
+		return joinAnswer{}, fmt.Errorf("joining %s: the server refused (%d): %s", url, resp.StatusCode, e.Message)
 	}
 	var ans joinAnswer
 	if err := json.NewDecoder(resp.Body).Decode(&ans); err != nil || len(ans.EtcdEndpoints) == 0 {
-		return nil, fmt.Errorf("joining %s: no etcd endpoints in the answer (%v)", url, err)
+		return joinAnswer{}, fmt.Errorf("joining %s: no etcd endpoints in the answer (%v)", url, err)
 	}
-	return ans.EtcdEndpoints, nil
+	return ans, nil
 }
 
 // withJoin answers JoinPath, for node agents holding the cluster token,
@@ -256,6 +284,9 @@ func (s *Server) withJoin(h http.Handler) http.Handler {
 	})
 }
 
+// dataKeyText is the data keys a joining node is handed.
+func (s *Server) dataKeyText() string { return s.cfg.dataKeys.Text() }
+
 func (s *Server) join(w http.ResponseWriter, r *http.Request) {
 	var eps []string
 	for _, e := range s.state.Endpoints() {
@@ -271,5 +302,5 @@ func (s *Server) join(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.log.Info("a node is joining", "remote", r.RemoteAddr)
-	_ = json.NewEncoder(w).Encode(joinAnswer{EtcdEndpoints: eps})
+	_ = json.NewEncoder(w).Encode(joinAnswer{EtcdEndpoints: eps, DataKey: s.dataKeyText()})
 }

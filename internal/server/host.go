@@ -135,7 +135,7 @@ func (h *host) open(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 
-	snapshots, err := snapshot.Open(filepath.Join(cfg.DataDir, "snapshots"), h.remote)
+	snapshots, err := snapshot.Open(filepath.Join(cfg.DataDir, "snapshots"), h.remote, cfg.dataKeys)
 	if err != nil {
 		return err
 	}

@@ -29,6 +29,7 @@ import (
 	"github.com/aenvhq/aenv/internal/nodeapi"
 	"github.com/aenvhq/aenv/internal/proxy"
 	"github.com/aenvhq/aenv/internal/runtime/gvisor"
+	"github.com/aenvhq/aenv/internal/sealed"
 	"github.com/aenvhq/aenv/internal/state"
 	"github.com/aenvhq/aenv/internal/store"
 	"github.com/aenvhq/aenv/internal/template"
@@ -164,6 +165,13 @@ type Config struct {
 	// other with; empty reads $AENV_CLUSTER_TOKEN or
 	// <data-dir>/secrets/cluster-token (a server generates it).
 	ClusterToken string
+	// DataKeyFile holds the data keys that seal secrets at rest (the
+	// sealing one first); empty reads $AENV_DATA_KEY or
+	// <data-dir>/secrets/data-key (a server generates it; a node agent
+	// that joins through a server is handed it).
+	DataKeyFile string
+	// dataKeys are the keys loaded from there, for the snapshot catalog.
+	dataKeys *sealed.Keyring
 	// Join is a server's URL a node agent asks for the cluster's etcd
 	// endpoints (instead of EtcdEndpoints).
 	Join string
@@ -254,6 +262,14 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 	if err := cluster.CheckToken(ctx, s.state, s.token, true); err != nil {
 		return nil, fmt.Errorf("this server's cluster token (%s or $%s): %w", ClusterTokenPath(cfg.DataDir), ClusterTokenEnv, err)
 	}
+	keys, err := loadDataKeys(cfg.DataDir, cfg.DataKeyFile, true, log)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkDataKeys(ctx, s.state, keys, true); err != nil {
+		return nil, err
+	}
+	cfg.dataKeys, s.cfg.dataKeys = keys.keys, keys.keys
 	s.nodeTransport = nodeapi.Transport(s.token)
 	if s.keys, err = apikeys.Open(ctx, s.state, log); err != nil {
 		return nil, err
@@ -293,6 +309,7 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 		// One server per data directory on a host: its restarted self has
 		// the same name, whatever port it listens on.
 		Candidate: hostname + ":" + cfg.DataDir,
+		DataKeys:  cfg.dataKeys,
 		Logger:    log,
 	}
 	if s.host != nil {

@@ -23,6 +23,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/aenvhq/aenv/internal/sealed"
 	"github.com/aenvhq/aenv/internal/store"
 )
 
@@ -86,6 +87,9 @@ type Snapshot struct {
 	// template afresh with those files, and EnvVars, as at its create.
 	FilesOnly bool              `json:"filesOnly,omitempty"`
 	EnvVars   map[string]string `json:"envVars,omitempty"`
+	// SealedEnvVars is EnvVars as stored: JSON sealed with the data key
+	// (EnvVars is then not stored).
+	SealedEnvVars string `json:"sealedEnvVars,omitempty"`
 	// Dir holds the runtime's image (not stored).
 	Dir string `json:"-"`
 }
@@ -95,15 +99,19 @@ type Snapshot struct {
 type Catalog struct {
 	dir    string
 	remote *store.Store
-	mu     sync.Mutex
+	// keys seal the environment variables and the envd token in the
+	// metadata (nil: stored in clear).
+	keys *sealed.Keyring
+	mu   sync.Mutex
 }
 
 const partialSuffix = ".partial"
 
 // Open opens (creating if needed) the catalog in dir and removes what an
 // interrupted save left behind. With remote, snapshots are also written to
-// (and, when missing here, read from) that store.
-func Open(dir string, remote *store.Store) (*Catalog, error) {
+// (and, when missing here, read from) that store. keys seal the secrets in
+// the metadata.
+func Open(dir string, remote *store.Store, keys *sealed.Keyring) (*Catalog, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("opening snapshot catalog: %w", err)
 	}
@@ -116,7 +124,7 @@ func Open(dir string, remote *store.Store) (*Catalog, error) {
 			os.RemoveAll(filepath.Join(dir, e.Name()))
 		}
 	}
-	return &Catalog{dir: dir, remote: remote}, nil
+	return &Catalog{dir: dir, remote: remote, keys: keys}, nil
 }
 
 // Begin returns an empty staging directory for snapshot id's image.
@@ -153,9 +161,9 @@ func (c *Catalog) Commit(ctx context.Context, s *Snapshot) error {
 	if s.CreatedAt.IsZero() {
 		s.CreatedAt = time.Now().UTC()
 	}
-	b, err := json.MarshalIndent(s, "", "  ")
+	b, err := c.encode(s)
 	if err != nil {
-		return err
+		return fmt.Errorf("committing snapshot %s: %w", s.ID, err)
 	}
 	c.mu.Lock()
 	for _, n := range s.Names {
@@ -285,9 +293,10 @@ func (c *Catalog) fetchLocked(ctx context.Context, s *Snapshot) (*Snapshot, erro
 		os.RemoveAll(staging)
 		return nil, fmt.Errorf("fetching snapshot %s: %w", s.ID, err)
 	}
-	b, err := json.Marshal(s)
+	b, err := c.encode(s)
 	if err != nil {
-		return nil, err
+		os.RemoveAll(staging)
+		return nil, fmt.Errorf("fetching snapshot %s: %w", s.ID, err)
 	}
 	if err := writeSynced(filepath.Join(staging, metaFile), b); err != nil {
 		os.RemoveAll(staging)
@@ -309,11 +318,49 @@ func (c *Catalog) read(id string) (*Snapshot, error) {
 	if err != nil {
 		return nil, err
 	}
-	var s Snapshot
-	if err := json.Unmarshal(b, &s); err != nil {
+	s, err := c.decode(b)
+	if err != nil {
 		return nil, fmt.Errorf("reading snapshot %s: %w", id, err)
 	}
 	s.Dir = dir
+	return s, nil
+}
+
+// encode is s's metadata as stored, its secrets sealed, each bound to the
+// snapshot and field.
+func (c *Catalog) encode(s *Snapshot) ([]byte, error) {
+	out := *s
+	out.EnvdAccessToken = c.keys.Seal(s.EnvdAccessToken, "snapshots/"+s.ID+"/envdAccessToken")
+	if len(s.EnvVars) > 0 && c.keys != nil {
+		env, err := json.Marshal(s.EnvVars)
+		if err != nil {
+			return nil, err
+		}
+		out.EnvVars, out.SealedEnvVars = nil, c.keys.Seal(string(env), "snapshots/"+s.ID+"/envVars")
+	}
+	return json.MarshalIndent(&out, "", "  ")
+}
+
+// decode reads metadata encode wrote (or, from before sealing, in clear).
+func (c *Catalog) decode(b []byte) (*Snapshot, error) {
+	var s Snapshot
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, err
+	}
+	var err error
+	if s.EnvdAccessToken, err = c.keys.Open(s.EnvdAccessToken, "snapshots/"+s.ID+"/envdAccessToken"); err != nil {
+		return nil, fmt.Errorf("its envd token: %w", err)
+	}
+	if s.SealedEnvVars != "" {
+		env, err := c.keys.Open(s.SealedEnvVars, "snapshots/"+s.ID+"/envVars")
+		if err != nil {
+			return nil, fmt.Errorf("its environment variables: %w", err)
+		}
+		if err := json.Unmarshal([]byte(env), &s.EnvVars); err != nil {
+			return nil, fmt.Errorf("its environment variables: %w", err)
+		}
+		s.SealedEnvVars = ""
+	}
 	return &s, nil
 }
 
@@ -344,14 +391,14 @@ func (c *Catalog) listLocked(ctx context.Context) ([]*Snapshot, error) {
 			return nil, fmt.Errorf("listing snapshots: %w", err)
 		}
 		for _, m := range manifests {
-			var s Snapshot
-			if err := json.Unmarshal(m.Meta, &s); err != nil || s.ID != m.ID {
-				continue // not one of ours
+			s, err := c.decode(m.Meta)
+			if err != nil || s.ID != m.ID {
+				continue // not one of ours, or not for this cluster's key
 			}
 			if local, err := c.read(s.ID); err == nil {
 				s.Dir = local.Dir
 			}
-			out = append(out, &s)
+			out = append(out, s)
 		}
 	} else {
 		entries, err := os.ReadDir(c.dir)

@@ -1,12 +1,14 @@
 package snapshot
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"os"
 	"path/filepath"
 	"testing"
 
+	"github.com/aenvhq/aenv/internal/sealed"
 	"github.com/aenvhq/aenv/internal/store"
 )
 
@@ -24,7 +26,7 @@ func stage(t *testing.T, c *Catalog, id string, content string) {
 }
 
 func TestCatalogLifecycle(t *testing.T) {
-	c, err := Open(t.TempDir(), nil)
+	c, err := Open(t.TempDir(), nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +83,7 @@ func TestCatalogLifecycle(t *testing.T) {
 // snapshot: the half-written one never appears and earlier ones are intact.
 func TestCrashMidSaveKeepsPrevious(t *testing.T) {
 	dir := t.TempDir()
-	c, err := Open(dir, nil)
+	c, err := Open(dir, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +93,7 @@ func TestCrashMidSaveKeepsPrevious(t *testing.T) {
 	}
 	stage(t, c, "new", "half-writ") // no Commit: the process "died"
 
-	c2, err := Open(dir, nil)
+	c2, err := Open(dir, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +122,7 @@ func TestRemoteStore(t *testing.T) {
 	}
 	defer remote.Close()
 	dir := t.TempDir()
-	c, err := Open(dir, remote)
+	c, err := Open(dir, remote, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +139,7 @@ func TestRemoteStore(t *testing.T) {
 	if err := os.RemoveAll(filepath.Join(dir, "r1")); err != nil {
 		t.Fatal(err)
 	}
-	c2, err := Open(dir, remote)
+	c2, err := Open(dir, remote, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,5 +165,74 @@ func TestRemoteStore(t *testing.T) {
 	}
 	if _, err := c2.Get(ctx, "r1"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("deleted snapshot still listed: %v", err)
+	}
+}
+
+// TestSealedMetadata: a snapshot's environment variables and envd token
+// are nowhere in clear, neither in the local catalog nor in the store,
+// and come back whole from both (another node's catalog with the same key
+// fetching it).
+func TestSealedMetadata(t *testing.T) {
+	storeDir := t.TempDir()
+	backend, err := store.NewLocal(storeDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	remote, err := store.New(store.Options{Backend: backend})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer remote.Close()
+	keys, err := sealed.NewKeyring([]sealed.Key{sealed.NewKey()}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	c, err := Open(dir, remote, keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stage(t, c, "p1", "memory")
+	in := &Snapshot{ID: "p1", Kind: KindPause, EnvdAccessToken: "token-f00d", EnvVars: map[string]string{"SECRET": "value-beef"}}
+	if err := c.Commit(ctx, in); err != nil {
+		t.Fatal(err)
+	}
+	for _, root := range []string{dir, storeDir} {
+		filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+			if err != nil || d.IsDir() {
+				return err
+			}
+			b, _ := os.ReadFile(p)
+			if bytes.Contains(b, []byte("f00d")) || bytes.Contains(b, []byte("beef")) {
+				t.Errorf("%s holds a secret in clear: %s", p, b)
+			}
+			return nil
+		})
+	}
+	check := func(what string, s *Snapshot, err error) {
+		t.Helper()
+		if err != nil || s.EnvdAccessToken != "token-f00d" || s.EnvVars["SECRET"] != "value-beef" || s.SealedEnvVars != "" {
+			t.Fatalf("%s: %+v %v", what, s, err)
+		}
+	}
+	s, err := c.Get(ctx, "p1")
+	check("local", s, err)
+	other, err := Open(t.TempDir(), remote, keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err = other.Fetch(ctx, "p1")
+	check("fetched by another node", s, err)
+	s, err = other.Get(ctx, "p1")
+	check("read back where it was fetched", s, err)
+
+	// A node with another cluster's key does not list it.
+	wrong, _ := sealed.NewKeyring([]sealed.Key{sealed.NewKey()}, nil)
+	stranger, err := Open(t.TempDir(), remote, wrong)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if all, _ := stranger.List(ctx); len(all) != 0 {
+		t.Fatalf("listed with another key: %+v", all)
 	}
 }

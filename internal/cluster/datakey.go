@@ -1,0 +1,122 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/aenvhq/aenv/internal/sealed"
+	"github.com/aenvhq/aenv/internal/state"
+)
+
+// dataKeyCheckKey holds a value sealed with the cluster's data key: a
+// process whose keys do not open it holds another cluster's key, and would
+// write records nobody else can read.
+const dataKeyCheckKey = "cluster/data-key-check"
+
+const dataKeyCheckText = "aenv data key"
+
+// ErrWrongDataKey: the data key given is not the cluster's.
+var ErrWrongDataKey = errors.New("wrong data key")
+
+// CheckDataKey makes sure keys open what the cluster seals. The first
+// server to come (adopt) records its key; after that, a process whose keys
+// lack the one in use is refused (ErrWrongDataKey).
+func CheckDataKey(ctx context.Context, st state.Store, keys *sealed.Keyring, adopt bool) error {
+	e, err := st.Get(ctx, dataKeyCheckKey)
+	if errors.Is(err, state.ErrNotFound) && adopt {
+		v := keys.Seal(dataKeyCheckText, dataKeyCheckKey)
+		if _, err := st.Create(ctx, dataKeyCheckKey, []byte(v), state.WriteOptions{}); err == nil {
+			return nil
+		} else if !errors.Is(err, state.ErrExists) {
+			return fmt.Errorf("recording the data key: %w", err)
+		}
+		e, err = st.Get(ctx, dataKeyCheckKey)
+	}
+	if errors.Is(err, state.ErrNotFound) {
+		return fmt.Errorf("%w: the cluster has no data key yet (start a server first)", ErrWrongDataKey)
+	}
+	if err != nil {
+		return fmt.Errorf("checking the data key: %w", err)
+	}
+	if got, err := keys.Open(string(e.Value), dataKeyCheckKey); err != nil || got != dataKeyCheckText {
+		return fmt.Errorf("%w: the cluster's values are sealed with key %s, and this process holds %v (%v)",
+			ErrWrongDataKey, sealed.KeyOf(string(e.Value)), keys.IDs(), err)
+	}
+	return nil
+}
+
+// Resealed counts what ResealState rewrote.
+type Resealed struct {
+	Sandboxes, Volumes int
+}
+
+// ResealState rewrites every secret the store holds (the tokens of
+// sandbox and volume records, the data key check) sealed with keys'
+// current key, so that older keys can be retired. It opens them with any
+// of keys; each write is a compare-and-swap, retried on a concurrent
+// change, so that running servers may go on meanwhile.
+func ResealState(ctx context.Context, st state.Store, keys *sealed.Keyring) (Resealed, error) {
+	var n Resealed
+	err := reseal(ctx, st, sandboxPrefix, func(e state.Entry) ([]byte, error) {
+		r, err := decodeRecord(keys, e)
+		if err != nil {
+			return nil, err
+		}
+		return encodeRecord(keys, &r)
+	}, &n.Sandboxes)
+	if err != nil {
+		return n, err
+	}
+	err = reseal(ctx, st, volumePrefix, func(e state.Entry) ([]byte, error) {
+		v, err := decodeVolume(keys, e.Value)
+		if err != nil {
+			return nil, fmt.Errorf("decoding %s: %w", e.Key, err)
+		}
+		return encodeVolume(keys, v)
+	}, &n.Volumes)
+	if err != nil {
+		return n, err
+	}
+	var checks int
+	err = reseal(ctx, st, dataKeyCheckKey, func(e state.Entry) ([]byte, error) {
+		if got, err := keys.Open(string(e.Value), dataKeyCheckKey); err != nil || got != dataKeyCheckText {
+			return nil, fmt.Errorf("%w: %v", ErrWrongDataKey, err)
+		}
+		return []byte(keys.Seal(dataKeyCheckText, dataKeyCheckKey)), nil
+	}, &checks)
+	return n, err
+}
+
+// reseal rewrites every entry under prefix with redo, counting them.
+func reseal(ctx context.Context, st state.Store, prefix string, redo func(state.Entry) ([]byte, error), count *int) error {
+	entries, _, err := st.List(ctx, prefix)
+	if err != nil {
+		return fmt.Errorf("resealing %s: %w", prefix, err)
+	}
+	for _, e := range entries {
+		for attempt := 0; ; attempt++ {
+			b, err := redo(e)
+			if err != nil {
+				return fmt.Errorf("resealing %s: %w", e.Key, err)
+			}
+			_, err = st.Update(ctx, e.Key, b, e.Revision, state.WriteOptions{})
+			if err == nil {
+				*count++
+				break
+			}
+			if errors.Is(err, state.ErrNotFound) {
+				break // deleted meanwhile: nothing left to seal
+			}
+			if !errors.Is(err, state.ErrConflict) || attempt >= 20 {
+				return fmt.Errorf("resealing %s: %w", e.Key, err)
+			}
+			if e, err = st.Get(ctx, e.Key); errors.Is(err, state.ErrNotFound) {
+				break
+			} else if err != nil {
+				return fmt.Errorf("resealing %s: %w", e.Key, err)
+			}
+		}
+	}
+	return nil
+}
