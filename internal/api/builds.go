@@ -200,13 +200,22 @@ func (bs *builds) request(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
+// byID finds the latest build of template id, or of the caller's team's
+// template called id.
+func (bs *builds) byID(r *http.Request, id string) *buildRecord {
+	bs.mu.Lock()
+	defer bs.mu.Unlock()
+	if rec := bs.byTemplate[id]; rec != nil {
+		return rec
+	}
+	return bs.byTemplate[teamTemplateID(callerKey(r).Team, id)]
+}
+
 // building checks that the {templateID} a files route names is a build
 // the caller's team requested (POST /v3/templates comes first).
 func (bs *builds) building(w http.ResponseWriter, r *http.Request) bool {
 	id := r.PathValue("templateID")
-	bs.mu.Lock()
-	rec := bs.byTemplate[id]
-	bs.mu.Unlock()
+	rec := bs.byID(r, id)
 	if rec == nil || !owner(r).Sees(rec.team) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no build of template %s (request one with POST /v3/templates first)", id))
 		return false
@@ -217,9 +226,7 @@ func (bs *builds) building(w http.ResponseWriter, r *http.Request) bool {
 // lookup finds the build a path names.
 func (bs *builds) lookup(w http.ResponseWriter, r *http.Request) *buildRecord {
 	id, buildID := r.PathValue("templateID"), r.PathValue("buildID")
-	bs.mu.Lock()
-	rec := bs.byTemplate[id]
-	bs.mu.Unlock()
+	rec := bs.byID(r, id)
 	if rec == nil || rec.buildID != buildID || !owner(r).Sees(rec.team) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("build %s of template %s not found", buildID, id))
 		return nil

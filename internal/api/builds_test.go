@@ -138,7 +138,7 @@ func TestTemplateBuildAPI(t *testing.T) {
 	if code := call(t, url, key, "POST", "/v3/templates", map[string]any{"name": "apibuilt:v1", "cpuCount": 1, "memoryMB": 256}, &req); code != http.StatusAccepted {
 		t.Fatalf("POST /v3/templates: %d", code)
 	}
-	if req.TemplateID != "apibuilt" || req.BuildID == "" || len(req.Names) != 1 {
+	if !strings.HasPrefix(req.TemplateID, "apibuilt.") || req.BuildID == "" || len(req.Names) != 1 {
 		t.Fatalf("request answer = %+v", req)
 	}
 	// A COPY whose files were not uploaded is refused.
@@ -147,7 +147,7 @@ func TestTemplateBuildAPI(t *testing.T) {
 		Message string `json:"message"`
 	}
 	copyBody := map[string]any{"fromTemplate": "base", "steps": []map[string]any{{"type": "COPY", "args": []string{"a", "/a", "", ""}, "filesHash": "0123"}}}
-	if code := call(t, url, key, "POST", "/v2/templates/apibuilt/builds/"+req.BuildID, copyBody, &apiErr); code != http.StatusBadRequest ||
+	if code := call(t, url, key, "POST", "/v2/templates/"+req.TemplateID+"/builds/"+req.BuildID, copyBody, &apiErr); code != http.StatusBadRequest ||
 		apiErr.Code != 400 || !strings.Contains(apiErr.Message, "uploaded") {
 		t.Fatalf("COPY build: %d %+v", code, apiErr)
 	}
@@ -157,7 +157,7 @@ func TestTemplateBuildAPI(t *testing.T) {
 		URL     string            `json:"url"`
 		Headers map[string]string `json:"headers"`
 	}
-	if code := call(t, url, key, "GET", "/templates/apibuilt/files/cafe01", nil, &link); code != http.StatusCreated || link.Present || link.URL == "" {
+	if code := call(t, url, key, "GET", "/templates/"+req.TemplateID+"/files/cafe01", nil, &link); code != http.StatusCreated || link.Present || link.URL == "" {
 		t.Fatalf("upload link: %d %+v", code, link)
 	}
 	up, _ := http.NewRequest("PUT", link.URL, bytes.NewReader(tarOf(t, "app/config.txt", "copied via the API\n")))
@@ -183,10 +183,10 @@ func TestTemplateBuildAPI(t *testing.T) {
 		},
 		"startCmd": "", "readyCmd": "",
 	}
-	if code := call(t, url, key, "POST", "/v2/templates/apibuilt/builds/"+req.BuildID, body, &apiErr); code != http.StatusAccepted {
+	if code := call(t, url, key, "POST", "/v2/templates/"+req.TemplateID+"/builds/"+req.BuildID, body, &apiErr); code != http.StatusAccepted {
 		t.Fatalf("starting build: %d %+v", code, apiErr)
 	}
-	if code := call(t, url, key, "POST", "/v2/templates/apibuilt/builds/"+req.BuildID, body, nil); code != http.StatusConflict {
+	if code := call(t, url, key, "POST", "/v2/templates/"+req.TemplateID+"/builds/"+req.BuildID, body, nil); code != http.StatusConflict {
 		t.Fatalf("starting the build twice: %d", code)
 	}
 	st, logs := waitBuild(t, url, key, "apibuilt", req.BuildID)
@@ -204,7 +204,7 @@ func TestTemplateBuildAPI(t *testing.T) {
 	call(t, url, key, "GET", "/templates", nil, &list)
 	found := false
 	for _, tpl := range list {
-		found = found || (tpl.TemplateID == "apibuilt" && tpl.CPUCount == 1)
+		found = found || (tpl.TemplateID == req.TemplateID && tpl.CPUCount == 1)
 	}
 	if !found {
 		t.Fatalf("GET /templates = %+v", list)
@@ -212,7 +212,7 @@ func TestTemplateBuildAPI(t *testing.T) {
 	var alias struct {
 		TemplateID string `json:"templateID"`
 	}
-	if code := call(t, url, key, "GET", "/templates/aliases/apibuilt", nil, &alias); code != http.StatusOK || alias.TemplateID != "apibuilt" {
+	if code := call(t, url, key, "GET", "/templates/aliases/apibuilt", nil, &alias); code != http.StatusOK || alias.TemplateID != req.TemplateID {
 		t.Fatalf("alias: %d %+v", code, alias)
 	}
 
