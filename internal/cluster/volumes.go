@@ -42,6 +42,9 @@ type Volume struct {
 	// Moving is set while the volume moves to another node: no new
 	// sandbox may mount it meanwhile.
 	Moving bool `json:"moving,omitempty"`
+	// SizeBytes bounds its files; 0: a plain directory, unbounded (a
+	// volume from before sizes).
+	SizeBytes int64 `json:"sizeBytes,omitempty"`
 }
 
 // VolumeMount asks for a volume (by name or id) at a path of a sandbox.
@@ -59,8 +62,9 @@ func ownerScope(o Owner) string {
 	return o.KeyID
 }
 
-// CreateVolume makes a volume on the node with the most room.
-func (c *Cluster) CreateVolume(ctx context.Context, owner Owner, name string) (*Volume, error) {
+// CreateVolume makes a volume of sizeBytes (0: the node's default) on
+// the node with the most room.
+func (c *Cluster) CreateVolume(ctx context.Context, owner Owner, name string, sizeBytes int64) (*Volume, error) {
 	if !validVolumeName.MatchString(name) {
 		return nil, fmt.Errorf("%w: volume name %q: 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit", ErrInvalid, truncate(name))
 	}
@@ -79,10 +83,11 @@ func (c *Cluster) CreateVolume(ctx context.Context, owner Owner, name string) (*
 	if err != nil {
 		return fail(err)
 	}
-	if _, err := n.CreateVolume(ctx, &nodev1.CreateVolumeRequest{VolumeId: v.ID}); err != nil {
-		return fail(fmt.Errorf("creating volume %s on node %s: %w", name, n.ID(), err))
+	res, err := n.CreateVolume(ctx, &nodev1.CreateVolumeRequest{VolumeId: v.ID, SizeBytes: sizeBytes})
+	if err != nil {
+		return fail(fmt.Errorf("creating volume %s on node %s: %w", name, n.ID(), classifyNodeError(err)))
 	}
-	v.NodeID = n.ID()
+	v.NodeID, v.SizeBytes = n.ID(), res.SizeBytes
 	b, _ := json.Marshal(v)
 	if _, err := c.cfg.State.Create(ctx, volumePrefix+v.ID, b, state.WriteOptions{}); err != nil {
 		n.DeleteVolume(context.WithoutCancel(ctx), &nodev1.DeleteVolumeRequest{VolumeId: v.ID})

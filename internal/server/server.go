@@ -123,6 +123,10 @@ type Config struct {
 	// the host's disk), unless its template sets one; 0 means 10 GiB and
 	// a negative value keeps sandbox files in memory.
 	DiskMB int
+	// VolumeSize is the size in bytes of a volume created without one
+	// (an ext4 image, sparse, on the host's disk); 0 means 10 GiB and a
+	// negative value makes such volumes plain directories, unbounded.
+	VolumeSize int64
 	// PausedRetention, when positive, is how long paused sandboxes are
 	// kept before they are deleted with their snapshots; 0 keeps them.
 	PausedRetention time.Duration
