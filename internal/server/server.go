@@ -32,6 +32,7 @@ import (
 	"github.com/aenvhq/aenv/internal/state"
 	"github.com/aenvhq/aenv/internal/store"
 	"github.com/aenvhq/aenv/internal/template"
+	"github.com/aenvhq/aenv/internal/volume"
 )
 
 // Config is everything `aenv server` can be told.
@@ -587,6 +588,17 @@ func Cleanup(ctx context.Context, cfg Config) error {
 		errs = append(errs, node.ReleaseOverlay(overlays, e.Name()))
 	}
 	errs = append(errs, os.RemoveAll(filepath.Join(cfg.RunDir, "node")))
+	// The volumes' images, mounted while the server ran, no sandbox uses
+	// now.
+	if vols := filepath.Join(cfg.DataDir, "volumes"); cfg.DataDir != "" {
+		if _, err := os.Stat(vols); err == nil {
+			d, err := volume.Open(vols)
+			if err == nil {
+				err = d.UnmountAll()
+			}
+			errs = append(errs, err)
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("cleaning up: %w", err)
 	}
