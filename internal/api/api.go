@@ -93,6 +93,8 @@ type Server struct {
 	mux   *http.ServeMux
 	api   http.Handler // mux behind the rate limit
 	proxy http.Handler // cfg.Proxy behind its rate limit
+	// builds runs template builds and keeps their uploads.
+	builds *builds
 }
 
 // New builds the API handler.
@@ -167,6 +169,7 @@ func (s *Server) routes() {
 	m.Handle("POST /templates/builds", s.auth(http.HandlerFunc(s.buildTemplate)))
 	m.Handle("GET /templates/aliases/{alias}", s.auth(http.HandlerFunc(s.getTemplateAlias)))
 	b := newBuilds(s)
+	s.builds = b
 	m.Handle("POST /v3/templates", s.auth(b.request))
 	m.Handle("POST /v2/templates/{templateID}/builds/{buildID}", s.auth(b.start))
 	m.Handle("GET /templates/{templateID}/builds/{buildID}/status", s.auth(b.status))

@@ -38,10 +38,12 @@ type builds struct {
 	mu sync.Mutex
 	// byTemplate holds each template's latest build.
 	byTemplate map[string]*buildRecord
+	// filesInUse counts the running builds that use each upload.
+	filesInUse map[string]int
 }
 
 func newBuilds(s *Server) *builds {
-	return &builds{s: s, byTemplate: map[string]*buildRecord{}}
+	return &builds{s: s, byTemplate: map[string]*buildRecord{}, filesInUse: map[string]int{}}
 }
 
 // buildRecord is one build and its log.
@@ -250,10 +252,16 @@ func (bs *builds) start(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
+	started, hashes := time.Now(), copyHashes(body)
+	if !bs.acquireFiles(hashes) {
+		writeError(w, http.StatusBadRequest, "the files of a COPY step were removed meanwhile; upload them again")
+		return
+	}
 	rec.mu.Lock()
 	if rec.status != buildWaiting {
 		st := rec.status
 		rec.mu.Unlock()
+		bs.releaseFiles(hashes, time.Time{})
 		writeError(w, http.StatusConflict, fmt.Sprintf("build %s was started already (%s)", rec.buildID, st))
 		return
 	}
@@ -274,6 +282,7 @@ func (bs *builds) start(w http.ResponseWriter, r *http.Request) {
 	log.Info("template build started", "from", df.From, "steps", len(df.Steps))
 	go func() {
 		_, err := build.Run(context.WithoutCancel(r.Context()), df, opts)
+		bs.releaseFiles(hashes, started)
 		rec.finish(err)
 		if err != nil {
 			log.Warn("template build failed", "err", err)
@@ -282,6 +291,19 @@ func (bs *builds) start(w http.ResponseWriter, r *http.Request) {
 		log.Info("template build finished")
 	}()
 	w.WriteHeader(http.StatusAccepted)
+}
+
+// copyHashes are the uploads body's COPY steps use.
+func copyHashes(body startBody) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, s := range body.Steps {
+		if strings.EqualFold(s.Type, "COPY") && !seen[s.FilesHash] {
+			seen[s.FilesHash] = true
+			out = append(out, s.FilesHash)
+		}
+	}
+	return out
 }
 
 // toDockerfile maps E2B's build steps onto the builder's. Steps start as
@@ -434,6 +456,9 @@ func (bs *builds) files(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	_, err := os.Stat(filepath.Join(bs.filesDir(), hash, uploadDone))
+	if err == nil {
+		bs.touchFiles(hash)
+	}
 	scheme := "http"
 	if r.TLS != nil {
 		scheme = "https"
@@ -461,6 +486,7 @@ func (bs *builds) upload(w http.ResponseWriter, r *http.Request) {
 	}
 	final := filepath.Join(bs.filesDir(), hash)
 	if _, err := os.Stat(filepath.Join(final, uploadDone)); err == nil {
+		bs.touchFiles(hash)
 		w.WriteHeader(http.StatusOK)
 		return
 	}

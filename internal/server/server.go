@@ -199,6 +199,8 @@ type Server struct {
 
 	// stopGC ends the store's garbage collection loop.
 	stopGC func()
+	// stopSweep ends the build files' sweep and waits for it.
+	stopSweep func()
 
 	closeOnce sync.Once
 	closeErr  error
@@ -350,7 +352,9 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 	// store, from which nodes fetch it. Without a store only a local node
 	// could use it.
 	acfg.Pulls = s.host != nil || s.remote != nil
-	handler := s.withJoin(api.New(acfg))
+	apiServer := api.New(acfg)
+	s.stopSweep = sweepBuildFiles(apiServer, log)
+	handler := s.withJoin(apiServer)
 	s.http = &http.Server{
 		Handler:           handler,
 		ReadHeaderTimeout: 10 * time.Second,
@@ -444,6 +448,9 @@ func (s *Server) close(ctx context.Context) error {
 	var errs []error
 	if s.stopGC != nil {
 		s.stopGC()
+	}
+	if s.stopSweep != nil {
+		s.stopSweep()
 	}
 	if s.http != nil {
 		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
