@@ -292,7 +292,13 @@ its files directly (set E2B_VOLUME_API_URL to the server's URL).`,
 	}
 	create.Flags().Int64Var(&sizeMB, "size", 0, "the volume's size in MiB: past it writes fail with ENOSPC (default: the node's --volume-size)")
 	ls := listCmd(g, &cobra.Command{Use: "ls", Aliases: []string{"list"}, Short: "List volumes"},
-		(*client.Client).ListVolumes, "ID\tNAME", func(v client.Volume) string { return v.VolumeID + "\t" + v.Name })
+		(*client.Client).ListVolumes, "ID\tNAME\tSIZE", func(v client.Volume) string {
+			size := "unbounded" // a volume from before sizes
+			if v.SizeMB > 0 {
+				size = fmt.Sprintf("%d MiB", v.SizeMB)
+			}
+			return v.VolumeID + "\t" + v.Name + "\t" + size
+		})
 	rm := removeCmd(g, "Delete volumes and their files (refused while a sandbox mounts one)", (*client.Client).DeleteVolume)
 	cmd.AddCommand(create, ls, rm)
 	return cmd

@@ -14,6 +14,10 @@ import (
 	"github.com/aenvhq/aenv/internal/client"
 )
 
+// pumpDrainTimeoutForTest is less than the time Kill waits for envd's log
+// to end (gvisor's pumpDrainTimeout).
+const pumpDrainTimeoutForTest = 1500 * time.Millisecond
+
 // TestSandboxWritesAreBounded: what a sandbox writes on the host stops at
 // a bound. A 64 MiB volume takes about that much and then gives ENOSPC
 // inside; root writing endlessly into envd's stdout leaves envd's log on
@@ -85,7 +89,12 @@ func TestSandboxWritesAreBounded(t *testing.T) {
 	}
 	t.Logf("logs: %d entries in %v", len(logs), time.Since(start))
 
+	killStart := time.Now()
 	must(t, c.Kill(ctx, sb.SandboxID))
+	// Kill waits for envd's last lines: they come at once.
+	if took := time.Since(killStart); took > pumpDrainTimeoutForTest {
+		t.Errorf("killing the sandbox took %v: waiting for envd's log?", took)
+	}
 	must(t, c.DeleteVolume(ctx, small.VolumeID))
 	if _, err := os.Stat(img); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the deleted volume's image: %v", err)

@@ -613,10 +613,11 @@ func (d *Driver) Cleanup(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// Close releases what runsc keeps for all sandboxes of the driver's root:
-// it leaves a "null-netns" namespace mount there. While sandboxes still
-// run (they outlive the process on a restart) it leaves that mount, which
-// they share, for the next process.
+// Close stops copying the sandboxes' envd output (their FIFOs hold it for
+// the next process) and releases what runsc keeps for all sandboxes of
+// the driver's root: it leaves a "null-netns" namespace mount there.
+// While sandboxes still run (they outlive the process on a restart) it
+// leaves that mount, which they share, for the next process.
 func (d *Driver) Close() error {
 	d.mu.Lock()
 	n := len(d.running)
