@@ -102,10 +102,14 @@ func (d *Dir) Create(id string, size int64) (string, error) {
 		return "", fmt.Errorf("creating volume %s: %w", id, err)
 	}
 	if err := os.Mkdir(p, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		os.Remove(d.image(id))
 		return "", fmt.Errorf("creating volume %s: %w", id, err)
 	}
 	if _, err := d.Get(id); err != nil {
-		return "", err
+		// Nothing is in it yet: a volume that cannot mount is not made.
+		os.Remove(d.image(id))
+		os.Remove(p)
+		return "", fmt.Errorf("creating volume %s: %w", id, err)
 	}
 	// mkfs leaves lost+found, which E2B's volumes lack (a listing of a new
 	// volume is empty); it is made again only by an fsck.
