@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -79,6 +81,15 @@ func TestImageVolume(t *testing.T) {
 		t.Fatalf("the image grew to %d bytes", fi.Size())
 	}
 	os.WriteFile(filepath.Join(p, "zeros"), []byte("small now"), 0o644)
+	// Through the data plane too: 507, and no half file left.
+	ts := httptest.NewServer(d.Content())
+	defer ts.Close()
+	if code, body := do(t, ts, "PUT", "/volumecontent/sized/file?path=/big", make([]byte, size)); code != http.StatusInsufficientStorage {
+		t.Fatalf("a file larger than the volume through the data plane: %d %s", code, body)
+	}
+	if entries, _ := os.ReadDir(p); len(entries) != 1 {
+		t.Fatalf("after a refused upload the volume holds %v", entries)
+	}
 
 	// A reboot unmounts it; the next use mounts it again, files kept.
 	must(t, d.UnmountAll())
