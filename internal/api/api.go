@@ -98,6 +98,8 @@ type Server struct {
 	proxy http.Handler // cfg.Proxy behind its rate limit
 	// routeList is every route registered, with who may call it.
 	routeList []Route
+	// builds runs template builds and keeps their uploads.
+	builds *builds
 }
 
 // New builds the API handler.
@@ -219,6 +221,7 @@ func (s *Server) routes() {
 	s.handle("POST /templates/builds", team, s.buildTemplate)
 	s.handle("GET /templates/aliases/{alias}", team, s.getTemplateAlias)
 	b := newBuilds(s)
+	s.builds = b
 	s.handle("POST /v3/templates", team, b.request)
 	s.handle("POST /v2/templates/{templateID}/builds/{buildID}", team, b.start)
 	s.handle("GET /templates/{templateID}/builds/{buildID}/status", team, b.status)

@@ -38,10 +38,12 @@ type builds struct {
 	mu sync.Mutex
 	// byTemplate holds each template's latest build.
 	byTemplate map[string]*buildRecord
+	// filesInUse counts the running builds that use each upload.
+	filesInUse map[string]int
 }
 
 func newBuilds(s *Server) *builds {
-	return &builds{s: s, byTemplate: map[string]*buildRecord{}}
+	return &builds{s: s, byTemplate: map[string]*buildRecord{}, filesInUse: map[string]int{}}
 }
 
 // buildRecord is one build and its log.
@@ -270,10 +272,16 @@ func (bs *builds) start(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
+	started, hashes := time.Now(), fileKeys(rec.team, copyHashes(body))
+	if !bs.acquireFiles(hashes) {
+		writeError(w, http.StatusBadRequest, "the files of a COPY step were removed meanwhile; upload them again")
+		return
+	}
 	rec.mu.Lock()
 	if rec.status != buildWaiting {
 		st := rec.status
 		rec.mu.Unlock()
+		bs.releaseFiles(hashes, time.Time{})
 		writeError(w, http.StatusConflict, fmt.Sprintf("build %s was started already (%s)", rec.buildID, st))
 		return
 	}
@@ -294,6 +302,7 @@ func (bs *builds) start(w http.ResponseWriter, r *http.Request) {
 	log.Info("template build started", "from", df.From, "steps", len(df.Steps))
 	go func() {
 		_, err := build.Run(context.WithoutCancel(r.Context()), df, opts)
+		bs.releaseFiles(hashes, started)
 		rec.finish(err)
 		if err != nil {
 			log.Warn("template build failed", "err", err)
@@ -302,6 +311,19 @@ func (bs *builds) start(w http.ResponseWriter, r *http.Request) {
 		log.Info("template build finished")
 	}()
 	w.WriteHeader(http.StatusAccepted)
+}
+
+// copyHashes are the uploads body's COPY steps use.
+func copyHashes(body startBody) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, s := range body.Steps {
+		if strings.EqualFold(s.Type, "COPY") && !seen[s.FilesHash] {
+			seen[s.FilesHash] = true
+			out = append(out, s.FilesHash)
+		}
+	}
+	return out
 }
 
 // toDockerfile maps E2B's build steps onto the builder's. Steps start as
@@ -440,7 +462,7 @@ const uploadDone = "complete"
 // files: a cache per team means an upload can only ever serve its own
 // team's builds.
 func (bs *builds) filesDir(team string) string {
-	return filepath.Join(bs.s.cfg.Templates.Dir(), ".build-files", teamTag(team))
+	return filepath.Join(bs.filesRoot(), teamTag(team))
 }
 
 // files answers the SDK's upload-link request, made before a build with
@@ -458,7 +480,11 @@ func (bs *builds) files(w http.ResponseWriter, r *http.Request) {
 	if !bs.building(w, r) {
 		return
 	}
-	_, err := os.Stat(filepath.Join(bs.filesDir(callerKey(r).Team), hash, uploadDone))
+	key := fileKey(callerKey(r).Team, hash)
+	_, err := os.Stat(filepath.Join(bs.filesRoot(), key, uploadDone))
+	if err == nil {
+		bs.touchFiles(key)
+	}
 	scheme := "http"
 	if r.TLS != nil {
 		scheme = "https"
@@ -490,6 +516,7 @@ func (bs *builds) upload(w http.ResponseWriter, r *http.Request) {
 	dir := bs.filesDir(callerKey(r).Team)
 	final := filepath.Join(dir, hash)
 	if _, err := os.Stat(filepath.Join(final, uploadDone)); err == nil {
+		bs.touchFiles(fileKey(callerKey(r).Team, hash))
 		w.WriteHeader(http.StatusOK)
 		return
 	}

@@ -196,6 +196,10 @@ func TestTemplateBuildAPI(t *testing.T) {
 	if !strings.Contains(strings.Join(logs, "\n"), "built-step-output") {
 		t.Fatalf("logs lack the step's output:\n%s", strings.Join(logs, "\n"))
 	}
+	// The build is over: its uploaded files are gone.
+	if code := call(t, url, key, "GET", "/templates/apibuilt/files/cafe01", nil, &link); code != http.StatusCreated || link.Present {
+		t.Fatalf("upload link after the build: %d %+v", code, link)
+	}
 
 	var list []struct {
 		TemplateID string `json:"templateID"`

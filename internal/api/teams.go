@@ -20,6 +20,7 @@ type teamUsageJSON struct {
 	Keys          int   `json:"keys"`
 	SnapshotBytes int64 `json:"snapshotBytes"`
 	Volumes       int   `json:"volumes"`
+	VolumeBytes   int64 `json:"volumeBytes"`
 }
 
 func (s *Server) teamJSON(r *http.Request, t apikeys.Team) teamJSON {
@@ -34,6 +35,9 @@ func (s *Server) teamJSON(r *http.Request, t apikeys.Team) teamJSON {
 	}
 	if vs, err := s.cfg.Cluster.ListVolumes(r.Context(), cluster.Owner{Team: t.ID}); err == nil {
 		u.Volumes = len(vs)
+		for _, v := range vs {
+			u.VolumeBytes += v.SizeBytes
+		}
 	}
 	return teamJSON{Team: t, Usage: u}
 }

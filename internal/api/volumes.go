@@ -13,26 +13,43 @@ import (
 	"github.com/aenvhq/aenv/internal/volume"
 )
 
-// volumeJSON is E2B's Volume (the token only where E2B sends it).
+// volumeJSON is E2B's Volume (the token only where E2B sends it), with
+// its size in MiB (none for a volume from before sizes: unbounded).
 type volumeJSON struct {
 	VolumeID string `json:"volumeID"`
 	Name     string `json:"name"`
 	Token    string `json:"token,omitempty"`
+	SizeMB   int64  `json:"sizeMB,omitempty"`
 }
 
+func toVolumeJSON(v *cluster.Volume, token bool) volumeJSON {
+	out := volumeJSON{VolumeID: v.ID, Name: v.Name, SizeMB: v.SizeBytes >> 20}
+	if token {
+		out.Token = v.Token
+	}
+	return out
+}
+
+// createVolume makes a volume of sizeMB MiB (E2B's SDK sends none: the
+// node's --volume-size).
 func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
 	var body struct {
-		Name string `json:"name"`
+		Name   string `json:"name"`
+		SizeMB int64  `json:"sizeMB"`
 	}
 	if !decodeBody(w, r, &body) {
 		return
 	}
-	v, err := s.cfg.Cluster.CreateVolume(r.Context(), owner(r), body.Name)
+	if body.SizeMB != 0 && (body.SizeMB < volume.MinSize>>20 || body.SizeMB > volume.MaxSize>>20) {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("sizeMB %d: a volume's size is %d to %d MiB", body.SizeMB, volume.MinSize>>20, volume.MaxSize>>20))
+		return
+	}
+	v, err := s.cfg.Cluster.CreateVolume(r.Context(), owner(r), body.Name, body.SizeMB<<20)
 	if err != nil {
 		s.writeClusterError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, volumeJSON{VolumeID: v.ID, Name: v.Name, Token: v.Token})
+	writeJSON(w, http.StatusCreated, toVolumeJSON(v, true))
 }
 
 func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) {
@@ -45,7 +62,7 @@ func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) {
 	team := r.URL.Query().Get("team") // an admin's filter
 	for _, v := range vs {
 		if team == "" || v.TeamID() == team {
-			out = append(out, volumeJSON{VolumeID: v.ID, Name: v.Name})
+			out = append(out, toVolumeJSON(v, false))
 		}
 	}
 	writeJSON(w, http.StatusOK, out)
@@ -57,7 +74,7 @@ func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) {
 		s.writeClusterError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, volumeJSON{VolumeID: v.ID, Name: v.Name, Token: v.Token})
+	writeJSON(w, http.StatusOK, toVolumeJSON(v, true))
 }
 
 func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) {

@@ -128,6 +128,7 @@ and --on-stop=kill kills them.`,
 type hostStrings struct {
 	egressAllow, dns []string
 	imageCacheSize   string
+	volumeSize       string
 }
 
 func hostFlags(f *pflag.FlagSet, cfg *server.Config, hs *hostStrings, logLevel *string) {
@@ -153,6 +154,7 @@ func hostFlags(f *pflag.FlagSet, cfg *server.Config, hs *hostStrings, logLevel *
 	f.StringSliceVar(&hs.egressAllow, "egress-allow", nil, "CIDR of the host's own networks that sandboxes may reach after all (they never reach the host's networks otherwise; the private and special ranges stay blocked)")
 	f.IntVar(&cfg.PidsLimit, "pids-limit", 1024, "processes and threads each user in a sandbox may run; past it fork fails with EAGAIN inside (templates may set their own)")
 	f.IntVar(&cfg.DiskMB, "disk-size", node.DefaultDiskMB, "each sandbox's disk in MiB, unless its template sets one: its files go to a sparse file on the host's disk, and past it writes fail with ENOSPC (-1 keeps files in the sandbox's memory)")
+	f.StringVar(&hs.volumeSize, "volume-size", "10G", "size of a volume created without one (bytes, or with K, M, G, T): an ext4 image, sparse on the host's disk, past which writes fail with ENOSPC (0: plain directories, unbounded)")
 	f.Float64Var(&cfg.Capacity.DiskHighWater, "disk-high-water", 0.95, "refuse creates (503, Retry-After) while the disk under --run-dir is fuller than this fraction")
 	f.IntVar(&cfg.PidsTotal, "pids-limit-total", 0, "host tasks all sandboxes together may run (default: 3/4 of kernel.pid_max)")
 	f.IntVar(&cfg.Capacity.MemoryMB, "capacity-memory", 0, "memory (MiB) this host offers sandboxes; larger sandboxes are refused (default: physical memory)")
@@ -186,7 +188,13 @@ func hostSettings(cfg *server.Config, hs hostStrings, logLevel string) error {
 		}
 		cfg.ImageCacheSize = n
 	}
-	var err error
+	n, err := parseBytes(hs.volumeSize)
+	if err != nil {
+		return fmt.Errorf("--volume-size: %w", err)
+	}
+	if cfg.VolumeSize = n; n == 0 {
+		cfg.VolumeSize = -1
+	}
 	cfg.EgressAllow, err = parsePrefixes("--egress-allow", hs.egressAllow)
 	return err
 }

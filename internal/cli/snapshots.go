@@ -272,6 +272,7 @@ them, and every sandbox that mounts it sees the same files. Sandboxes that
 mount a volume run on its node. The SDK's Volume class reads and writes
 its files directly (set E2B_VOLUME_API_URL to the server's URL).`,
 	}
+	var sizeMB int64
 	create := &cobra.Command{
 		Use:   "create NAME",
 		Short: "Create a volume and print its id",
@@ -281,7 +282,7 @@ its files directly (set E2B_VOLUME_API_URL to the server's URL).`,
 			if err != nil {
 				return err
 			}
-			v, err := c.CreateVolume(cmd.Context(), args[0])
+			v, err := c.CreateVolume(cmd.Context(), args[0], client.VolumeOptions{SizeMB: sizeMB})
 			if err != nil {
 				return err
 			}
@@ -289,8 +290,15 @@ its files directly (set E2B_VOLUME_API_URL to the server's URL).`,
 			return nil
 		},
 	}
+	create.Flags().Int64Var(&sizeMB, "size", 0, "the volume's size in MiB: past it writes fail with ENOSPC (default: the node's --volume-size)")
 	ls := listCmd(g, &cobra.Command{Use: "ls", Aliases: []string{"list"}, Short: "List volumes"},
-		(*client.Client).ListVolumes, "ID\tNAME", func(v client.Volume) string { return v.VolumeID + "\t" + v.Name })
+		(*client.Client).ListVolumes, "ID\tNAME\tSIZE", func(v client.Volume) string {
+			size := "unbounded" // a volume from before sizes
+			if v.SizeMB > 0 {
+				size = fmt.Sprintf("%d MiB", v.SizeMB)
+			}
+			return v.VolumeID + "\t" + v.Name + "\t" + size
+		})
 	rm := removeCmd(g, "Delete volumes and their files (refused while a sandbox mounts one)", (*client.Client).DeleteVolume)
 	cmd.AddCommand(create, ls, rm)
 	return cmd

@@ -65,8 +65,8 @@ func TestForkSnapshotLogsMetricsVolumes(t *testing.T) {
 		t.Fatalf("metrics:\n%s", metrics)
 	}
 
-	vol := strings.TrimSpace(e.mustRun(t, "volume", "create", "clivol"))
-	if !strings.Contains(e.mustRun(t, "volume", "ls"), vol+"  clivol") {
+	vol := strings.TrimSpace(e.mustRun(t, "volume", "create", "clivol", "--size", "64"))
+	if !strings.Contains(e.mustRun(t, "volume", "ls"), vol+"  clivol  64 MiB") {
 		t.Fatalf("volume ls lacks %s", vol)
 	}
 	writer := e.create(t, "base", "--volume", "clivol:/data")

@@ -88,10 +88,10 @@ shows each team's quota and usage (a non-admin key sees its own team);
 	}
 	quota(set)
 	ls := listCmd(g, &cobra.Command{Use: "ls", Aliases: []string{"list"}, Short: "List teams with their usage against their quotas"},
-		(*client.Client).Teams, "ID\tKEYS\tRUNNING\tPAUSED\tBUILDS\tVOLUMES\tSNAPSHOT BYTES\tCREATED", func(t client.Team) string {
-			return fmt.Sprintf("%s\t%d\t%d/%s\t%d/%s\t-/%s\t%d/%s\t%d/%s\t%s", t.ID, t.Usage.Keys,
+		(*client.Client).Teams, "ID\tKEYS\tRUNNING\tPAUSED\tBUILDS\tVOLUMES\tVOLUME BYTES\tSNAPSHOT BYTES\tCREATED", func(t client.Team) string {
+			return fmt.Sprintf("%s\t%d\t%d/%s\t%d/%s\t-/%s\t%d\t%d/%s\t%d/%s\t%s", t.ID, t.Usage.Keys,
 				t.Usage.Running, bound(int64(t.MaxSandboxes)), t.Usage.Paused, bound(int64(t.MaxPaused)), bound(int64(t.MaxBuilds)),
-				t.Usage.Volumes, bound(t.MaxVolumeBytes), t.Usage.SnapshotBytes, bound(t.MaxSnapshotBytes),
+				t.Usage.Volumes, t.Usage.VolumeBytes, bound(t.MaxVolumeBytes), t.Usage.SnapshotBytes, bound(t.MaxSnapshotBytes),
 				t.CreatedAt.Local().Format("2006-01-02 15:04:05"))
 		})
 	cmd.AddCommand(create, set, ls)

@@ -73,6 +73,7 @@ type Team struct {
 		Keys          int   `json:"keys"`
 		SnapshotBytes int64 `json:"snapshotBytes"`
 		Volumes       int   `json:"volumes"`
+		VolumeBytes   int64 `json:"volumeBytes"`
 	} `json:"usage"`
 }
 

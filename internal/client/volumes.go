@@ -12,12 +12,24 @@ type Volume struct {
 	VolumeID string `json:"volumeID"`
 	Name     string `json:"name"`
 	Token    string `json:"token,omitempty"`
+	// SizeMB bounds its files; 0: unbounded (a volume from before sizes).
+	SizeMB int64 `json:"sizeMB,omitempty"`
+}
+
+// VolumeOptions configures CreateVolume.
+type VolumeOptions struct {
+	// SizeMB is the volume's size in MiB; 0: the node's --volume-size.
+	SizeMB int64 `json:"sizeMB,omitempty"`
 }
 
 // CreateVolume makes a volume.
-func (c *Client) CreateVolume(ctx context.Context, name string) (*Volume, error) {
+func (c *Client) CreateVolume(ctx context.Context, name string, opts VolumeOptions) (*Volume, error) {
 	var v Volume
-	if err := c.do(ctx, http.MethodPost, "/volumes", map[string]string{"name": name}, &v); err != nil {
+	body := struct {
+		Name string `json:"name"`
+		VolumeOptions
+	}{name, opts}
+	if err := c.do(ctx, http.MethodPost, "/volumes", body, &v); err != nil {
 		return nil, fmt.Errorf("creating volume %s: %w", name, err)
 	}
 	return &v, nil

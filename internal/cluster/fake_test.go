@@ -238,7 +238,7 @@ func (n *fakeNode) Metrics(ctx context.Context, req *nodev1.MetricsRequest) (*no
 }
 
 func (n *fakeNode) CreateVolume(ctx context.Context, req *nodev1.CreateVolumeRequest) (*nodev1.CreateVolumeResponse, error) {
-	return &nodev1.CreateVolumeResponse{}, nil
+	return &nodev1.CreateVolumeResponse{SizeBytes: req.SizeBytes}, nil
 }
 
 func (n *fakeNode) DeleteVolume(ctx context.Context, req *nodev1.DeleteVolumeRequest) (*nodev1.DeleteVolumeResponse, error) {

@@ -143,3 +143,26 @@ func TestTeamQuotaLifecycle(t *testing.T) {
 		t.Fatalf("usage %+v, want 2 running", u)
 	}
 }
+
+// TestTeamVolumeQuota: a team's volumes may take as many bytes as its
+// bound; names are the team's own.
+func TestTeamVolumeQuota(t *testing.T) {
+	ctx := context.Background()
+	c := openTeamCluster(t, state.NewMemory(), newFakeNode("n1"), TeamLimits{MaxVolumeBytes: 100 << 20})
+	if _, err := c.CreateVolume(ctx, alpha, "a", 64<<20); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CreateVolume(ctx, alpha, "b", 64<<20); !errors.Is(err, ErrQuota) || !strings.Contains(err.Error(), "67108864 of its 104857600") {
+		t.Fatalf("a volume past the quota: %v, want ErrQuota naming the bytes", err)
+	}
+	if _, err := c.CreateVolume(ctx, alpha, "b", 32<<20); err != nil {
+		t.Fatalf("the refused name is free again: %v", err)
+	}
+	beta := Owner{KeyID: "kb", Team: "beta"}
+	if _, err := c.CreateVolume(ctx, beta, "a", 64<<20); err != nil {
+		t.Fatalf("beta's volume of alpha's name: %v", err)
+	}
+	if vs, _ := c.ListVolumes(ctx, beta); len(vs) != 1 || vs[0].TeamID() != "beta" {
+		t.Fatalf("beta lists %+v, want its one volume", vs)
+	}
+}

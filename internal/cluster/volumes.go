@@ -46,6 +46,9 @@ type Volume struct {
 	// Moving is set while the volume moves to another node: no new
 	// sandbox may mount it meanwhile.
 	Moving bool `json:"moving,omitempty"`
+	// SizeBytes bounds its files; 0: a plain directory, unbounded (a
+	// volume from before sizes).
+	SizeBytes int64 `json:"sizeBytes,omitempty"`
 }
 
 // VolumeMount asks for a volume (by name or id) at a path of a sandbox.
@@ -72,8 +75,9 @@ func volumeNameKey(team, name string) string {
 	return volumeNamePrefix + team + "/" + name
 }
 
-// CreateVolume makes a volume on the node with the most room.
-func (c *Cluster) CreateVolume(ctx context.Context, owner Owner, name string) (*Volume, error) {
+// CreateVolume makes a volume of sizeBytes (0: the node's default) on
+// the node with the most room.
+func (c *Cluster) CreateVolume(ctx context.Context, owner Owner, name string, sizeBytes int64) (*Volume, error) {
 	if !validVolumeName.MatchString(name) {
 		return nil, fmt.Errorf("%w: volume name %q: 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit", ErrInvalid, truncate(name))
 	}
@@ -92,10 +96,18 @@ func (c *Cluster) CreateVolume(ctx context.Context, owner Owner, name string) (*
 	if err != nil {
 		return fail(err)
 	}
-	if _, err := n.CreateVolume(ctx, &nodev1.CreateVolumeRequest{VolumeId: v.ID}); err != nil {
-		return fail(fmt.Errorf("creating volume %s on node %s: %w", name, n.ID(), err))
+	res, err := n.CreateVolume(ctx, &nodev1.CreateVolumeRequest{VolumeId: v.ID, SizeBytes: sizeBytes})
+	if err != nil {
+		return fail(fmt.Errorf("creating volume %s on node %s: %w", name, n.ID(), classifyNodeError(err)))
 	}
-	v.NodeID = n.ID()
+	v.NodeID, v.SizeBytes = n.ID(), res.SizeBytes
+	// The size is known once the node made it (its --volume-size when
+	// none was asked for). Two creates at once on two servers may both
+	// fit: a bound on bytes the host's disk holds, not on isolation.
+	if err := c.withinVolumeQuota(ctx, owner.Team, v.ID, v.SizeBytes); err != nil {
+		n.DeleteVolume(context.WithoutCancel(ctx), &nodev1.DeleteVolumeRequest{VolumeId: v.ID})
+		return fail(err)
+	}
 	b, _ := encodeVolume(c.cfg.DataKeys, v)
 	if _, err := c.cfg.State.Create(ctx, volumePrefix+v.ID, b, state.WriteOptions{}); err != nil {
 		n.DeleteVolume(context.WithoutCancel(ctx), &nodev1.DeleteVolumeRequest{VolumeId: v.ID})
@@ -103,6 +115,33 @@ func (c *Cluster) CreateVolume(ctx context.Context, owner Owner, name string) (*
 	}
 	c.log.Info("volume created", "volume_id", v.ID, "name", name, "node_id", v.NodeID)
 	return v, nil
+}
+
+// withinVolumeQuota refuses volume id of size bytes to a team whose
+// volumes would then pass its bound.
+func (c *Cluster) withinVolumeQuota(ctx context.Context, team, id string, size int64) error {
+	max := c.teamLimits(team).MaxVolumeBytes
+	if max <= 0 {
+		return nil
+	}
+	used, err := c.VolumeBytes(ctx, team)
+	if err != nil {
+		return err
+	}
+	if used+size > max {
+		return fmt.Errorf("%w: team %s's volumes take %d of its %d bytes; volume %s would take %d more", ErrQuota, team, used, max, id, size)
+	}
+	return nil
+}
+
+// VolumeBytes is the size of team's volumes, in all.
+func (c *Cluster) VolumeBytes(ctx context.Context, team string) (int64, error) {
+	vs, err := c.ListVolumes(ctx, Owner{Team: team})
+	var used int64
+	for _, v := range vs {
+		used += v.SizeBytes
+	}
+	return used, err
 }
 
 // GetVolume returns owner's volume by id.

@@ -1,11 +1,9 @@
 package node
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"sort"
 	"strconv"
 	"strings"
@@ -62,6 +60,8 @@ type history struct {
 	// refused is the router's count of refused packets at the last
 	// sample.
 	refused uint64
+	// envd is how far envd's log has been read, and its events.
+	envd envdCursor
 }
 
 // ring keeps the last cap items.
@@ -231,81 +231,61 @@ func (n *Node) Metrics(id string) ([]Sample, error) {
 	return append(out, fine...), nil
 }
 
-// Logs returns sandbox id's log, oldest first: the node's events and,
-// while it runs, the processes envd started and ended.
+// Logs returns sandbox id's log, oldest first: the node's events and the
+// processes envd started and ended (read from envd's log while the sandbox
+// runs, and kept after).
 func (n *Node) Logs(id string) ([]LogEntry, error) {
 	n.hist.mu.Lock()
 	h := n.hist.by[id]
 	var out []LogEntry
+	var cur *envdCursor
 	if h != nil {
-		out = h.logs.all()
+		out, cur = h.logs.all(), &h.envd
 	}
 	n.hist.mu.Unlock()
 	if h == nil {
 		if _, err := n.Get(id); err != nil {
 			return nil, err
 		}
+		cur = &envdCursor{} // a prestarted sandbox: nothing kept
 	}
-	if lr, ok := n.cfg.Runtime.(runtime.LogReader); ok {
-		if rc, err := lr.EnvdLog(id); err == nil {
-			out = append(out, envdEvents(rc)...)
-			rc.Close()
-		} else if !errors.Is(err, runtime.ErrNotFound) {
-			n.log.Warn("reading envd's log", "sandbox_id", id, "err", err)
-		}
-	}
+	out = append(out, n.readEnvdLog(id, cur)...)
 	sort.SliceStable(out, func(i, j int) bool { return out[i].At.Before(out[j].At) })
 	return out, nil
 }
 
-// keepEnvdEvents copies envd's process events of sandbox id into its
+// keepEnvdEvents reads the last of envd's log of sandbox id into its
 // history before the sandbox (and envd's log with it) goes.
 func (n *Node) keepEnvdEvents(id string) {
-	lr, ok := n.cfg.Runtime.(runtime.LogReader)
-	if !ok {
-		return
-	}
-	rc, err := lr.EnvdLog(id)
-	if err != nil {
-		return
-	}
-	events := envdEvents(rc)
-	rc.Close()
 	n.hist.mu.Lock()
 	// Only sandboxes handed out have a history (not prestarted ones).
-	if h := n.hist.by[id]; h != nil {
-		for _, e := range events {
-			h.logs.add(e, maxLogEntries)
-		}
-	}
+	h := n.hist.by[id]
 	n.hist.mu.Unlock()
+	if h != nil {
+		n.readEnvdLog(id, &h.envd)
+	}
 }
 
-// envdEvents picks the process events out of envd's log (log/slog's text
-// format), the last maxLogEntries of them.
-func envdEvents(r io.Reader) []LogEntry {
-	var out ring[LogEntry]
-	sc := bufio.NewScanner(r)
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		kv := parseSlogText(sc.Text())
-		msg := kv["msg"]
-		if !strings.HasPrefix(msg, "process ") && msg != "initialized" {
-			continue
-		}
-		at, err := time.Parse(time.RFC3339Nano, kv["time"])
-		if err != nil {
-			continue
-		}
-		e := LogEntry{At: at.UTC(), Level: strings.ToLower(kv["level"]), Message: msg, Fields: map[string]string{}}
-		for k, v := range kv {
-			if k != "time" && k != "level" && k != "msg" {
-				e.Fields[k] = v
-			}
-		}
-		out.add(e, maxLogEntries)
+// readEnvdLog advances cur over envd's log of sandbox id, if it still
+// has one, and returns the events read so far.
+func (n *Node) readEnvdLog(id string, cur *envdCursor) []LogEntry {
+	lr, ok := n.cfg.Runtime.(runtime.LogReader)
+	if !ok {
+		return nil
 	}
-	return out.all()
+	files, err := lr.EnvdLog(id)
+	if err != nil {
+		if !errors.Is(err, runtime.ErrNotFound) {
+			n.log.Warn("reading envd's log", "sandbox_id", id, "err", err)
+		}
+		return cur.advance(nil)
+	}
+	defer func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}()
+	return cur.advance(files)
 }
 
 // parseSlogText splits a log/slog text line into its keys and values

@@ -65,6 +65,10 @@ type Network interface {
 // what is written.
 const DefaultDiskMB = 10 << 10
 
+// DefaultVolumeSize is a volume's size unless configured or asked for:
+// sparse, so it costs what is written.
+const DefaultVolumeSize = 10 << 30
+
 // Config wires a node.
 type Config struct {
 	// ID names this node in logs and records.
@@ -85,6 +89,10 @@ type Config struct {
 	Snapshots *snapshot.Catalog
 	// Volumes holds the volumes of this node; nil: none.
 	Volumes *volume.Dir
+	// VolumeSize is the size in bytes of a volume created without one
+	// (an ext4 image, sparse); 0 means DefaultVolumeSize, and a negative
+	// value makes such volumes plain directories, unbounded.
+	VolumeSize int64
 	// Store is the cluster's durable store, through which volumes move
 	// between nodes; nil: they cannot.
 	Store *store.Store

@@ -4,6 +4,8 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -19,6 +21,7 @@ import (
 
 	"github.com/aenvhq/aenv/internal/runtime"
 	"github.com/aenvhq/aenv/internal/snapshot"
+	"github.com/aenvhq/aenv/internal/volume"
 )
 
 // volumeBinds binds the volumes of mounts read-write at their paths.
@@ -31,7 +34,9 @@ func (n *Node) volumeBinds(mounts []snapshot.Mount) ([]runtime.Bind, error) {
 		if !path.IsAbs(m.Path) || path.Clean(m.Path) == "/" {
 			return nil, fmt.Errorf("mounting volume %s at %q: %w: the path must be absolute and not /", m.VolumeID, m.Path, ErrInvalid)
 		}
-		src, err := n.cfg.Volumes.Path(m.VolumeID)
+		// Get mounts an image volume whose mount is gone: the sandbox
+		// must never see the bare mount point, where no size holds.
+		src, err := n.cfg.Volumes.Get(m.VolumeID)
 		if err != nil {
 			return nil, err
 		}
@@ -40,13 +45,25 @@ func (n *Node) volumeBinds(mounts []snapshot.Mount) ([]runtime.Bind, error) {
 	return binds, nil
 }
 
-// CreateVolume makes volume id's directory on this node.
-func (n *Node) CreateVolume(id string) error {
+// CreateVolume makes volume id on this node, of size bytes (0: the
+// node's VolumeSize), and returns its size (0: a plain directory).
+func (n *Node) CreateVolume(id string, size int64) (int64, error) {
 	if n.cfg.Volumes == nil {
-		return fmt.Errorf("creating volume %s: %w: this node keeps no volumes", id, ErrUnsupported)
+		return 0, fmt.Errorf("creating volume %s: %w: this node keeps no volumes", id, ErrUnsupported)
 	}
-	_, err := n.cfg.Volumes.Create(id)
-	return err
+	if size == 0 {
+		size = n.cfg.VolumeSize
+		if size == 0 {
+			size = DefaultVolumeSize
+		}
+		size = max(size, 0)
+	}
+	if _, err := n.cfg.Volumes.Create(id, size); errors.Is(err, volume.ErrInvalid) {
+		return 0, fmt.Errorf("%w: %w", ErrInvalid, err)
+	} else if err != nil {
+		return 0, err
+	}
+	return n.cfg.Volumes.Size(id), nil
 }
 
 // DeleteVolume removes volume id and its files from this node.
@@ -263,6 +280,13 @@ func (n *Node) reboot(ctx context.Context, snap *snapshot.Snapshot, req CreateRe
 	return n.restoreFiles(ctx, &files, req)
 }
 
+// volumeMeta describes a moving volume in the store: its size goes with
+// it (0, or none from an older node: a plain directory).
+type volumeMeta struct {
+	Volume    string `json:"volume"`
+	SizeBytes int64  `json:"sizeBytes,omitempty"`
+}
+
 // volumeKey is where a moving volume's files wait in the store.
 func volumeKey(id string) string { return "volume-" + id }
 
@@ -287,7 +311,8 @@ func (n *Node) ExportVolume(ctx context.Context, id string) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("moving volume %s: %w", id, err)
 	}
-	if _, _, err := n.cfg.Store.Save(ctx, volumeKey(id), "", map[string]string{"volume.tar": f.Name()}, []byte(`{"volume":"`+id+`"}`)); err != nil {
+	meta, _ := json.Marshal(volumeMeta{Volume: id, SizeBytes: n.cfg.Volumes.Size(id)})
+	if _, _, err := n.cfg.Store.Save(ctx, volumeKey(id), "", map[string]string{"volume.tar": f.Name()}, meta); err != nil {
 		return 0, fmt.Errorf("moving volume %s: saving it: %w", id, err)
 	}
 	n.log.Info("volume saved to the store to move", "volume_id", id, "bytes", size)
@@ -305,6 +330,16 @@ func (n *Node) ImportVolume(ctx context.Context, id string) error {
 		return fmt.Errorf("moving volume %s here: %w", id, err)
 	}
 	defer os.RemoveAll(dir)
+	m, err := n.cfg.Store.Get(ctx, volumeKey(id))
+	if err != nil {
+		return fmt.Errorf("moving volume %s here: fetching it: %w", id, err)
+	}
+	var meta volumeMeta
+	if len(m.Meta) > 0 {
+		if err := json.Unmarshal(m.Meta, &meta); err != nil {
+			return fmt.Errorf("moving volume %s here: reading its description: %w", id, err)
+		}
+	}
 	if err := n.cfg.Store.Restore(ctx, volumeKey(id), dir); err != nil {
 		return fmt.Errorf("moving volume %s here: fetching it: %w", id, err)
 	}
@@ -313,7 +348,7 @@ func (n *Node) ImportVolume(ctx context.Context, id string) error {
 		return fmt.Errorf("moving volume %s here: %w", id, err)
 	}
 	defer f.Close()
-	if err := n.cfg.Volumes.Extract(id, f); err != nil {
+	if err := n.cfg.Volumes.Extract(id, f, meta.SizeBytes); err != nil {
 		return fmt.Errorf("moving volume %s here: %w", id, err)
 	}
 	if err := n.cfg.Store.Delete(ctx, volumeKey(id)); err != nil {

@@ -292,10 +292,11 @@ func (l *Local) UpdateNetwork(ctx context.Context, req *nodev1.UpdateNetworkRequ
 
 // CreateVolume implements Node.
 func (l *Local) CreateVolume(ctx context.Context, req *nodev1.CreateVolumeRequest) (*nodev1.CreateVolumeResponse, error) {
-	if err := l.n.CreateVolume(req.VolumeId); err != nil {
+	size, err := l.n.CreateVolume(req.VolumeId, req.SizeBytes)
+	if err != nil {
 		return nil, wireError(err)
 	}
-	return &nodev1.CreateVolumeResponse{}, nil
+	return &nodev1.CreateVolumeResponse{SizeBytes: size}, nil
 }
 
 // DeleteVolume implements Node.

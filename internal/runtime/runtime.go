@@ -22,6 +22,7 @@ import (
 	"errors"
 	"io"
 	"net/netip"
+	"os"
 )
 
 // ErrNotFound is returned for an id the driver does not know.
@@ -111,9 +112,10 @@ type FilesExporter interface {
 // LogReader is implemented by drivers that keep envd's own log of a
 // running sandbox (the processes it started and ended).
 type LogReader interface {
-	// EnvdLog opens envd's log of sandbox id (ErrNotFound once it is
-	// gone).
-	EnvdLog(id string) (io.ReadCloser, error)
+	// EnvdLog opens the files of envd's log of sandbox id, oldest first
+	// (a part rotated out, then the current one), for the caller to close
+	// (ErrNotFound once it is gone).
+	EnvdLog(id string) ([]*os.File, error)
 }
 
 // ExitNotifier is implemented by drivers that notice when a sandbox dies on

@@ -142,6 +142,11 @@ func (h *host) open(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if h.volumes, err = volume.Open(filepath.Join(cfg.DataDir, "volumes")); err != nil {
 		return err
 	}
+	// After a reboot the volumes' images are no longer mounted; a volume
+	// that fails to mount fails its own uses, not the node.
+	if err := h.volumes.MountAll(); err != nil {
+		log.Warn("mounting volumes", "err", err)
+	}
 	h.runtimeVersion = driver.Version(ctx)
 	rootfs, imageServer, err := openRootFS(ctx, cfg, envdPath, log)
 	if err != nil {
@@ -170,6 +175,7 @@ func (h *host) open(ctx context.Context, cfg Config, log *slog.Logger) error {
 		Capacity:      cfg.Capacity,
 		PidsLimit:     cfg.PidsLimit,
 		DiskMB:        cfg.DiskMB,
+		VolumeSize:    cfg.VolumeSize,
 		Logger:        log,
 	})
 	if err != nil {
@@ -224,6 +230,10 @@ func (h *host) close(ctx context.Context, stop cluster.StopMode) error {
 		if err := h.imageServer.Stop(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("stopping the image server: %w", err))
 		}
+	}
+	// Nor do the volumes' mounts serve anyone; the next start mounts them.
+	if h.volumes != nil && kept == 0 {
+		errs = append(errs, h.volumes.UnmountAll())
 	}
 	if kept > 0 {
 		h.log.Info("running sandboxes keep running for the next start", "count", kept)

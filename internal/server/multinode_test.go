@@ -149,7 +149,7 @@ func TestTemplateReachesNodeFromStore(t *testing.T) {
 	}
 	// A volume at a path the read-only image lacks: its mount point is
 	// added over the image for that sandbox alone.
-	if _, err := c.CreateVolume(ctx, "lazyvol"); err != nil {
+	if _, err := c.CreateVolume(ctx, "lazyvol", client.VolumeOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	withVol := mustCreate(t, c, client.CreateOptions{TemplateID: "tinyshared", Timeout: 60,

@@ -91,17 +91,21 @@ func restartSuite(t *testing.T, extra []string, templateID string) {
 			t.Logf("server log (without debug lines):\n%s", logWithout(p.log, "level=DEBUG"))
 		}
 		// What the stopped server kept must not outlive the test.
-		if err := Cleanup(context.Background(), Config{RunDir: runDir, NetnsTag: "crasht", SandboxCIDR: "10.238.0.0/16"}); err != nil {
+		if err := Cleanup(context.Background(), Config{DataDir: dataDir, RunDir: runDir, NetnsTag: "crasht", SandboxCIDR: "10.238.0.0/16"}); err != nil {
 			t.Errorf("cleaning up: %v", err)
 		}
 	}()
 	c := client.New(p.url, p.key)
 
-	keep, err := c.Create(ctx, client.CreateOptions{Timeout: 600, TemplateID: templateID})
+	if _, err := c.CreateVolume(ctx, "kept", client.VolumeOptions{SizeMB: 32}); err != nil {
+		t.Fatal(err)
+	}
+	keep, err := c.Create(ctx, client.CreateOptions{Timeout: 600, TemplateID: templateID,
+		VolumeMounts: []client.VolumeMount{{Name: "kept", Path: "/mnt/kept"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	runOut(t, c, keep.SandboxID, "echo precious > /home/user/f")
+	runOut(t, c, keep.SandboxID, "echo precious > /home/user/f && echo on the volume > /mnt/kept/v")
 	runOut(t, c, keep.SandboxID, counterCmd)
 	// A long-lived envd process, started through the API.
 	runOut(t, c, keep.SandboxID, "nohup sleep 3600 >/dev/null 2>&1 & echo $! > /tmp/sleeper")
@@ -131,6 +135,20 @@ func restartSuite(t *testing.T, extra []string, templateID string) {
 	}
 	if f := runOut(t, c, keep.SandboxID, "cat /home/user/f"); f != "precious" {
 		t.Fatalf("file after restart: %q", f)
+	}
+	// The volume stays mounted, bounded, and envd's log is read again
+	// (the new process copies its FIFO into the log).
+	if v := runOut(t, c, keep.SandboxID, "cat /mnt/kept/v && df -m /mnt/kept | tail -1 | awk '{print $2}'"); !strings.HasPrefix(v, "on the volume\n") || v == "on the volume\n0" {
+		t.Fatalf("the volume after restart: %q", v)
+	}
+	restarted := time.Now()
+	runOut(t, c, keep.SandboxID, "echo after the restart")
+	logs, err := c.Logs(ctx, keep.SandboxID, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(logs); n == 0 || !strings.HasPrefix(logs[n-1].Message, "process ") || logs[n-1].Timestamp.Before(restarted.Add(-time.Second)) {
+		t.Fatalf("envd's log after restart ends with %+v, not the process run then", logs[max(0, len(logs)-2):])
 	}
 	// Files of the template nothing read before the restart (on a lazy
 	// template: fetched now, by the image server that outlived it).

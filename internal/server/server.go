@@ -33,6 +33,7 @@ import (
 	"github.com/aenvhq/aenv/internal/state"
 	"github.com/aenvhq/aenv/internal/store"
 	"github.com/aenvhq/aenv/internal/template"
+	"github.com/aenvhq/aenv/internal/volume"
 )
 
 // Config is everything `aenv server` can be told.
@@ -124,6 +125,10 @@ type Config struct {
 	// the host's disk), unless its template sets one; 0 means 10 GiB and
 	// a negative value keeps sandbox files in memory.
 	DiskMB int
+	// VolumeSize is the size in bytes of a volume created without one
+	// (an ext4 image, sparse, on the host's disk); 0 means 10 GiB and a
+	// negative value makes such volumes plain directories, unbounded.
+	VolumeSize int64
 	// PausedRetention, when positive, is how long paused sandboxes are
 	// kept before they are deleted with their snapshots; 0 keeps them.
 	PausedRetention time.Duration
@@ -203,6 +208,8 @@ type Server struct {
 
 	// stopGC ends the store's garbage collection loop.
 	stopGC func()
+	// stopSweep ends the build files' sweep and waits for it.
+	stopSweep func()
 
 	closeOnce sync.Once
 	closeErr  error
@@ -368,6 +375,7 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 	// could use it.
 	acfg.Pulls = s.host != nil || s.remote != nil
 	s.api = api.New(acfg)
+	s.stopSweep = sweepBuildFiles(s.api, log)
 	handler := s.withJoin(s.api)
 	s.http = &http.Server{
 		Handler:           handler,
@@ -462,6 +470,9 @@ func (s *Server) close(ctx context.Context) error {
 	var errs []error
 	if s.stopGC != nil {
 		s.stopGC()
+	}
+	if s.stopSweep != nil {
+		s.stopSweep()
 	}
 	if s.http != nil {
 		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -606,6 +617,17 @@ func Cleanup(ctx context.Context, cfg Config) error {
 		errs = append(errs, node.ReleaseOverlay(overlays, e.Name()))
 	}
 	errs = append(errs, os.RemoveAll(filepath.Join(cfg.RunDir, "node")))
+	// The volumes' images, mounted while the server ran, no sandbox uses
+	// now.
+	if vols := filepath.Join(cfg.DataDir, "volumes"); cfg.DataDir != "" {
+		if _, err := os.Stat(vols); err == nil {
+			d, err := volume.Open(vols)
+			if err == nil {
+				err = d.UnmountAll()
+			}
+			errs = append(errs, err)
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("cleaning up: %w", err)
 	}

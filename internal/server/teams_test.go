@@ -99,7 +99,7 @@ func TestRoutesCheckTeams(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	vol, err := alpha.CreateVolume(ctx, "data")
+	vol, err := alpha.CreateVolume(ctx, "data", client.VolumeOptions{SizeMB: 16})
 	if err != nil {
 		t.Fatal(err)
 	}

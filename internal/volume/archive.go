@@ -17,9 +17,9 @@ import (
 // like the data plane: a link a sandbox swaps in mid-walk leads nowhere
 // outside the volume.
 func (d *Dir) Archive(id string, w io.Writer) (int64, error) {
-	p, err := d.Path(id)
-	if err != nil || !d.Exists(id) {
-		return 0, fmt.Errorf("archiving volume %s: %w", id, ErrNotFound)
+	p, err := d.Get(id)
+	if err != nil {
+		return 0, fmt.Errorf("archiving volume %s: %w", id, err)
 	}
 	root, err := os.OpenRoot(p)
 	if err != nil {
@@ -87,13 +87,14 @@ func (d *Dir) Archive(id string, w io.Writer) (int64, error) {
 }
 
 // Extract makes volume id here from an Archive, replacing what this node
-// had of it. Every entry is written through os.Root: an archive cannot
+// had of it, with size as Create takes it (the size it had where it was
+// archived). Every entry is written through os.Root: an archive cannot
 // place anything outside the volume.
-func (d *Dir) Extract(id string, r io.Reader) error {
+func (d *Dir) Extract(id string, r io.Reader, size int64) error {
 	if err := d.Delete(id); err != nil {
 		return err
 	}
-	p, err := d.Create(id)
+	p, err := d.Create(id, size)
 	if err != nil {
 		return err
 	}

@@ -70,9 +70,13 @@ type request struct {
 func (d *Dir) withRoot(fn func(*request)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		id := r.PathValue("volumeID")
-		p, err := d.Path(id)
-		if err != nil || !d.Exists(id) {
+		p, err := d.Get(id)
+		if errors.Is(err, ErrNotFound) {
 			writeError(w, http.StatusNotFound, fmt.Sprintf("volume %s not found on this node", id))
+			return
+		}
+		if err != nil {
+			writeError(w, http.StatusInternalServerError, err.Error())
 			return
 		}
 		root, err := os.OpenRoot(p)

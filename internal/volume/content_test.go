@@ -23,7 +23,7 @@ func newContent(t *testing.T) (*Dir, *httptest.Server) {
 	if os.Geteuid() != 0 {
 		t.Fatal("the volume tests chown files to the sandbox user: run them as root (CI does)")
 	}
-	if _, err := d.Create("vol1"); err != nil {
+	if _, err := d.Create("vol1", 0); err != nil {
 		t.Fatal(err)
 	}
 	ts := httptest.NewServer(d.Content())
@@ -140,7 +140,7 @@ func TestArchiveExtract(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := to.Extract("vol1", bytes.NewReader(buf.Bytes())); err != nil {
+	if err := to.Extract("vol1", bytes.NewReader(buf.Bytes()), 0); err != nil {
 		t.Fatal(err)
 	}
 	dst, _ := to.Path("vol1")
@@ -162,7 +162,7 @@ func TestArchiveExtract(t *testing.T) {
 	tw.WriteHeader(&tar.Header{Name: "escape/aenv-volume-escape", Typeflag: tar.TypeReg, Mode: 0o644, Size: 1})
 	tw.Write([]byte("x"))
 	tw.Close()
-	if err := to.Extract("vol2", &evil); err == nil {
+	if err := to.Extract("vol2", &evil, 0); err == nil {
 		t.Fatal("an archive wrote through a symlink out of its volume")
 	}
 	if _, err := os.Stat("/etc/aenv-volume-escape"); err == nil {

@@ -8,7 +8,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -59,6 +58,8 @@ type Driver struct {
 	// running maps each sandbox to a pidfd of its sandbox process (-1 while
 	// it starts), which tells without races against pid reuse when it dies.
 	running map[string]int
+	// pumps copy the sandboxes' envd output into their logs.
+	pumps map[string]*logPump
 }
 
 var (
@@ -66,6 +67,7 @@ var (
 	_ runtime.ExitNotifier = (*Driver)(nil)
 	_ runtime.Checkpointer = (*Driver)(nil)
 	_ runtime.Recoverer    = (*Driver)(nil)
+	_ runtime.LogReader    = (*Driver)(nil)
 )
 
 // exitPollInterval is how often the driver checks for sandboxes that died.
@@ -102,6 +104,7 @@ func New(cfg Config) (*Driver, error) {
 		cfg:     cfg,
 		log:     cfg.Logger.With("runtime", "gvisor"),
 		running: make(map[string]int),
+		pumps:   make(map[string]*logPump),
 		exits:   make(chan runtime.Exit, 1024),
 		runc: &runc.Runc{
 			Command: cfg.RunscPath,
@@ -306,9 +309,9 @@ func (d *Driver) start(ctx context.Context, spec runtime.Spec, imageDir string) 
 	if err := writeBundle(dir, spec, path.Join(d.cfg.CgroupParent, spec.ID)); err != nil {
 		return fmt.Errorf("writing bundle for %s: %w", spec.ID, err)
 	}
-	logFile, err := os.OpenFile(filepath.Join(dir, "envd.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	logFile, err := makeEnvdPipe(dir)
 	if err != nil {
-		return fmt.Errorf("opening envd log for %s: %w", spec.ID, err)
+		return fmt.Errorf("starting %s: %w", spec.ID, err)
 	}
 	defer logFile.Close()
 
@@ -321,6 +324,13 @@ func (d *Driver) start(ctx context.Context, spec runtime.Spec, imageDir string) 
 	d.mu.Unlock()
 	rollback.Push("forgetting sandbox", func(context.Context) error {
 		d.forget(spec.ID)
+		return nil
+	})
+	if err := d.startPump(spec.ID); err != nil {
+		return err
+	}
+	rollback.Push("stopping envd's log", func(context.Context) error {
+		d.stopPump(spec.ID, 0)
 		return nil
 	})
 	// Deleting is idempotent enough to register before run: a failed run can
@@ -406,6 +416,7 @@ func (d *Driver) Kill(ctx context.Context, id string) error {
 	// runsc stopped half-way leaves sandbox processes that nothing knows
 	// of once their directory is gone.
 	err := d.deleteContainer(context.WithoutCancel(ctx), id)
+	d.stopPump(id, pumpDrainTimeout)
 	if rmErr := os.RemoveAll(d.sandboxDir(id)); rmErr != nil && err == nil {
 		err = rmErr
 	}
@@ -482,15 +493,6 @@ func (d *Driver) ExportFiles(ctx context.Context, id, path string) error {
 		return fmt.Errorf("exporting the files of %s: %w: %s", id, err, strings.TrimSpace(string(out)))
 	}
 	return nil
-}
-
-// EnvdLog implements runtime.LogReader.
-func (d *Driver) EnvdLog(id string) (io.ReadCloser, error) {
-	f, err := os.Open(filepath.Join(d.sandboxDir(id), "envd.log"))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("reading envd log of %s: %w", id, runtime.ErrNotFound)
-	}
-	return f, err
 }
 
 func readPid(p string) (int, error) {
@@ -583,6 +585,9 @@ func (d *Driver) Recover(ctx context.Context, id string) error {
 	}
 	d.running[id] = pidfd
 	d.mu.Unlock()
+	if err := d.startPump(id); err != nil {
+		d.log.Warn("envd's log is not kept", "sandbox_id", id, "err", err)
+	}
 	d.log.Info("sandbox recovered", "sandbox_id", id, "pid", pid)
 	return nil
 }
@@ -608,14 +613,23 @@ func (d *Driver) Cleanup(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// Close releases what runsc keeps for all sandboxes of the driver's root:
-// it leaves a "null-netns" namespace mount there. While sandboxes still
-// run (they outlive the process on a restart) it leaves that mount, which
-// they share, for the next process.
+// Close stops copying the sandboxes' envd output (their FIFOs hold it for
+// the next process) and releases what runsc keeps for all sandboxes of
+// the driver's root: it leaves a "null-netns" namespace mount there.
+// While sandboxes still run (they outlive the process on a restart) it
+// leaves that mount, which they share, for the next process.
 func (d *Driver) Close() error {
 	d.mu.Lock()
 	n := len(d.running)
+	var pumps []string
+	for id := range d.pumps {
+		pumps = append(pumps, id)
+	}
 	d.mu.Unlock()
+	// The sandboxes' FIFOs keep what they write for the next process.
+	for _, id := range pumps {
+		d.stopPump(id, 0)
+	}
 	if n > 0 {
 		return nil
 	}

@@ -6,10 +6,11 @@ import (
 	"os/exec"
 )
 
-// fileIO hands one file to runsc as the sandbox's stdout and stderr. With
-// --detach runsc passes the descriptors on to the sandbox, so envd's log
-// lands in the file for as long as the sandbox lives. go-runc offers pipes
-// and /dev/null only, and pipes would die with our process.
+// fileIO hands one file to runsc as the sandbox's stdout and stderr: the
+// sandbox's end of envd's FIFO (see envdlog.go). With --detach runsc
+// passes the descriptors on to the sandbox, which keeps them for as long
+// as it lives. go-runc offers pipes and /dev/null only, and pipes would
+// die with our process.
 type fileIO struct{ f *os.File }
 
 func (i *fileIO) Close() error          { return nil }

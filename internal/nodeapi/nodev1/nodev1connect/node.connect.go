@@ -113,14 +113,16 @@ type NodeServiceClient interface {
 	// Metrics returns a sandbox's resource samples, oldest first: every
 	// 5 s for its last hour, every minute for the day before.
 	Metrics(context.Context, *nodev1.MetricsRequest) (*nodev1.MetricsResponse, error)
-	// CreateVolume makes a volume's directory on the node; DeleteVolume
-	// removes it with its files. The volume's data plane is served at
-	// /volumecontent/ on the node's port.
+	// CreateVolume makes a volume on the node (an ext4 image of its size,
+	// mounted on its directory); DeleteVolume removes it with its files.
+	// The volume's data plane is served at /volumecontent/ on the node's
+	// port.
 	CreateVolume(context.Context, *nodev1.CreateVolumeRequest) (*nodev1.CreateVolumeResponse, error)
 	DeleteVolume(context.Context, *nodev1.DeleteVolumeRequest) (*nodev1.DeleteVolumeResponse, error)
 	// ExportVolume saves a volume's files to the store; ImportVolume, on
-	// another node, makes the volume there from them (and removes them from
-	// the store): how a volume moves with its sandbox.
+	// another node, makes the volume there from them, with the size it had
+	// (and removes them from the store): how a volume moves with its
+	// sandbox.
 	ExportVolume(context.Context, *nodev1.ExportVolumeRequest) (*nodev1.ExportVolumeResponse, error)
 	ImportVolume(context.Context, *nodev1.ImportVolumeRequest) (*nodev1.ImportVolumeResponse, error)
 	// UpdateNetwork replaces a running sandbox's egress rules (allow_out
@@ -444,14 +446,16 @@ type NodeServiceHandler interface {
 	// Metrics returns a sandbox's resource samples, oldest first: every
 	// 5 s for its last hour, every minute for the day before.
 	Metrics(context.Context, *nodev1.MetricsRequest) (*nodev1.MetricsResponse, error)
-	// CreateVolume makes a volume's directory on the node; DeleteVolume
-	// removes it with its files. The volume's data plane is served at
-	// /volumecontent/ on the node's port.
+	// CreateVolume makes a volume on the node (an ext4 image of its size,
+	// mounted on its directory); DeleteVolume removes it with its files.
+	// The volume's data plane is served at /volumecontent/ on the node's
+	// port.
 	CreateVolume(context.Context, *nodev1.CreateVolumeRequest) (*nodev1.CreateVolumeResponse, error)
 	DeleteVolume(context.Context, *nodev1.DeleteVolumeRequest) (*nodev1.DeleteVolumeResponse, error)
 	// ExportVolume saves a volume's files to the store; ImportVolume, on
-	// another node, makes the volume there from them (and removes them from
-	// the store): how a volume moves with its sandbox.
+	// another node, makes the volume there from them, with the size it had
+	// (and removes them from the store): how a volume moves with its
+	// sandbox.
 	ExportVolume(context.Context, *nodev1.ExportVolumeRequest) (*nodev1.ExportVolumeResponse, error)
 	ImportVolume(context.Context, *nodev1.ImportVolumeRequest) (*nodev1.ImportVolumeResponse, error)
 	// UpdateNetwork replaces a running sandbox's egress rules (allow_out

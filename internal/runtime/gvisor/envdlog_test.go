@@ -1,0 +1,142 @@
+package gvisor
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func testDriver(t *testing.T) *Driver {
+	t.Helper()
+	return &Driver{cfg: Config{StateDir: t.TempDir()}, log: slog.New(slog.DiscardHandler),
+		running: map[string]int{}, pumps: map[string]*logPump{}}
+}
+
+// readLog is envd's log of sandbox id as EnvdLog gives it, whole.
+func readLog(t *testing.T, d *Driver, id string) string {
+	t.Helper()
+	files, err := d.EnvdLog(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	for _, f := range files {
+		io.Copy(&b, f)
+		f.Close()
+	}
+	return b.String()
+}
+
+func waitPump(t *testing.T, d *Driver, id string) {
+	t.Helper()
+	d.mu.Lock()
+	p := d.pumps[id]
+	d.mu.Unlock()
+	if p == nil {
+		return
+	}
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the pump did not end with its writer")
+	}
+}
+
+// TestEnvdLogSurvivesRestart: what the sandbox writes while no driver
+// reads its FIFO (between two processes) waits in the pipe and reaches
+// the log once the next one reads; the pump ends with the sandbox.
+func TestEnvdLogSurvivesRestart(t *testing.T) {
+	d := testDriver(t)
+	dir := d.sandboxDir("sb1")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	w, err := makeEnvdPipe(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.startPump("sb1"); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintln(w, "before the restart")
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(readLog(t, d, "sb1"), "before") && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	d.stopPump("sb1", 0) // the process stops
+	if _, err := fmt.Fprintln(w, "while nobody reads"); err != nil {
+		t.Fatalf("writing while the driver is away: %v", err)
+	}
+	d2 := testDriver(t)
+	d2.cfg.StateDir = d.cfg.StateDir
+	if err := d2.startPump("sb1"); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintln(w, "after the restart")
+	w.Close() // the sandbox ends
+	waitPump(t, d2, "sb1")
+	if got := readLog(t, d2, "sb1"); got != "before the restart\nwhile nobody reads\nafter the restart\n" {
+		t.Fatalf("envd's log across a restart: %q", got)
+	}
+}
+
+// TestEnvdLogCapped: a writer that never stops leaves at most two files
+// of envdLogMax bytes, in lines, the latest lines kept whole.
+func TestEnvdLogCapped(t *testing.T) {
+	d := testDriver(t)
+	dir := d.sandboxDir("sb2")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	w, err := makeEnvdPipe(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.startPump("sb2"); err != nil {
+		t.Fatal(err)
+	}
+	junk := make([]byte, 1<<20) // zeros, no newline: cat /dev/zero
+	for range 3 * envdLogMax / len(junk) {
+		if _, err := w.Write(junk); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fmt.Fprintln(w, "\nthe last line")
+	w.Close()
+	waitPump(t, d, "sb2")
+	var total int64
+	for _, name := range []string{envdLogName, envdLogName + ".1"} {
+		fi, err := os.Stat(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Size() > envdLogMax {
+			t.Fatalf("%s holds %d bytes, over %d", name, fi.Size(), envdLogMax)
+		}
+		total += fi.Size()
+	}
+	if total < envdLogMax {
+		t.Fatalf("the log holds %d bytes of %d written", total, 3*envdLogMax)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 3 {
+		t.Fatalf("the sandbox directory holds %v; want the pipe and two logs", entries)
+	}
+	sc := bufio.NewScanner(strings.NewReader(readLog(t, d, "sb2")))
+	sc.Buffer(nil, 2*maxLogLine)
+	last := ""
+	for sc.Scan() {
+		if len(sc.Text()) > maxLogLine {
+			t.Fatalf("a line of %d bytes", len(sc.Text()))
+		}
+		last = sc.Text()
+	}
+	if sc.Err() != nil || last != "the last line" {
+		t.Fatalf("the log ends with %q (%v)", last, sc.Err())
+	}
+}
