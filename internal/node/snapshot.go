@@ -148,6 +148,18 @@ func (n *Node) restore(ctx context.Context, snap *snapshot.Snapshot, req CreateR
 		return nil, fmt.Errorf("restoring snapshot %s: %w", snap.ID, err)
 	}
 	sb.EnvdAccessToken = snap.EnvdAccessToken
+	if snap.EnvdAccessToken != "" && snap.Kind != snapshot.KindPause {
+		// A new sandbox from a saved one (a fork's child, a create from
+		// a snapshot) must not share its token with its siblings: each
+		// gets one of its own, which envd takes from the old one's
+		// holder, the node.
+		fresh := randomToken()
+		if err := newEnvdClient(sb.Addr, snap.EnvdAccessToken).init(ctx, initRequest{AccessToken: fresh, Timestamp: time.Now().UTC()}); err != nil {
+			n.destroy(context.WithoutCancel(ctx), sb)
+			return nil, fmt.Errorf("restoring snapshot %s: giving sandbox %s its own envd token: %w", snap.ID, id, err)
+		}
+		sb.EnvdAccessToken = fresh
+	}
 	n.register(ctx, sb)
 	n.log.Info("sandbox restored", "sandbox_id", id, "snapshot_id", snap.ID, "total_ms", time.Since(start).Milliseconds())
 	n.logEvent(id, "info", "sandbox restored", "snapshot_id", snap.ID, "kind", string(snap.Kind),

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -136,12 +137,33 @@ func TestFork(t *testing.T) {
 		t.Fatalf("fork results %s: %v", resp, err)
 	}
 	var kids []string
+	tokens := map[string]bool{sb.EnvdAccessToken: true}
 	for _, r := range results {
 		if r.Sandbox == nil {
 			t.Fatalf("a child failed: %+v", r.Error)
 		}
 		kids = append(kids, r.Sandbox.SandboxID)
 		defer c.Kill(ctx, r.Sandbox.SandboxID)
+		// Each child has an envd token of its own: the parent's, or a
+		// sibling's, opens nothing of it.
+		if r.Sandbox.EnvdAccessToken == "" || tokens[r.Sandbox.EnvdAccessToken] {
+			t.Fatalf("child %s has the token %q of its parent or a sibling", r.Sandbox.SandboxID, r.Sandbox.EnvdAccessToken)
+		}
+		tokens[r.Sandbox.EnvdAccessToken] = true
+		for tok, want := range map[string]int{sb.EnvdAccessToken: 401, r.Sandbox.EnvdAccessToken: 200} {
+			req, _ := http.NewRequest("GET", url+"/envs", nil)
+			req.Header.Set("E2b-Sandbox-Id", r.Sandbox.SandboxID)
+			req.Header.Set("E2b-Sandbox-Port", "49983")
+			req.Header.Set("X-Access-Token", tok)
+			res, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res.Body.Close()
+			if res.StatusCode != want {
+				t.Fatalf("child %s's envd with the %s token: %d, want %d", r.Sandbox.SandboxID, map[int]string{401: "parent's", 200: "child's"}[want], res.StatusCode, want)
+			}
+		}
 	}
 	for _, k := range kids {
 		runOut(t, c, k, "echo "+k+" > /tmp/who")
