@@ -70,9 +70,9 @@ func (d *Driver) RunStep(ctx context.Context, spec runtime.StepSpec, out io.Writ
 	defer os.RemoveAll(bundle)
 	cgroup := path.Join(d.cfg.CgroupParent, id)
 	if spec.MemoryMB > 0 {
-		mem, err := makeStepMemoryCgroup(cgroup, spec.MemoryMB)
-		if err != nil {
-			return -1, fmt.Errorf("running build step: %w", err)
+		mem, merr := makeStepMemoryCgroup(cgroup, spec.MemoryMB)
+		if merr != nil {
+			return -1, fmt.Errorf("running build step: %w", merr)
 		}
 		defer func() {
 			if oomKilled(mem) && err == nil {
