@@ -41,7 +41,7 @@ RUN CGO_ENABLED=0 GOBIN=/out go install gvisor.dev/gvisor/runsc@${RUNSC_VERSION}
 FROM debian:bookworm-slim
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      iproute2 nftables debootstrap ca-certificates \
+      iproute2 nftables debootstrap ca-certificates e2fsprogs \
  && rm -rf /var/lib/apt/lists/*
 # envd beside aenv: that is where the server looks for it.
 COPY --from=build /out/aenv /out/envd /usr/local/bin/
