@@ -342,7 +342,7 @@ func callerTeam(*http.Request) string { return "" }
 func toDockerfile(body startBody, filesDir string) (*build.Dockerfile, error) {
 	user := "user"
 	if body.FromImageRegistry != nil {
-		return nil, errors.New("fromImageRegistry (registry credentials) is not supported yet; log in on the server host with docker login")
+		return nil, errors.New("fromImageRegistry (registry credentials) is not supported yet; the server's operator can give it credentials (aenv server --registry-auth)")
 	}
 	df := &build.Dockerfile{User: "user", Workdir: "/home/user"}
 	switch {
