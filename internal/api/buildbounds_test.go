@@ -90,7 +90,7 @@ func TestBuildBoundsAPI(t *testing.T) {
 	url, key, data := startServerWith(t, func(c *server.Config) {
 		c.BuildDiskBytes = 64 << 20
 		c.BuildMemoryMB = 256
-		c.BuildTimeout = 6 * time.Second
+		c.BuildTimeout = 8 * time.Second
 		c.MaxBuilds = 2
 	})
 	tinyTemplate(t, data)
@@ -136,13 +136,15 @@ func TestBuildBoundsAPI(t *testing.T) {
 		}
 	})
 	t.Run("memory", func(t *testing.T) {
-		failsWith(t, "eats-memory", "head -c 1000000000 /dev/zero | tail", "killed: out of memory (256 MiB)")
+		// dd's buffer is the hog: it fills at once, where a pipe into
+		// tail takes seconds on a loaded host.
+		failsWith(t, "eats-memory", "dd if=/dev/zero of=/dev/null bs=1G count=1", "killed: out of memory (256 MiB)")
 	})
 	t.Run("timeout", func(t *testing.T) {
 		began := time.Now()
-		failsWith(t, "sleeps", "sleep 60", "timed out after 6s")
+		failsWith(t, "sleeps", "sleep 60", "timed out after 8s")
 		if took := time.Since(began); took > 30*time.Second {
-			t.Fatalf("a 6s time limit took %s", took)
+			t.Fatalf("an 8s time limit took %s", took)
 		}
 	})
 	t.Run("queue", func(t *testing.T) {

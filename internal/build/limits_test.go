@@ -141,7 +141,7 @@ func TestBuildBounds(t *testing.T) {
 		}
 	})
 	t.Run("memory", func(t *testing.T) {
-		_, log, err := build(t, "eats-memory", "RUN head -c 1000000000 /dev/zero | tail\n", Limits{MemoryMB: 128})
+		_, log, err := build(t, "eats-memory", "RUN dd if=/dev/zero of=/dev/null bs=1G count=1\n", Limits{MemoryMB: 128})
 		if !errors.Is(err, ErrOutOfMemory) || !strings.Contains(err.Error(), "killed: out of memory (128 MiB)") {
 			t.Fatalf("err = %v\nlog:\n%s", err, log)
 		}
