@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/prometheus/client_golang/prometheus"
 	"io"
 	"log/slog"
@@ -79,6 +80,26 @@ type Config struct {
 	// BuildSteps runs template builds' steps (the node, through its
 	// runtime driver); nil answers the build routes 501.
 	BuildSteps build.Stepper
+	// BuildLimits bound each template build (its steps' memory, CPU and
+	// pids, its disk, its time, its FROM image's size).
+	BuildLimits build.Limits
+	// BuildSlots bounds the builds that run at once on the node; the
+	// others are queued. nil: no bound.
+	BuildSlots *build.Slots
+	// BuildLimiter, when set, is asked before each build runs, with the
+	// team the build counts against: it may wait for the team's turn,
+	// or refuse (its error ends the build); the build calls release when
+	// done. nil: no bound per team.
+	BuildLimiter func(ctx context.Context, team string) (release func(), err error)
+	// MaxImageBytes bounds pulled images (image.PullOptions.MaxBytes);
+	// 0: no bound.
+	MaxImageBytes int64
+	// MaxPulls bounds the pulls that run at once (the others wait); 0
+	// means 2.
+	MaxPulls int
+	// RegistryAuth holds the registry credentials the operator gave the
+	// server (image.LoadRegistryAuth); nil pulls anonymously.
+	RegistryAuth authn.Keychain
 	// Pulls enables POST /templates/pulls (a server whose templates reach
 	// its nodes: a local node, or a store they share).
 	Pulls bool
@@ -100,6 +121,8 @@ type Server struct {
 	routeList []Route
 	// builds runs template builds and keeps their uploads.
 	builds *builds
+	// pulls holds a token per pull running (Config.MaxPulls).
+	pulls chan struct{}
 }
 
 // New builds the API handler.
@@ -113,7 +136,10 @@ func New(cfg Config) *Server {
 	if cfg.UploadTimeout <= 0 {
 		cfg.UploadTimeout = time.Hour
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux()}
+	if cfg.MaxPulls <= 0 {
+		cfg.MaxPulls = 2
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), pulls: make(chan struct{}, cfg.MaxPulls)}
 	s.routes()
 	s.api = s.mux
 	if cfg.RateLimit > 0 {

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/aenvhq/aenv/internal/build"
+	"github.com/aenvhq/aenv/internal/image"
 	"github.com/aenvhq/aenv/internal/template"
 )
 
@@ -54,11 +55,15 @@ type buildRecord struct {
 	cpuCount, memoryMB int
 	names              []string
 
-	mu      sync.Mutex
-	status  string
-	logs    []buildLogEntry
-	partial []byte
-	reason  *buildReason
+	mu     sync.Mutex
+	status string
+	// logs is the log's tail: logs[0] is entry number first (log offsets
+	// count from the build's first line), logBytes their messages' size.
+	logs     []buildLogEntry
+	first    int
+	logBytes int
+	partial  []byte
+	reason   *buildReason
 }
 
 // buildLogEntry is E2B's BuildLogEntry.
@@ -76,7 +81,8 @@ type buildReason struct {
 	LogEntries []buildLogEntry `json:"logEntries"`
 }
 
-// Write takes the build's output, a log entry per line.
+// Write takes the build's output, a log entry per line; a line longer
+// than maxLineBytes is cut into entries of that size.
 func (b *buildRecord) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -84,24 +90,40 @@ func (b *buildRecord) Write(p []byte) (int, error) {
 	for {
 		i := bytes.IndexByte(b.partial, '\n')
 		if i < 0 {
+			for len(b.partial) >= maxLineBytes {
+				b.addLocked("info", string(b.partial[:maxLineBytes]))
+				b.partial = b.partial[maxLineBytes:]
+			}
 			break
 		}
 		b.addLocked("info", string(b.partial[:i]))
 		b.partial = b.partial[i+1:]
 	}
+	// Keep the unfinished line, not the whole buffer it was cut from.
+	b.partial = append([]byte(nil), b.partial...)
 	return len(p), nil
 }
 
-// maxLogEntries bounds what a build's log keeps in memory.
-const maxLogEntries = 50000
+// A build's log is kept in memory while the server runs: its last
+// maxLogBytes (of messages) in at most maxLogEntries entries. The oldest
+// entries go first: the tail says why a build failed. A client that polls
+// from an offset already dropped gets the tail from its start.
+const (
+	maxLogBytes   = 1 << 20
+	maxLogEntries = 20000
+	maxLineBytes  = 16 << 10
+)
 
 func (b *buildRecord) addLocked(level, msg string) {
-	if len(b.logs) == maxLogEntries-1 && level != "error" {
-		level, msg = "warn", "(log truncated: later output is not kept)"
-	} else if len(b.logs) >= maxLogEntries-1 && level != "error" {
-		return
+	msg = strings.TrimRight(msg, "\r")
+	b.logs = append(b.logs, buildLogEntry{Timestamp: time.Now().UTC(), Level: level, Message: msg})
+	b.logBytes += len(msg)
+	for len(b.logs) > 1 && (b.logBytes > maxLogBytes || len(b.logs) > maxLogEntries) {
+		b.logBytes -= len(b.logs[0].Message)
+		b.logs[0] = buildLogEntry{} // let go of its message
+		b.logs = b.logs[1:]
+		b.first++
 	}
-	b.logs = append(b.logs, buildLogEntry{Timestamp: time.Now().UTC(), Level: level, Message: strings.TrimRight(msg, "\r")})
 }
 
 // finish records how the build ended.
@@ -272,6 +294,13 @@ func (bs *builds) start(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
+	admin := callerKey(r).Admin
+	if !admin && df.FromKind == build.FromImage {
+		if err := image.CheckClientRef(r.Context(), df.From); err != nil {
+			writeError(w, importStatus(err), err.Error())
+			return
+		}
+	}
 	started, hashes := time.Now(), fileKeys(rec.team, copyHashes(body))
 	if !bs.acquireFiles(hashes) {
 		writeError(w, http.StatusBadRequest, "the files of a COPY step were removed meanwhile; upload them again")
@@ -290,18 +319,19 @@ func (bs *builds) start(w http.ResponseWriter, r *http.Request) {
 
 	log := bs.s.log.With("template_id", rec.templateID, "build_id", rec.buildID)
 	opts := build.Options{
-		Steps: bs.s.cfg.BuildSteps,
-		Store: bs.s.cfg.Templates,
 		Template: template.Template{
 			ID: rec.templateID, Team: rec.team, Name: rec.names[0], CPUCount: rec.cpuCount, MemoryMB: rec.memoryMB,
 			StartCmd: body.StartCmd, ReadyCmd: body.ReadyCmd,
 		},
-		Log:    rec,
-		Logger: log,
+		Untrusted: !admin,
+		Log:       rec,
+		Logger:    log,
 	}
 	log.Info("template build started", "from", df.From, "steps", len(df.Steps))
 	go func() {
-		_, err := build.Run(context.WithoutCancel(r.Context()), df, opts)
+		// The client polls for the outcome: its request ending does not
+		// end the build (the build's time limit does).
+		_, err := bs.s.runBuild(context.WithoutCancel(r.Context()), rec.team, df, opts)
 		bs.releaseFiles(hashes, started)
 		rec.finish(err)
 		if err != nil {
@@ -326,13 +356,30 @@ func copyHashes(body startBody) []string {
 	return out
 }
 
+// runBuild runs a build within the server's bounds: once its team's
+// bound (BuildLimiter) lets it, with the node's runtime and templates and
+// under BuildLimits, once BuildSlots has room (build.Run waits for that,
+// saying so in the build's log).
+func (s *Server) runBuild(ctx context.Context, team string, df *build.Dockerfile, opts build.Options) (*build.Result, error) {
+	if s.cfg.BuildLimiter != nil {
+		release, err := s.cfg.BuildLimiter(ctx, team)
+		if err != nil {
+			return nil, fmt.Errorf("building template %s: %w", opts.Template.ID, err)
+		}
+		defer release()
+	}
+	opts.Steps, opts.Store = s.cfg.BuildSteps, s.cfg.Templates
+	opts.Limits, opts.Slots, opts.Keychain = s.cfg.BuildLimits, s.cfg.BuildSlots, s.cfg.RegistryAuth
+	return build.Run(ctx, df, opts)
+}
+
 // toDockerfile maps E2B's build steps onto the builder's. Steps start as
 // E2B's do: as `user` in /home/user; COPY gives files to the current
 // user unless it names one. COPY sources come from filesDir.
 func toDockerfile(body startBody, filesDir string) (*build.Dockerfile, error) {
 	user := "user"
 	if body.FromImageRegistry != nil {
-		return nil, errors.New("fromImageRegistry (registry credentials) is not supported yet; log in on the server host with docker login")
+		return nil, errors.New("fromImageRegistry (registry credentials) is not supported yet; the server's operator can give it credentials (aenv server --registry-auth)")
 	}
 	df := &build.Dockerfile{User: "user", Workdir: "/home/user"}
 	switch {
@@ -431,8 +478,8 @@ func (bs *builds) status(w http.ResponseWriter, r *http.Request) {
 	}
 	rec.mu.Lock()
 	entries := []buildLogEntry{}
-	if offset < len(rec.logs) {
-		entries = append(entries, rec.logs[offset:]...)
+	if i := max(offset-rec.first, 0); i < len(rec.logs) {
+		entries = append(entries, rec.logs[i:]...)
 	}
 	out := statusBody{
 		TemplateID: rec.templateID, BuildID: rec.buildID, Status: rec.status,

@@ -23,6 +23,14 @@ import (
 // startServer runs a real server for the template-build routes.
 func startServer(t *testing.T) (url, key string) {
 	t.Helper()
+	url, key, _ = startServerWith(t, nil)
+	return url, key
+}
+
+// startServerWith runs a real server whose configuration mod changes, and
+// returns its data directory too.
+func startServerWith(t *testing.T, mod func(*server.Config)) (url, key, dataDir string) {
+	t.Helper()
 	testutil.RequireRoot(t)
 	runsc := testutil.RequireBinary(t, "runsc", "AENV_RUNSC")
 	base := os.Getenv("AENV_BASE_ROOTFS")
@@ -38,7 +46,7 @@ func startServer(t *testing.T) (url, key string) {
 	if testing.Verbose() {
 		level = slog.LevelDebug
 	}
-	srv, err := server.Start(context.Background(), server.Config{
+	cfg := server.Config{
 		Listen:        "127.0.0.1:0",
 		DataDir:       filepath.Join(dir, "data"),
 		RunDir:        filepath.Join(dir, "run"),
@@ -51,7 +59,11 @@ func startServer(t *testing.T) (url, key string) {
 		WarmPoolSize:  0,
 		OnStop:        cluster.StopKill,
 		Logger:        slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
-	})
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	srv, err := server.Start(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("starting server: %v", err)
 	}
@@ -62,7 +74,7 @@ func startServer(t *testing.T) (url, key string) {
 			t.Errorf("closing server: %v", err)
 		}
 	})
-	return "http://" + srv.Addr().String(), srv.APIKey()
+	return "http://" + srv.Addr().String(), srv.APIKey(), cfg.DataDir
 }
 
 // call sends a JSON request and decodes the answer into out.

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/aenvhq/aenv/internal/build"
+	"github.com/aenvhq/aenv/internal/image"
 )
 
 // buildTemplate answers POST /templates/builds (an aenv extension): the
@@ -71,17 +72,24 @@ func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
+	// A FROM built from ARGs is checked when the build expands it.
+	admin := callerKey(r).Admin
+	if !admin && image.IsLocalRef(df.From) {
+		writeError(w, http.StatusForbidden, fmt.Sprintf("FROM %s names files on the server's host: that needs an admin key", df.From))
+		return
+	}
 
 	log := s.log.With("template_id", p.tpl.ID)
 	log.Info("template build started", "from", df.From, "steps", len(df.Steps))
 	es := startEvents(w)
-	res, err := build.Run(context.WithoutCancel(r.Context()), df, build.Options{
-		Steps:      s.cfg.BuildSteps,
-		Store:      s.cfg.Templates,
+	// A client that goes away leaves the build to finish (its outcome
+	// stays); its time limit always holds.
+	res, err := s.runBuild(context.WithoutCancel(r.Context()), callerKey(r).Team, df, build.Options{
 		Template:   p.tpl,
 		ContextDir: ctxDir,
 		BuildArgs:  args,
 		Insecure:   p.insecure,
+		Untrusted:  !admin,
 		Log:        es,
 		Logger:     log,
 	})

@@ -124,10 +124,14 @@ func importStatus(err error) int {
 	var tooBig *http.MaxBytesError
 	var step *build.StepError
 	switch {
+	case errors.Is(err, image.ErrForbidden):
+		return http.StatusForbidden
 	case errors.As(err, &step):
 		return http.StatusBadRequest // the Dockerfile's own step failed
-	case errors.As(err, &tooBig):
+	case errors.As(err, &tooBig), errors.Is(err, image.ErrTooLarge):
 		return http.StatusRequestEntityTooLarge
+	case errors.Is(err, build.ErrTimeout):
+		return http.StatusGatewayTimeout // the build ran past its time limit
 	case errors.Is(err, build.ErrInvalid), errors.Is(err, image.ErrBadReference):
 		return http.StatusBadRequest
 	case errors.Is(err, template.ErrNotFound), errors.Is(err, image.ErrNotFound):
@@ -175,6 +179,10 @@ func parseImportParams(w http.ResponseWriter, r *http.Request) (importParams, bo
 		*f.dst = n
 	}
 	p.insecure = q.Get("insecure") == "true" || q.Get("insecure") == "1"
+	if p.insecure && !callerKey(r).Admin {
+		writeError(w, http.StatusForbidden, "insecure (plain HTTP or unverified TLS to a registry) needs an admin key")
+		return p, false
+	}
 	return p, true
 }
 

@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -45,12 +46,19 @@ func (s *Server) pullTemplate(w http.ResponseWriter, r *http.Request) {
 	}
 	q := r.URL.Query()
 	ref, source := q.Get("ref"), q.Get("source")
+	admin := callerKey(r).Admin
 	var dir string
 	switch source {
 	case "":
 		if ref == "" {
 			writeError(w, http.StatusBadRequest, "give ref (a registry image), or source=oci or source=docker-archive with the image in the body")
 			return
+		}
+		if !admin {
+			if err := image.CheckClientRef(r.Context(), ref); err != nil {
+				writeError(w, importStatus(err), err.Error())
+				return
+			}
 		}
 	case "oci", "docker-archive":
 		var err error
@@ -82,10 +90,26 @@ func (s *Server) pullTemplate(w http.ResponseWriter, r *http.Request) {
 	log := s.log.With("template_id", p.tpl.ID)
 	log.Info("template pull started", "ref", ref)
 	es := startEvents(w)
+	select {
+	case s.pulls <- struct{}{}:
+	default:
+		queued := fmt.Sprintf("queued: %d pulls run at once on this server", cap(s.pulls))
+		es.send(importEvent{Log: &queued})
+		select {
+		case s.pulls <- struct{}{}:
+		case <-r.Context().Done():
+			return // the client left before the pull began
+		}
+	}
+	defer func() { <-s.pulls }()
 	res, err := image.Pull(context.WithoutCancel(r.Context()), ref, image.PullOptions{
 		Store:    s.cfg.Templates,
 		Template: p.tpl,
 		Insecure: p.insecure,
+		Keychain: s.cfg.RegistryAuth,
+		MaxBytes: s.cfg.MaxImageBytes,
+		// A pull of the server's own upload reaches no registry.
+		PublicOnly: !admin && source == "",
 		Progress: func(e image.Progress) {
 			es.send(importEvent{Progress: &pullProgressJSON{
 				Layer: e.Layer, Layers: e.Layers, Digest: e.Digest,

@@ -1,8 +1,11 @@
 package api
 
 import (
+	"context"
 	"fmt"
 	"net/http"
+	"sync"
+	"time"
 
 	"github.com/aenvhq/aenv/internal/apikeys"
 	"github.com/aenvhq/aenv/internal/cluster"
@@ -145,5 +148,50 @@ func TeamLimits(keys *apikeys.Store) func(team string) cluster.TeamLimits {
 		}
 		return cluster.TeamLimits{MaxSandboxes: t.MaxSandboxes, MaxPaused: t.MaxPaused,
 			MaxVolumeBytes: t.MaxVolumeBytes, MaxSnapshotBytes: t.MaxSnapshotBytes}
+	}
+}
+
+// TeamBuilds is a BuildLimiter that bounds each team's builds running at
+// once on this server by its quota (MaxBuilds): past it a build waits its
+// turn, in no particular order. The bound is this server's, not the
+// cluster's: builds run on the servers that have a node, each with its
+// own queue (--max-builds), and a team's builds on two such servers are
+// two queues.
+func TeamBuilds(keys *apikeys.Store) func(ctx context.Context, team string) (func(), error) {
+	var mu sync.Mutex
+	running := map[string]int{}
+	freed := make(chan struct{})
+	release := func(team string) func() {
+		var once sync.Once
+		return func() {
+			once.Do(func() {
+				mu.Lock()
+				if running[team]--; running[team] <= 0 {
+					delete(running, team)
+				}
+				close(freed)
+				freed = make(chan struct{})
+				mu.Unlock()
+			})
+		}
+	}
+	return func(ctx context.Context, team string) (func(), error) {
+		for {
+			t, _ := keys.Team(team)
+			mu.Lock()
+			if t.MaxBuilds <= 0 || running[team] < t.MaxBuilds {
+				running[team]++
+				mu.Unlock()
+				return release(team), nil
+			}
+			wait := freed
+			mu.Unlock()
+			select {
+			case <-wait:
+			case <-time.After(time.Second): // the quota may have grown
+			case <-ctx.Done():
+				return nil, fmt.Errorf("waiting for a build slot of team %s (it runs %d builds at once): %w", team, t.MaxBuilds, ctx.Err())
+			}
+		}
 	}
 }

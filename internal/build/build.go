@@ -9,8 +9,6 @@ package build
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -23,7 +21,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/authn"
+
 	"github.com/aenvhq/aenv/internal/image"
+	"github.com/aenvhq/aenv/internal/runtime"
 	"github.com/aenvhq/aenv/internal/template"
 )
 
@@ -49,6 +50,19 @@ type Options struct {
 	// Insecure allows plain HTTP and unverified TLS to the registry of a
 	// FROM image.
 	Insecure bool
+	// Untrusted marks a build a client asked for without the operator's
+	// trust (an admin key): its FROM may name neither files on this host
+	// (oci:, docker-archive:) nor a registry at a private, loopback or
+	// link-local address (image.CheckClientRef, PullOptions.PublicOnly).
+	Untrusted bool
+	// Keychain holds the registry credentials the operator gave the
+	// server; nil pulls FROM images anonymously.
+	Keychain authn.Keychain
+	// Limits bound what the build may take of the host.
+	Limits Limits
+	// Slots, when set, bounds how many builds run at once; Run waits for
+	// one first, saying so on Log.
+	Slots *Slots
 	// Log receives the build's output: a line per step and what its
 	// commands print.
 	Log io.Writer
@@ -61,7 +75,8 @@ type Options struct {
 var ErrInvalid = errors.New("invalid build")
 
 // StepError is a build step that failed. ExitCode is the exit status of a
-// RUN (or of the copy behind a COPY), -1 when no command ran.
+// RUN (or of the copy behind a COPY), -1 when no command ran or a bound of
+// the build ended it (Err says which: ErrOutOfMemory, ErrDiskFull).
 type StepError struct {
 	// Step is the failed step's index, from 1; 0 is FROM.
 	Step, Steps int
@@ -130,9 +145,9 @@ func (s *state) setEnv(k, v string) {
 // Run builds df into template opts.Template.ID. A failing step stops the
 // build with a *StepError; a build that fails or is cancelled leaves no
 // template and no partial files, and leaves an existing template of the
-// same name untouched.
+// same name untouched. It runs within opts.Limits, once opts.Slots has
+// room for it.
 func Run(ctx context.Context, df *Dockerfile, opts Options) (*Result, error) {
-	start := time.Now()
 	tpl := opts.Template
 	if opts.Store == nil {
 		return nil, errors.New("building template: no template store")
@@ -156,12 +171,53 @@ func Run(ctx context.Context, df *Dockerfile, opts Options) (*Result, error) {
 	if err != nil {
 		return fail(err)
 	}
+	release, err := opts.Slots.Acquire(ctx, opts.Log)
+	if err != nil {
+		return fail(err)
+	}
+	defer release()
+	start := time.Now()
+	lim := opts.Limits
+	if lim.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeoutCause(ctx, lim.Timeout, fmt.Errorf("%w after %s", ErrTimeout, shortDuration(lim.Timeout)))
+		defer cancel()
+	}
 
 	stage, err := opts.Store.NewStage(tpl.ID)
 	if err != nil {
 		return fail(err)
 	}
 	defer stage.Abort()
+	// The tree is written to the build's own disk when it has one, and
+	// copied into the stage once complete.
+	root, scratch := stage.RootFS(), stage.ScratchDir()
+	var dsk *disk
+	if lim.DiskBytes > 0 {
+		if dsk, err = newDisk(ctx, lim.DiskDir, lim.DiskBytes); err != nil {
+			return fail(err)
+		}
+		defer func() {
+			if err := dsk.remove(); err != nil {
+				opts.Logger.Warn("removing a build disk", "template_id", tpl.ID, "err", err)
+			}
+		}()
+		root, scratch = dsk.root(), dsk.scratch()
+	}
+	// bounded says which bound a failure is due to, if any: the time
+	// limit (or the caller's cancel), a step killed for its memory, a
+	// full disk.
+	bounded := func(code int, err error) (int, error) {
+		switch {
+		case ctx.Err() != nil:
+			return -1, context.Cause(ctx)
+		case errors.Is(err, runtime.ErrOutOfMemory):
+			return -1, fmt.Errorf("%w (%d MiB)", ErrOutOfMemory, lim.MemoryMB)
+		case dsk != nil && dsk.full():
+			return -1, fmt.Errorf("%w (%s)", ErrDiskFull, diskString(lim.DiskBytes))
+		}
+		return code, err
+	}
 
 	total := len(df.Steps)
 	st := &state{args: map[string]string{}, argSet: map[string]bool{}}
@@ -182,8 +238,11 @@ func Run(ctx context.Context, df *Dockerfile, opts Options) (*Result, error) {
 		from = w[0]
 	}
 	fmt.Fprintf(opts.Log, "Step 0/%d : FROM %s\n", total, from)
-	imgCfg, err := prepareRoot(ctx, stage, from, df.FromKind, opts)
+	imgCfg, err := prepareRoot(ctx, root, scratch, from, df.FromKind, opts)
 	if err != nil {
+		if _, err = bounded(-1, err); ctx.Err() != nil {
+			return fail(err)
+		}
 		return fail(&StepError{Step: 0, Steps: total, Instruction: "FROM " + from, Line: df.FromLine, ExitCode: -1, Err: err})
 	}
 	st.env = append(st.env, imgCfg.Env...)
@@ -197,14 +256,15 @@ func Run(ctx context.Context, df *Dockerfile, opts Options) (*Result, error) {
 	}
 
 	for i, step := range df.Steps {
-		if err := ctx.Err(); err != nil {
-			return fail(err)
+		if ctx.Err() != nil {
+			return fail(context.Cause(ctx))
 		}
 		fmt.Fprintf(opts.Log, "Step %d/%d : %s\n", i+1, total, step)
-		code, err := runStep(ctx, r, stage.RootFS(), st, step, opts)
+		code, err := runStep(ctx, r, root, st, step, opts)
 		if err != nil || code != 0 {
+			code, err = bounded(code, err)
 			if ctx.Err() != nil {
-				return fail(ctx.Err())
+				return fail(err)
 			}
 			if err == nil {
 				err = fmt.Errorf("exit code %d", code)
@@ -212,8 +272,18 @@ func Run(ctx context.Context, df *Dockerfile, opts Options) (*Result, error) {
 			return fail(&StepError{Step: i + 1, Steps: total, Instruction: step.String(), Line: step.Line, ExitCode: code, Err: err})
 		}
 	}
-	if err := r.removeMountPoints(stage.RootFS()); err != nil {
+	if err := r.removeMountPoints(root); err != nil {
 		return fail(err)
+	}
+	if dsk != nil {
+		// cp -a keeps owners, modes, links, devices, times and xattrs.
+		cmd := exec.CommandContext(ctx, "cp", "-a", "--", root+"/.", stage.RootFS()+"/")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			if ctx.Err() != nil {
+				return fail(context.Cause(ctx))
+			}
+			return fail(fmt.Errorf("copying the built tree into the template store: %w: %s", err, strings.TrimSpace(string(out))))
+		}
 	}
 	for k := range opts.BuildArgs {
 		if _, declared := st.argSet[k]; !declared {
@@ -256,11 +326,10 @@ func Run(ctx context.Context, df *Dockerfile, opts Options) (*Result, error) {
 	return &Result{Template: published, Duration: time.Since(start)}, nil
 }
 
-// prepareRoot fills the stage's root filesystem from the FROM: a copy of
-// a template, or an image pulled into a temporary template whose tree is
-// then moved into the stage. It returns the configuration the build
-// inherits.
-func prepareRoot(ctx context.Context, stage *template.Stage, from string, kind FromKind, opts Options) (template.ImageConfig, error) {
+// prepareRoot fills root, the build's tree, from the FROM: a copy of a
+// template, or an image unpacked into it (its downloads spooled in
+// scratch). It returns the configuration the build inherits.
+func prepareRoot(ctx context.Context, root, scratch, from string, kind FromKind, opts Options) (template.ImageConfig, error) {
 	var cfg template.ImageConfig
 	if kind == FromAuto || kind == FromTemplate {
 		t, err := opts.Store.Get(from)
@@ -273,7 +342,7 @@ func prepareRoot(ctx context.Context, stage *template.Stage, from string, kind F
 		case err == nil:
 			fmt.Fprintf(opts.Log, "copying template %s\n", t.ID)
 			// cp -a keeps owners, modes, links, devices and times.
-			cmd := exec.CommandContext(ctx, "cp", "-a", "--", t.RootFS+"/.", stage.RootFS()+"/")
+			cmd := exec.CommandContext(ctx, "cp", "-a", "--", t.RootFS+"/.", root+"/")
 			if out, err := cmd.CombinedOutput(); err != nil {
 				return cfg, fmt.Errorf("copying template %s: %w: %s", t.ID, err, strings.TrimSpace(string(out)))
 			}
@@ -287,21 +356,18 @@ func prepareRoot(ctx context.Context, stage *template.Stage, from string, kind F
 			return cfg, fmt.Errorf("%w: %w", ErrInvalid, err)
 		}
 	}
-	var suffix [4]byte
-	if _, err := rand.Read(suffix[:]); err != nil {
-		return cfg, err
+	if opts.Untrusted {
+		if err := image.CheckClientRef(ctx, from); err != nil {
+			return cfg, err
+		}
 	}
-	tmpID := "build-tmp-" + stage.ID()
-	if len(tmpID) > 54 {
-		tmpID = tmpID[:54]
-	}
-	tmpID += "-" + hex.EncodeToString(suffix[:])
 	fmt.Fprintf(opts.Log, "pulling image %s\n", from)
-	res, err := image.Pull(ctx, from, image.PullOptions{
-		Store:    opts.Store,
-		Template: template.Template{ID: tmpID},
-		Insecure: opts.Insecure,
-		Logger:   opts.Logger,
+	res, err := image.UnpackTo(ctx, from, root, scratch, image.PullOptions{
+		Insecure:   opts.Insecure,
+		Keychain:   opts.Keychain,
+		MaxBytes:   opts.Limits.MaxImageBytes,
+		PublicOnly: opts.Untrusted,
+		Logger:     opts.Logger,
 	})
 	if err != nil {
 		if errors.Is(err, image.ErrBadReference) || errors.Is(err, image.ErrNotFound) {
@@ -309,17 +375,7 @@ func prepareRoot(ctx context.Context, stage *template.Stage, from string, kind F
 		}
 		return cfg, err
 	}
-	defer opts.Store.Delete(tmpID)
-	if err := os.Remove(stage.RootFS()); err != nil {
-		return cfg, err
-	}
-	if err := os.Rename(res.Template.RootFS, stage.RootFS()); err != nil {
-		return cfg, fmt.Errorf("moving pulled image into the stage: %w", err)
-	}
-	if res.Template.Image != nil {
-		cfg = *res.Template.Image
-	}
-	return cfg, nil
+	return res.Config, nil
 }
 
 // applyArg declares an ARG: its value is the build argument if given,

@@ -47,7 +47,7 @@ func busyboxLayout(t *testing.T) string {
 	tw.WriteHeader(&tar.Header{Name: "etc/", Typeflag: tar.TypeDir, Mode: 0o755})
 	tw.WriteHeader(&tar.Header{Name: "bin/busybox", Typeflag: tar.TypeReg, Mode: 0o755, Size: int64(len(bb))})
 	tw.Write(bb)
-	for _, n := range []string{"sh", "cp", "mkdir", "chown", "id", "cat", "rm"} {
+	for _, n := range []string{"sh", "cp", "mkdir", "chown", "id", "cat", "rm", "dd", "head", "tail", "sleep", "nproc", "test", "echo"} {
 		tw.WriteHeader(&tar.Header{Name: "bin/" + n, Typeflag: tar.TypeSymlink, Linkname: "busybox"})
 	}
 	tw.Close()

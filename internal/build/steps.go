@@ -31,8 +31,9 @@ type ServiceStarter interface {
 // runner runs one build's steps through its Stepper, each writing
 // straight into the staged root filesystem.
 type runner struct {
-	steps Stepper
-	used  bool // some step mounted COPY sources
+	steps  Stepper
+	limits Limits
+	used   bool // some step mounted COPY sources
 }
 
 // runSpec is one command to run in the root filesystem.
@@ -48,7 +49,7 @@ func newRunner(opts Options) (*runner, error) {
 	if opts.Steps == nil {
 		return nil, errors.New("building: no step runner (this server runs no builds)")
 	}
-	return &runner{steps: opts.Steps}, nil
+	return &runner{steps: opts.Steps, limits: opts.Limits}, nil
 }
 
 // run runs spec to completion over rootfs, its output going to out, and
@@ -64,6 +65,7 @@ func (r *runner) run(ctx context.Context, rootfs string, spec runSpec, out io.Wr
 	return r.steps.RunStep(ctx, runtime.StepSpec{
 		RootFS: rootfs, Argv: spec.argv, Env: spec.env, Cwd: spec.cwd,
 		UID: spec.uid, GID: spec.gid, Binds: binds,
+		MemoryMB: r.limits.MemoryMB, CPUCount: r.limits.CPUCount, PidsLimit: r.limits.PidsLimit,
 	}, out)
 }
 

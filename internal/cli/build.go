@@ -108,7 +108,7 @@ printed on stdout.`,
 	f.IntVar(&memory, "memory", image.DefaultMemoryMB, "default memory of the template's sandboxes, MiB")
 	f.StringVar(&startCmd, "start-cmd", "", "command that starts the template's service: the node runs it once, snapshots the sandbox when --ready-cmd succeeds, and starts the template's sandboxes from that snapshot with the service up")
 	f.StringVar(&readyCmd, "ready-cmd", "", "command that succeeds once the service is up (polled every 100 ms, for up to 3 minutes)")
-	f.BoolVar(&insecure, "insecure", false, "allow plain HTTP and unverified TLS to the FROM image's registry")
+	f.BoolVar(&insecure, "insecure", false, "allow plain HTTP and unverified TLS to the FROM image's registry (needs an admin key)")
 	return cmd
 }
 

@@ -30,8 +30,8 @@ func newPullCmd(g *globals) *cobra.Command {
 REF names where the image is, as skopeo does:
   docker://REF or REF           a registry ('ubuntu:22.04' is Docker Hub's
                                 library/ubuntu:22.04), pulled by the server;
-                                credentials come from the server host's
-                                docker config (docker login)
+                                with the credentials the server was given
+                                (aenv server --registry-auth), else none
   oci:PATH[:TAG]                an OCI layout directory on this machine,
                                 uploaded to the server
   docker-archive:PATH[:REF]     a 'docker save' tarball on this machine,
@@ -79,7 +79,7 @@ server may be on another host.`,
 	f.IntVar(&memory, "memory", image.DefaultMemoryMB, "default memory of the template's sandboxes, MiB")
 	f.StringVar(&startCmd, "start-cmd", "", "command that starts the template's service: the node runs it once, snapshots the sandbox when --ready-cmd succeeds, and starts the template's sandboxes from that snapshot with the service up")
 	f.StringVar(&readyCmd, "ready-cmd", "", "command that succeeds once the service is up (polled every 100 ms, for up to 3 minutes)")
-	f.BoolVar(&insecure, "insecure", false, "allow plain HTTP and unverified TLS to the registry (localhost registries get HTTP anyway)")
+	f.BoolVar(&insecure, "insecure", false, "allow plain HTTP and unverified TLS to the registry (needs an admin key; localhost registries get HTTP anyway)")
 	return cmd
 }
 

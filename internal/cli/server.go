@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/aenvhq/aenv/internal/blockimage"
+	"github.com/aenvhq/aenv/internal/build"
 	"github.com/aenvhq/aenv/internal/cluster"
 	"github.com/aenvhq/aenv/internal/node"
 	"github.com/aenvhq/aenv/internal/server"
@@ -25,7 +26,7 @@ func newServerCmd() *cobra.Command {
 	var drain, cleanup, localNode bool
 	var trustedProxies []string
 	var hs hostStrings
-	var buildNetwork string
+	var buildNetwork, buildDisk, maxImageSize string
 	cmd := &cobra.Command{
 		Use:   "server",
 		Short: "Run the aenv server (API, proxy and a local node)",
@@ -57,6 +58,16 @@ and --on-stop=kill kills them.`,
 				cfg.BuildWithoutNetwork = true
 			default:
 				return &usageError{cmd: cmd, err: fmt.Errorf("--build-network must be sandbox or none, got %q", buildNetwork)}
+			}
+			for _, f := range []struct {
+				name, val string
+				dst       *int64
+			}{{"--build-disk", buildDisk, &cfg.BuildDiskBytes}, {"--max-image-size", maxImageSize, &cfg.MaxImageBytes}} {
+				n, err := parseBytes(f.val)
+				if err != nil || n == 0 {
+					return &usageError{cmd: cmd, err: fmt.Errorf("%s: %q is not a size above 0 (bytes, or with K, M, G, T)", f.name, f.val)}
+				}
+				*f.dst = n
 			}
 			if cfg.APIKey == "" {
 				cfg.APIKey = os.Getenv("AENV_API_KEY")
@@ -118,6 +129,13 @@ and --on-stop=kill kills them.`,
 	f.StringVar(&onStop, "on-stop", "keep", "what stopping the server does with running sandboxes: keep (the next start takes them over), pause or kill")
 	f.BoolVar(&drain, "drain-on-stop", false, "pause every running sandbox on SIGTERM (same as --on-stop=pause), for a host that is going away")
 	f.StringVar(&buildNetwork, "build-network", "sandbox", "network of template build steps: sandbox (a sandbox's open egress) or none")
+	f.IntVar(&cfg.BuildMemoryMB, "build-memory", build.DefaultMemoryMB, "memory (MiB) each template build step may use; past it the step is killed and the build fails")
+	f.IntVar(&cfg.BuildCPUs, "build-cpus", build.DefaultCPUCount, "CPUs each template build step may use (a quota)")
+	f.StringVar(&buildDisk, "build-disk", "20G", "disk each template build writes its tree to (a sparse ext4 image under <data-dir>/builds, removed after the build; bytes, or with K, M, G, T); past it writes fail with ENOSPC and the build fails")
+	f.DurationVar(&cfg.BuildTimeout, "build-timeout", build.DefaultTimeout, "time limit of a template build, from when it leaves the queue")
+	f.IntVar(&cfg.MaxBuilds, "max-builds", build.DefaultMaxBuilds, "template builds that run at once on this server's node; later ones are queued")
+	f.StringVar(&maxImageSize, "max-image-size", "10G", "largest image a pull or a build's FROM may fetch: its layers as stored (compressed) and, apart, what they unpack to (bytes, or with K, M, G, T)")
+	f.StringVar(&cfg.RegistryAuth, "registry-auth", "", "registry credentials pulls may use, in Docker's config.json format (default: none; pulls are anonymous)")
 	f.BoolVar(&cleanup, "cleanup", false, "do not serve: kill every sandbox a stopped server with these settings left running, remove its network slots, and exit (for uninstalling)")
 	return cmd
 }

@@ -15,7 +15,7 @@ import (
 // classifyRemote wraps a registry error in the sentinel that says what
 // went wrong, with a one-line explanation and what to do about it.
 func classifyRemote(registry string, err error) error {
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrForbidden) {
 		return err
 	}
 	var terr *transport.Error
@@ -24,7 +24,7 @@ func classifyRemote(registry string, err error) error {
 		switch {
 		case terr.StatusCode == http.StatusUnauthorized || terr.StatusCode == http.StatusForbidden ||
 			hasCode(terr, transport.UnauthorizedErrorCode, transport.DeniedErrorCode):
-			return fmt.Errorf("%w by %s (%s): log in with `docker login %s`, or check that the repository exists",
+			return fmt.Errorf("%w by %s (%s): check that the repository exists, or give the server credentials for %s (--registry-auth)",
 				ErrUnauthorized, registry, detail, registry)
 		case terr.StatusCode == http.StatusNotFound ||
 			hasCode(terr, transport.ManifestUnknownErrorCode, transport.NameUnknownErrorCode, transport.BlobUnknownErrorCode):

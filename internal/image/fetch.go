@@ -9,8 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-
-	"github.com/aenvhq/aenv/internal/template"
 )
 
 // unpackAll applies src's layers in order to the stage's root filesystem,
@@ -22,17 +20,19 @@ import (
 // cancel must end ctx, which the source's requests were made with: on
 // failure it stops the downloads still running, so that none outlives the
 // stage.
-func unpackAll(ctx context.Context, cancel context.CancelFunc, src *imageSource, stage *template.Stage, rep *reporter, opts PullOptions, log *slog.Logger) (err error) {
-	root, err := openRoot(stage.RootFS())
+func unpackAll(ctx context.Context, cancel context.CancelFunc, src *imageSource, rootDir, scratch string, rep *reporter, opts PullOptions, log *slog.Logger) (err error) {
+	root, err := openRoot(rootDir)
 	if err != nil {
 		return err
 	}
 	defer root.close()
 	u := newUnpacker(root, log)
+	stored := &budget{max: opts.MaxBytes, what: "as stored"}
+	unpacked := &budget{max: opts.MaxBytes, what: "unpacked"}
 
 	var pf *prefetcher
 	if src.prefetch {
-		pf = startPrefetch(ctx, src.layers, stage.ScratchDir(), opts.Jobs, rep)
+		pf = startPrefetch(ctx, src.layers, scratch, opts.Jobs, rep, stored)
 		defer func() {
 			if err != nil {
 				cancel()
@@ -49,12 +49,12 @@ func unpackAll(ctx context.Context, cancel context.CancelFunc, src *imageSource,
 			if err != nil {
 				return fmt.Errorf("reading layer %d (%s): %w", i+1, l.digest, err)
 			}
-			rc = &countingReader{ctx: ctx, rc: raw, add: func(n int64) {
+			rc = &countingReader{ctx: ctx, rc: raw, limit: stored, add: func(n int64) {
 				rep.fetched(i, n)
 				rep.applied(i, n)
 			}}
 		}
-		err := unpackLayer(ctx, u, rc)
+		err := unpackLayer(ctx, u, rc, unpacked)
 		rc.Close()
 		if err != nil {
 			return fmt.Errorf("unpacking layer %d (%s): %w", i+1, l.digest, err)
@@ -70,11 +70,13 @@ func unpackAll(ctx context.Context, cancel context.CancelFunc, src *imageSource,
 	return makeUsable(root)
 }
 
-// countingReader reports bytes read and stops at cancellation.
+// countingReader reports bytes read and stops at cancellation, or past
+// its limit (nil: none).
 type countingReader struct {
-	ctx context.Context
-	rc  io.ReadCloser
-	add func(int64)
+	ctx   context.Context
+	rc    io.ReadCloser
+	add   func(int64)
+	limit *budget
 }
 
 func (c *countingReader) Read(p []byte) (int, error) {
@@ -84,6 +86,9 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	n, err := c.rc.Read(p)
 	if n > 0 {
 		c.add(int64(n))
+		if lerr := c.limit.take(int64(n)); lerr != nil {
+			return n, lerr
+		}
 	}
 	return n, err
 }
@@ -96,7 +101,7 @@ type prefetcher struct {
 	wg     sync.WaitGroup
 }
 
-func startPrefetch(ctx context.Context, layers []*layerSource, dir string, jobs int, rep *reporter) *prefetcher {
+func startPrefetch(ctx context.Context, layers []*layerSource, dir string, jobs int, rep *reporter, limit *budget) *prefetcher {
 	p := &prefetcher{spools: make([]*spool, len(layers))}
 	for i := range layers {
 		p.spools[i] = newSpool(filepath.Join(dir, fmt.Sprintf("layer-%d", i)))
@@ -120,7 +125,10 @@ func startPrefetch(ctx context.Context, layers []*layerSource, dir string, jobs 
 			go func() {
 				defer p.wg.Done()
 				defer func() { <-sem }()
-				p.spools[i].fill(ctx, l, func(n int64) { rep.fetched(i, n) })
+				p.spools[i].fill(ctx, l, func(n int64) error {
+					rep.fetched(i, n)
+					return limit.take(n)
+				})
 			}()
 		}
 	}()
@@ -172,8 +180,9 @@ func newSpool(path string) *spool {
 	return s
 }
 
-// fill downloads l into the spool.
-func (s *spool) fill(ctx context.Context, l *layerSource, add func(int64)) {
+// fill downloads l into the spool; add counts what arrives, and ends the
+// download when it fails.
+func (s *spool) fill(ctx context.Context, l *layerSource, add func(int64) error) {
 	rc, err := l.open(ctx)
 	if err != nil {
 		s.finish(err)
@@ -195,11 +204,14 @@ func (s *spool) fill(ctx context.Context, l *layerSource, add func(int64)) {
 			n += k
 		}
 		if n > 0 {
+			if err := add(int64(n)); err != nil {
+				s.finish(err)
+				return
+			}
 			if err := s.put(buf[:n]); err != nil {
 				s.finish(err)
 				return
 			}
-			add(int64(n))
 			if spill == nil && s.spilled() {
 				spill = make([]byte, spoolChunk)
 			}

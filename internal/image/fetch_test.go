@@ -39,7 +39,7 @@ func TestSpool(t *testing.T) {
 			done := make(chan struct{})
 			fill := func() {
 				defer close(done)
-				s.fill(context.Background(), src, func(n int64) { counted += n })
+				s.fill(context.Background(), src, func(n int64) error { counted += n; return nil })
 			}
 			if concurrently {
 				go fill()
@@ -70,7 +70,7 @@ func TestSpoolPassesErrors(t *testing.T) {
 	src := &layerSource{open: func(context.Context) (io.ReadCloser, error) {
 		return io.NopCloser(io.MultiReader(bytes.NewReader([]byte("partial")), errReader{boom})), nil
 	}}
-	go s.fill(context.Background(), src, func(int64) {})
+	go s.fill(context.Background(), src, func(int64) error { return nil })
 	got, err := io.ReadAll(&spoolReader{s: s})
 	if !errors.Is(err, boom) || string(got) != "partial" {
 		t.Fatalf("read %q, %v", got, err)

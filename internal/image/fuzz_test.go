@@ -49,7 +49,7 @@ func FuzzUnpackLayer(f *testing.F) {
 		}
 		defer r.close()
 		u := newUnpacker(r, slog.New(slog.DiscardHandler))
-		_ = unpackLayer(context.Background(), u, bytes.NewReader(layer))
+		_ = unpackLayer(context.Background(), u, bytes.NewReader(layer), nil)
 		_ = u.endLayer()
 		entries, _ := os.ReadDir(dir)
 		for _, e := range entries {

@@ -41,6 +41,12 @@ var (
 	// ErrNoShell is an image without /bin/sh or /bin/bash; every command
 	// aenv runs in a sandbox goes through a shell.
 	ErrNoShell = errors.New("image has no shell (/bin/sh): aenv runs commands with a shell; use an image that has one")
+	// ErrTooLarge is an image over PullOptions.MaxBytes.
+	ErrTooLarge = errors.New("image too large")
+	// ErrForbidden is a source the caller may not pull from: a file on
+	// the server's host, or a registry at a private address (see
+	// CheckClientRef and PullOptions.PublicOnly).
+	ErrForbidden = errors.New("image source not allowed")
 )
 
 // Default resources of a pulled template, the same as the base template's.
@@ -61,9 +67,21 @@ type PullOptions struct {
 	// Insecure allows plain HTTP and unverified TLS to the registry.
 	// Registries on localhost and loopback addresses get HTTP without it.
 	Insecure bool
-	// Keychain supplies registry credentials; nil means the docker
-	// config's (~/.docker/config.json, $DOCKER_CONFIG, credential helpers).
+	// Keychain supplies registry credentials (LoadRegistryAuth reads the
+	// operator's); nil pulls anonymously. The docker config of the
+	// server's user is never read on its own.
 	Keychain authn.Keychain
+	// MaxBytes, when positive, bounds the image: its layers as stored
+	// (usually compressed, as downloaded) and, apart, what they unpack
+	// to (the tar streams' bytes), each at most MaxBytes. Past either the
+	// pull fails with ErrTooLarge, having written no more than that.
+	MaxBytes int64
+	// PublicOnly refuses to connect to registries, and to the hosts they
+	// redirect to, at private, loopback, link-local or other non-public
+	// addresses, checked at each connection (so a name that resolves
+	// differently later is caught too): a pull a client asked for must
+	// not reach the server's own networks.
+	PublicOnly bool
 	// Jobs is how many layers are downloaded at once; 0 means 3.
 	Jobs int
 	// Progress, if set, is told how the pull advances. Calls never overlap.
@@ -153,6 +171,9 @@ func Pull(ctx context.Context, ref string, opts PullOptions) (*Result, error) {
 	}
 	defer src.close()
 	log.Debug("image resolved", "digest", src.digest, "layers", len(src.layers))
+	if err := checkSize(src, opts.MaxBytes); err != nil {
+		return nil, fail(err)
+	}
 
 	stage, err := opts.Store.NewStage(tpl.ID)
 	if err != nil {
@@ -162,7 +183,7 @@ func Pull(ctx context.Context, ref string, opts PullOptions) (*Result, error) {
 
 	rep := newReporter(src.layers, opts.Progress)
 	rep.start()
-	if err := unpackAll(ctx, cancel, src, stage, rep, opts, log); err != nil {
+	if err := unpackAll(ctx, cancel, src, stage.RootFS(), stage.ScratchDir(), rep, opts, log); err != nil {
 		return nil, fail(err)
 	}
 	if ctx.Err() != nil {
@@ -203,6 +224,65 @@ func Pull(ctx context.Context, ref string, opts PullOptions) (*Result, error) {
 	}
 	log.Debug("image pulled", "digest", res.Digest, "bytes", res.Bytes, "took", res.Duration)
 	return res, nil
+}
+
+// Unpacked describes an image UnpackTo unpacked.
+type Unpacked struct {
+	// Config is the image's configuration, as a template records it.
+	Config template.ImageConfig
+	// Layers is the number of layers applied.
+	Layers int
+	// Bytes is how many bytes of layers were read.
+	Bytes int64
+}
+
+// UnpackTo fetches the image ref (named as for Pull) and unpacks it into
+// root, an empty directory of the caller's, made usable as Pull's trees
+// are; downloads are spooled in scratch. It publishes nothing (opts.Store
+// and opts.Template are not used): a template build unpacks its FROM
+// image onto its own bounded disk this way.
+func UnpackTo(ctx context.Context, ref, root, scratch string, opts PullOptions) (*Unpacked, error) {
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Jobs <= 0 {
+		opts.Jobs = 3
+	}
+	log := opts.Logger.With("ref", ref)
+	parent := ctx
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	fail := func(err error) error {
+		if parent.Err() != nil {
+			return fmt.Errorf("pulling %s: %w", ref, cancelled(parent))
+		}
+		return fmt.Errorf("pulling %s: %w", ref, err)
+	}
+	src, err := openSource(ctx, ref, opts)
+	if err != nil {
+		return nil, fail(err)
+	}
+	defer src.close()
+	if err := checkSize(src, opts.MaxBytes); err != nil {
+		return nil, fail(err)
+	}
+	rep := newReporter(src.layers, opts.Progress)
+	rep.start()
+	if err := unpackAll(ctx, cancel, src, root, scratch, rep, opts, log); err != nil {
+		return nil, fail(err)
+	}
+	if ctx.Err() != nil {
+		return nil, fail(ctx.Err())
+	}
+	cfg := src.config.Config
+	return &Unpacked{
+		Config: template.ImageConfig{
+			Ref: ref, Digest: src.digest, Env: cfg.Env, WorkingDir: cfg.WorkingDir,
+			User: cfg.User, Entrypoint: cfg.Entrypoint, Cmd: cfg.Cmd,
+		},
+		Layers: len(src.layers),
+		Bytes:  rep.imageFetched(),
+	}, nil
 }
 
 // cancelled is why ctx ended, keeping the context error matchable:

@@ -544,7 +544,6 @@ type staticKeychain struct{ auth authn.Authenticator }
 func (k staticKeychain) Resolve(authn.Resource) (authn.Authenticator, error) { return k.auth, nil }
 
 func TestPullAuth(t *testing.T) {
-	t.Setenv("DOCKER_CONFIG", t.TempDir()) // no credentials from this host
 	reg := newRegistry(t, func(h http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if u, p, ok := r.BasicAuth(); !ok || u != "alice" || p != "secret" {
@@ -560,10 +559,18 @@ func TestPullAuth(t *testing.T) {
 	if err := remote.Write(mustRef(t, ref), img, remote.WithAuth(&authn.Basic{Username: "alice", Password: "secret"})); err != nil {
 		t.Fatal(err)
 	}
+	// The credentials in this host's docker config are the server
+	// user's, not the operator's for the server: never used on their own.
+	authFile := filepath.Join(t.TempDir(), "config.json")
+	auths := fmt.Sprintf(`{"auths": {%q: {"auth": "YWxpY2U6c2VjcmV0"}}}`, reg.host) // alice:secret
+	if err := os.WriteFile(authFile, []byte(auths), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("DOCKER_CONFIG", filepath.Dir(authFile))
 	s := newStore(t)
 	_, err := pull(t, s, ref, "private", PullOptions{})
 	t.Logf("error: %v", err)
-	if !errors.Is(err, ErrUnauthorized) || !strings.Contains(err.Error(), "docker login "+reg.host) || strings.Contains(err.Error(), "\n") {
+	if !errors.Is(err, ErrUnauthorized) || !strings.Contains(err.Error(), "--registry-auth") || strings.Contains(err.Error(), "\n") {
 		t.Fatalf("anonymous pull: %v", err)
 	}
 	_, err = pull(t, s, ref, "private", PullOptions{Keychain: staticKeychain{&authn.Basic{Username: "alice", Password: "wrong"}}})
@@ -577,6 +584,34 @@ func TestPullAuth(t *testing.T) {
 	if got := marker(t, s, "private"); got != "private" {
 		t.Fatalf("marker = %q", got)
 	}
+	// The same credentials, given as the operator's file.
+	kc, err := LoadRegistryAuth(authFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pull(t, s, ref, "private2", PullOptions{Keychain: kc}); err != nil {
+		t.Fatalf("pull with --registry-auth's credentials: %v", err)
+	}
+	other, err := LoadRegistryAuth(writeFile(t, `{"auths": {"elsewhere.example": {"auth": "YWxpY2U6c2VjcmV0"}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pull(t, s, ref, "private3", PullOptions{Keychain: other}); !errors.Is(err, ErrUnauthorized) {
+		t.Fatalf("credentials for another registry were used: %v", err)
+	}
+	if _, err := LoadRegistryAuth(writeFile(t, "{not json")); err == nil {
+		t.Fatal("a malformed credentials file was accepted")
+	}
+}
+
+// writeFile writes body to a new file and returns its path.
+func writeFile(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "f")
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
 
 // cutWriter passes limit bytes of a response, then calls cut and hangs

@@ -9,9 +9,11 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
@@ -129,9 +131,15 @@ func openRemote(ctx context.Context, ref string, opts PullOptions) (*imageSource
 	if opts.Insecure {
 		tr.TLSClientConfig = &tls.Config{InsecureSkipVerify: true} //nolint:gosec // asked for with --insecure
 	}
+	if opts.PublicOnly {
+		// The same dialer as the default transport's, checking each
+		// address it connects to.
+		d := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second, Control: refuseNonPublic}
+		tr.DialContext = d.DialContext
+	}
 	kc := opts.Keychain
 	if kc == nil {
-		kc = authn.DefaultKeychain
+		kc = authn.NewMultiKeychain() // no credentials: anonymous
 	}
 	ropts := []remote.Option{
 		remote.WithContext(ctx),

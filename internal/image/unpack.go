@@ -29,14 +29,15 @@ const xattrPrefix = "SCHILY.xattr."
 // unpackLayer applies one layer, as stored (gzip, zstd or plain tar), to
 // the tree behind u. It reads the layer to its end, so that a digest
 // check at EOF (remote and OCI layout blobs) happens before the tree is
-// used.
-func unpackLayer(ctx context.Context, u *unpacker, rc io.Reader) error {
+// used. What the layer unpacks to counts against limit (nil: no bound).
+func unpackLayer(ctx context.Context, u *unpacker, rc io.Reader, limit *budget) error {
 	br := bufio.NewReaderSize(rc, 1<<20)
-	dec, closeDec, err := decompress(br)
+	raw, closeDec, err := decompress(br)
 	if err != nil {
 		return err
 	}
 	defer closeDec()
+	dec := &limitedReader{r: raw, limit: limit}
 	tr := tar.NewReader(dec)
 	u.beginLayer()
 	for {

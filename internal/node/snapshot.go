@@ -243,10 +243,14 @@ func (n *Node) notifyExit(id, reason string) {
 // driver, like any sandbox of this node (see runtime.Stepper), with the
 // egress of a sandbox whose internet is open (unless the node builds
 // without network): a network slot of its own, released after the step.
+// A step that sets no pids limit gets the node's sandboxes'.
 func (n *Node) RunStep(ctx context.Context, spec runtime.StepSpec, out io.Writer) (int, error) {
 	st, ok := n.cfg.Runtime.(runtime.Stepper)
 	if !ok {
 		return -1, fmt.Errorf("running build step: runtime %s: %w", n.cfg.Runtime.Name(), ErrUnsupported)
+	}
+	if spec.PidsLimit <= 0 {
+		spec.PidsLimit = n.cfg.PidsLimit
 	}
 	if !n.cfg.BuildWithoutNetwork {
 		slot, err := n.cfg.Network.Acquire(ctx, netns.SlotOptions{AllowInternet: true})

@@ -28,6 +28,10 @@ import (
 // ErrNotFound is returned for an id the driver does not know.
 var ErrNotFound = errors.New("sandbox not found")
 
+// ErrOutOfMemory is a build step the host's memory cgroup killed for going
+// past its StepSpec.MemoryMB.
+var ErrOutOfMemory = errors.New("killed: out of memory")
+
 // Capabilities states, as data, what a driver can do beyond the core.
 type Capabilities struct {
 	// Pause is true when Pause/Resume freeze and thaw a sandbox in place.
@@ -165,6 +169,10 @@ type StepSpec struct {
 	NetNSPath string
 	// DNSServers go into the step's /etc/resolv.conf (with NetNSPath).
 	DNSServers []string
+	// MemoryMB, CPUCount and PidsLimit bound the step as they bound a
+	// sandbox (Spec's fields of the same names; 0: no bound). A step
+	// killed for going past MemoryMB fails with ErrOutOfMemory.
+	MemoryMB, CPUCount, PidsLimit int
 }
 
 // Bind is a host path bound read-only at Destination (absolute, inside

@@ -54,6 +54,24 @@ type Config struct {
 	// BuildWithoutNetwork runs build steps (RUN, aptInstall) without
 	// network (--build-network=none).
 	BuildWithoutNetwork bool
+	// BuildMemoryMB and BuildCPUs bound each build step, BuildDiskBytes
+	// the disk a build's tree is written to, BuildTimeout a build's time
+	// (0: 2 GiB, 2 CPUs, 20 GiB, 30 minutes; negative: no bound); its
+	// steps' pids are bounded as sandboxes' (PidsLimit). MaxBuilds is how
+	// many builds run at once on the local node, the others queued (0:
+	// 2).
+	BuildMemoryMB, BuildCPUs int
+	BuildDiskBytes           int64
+	BuildTimeout             time.Duration
+	MaxBuilds                int
+	// MaxImageBytes bounds the images pulled, as templates or as builds'
+	// FROM: their layers as stored, and what they unpack to (0: 10 GiB;
+	// negative: no bound).
+	MaxImageBytes int64
+	// RegistryAuth is a file of registry credentials in Docker's
+	// config.json format, the only ones pulls use; empty: pulls are
+	// anonymous.
+	RegistryAuth string
 	// DNSServers, when set, are the resolvers sandboxes use instead of
 	// the host's (/etc/resolv.conf).
 	DNSServers []netip.Addr
@@ -369,6 +387,10 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 			acfg.Metrics = s.host.imageServer
 		}
 	}
+	if err := setBuildBounds(&acfg, cfg, s.host != nil); err != nil {
+		return nil, err
+	}
+	acfg.BuildLimiter = api.TeamBuilds(s.keys)
 	acfg.VolumeContent = s.volumeContent
 	// Pulls need no node: the image is unpacked here and published to the
 	// store, from which nodes fetch it. Without a store only a local node

@@ -134,7 +134,13 @@ func (d *Driver) Exits() <-chan runtime.Exit { return d.exits }
 // task for want of memory (cgroup v1's oom_kill counter). It must be read
 // before the sandbox is deleted, which removes the cgroup.
 func (d *Driver) oomKilled(id string) bool {
-	b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory", d.cfg.CgroupParent, id, "memory.oom_control"))
+	return oomKilled(filepath.Join("/sys/fs/cgroup/memory", d.cfg.CgroupParent, id))
+}
+
+// oomKilled reports whether the memory cgroup at dir has killed a task
+// for want of memory.
+func oomKilled(dir string) bool {
+	b, err := os.ReadFile(filepath.Join(dir, "memory.oom_control"))
 	if err != nil {
 		return false
 	}

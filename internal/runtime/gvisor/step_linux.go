@@ -10,7 +10,9 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -48,13 +50,16 @@ func (d *Driver) stepArgs(network bool, args ...string) []string {
 		mode,
 		// Writes land in the tree being built.
 		"--overlay2=none",
+		// nproc inside is the step's CPU quota, as in sandboxes.
+		"--cpu-num-from-quota",
 	}, args...)
 }
 
 // RunStep implements runtime.Stepper: one runsc sandbox per step, run in
 // the foreground (runsc run) so that its output and exit code are the
-// command's.
-func (d *Driver) RunStep(ctx context.Context, spec runtime.StepSpec, out io.Writer) (int, error) {
+// command's. Its resources are bounded as a sandbox's are, by host cgroups
+// under the driver's CgroupParent (so PidsTotal covers steps too).
+func (d *Driver) RunStep(ctx context.Context, spec runtime.StepSpec, out io.Writer) (code int, err error) {
 	var b [8]byte
 	rand.Read(b[:])
 	id := "step-" + hex.EncodeToString(b[:])
@@ -63,7 +68,22 @@ func (d *Driver) RunStep(ctx context.Context, spec runtime.StepSpec, out io.Writ
 		return -1, fmt.Errorf("running build step: %w", err)
 	}
 	defer os.RemoveAll(bundle)
-	if err := writeStepConfig(bundle, spec); err != nil {
+	cgroup := path.Join(d.cfg.CgroupParent, id)
+	if spec.MemoryMB > 0 {
+		mem, merr := makeStepMemoryCgroup(cgroup, spec.MemoryMB)
+		if merr != nil {
+			return -1, fmt.Errorf("running build step: %w", merr)
+		}
+		defer func() {
+			if oomKilled(mem) && err == nil {
+				code, err = -1, fmt.Errorf("running build step: %w", runtime.ErrOutOfMemory)
+			}
+			if rmErr := removeCgroup(mem); rmErr != nil {
+				d.log.Warn("removing a build step's memory cgroup", "cgroup", mem, "err", rmErr)
+			}
+		}()
+	}
+	if err := writeStepConfig(bundle, spec, cgroup); err != nil {
 		return -1, fmt.Errorf("running build step: writing bundle: %w", err)
 	}
 	cmd := exec.Command(d.cfg.RunscPath, d.stepArgs(spec.NetNSPath != "", "run", "--bundle", bundle, id)...)
@@ -76,7 +96,6 @@ func (d *Driver) RunStep(ctx context.Context, spec runtime.StepSpec, out io.Writ
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
-	var err error
 	select {
 	case err = <-done:
 	case <-ctx.Done():
@@ -109,14 +128,52 @@ func (d *Driver) deleteStep(id string) {
 	}
 }
 
-// writeStepConfig writes the OCI config of one step.
-func writeStepConfig(bundle string, spec runtime.StepSpec) error {
+// makeStepMemoryCgroup makes the memory cgroup of a step (cgroup v1, as
+// the driver's sandboxes use) and limits it to memoryMB before runsc runs:
+// runsc joins a cgroup that exists and leaves it in place when the step
+// ends (one it makes it removes, with its OOM count), so that the count
+// can still be read. The step's CPU and pids cgroups runsc makes from the
+// spec's resources, as for sandboxes.
+func makeStepMemoryCgroup(cgroup string, memoryMB int) (string, error) {
+	dir := filepath.Join("/sys/fs/cgroup/memory", cgroup)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("creating memory cgroup %s: %w", cgroup, err)
+	}
+	limit := strconv.FormatInt(int64(memoryMB)<<20, 10)
+	if err := os.WriteFile(filepath.Join(dir, "memory.limit_in_bytes"), []byte(limit), 0); err != nil {
+		os.Remove(dir)
+		return "", fmt.Errorf("limiting memory cgroup %s to %d MiB: %w", cgroup, memoryMB, err)
+	}
+	return dir, nil
+}
+
+// removeCgroup removes an empty cgroup, waiting a moment for the tasks of
+// a sandbox that just ended to leave it.
+func removeCgroup(dir string) error {
+	var err error
+	for range 50 {
+		if err = os.Remove(dir); err == nil || errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return err
+}
+
+// writeStepConfig writes the OCI config of one step, in cgroup.
+func writeStepConfig(bundle string, spec runtime.StepSpec, cgroup string) error {
 	proc := &specs.Process{
 		User:    specs.User{UID: spec.UID, GID: spec.GID},
 		Args:    spec.Argv,
 		Env:     spec.Env,
 		Cwd:     spec.Cwd,
 		Rlimits: []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: 1048576, Soft: 1048576}},
+	}
+	if spec.PidsLimit > 0 {
+		// As in sandboxes: fork fails inside past it; the host's pids
+		// cgroup is the backstop.
+		n := uint64(spec.PidsLimit)
+		proc.Rlimits = append(proc.Rlimits, specs.POSIXRlimit{Type: "RLIMIT_NPROC", Hard: n, Soft: n})
 	}
 	if spec.UID == 0 {
 		proc.Capabilities = &specs.LinuxCapabilities{Bounding: stepCaps, Effective: stepCaps, Permitted: stepCaps}
@@ -157,6 +214,8 @@ func writeStepConfig(bundle string, spec runtime.StepSpec) error {
 				{Type: specs.PIDNamespace}, {Type: specs.IPCNamespace}, {Type: specs.UTSNamespace},
 				{Type: specs.MountNamespace}, netns,
 			},
+			CgroupsPath: cgroup,
+			Resources:   resources(runtime.Spec{MemoryMB: spec.MemoryMB, CPUCount: spec.CPUCount, PidsLimit: spec.PidsLimit}),
 		},
 	}
 	b, err := json.MarshalIndent(&s, "", "  ")
