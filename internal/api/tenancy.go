@@ -142,24 +142,29 @@ func (s *Server) findTemplate(ctx context.Context, o cluster.Owner, ref string) 
 		}
 		return public, nil
 	}
-	if o.Team != "" && len(ref) <= maxTemplateName {
-		if t, err := s.cfg.Templates.Get(teamTemplateID(o.Team, ref)); err == nil {
-			return t, templateOwned, nil
-		} else if !errors.Is(err, template.ErrNotFound) {
+	// This host's templates first (directory reads), then the store the
+	// nodes share (a round trip each): the builtins, base and the local
+	// templates a create names most never cost one.
+	for _, get := range []func(string) (*template.Template, error){s.cfg.Templates.GetLocal, s.cfg.Templates.Get} {
+		if o.Team != "" && len(ref) <= maxTemplateName {
+			if t, err := get(teamTemplateID(o.Team, ref)); err == nil {
+				return t, templateOwned, nil
+			} else if !errors.Is(err, template.ErrNotFound) {
+				return nil, templateHidden, err
+			}
+		}
+		t, err := get(ref)
+		if err != nil && !errors.Is(err, template.ErrNotFound) {
 			return nil, templateHidden, err
 		}
-	}
-	t, err := s.cfg.Templates.Get(ref)
-	if err != nil && !errors.Is(err, template.ErrNotFound) {
-		return nil, templateHidden, err
-	}
-	if err == nil {
-		p, perr := publicMarks()
-		if perr != nil {
-			return nil, templateHidden, perr
-		}
-		if a := accessTo(o, t, p); a != templateHidden {
-			return t, a, nil
+		if err == nil {
+			p, perr := publicMarks()
+			if perr != nil {
+				return nil, templateHidden, perr
+			}
+			if a := accessTo(o, t, p); a != templateHidden {
+				return t, a, nil
+			}
 		}
 	}
 	// A public template by the name its team gave it.
