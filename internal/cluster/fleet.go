@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -41,9 +42,12 @@ type fleet struct {
 	// bg owns the event subscriptions (nil until start).
 	bg *tasks
 	// snap is what placement chooses from: every reachable live node.
-	// Placements share it and never change it; any change to a member
-	// drops it (nil), and the next placement builds it anew.
-	snap []*sched.Node
+	// Placements share it and never change it. A change of membership or
+	// drain marks drops it (nil), and the next placement builds it anew;
+	// a report or a placement marks its member stale, and the next
+	// placement patches a copy.
+	snap  []*sched.Node
+	stale []*member
 	// evacuating are the nodes whose sandboxes are being moved away.
 	evacuating map[string]bool
 }
@@ -61,8 +65,10 @@ type member struct {
 	// since its last report: a burst of creates sees its own placements
 	// at once, not when the node reports them seconds later.
 	placedMB int
-	// cand is the member as placement sees it (nil: to build again).
+	// cand is the member as placement sees it (nil: to build again), at
+	// slot in the fleet's snap (-1: not there).
 	cand *sched.Node
+	slot int
 }
 
 // unsubscribe ends the member's event subscription, if any.
@@ -89,7 +95,7 @@ func (f *fleet) addLocal(ctx context.Context) error {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	m := &member{info: InfoFromWire(info), live: true, api: f.local}
+	m := &member{info: InfoFromWire(info), live: true, api: f.local, slot: -1}
 	f.members[f.local.ID()] = m
 	f.snap = nil
 	f.subscribeLocked(m.info.ID, m)
@@ -171,7 +177,7 @@ func (f *fleet) apply(ev state.Event) {
 func (f *fleet) liveLocked(id string, n NodeInfo) {
 	m := f.members[id]
 	if m == nil {
-		m = &member{}
+		m = &member{slot: -1}
 		f.members[id] = m
 	}
 	wasLive := m.live
@@ -183,7 +189,7 @@ func (f *fleet) liveLocked(id string, n NodeInfo) {
 	// The report counts what was placed before it (or nearly: a create
 	// that ends as the node reports counts from its next report on).
 	m.info, m.live, m.lostAt, m.placedMB = n, true, time.Time{}, 0
-	m.cand, f.snap = nil, nil
+	f.changedLocked(m)
 	if m.api == nil && n.Address != "" && f.dial != nil {
 		m.api = f.dial(id, n.Address)
 	}
@@ -443,17 +449,39 @@ func (m *member) candidate(id string, draining bool) *sched.Node {
 	return m.cand
 }
 
+// changedLocked marks what placement sees of m as out of date.
+func (f *fleet) changedLocked(m *member) {
+	m.cand = nil
+	if f.snap != nil && m.slot >= 0 && m.live && m.api != nil {
+		f.stale = append(f.stale, m)
+	} else {
+		f.snap = nil // it joins the snapshot, or leaves it
+	}
+}
+
 // candidatesLocked is the snapshot placement chooses from: every live
-// node this server reaches.
+// node this server reaches. At a thousand nodes reporting every few
+// seconds and creates in a burst, nearly every placement finds a member
+// changed: it copies the snapshot's pointers and rebuilds those members
+// only.
 func (f *fleet) candidatesLocked() []*sched.Node {
-	if f.snap == nil {
+	switch {
+	case f.snap == nil:
 		snap := make([]*sched.Node, 0, len(f.members))
 		for id, m := range f.members {
+			m.slot = -1
 			if m.live && m.api != nil {
+				m.slot = len(snap)
 				snap = append(snap, m.candidate(id, f.drained[id]))
 			}
 		}
-		f.snap = snap
+		f.snap, f.stale = snap, f.stale[:0]
+	case len(f.stale) > 0:
+		snap := slices.Clone(f.snap)
+		for _, m := range f.stale {
+			snap[m.slot] = m.candidate(snap[m.slot].ID, snap[m.slot].Draining)
+		}
+		f.snap, f.stale = snap, f.stale[:0]
 	}
 	return f.snap
 }
@@ -495,7 +523,7 @@ func (f *fleet) place(p placement) (nodeapi.Node, error) {
 		f.mu.Lock()
 		if m := f.members[n.ID]; m != nil && m.live && m.api != nil {
 			m.placedMB += req.Memory()
-			m.cand, f.snap = nil, nil
+			f.changedLocked(m)
 			f.mu.Unlock()
 			return m.api, nil
 		}
