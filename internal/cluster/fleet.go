@@ -48,6 +48,10 @@ type fleet struct {
 	// placement patches a copy.
 	snap  []*sched.Node
 	stale []*member
+	// placed are the members with placements counted on them, which
+	// lapse at the earliest at lapse.
+	placed []*member
+	lapse  time.Time
 	// evacuating are the nodes whose sandboxes are being moved away.
 	evacuating map[string]bool
 }
@@ -63,8 +67,12 @@ type member struct {
 	stop context.CancelFunc
 	// placedMB is the memory of the sandboxes this server placed on it
 	// since its last report: a burst of creates sees its own placements
-	// at once, not when the node reports them seconds later.
-	placedMB int
+	// at once, not when the node reports them seconds later. Without a
+	// report it lapses at placedUntil.
+	placedMB    int
+	placedUntil time.Time
+	// inPlaced: it is in the fleet's placed.
+	inPlaced bool
 	// cand is the member as placement sees it (nil: to build again), at
 	// slot in the fleet's snap (-1: not there).
 	cand *sched.Node
@@ -449,6 +457,51 @@ func (m *member) candidate(id string, draining bool) *sched.Node {
 	return m.cand
 }
 
+// placedFor bounds how long a placement counts on its node without the
+// node's report, which normally comes within nodeRefresh: a node whose
+// reports this server stopped hearing is not left looking full.
+const placedFor = 2 * nodeRefresh
+
+// placedLocked counts mb more on m until its next report.
+func (f *fleet) placedLocked(m *member, mb int) {
+	m.placedMB += mb
+	m.placedUntil = time.Now().Add(placedFor)
+	if !m.inPlaced {
+		m.inPlaced = true
+		if len(f.placed) == 0 {
+			f.lapse = m.placedUntil
+		}
+		f.placed = append(f.placed, m)
+	}
+	f.changedLocked(m)
+}
+
+// lapseLocked drops the placements counted past placedFor without a
+// report.
+func (f *fleet) lapseLocked(now time.Time) {
+	if len(f.placed) == 0 || now.Before(f.lapse) {
+		return
+	}
+	keep := f.placed[:0]
+	f.lapse = now.Add(placedFor)
+	for _, m := range f.placed {
+		switch {
+		case m.placedMB == 0: // reported since
+			m.inPlaced = false
+		case now.After(m.placedUntil):
+			m.placedMB, m.inPlaced = 0, false
+			f.changedLocked(m)
+		default:
+			keep = append(keep, m)
+			if m.placedUntil.Before(f.lapse) {
+				f.lapse = m.placedUntil
+			}
+		}
+	}
+	clear(f.placed[len(keep):])
+	f.placed = keep
+}
+
 // changedLocked marks what placement sees of m as out of date.
 func (f *fleet) changedLocked(m *member) {
 	m.cand = nil
@@ -465,6 +518,7 @@ func (f *fleet) changedLocked(m *member) {
 // changed: it copies the snapshot's pointers and rebuilds those members
 // only.
 func (f *fleet) candidatesLocked() []*sched.Node {
+	f.lapseLocked(time.Now())
 	switch {
 	case f.snap == nil:
 		snap := make([]*sched.Node, 0, len(f.members))
@@ -522,8 +576,7 @@ func (f *fleet) place(p placement) (nodeapi.Node, error) {
 
 		f.mu.Lock()
 		if m := f.members[n.ID]; m != nil && m.live && m.api != nil {
-			m.placedMB += req.Memory()
-			f.changedLocked(m)
+			f.placedLocked(m, req.Memory())
 			f.mu.Unlock()
 			return m.api, nil
 		}
