@@ -505,9 +505,12 @@ func (f *fleet) lapseLocked(now time.Time) {
 // changedLocked marks what placement sees of m as out of date.
 func (f *fleet) changedLocked(m *member) {
 	m.cand = nil
-	if f.snap != nil && m.slot >= 0 && m.live && m.api != nil {
+	in := m.live && m.api != nil
+	switch {
+	case f.snap == nil:
+	case m.slot >= 0 && in:
 		f.stale = append(f.stale, m)
-	} else {
+	case m.slot >= 0 || in:
 		f.snap = nil // it joins the snapshot, or leaves it
 	}
 }
@@ -564,13 +567,14 @@ func (f *fleet) place(p placement) (nodeapi.Node, error) {
 		f.mu.Unlock()
 
 		n, err := f.alg.Place(req, nodes)
-		if err != nil {
-			var r *sched.Refusal
-			if errors.As(err, &r) && errors.Is(r.Kind, sched.ErrTooLarge) {
-				return nil, fmt.Errorf("%w: %s", ErrInvalid, r.Reason)
-			} else if errors.As(err, &r) {
-				return nil, fmt.Errorf("%w: %s", ErrNoCapacity, r.Reason)
-			}
+		var r *sched.Refusal
+		switch {
+		case err == nil:
+		case errors.As(err, &r) && errors.Is(r.Kind, sched.ErrTooLarge):
+			return nil, fmt.Errorf("%w: %s", ErrInvalid, r.Reason)
+		case r != nil:
+			return nil, fmt.Errorf("%w: %s", ErrNoCapacity, r.Reason)
+		default:
 			return nil, fmt.Errorf("placing a sandbox: %w", err)
 		}
 

@@ -57,7 +57,7 @@ func TestFilter(t *testing.T) {
 		{"runtime and version", Request{Runtime: "gvisor", RuntimeVersion: "0"}, []string{"old"}},
 		{"the other holders are excluded: any node", Request{Template: "base", Exclude: []string{"a", "b", "old"}}, []string{"other"}},
 		{"the rest of the overcommit", Request{MemoryMB: 4096}, []string{"a", "b", "old", "other"}},
-		{"past the node's headroom", Request{MemoryMB: 4096, Only: "b"}, []string{"b"}},
+		{"the rest of a busy node's room", Request{MemoryMB: 4096, Only: "b"}, []string{"b"}},
 	} {
 		fits, err := Filter(tc.req, nodes)
 		if err != nil || !slices.Equal(ids(fits), tc.want) {
