@@ -38,12 +38,19 @@ var forbidden = map[string][]string{
 	"internal/testutil": {"internal/api", "internal/server", "internal/cli"},
 	"internal/server":   {"internal/cli"},
 	"internal/bench":    {"internal/api", "internal/server", "internal/cli", "internal/cluster", "internal/node"},
+
+	// The scheduler's choice is pure (it decides from what it is handed),
+	// and the admission rule node and scheduler share stands alone.
+	"internal/placement": {"internal/"},
+	"internal/capacity":  {"internal/"},
 }
 
 // allowed lists exceptions to forbidden prefixes.
 var allowed = map[string][]string{
 	"internal/envd":  {"internal/envd/"},
 	"internal/state": {"internal/state"}, // its conformance suite
+
+	"internal/placement": {"internal/capacity"},
 }
 
 func TestLayering(t *testing.T) {
