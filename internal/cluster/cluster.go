@@ -816,6 +816,7 @@ func (c *Cluster) Kill(ctx context.Context, id string) error {
 	if err != nil {
 		return fmt.Errorf("killing sandbox %s on node %s: %w", id, sb.NodeID, err)
 	}
+	c.nodes.left(sb.NodeID, sb.MemoryMB)
 	return nil
 }
 

@@ -476,6 +476,21 @@ func (f *fleet) placedLocked(m *member, mb int) {
 	f.changedLocked(m)
 }
 
+// left counts a sandbox of mb that stopped running on node id (killed,
+// paused, died) off that node until its next report: placements count on
+// until the report, and so must departures, or a full node stays full
+// for this server up to a report period after a sandbox left it.
+func (f *fleet) left(id string, mb int) {
+	if mb <= 0 {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if m := f.members[id]; m != nil && m.live {
+		f.placedLocked(m, -mb)
+	}
+}
+
 // lapseLocked drops the placements counted past placedFor without a
 // report.
 func (f *fleet) lapseLocked(now time.Time) {

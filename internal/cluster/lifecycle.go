@@ -77,6 +77,7 @@ func (c *Cluster) PauseWith(ctx context.Context, id string, opts PauseOptions) e
 		return err
 	}
 	c.gone(id, "")
+	c.nodes.left(r.NodeID, r.MemoryMB)
 	return c.finishPause(context.WithoutCancel(ctx), id, snap.Id)
 }
 
