@@ -14,7 +14,7 @@ import (
 	"github.com/aenvhq/aenv/internal/envd"
 	"github.com/aenvhq/aenv/internal/netns"
 	"github.com/aenvhq/aenv/internal/node"
-	"github.com/aenvhq/aenv/internal/nodeapi"
+	"github.com/aenvhq/aenv/internal/node/nodeserver"
 	"github.com/aenvhq/aenv/internal/runtime/gvisor"
 	"github.com/aenvhq/aenv/internal/snapshot"
 	"github.com/aenvhq/aenv/internal/store"
@@ -35,7 +35,7 @@ type host struct {
 	images         *store.Store
 	imageServer    *blockimage.Client
 	node           *node.Node
-	api            *nodeapi.Local
+	api            *nodeserver.Local
 	volumes        *volume.Dir
 	runtimeVersion string
 	log            *slog.Logger
@@ -53,7 +53,7 @@ func openHost(ctx context.Context, cfg Config, log *slog.Logger) (_ *host, err e
 	if err := h.open(ctx, cfg, log); err != nil {
 		return nil, err
 	}
-	h.api = nodeapi.NewLocal(h.node, nodeapi.LocalOptions{
+	h.api = nodeserver.NewLocal(h.node, nodeserver.LocalOptions{
 		Templates: h.templates, RuntimeVersion: h.runtimeVersion, Version: envd.Version,
 	})
 	return h, nil
