@@ -6,9 +6,9 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/aenvhq/aenv/internal/agent"
 	"github.com/aenvhq/aenv/internal/client"
-	"github.com/aenvhq/aenv/internal/cluster"
-	"github.com/aenvhq/aenv/internal/server"
+	"github.com/aenvhq/aenv/internal/membership"
 )
 
 func newNodesCmd(g *globals) *cobra.Command {
@@ -24,7 +24,7 @@ lost when a node stopped reporting), capacity, usage and sandbox count.`,
 }
 
 func newNodeCmd(g *globals) *cobra.Command {
-	var cfg server.Config
+	var cfg agent.Config
 	var logLevel, onStop string
 	var hs hostStrings
 	cmd := &cobra.Command{
@@ -55,18 +55,18 @@ SIGTERM first. Needs root.`,
 			stopTimeout := 30 * time.Second
 			switch onStop {
 			case "keep":
-				cfg.OnStop = cluster.StopKeep
+				cfg.OnStop = membership.StopKeep
 			case "drain":
-				cfg.OnStop = cluster.StopPause
+				cfg.OnStop = membership.StopPause
 				// Moving every sandbox takes a while on a full node.
 				stopTimeout = 10 * time.Minute
 			case "kill":
-				cfg.OnStop = cluster.StopKill
+				cfg.OnStop = membership.StopKill
 			default:
 				return fmt.Errorf("--on-stop must be keep, drain or kill, not %q", onStop)
 			}
 			ctx := cmd.Context()
-			a, err := server.StartNode(ctx, cfg)
+			a, err := agent.Start(ctx, cfg)
 			if err != nil {
 				return err
 			}
@@ -75,7 +75,7 @@ SIGTERM first. Needs root.`,
 	}
 	f := cmd.Flags()
 	hostFlags(f, &cfg, &hs, &logLevel)
-	f.StringVar(&cfg.Listen, "listen", server.DefaultNodeListen, "address of the node API and the sandbox traffic servers forward")
+	f.StringVar(&cfg.Listen, "listen", agent.DefaultListen, "address of the node API and the sandbox traffic servers forward")
 	f.StringVar(&cfg.Advertise, "advertise", "", "host:port servers reach this node at (default: --listen, if it names an address)")
 	f.StringVar(&cfg.Join, "join", "", "URL of a server of the cluster to learn its etcd endpoints from")
 	f.StringVar(&cfg.ClusterToken, "token", "", "the cluster token (default: $AENV_CLUSTER_TOKEN, else <data-dir>/secrets/cluster-token)")

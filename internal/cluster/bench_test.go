@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/aenvhq/aenv/internal/membership"
 	"github.com/aenvhq/aenv/internal/nodeapi"
 	"github.com/aenvhq/aenv/internal/state"
 )
@@ -37,12 +38,12 @@ func BenchmarkPlacement(b *testing.B) {
 
 	start := time.Now()
 	fakes := map[string]*fakeNode{}
-	var regs []*Registration
+	var regs []*membership.Registration
 	for i := range nodeCount {
 		n := newFakeNode(fmt.Sprintf("node%04d", i))
 		n.memoryMB = 65536
 		fakes["addr-"+n.id] = n
-		reg, err := RegisterNode(ctx, st, Reporter(n, "addr-"+n.id), log)
+		reg, err := membership.RegisterNode(ctx, st, membership.Reporter(n, "addr-"+n.id), log)
 		if err != nil {
 			b.Fatal(err)
 		}
