@@ -19,8 +19,6 @@ import (
 	"github.com/aenvhq/aenv/internal/server"
 )
 
-const defaultDataDir = "/var/lib/aenv"
-
 func newServerCmd() *cobra.Command {
 	var cfg server.Config
 	var logLevel, onStop string
