@@ -11,6 +11,16 @@ import (
 	"github.com/aenvhq/aenv/internal/snapshot"
 )
 
+// The bounds of a volume's size (CreateVolumeRequest.size_bytes), which
+// the API checks before a create reaches a node: ext4 wants a few MiB for
+// its journal and tables, and 16 TiB is what it addresses with 4 KiB
+// blocks. Package volume, which makes the images, has the same bounds
+// (its test keeps them equal).
+const (
+	MinVolumeSize = 8 << 20
+	MaxVolumeSize = 16 << 40
+)
+
 // EgressRules are a sandbox's allowOut and denyOut entries as read off
 // the wire: the cluster checks them before a create reaches a node, and
 // the node applies them to the sandbox's network.
