@@ -25,12 +25,13 @@ func newTemplateCmd(g *globals) *cobra.Command {
 
 func newTemplateListCmd(g *globals) *cobra.Command {
 	cmd := listCmd(g, &cobra.Command{Use: "ls", Aliases: []string{"list"}, Short: "List templates",
-		Long: `List the server's templates. SIZE is the template's files; IMAGE its block
+		Long: `List the templates the key sees: its team's, public ones and the builtins
+(an admin key's: every team's). SIZE is the template's files; IMAGE its block
 image (what nodes read on demand), and UNIQUE the part of that image no other
 template's image shares in the store: what deleting the template frees. The
 last line sums the images, and what the store keeps of them, shared chunks
 once.`},
-		(*client.Client).ListTemplates, "ID\tALIASES\tCPU\tMEMORY\tDISK\tSIZE\tIMAGE\tUNIQUE\tCREATED",
+		(*client.Client).ListTemplates, "ID\tALIASES\tTEAM\tPUBLIC\tCPU\tMEMORY\tDISK\tSIZE\tIMAGE\tUNIQUE\tCREATED",
 		func(t client.Template) string {
 			aliases := strings.Join(t.Aliases, ",")
 			if aliases == "" {
@@ -44,7 +45,11 @@ once.`},
 			if t.ImageBytes > 0 {
 				image, unique = formatBytes(t.ImageBytes), formatBytes(t.UniqueBytes)
 			}
-			return fmt.Sprintf("%s\t%s\t%d\t%dMiB\t%dMiB\t%s\t%s\t%s\t%s", t.TemplateID, aliases, t.CPUCount, t.MemoryMB, t.DiskSizeMB,
+			team := t.Team
+			if team == "" {
+				team = "-"
+			}
+			return fmt.Sprintf("%s\t%s\t%s\t%v\t%d\t%dMiB\t%dMiB\t%s\t%s\t%s\t%s", t.TemplateID, aliases, team, t.Public, t.CPUCount, t.MemoryMB, t.DiskSizeMB,
 				formatBytes(t.SizeBytes), image, unique, created)
 		})
 	list := cmd.RunE

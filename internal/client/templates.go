@@ -25,6 +25,9 @@ type Template struct {
 	// other template's image shares in the store.
 	ImageBytes  int64 `json:"imageBytes,omitempty"`
 	UniqueBytes int64 `json:"uniqueBytes,omitempty"`
+	// Team owns it; empty for base, the builtins and templates from
+	// before teams, which every team sees.
+	Team string `json:"team,omitempty"`
 }
 
 // TemplateUsage is what the templates' block images take.

@@ -259,8 +259,8 @@ type Cluster struct {
 	// lost nodes, draining nodes).
 	leading atomic.Bool
 
-	stop context.CancelFunc
-	bg   sync.WaitGroup
+	// bg owns every goroutine the cluster starts; Close ends them.
+	bg *tasks
 }
 
 // Open loads the records from the state store, moves legacy paused
@@ -297,21 +297,15 @@ func Open(ctx context.Context, cfg Config) (*Cluster, error) {
 			return nil, err
 		}
 	}
-	bg, stop := context.WithCancel(context.WithoutCancel(ctx))
-	c.stop = stop
-	if err := c.nodes.start(bg, &c.bg); err != nil {
-		stop()
+	c.bg = newTasks(ctx)
+	if err := c.nodes.start(c.bg); err != nil {
+		c.bg.close()
 		return nil, err
 	}
-	c.bg.Add(2)
-	go func() {
-		defer c.bg.Done()
-		c.recs.follow(bg, rev, func(err error) { c.log.Warn("following sandbox records", "err", err) })
-	}()
-	go func() {
-		defer c.bg.Done()
-		c.campaign(bg)
-	}()
+	c.bg.Go(func(ctx context.Context) {
+		c.recs.follow(ctx, rev, func(err error) { c.log.Warn("following sandbox records", "err", err) })
+	})
+	c.bg.Go(c.campaign)
 	return c, nil
 }
 
@@ -321,20 +315,14 @@ func (c *Cluster) nodeEvent(nodeID string, ev *nodev1.Event) {
 	case nodev1.Event_KIND_EXITED, nodev1.Event_KIND_OOM_KILLED:
 		c.forget(nodeID, ev.SandboxId, ev.Reason)
 	case nodev1.Event_KIND_DRAINING:
-		if c.leading.Load() {
-			c.bg.Add(1)
-			go func() {
-				defer c.bg.Done()
-				c.evacuate(nodeID)
-			}()
+		if c.leading.Load() && c.nodes.beginEvacuation(nodeID) {
+			if !c.bg.Go(func(ctx context.Context) { c.evacuate(ctx, nodeID) }) {
+				c.nodes.endEvacuation(nodeID)
+			}
 		}
 	case nodev1.Event_KIND_SYNC:
 		if c.cfg.Local == nil || nodeID != c.cfg.Local.ID() {
-			c.bg.Add(1)
-			go func() {
-				defer c.bg.Done()
-				c.syncNode(nodeID)
-			}()
+			c.bg.Go(func(context.Context) { c.syncNode(nodeID) })
 		}
 	}
 }
@@ -905,10 +893,7 @@ func (c *Cluster) Close(ctx context.Context, mode StopMode) error {
 			}
 		}
 	}
-	if c.stop != nil {
-		c.stop()
-	}
 	c.nodes.stopAll()
-	c.bg.Wait()
+	c.bg.close()
 	return errors.Join(errs...)
 }

@@ -28,6 +28,7 @@ func openCluster(t *testing.T, st state.Store, n *fakeNode) *Cluster {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { c.Close(context.Background(), StopKeep) }) // again, for a test that closed it: a no-op
 	return c
 }
 

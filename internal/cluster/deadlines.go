@@ -97,28 +97,42 @@ func (c *Cluster) leadOnce(ctx context.Context) error {
 	}
 }
 
-// expireDue starts ending every running sandbox whose deadline passed.
+// expiryWorkers bounds the sandboxes being ended for their deadline at
+// once: a thousand due in the same tick are ended eight at a time, the
+// rest from the next ticks on, not by a thousand goroutines at once.
+const expiryWorkers = 8
+
+// expireDue starts ending the running sandboxes whose deadline passed, as
+// many as expiryWorkers allows alongside those still being ended.
 func (c *Cluster) expireDue(ctx context.Context) {
 	for _, id := range c.recs.due(time.Now()) {
 		c.mu.Lock()
-		busy := c.expiring[id]
-		c.expiring[id] = true
+		busy, full := c.expiring[id], len(c.expiring) >= expiryWorkers
+		if !busy && !full {
+			c.expiring[id] = true
+		}
 		c.mu.Unlock()
+		if full {
+			return
+		}
 		if busy {
 			continue
 		}
-		c.bg.Add(1)
-		go func() {
-			defer c.bg.Done()
-			defer func() {
-				c.mu.Lock()
-				delete(c.expiring, id)
-				c.mu.Unlock()
-			}()
+		done := func() {
+			c.mu.Lock()
+			delete(c.expiring, id)
+			c.mu.Unlock()
+		}
+		started := c.bg.Go(func(context.Context) {
+			defer done()
 			// Once begun, a pause or kill finishes even if this server
-			// stops leading meanwhile.
+			// stops leading meanwhile (Close waits for it).
 			c.expire(context.WithoutCancel(ctx), id)
-		}()
+		})
+		if !started {
+			done()
+			return
+		}
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -26,6 +27,9 @@ type fakeNode struct {
 	full     bool
 	// delay is how long a create takes (starts that overlap in time).
 	delay time.Duration
+	// lists counts List calls: a server that subscribed to the node's
+	// events reconciles with it (the first event is a sync) by listing.
+	lists atomic.Int32
 
 	mu      sync.Mutex
 	running map[string]*nodev1.Sandbox
@@ -129,6 +133,7 @@ func (n *fakeNode) Kill(ctx context.Context, req *nodev1.KillRequest) (*nodev1.K
 }
 
 func (n *fakeNode) List(context.Context, *nodev1.ListRequest) (*nodev1.ListResponse, error) {
+	n.lists.Add(1)
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	out := &nodev1.ListResponse{}

@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -11,15 +12,17 @@ import (
 	"sync"
 	"time"
 
+	"github.com/aenvhq/aenv/internal/capacity"
 	"github.com/aenvhq/aenv/internal/nodeapi"
 	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
+	sched "github.com/aenvhq/aenv/internal/placement"
 	"github.com/aenvhq/aenv/internal/state"
 )
 
 // fleet is this server's view of the cluster's nodes: the registry in the
 // store, followed by a watch, and a connection to each live node (its
-// node API and its event stream). Placement reads it, so that choosing a
-// node costs no round trip.
+// node API and its event stream). Placement chooses from a snapshot of it,
+// so that choosing a node costs no round trip and holds no lock.
 type fleet struct {
 	st    state.Store
 	log   *slog.Logger
@@ -27,6 +30,8 @@ type fleet struct {
 	dial  func(id, address string) nodeapi.Node
 	// onEvent receives every event of every node, with the node's id.
 	onEvent func(nodeID string, ev *nodev1.Event)
+	// alg chooses among the nodes.
+	alg sched.Algorithm
 
 	mu      sync.Mutex
 	members map[string]*member
@@ -34,7 +39,21 @@ type fleet struct {
 	// loadedAt is when the registry was first read: a node named by a
 	// record but never seen since counts as lost from then.
 	loadedAt time.Time
-	ctx      context.Context
+	// bg owns the event subscriptions (nil until start).
+	bg *tasks
+	// snap is what placement chooses from: every reachable live node.
+	// Placements share it and never change it. A change of membership or
+	// drain marks drops it (nil), and the next placement builds it anew;
+	// a report or a placement marks its member stale, and the next
+	// placement patches a copy.
+	snap  []*sched.Node
+	stale []*member
+	// placed are the members with placements counted on them, which
+	// lapse at the earliest at lapse.
+	placed []*member
+	lapse  time.Time
+	// evacuating are the nodes whose sandboxes are being moved away.
+	evacuating map[string]bool
 }
 
 // member is one node as the fleet knows it.
@@ -46,6 +65,18 @@ type member struct {
 	api    nodeapi.Node
 	// stop ends the subscription to its events.
 	stop context.CancelFunc
+	// placedMB is the memory of the sandboxes this server placed on it
+	// since its last report: a burst of creates sees its own placements
+	// at once, not when the node reports them seconds later. Without a
+	// report it lapses at placedUntil.
+	placedMB    int
+	placedUntil time.Time
+	// inPlaced: it is in the fleet's placed.
+	inPlaced bool
+	// cand is the member as placement sees it (nil: to build again), at
+	// slot in the fleet's snap (-1: not there).
+	cand *sched.Node
+	slot int
 }
 
 // unsubscribe ends the member's event subscription, if any.
@@ -57,7 +88,8 @@ func (m *member) unsubscribe() {
 }
 
 func newFleet(st state.Store, local nodeapi.Node, dial func(id, address string) nodeapi.Node, log *slog.Logger) *fleet {
-	f := &fleet{st: st, log: log, local: local, dial: dial, members: map[string]*member{}, drained: map[string]bool{}}
+	f := &fleet{st: st, log: log, local: local, dial: dial, members: map[string]*member{}, drained: map[string]bool{},
+		alg: sched.NewBestOfK(sched.DefaultK, nil), evacuating: map[string]bool{}}
 	return f
 }
 
@@ -71,31 +103,31 @@ func (f *fleet) addLocal(ctx context.Context) error {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	m := &member{info: InfoFromWire(info), live: true, api: f.local}
+	m := &member{info: InfoFromWire(info), live: true, api: f.local, slot: -1}
 	f.members[f.local.ID()] = m
+	f.snap = nil
 	f.subscribeLocked(m.info.ID, m)
 	return nil
 }
 
-// start reads the registry and follows it until ctx ends.
-func (f *fleet) start(ctx context.Context, wg *sync.WaitGroup) error {
+// start reads the registry and follows it, and the nodes' events, in
+// tasks of bg until it closes.
+func (f *fleet) start(bg *tasks) error {
 	f.mu.Lock()
-	f.ctx = ctx
+	f.bg = bg
 	f.mu.Unlock()
 	if f.local != nil {
-		if err := f.addLocal(ctx); err != nil {
+		if err := f.addLocal(bg.ctx); err != nil {
 			return err
 		}
 	}
-	rev, err := f.load(ctx)
+	rev, err := f.load(bg.ctx)
 	if err != nil {
 		return err
 	}
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	bg.Go(func(ctx context.Context) {
 		state.Follow(ctx, f.st, "nodes/", rev, f.load, f.apply, func(err error) { f.log.Warn("following the node registry", "err", err) })
-	}()
+	})
 	return nil
 }
 
@@ -113,6 +145,7 @@ func (f *fleet) load(ctx context.Context) (int64, error) {
 		f.loadedAt = time.Now()
 	}
 	f.drained = drained
+	f.snap = nil
 	for id, m := range f.members {
 		if _, ok := live[id]; !ok && m.live {
 			f.lostLocked(id, m)
@@ -143,6 +176,7 @@ func (f *fleet) apply(ev state.Event) {
 		}
 	case strings.HasPrefix(key, nodeDrainPrefix):
 		f.drained[strings.TrimPrefix(key, nodeDrainPrefix)] = ev.Type == state.EventPut
+		f.snap = nil
 	}
 }
 
@@ -151,7 +185,7 @@ func (f *fleet) apply(ev state.Event) {
 func (f *fleet) liveLocked(id string, n NodeInfo) {
 	m := f.members[id]
 	if m == nil {
-		m = &member{}
+		m = &member{slot: -1}
 		f.members[id] = m
 	}
 	wasLive := m.live
@@ -160,7 +194,10 @@ func (f *fleet) liveLocked(id string, n NodeInfo) {
 		m.unsubscribe()
 		m.api = nil
 	}
-	m.info, m.live, m.lostAt = n, true, time.Time{}
+	// The report counts what was placed before it (or nearly: a create
+	// that ends as the node reports counts from its next report on).
+	m.info, m.live, m.lostAt, m.placedMB = n, true, time.Time{}, 0
+	f.changedLocked(m)
 	if m.api == nil && n.Address != "" && f.dial != nil {
 		m.api = f.dial(id, n.Address)
 	}
@@ -183,44 +220,71 @@ func (f *fleet) lostLocked(id string, m *member) {
 	m.live, m.lostAt = false, time.Now()
 	m.unsubscribe()
 	m.api = nil
+	f.snap = nil
 	f.log.Warn("node lost: its lease in the registry expired or it left", "node_id", id)
 }
 
 // subscribeLocked follows node id's events until its member stops them,
 // reconnecting after a broken stream.
 func (f *fleet) subscribeLocked(id string, m *member) {
-	if f.ctx == nil || f.onEvent == nil {
+	if f.bg == nil || f.onEvent == nil {
 		return
 	}
-	ctx, cancel := context.WithCancel(f.ctx)
+	ctx, cancel := context.WithCancel(f.bg.ctx)
 	m.stop = cancel
 	api := m.api
-	go func() {
-		backoff := 500 * time.Millisecond
-		for ctx.Err() == nil {
-			start := time.Now()
-			err := api.Events(ctx, func(ev *nodev1.Event) { f.onEvent(id, ev) })
-			if ctx.Err() != nil {
-				return
-			}
-			if time.Since(start) > 10*time.Second {
-				backoff = 500 * time.Millisecond
-			}
-			f.log.Debug("node event stream ended; reconnecting", "node_id", id, "err", err, "retry_in", backoff)
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(backoff):
-			}
-			backoff = min(2*backoff, 5*time.Second)
+	if !f.bg.Go(func(context.Context) { f.follow(ctx, id, api) }) {
+		cancel() // the cluster is closing
+	}
+}
+
+// follow passes node id's events to onEvent until ctx ends, reconnecting
+// after a broken stream.
+func (f *fleet) follow(ctx context.Context, id string, api nodeapi.Node) {
+	backoff := 500 * time.Millisecond
+	for ctx.Err() == nil {
+		start := time.Now()
+		err := api.Events(ctx, func(ev *nodev1.Event) { f.onEvent(id, ev) })
+		if ctx.Err() != nil {
+			return
 		}
-	}()
+		if time.Since(start) > 10*time.Second {
+			backoff = 500 * time.Millisecond
+		}
+		f.log.Debug("node event stream ended; reconnecting", "node_id", id, "err", err, "retry_in", backoff)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
 }
 
 // setDrained records a drain mark this server wrote.
 func (f *fleet) setDrained(id string, drained bool) {
 	f.mu.Lock()
 	f.drained[id] = drained
+	f.snap = nil
+	f.mu.Unlock()
+}
+
+// beginEvacuation marks node id's sandboxes as being moved away; false if
+// that is under way already (the node repeats that it is going away).
+func (f *fleet) beginEvacuation(id string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.evacuating[id] {
+		return false
+	}
+	f.evacuating[id] = true
+	return true
+}
+
+// endEvacuation clears beginEvacuation's mark.
+func (f *fleet) endEvacuation(id string) {
+	f.mu.Lock()
+	delete(f.evacuating, id)
 	f.mu.Unlock()
 }
 
@@ -363,115 +427,164 @@ func (p placement) describe() string {
 	return "another node"
 }
 
-// placeSamples is K in best-of-K: two random candidates, the one with
-// more headroom wins. It spreads load nearly as well as scanning every
-// node, at constant cost, and servers placing at once rarely collide.
-const placeSamples = 2
+// toRequest is p as the placement package takes it.
+func (p placement) toRequest() sched.Request {
+	return sched.Request{Template: p.template, MemoryMB: p.memoryMB, CPUs: p.cpus, Runtime: p.runtime,
+		RuntimeVersion: p.runtimeVersion, Prefer: p.prefer, Exclude: p.exclude, Only: p.only}
+}
 
-// defaultMemoryMB is the memory assumed for a sandbox that takes its
-// template's (the template's size is known only to its nodes).
-const defaultMemoryMB = 512
+// candidate is member id as placement sees it: its report, with what was
+// placed on it since.
+func (m *member) candidate(id string, draining bool) *sched.Node {
+	if m.cand != nil && m.cand.Draining == draining {
+		return m.cand
+	}
+	n := m.info
+	used := -1.0 // unknown
+	if n.HostMemoryMB > 0 {
+		used = float64(n.Usage.MemoryMB) / float64(n.HostMemoryMB)
+	}
+	m.cand = &sched.Node{
+		ID: id,
+		Rule: capacity.Rule{MemoryMB: n.Capacity.MemoryMB, CPUCount: n.Capacity.CPUCount,
+			MemoryOvercommit: n.MemoryOvercommit, MemoryHighWater: n.MemoryHighWater},
+		// The disk's high-water mark is the node's own setting, which it
+		// does not report: the node applies it, and placement moves on to
+		// another node when it refuses.
+		Load:    capacity.Load{CommittedMB: n.Usage.CommittedMemoryMB + m.placedMB, MemoryUsed: used, DiskUsed: -1},
+		Runtime: n.Runtime, RuntimeVersion: n.RuntimeVersion, Templates: n.Templates, Draining: draining,
+	}
+	return m.cand
+}
 
-// place picks the node for a new sandbox: among ready nodes (live, not
-// draining, holding the template, with a matching runtime) that have room
-// by their own admission rule, the best of placeSamples random ones by
-// memory headroom. A sandbox larger than every node is ErrInvalid; one
-// that fits nowhere now is ErrNoCapacity, saying what ran out.
+// placedFor bounds how long a placement counts on its node without the
+// node's report, which normally comes within nodeRefresh: a node whose
+// reports this server stopped hearing is not left looking full.
+const placedFor = 2 * nodeRefresh
+
+// placedLocked counts mb more on m until its next report.
+func (f *fleet) placedLocked(m *member, mb int) {
+	m.placedMB += mb
+	m.placedUntil = time.Now().Add(placedFor)
+	if !m.inPlaced {
+		m.inPlaced = true
+		if len(f.placed) == 0 {
+			f.lapse = m.placedUntil
+		}
+		f.placed = append(f.placed, m)
+	}
+	f.changedLocked(m)
+}
+
+// lapseLocked drops the placements counted past placedFor without a
+// report.
+func (f *fleet) lapseLocked(now time.Time) {
+	if len(f.placed) == 0 || now.Before(f.lapse) {
+		return
+	}
+	keep := f.placed[:0]
+	f.lapse = now.Add(placedFor)
+	for _, m := range f.placed {
+		switch {
+		case m.placedMB == 0: // reported since
+			m.inPlaced = false
+		case now.After(m.placedUntil):
+			m.placedMB, m.inPlaced = 0, false
+			f.changedLocked(m)
+		default:
+			keep = append(keep, m)
+			if m.placedUntil.Before(f.lapse) {
+				f.lapse = m.placedUntil
+			}
+		}
+	}
+	clear(f.placed[len(keep):])
+	f.placed = keep
+}
+
+// changedLocked marks what placement sees of m as out of date.
+func (f *fleet) changedLocked(m *member) {
+	m.cand = nil
+	in := m.live && m.api != nil
+	switch {
+	case f.snap == nil:
+	case m.slot >= 0 && in:
+		f.stale = append(f.stale, m)
+	case m.slot >= 0 || in:
+		f.snap = nil // it joins the snapshot, or leaves it
+	}
+}
+
+// candidatesLocked is the snapshot placement chooses from: every live
+// node this server reaches. At a thousand nodes reporting every few
+// seconds and creates in a burst, nearly every placement finds a member
+// changed: it copies the snapshot's pointers and rebuilds those members
+// only.
+func (f *fleet) candidatesLocked() []*sched.Node {
+	f.lapseLocked(time.Now())
+	switch {
+	case f.snap == nil:
+		snap := make([]*sched.Node, 0, len(f.members))
+		for id, m := range f.members {
+			m.slot = -1
+			if m.live && m.api != nil {
+				m.slot = len(snap)
+				snap = append(snap, m.candidate(id, f.drained[id]))
+			}
+		}
+		f.snap, f.stale = snap, f.stale[:0]
+	case len(f.stale) > 0:
+		snap := slices.Clone(f.snap)
+		for _, m := range f.stale {
+			snap[m.slot] = m.candidate(snap[m.slot].ID, snap[m.slot].Draining)
+		}
+		f.snap, f.stale = snap, f.stale[:0]
+	}
+	return f.snap
+}
+
+// place picks the node for a new sandbox with the placement package, from
+// a snapshot of the fleet: among ready nodes (live, not draining, holding
+// the template, with a matching runtime) that have room by their own
+// admission rule, the best of two random ones by memory headroom. The
+// sandbox's memory counts on that node from now until its next report. A
+// sandbox larger than every node is ErrInvalid; one that fits nowhere now
+// is ErrNoCapacity, saying what ran out; an only node that is not live is
+// ErrNotFound.
 func (f *fleet) place(p placement) (nodeapi.Node, error) {
-	if p.memoryMB <= 0 {
-		p.memoryMB = defaultMemoryMB
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	type cand struct {
-		id       string
-		m        *member
-		headroom int
-	}
-	var fits, holders []cand
-	ready, draining, tooSmall, full, hot := 0, 0, 0, 0, 0
-	largestMB, largestCPU := 0, 0
-	var why string
-	for id, m := range f.members {
-		if !m.live || m.api == nil || slices.Contains(p.exclude, id) || (p.only != "" && id != p.only) {
-			continue
-		}
-		if f.drained[id] {
-			draining++
-			continue
-		}
-		n := m.info
-		if p.runtime != "" && (n.Runtime != p.runtime || n.RuntimeVersion != p.runtimeVersion) {
-			continue
-		}
-		ready++
-		largestMB, largestCPU = max(largestMB, n.Capacity.MemoryMB), max(largestCPU, n.Capacity.CPUCount)
-		if p.memoryMB > n.Capacity.MemoryMB || p.cpus > n.Capacity.CPUCount {
-			tooSmall++
-			continue
-		}
-		over := n.MemoryOvercommit
-		if over <= 0 {
-			over = 4
-		}
-		limit := int(over * float64(n.Capacity.MemoryMB))
-		headroom := limit - n.Usage.CommittedMemoryMB - p.memoryMB
-		if headroom < 0 {
-			full++
-			why = fmt.Sprintf("node %s has %d of %d MiB committed", id, n.Usage.CommittedMemoryMB, limit)
-			continue
-		}
-		// The high-water mark is of the host's memory, as the node's own
-		// admission applies it.
-		if hw := n.MemoryHighWater; hw > 0 && n.HostMemoryMB > 0 &&
-			float64(n.Usage.MemoryMB) > hw*float64(n.HostMemoryMB) {
-			hot++
-			why = fmt.Sprintf("node %s's host uses %d of %d MiB of memory", id, n.Usage.MemoryMB, n.HostMemoryMB)
-			continue
-		}
-		c := cand{id, m, headroom}
-		fits = append(fits, c)
-		if p.template != "" && slices.Contains(n.Templates, p.template) {
-			holders = append(holders, c)
-		}
-	}
-	if len(holders) > 0 {
-		fits = holders
-	}
-	if len(fits) == 0 {
+	req := p.toRequest()
+	// A node may be lost between the choice and its reservation: choose
+	// again from the snapshot without it.
+	for range 3 {
+		f.mu.Lock()
 		if p.only != "" {
 			if m, ok := f.members[p.only]; !ok || !m.live {
+				f.mu.Unlock()
 				return nil, fmt.Errorf("%w: node %s is not ready", ErrNotFound, p.only)
 			}
-			if f.drained[p.only] {
-				return nil, fmt.Errorf("%w: node %s is draining", ErrNoCapacity, p.only)
-			}
 		}
+		nodes := f.candidatesLocked()
+		f.mu.Unlock()
+
+		n, err := f.alg.Place(req, nodes)
+		var r *sched.Refusal
 		switch {
-		case ready == 0 && draining > 0:
-			return nil, fmt.Errorf("%w: every node is draining (%d)", ErrNoCapacity, draining)
-		case ready == 0 && p.runtime != "":
-			return nil, fmt.Errorf("%w: no ready node runs %s %s, which saved this sandbox", ErrNoCapacity, p.runtime, p.runtimeVersion)
-		case ready == 0:
-			return nil, fmt.Errorf("%w: no node is ready", ErrNoCapacity)
-		case tooSmall == ready:
-			return nil, fmt.Errorf("%w: the sandbox (%d MiB, %d CPUs) is larger than every node (the largest has %d MiB, %d CPUs)",
-				ErrInvalid, p.memoryMB, p.cpus, largestMB, largestCPU)
+		case err == nil:
+		case errors.As(err, &r) && errors.Is(r.Kind, sched.ErrTooLarge):
+			return nil, fmt.Errorf("%w: %s", ErrInvalid, r.Reason)
+		case r != nil:
+			return nil, fmt.Errorf("%w: %s", ErrNoCapacity, r.Reason)
 		default:
-			return nil, fmt.Errorf("%w: no node has room for %d MiB more (%d full, %d above their memory high-water mark; %s)",
-				ErrNoCapacity, p.memoryMB, full, hot, why)
+			return nil, fmt.Errorf("placing a sandbox: %w", err)
 		}
-	}
-	for _, c := range fits {
-		if c.id == p.prefer {
-			return c.m.api, nil
+
+		f.mu.Lock()
+		if m := f.members[n.ID]; m != nil && m.live && m.api != nil {
+			f.placedLocked(m, req.Memory())
+			f.mu.Unlock()
+			return m.api, nil
 		}
+		f.mu.Unlock()
 	}
-	best := fits[rand.IntN(len(fits))]
-	for range placeSamples - 1 {
-		if c := fits[rand.IntN(len(fits))]; c.headroom > best.headroom {
-			best = c
-		}
-	}
-	return best.m.api, nil
+	return nil, fmt.Errorf("%w: the nodes chosen left while the sandbox was placed", ErrNoCapacity)
 }

@@ -133,6 +133,10 @@ func TestNodeLost(t *testing.T) {
 	if err := c.Pause(ctx, paused.ID); err != nil {
 		t.Fatal(err)
 	}
+	// The server's sync with the node (its first event) must come
+	// first: a sync that lists the node after the exit reports the
+	// sandbox lost, which is what it would be, not why it ended.
+	waitFor(t, func() bool { return n1.lists.Load() > 0 }, "the server to sync with node n1")
 	n1.exit(exits.ID, "killed: out of memory (memoryMB=512)")
 	waitFor(t, func() bool {
 		_, err := c.Get(ctx, exits.ID)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/aenvhq/aenv/internal/ids"
 	"github.com/aenvhq/aenv/internal/nodeapi"
@@ -519,9 +520,10 @@ func (c *Cluster) Migrate(ctx context.Context, id, target string) (*Migration, e
 // evacuate moves every running sandbox off a node that is going away (it
 // said so: a node agent stopping with --on-stop=drain): each is migrated
 // to another node, or, where none can take it, paused into the store.
-// The elected server does it, so each sandbox is moved once.
-func (c *Cluster) evacuate(nodeID string) {
-	ctx := context.Background()
+// The elected server does it, so each sandbox is moved once, a few at a
+// time, until ctx (the cluster's own) ends.
+func (c *Cluster) evacuate(ctx context.Context, nodeID string) {
+	defer c.nodes.endEvacuation(nodeID)
 	c.nodes.setDrained(nodeID, true)
 	var ids []string
 	c.recs.each(func(r *record) {
@@ -530,17 +532,41 @@ func (c *Cluster) evacuate(nodeID string) {
 		}
 	})
 	c.log.Info("node is going away; moving its sandboxes", "node_id", nodeID, "sandboxes", len(ids))
+	var g errgroup.Group
+	g.SetLimit(evacuateWorkers)
 	for _, id := range ids {
-		if _, err := c.Migrate(ctx, id, ""); err == nil {
-			continue
-		} else if errors.Is(err, ErrNotFound) || errors.Is(err, ErrConflict) {
-			continue // gone or busy meanwhile
-		} else {
-			c.log.Warn("moving a sandbox off a node going away failed; pausing it", "sandbox_id", id, "err", err)
+		if ctx.Err() != nil {
+			// This server is closing; the node repeats that it is going
+			// away, and the next leader moves the rest.
+			break
 		}
-		if err := c.Pause(ctx, id); err != nil && !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrConflict) {
-			c.log.Error("pausing a sandbox of a node going away", "sandbox_id", id, "err", err)
-		}
+		g.Go(func() error {
+			c.evacuateOne(ctx, id)
+			return nil
+		})
+	}
+	g.Wait()
+}
+
+// evacuateWorkers bounds the migrations of one evacuation at once: they
+// overlap the snapshot of one with the restore of another, without
+// flooding the store or the node going away.
+const evacuateWorkers = 4
+
+// evacuateOne migrates sandbox id off a node going away, or pauses it
+// into the store if it cannot go elsewhere. Cancelled (the server is
+// closing), it leaves the sandbox as it is.
+func (c *Cluster) evacuateOne(ctx context.Context, id string) {
+	_, err := c.Migrate(ctx, id, "")
+	switch {
+	case err == nil, errors.Is(err, ErrNotFound), errors.Is(err, ErrConflict):
+		return // moved, or gone or busy meanwhile
+	case ctx.Err() != nil:
+		return
+	}
+	c.log.Warn("moving a sandbox off a node going away failed; pausing it", "sandbox_id", id, "err", err)
+	if err := c.Pause(ctx, id); err != nil && !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrConflict) {
+		c.log.Error("pausing a sandbox of a node going away", "sandbox_id", id, "err", err)
 	}
 }
 

@@ -33,6 +33,7 @@ const (
 )
 
 const (
+	nodeRefresh     = membership.ReportInterval
 	nodeLivePrefix  = membership.LivePrefix
 	nodeKnownPrefix = membership.KnownPrefix
 	nodeDrainPrefix = membership.DrainPrefix

@@ -22,32 +22,40 @@ var forbidden = map[string][]string{
 	"internal/netns":   {"internal/runtime", "internal/node", "internal/cluster", "internal/api", "internal/server", "internal/cli"},
 	"internal/node":    {"internal/cluster", "internal/api", "internal/server", "internal/cli", "internal/proxy"},
 	// The cluster sees nodes only through the node API's own types.
-	"internal/cluster": {"internal/api", "internal/server", "internal/cli", "internal/proxy", "internal/node"},
-	"internal/nodeapi": {"internal/cluster", "internal/api", "internal/server", "internal/cli", "internal/proxy", "internal/node"},
+	"internal/cluster":  {"internal/api", "internal/server", "internal/cli", "internal/proxy", "internal/node"},
+	"internal/nodeapi":  {"internal/cluster", "internal/api", "internal/server", "internal/cli", "internal/proxy", "internal/node"},
+	"internal/proxy":    {"internal/api", "internal/server", "internal/cli", "internal/cluster", "internal/node"},
+	"internal/api":      {"internal/server", "internal/cli"},
+	"internal/envd":     {"internal/"}, // runs inside the sandbox: stand-alone
+	"internal/store":    {"internal/snapshot", "internal/node", "internal/cluster", "internal/api", "internal/server", "internal/cli"},
+	"internal/snapshot": {"internal/node", "internal/cluster", "internal/api", "internal/server", "internal/cli"},
+	"internal/template": {"internal/node", "internal/cluster", "internal/api", "internal/server", "internal/cli", "internal/image"},
+	"internal/image":    {"internal/node", "internal/cluster", "internal/api", "internal/server", "internal/cli"},
+	"internal/client":   {"internal/api", "internal/server", "internal/cli", "internal/cluster", "internal/node"},
+	"internal/undo":     {"internal/"},
+	"internal/sealed":   {"internal/"}, // encryption only: anything may use it
+	"internal/state":    {"internal/"}, // the live state knows nothing of what it stores
+	"internal/testutil": {"internal/api", "internal/server", "internal/cli"},
+	"internal/server":   {"internal/cli"},
+	"internal/bench":    {"internal/api", "internal/server", "internal/cli", "internal/cluster", "internal/node"},
+
+	// The scheduler's choice is pure (it decides from what it is handed),
+	// and the admission rule node and scheduler share stands alone.
+	"internal/placement": {"internal/"},
+	"internal/capacity":  {"internal/"},
+
 	// The node agent and what it shares with the control plane (see also
 	// deps_test.go, which follows imports all the way down).
 	"internal/agent":      {"internal/cluster", "internal/api", "internal/server", "internal/cli"},
 	"internal/membership": {"internal/node", "internal/cluster", "internal/api", "internal/server", "internal/cli", "internal/agent"},
-	"internal/proxy":      {"internal/api", "internal/server", "internal/cli", "internal/cluster", "internal/node"},
-	"internal/api":        {"internal/server", "internal/cli"},
-	"internal/envd":       {"internal/"}, // runs inside the sandbox: stand-alone
-	"internal/store":      {"internal/snapshot", "internal/node", "internal/cluster", "internal/api", "internal/server", "internal/cli"},
-	"internal/snapshot":   {"internal/node", "internal/cluster", "internal/api", "internal/server", "internal/cli"},
-	"internal/template":   {"internal/node", "internal/cluster", "internal/api", "internal/server", "internal/cli", "internal/image"},
-	"internal/image":      {"internal/node", "internal/cluster", "internal/api", "internal/server", "internal/cli"},
-	"internal/client":     {"internal/api", "internal/server", "internal/cli", "internal/cluster", "internal/node"},
-	"internal/undo":       {"internal/"},
-	"internal/sealed":     {"internal/"}, // encryption only: anything may use it
-	"internal/state":      {"internal/"}, // the live state knows nothing of what it stores
-	"internal/testutil":   {"internal/api", "internal/server", "internal/cli"},
-	"internal/server":     {"internal/cli"},
-	"internal/bench":      {"internal/api", "internal/server", "internal/cli", "internal/cluster", "internal/node"},
 }
 
 // allowed lists exceptions to forbidden prefixes.
 var allowed = map[string][]string{
 	"internal/envd":  {"internal/envd/"},
 	"internal/state": {"internal/state"}, // its conformance suite
+
+	"internal/placement": {"internal/capacity"},
 }
 
 func TestLayering(t *testing.T) {

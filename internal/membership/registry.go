@@ -118,8 +118,9 @@ type NodeUsage struct {
 // nodeLeaseTTL is how long a node that stopped renewing stays ready.
 const nodeLeaseTTL = 10 * time.Second
 
-// nodeRefresh is how often a node reports its usage.
-const nodeRefresh = 3 * time.Second
+// ReportInterval is how often a registered node reports its usage (the
+// cluster bounds what it assumes between two reports by it).
+const ReportInterval = 3 * time.Second
 
 // Registration keeps a node's record in the registry; Stop ends it.
 type Registration struct {
@@ -174,7 +175,7 @@ func RegisterNode(ctx context.Context, st state.Store, report func() NodeInfo, l
 // keepNode rewrites the node's record under sess until ctx ends or the
 // session is lost.
 func keepNode(ctx context.Context, st state.Store, sess state.Session, report func() NodeInfo, log *slog.Logger) {
-	tick := time.NewTicker(nodeRefresh)
+	tick := time.NewTicker(ReportInterval)
 	defer tick.Stop()
 	for {
 		select {

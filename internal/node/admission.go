@@ -2,43 +2,34 @@ package node
 
 import (
 	"errors"
-	"fmt"
 	goruntime "runtime"
 
 	"github.com/prometheus/procfs"
 	"golang.org/x/sys/unix"
+
+	"github.com/aenvhq/aenv/internal/capacity"
 )
 
-// Admission errors. The cluster maps them to statuses: a sandbox that can
-// never fit is the client's mistake (400); one that does not fit now is
-// worth retrying (503 with Retry-After).
+// Admission errors, the rule's own (see capacity): the node API maps them
+// to statuses, a sandbox that can never fit being the client's mistake
+// (400) and one that does not fit now worth retrying (503 with
+// Retry-After).
 var (
 	// ErrTooLarge: the sandbox asks for more than this node has at all.
-	ErrTooLarge = errors.New("larger than the node")
+	ErrTooLarge = capacity.ErrTooLarge
 	// ErrNoCapacity: the node cannot take the sandbox now.
-	ErrNoCapacity = errors.New("node is full")
+	ErrNoCapacity = capacity.ErrNoCapacity
 )
 
-// Capacity is what a node may hand out, and how far it overcommits.
-type Capacity struct {
-	// MemoryMB and CPUCount are the node's size; a sandbox larger than
-	// either is refused outright. Zero means the host's physical memory
-	// and CPU count.
-	MemoryMB, CPUCount int
-	// MemoryOvercommit bounds the memory all sandboxes are configured
-	// with together, as a multiple of MemoryMB (default 4): gVisor
-	// sandboxes use what they touch, not what they may.
-	MemoryOvercommit float64
-	// MemoryHighWater refuses new sandboxes while the host's real memory
-	// use is above this fraction (default 0.9).
-	MemoryHighWater float64
-	// DiskHighWater refuses new sandboxes while the disk their files go
-	// to is fuller than this fraction (default 0.95).
-	DiskHighWater float64
-}
+// Capacity is what a node may hand out, and how far it overcommits: the
+// admission rule, which the node reports so that placement applies the
+// same one. Zero MemoryMB and CPUCount mean the host's physical memory and
+// CPU count.
+type Capacity = capacity.Rule
 
-// withDefaults fills in zero fields from the host.
-func (c Capacity) withDefaults() Capacity {
+// withHostDefaults fills in zero fields: the size from the host, the
+// fractions from the rule's defaults.
+func withHostDefaults(c Capacity) Capacity {
 	if c.MemoryMB <= 0 {
 		if total, _, err := hostMemory(); err == nil {
 			c.MemoryMB = int(total >> 20)
@@ -47,42 +38,16 @@ func (c Capacity) withDefaults() Capacity {
 	if c.CPUCount <= 0 {
 		c.CPUCount = hostCPUs()
 	}
-	if c.MemoryOvercommit <= 0 {
-		c.MemoryOvercommit = 4
-	}
-	if c.MemoryHighWater <= 0 || c.MemoryHighWater > 1 {
-		c.MemoryHighWater = 0.9
-	}
-	if c.DiskHighWater <= 0 || c.DiskHighWater > 1 {
-		c.DiskHighWater = 0.95
-	}
-	return c
+	return c.WithDefaults()
 }
 
 // admit is the node's admission rule for one more sandbox of memMB and
 // cpus, with committedMB configured on the node already (prestarted
 // sandboxes included), usedFraction of the host's memory really in use
 // and diskFraction of the sandboxes' disk (negative when unknown).
-func (c Capacity) admit(memMB, cpus, committedMB int, usedFraction, diskFraction float64) error {
-	switch {
-	case memMB > c.MemoryMB:
-		return fmt.Errorf("%w: memoryMB %d exceeds the node's %d MiB", ErrTooLarge, memMB, c.MemoryMB)
-	case cpus > c.CPUCount:
-		return fmt.Errorf("%w: cpuCount %d exceeds the node's %d CPUs", ErrTooLarge, cpus, c.CPUCount)
-	}
-	if limit := int(c.MemoryOvercommit * float64(c.MemoryMB)); committedMB+memMB > limit {
-		return fmt.Errorf("%w: sandboxes hold %d MiB of the %d MiB the node may commit (%g x %d MiB); %d MiB more does not fit",
-			ErrNoCapacity, committedMB, limit, c.MemoryOvercommit, c.MemoryMB, memMB)
-	}
-	if usedFraction > c.MemoryHighWater {
-		return fmt.Errorf("%w: host memory is %.0f%% used, above the %.0f%% high-water mark",
-			ErrNoCapacity, 100*usedFraction, 100*c.MemoryHighWater)
-	}
-	if diskFraction > c.DiskHighWater {
-		return fmt.Errorf("%w: the host's sandbox disk is %.0f%% full, above the %.0f%% high-water mark",
-			ErrNoCapacity, 100*diskFraction, 100*c.DiskHighWater)
-	}
-	return nil
+func admit(c Capacity, memMB, cpus, committedMB int, usedFraction, diskFraction float64) error {
+	return c.Admit(capacity.Request{MemoryMB: memMB, CPUs: cpus},
+		capacity.Load{CommittedMB: committedMB, MemoryUsed: usedFraction, DiskUsed: diskFraction})
 }
 
 // diskUsed is the fraction of the filesystem holding dir that is in use,

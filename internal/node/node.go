@@ -215,7 +215,7 @@ func New(cfg Config) (*Node, error) {
 	if cfg.ReadyTimeout == 0 {
 		cfg.ReadyTimeout = 15 * time.Second
 	}
-	cfg.Capacity = cfg.Capacity.withDefaults()
+	cfg.Capacity = withHostDefaults(cfg.Capacity)
 	if cfg.PidsLimit <= 0 {
 		cfg.PidsLimit = 1024
 	}
@@ -391,7 +391,7 @@ func (n *Node) boot(ctx context.Context, id string, tpl *template.Template, opts
 		n.mu.Unlock()
 		return nil, fmt.Errorf("creating sandbox %s: %w", id, ErrExists)
 	}
-	if err := n.cfg.Capacity.admit(memMB, cpus, n.committedMBLocked(poolMB), used, diskUsed); err != nil {
+	if err := admit(n.cfg.Capacity, memMB, cpus, n.committedMBLocked(poolMB), used, diskUsed); err != nil {
 		n.mu.Unlock()
 		return nil, fmt.Errorf("creating sandbox %s: %w", id, err)
 	}

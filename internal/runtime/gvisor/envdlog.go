@@ -194,15 +194,32 @@ func (w *rotatingFile) Write(p []byte) (int, error) {
 	return n, err
 }
 
+// rotate starts a new file. The new one is made aside and swapped in
+// (RENAME_EXCHANGE), so that the log's name never stands empty: a reader
+// (the logs call) between the two steps of a plain rename would find no
+// log at all.
 func (w *rotatingFile) rotate() error {
-	if w.f != nil {
-		w.f.Close()
-		w.f = nil
-		if err := os.Rename(w.path, w.path+".1"); err != nil {
-			return fmt.Errorf("rotating %s: %w", w.path, err)
-		}
+	if w.f == nil {
+		return w.open()
 	}
-	return w.open()
+	w.f.Close()
+	w.f = nil
+	fresh := w.path + ".new"
+	f, err := os.OpenFile(fresh, os.O_CREATE|os.O_TRUNC|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("rotating %s: %w", w.path, err)
+	}
+	if err := unix.Renameat2(unix.AT_FDCWD, fresh, unix.AT_FDCWD, w.path, unix.RENAME_EXCHANGE); err != nil {
+		f.Close()
+		return fmt.Errorf("rotating %s: %w", w.path, err)
+	}
+	// fresh now names the old part.
+	if err := os.Rename(fresh, w.path+".1"); err != nil {
+		f.Close()
+		return fmt.Errorf("rotating %s: %w", w.path, err)
+	}
+	w.f, w.size = f, 0
+	return nil
 }
 
 // Close closes the file.

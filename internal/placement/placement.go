@@ -1,0 +1,201 @@
+// Package placement chooses the node for a new sandbox, in three steps:
+// Filter keeps the nodes that may take it (the request's constraints, then
+// each node's own admission rule from internal/capacity), a score ranks
+// them (Headroom), and an Algorithm picks one. BestOfK is the first
+// Algorithm.
+//
+// It is pure: it decides from the snapshot of nodes it is handed, and
+// reads no clock, store or network, so that it is tested and measured
+// alone and the caller holds no lock while it decides. It imports only
+// capacity; the cluster's fleet cache calls it.
+package placement
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/aenvhq/aenv/internal/capacity"
+)
+
+// Node is one candidate as the scheduler last heard of it. A snapshot's
+// Nodes are shared by concurrent placements: nothing here changes them.
+type Node struct {
+	ID string
+	// Rule is the node's admission rule as it reports it (zero fractions
+	// take capacity's defaults, as the node's own do).
+	Rule capacity.Rule
+	// Load is what it holds now: its report, plus what was placed on it
+	// since.
+	Load capacity.Load
+	// Runtime and RuntimeVersion name its driver.
+	Runtime, RuntimeVersion string
+	// Templates are the templates it holds (ids and aliases).
+	Templates []string
+	// Draining nodes take no new sandboxes.
+	Draining bool
+}
+
+// Request is what a new sandbox needs of its node.
+type Request struct {
+	// Template is what it starts from; nodes that hold it are required
+	// when some node holds it, any node otherwise (it pulls it).
+	Template string
+	// MemoryMB (DefaultMemoryMB when zero) and CPUs it is configured with.
+	MemoryMB, CPUs int
+	// Runtime and RuntimeVersion, when set, must match the node's (a
+	// restore of a saved state).
+	Runtime, RuntimeVersion string
+	// Prefer is taken first if it can take the sandbox (where a paused
+	// sandbox's image or a fork's source already is).
+	Prefer string
+	// Exclude lists nodes already tried.
+	Exclude []string
+	// Only, when set, is the one node allowed.
+	Only string
+}
+
+// DefaultMemoryMB is the memory assumed for a sandbox that takes its
+// template's (the template's size is known only to its nodes).
+const DefaultMemoryMB = 512
+
+// Memory is the memory the sandbox is placed with.
+func (r Request) Memory() int {
+	if r.MemoryMB <= 0 {
+		return DefaultMemoryMB
+	}
+	return r.MemoryMB
+}
+
+func (r Request) capacity() capacity.Request {
+	return capacity.Request{MemoryMB: r.Memory(), CPUs: r.CPUs}
+}
+
+// Kinds of Refusal.
+var (
+	// ErrNoCapacity: no node can take the sandbox now (worth retrying).
+	ErrNoCapacity = errors.New("no capacity")
+	// ErrTooLarge: the sandbox is larger than every node (it never fits).
+	ErrTooLarge = errors.New("too large")
+)
+
+// Refusal is why no node can take a sandbox.
+type Refusal struct {
+	// Kind is ErrNoCapacity or ErrTooLarge.
+	Kind error
+	// Reason says what ran out, for people.
+	Reason string
+}
+
+func (r *Refusal) Error() string { return r.Kind.Error() + ": " + r.Reason }
+
+// Unwrap makes errors.Is see the Kind.
+func (r *Refusal) Unwrap() error { return r.Kind }
+
+func refuse(kind error, format string, args ...any) *Refusal {
+	return &Refusal{Kind: kind, Reason: fmt.Sprintf(format, args...)}
+}
+
+// Algorithm picks the node for a sandbox from a snapshot of the nodes, or
+// says why none may take it (a *Refusal). Implementations are safe for
+// concurrent use.
+type Algorithm interface {
+	Place(req Request, nodes []*Node) (*Node, error)
+}
+
+// Filter returns the nodes that may take req now: not excluded (Exclude,
+// Only), not draining, with a matching runtime, taking it by their
+// admission rule; of those, only the ones that hold its template if any
+// does. When none may, the *Refusal says why, from the most telling
+// reason: every node draining, none with the runtime, the sandbox larger
+// than every node, or what ran out where.
+func Filter(req Request, nodes []*Node) ([]*Node, error) {
+	creq := req.capacity()
+	// One slice, for what a placement at a thousand nodes allocates: the
+	// nodes that fit, compacted to the template's holders if any.
+	fits, holders := make([]*Node, 0, len(nodes)), 0
+	ready, draining, tooSmall, full, hot := 0, 0, 0, 0, 0
+	largestMB, largestCPU := 0, 0
+	var why string
+	for _, n := range nodes {
+		if (req.Only != "" && n.ID != req.Only) || slices.Contains(req.Exclude, n.ID) {
+			continue
+		}
+		if n.Draining {
+			draining++
+			continue
+		}
+		if req.Runtime != "" && (n.Runtime != req.Runtime || n.RuntimeVersion != req.RuntimeVersion) {
+			continue
+		}
+		ready++
+		rule := n.Rule.WithDefaults()
+		largestMB, largestCPU = max(largestMB, rule.MemoryMB), max(largestCPU, rule.CPUCount)
+		switch rule.Check(creq, n.Load) {
+		case capacity.TooLarge:
+			tooSmall++
+			continue
+		case capacity.OverCommitted:
+			full++
+			why = fmt.Sprintf("node %s has %d of %d MiB committed", n.ID, n.Load.CommittedMB, rule.CommitLimitMB())
+			continue
+		case capacity.MemoryHot:
+			hot++
+			why = fmt.Sprintf("node %s's host memory is %.0f%% used", n.ID, 100*n.Load.MemoryUsed)
+			continue
+		case capacity.DiskFull:
+			full++
+			why = fmt.Sprintf("node %s's sandbox disk is %.0f%% full", n.ID, 100*n.Load.DiskUsed)
+			continue
+		}
+		fits = append(fits, n)
+		if req.Template != "" && slices.Contains(n.Templates, req.Template) {
+			holders++
+		}
+	}
+	if holders > 0 && holders < len(fits) {
+		fits = slices.DeleteFunc(fits, func(n *Node) bool { return !slices.Contains(n.Templates, req.Template) })
+	}
+	if len(fits) > 0 {
+		return fits, nil
+	}
+	if req.Only != "" {
+		for _, n := range nodes {
+			if n.ID == req.Only && n.Draining {
+				return nil, refuse(ErrNoCapacity, "node %s is draining", req.Only)
+			}
+		}
+	}
+	switch {
+	case ready == 0 && draining > 0:
+		return nil, refuse(ErrNoCapacity, "every node is draining (%d)", draining)
+	case ready == 0 && req.Runtime != "":
+		return nil, refuse(ErrNoCapacity, "no ready node runs %s %s, which saved this sandbox", req.Runtime, req.RuntimeVersion)
+	case ready == 0:
+		return nil, refuse(ErrNoCapacity, "no node is ready")
+	case tooSmall == ready:
+		return nil, refuse(ErrTooLarge, "the sandbox (%d MiB, %d CPUs) is larger than every node (the largest has %d MiB, %d CPUs)",
+			creq.MemoryMB, creq.CPUs, largestMB, largestCPU)
+	}
+	return nil, refuse(ErrNoCapacity, "no node has room for %d MiB more (%d full, %d above their memory high-water mark; %s)",
+		creq.MemoryMB, full, hot, why)
+}
+
+// Headroom scores node n for req: the memory it could still commit after
+// taking it. More is better: sandboxes spread by memory.
+func Headroom(req Request, n *Node) int {
+	return n.Rule.WithDefaults().HeadroomMB(req.capacity(), n.Load)
+}
+
+// preferred is req.Prefer among fits, if there.
+func preferred(req Request, fits []*Node) *Node {
+	if req.Prefer == "" {
+		return nil
+	}
+	for _, n := range fits {
+		if n.ID == req.Prefer {
+			return n
+		}
+	}
+	return nil
+}

@@ -1,0 +1,241 @@
+package placement
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/aenvhq/aenv/internal/capacity"
+)
+
+// node is a ready node of 4 GiB and 2 CPUs at the default overcommit
+// (16 GiB may be committed), holding base, running gvisor 1.
+func node(id string, committedMB int) *Node {
+	return &Node{ID: id, Rule: capacity.Rule{MemoryMB: 4096, CPUCount: 2}, Load: capacity.Load{CommittedMB: committedMB, MemoryUsed: 0.2, DiskUsed: -1},
+		Runtime: "gvisor", RuntimeVersion: "1", Templates: []string{"base"}}
+}
+
+func ids(nodes []*Node) []string {
+	var out []string
+	for _, n := range nodes {
+		out = append(out, n.ID)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestFilter: each constraint keeps exactly the nodes it should.
+func TestFilter(t *testing.T) {
+	drained := node("drained", 0)
+	drained.Draining = true
+	other := node("other", 0)
+	other.Templates = nil
+	oldRuntime := node("old", 0)
+	oldRuntime.RuntimeVersion = "0"
+	hot := node("hot", 0)
+	hot.Load.MemoryUsed = 0.95
+	diskFull := node("disk", 0)
+	diskFull.Load.DiskUsed = 0.99
+	full := node("full", 16384-256) // 256 MiB left
+	nodes := []*Node{node("a", 0), node("b", 8192), drained, other, oldRuntime, hot, diskFull, full}
+
+	for _, tc := range []struct {
+		name string
+		req  Request
+		want []string
+	}{
+		{"holders of the template only", Request{Template: "base"}, []string{"a", "b", "old"}},
+		{"any node without a template", Request{}, []string{"a", "b", "old", "other"}},
+		{"any node when none holds it", Request{Template: "fresh"}, []string{"a", "b", "old", "other"}},
+		{"a small sandbox fits the nearly full node", Request{MemoryMB: 256}, []string{"a", "b", "full", "old", "other"}},
+		{"the default memory does not", Request{MemoryMB: 0}, []string{"a", "b", "old", "other"}},
+		{"only", Request{Only: "b"}, []string{"b"}},
+		{"exclude", Request{Template: "base", Exclude: []string{"a", "old"}}, []string{"b"}},
+		{"runtime and version", Request{Runtime: "gvisor", RuntimeVersion: "0"}, []string{"old"}},
+		{"the other holders are excluded: any node", Request{Template: "base", Exclude: []string{"a", "b", "old"}}, []string{"other"}},
+		{"the rest of the overcommit", Request{MemoryMB: 4096}, []string{"a", "b", "old", "other"}},
+		{"the rest of a busy node's room", Request{MemoryMB: 4096, Only: "b"}, []string{"b"}},
+	} {
+		fits, err := Filter(tc.req, nodes)
+		if err != nil || !slices.Equal(ids(fits), tc.want) {
+			t.Errorf("%s: Filter = %v, %v; want %v", tc.name, ids(fits), err, tc.want)
+		}
+	}
+}
+
+// TestFilterRefusals: when no node may take the sandbox the refusal's kind
+// and reason say why.
+func TestFilterRefusals(t *testing.T) {
+	drained := node("drained", 0)
+	drained.Draining = true
+	hot := node("hot", 0)
+	hot.Load.MemoryUsed = 0.95
+	full := node("full", 16384)
+	small := node("small", 0)
+	small.Rule.CPUCount = 1
+
+	for _, tc := range []struct {
+		name  string
+		req   Request
+		nodes []*Node
+		kind  error
+		says  string
+	}{
+		{"no node", Request{}, nil, ErrNoCapacity, "no node is ready"},
+		{"every node draining", Request{}, []*Node{drained, drained}, ErrNoCapacity, "every node is draining (2)"},
+		{"the only node draining", Request{Only: "drained"}, []*Node{node("a", 0), drained}, ErrNoCapacity, "node drained is draining"},
+		{"the only node unknown", Request{Only: "nosuch"}, []*Node{node("a", 0)}, ErrNoCapacity, "no node is ready"},
+		{"no runtime", Request{Runtime: "gvisor", RuntimeVersion: "2"}, []*Node{node("a", 0)}, ErrNoCapacity, "no ready node runs gvisor 2"},
+		{"larger than every node's memory", Request{MemoryMB: 8192}, []*Node{node("a", 0), small}, ErrTooLarge,
+			"the sandbox (8192 MiB, 0 CPUs) is larger than every node (the largest has 4096 MiB, 2 CPUs)"},
+		{"more CPUs than every node", Request{CPUs: 4}, []*Node{small}, ErrTooLarge, "larger than every node"},
+		{"full", Request{}, []*Node{full}, ErrNoCapacity, "no node has room for 512 MiB more (1 full, 0 above their memory high-water mark; node full has 16384 of 16384 MiB committed)"},
+		{"hot", Request{}, []*Node{hot}, ErrNoCapacity, "0 full, 1 above their memory high-water mark; node hot's host memory is 95% used"},
+		{"too large here, full there", Request{CPUs: 2}, []*Node{small, full}, ErrNoCapacity, "1 full"},
+		{"excluded", Request{Exclude: []string{"a"}}, []*Node{node("a", 0)}, ErrNoCapacity, "no node is ready"},
+	} {
+		fits, err := Filter(tc.req, tc.nodes)
+		var r *Refusal
+		if fits != nil || !errors.As(err, &r) || !errors.Is(err, tc.kind) || !strings.Contains(r.Reason, tc.says) {
+			t.Errorf("%s: Filter = %v, %v; want %v saying %q", tc.name, ids(fits), err, tc.kind, tc.says)
+		}
+	}
+}
+
+// TestAdmissionDefaults: a node that reports no fractions is held to the
+// rule's defaults, as its own admission holds it.
+func TestAdmissionDefaults(t *testing.T) {
+	n := &Node{ID: "n", Rule: capacity.Rule{MemoryMB: 1024, CPUCount: 1}, Load: capacity.Load{CommittedMB: 4096 - 512}}
+	if fits, err := Filter(Request{}, []*Node{n}); len(fits) != 1 {
+		t.Fatalf("the last 512 MiB of 4x overcommit: %v", err)
+	}
+	n.Load.CommittedMB++
+	if _, err := Filter(Request{}, []*Node{n}); !errors.Is(err, ErrNoCapacity) {
+		t.Fatalf("past 4x overcommit: %v, want ErrNoCapacity", err)
+	}
+	n.Load = capacity.Load{MemoryUsed: 0.91}
+	if _, err := Filter(Request{}, []*Node{n}); !errors.Is(err, ErrNoCapacity) {
+		t.Fatalf("above the default high-water mark of 0.9: %v, want ErrNoCapacity", err)
+	}
+	n.Rule.MemoryHighWater = 0.95
+	if fits, _ := Filter(Request{}, []*Node{n}); len(fits) != 1 {
+		t.Fatal("a node's own high-water mark is not applied")
+	}
+}
+
+func TestHeadroom(t *testing.T) {
+	if h := Headroom(Request{}, node("a", 1000)); h != 16384-1000-512 {
+		t.Errorf("headroom of 1000 MiB committed of 16 GiB, placing the default 512 MiB: %d", h)
+	}
+	if h := Headroom(Request{MemoryMB: 2048}, node("a", 16384)); h != -2048 {
+		t.Errorf("headroom of a full node: %d", h)
+	}
+}
+
+// TestPreferred: the preferred node is taken when it may take the
+// sandbox, whatever the others' headroom.
+func TestPreferred(t *testing.T) {
+	b := NewBestOfK(DefaultK, rand.New(rand.NewPCG(1, 2)))
+	nodes := []*Node{node("empty", 0), node("busy", 12000)}
+	for range 20 {
+		if n, err := b.Place(Request{Prefer: "busy"}, nodes); err != nil || n.ID != "busy" {
+			t.Fatalf("preferred busy: %v, %v", n, err)
+		}
+	}
+	full := node("full", 16384)
+	if n, err := b.Place(Request{Prefer: "full"}, []*Node{full, node("a", 0)}); err != nil || n.ID != "a" {
+		t.Fatalf("a preferred node that is full: %v, %v; want a", n, err)
+	}
+	nobase := node("nobase", 0)
+	nobase.Templates = nil
+	if n, err := b.Place(Request{Prefer: "nobase", Template: "base"}, []*Node{nobase, node("a", 0)}); err != nil || n.ID != "a" {
+		t.Fatalf("a preferred node without the template others hold: %v, %v; want a", n, err)
+	}
+}
+
+// TestBestOfK: each choice is the one with the most headroom of K drawn
+// from the seeded source, the first drawn on a tie, and the same seed
+// makes the same choices.
+func TestBestOfK(t *testing.T) {
+	var nodes []*Node
+	for i := range 10 {
+		nodes = append(nodes, node(fmt.Sprint(i), 1000*(i%5)))
+	}
+	for _, k := range []int{1, 2, 3} {
+		b := NewBestOfK(k, rand.New(rand.NewPCG(7, uint64(k))))
+		draws := rand.New(rand.NewPCG(7, uint64(k)))
+		var got []string
+		for range 200 {
+			want := -1
+			for range k {
+				if i := draws.IntN(len(nodes)); want < 0 || nodes[i].Load.CommittedMB < nodes[want].Load.CommittedMB {
+					want = i
+				}
+			}
+			n, err := b.Place(Request{}, nodes)
+			if err != nil || n != nodes[want] {
+				t.Fatalf("k=%d: placed on %v, %v; want %s", k, n, err, nodes[want].ID)
+			}
+			got = append(got, n.ID)
+		}
+		again := NewBestOfK(k, rand.New(rand.NewPCG(7, uint64(k))))
+		for i := range got {
+			if n, _ := again.Place(Request{}, nodes); n.ID != got[i] {
+				t.Fatalf("k=%d: the same seed chose %s, then %s", k, got[i], n.ID)
+			}
+		}
+	}
+	if b := NewBestOfK(0, nil); b.k != 1 {
+		t.Errorf("k below 1: %d", b.k)
+	}
+	// The global source, concurrently (go test -race).
+	b := NewBestOfK(DefaultK, nil)
+	done := make(chan bool)
+	for range 4 {
+		go func() {
+			for range 100 {
+				if _, err := b.Place(Request{}, nodes); err != nil {
+					t.Error(err)
+				}
+			}
+			done <- true
+		}()
+	}
+	for range 4 {
+		<-done
+	}
+}
+
+// TestSpread: placing sandboxes one after another on what each placement
+// left, best of two keeps the busiest node near the mean, where one random
+// choice would not.
+func TestSpread(t *testing.T) {
+	spread := func(k int) float64 {
+		nodes := make([]*Node, 100)
+		for i := range nodes {
+			nodes[i] = &Node{ID: fmt.Sprint(i), Rule: capacity.Rule{MemoryMB: 65536, CPUCount: 8}}
+		}
+		b := NewBestOfK(k, rand.New(rand.NewPCG(1, 1)))
+		for range 10_000 {
+			n, err := b.Place(Request{}, nodes)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n.Load.CommittedMB += 512
+		}
+		most, total := 0, 0
+		for _, n := range nodes {
+			most, total = max(most, n.Load.CommittedMB), total+n.Load.CommittedMB
+		}
+		return float64(most) / (float64(total) / float64(len(nodes)))
+	}
+	if s := spread(DefaultK); s > 1.1 {
+		t.Errorf("best of two: the busiest node holds %.2fx the mean", s)
+	}
+	if s := spread(1); s < 1.15 {
+		t.Errorf("one random choice spreads as well as two (%.2fx the mean): the test cannot tell them apart", s)
+	}
+}
