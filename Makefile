@@ -4,7 +4,7 @@ BASE_ROOTFS ?= $(CACHE)/base-rootfs
 CODE_INTERPRETER_ROOTFS ?= $(CACHE)/code-interpreter-rootfs
 GO ?= go
 
-.PHONY: build deps base code-interpreter bench-interpreter test test-go test-e2e test-install test-fuzz lint clean bench-cluster
+.PHONY: build deps base code-interpreter bench-interpreter test test-go test-e2e test-install test-fuzz lint clean bench-cluster cross release
 
 build:
 	$(GO) build -o bin/aenv ./cmd/aenv
@@ -13,6 +13,34 @@ build:
 
 deps:
 	scripts/install-deps.sh
+
+# The CLI alone, for the machines people drive a cluster from: the
+# client commands build for every target (the host's commands, which run
+# sandboxes, are Linux only and say so elsewhere).
+CLI_TARGETS = linux/amd64 linux/arm64 darwin/amd64 darwin/arm64
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+
+# Every CLI target compiles (into a scratch directory, thrown away).
+cross:
+	@start=$$(date +%s); out=$$(mktemp -d); trap 'rm -rf "$$out"' EXIT; \
+	for t in $(CLI_TARGETS); do \
+		CGO_ENABLED=0 GOOS=$${t%/*} GOARCH=$${t#*/} $(GO) build -trimpath -o "$$out/aenv-$${t%/*}-$${t#*/}" ./cmd/aenv || exit 1; \
+	done; \
+	echo "cross: the CLI builds for $(CLI_TARGETS) ($$(( $$(date +%s) - start ))s)"
+
+# dist/aenv-<version>-<os>-<arch>.tar.gz (the binary and the README) for
+# every CLI target, and their SHA256SUMS.
+release:
+	rm -rf dist && mkdir -p dist
+	@for t in $(CLI_TARGETS); do \
+		os=$${t%/*}; arch=$${t#*/}; name=aenv-$(VERSION)-$$os-$$arch; \
+		mkdir -p dist/$$name && cp README.md dist/$$name/ && \
+		CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -trimpath -ldflags '-s -w' -o dist/$$name/aenv ./cmd/aenv && \
+		tar -C dist --sort=name --owner=0 --group=0 --numeric-owner -czf dist/$$name.tar.gz $$name && \
+		rm -rf dist/$$name || exit 1; \
+		echo "dist/$$name.tar.gz"; \
+	done
+	cd dist && sha256sum *.tar.gz > SHA256SUMS && cat SHA256SUMS
 
 # The base template's root filesystem, built once from Debian packages and
 # shared by every test server.
@@ -58,7 +86,7 @@ test-fuzz:
 test-install: base
 	scripts/test-install.sh
 
-test: lint test-go test-fuzz test-e2e test-install
+test: lint cross test-go test-fuzz test-e2e test-install
 
 # Benchmarks stay out of `make test`. Creates at concurrency 30 on one node
 # and on three (node agents in their own network namespaces).
@@ -71,4 +99,4 @@ bench-interpreter: build base code-interpreter
 		node bench/interpreter.mjs
 
 clean:
-	rm -rf bin
+	rm -rf bin dist

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aenvhq/aenv/internal/agent"
 	"github.com/aenvhq/aenv/internal/client"
 	"github.com/aenvhq/aenv/internal/cluster"
 	"github.com/aenvhq/aenv/internal/server"
@@ -46,7 +47,7 @@ func startServerWith(t *testing.T, mod func(*server.Config)) (url, key, dataDir 
 	if testing.Verbose() {
 		level = slog.LevelDebug
 	}
-	cfg := server.Config{
+	cfg := server.Config{Config: agent.Config{
 		Listen:        "127.0.0.1:0",
 		DataDir:       filepath.Join(dir, "data"),
 		RunDir:        filepath.Join(dir, "run"),
@@ -59,7 +60,7 @@ func startServerWith(t *testing.T, mod func(*server.Config)) (url, key, dataDir 
 		WarmPoolSize:  0,
 		OnStop:        cluster.StopKill,
 		Logger:        slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
-	}
+	}}
 	if mod != nil {
 		mod(&cfg)
 	}

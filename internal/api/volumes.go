@@ -10,7 +10,8 @@ import (
 	"strings"
 
 	"github.com/aenvhq/aenv/internal/cluster"
-	"github.com/aenvhq/aenv/internal/volume"
+	"github.com/aenvhq/aenv/internal/ids"
+	"github.com/aenvhq/aenv/internal/nodeapi"
 )
 
 // volumeJSON is E2B's Volume (the token only where E2B sends it), with
@@ -40,8 +41,8 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
 	if !decodeBody(w, r, &body) {
 		return
 	}
-	if body.SizeMB != 0 && (body.SizeMB < volume.MinSize>>20 || body.SizeMB > volume.MaxSize>>20) {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("sizeMB %d: a volume's size is %d to %d MiB", body.SizeMB, volume.MinSize>>20, volume.MaxSize>>20))
+	if body.SizeMB != 0 && (body.SizeMB < nodeapi.MinVolumeSize>>20 || body.SizeMB > nodeapi.MaxVolumeSize>>20) {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("sizeMB %d: a volume's size is %d to %d MiB", body.SizeMB, nodeapi.MinVolumeSize>>20, nodeapi.MaxVolumeSize>>20))
 		return
 	}
 	v, err := s.cfg.Cluster.CreateVolume(r.Context(), owner(r), body.Name, body.SizeMB<<20)
@@ -91,7 +92,7 @@ func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) {
 func (s *Server) volumeContent(w http.ResponseWriter, r *http.Request) {
 	rest := strings.TrimPrefix(r.URL.Path, "/volumecontent/")
 	id, _, _ := strings.Cut(rest, "/")
-	if !volume.ValidID(id) {
+	if !ids.Valid(id) {
 		writeError(w, http.StatusNotFound, "no volume has that id (ids match ^[a-z0-9]{1,64}$)")
 		return
 	}

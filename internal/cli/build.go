@@ -11,7 +11,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/aenvhq/aenv/internal/client"
-	"github.com/aenvhq/aenv/internal/image"
 )
 
 func newBuildCmd(g *globals) *cobra.Command {
@@ -104,8 +103,8 @@ printed on stdout.`,
 	f.StringVar(&name, "name", "", "template id to create or replace (required)")
 	f.StringVar(&contextDir, "context", "", "directory COPY reads from, uploaded to the server (default: the Dockerfile's directory)")
 	f.StringArrayVar(&buildArgs, "build-arg", nil, "set a declared ARG: NAME=VALUE (repeatable)")
-	f.IntVar(&cpu, "cpu", image.DefaultCPUCount, "default vCPUs of the template's sandboxes")
-	f.IntVar(&memory, "memory", image.DefaultMemoryMB, "default memory of the template's sandboxes, MiB")
+	f.IntVar(&cpu, "cpu", client.DefaultCPUCount, "default vCPUs of the template's sandboxes")
+	f.IntVar(&memory, "memory", client.DefaultMemoryMB, "default memory of the template's sandboxes, MiB")
 	f.StringVar(&startCmd, "start-cmd", "", "command that starts the template's service: the node runs it once, snapshots the sandbox when --ready-cmd succeeds, and starts the template's sandboxes from that snapshot with the service up")
 	f.StringVar(&readyCmd, "ready-cmd", "", "command that succeeds once the service is up (polled every 100 ms, for up to 3 minutes)")
 	f.BoolVar(&insecure, "insecure", false, "allow plain HTTP and unverified TLS to the FROM image's registry (needs an admin key)")

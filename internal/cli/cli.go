@@ -117,7 +117,6 @@ server's key file (` + localKeyFile + `), and ` + defaultURL + `.`,
 	root.PersistentFlags().StringVar(&g.url, "url", "", "server URL (env AENV_API_URL or E2B_API_URL; default: from 'aenv auth', else "+defaultURL+")")
 	root.PersistentFlags().StringVar(&g.key, "key", "", "API key (env AENV_API_KEY or E2B_API_KEY; default: from 'aenv auth', else the local server's key file)")
 	root.AddCommand(
-		newServerCmd(),
 		newAuthCmd(g),
 		newCreateCmd(g),
 		newStartCmd(g),
@@ -140,15 +139,13 @@ server's key file (` + localKeyFile + `), and ` + defaultURL + `.`,
 		newTeamsCmd(g),
 		newPullCmd(g),
 		newBuildCmd(g),
-		newStateCmd(),
-		newEtcdCmd(),
 		newNodesCmd(g),
 		newMigrateCmd(g),
 		newKeysCmd(g),
 		newNodeCmd(g),
-		newImageServerCmd(),
 		newVersionCmd(),
 	)
+	root.AddCommand(hostCommands()...)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return &usageError{cmd: c, err: err} })
 	wrapArgs(root)
 	return root
@@ -252,6 +249,9 @@ func (g *globals) resolveServer() (url, key string, err error) {
 
 // localKeyFile is where a server on this host keeps its key.
 const localKeyFile = defaultDataDir + "/secrets/api-key"
+
+// defaultDataDir is a server's data directory unless told otherwise.
+const defaultDataDir = "/var/lib/aenv"
 
 func firstNonEmpty(vals ...string) string {
 	for _, v := range vals {

@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/aenvhq/aenv/internal/membership"
 	"github.com/aenvhq/aenv/internal/sealed"
-	"github.com/aenvhq/aenv/internal/server"
 	"github.com/aenvhq/aenv/internal/state"
 )
 
@@ -21,7 +21,7 @@ func TestStateRotateDataKey(t *testing.T) {
 	e := startServer(t)
 	before := e.create(t, "base")
 	dataDir, runDir := filepath.Join(shared.dir, "data"), filepath.Join(shared.dir, "run")
-	keyFile := server.DataKeyPath(dataDir)
+	keyFile := membership.DataKeyPath(dataDir)
 	old := readKeys(t, keyFile)
 
 	out := e.mustRun(t, "state", "rotate-data-key", "--data-dir", dataDir, "--run-dir", runDir)

@@ -13,8 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aenvhq/aenv/internal/agent"
 	"github.com/aenvhq/aenv/internal/client"
-	"github.com/aenvhq/aenv/internal/cluster"
+	"github.com/aenvhq/aenv/internal/membership"
 	"github.com/aenvhq/aenv/internal/server"
 	"github.com/aenvhq/aenv/internal/testutil"
 )
@@ -87,7 +88,7 @@ func startServer(t *testing.T) *testEnv {
 		if testing.Verbose() {
 			level = slog.LevelInfo
 		}
-		shared.srv, shared.err = server.Start(context.Background(), server.Config{
+		shared.srv, shared.err = server.Start(context.Background(), server.Config{Config: agent.Config{
 			Listen:        "127.0.0.1:0",
 			DataDir:       filepath.Join(shared.dir, "data"),
 			RunDir:        filepath.Join(shared.dir, "run"),
@@ -98,9 +99,9 @@ func startServer(t *testing.T) *testEnv {
 			NetnsTag:      "clit",
 			NetnsPoolSize: 2,
 			WarmPoolSize:  1,
-			OnStop:        cluster.StopKill,
+			OnStop:        membership.StopKill,
 			Logger:        slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
-		})
+		}})
 	})
 	if shared.err != nil {
 		t.Fatalf("starting the test server: %v", shared.err)

@@ -13,7 +13,6 @@ import (
 	"golang.org/x/term"
 
 	"github.com/aenvhq/aenv/internal/client"
-	"github.com/aenvhq/aenv/internal/image"
 )
 
 func newPullCmd(g *globals) *cobra.Command {
@@ -75,8 +74,8 @@ server may be on another host.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&name, "name", "", "template id to create or replace (required)")
-	f.IntVar(&cpu, "cpu", image.DefaultCPUCount, "default vCPUs of the template's sandboxes")
-	f.IntVar(&memory, "memory", image.DefaultMemoryMB, "default memory of the template's sandboxes, MiB")
+	f.IntVar(&cpu, "cpu", client.DefaultCPUCount, "default vCPUs of the template's sandboxes")
+	f.IntVar(&memory, "memory", client.DefaultMemoryMB, "default memory of the template's sandboxes, MiB")
 	f.StringVar(&startCmd, "start-cmd", "", "command that starts the template's service: the node runs it once, snapshots the sandbox when --ready-cmd succeeds, and starts the template's sandboxes from that snapshot with the service up")
 	f.StringVar(&readyCmd, "ready-cmd", "", "command that succeeds once the service is up (polled every 100 ms, for up to 3 minutes)")
 	f.BoolVar(&insecure, "insecure", false, "allow plain HTTP and unverified TLS to the registry (needs an admin key; localhost registries get HTTP anyway)")

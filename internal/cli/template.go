@@ -2,15 +2,12 @@ package cli
 
 import (
 	"fmt"
-	"os"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/aenvhq/aenv/internal/client"
-
-	"github.com/aenvhq/aenv/internal/template"
 )
 
 func newTemplateCmd(g *globals) *cobra.Command {
@@ -21,36 +18,8 @@ func newTemplateCmd(g *globals) *cobra.Command {
 		Args:  cobra.ArbitraryArgs,
 		RunE:  groupRun,
 	}
-	var mirror string
-	build := &cobra.Command{
-		Use:   "build-base DIR",
-		Short: "Build the base template's root filesystem into DIR",
-		Long: `Build the base template's root filesystem (Debian bookworm with bash,
-coreutils and python3, plus the unprivileged 'user') into DIR with
-debootstrap, from this host's Debian mirror. Point a server at it with
---base-rootfs DIR; a server builds it itself on first start otherwise.`,
-		Args: needArgs("DIR"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return template.BuildBase(cmd.Context(), args[0], template.BuildOptions{Mirror: mirror, Log: os.Stderr})
-		},
-	}
-	build.Flags().StringVar(&mirror, "mirror", "", "Debian mirror (default: the first in this host's apt sources)")
-	ci := &cobra.Command{
-		Use:   "build-code-interpreter DIR",
-		Short: "Build the code-interpreter template's root filesystem into DIR",
-		Long: `Build the root filesystem of the code-interpreter template (the default of
-the @e2b/code-interpreter SDK) into DIR: the base template plus a Jupyter
-kernel, numpy, pandas, matplotlib and scipy, all from this host's Debian
-mirror (about 1 GB; several minutes). Serve it with
-aenv server --code-interpreter-rootfs DIR; the service on port 49999 is the
-aenv-interpreter binary next to envd, not part of DIR.`,
-		Args: needArgs("DIR"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return template.BuildCodeInterpreter(cmd.Context(), args[0], template.BuildOptions{Mirror: mirror, Log: os.Stderr})
-		},
-	}
-	ci.Flags().StringVar(&mirror, "mirror", "", "Debian mirror (default: the first in this host's apt sources)")
-	cmd.AddCommand(build, ci, newTemplateListCmd(g), newTemplateRemoveCmd(g), newTemplatePublishCmd(g))
+	cmd.AddCommand(templateBuilders()...)
+	cmd.AddCommand(newTemplateListCmd(g), newTemplateRemoveCmd(g), newTemplatePublishCmd(g))
 	return cmd
 }
 

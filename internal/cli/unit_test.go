@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/spf13/cobra"
 )
 
 func TestShellJoin(t *testing.T) {
@@ -97,5 +99,21 @@ func TestHumanBytes(t *testing.T) {
 		if got := humanBytes(n); got != want {
 			t.Fatalf("humanBytes(%d) = %q, want %q", n, got, want)
 		}
+	}
+}
+
+// TestLinuxOnly: a host command built off Linux takes any arguments and
+// flags and fails saying where it runs, without touching anything.
+func TestLinuxOnly(t *testing.T) {
+	cmd := linuxOnly(&cobra.Command{Use: "server", Short: "Run the aenv server"})
+	cmd.SetArgs([]string{"--listen", ":8000", "extra"})
+	cmd.SetOut(io.Discard)
+	cmd.SetErr(io.Discard)
+	err := cmd.Execute()
+	if err == nil || !strings.Contains(err.Error(), "aenv server runs on Linux only") {
+		t.Fatalf("got %v, want an error saying aenv server runs on Linux only", err)
+	}
+	if !strings.HasSuffix(cmd.Short, "(Linux only)") {
+		t.Fatalf("short help %q does not say Linux only", cmd.Short)
 	}
 }

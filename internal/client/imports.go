@@ -12,6 +12,15 @@ import (
 	"strconv"
 )
 
+// DefaultCPUCount and DefaultMemoryMB are the resources a server gives a
+// pulled or built template's sandboxes when ImportOptions names none
+// (image.DefaultCPUCount and DefaultMemoryMB, which a test keeps equal),
+// for the CLI to show without linking the server's image package.
+const (
+	DefaultCPUCount = 2
+	DefaultMemoryMB = 512
+)
+
 // ImportOptions are what a pulled or built template records.
 type ImportOptions struct {
 	// Name is the template to create or replace (required).

@@ -27,6 +27,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/aenvhq/aenv/internal/ids"
+	"github.com/aenvhq/aenv/internal/membership"
 	"github.com/aenvhq/aenv/internal/nodeapi"
 	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
 	"github.com/aenvhq/aenv/internal/sealed"
@@ -854,17 +855,18 @@ func (c *Cluster) extend(ctx context.Context, id string, d time.Duration, onlyLa
 	return &r.Sandbox, nil
 }
 
-// StopMode says what Close does with running sandboxes.
-type StopMode int
+// StopMode says what Close does with running sandboxes (membership's:
+// the node agents' too).
+type StopMode = membership.StopMode
 
 // Stop modes.
 const (
 	// StopKeep leaves them running and recorded, for the next server.
-	StopKeep StopMode = iota
+	StopKeep = membership.StopKeep
 	// StopPause pauses each one first (a host that is going away).
-	StopPause
+	StopPause = membership.StopPause
 	// StopKill kills each one and removes its record.
-	StopKill
+	StopKill = membership.StopKill
 )
 
 // Close stops following the store and campaigning; the cluster accepts no

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aenvhq/aenv/internal/membership"
 	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
 	"github.com/aenvhq/aenv/internal/snapshot"
 	"github.com/aenvhq/aenv/internal/state"
@@ -317,7 +318,7 @@ func TestNodeRegistry(t *testing.T) {
 	n := newFakeNode("n1")
 	c := openCluster(t, st, n)
 	defer c.Close(ctx, StopKeep)
-	reg, err := RegisterNode(ctx, st, func() NodeInfo {
+	reg, err := membership.RegisterNode(ctx, st, func() NodeInfo {
 		return NodeInfo{ID: "n1", Capacity: NodeUsage{CPUCount: 2, MemoryMB: 4096}, Runtime: "gvisor"}
 	}, slog.New(slog.DiscardHandler))
 	if err != nil {
@@ -343,7 +344,7 @@ func TestNodeRegistry(t *testing.T) {
 		return err == nil
 	}, "a create on the undrained node")
 	reg.Stop()
-	if err := DeregisterNode(ctx, st, "n1"); err != nil {
+	if err := membership.DeregisterNode(ctx, st, "n1"); err != nil {
 		t.Fatal(err)
 	}
 	if got, err := c.GetNode(ctx, "n1"); err != nil || got.State != NodeLost {

@@ -5,46 +5,10 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/aenvhq/aenv/internal/membership"
 	"github.com/aenvhq/aenv/internal/sealed"
 	"github.com/aenvhq/aenv/internal/state"
 )
-
-// dataKeyCheckKey holds a value sealed with the cluster's data key: a
-// process whose keys do not open it holds another cluster's key, and would
-// write records nobody else can read.
-const dataKeyCheckKey = "cluster/data-key-check"
-
-const dataKeyCheckText = "aenv data key"
-
-// ErrWrongDataKey: the data key given is not the cluster's.
-var ErrWrongDataKey = errors.New("wrong data key")
-
-// CheckDataKey makes sure keys open what the cluster seals. The first
-// server to come (adopt) records its key; after that, a process whose keys
-// lack the one in use is refused (ErrWrongDataKey).
-func CheckDataKey(ctx context.Context, st state.Store, keys *sealed.Keyring, adopt bool) error {
-	e, err := st.Get(ctx, dataKeyCheckKey)
-	if errors.Is(err, state.ErrNotFound) && adopt {
-		v := keys.Seal(dataKeyCheckText, dataKeyCheckKey)
-		if _, err := st.Create(ctx, dataKeyCheckKey, []byte(v), state.WriteOptions{}); err == nil {
-			return nil
-		} else if !errors.Is(err, state.ErrExists) {
-			return fmt.Errorf("recording the data key: %w", err)
-		}
-		e, err = st.Get(ctx, dataKeyCheckKey)
-	}
-	if errors.Is(err, state.ErrNotFound) {
-		return fmt.Errorf("%w: the cluster has no data key yet (start a server first)", ErrWrongDataKey)
-	}
-	if err != nil {
-		return fmt.Errorf("checking the data key: %w", err)
-	}
-	if got, err := keys.Open(string(e.Value), dataKeyCheckKey); err != nil || got != dataKeyCheckText {
-		return fmt.Errorf("%w: the cluster's values are sealed with key %s, and this process holds %v (%v)",
-			ErrWrongDataKey, sealed.KeyOf(string(e.Value)), keys.IDs(), err)
-	}
-	return nil
-}
 
 // Resealed counts what ResealState rewrote.
 type Resealed struct {
@@ -79,11 +43,8 @@ func ResealState(ctx context.Context, st state.Store, keys *sealed.Keyring) (Res
 		return n, err
 	}
 	var checks int
-	err = reseal(ctx, st, dataKeyCheckKey, func(e state.Entry) ([]byte, error) {
-		if got, err := keys.Open(string(e.Value), dataKeyCheckKey); err != nil || got != dataKeyCheckText {
-			return nil, fmt.Errorf("%w: %v", ErrWrongDataKey, err)
-		}
-		return []byte(keys.Seal(dataKeyCheckText, dataKeyCheckKey)), nil
+	err = reseal(ctx, st, membership.DataKeyCheckKey, func(e state.Entry) ([]byte, error) {
+		return membership.ResealDataKeyCheck(keys, e.Value)
 	}, &checks)
 	return n, err
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/aenvhq/aenv/internal/membership"
 	"github.com/aenvhq/aenv/internal/sealed"
 	"github.com/aenvhq/aenv/internal/state"
 )
@@ -68,26 +69,6 @@ func TestRecordsSealTokens(t *testing.T) {
 	}
 }
 
-// TestCheckDataKey: the first server records its key; a process with
-// another key is refused, one that also holds the cluster's is not.
-func TestCheckDataKey(t *testing.T) {
-	ctx := context.Background()
-	st := state.NewMemory()
-	k := sealed.NewKey()
-	if err := CheckDataKey(ctx, st, keyring(t, k), false); !errors.Is(err, ErrWrongDataKey) {
-		t.Fatalf("a node before any server: %v, want ErrWrongDataKey", err)
-	}
-	if err := CheckDataKey(ctx, st, keyring(t, k), true); err != nil {
-		t.Fatal(err)
-	}
-	if err := CheckDataKey(ctx, st, keyring(t, sealed.NewKey()), true); !errors.Is(err, ErrWrongDataKey) {
-		t.Fatalf("another key: %v, want ErrWrongDataKey", err)
-	}
-	if err := CheckDataKey(ctx, st, keyring(t, sealed.NewKey(), k), false); err != nil {
-		t.Fatalf("keys holding the cluster's: %v", err)
-	}
-}
-
 // TestResealState: after a rotation every stored secret is sealed with
 // the new key (also those stored in clear before sealing), and the new
 // key alone opens them all.
@@ -96,7 +77,7 @@ func TestResealState(t *testing.T) {
 	st := state.NewMemory()
 	old, next := sealed.NewKey(), sealed.NewKey()
 	rs := newRecords(st, keyring(t, old))
-	if err := CheckDataKey(ctx, st, keyring(t, old), true); err != nil {
+	if err := membership.CheckDataKey(ctx, st, keyring(t, old), true); err != nil {
 		t.Fatal(err)
 	}
 	for _, id := range []string{"a", "b"} {
@@ -124,7 +105,7 @@ func TestResealState(t *testing.T) {
 	if v, err := decodeVolume(only, e.Value); err != nil || v.Token != "tok-v" {
 		t.Fatalf("volume with the new key alone: %v", err)
 	}
-	if err := CheckDataKey(ctx, st, only, false); err != nil {
+	if err := membership.CheckDataKey(ctx, st, only, false); err != nil {
 		t.Fatalf("check with the new key alone: %v", err)
 	}
 }

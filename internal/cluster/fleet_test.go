@@ -8,20 +8,21 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aenvhq/aenv/internal/membership"
 	"github.com/aenvhq/aenv/internal/nodeapi"
 	"github.com/aenvhq/aenv/internal/state"
 )
 
 // remoteFleet opens a pure API cluster (no local node) over the given
 // fake nodes, each registered at "addr-<id>" as a node agent would be.
-func remoteFleet(t *testing.T, st state.Store, nodes ...*fakeNode) (*Cluster, map[string]*Registration) {
+func remoteFleet(t *testing.T, st state.Store, nodes ...*fakeNode) (*Cluster, map[string]*membership.Registration) {
 	t.Helper()
 	ctx := context.Background()
 	byAddr := map[string]*fakeNode{}
-	regs := map[string]*Registration{}
+	regs := map[string]*membership.Registration{}
 	for _, n := range nodes {
 		byAddr["addr-"+n.id] = n
-		reg, err := RegisterNode(ctx, st, Reporter(n, "addr-"+n.id), slog.New(slog.DiscardHandler))
+		reg, err := membership.RegisterNode(ctx, st, membership.Reporter(n, "addr-"+n.id), slog.New(slog.DiscardHandler))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -146,7 +147,7 @@ func TestNodeLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	regs["n1"].Stop()
-	if err := DeregisterNode(ctx, st, "n1"); err != nil { // as its lease expiring does
+	if err := membership.DeregisterNode(ctx, st, "n1"); err != nil { // as its lease expiring does
 		t.Fatal(err)
 	}
 	waitFor(t, func() bool {

@@ -34,7 +34,7 @@ func (n NetworkRules) validate() error {
 	if len(n.AllowOut) > maxNetworkRules || len(n.DenyOut) > maxNetworkRules {
 		return fmt.Errorf("%w: at most %d allowOut and %d denyOut entries", ErrInvalid, maxNetworkRules, maxNetworkRules)
 	}
-	if _, err := nodeapi.SlotOptions(false, n.AllowOut, n.DenyOut); err != nil {
+	if _, err := nodeapi.ParseEgressRules(n.AllowOut, n.DenyOut); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
 	if len(n.MaskRequestHost) > 255 || strings.ContainsAny(n.MaskRequestHost, " \r\n\t/") {

@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/aenvhq/aenv/internal/membership"
 	"github.com/aenvhq/aenv/internal/nodeapi"
 	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
 	"github.com/aenvhq/aenv/internal/state"
@@ -124,9 +125,9 @@ func TestEvacuationStopsWithClose(t *testing.T) {
 	n1.memoryMB, n2.memoryMB = 65536, 65536
 	byAddr := map[string]nodeapi.Node{"addr-n1": n1, "addr-n2": n2}
 	log := slog.New(slog.DiscardHandler)
-	var regs []*Registration
+	var regs []*membership.Registration
 	for addr, n := range byAddr {
-		reg, err := RegisterNode(ctx, st, Reporter(n, addr), log)
+		reg, err := membership.RegisterNode(ctx, st, membership.Reporter(n, addr), log)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -189,7 +190,7 @@ func TestCloseDuringEvents(t *testing.T) {
 	ctx := context.Background()
 	st := state.NewMemory()
 	n := &slowNode{fakeNode: newFakeNode("n1"), lists: gauge{delay: 20 * time.Millisecond}}
-	reg, err := RegisterNode(ctx, st, Reporter(n, "addr-n1"), slog.New(slog.DiscardHandler))
+	reg, err := membership.RegisterNode(ctx, st, membership.Reporter(n, "addr-n1"), slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

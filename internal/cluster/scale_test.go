@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/aenvhq/aenv/internal/membership"
 	"github.com/aenvhq/aenv/internal/nodeapi"
 	"github.com/aenvhq/aenv/internal/sealed"
 	"github.com/aenvhq/aenv/internal/state"
@@ -29,7 +30,7 @@ func scaleFleet(tb testing.TB, st state.Store, nodeCount int) (*Cluster, []*fake
 		n.memoryMB = 65536
 		byAddr["addr-"+n.id] = n
 		nodes = append(nodes, n)
-		reg, err := RegisterNode(ctx, st, Reporter(n, "addr-"+n.id), log)
+		reg, err := membership.RegisterNode(ctx, st, membership.Reporter(n, "addr-"+n.id), log)
 		if err != nil {
 			tb.Fatal(err)
 		}

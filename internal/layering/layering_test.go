@@ -23,7 +23,7 @@ var forbidden = map[string][]string{
 	"internal/node":    {"internal/cluster", "internal/api", "internal/server", "internal/cli", "internal/proxy"},
 	// The cluster sees nodes only through the node API's own types.
 	"internal/cluster":  {"internal/api", "internal/server", "internal/cli", "internal/proxy", "internal/node"},
-	"internal/nodeapi":  {"internal/cluster", "internal/api", "internal/server", "internal/cli", "internal/proxy"},
+	"internal/nodeapi":  {"internal/cluster", "internal/api", "internal/server", "internal/cli", "internal/proxy", "internal/node"},
 	"internal/proxy":    {"internal/api", "internal/server", "internal/cli", "internal/cluster", "internal/node"},
 	"internal/api":      {"internal/server", "internal/cli"},
 	"internal/envd":     {"internal/"}, // runs inside the sandbox: stand-alone
@@ -43,6 +43,11 @@ var forbidden = map[string][]string{
 	// and the admission rule node and scheduler share stands alone.
 	"internal/placement": {"internal/"},
 	"internal/capacity":  {"internal/"},
+
+	// The node agent and what it shares with the control plane (see also
+	// deps_test.go, which follows imports all the way down).
+	"internal/agent":      {"internal/cluster", "internal/api", "internal/server", "internal/cli"},
+	"internal/membership": {"internal/node", "internal/cluster", "internal/api", "internal/server", "internal/cli", "internal/agent"},
 }
 
 // allowed lists exceptions to forbidden prefixes.

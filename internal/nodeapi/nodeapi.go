@@ -1,10 +1,11 @@
 // Package nodeapi is the seam between the control plane and the nodes that
-// run sandboxes: one interface, Node, with its own wire types (nodev1,
-// generated from proto/node) and its own errors (Connect codes), answered
-// the same by the in-process node of a single-host server (Local) and by a
-// node agent across the network (Remote, served by Handler). The cluster
-// package sees only this interface; it never sees the node package's
-// structs, so that nothing it relies on works in-process and not remotely.
+// run sandboxes, and only the wire: one interface, Node, with its own wire
+// types (nodev1, generated from proto/node) and its own errors (Connect
+// codes); the client of a node agent across the network (Remote) and the
+// handler that serves a Node (Handler). The node's side, answering Node
+// with a node in this process, is package node/nodeserver. The cluster
+// package sees only this interface and never links the node, so that
+// nothing it relies on works in-process and not remotely.
 package nodeapi
 
 import (

@@ -1,9 +1,6 @@
 package server
 
 import (
-	"crypto/rand"
-	"encoding/hex"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -11,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/aenvhq/aenv/internal/apikeys"
+	"github.com/aenvhq/aenv/internal/membership"
 )
 
 // APIKeyPath is where the generated key is kept under the data directory.
@@ -37,62 +35,9 @@ func loadAPIKey(dataDir, override string, log *slog.Logger) (string, error) {
 		return "", fmt.Errorf("reading API key: %w", err)
 	}
 	key := apikeys.NewKey()
-	if err := storeSecret(path, key); err != nil {
+	if err := membership.StoreSecret(path, key); err != nil {
 		return "", fmt.Errorf("storing API key: %w", err)
 	}
 	log.Info("generated a new API key", "path", path)
 	return key, nil
-}
-
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
-// storeSecret writes value to path, readable by its owner only.
-func storeSecret(path, value string) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return err
-	}
-	return os.WriteFile(path, []byte(value+"\n"), 0o600)
-}
-
-// ClusterTokenPath is where a server keeps the cluster token under its
-// data directory.
-func ClusterTokenPath(dataDir string) string {
-	return filepath.Join(dataDir, "secrets", "cluster-token")
-}
-
-// ClusterTokenEnv overrides the stored cluster token.
-const ClusterTokenEnv = "AENV_CLUSTER_TOKEN"
-
-// loadClusterToken returns the token servers and nodes authenticate each
-// other with: the override, else $AENV_CLUSTER_TOKEN, else the stored
-// one, else (generate true: a server) a new one it stores.
-func loadClusterToken(dataDir, override string, generate bool, log *slog.Logger) (string, error) {
-	if override == "" {
-		override = os.Getenv(ClusterTokenEnv)
-	}
-	if override != "" {
-		if len(override) < 16 {
-			return "", errors.New("the cluster token must be at least 16 characters")
-		}
-		return override, nil
-	}
-	path := ClusterTokenPath(dataDir)
-	if b, err := os.ReadFile(path); err == nil {
-		if tok := strings.TrimSpace(string(b)); len(tok) >= 16 {
-			return tok, nil
-		}
-		return "", fmt.Errorf("reading the cluster token: %s holds no token", path)
-	} else if !os.IsNotExist(err) || !generate {
-		return "", fmt.Errorf("reading the cluster token (give --token or $%s): %w", ClusterTokenEnv, err)
-	}
-	tok := "aenvct_" + randomHex(24)
-	if err := storeSecret(path, tok); err != nil {
-		return "", fmt.Errorf("storing the cluster token: %w", err)
-	}
-	log.Info("generated a cluster token: nodes join with it", "path", path)
-	return tok, nil
 }

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aenvhq/aenv/internal/agent"
 	"github.com/aenvhq/aenv/internal/client"
 	"github.com/aenvhq/aenv/internal/store"
 	"github.com/aenvhq/aenv/internal/template"
@@ -100,8 +101,8 @@ func BenchmarkImageStart(b *testing.B) {
 		took := time.Since(start)
 		must(b, c.Kill(ctx, sb.SandboxID))
 		var fetched int64
-		if srv.host.imageServer != nil {
-			if info, err := srv.host.imageServer.Info(ctx); err == nil {
+		if srv.host.ImageServer() != nil {
+			if info, err := srv.host.ImageServer().Info(ctx); err == nil {
 				for _, img := range info.Images {
 					fetched += img.FetchedBytes
 				}
@@ -137,7 +138,7 @@ func BenchmarkImageStart(b *testing.B) {
 		img := tpls[s.name].BlockImage
 		stored[s.name] = storedBytes(b, ctx, s.url, s.keys, img)
 		for _, mode := range []string{"lazy", "eager", "unpack"} {
-			srv, c := node(s, map[string]string{"lazy": RootFSImage, "eager": RootFSEager, "unpack": RootFSDir}[mode])
+			srv, c := node(s, map[string]string{"lazy": agent.RootFSImage, "eager": agent.RootFSEager, "unpack": agent.RootFSDir}[mode])
 			dropPageCache()
 			took, fetched := measure(c, srv)
 			if mode != "lazy" {
@@ -153,7 +154,7 @@ func BenchmarkImageStart(b *testing.B) {
 			// The first start recorded what it read: a cold start on
 			// another node fetches that first, in one batch.
 			waitTrace(b, ctx, s.url, s.keys, img)
-			srv, c = node(s, RootFSImage)
+			srv, c = node(s, agent.RootFSImage)
 			dropPageCache()
 			took, fetched = measure(c, srv)
 			rows = append(rows, row{s.name, mode, "cold, prefetch list", took, fetched})
@@ -162,7 +163,7 @@ func BenchmarkImageStart(b *testing.B) {
 	}
 	// The baseline: the tree on the node that built the template.
 	srv, c, _ := startServerWith(b, func(cfg *Config) {
-		cfg.RootFS, cfg.WarmPoolSize = RootFSDir, 0
+		cfg.RootFS, cfg.WarmPoolSize = agent.RootFSDir, 0
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	})
 	copyTemplate(b, filepath.Join(tmp, "publisher-"+stores[0].name), srv.cfg.DataDir, tpl.ID)
@@ -233,7 +234,7 @@ func publishTree(b *testing.B, ctx context.Context, dir, root, url string, keys 
 	must(b, err)
 	remote, err := store.New(store.Options{Backend: backend})
 	must(b, err)
-	images, err := store.New(imageStoreOptions(backend))
+	images, err := store.New(agent.ImageStoreOptions(backend))
 	must(b, err)
 	ts, err := template.NewStore(template.StoreOptions{Dir: filepath.Join(dir, "templates"), Remote: remote, Images: images})
 	must(b, err)

@@ -14,8 +14,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aenvhq/aenv/internal/agent"
 	"github.com/aenvhq/aenv/internal/client"
 	"github.com/aenvhq/aenv/internal/cluster"
+	"github.com/aenvhq/aenv/internal/membership"
 	"github.com/aenvhq/aenv/internal/nodeapi"
 	"github.com/aenvhq/aenv/internal/template"
 	"github.com/aenvhq/aenv/internal/testutil"
@@ -40,33 +42,33 @@ func TestTemplateReachesNodeFromStore(t *testing.T) {
 	shared := filepath.Join(dir, "shared-store")
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
-	api, err := Start(context.Background(), Config{
+	api, err := Start(context.Background(), Config{NoLocalNode: true, Config: agent.Config{
 		Listen: "127.0.0.1:0", DataDir: filepath.Join(dir, "api"), RunDir: filepath.Join(dir, "api-run"),
-		NoLocalNode: true, StoreURL: shared, EtcdClientURLs: []string{etcdURL}, BaseRootFS: base,
+		StoreURL: shared, EtcdClientURLs: []string{etcdURL}, BaseRootFS: base,
 		OnStop: cluster.StopKill, Logger: log,
-	})
+	}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer api.Close(context.Background())
 	url := "http://" + api.Addr().String()
-	token, err := os.ReadFile(ClusterTokenPath(filepath.Join(dir, "api")))
+	token, err := os.ReadFile(membership.ClusterTokenPath(filepath.Join(dir, "api")))
 	if err != nil {
 		t.Fatal(err)
 	}
 	n := tagCounter.Add(1)
-	nodeCfg := Config{
+	nodeCfg := agent.Config{
 		Join: url, ClusterToken: strings.TrimSpace(string(token)), Listen: "127.0.0.1:0", NodeID: "storenode",
 		DataDir: filepath.Join(dir, "node"), RunDir: filepath.Join(dir, "node-run"),
 		RunscPath: runsc, EnvdPath: filepath.Join(binDir, "envd"), BaseRootFS: base,
 		SandboxCIDR: fmt.Sprintf("10.23%d.0.0/16", 2+n%7), NetnsTag: "mnodet" + string(rune('a'+n%26)),
 		NetnsPoolSize: 1, StoreURL: shared, OnStop: cluster.StopKill, Logger: log,
 	}
-	agent, err := StartNode(context.Background(), nodeCfg)
+	nodeAgent, err := agent.Start(context.Background(), nodeCfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { agent.Close(context.Background()) }()
+	defer func() { nodeAgent.Close(context.Background()) }()
 	c := client.New(url, api.APIKey())
 	ctx := context.Background()
 	deadline := time.Now().Add(10 * time.Second)
@@ -126,7 +128,7 @@ func TestTemplateReachesNodeFromStore(t *testing.T) {
 	}
 	// The node serves the template from its block image, fetched on
 	// demand: one mount, read in part.
-	info, err := agent.host.imageServer.Info(ctx)
+	info, err := nodeAgent.Host().ImageServer().Info(ctx)
 	must(t, err)
 	if len(info.Images) != 1 || info.Images[0].File != "" || info.Images[0].Eager {
 		t.Fatalf("images the node serves: %+v", info.Images)
@@ -144,7 +146,7 @@ func TestTemplateReachesNodeFromStore(t *testing.T) {
 	if n := mountCount(t, filepath.Join(dir, "node-run", "images"), "erofs"); n != 1 {
 		t.Fatalf("%d erofs mounts for 8 sandboxes of one template, want 1", n)
 	}
-	if info, _ = agent.host.imageServer.Info(ctx); len(info.Images) != 1 || len(info.Images[0].Holders) != 8 {
+	if info, _ = nodeAgent.Host().ImageServer().Info(ctx); len(info.Images) != 1 || len(info.Images[0].Holders) != 8 {
 		t.Fatalf("images the node serves to 8 sandboxes: %+v", info.Images)
 	}
 	// A volume at a path the read-only image lacks: its mount point is
@@ -161,7 +163,7 @@ func TestTemplateReachesNodeFromStore(t *testing.T) {
 	if n := mountCount(t, filepath.Join(dir, "node-run"), "overlay"); n != 0 {
 		t.Fatalf("%d overlays left after the sandbox with a volume ended", n)
 	}
-	metrics := nodeMetrics(t, agent, string(token))
+	metrics := nodeMetrics(t, nodeAgent, string(token))
 	if !strings.Contains(metrics, `aenv_image_fetched_bytes_total{template="tinyshared"}`) || !strings.Contains(metrics, "aenv_image_cache_bytes") {
 		t.Fatalf("the node's /metrics lack the image figures:\n%s", metrics)
 	}
@@ -194,18 +196,18 @@ func TestTemplateReachesNodeFromStore(t *testing.T) {
 
 	// The node restarts (its image server too): with its cache warm it
 	// fetches nothing for the template it had.
-	must(t, agent.Close(ctx))
+	must(t, nodeAgent.Close(ctx))
 	if n := mountCount(t, filepath.Join(dir, "node-run", "images"), "erofs"); n != 0 {
 		t.Fatalf("%d image mounts left after the node stopped with its sandboxes", n)
 	}
-	agent, err = StartNode(ctx, nodeCfg)
+	nodeAgent, err = agent.Start(ctx, nodeCfg)
 	must(t, err)
 	waitNodeReady(t, c)
 	sb = mustCreate(t, c, client.CreateOptions{TemplateID: "tinyshared", Timeout: 60})
 	if got := runOut(t, c, sb.SandboxID, "cat /etc/marker"); got != "version 2" {
 		t.Fatalf("after the node restarted: marker %q", got)
 	}
-	info, err = agent.host.imageServer.Info(ctx)
+	info, err = nodeAgent.Host().ImageServer().Info(ctx)
 	must(t, err)
 	if len(info.Images) != 1 || info.Images[0].FetchedBytes != 0 || info.Images[0].Hits == 0 {
 		t.Fatalf("a node restarted with a warm cache fetched from the store: %+v", info.Images)
@@ -263,9 +265,9 @@ func mountCount(t testing.TB, dir, fstype string) int {
 }
 
 // nodeMetrics reads a node agent's /metrics with the cluster token.
-func nodeMetrics(t *testing.T, a *Agent, token string) string {
+func nodeMetrics(t *testing.T, a *agent.Agent, token string) string {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodGet, "http://"+a.listener.Addr().String()+"/metrics", nil)
+	req, _ := http.NewRequest(http.MethodGet, "http://"+a.Addr().String()+"/metrics", nil)
 	req.Header.Set(nodeapi.TokenHeader, strings.TrimSpace(token))
 	resp, err := http.DefaultClient.Do(req)
 	must(t, err)

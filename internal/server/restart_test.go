@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aenvhq/aenv/internal/agent"
 	"github.com/aenvhq/aenv/internal/client"
 	"github.com/aenvhq/aenv/internal/state"
 	"github.com/aenvhq/aenv/internal/store"
@@ -51,7 +52,7 @@ func publishBaseCopy(t *testing.T, dir, id string) {
 	remote, err := store.New(store.Options{Backend: backend})
 	must(t, err)
 	defer remote.Close()
-	images, err := store.New(imageStoreOptions(backend))
+	images, err := store.New(agent.ImageStoreOptions(backend))
 	must(t, err)
 	defer images.Close()
 	ts, err := template.NewStore(template.StoreOptions{Dir: filepath.Join(t.TempDir(), "templates"), Remote: remote, Images: images})
@@ -91,7 +92,7 @@ func restartSuite(t *testing.T, extra []string, templateID string) {
 			t.Logf("server log (without debug lines):\n%s", logWithout(p.log, "level=DEBUG"))
 		}
 		// What the stopped server kept must not outlive the test.
-		if err := Cleanup(context.Background(), Config{DataDir: dataDir, RunDir: runDir, NetnsTag: "crasht", SandboxCIDR: "10.238.0.0/16"}); err != nil {
+		if err := agent.Cleanup(context.Background(), agent.Config{DataDir: dataDir, RunDir: runDir, NetnsTag: "crasht", SandboxCIDR: "10.238.0.0/16"}); err != nil {
 			t.Errorf("cleaning up: %v", err)
 		}
 	}()
@@ -369,7 +370,7 @@ func TestEtcdOutage(t *testing.T) {
 	p := (<-done).p
 	defer func() {
 		p.stop(t, 60*time.Second)
-		Cleanup(context.Background(), Config{RunDir: runDir, NetnsTag: "crasht", SandboxCIDR: "10.238.0.0/16"})
+		agent.Cleanup(context.Background(), agent.Config{RunDir: runDir, NetnsTag: "crasht", SandboxCIDR: "10.238.0.0/16"})
 	}()
 	ctx := context.Background()
 	c := client.New(p.url, p.key)
@@ -429,7 +430,7 @@ func TestDrainOnStop(t *testing.T) {
 	p := startServerProc(t, dataDir, runDir, "--drain-on-stop")
 	defer func() {
 		p.stop(t, 60*time.Second)
-		Cleanup(context.Background(), Config{RunDir: runDir, NetnsTag: "crasht", SandboxCIDR: "10.238.0.0/16"})
+		agent.Cleanup(context.Background(), agent.Config{RunDir: runDir, NetnsTag: "crasht", SandboxCIDR: "10.238.0.0/16"})
 	}()
 	c := client.New(p.url, p.key)
 	sb, err := c.Create(ctx, client.CreateOptions{Timeout: 600})

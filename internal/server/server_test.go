@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aenvhq/aenv/internal/agent"
 	"github.com/aenvhq/aenv/internal/client"
 	"github.com/aenvhq/aenv/internal/cluster"
 	"github.com/aenvhq/aenv/internal/testutil"
@@ -48,7 +49,7 @@ func startServerWith(t testing.TB, adjust func(*Config)) (*Server, *client.Clien
 	if testing.Verbose() {
 		level = slog.LevelDebug
 	}
-	cfg := Config{
+	cfg := Config{Config: agent.Config{
 		Listen:        "127.0.0.1:0",
 		DataDir:       filepath.Join(dir, "data"),
 		RunDir:        filepath.Join(dir, "run"),
@@ -62,7 +63,7 @@ func startServerWith(t testing.TB, adjust func(*Config)) (*Server, *client.Clien
 		// Sandboxes must not outlive the test.
 		OnStop: cluster.StopKill,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
-	}
+	}}
 	if adjust != nil {
 		adjust(&cfg)
 	}

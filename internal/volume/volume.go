@@ -9,8 +9,9 @@
 // (<id>.ext4), loop-mounted on it: past the size, writes inside fail with
 // ENOSPC, and the host's disk holds only what was written. Volumes made
 // before sizes existed are plain directories, unbounded, and stay so.
-// Only package node, the node's agent and the API (for ValidID and the
-// size bounds) import it.
+// Only package node and the node's wiring (node/nodeserver, agent,
+// server) import it; the API checks ids and sizes with ids.Valid and the
+// node API's bounds instead.
 package volume
 
 import (

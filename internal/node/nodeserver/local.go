@@ -1,18 +1,23 @@
-package nodeapi
+// Package nodeserver answers the node API (nodeapi.Node) with a node in
+// this process: the in-process node of a single-host server, and the node
+// a node agent serves over the network (nodeapi.Handler). It is the node's
+// side of the wire, so that package nodeapi holds only the wire and the
+// control plane never links the node. Only the wiring (server, agent)
+// imports it.
+package nodeserver
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"net/netip"
 	"sync"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/aenvhq/aenv/internal/egress"
 	"github.com/aenvhq/aenv/internal/netns"
 	"github.com/aenvhq/aenv/internal/node"
+	"github.com/aenvhq/aenv/internal/nodeapi"
 	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
 	"github.com/aenvhq/aenv/internal/snapshot"
 	"github.com/aenvhq/aenv/internal/template"
@@ -20,8 +25,9 @@ import (
 )
 
 // Local is the node API answered by a node in this process: the one of a
-// single-host server, and the one a node agent serves (Handler). Its
-// errors are Connect errors too, so callers cannot tell it from Remote.
+// single-host server, and the one a node agent serves (nodeapi.Handler).
+// Its errors are Connect errors too, so callers cannot tell it from
+// nodeapi.Remote.
 type Local struct {
 	n    *node.Node
 	opts LocalOptions
@@ -38,6 +44,8 @@ type LocalOptions struct {
 	// RuntimeVersion and Version are reported by Info.
 	RuntimeVersion, Version string
 }
+
+var _ nodeapi.Node = (*Local)(nil)
 
 type subscriber struct {
 	ch chan *nodev1.Event
@@ -86,10 +94,10 @@ func (l *Local) Publish(ev *nodev1.Event) {
 	}
 }
 
-// ID implements Node.
+// ID implements nodeapi.Node.
 func (l *Local) ID() string { return l.n.ID() }
 
-// Info implements Node.
+// Info implements nodeapi.Node.
 func (l *Local) Info(ctx context.Context, _ *nodev1.InfoRequest) (*nodev1.NodeInfo, error) {
 	st := l.n.Stats()
 	info := &nodev1.NodeInfo{
@@ -118,9 +126,9 @@ func (l *Local) Info(ctx context.Context, _ *nodev1.InfoRequest) (*nodev1.NodeIn
 	return info, nil
 }
 
-// Create implements Node.
+// Create implements nodeapi.Node.
 func (l *Local) Create(ctx context.Context, req *nodev1.CreateRequest) (*nodev1.Sandbox, error) {
-	opts, err := SlotOptions(req.AllowInternet, req.AllowOut, req.DenyOut)
+	opts, err := slotOptions(req.AllowInternet, req.AllowOut, req.DenyOut)
 	if err != nil {
 		return nil, connect.NewError(connect.CodeInvalidArgument, err)
 	}
@@ -141,7 +149,7 @@ func (l *Local) Create(ctx context.Context, req *nodev1.CreateRequest) (*nodev1.
 	return sandboxToWire(sb), nil
 }
 
-// Kill implements Node.
+// Kill implements nodeapi.Node.
 func (l *Local) Kill(ctx context.Context, req *nodev1.KillRequest) (*nodev1.KillResponse, error) {
 	if err := l.n.Kill(ctx, req.SandboxId); err != nil {
 		return nil, wireError(err)
@@ -149,7 +157,7 @@ func (l *Local) Kill(ctx context.Context, req *nodev1.KillRequest) (*nodev1.Kill
 	return &nodev1.KillResponse{}, nil
 }
 
-// List implements Node.
+// List implements nodeapi.Node.
 func (l *Local) List(ctx context.Context, _ *nodev1.ListRequest) (*nodev1.ListResponse, error) {
 	out := &nodev1.ListResponse{}
 	for _, sb := range l.n.List() {
@@ -158,7 +166,7 @@ func (l *Local) List(ctx context.Context, _ *nodev1.ListRequest) (*nodev1.ListRe
 	return out, nil
 }
 
-// Snapshot implements Node.
+// Snapshot implements nodeapi.Node.
 func (l *Local) Snapshot(ctx context.Context, req *nodev1.SnapshotRequest) (*nodev1.SnapshotInfo, error) {
 	kind := snapshot.Kind(req.Kind)
 	switch kind {
@@ -173,10 +181,10 @@ func (l *Local) Snapshot(ctx context.Context, req *nodev1.SnapshotRequest) (*nod
 	if err != nil {
 		return nil, wireError(err)
 	}
-	return SnapshotToWire(s), nil
+	return nodeapi.SnapshotToWire(s), nil
 }
 
-// Stats implements Node.
+// Stats implements nodeapi.Node.
 func (l *Local) Stats(ctx context.Context, req *nodev1.StatsRequest) (*nodev1.SandboxStats, error) {
 	u, err := l.n.Usage(ctx, req.SandboxId)
 	if err != nil {
@@ -185,7 +193,7 @@ func (l *Local) Stats(ctx context.Context, req *nodev1.StatsRequest) (*nodev1.Sa
 	return &nodev1.SandboxStats{MemoryBytes: u.MemoryBytes, CpuSinceNanos: u.CPUSinceNanos, Since: timestamppb.New(u.Since)}, nil
 }
 
-// ListSnapshots implements Node.
+// ListSnapshots implements nodeapi.Node.
 func (l *Local) ListSnapshots(ctx context.Context, req *nodev1.ListSnapshotsRequest) (*nodev1.ListSnapshotsResponse, error) {
 	kinds := make([]snapshot.Kind, len(req.Kinds))
 	for i, k := range req.Kinds {
@@ -197,21 +205,21 @@ func (l *Local) ListSnapshots(ctx context.Context, req *nodev1.ListSnapshotsRequ
 	}
 	out := &nodev1.ListSnapshotsResponse{}
 	for _, s := range ss {
-		out.Snapshots = append(out.Snapshots, SnapshotToWire(s))
+		out.Snapshots = append(out.Snapshots, nodeapi.SnapshotToWire(s))
 	}
 	return out, nil
 }
 
-// GetSnapshot implements Node.
+// GetSnapshot implements nodeapi.Node.
 func (l *Local) GetSnapshot(ctx context.Context, req *nodev1.GetSnapshotRequest) (*nodev1.SnapshotInfo, error) {
 	s, err := l.n.GetSnapshot(ctx, req.IdOrName)
 	if err != nil {
 		return nil, wireError(err)
 	}
-	return SnapshotToWire(s), nil
+	return nodeapi.SnapshotToWire(s), nil
 }
 
-// DeleteSnapshot implements Node.
+// DeleteSnapshot implements nodeapi.Node.
 func (l *Local) DeleteSnapshot(ctx context.Context, req *nodev1.DeleteSnapshotRequest) (*nodev1.DeleteSnapshotResponse, error) {
 	if err := l.n.DeleteSnapshot(ctx, req.Id); err != nil {
 		return nil, wireError(err)
@@ -219,49 +227,17 @@ func (l *Local) DeleteSnapshot(ctx context.Context, req *nodev1.DeleteSnapshotRe
 	return &nodev1.DeleteSnapshotResponse{}, nil
 }
 
-// SlotOptions reads E2B's egress rules: allowOut entries are CIDRs,
-// addresses or domain names (with *. wildcards), denyOut entries CIDRs or
-// addresses.
-func SlotOptions(allowInternet bool, allowOut, denyOut []string) (netns.SlotOptions, error) {
-	opts := netns.SlotOptions{AllowInternet: allowInternet}
-	prefix := func(s string) (netip.Prefix, bool) {
-		if p, err := netip.ParsePrefix(s); err == nil && p.Addr().Is4() {
-			return p.Masked(), true
-		}
-		if a, err := netip.ParseAddr(s); err == nil && a.Is4() {
-			return netip.PrefixFrom(a, 32), true
-		}
-		return netip.Prefix{}, false
+// slotOptions are the network rules of a create or an update as the
+// node's network applies them (nodeapi.ParseEgressRules reads them).
+func slotOptions(allowInternet bool, allowOut, denyOut []string) (netns.SlotOptions, error) {
+	r, err := nodeapi.ParseEgressRules(allowOut, denyOut)
+	if err != nil {
+		return netns.SlotOptions{}, err
 	}
-	for _, s := range allowOut {
-		if p, ok := prefix(s); ok {
-			opts.AllowOut = append(opts.AllowOut, p)
-			continue
-		}
-		d, err := egress.ParseDomain(s)
-		if err != nil {
-			return opts, fmt.Errorf("allowOut entry %q is not an IPv4 address, CIDR or domain name", truncateRule(s))
-		}
-		opts.AllowDomains = append(opts.AllowDomains, d)
-	}
-	for _, s := range denyOut {
-		p, ok := prefix(s)
-		if !ok {
-			return opts, fmt.Errorf("denyOut entry %q is not an IPv4 address or CIDR", truncateRule(s))
-		}
-		opts.DenyOut = append(opts.DenyOut, p)
-	}
-	return opts, nil
+	return netns.SlotOptions{AllowInternet: allowInternet, AllowOut: r.AllowOut, DenyOut: r.DenyOut, AllowDomains: r.AllowDomains}, nil
 }
 
-func truncateRule(s string) string {
-	if len(s) > 80 {
-		return s[:80] + "..."
-	}
-	return s
-}
-
-// ExportVolume implements Node.
+// ExportVolume implements nodeapi.Node.
 func (l *Local) ExportVolume(ctx context.Context, req *nodev1.ExportVolumeRequest) (*nodev1.ExportVolumeResponse, error) {
 	n, err := l.n.ExportVolume(ctx, req.VolumeId)
 	if err != nil {
@@ -270,7 +246,7 @@ func (l *Local) ExportVolume(ctx context.Context, req *nodev1.ExportVolumeReques
 	return &nodev1.ExportVolumeResponse{Bytes: n}, nil
 }
 
-// ImportVolume implements Node.
+// ImportVolume implements nodeapi.Node.
 func (l *Local) ImportVolume(ctx context.Context, req *nodev1.ImportVolumeRequest) (*nodev1.ImportVolumeResponse, error) {
 	if err := l.n.ImportVolume(ctx, req.VolumeId); err != nil {
 		return nil, wireError(err)
@@ -278,9 +254,9 @@ func (l *Local) ImportVolume(ctx context.Context, req *nodev1.ImportVolumeReques
 	return &nodev1.ImportVolumeResponse{}, nil
 }
 
-// UpdateNetwork implements Node.
+// UpdateNetwork implements nodeapi.Node.
 func (l *Local) UpdateNetwork(ctx context.Context, req *nodev1.UpdateNetworkRequest) (*nodev1.UpdateNetworkResponse, error) {
-	opts, err := SlotOptions(req.AllowInternet, req.AllowOut, req.DenyOut)
+	opts, err := slotOptions(req.AllowInternet, req.AllowOut, req.DenyOut)
 	if err != nil {
 		return nil, connect.NewError(connect.CodeInvalidArgument, err)
 	}
@@ -290,7 +266,7 @@ func (l *Local) UpdateNetwork(ctx context.Context, req *nodev1.UpdateNetworkRequ
 	return &nodev1.UpdateNetworkResponse{}, nil
 }
 
-// CreateVolume implements Node.
+// CreateVolume implements nodeapi.Node.
 func (l *Local) CreateVolume(ctx context.Context, req *nodev1.CreateVolumeRequest) (*nodev1.CreateVolumeResponse, error) {
 	size, err := l.n.CreateVolume(req.VolumeId, req.SizeBytes)
 	if err != nil {
@@ -299,7 +275,7 @@ func (l *Local) CreateVolume(ctx context.Context, req *nodev1.CreateVolumeReques
 	return &nodev1.CreateVolumeResponse{SizeBytes: size}, nil
 }
 
-// DeleteVolume implements Node.
+// DeleteVolume implements nodeapi.Node.
 func (l *Local) DeleteVolume(ctx context.Context, req *nodev1.DeleteVolumeRequest) (*nodev1.DeleteVolumeResponse, error) {
 	if err := l.n.DeleteVolume(req.VolumeId); err != nil {
 		return nil, wireError(err)
@@ -315,7 +291,7 @@ func mountsFromWire(ms []*nodev1.VolumeMount) []snapshot.Mount {
 	return out
 }
 
-// Logs implements Node.
+// Logs implements nodeapi.Node.
 func (l *Local) Logs(ctx context.Context, req *nodev1.LogsRequest) (*nodev1.LogsResponse, error) {
 	entries, err := l.n.Logs(req.SandboxId)
 	if err != nil {
@@ -328,7 +304,7 @@ func (l *Local) Logs(ctx context.Context, req *nodev1.LogsRequest) (*nodev1.Logs
 	return out, nil
 }
 
-// Metrics implements Node.
+// Metrics implements nodeapi.Node.
 func (l *Local) Metrics(ctx context.Context, req *nodev1.MetricsRequest) (*nodev1.MetricsResponse, error) {
 	samples, err := l.n.Metrics(req.SandboxId)
 	if err != nil {
@@ -345,7 +321,7 @@ func (l *Local) Metrics(ctx context.Context, req *nodev1.MetricsRequest) (*nodev
 // subscriberBuffer is how many events a slow subscriber may fall behind.
 const subscriberBuffer = 256
 
-// Events implements Node.
+// Events implements nodeapi.Node.
 func (l *Local) Events(ctx context.Context, fn func(*nodev1.Event)) error {
 	s := &subscriber{ch: make(chan *nodev1.Event, subscriberBuffer)}
 	l.mu.Lock()
@@ -413,45 +389,4 @@ func sandboxToWire(sb *node.Sandbox) *nodev1.Sandbox {
 		out.Addr = sb.Addr.String()
 	}
 	return out
-}
-
-// SnapshotToWire is s on the wire.
-func SnapshotToWire(s *snapshot.Snapshot) *nodev1.SnapshotInfo {
-	return &nodev1.SnapshotInfo{
-		Id:              s.ID,
-		Names:           s.Names,
-		Kind:            string(s.Kind),
-		SandboxId:       s.SandboxID,
-		TemplateId:      s.TemplateID,
-		CpuCount:        int32(s.CPUCount),
-		MemoryMb:        int32(s.MemoryMB),
-		DiskMb:          int32(s.DiskMB),
-		EnvdVersion:     s.EnvdVersion,
-		EnvdAccessToken: s.EnvdAccessToken,
-		CreatedAt:       timestamppb.New(s.CreatedAt),
-		SizeBytes:       s.SizeBytes,
-		Runtime:         s.Runtime,
-		RuntimeVersion:  s.RuntimeVersion,
-	}
-}
-
-// SnapshotFromWire is the snapshot description w carries (without a
-// local directory: the image is the node's).
-func SnapshotFromWire(w *nodev1.SnapshotInfo) *snapshot.Snapshot {
-	return &snapshot.Snapshot{
-		ID:              w.Id,
-		Names:           w.Names,
-		Kind:            snapshot.Kind(w.Kind),
-		SandboxID:       w.SandboxId,
-		TemplateID:      w.TemplateId,
-		CPUCount:        int(w.CpuCount),
-		MemoryMB:        int(w.MemoryMb),
-		DiskMB:          int(w.DiskMb),
-		EnvdVersion:     w.EnvdVersion,
-		EnvdAccessToken: w.EnvdAccessToken,
-		CreatedAt:       w.CreatedAt.AsTime(),
-		SizeBytes:       w.SizeBytes,
-		Runtime:         w.Runtime,
-		RuntimeVersion:  w.RuntimeVersion,
-	}
 }

@@ -9,8 +9,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/aenvhq/aenv/internal/cluster"
+	"github.com/aenvhq/aenv/internal/membership"
 	"github.com/aenvhq/aenv/internal/sealed"
-	"github.com/aenvhq/aenv/internal/server"
 )
 
 func newStateRotateDataKeyCmd() *cobra.Command {
@@ -30,11 +30,11 @@ once no snapshot from before the rotation is left.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
-			if os.Getenv(server.DataKeyEnv) != "" {
-				return fmt.Errorf("rotating the data key: the keys come from $%s here; rotate them where they are kept, or use a key file (--data-key-file)", server.DataKeyEnv)
+			if os.Getenv(membership.DataKeyEnv) != "" {
+				return fmt.Errorf("rotating the data key: the keys come from $%s here; rotate them where they are kept, or use a key file (--data-key-file)", membership.DataKeyEnv)
 			}
 			if keyFile == "" {
-				keyFile = server.DataKeyPath(dataDir)
+				keyFile = membership.DataKeyPath(dataDir)
 			}
 			b, err := os.ReadFile(keyFile)
 			if err != nil {
@@ -53,7 +53,7 @@ once no snapshot from before the rotation is left.`,
 				return fmt.Errorf("rotating the data key: %w", err)
 			}
 			defer done()
-			if err := cluster.CheckDataKey(ctx, st, oldRing, false); err != nil {
+			if err := membership.CheckDataKey(ctx, st, oldRing, false); err != nil {
 				return fmt.Errorf("rotating the data key %s: %w", keyFile, err)
 			}
 			next := sealed.NewKey()

@@ -1,4 +1,4 @@
-package server
+package agent
 
 import (
 	"context"
@@ -23,7 +23,7 @@ const (
 	RootFSDir   = "dir"
 )
 
-// imageStoreOptions cut block images where their content says (at page
+// ImageStoreOptions cut block images where their content says (at page
 // boundaries, about 320 KiB apart, at most 1 MiB): erofs lays a file's
 // data out whole and in order, so two images that share files (a base
 // and a template built on it) share those chunks, where fixed-size cuts
@@ -32,7 +32,7 @@ const (
 // (BenchmarkImageStart, python importing numpy and pandas, cold), fixed
 // 1 MiB chunks fetched 34% of the stored image, fixed 256 KiB 20%, these
 // 15%.
-func imageStoreOptions(b store.Backend) store.Options {
+func ImageStoreOptions(b store.Backend) store.Options {
 	return store.Options{Backend: b, ChunkSize: 1 << 20, ContentDefined: true}
 }
 

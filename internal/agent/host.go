@@ -1,4 +1,4 @@
-package server
+package agent
 
 import (
 	"context"
@@ -6,27 +6,31 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"os"
 	"path/filepath"
+	"strings"
+	"time"
 
 	"github.com/aenvhq/aenv/internal/blockimage"
-	"github.com/aenvhq/aenv/internal/cluster"
 	"github.com/aenvhq/aenv/internal/egress"
 	"github.com/aenvhq/aenv/internal/envd"
+	"github.com/aenvhq/aenv/internal/membership"
 	"github.com/aenvhq/aenv/internal/netns"
 	"github.com/aenvhq/aenv/internal/node"
-	"github.com/aenvhq/aenv/internal/nodeapi"
+	"github.com/aenvhq/aenv/internal/node/nodeserver"
 	"github.com/aenvhq/aenv/internal/runtime/gvisor"
+	"github.com/aenvhq/aenv/internal/sealed"
 	"github.com/aenvhq/aenv/internal/snapshot"
 	"github.com/aenvhq/aenv/internal/store"
 	"github.com/aenvhq/aenv/internal/template"
 	"github.com/aenvhq/aenv/internal/volume"
 )
 
-// host is what runs sandboxes on this machine, for the in-process node of
+// Host is what runs sandboxes on this machine, for the in-process node of
 // `aenv server` and for `aenv node` alike: templates, the runtime
 // driver, sandbox networking, the snapshot catalog and its store, and the
 // node that joins them, answering the node API.
-type host struct {
+type Host struct {
 	templates      *template.Store
 	driver         *gvisor.Driver
 	net            *netns.Manager
@@ -35,25 +39,27 @@ type host struct {
 	images         *store.Store
 	imageServer    *blockimage.Client
 	node           *node.Node
-	api            *nodeapi.Local
+	api            *nodeserver.Local
 	volumes        *volume.Dir
 	runtimeVersion string
 	log            *slog.Logger
 }
 
-// openHost sets the host up and starts its node, which takes over the
-// sandboxes an earlier process left running. On error nothing is left.
-func openHost(ctx context.Context, cfg Config, log *slog.Logger) (_ *host, err error) {
-	h := &host{log: log}
+// OpenHost sets the host up and starts its node, which takes over the
+// sandboxes an earlier process left running; keys are the cluster's data
+// keys, which seal the snapshot catalog's secrets. On error nothing is
+// left.
+func OpenHost(ctx context.Context, cfg Config, keys *sealed.Keyring, log *slog.Logger) (_ *Host, err error) {
+	h := &Host{log: log}
 	defer func() {
 		if err != nil {
-			h.close(context.WithoutCancel(ctx), cluster.StopKill)
+			h.Close(context.WithoutCancel(ctx), membership.StopKill)
 		}
 	}()
-	if err := h.open(ctx, cfg, log); err != nil {
+	if err := h.open(ctx, cfg, keys, log); err != nil {
 		return nil, err
 	}
-	h.api = nodeapi.NewLocal(h.node, nodeapi.LocalOptions{
+	h.api = nodeserver.NewLocal(h.node, nodeserver.LocalOptions{
 		Templates: h.templates, RuntimeVersion: h.runtimeVersion, Version: envd.Version,
 	})
 	return h, nil
@@ -67,15 +73,15 @@ func warmTemplates(cfg Config) []string {
 	return []string{template.BaseID}
 }
 
-func (h *host) open(ctx context.Context, cfg Config, log *slog.Logger) error {
+func (h *Host) open(ctx context.Context, cfg Config, keys *sealed.Keyring, log *slog.Logger) error {
 	envdPath, err := findEnvd(cfg.EnvdPath)
 	if err != nil {
 		return err
 	}
-	if h.remote, h.images, err = openRemote(ctx, cfg, log); err != nil {
+	if h.remote, h.images, err = OpenStore(ctx, cfg, log); err != nil {
 		return err
 	}
-	templates, err := openTemplates(cfg, h.remote, h.images, log)
+	templates, err := OpenTemplates(cfg, h.remote, h.images, log)
 	if err != nil {
 		return err
 	}
@@ -135,7 +141,7 @@ func (h *host) open(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 
-	snapshots, err := snapshot.Open(filepath.Join(cfg.DataDir, "snapshots"), h.remote, cfg.dataKeys)
+	snapshots, err := snapshot.Open(filepath.Join(cfg.DataDir, "snapshots"), h.remote, keys)
 	if err != nil {
 		return err
 	}
@@ -190,13 +196,13 @@ func (h *host) open(ctx context.Context, cfg Config, log *slog.Logger) error {
 	return nil
 }
 
-// close stops the node: its sandboxes are killed with StopKill, else they
+// Close stops the node: its sandboxes are killed with StopKill, else they
 // keep running, with their network slots and the host rules that isolate
 // them, for the next process to take over (pausing them first is the
 // cluster's).
-func (h *host) close(ctx context.Context, stop cluster.StopMode) error {
+func (h *Host) Close(ctx context.Context, stop membership.StopMode) error {
 	mode := node.StopKeep
-	if stop == cluster.StopKill {
+	if stop == membership.StopKill {
 		mode = node.StopKill
 	}
 	var errs []error
@@ -241,10 +247,30 @@ func (h *host) close(ctx context.Context, stop cluster.StopMode) error {
 	return errors.Join(errs...)
 }
 
-// openRemote opens the store snapshots and templates are kept in beyond
+// API is the node API its node answers in this process.
+func (h *Host) API() *nodeserver.Local { return h.api }
+
+// Node is the host's node.
+func (h *Host) Node() *node.Node { return h.node }
+
+// Templates are the templates of this host's data directory.
+func (h *Host) Templates() *template.Store { return h.templates }
+
+// Store is the store snapshots and templates are kept in beyond this
+// host (nil without Config.StoreURL).
+func (h *Host) Store() *store.Store { return h.remote }
+
+// ImageServer is the node's block image server (nil with RootFS dir).
+func (h *Host) ImageServer() *blockimage.Client { return h.imageServer }
+
+// Volumes are the volumes this host holds.
+func (h *Host) Volumes() *volume.Dir { return h.volumes }
+
+// OpenStore opens the store snapshots and templates are kept in beyond
 // this host (nil without Config.StoreURL), and over the same backend the
-// store block images are published to (see imageStoreOptions).
-func openRemote(ctx context.Context, cfg Config, log *slog.Logger) (remote, images *store.Store, err error) {
+// store block images are published to (see ImageStoreOptions); a pure
+// API server opens it without a host.
+func OpenStore(ctx context.Context, cfg Config, log *slog.Logger) (remote, images *store.Store, err error) {
 	if cfg.StoreURL == "" {
 		return nil, nil, nil
 	}
@@ -263,7 +289,7 @@ func openRemote(ctx context.Context, cfg Config, log *slog.Logger) (remote, imag
 	if err != nil {
 		return nil, nil, fmt.Errorf("opening the store: %w", err)
 	}
-	if images, err = store.New(imageStoreOptions(backend)); err != nil {
+	if images, err = store.New(ImageStoreOptions(backend)); err != nil {
 		remote.Close()
 		return nil, nil, fmt.Errorf("opening the store: %w", err)
 	}
@@ -282,9 +308,9 @@ func openBackend(ctx context.Context, cfg Config) (store.Backend, error) {
 	return backend, nil
 }
 
-// openTemplates opens the templates of this data directory, published to
+// OpenTemplates opens the templates of this data directory, published to
 // and fetched from remote when there is one.
-func openTemplates(cfg Config, remote, images *store.Store, log *slog.Logger) (*template.Store, error) {
+func OpenTemplates(cfg Config, remote, images *store.Store, log *slog.Logger) (*template.Store, error) {
 	var builtins []*template.Template
 	if cfg.CodeInterpreterRootFS != "" {
 		t, err := template.CodeInterpreter(cfg.CodeInterpreterRootFS)
@@ -309,4 +335,64 @@ func gvisorConfig(cfg Config, log *slog.Logger) gvisor.Config {
 		CgroupParent: "/" + cfg.NetnsTag,
 		Logger:       log,
 	}
+}
+
+func addrStrings(as []netip.Addr) []string {
+	out := make([]string, len(as))
+	for i, a := range as {
+		out[i] = a.String()
+	}
+	return out
+}
+
+// findEnvd locates the envd binary: explicit path, else beside this
+// executable (bin/aenv and bin/envd ship together), else PATH.
+func findEnvd(explicit string) (string, error) {
+	if explicit != "" {
+		if _, err := os.Stat(explicit); err != nil {
+			return "", fmt.Errorf("finding envd: %w", err)
+		}
+		return filepath.Abs(explicit)
+	}
+	if exe, err := os.Executable(); err == nil {
+		p := filepath.Join(filepath.Dir(exe), "envd")
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+	}
+	for _, dir := range filepath.SplitList(os.Getenv("PATH")) {
+		p := filepath.Join(dir, "envd")
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+	}
+	return "", errors.New("finding envd: no envd binary beside aenv or in PATH (build it with `make build`, or pass --envd)")
+}
+
+// ensureBase builds the base template on first start.
+func ensureBase(ctx context.Context, ts *template.Store, log *slog.Logger) error {
+	if _, err := ts.Get(template.BaseID); err == nil {
+		return nil
+	}
+	dest := ts.BaseRootFS()
+	log.Info("building the base template from Debian packages (first start only; a few minutes)", "dir", dest)
+	start := time.Now()
+	w := &logWriter{log: log}
+	if err := template.BuildBase(ctx, dest, template.BuildOptions{Log: w}); err != nil {
+		return err
+	}
+	log.Info("base template built", "dir", dest, "took", time.Since(start).Round(time.Second))
+	return nil
+}
+
+// logWriter turns a tool's output lines into debug logs.
+type logWriter struct{ log *slog.Logger }
+
+func (w *logWriter) Write(p []byte) (int, error) {
+	for _, line := range strings.Split(strings.TrimSpace(string(p)), "\n") {
+		if line != "" {
+			w.log.Debug(line, "component", "debootstrap")
+		}
+	}
+	return len(p), nil
 }

@@ -1,18 +1,27 @@
-package server
+// Package agent is the node agent, `aenv node`: this host's node (the
+// Host: templates, the runtime driver, sandbox networking, snapshots,
+// volumes and block images), serving the node API and the sandbox traffic
+// that API servers forward to it, and registered in the cluster's node
+// registry under a lease. What it shares with the control plane is
+// package membership's and the node API's wire (nodeapi); it never
+// imports cluster or api, which the layering test enforces. The server
+// (package server) opens a Host too, for its in-process node.
+package agent
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"log/slog"
 	"net"
 	"net/http"
 	"strings"
 	"time"
 
-	"github.com/aenvhq/aenv/internal/cluster"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/aenvhq/aenv/internal/membership"
 	"github.com/aenvhq/aenv/internal/node"
 	"github.com/aenvhq/aenv/internal/nodeapi"
 	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
@@ -28,29 +37,25 @@ type Agent struct {
 	cfg          Config
 	log          *slog.Logger
 	state        *state.Etcd
-	host         *host
+	host         *Host
 	http         *http.Server
 	listener     net.Listener
-	registration *cluster.Registration
+	registration *membership.Registration
 	advertise    string
 }
 
-// DefaultNodeListen is where a node agent listens unless told otherwise.
-const DefaultNodeListen = ":8100"
+// DefaultListen is where a node agent listens unless told otherwise.
+const DefaultListen = ":8100"
 
-// JoinPath is the server route node agents learn the cluster's etcd
-// endpoints from.
-const JoinPath = "/cluster/join"
-
-// StartNode starts a node agent: it reaches the cluster's etcd (told by
+// Start starts a node agent: it reaches the cluster's etcd (told by
 // Config.EtcdEndpoints, or asked of the server at Config.Join), proves it
 // holds the cluster token, takes over the sandboxes an earlier process of
 // it left running, and serves and registers itself at Config.Advertise.
-func StartNode(ctx context.Context, cfg Config) (_ *Agent, err error) {
+func Start(ctx context.Context, cfg Config) (_ *Agent, err error) {
 	if cfg.Listen == "" {
-		cfg.Listen = DefaultNodeListen
+		cfg.Listen = DefaultListen
 	}
-	cfg = cfg.withDefaults()
+	cfg = cfg.WithDefaults()
 	log := cfg.Logger
 	a := &Agent{cfg: cfg, log: log}
 	defer func() {
@@ -58,46 +63,45 @@ func StartNode(ctx context.Context, cfg Config) (_ *Agent, err error) {
 			a.Close(context.WithoutCancel(ctx))
 		}
 	}()
-	token, err := loadClusterToken(cfg.DataDir, cfg.ClusterToken, false, log)
+	token, err := membership.LoadClusterToken(cfg.DataDir, cfg.ClusterToken, false, log)
 	if err != nil {
 		return nil, err
 	}
-	keys, err := loadDataKeys(cfg.DataDir, cfg.DataKeyFile, false, log)
+	keys, err := membership.LoadDataKeys(cfg.DataDir, cfg.DataKeyFile, false, log)
 	if err != nil {
 		return nil, err
 	}
 	if cfg.Join != "" {
-		var joined joinAnswer
+		var joined membership.JoinAnswer
 		if joined, err = joinCluster(ctx, cfg.Join, token); err != nil {
 			return nil, err
 		}
 		cfg.EtcdEndpoints = joined.EtcdEndpoints
-		if keys.keys == nil && joined.DataKey != "" {
+		if keys.Keys == nil && joined.DataKey != "" {
 			// Kept in memory only: the next start joins again.
 			parsed, err := sealed.ParseKeys(joined.DataKey)
 			if err != nil {
 				return nil, fmt.Errorf("joining %s: the data key it handed over: %w", cfg.Join, err)
 			}
-			if keys.keys, err = sealed.NewKeyring(parsed, nil); err != nil {
+			if keys.Keys, err = sealed.NewKeyring(parsed, nil); err != nil {
 				return nil, err
 			}
-			keys.where = "the join at " + cfg.Join
+			keys.Where = "the join at " + cfg.Join
 		}
 	}
-	if keys.keys == nil {
-		return nil, fmt.Errorf("starting node: no data key: give --join URL (a server hands it over), --data-key-file or $%s", DataKeyEnv)
+	if keys.Keys == nil {
+		return nil, fmt.Errorf("starting node: no data key: give --join URL (a server hands it over), --data-key-file or $%s", membership.DataKeyEnv)
 	}
-	cfg.dataKeys = keys.keys
 	if len(cfg.EtcdEndpoints) == 0 {
 		return nil, errors.New("starting node: give --join URL (a server of the cluster) or --etcd-endpoints")
 	}
-	if a.state, err = openState(ctx, cfg, log); err != nil {
+	if a.state, err = OpenState(ctx, cfg, log); err != nil {
 		return nil, err
 	}
-	if err := cluster.CheckToken(ctx, a.state, token, false); err != nil {
+	if err := membership.CheckToken(ctx, a.state, token, false); err != nil {
 		return nil, fmt.Errorf("starting node: %w", err)
 	}
-	if err := checkDataKeys(ctx, a.state, keys, false); err != nil {
+	if err := membership.CheckDataKeys(ctx, a.state, keys, false); err != nil {
 		return nil, fmt.Errorf("starting node: %w", err)
 	}
 	if a.listener, err = net.Listen("tcp", cfg.Listen); err != nil {
@@ -106,7 +110,7 @@ func StartNode(ctx context.Context, cfg Config) (_ *Agent, err error) {
 	if a.advertise, err = advertised(cfg.Advertise, a.listener.Addr()); err != nil {
 		return nil, err
 	}
-	if a.host, err = openHost(ctx, cfg, log); err != nil {
+	if a.host, err = OpenHost(ctx, cfg, keys.Keys, log); err != nil {
 		return nil, err
 	}
 	rpcPath, rpc := nodeapi.Handler(a.host.api)
@@ -136,10 +140,10 @@ func StartNode(ctx context.Context, cfg Config) (_ *Agent, err error) {
 			log.Error("serving the node API", "err", err)
 		}
 	}()
-	if err := cluster.ClearStopping(ctx, a.state, cfg.NodeID); err != nil {
+	if err := membership.ClearStopping(ctx, a.state, cfg.NodeID); err != nil {
 		return nil, err
 	}
-	if a.registration, err = cluster.RegisterNode(ctx, a.state, cluster.Reporter(a.host.api, a.advertise), log); err != nil {
+	if a.registration, err = membership.RegisterNode(ctx, a.state, membership.Reporter(a.host.api, a.advertise), log); err != nil {
 		return nil, err
 	}
 	log.Info("aenv node ready", "node_id", cfg.NodeID, "listen", a.listener.Addr().String(), "advertise", a.advertise,
@@ -163,19 +167,25 @@ func advertised(flag string, listen net.Addr) (string, error) {
 	return listen.String(), nil
 }
 
+// Addr is the address the agent listens on.
+func (a *Agent) Addr() net.Addr { return a.listener.Addr() }
+
+// Host is the agent's host.
+func (a *Agent) Host() *Host { return a.host }
+
 // Close stops the agent. Its sandboxes keep running for its next start
 // unless Config.OnStop is StopKill; it stays registered until its lease
 // expires unless it killed them. With StopPause (--on-stop=drain) it
 // first has the cluster move its sandboxes to other nodes (see drain).
 func (a *Agent) Close(ctx context.Context) error {
 	var errs []error
-	if a.cfg.OnStop == cluster.StopPause && a.registration != nil {
+	if a.cfg.OnStop == membership.StopPause && a.registration != nil {
 		a.drain(ctx)
 	}
 	if a.registration != nil {
 		a.registration.Stop()
-		if a.cfg.OnStop != cluster.StopKeep {
-			errs = append(errs, cluster.DeregisterNode(ctx, a.state, a.cfg.NodeID))
+		if a.cfg.OnStop != membership.StopKeep {
+			errs = append(errs, membership.DeregisterNode(ctx, a.state, a.cfg.NodeID))
 		}
 	}
 	if a.http != nil {
@@ -188,7 +198,7 @@ func (a *Agent) Close(ctx context.Context) error {
 		a.listener.Close()
 	}
 	if a.host != nil {
-		errs = append(errs, a.host.close(ctx, a.cfg.OnStop))
+		errs = append(errs, a.host.Close(ctx, a.cfg.OnStop))
 	}
 	if a.state != nil {
 		errs = append(errs, a.state.Close())
@@ -201,7 +211,7 @@ func (a *Agent) Close(ctx context.Context) error {
 // listening), then waits until the cluster has moved every sandbox off it
 // (migrated, or paused into the store) or ctx ends.
 func (a *Agent) drain(ctx context.Context) {
-	if err := cluster.MarkStopping(ctx, a.state, a.cfg.NodeID); err != nil {
+	if err := membership.MarkStopping(ctx, a.state, a.cfg.NodeID); err != nil {
 		a.log.Warn("draining on stop", "err", err)
 	}
 	a.log.Info("draining: the cluster moves this node's sandboxes away", "node_id", a.cfg.NodeID, "sandboxes", len(a.host.node.List()))
@@ -235,72 +245,28 @@ func (l localRoutes) SandboxRoute(_ context.Context, id string) (proxy.Route, er
 	return proxy.Route{Addr: sb.Addr}, nil
 }
 
-// joinAnswer is what JoinPath returns.
-type joinAnswer struct {
-	EtcdEndpoints []string `json:"etcdEndpoints"`
-	// DataKey is the cluster's data keys (sealed.ParseKeys' form), for
-	// the node's snapshot metadata.
-	DataKey string `json:"dataKey,omitempty"`
-}
-
 // joinCluster asks the server at url for the cluster's etcd endpoints.
-func joinCluster(ctx context.Context, url, token string) (joinAnswer, error) {
+func joinCluster(ctx context.Context, url, token string) (membership.JoinAnswer, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(url, "/")+JoinPath, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(url, "/")+membership.JoinPath, nil)
 	if err != nil {
-		return joinAnswer{}, fmt.Errorf("joining %s: %w", url, err)
+		return membership.JoinAnswer{}, fmt.Errorf("joining %s: %w", url, err)
 	}
 	req.Header.Set(nodeapi.TokenHeader, token)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return joinAnswer{}, fmt.Errorf("joining %s: %w", url, err)
+		return membership.JoinAnswer{}, fmt.Errorf("joining %s: %w", url, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		var e struct{ Message string }
 		_ = json.NewDecoder(resp.Body).Decode(&e)
-		return joinAnswer{}, fmt.Errorf("joining %s: the server refused (%d): %s", url, resp.StatusCode, e.Message)
+		return membership.JoinAnswer{}, fmt.Errorf("joining %s: the server refused (%d): %s", url, resp.StatusCode, e.Message)
 	}
-	var ans joinAnswer
+	var ans membership.JoinAnswer
 	if err := json.NewDecoder(resp.Body).Decode(&ans); err != nil || len(ans.EtcdEndpoints) == 0 {
-		return joinAnswer{}, fmt.Errorf("joining %s: no etcd endpoints in the answer (%v)", url, err)
+		return membership.JoinAnswer{}, fmt.Errorf("joining %s: no etcd endpoints in the answer (%v)", url, err)
 	}
 	return ans, nil
-}
-
-// withJoin answers JoinPath, for node agents holding the cluster token,
-// in front of h.
-func (s *Server) withJoin(h http.Handler) http.Handler {
-	join := nodeapi.RequireToken(s.token, s.log, http.HandlerFunc(s.join))
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == JoinPath {
-			if _, _, sandbox := proxy.Match(r); !sandbox {
-				join.ServeHTTP(w, r)
-				return
-			}
-		}
-		h.ServeHTTP(w, r)
-	})
-}
-
-// dataKeyText is the data keys a joining node is handed.
-func (s *Server) dataKeyText() string { return s.cfg.dataKeys.Text() }
-
-func (s *Server) join(w http.ResponseWriter, r *http.Request) {
-	var eps []string
-	for _, e := range s.state.Endpoints() {
-		if !strings.HasPrefix(e, "unix:") {
-			eps = append(eps, e)
-		}
-	}
-	w.Header().Set("Content-Type", "application/json")
-	if len(eps) == 0 {
-		w.WriteHeader(http.StatusConflict)
-		_ = json.NewEncoder(w).Encode(map[string]any{"code": http.StatusConflict,
-			"message": "this server's etcd listens only on its unix socket; start the server with --etcd-listen URL or --etcd-endpoints so that nodes can reach it"})
-		return
-	}
-	s.log.Info("a node is joining", "remote", r.RemoteAddr)
-	_ = json.NewEncoder(w).Encode(joinAnswer{EtcdEndpoints: eps, DataKey: s.dataKeyText()})
 }

@@ -1,0 +1,148 @@
+package agent
+
+import (
+	"log/slog"
+	"net/netip"
+	"os"
+	"time"
+
+	"github.com/aenvhq/aenv/internal/membership"
+	"github.com/aenvhq/aenv/internal/node"
+)
+
+// Config is what runs sandboxes on this host can be told: the node agent
+// of `aenv node`, and the in-process node of `aenv server` (whose
+// server.Config embeds it).
+type Config struct {
+	// Listen is the HTTP address of the process: a server's API and
+	// proxy, a node agent's node API and the sandbox traffic forwarded to
+	// it.
+	Listen string
+	// DataDir holds durable state: secrets and templates.
+	DataDir string
+	// RunDir holds state that dies with the host: runsc's state, network
+	// namespaces.
+	RunDir string
+	// RunscPath is the runsc binary; empty searches PATH.
+	RunscPath string
+	// EnvdPath is the static envd binary; empty looks beside this binary.
+	EnvdPath string
+	// BaseRootFS optionally points the base template at a prebuilt tree.
+	BaseRootFS string
+	// BuildWithoutNetwork runs build steps (RUN, aptInstall) without
+	// network (--build-network=none).
+	BuildWithoutNetwork bool
+	// DNSServers, when set, are the resolvers sandboxes use instead of
+	// the host's (/etc/resolv.conf).
+	DNSServers []netip.Addr
+	// CodeInterpreterRootFS, when set, is the tree of the code-interpreter
+	// template (aenv template build-code-interpreter), served as
+	// code-interpreter-v1 and kept in the warm pool beside base.
+	CodeInterpreterRootFS string
+	// SandboxCIDR is cut into one /30 per sandbox for host-side addresses.
+	SandboxCIDR string
+	// NetnsPoolSize is how many network slots are kept ready.
+	NetnsPoolSize int
+	// StoreURL is where snapshots are kept durably beyond this host: an
+	// absolute path (a shared filesystem), file:// or s3://bucket/prefix
+	// (?endpoint=&region=&path_style=true). Empty keeps them in the data
+	// directory only.
+	StoreURL string
+	// StoreAccessKey and StoreSecretKey are S3 credentials; empty uses the
+	// AWS defaults (AWS_ACCESS_KEY_ID, ...).
+	StoreAccessKey, StoreSecretKey string
+	// WarmPoolSize is how many base sandboxes are kept prestarted.
+	WarmPoolSize int
+	// NetnsTag names this server's nftables tables and host interfaces, so
+	// that several servers can share a host.
+	NetnsTag string
+	// EtcdEndpoints name an external etcd cluster for the live state;
+	// empty runs an embedded member in <data-dir>/etcd, reached through a
+	// unix socket in the run directory.
+	EtcdEndpoints []string
+	// EtcdCAFile, EtcdCertFile and EtcdKeyFile are TLS for EtcdEndpoints.
+	EtcdCAFile, EtcdCertFile, EtcdKeyFile string
+	// EtcdClientURLs make the embedded member listen on these loopback
+	// URLs instead of its unix socket (to back up or inspect it with
+	// etcdctl, or to let a second server share it).
+	EtcdClientURLs []string
+	// EgressAllow exempts ranges of the host's own networks, which no
+	// sandbox reaches otherwise (a test network, a service on the LAN
+	// that sandboxes should use).
+	EgressAllow []netip.Prefix
+	// PidsLimit is the processes and threads each user in a sandbox may
+	// run (templates may set their own); 0 means 1024. PidsTotal bounds
+	// all sandboxes' host tasks together; 0 means 3/4 of kernel.pid_max.
+	PidsLimit, PidsTotal int
+	// DiskMB is each sandbox's disk (its writable filesystem, sparse on
+	// the host's disk), unless its template sets one; 0 means 10 GiB and
+	// a negative value keeps sandbox files in memory.
+	DiskMB int
+	// VolumeSize is the size in bytes of a volume created without one
+	// (an ext4 image, sparse, on the host's disk); 0 means 10 GiB and a
+	// negative value makes such volumes plain directories, unbounded.
+	VolumeSize int64
+	// RootFS says how sandboxes get their template's files: "image"
+	// (the default) serves templates with a block image from it, read on
+	// demand from the store by the node's image server; "eager" fetches
+	// such an image whole first; "dir" copies templates whole and runs
+	// them from directories.
+	RootFS string
+	// ImageCacheSize bounds the node's image cache, in bytes; 0 means 20%
+	// of the data directory's disk.
+	ImageCacheSize int64
+	// ImageGrace is how long an image no sandbox uses stays mounted; 0
+	// means 10 minutes.
+	ImageGrace time.Duration
+	// AenvPath is the aenv binary that runs the image server; empty: this
+	// process's, when it is aenv, else the one beside envd.
+	AenvPath string
+	// Capacity is what the local node admits (zero fields: the host's
+	// memory and CPUs, overcommit 4, high-water 90%).
+	Capacity node.Capacity
+	// OnStop says what stopping the process does with running sandboxes:
+	// keep them for the next start (the default), pause them (a node
+	// agent has the cluster move them away), or kill them.
+	OnStop membership.StopMode
+	// NodeID names this host's node; empty means the hostname.
+	NodeID string
+	// ClusterToken is what servers and node agents authenticate each
+	// other with; empty reads $AENV_CLUSTER_TOKEN or
+	// <data-dir>/secrets/cluster-token (a server generates it).
+	ClusterToken string
+	// DataKeyFile holds the data keys that seal secrets at rest (the
+	// sealing one first); empty reads $AENV_DATA_KEY or
+	// <data-dir>/secrets/data-key (a server generates it; a node agent
+	// that joins through a server is handed it).
+	DataKeyFile string
+	// Join is a server's URL a node agent asks for the cluster's etcd
+	// endpoints (instead of EtcdEndpoints).
+	Join string
+	// Advertise is the host:port servers reach a node agent at.
+	Advertise string
+	Logger    *slog.Logger
+}
+
+// WithDefaults fills in the zero fields of cfg (but Listen, whose default
+// is the process's: DefaultListen for a node agent).
+func (cfg Config) WithDefaults() Config {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.DataDir == "" {
+		cfg.DataDir = "/var/lib/aenv"
+	}
+	if cfg.RunDir == "" {
+		cfg.RunDir = "/run/aenv"
+	}
+	if cfg.NetnsTag == "" {
+		cfg.NetnsTag = "aenv"
+	}
+	if cfg.SandboxCIDR == "" {
+		cfg.SandboxCIDR = "10.231.0.0/16"
+	}
+	if cfg.NodeID == "" {
+		cfg.NodeID, _ = os.Hostname()
+	}
+	return cfg
+}

@@ -1,0 +1,232 @@
+package membership
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/aenvhq/aenv/internal/nodeapi"
+	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
+	"github.com/aenvhq/aenv/internal/state"
+)
+
+// Keys of the node registry, all under RegistryPrefix. A node's liveness
+// is the leased key: it vanishes when the node stops renewing its lease;
+// the known key outlives it, so that a node that died is reported lost
+// rather than forgotten. A drain mark holds the time an operator drained
+// the node, or the mark of a node stopping (MarkStopping).
+const (
+	RegistryPrefix = "nodes/"
+	LivePrefix     = "nodes/live/"
+	KnownPrefix    = "nodes/known/"
+	DrainPrefix    = "nodes/drain/"
+)
+
+// NodeState is what a node is doing, as operators see it.
+type NodeState string
+
+// Node states.
+const (
+	NodeReady    NodeState = "ready"
+	NodeDraining NodeState = "draining"
+	NodeLost     NodeState = "lost"
+)
+
+// NodeInfo is what a node reports about itself: what it has, what it
+// uses, what it runs on.
+type NodeInfo struct {
+	ID string `json:"id"`
+	// Address is where the node's API is reached ("" for the in-process
+	// node of a single-host server).
+	Address string `json:"address,omitempty"`
+	// State is filled in by the registry's reader (cluster.Nodes) from
+	// the lease and the drain mark.
+	State     NodeState `json:"state"`
+	Capacity  NodeUsage `json:"capacity"`
+	Usage     NodeUsage `json:"usage"`
+	Sandboxes int       `json:"sandboxes"`
+	// Runtime and RuntimeVersion name the driver; snapshots restore only
+	// where they match.
+	Runtime        string `json:"runtime"`
+	RuntimeVersion string `json:"runtimeVersion,omitempty"`
+	Version        string `json:"version,omitempty"`
+	// Templates are the templates the node holds (ids and aliases).
+	Templates []string `json:"templates,omitempty"`
+	// Images are the block images its sandboxes run on.
+	Images []string `json:"images,omitempty"`
+	// MemoryOvercommit and MemoryHighWater are the node's admission rule,
+	// which placement applies to its reports.
+	MemoryOvercommit float64 `json:"memoryOvercommit,omitempty"`
+	MemoryHighWater  float64 `json:"memoryHighWater,omitempty"`
+	// HostMemoryMB is the host's physical memory, of which Usage.MemoryMB
+	// is really in use (Capacity may offer less).
+	HostMemoryMB int       `json:"hostMemoryMB,omitempty"`
+	UpdatedAt    time.Time `json:"updatedAt"`
+}
+
+// InfoFromWire is a node's description as the node API reports it.
+func InfoFromWire(w *nodev1.NodeInfo) NodeInfo {
+	res := func(r *nodev1.Resources) NodeUsage {
+		return NodeUsage{CPUCount: int(r.GetCpuCount()), MemoryMB: int(r.GetMemoryMb()),
+			CommittedMemoryMB: int(r.GetCommittedMemoryMb()), DiskMB: int(r.GetDiskMb())}
+	}
+	return NodeInfo{
+		ID:               w.Id,
+		Capacity:         res(w.Capacity),
+		Usage:            res(w.Usage),
+		Sandboxes:        int(w.Sandboxes),
+		Runtime:          w.Runtime,
+		RuntimeVersion:   w.RuntimeVersion,
+		Version:          w.Version,
+		Templates:        w.Templates,
+		Images:           w.Images,
+		MemoryOvercommit: w.MemoryOvercommit,
+		MemoryHighWater:  w.MemoryHighWater,
+		HostMemoryMB:     int(w.HostMemoryMb),
+	}
+}
+
+// Reporter is the report function RegisterNode wants for node n, reached
+// at address ("" for an in-process node). A report that fails repeats
+// the last good one.
+func Reporter(n nodeapi.Node, address string) func() NodeInfo {
+	var last NodeInfo
+	return func() NodeInfo {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if w, err := n.Info(ctx, &nodev1.InfoRequest{}); err == nil {
+			last = InfoFromWire(w)
+		}
+		last.ID, last.Address = n.ID(), address
+		return last
+	}
+}
+
+// NodeUsage is an amount of a node's resources.
+type NodeUsage struct {
+	CPUCount int `json:"cpuCount"`
+	MemoryMB int `json:"memoryMB"`
+	// CommittedMemoryMB is the memory sandboxes are configured with
+	// (usage only).
+	CommittedMemoryMB int `json:"committedMemoryMB,omitempty"`
+	DiskMB            int `json:"diskMB,omitempty"`
+}
+
+// nodeLeaseTTL is how long a node that stopped renewing stays ready.
+const nodeLeaseTTL = 10 * time.Second
+
+// ReportInterval is how often a registered node reports its usage (the
+// cluster bounds what it assumes between two reports by it).
+const ReportInterval = 3 * time.Second
+
+// Registration keeps a node's record in the registry; Stop ends it.
+type Registration struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// RegisterNode puts report()'s record in the registry under a lease and
+// returns once it is there; in the background the lease is renewed and
+// the record rewritten every few seconds with fresh usage, until Stop
+// (the record then expires with the lease, unless DeregisterNode removes
+// it at once). A lost lease (the store unreachable for longer than its
+// TTL) is taken again.
+func RegisterNode(ctx context.Context, st state.Store, report func() NodeInfo, log *slog.Logger) (*Registration, error) {
+	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	// The session lives until Stop, not until the caller's ctx ends.
+	sess, err := st.NewSession(bg, nodeLeaseTTL)
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("registering node: %w", err)
+	}
+	info, err := putNode(ctx, st, sess, report, true)
+	if err != nil {
+		cancel()
+		sess.Close(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("registering node %s: %w", info.ID, err)
+	}
+	r := &Registration{cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(r.done)
+		for {
+			keepNode(bg, st, sess, report, log)
+			if bg.Err() != nil {
+				return
+			}
+			log.Warn("node lease lost; registering again", "node_id", info.ID)
+			for {
+				if sess, err = st.NewSession(bg, nodeLeaseTTL); err == nil {
+					break
+				}
+				if bg.Err() != nil {
+					return
+				}
+				log.Warn("registering node", "node_id", info.ID, "err", err)
+				sleepCtx(bg, time.Second)
+			}
+		}
+	}()
+	return r, nil
+}
+
+// keepNode rewrites the node's record under sess until ctx ends or the
+// session is lost.
+func keepNode(ctx context.Context, st state.Store, sess state.Session, report func() NodeInfo, log *slog.Logger) {
+	tick := time.NewTicker(ReportInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-sess.Done():
+			return
+		case <-tick.C:
+		}
+		if info, err := putNode(ctx, st, sess, report, false); err != nil && ctx.Err() == nil {
+			log.Warn("reporting node", "node_id", info.ID, "err", err)
+		}
+	}
+}
+
+// putNode writes the node's live record (and, first, its known one).
+func putNode(ctx context.Context, st state.Store, sess state.Session, report func() NodeInfo, first bool) (NodeInfo, error) {
+	info := report()
+	info.UpdatedAt = time.Now().UTC()
+	b, err := json.Marshal(info)
+	if err != nil {
+		return info, err
+	}
+	if first {
+		if _, err := st.Put(ctx, KnownPrefix+info.ID, b, state.WriteOptions{}); err != nil {
+			return info, err
+		}
+	}
+	_, err = st.Put(ctx, LivePrefix+info.ID, b, state.WriteOptions{Lease: sess.Lease()})
+	return info, err
+}
+
+// Stop ends the registration's renewals and waits for them.
+func (r *Registration) Stop() {
+	r.cancel()
+	<-r.done
+}
+
+// DeregisterNode removes a node's live record, for a node that stops on
+// purpose: the others need not wait for its lease to expire.
+func DeregisterNode(ctx context.Context, st state.Store, id string) error {
+	err := st.Delete(ctx, LivePrefix+id, 0)
+	if err != nil && !errors.Is(err, state.ErrNotFound) {
+		return fmt.Errorf("deregistering node %s: %w", id, err)
+	}
+	return nil
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+}
