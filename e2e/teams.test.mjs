@@ -462,7 +462,7 @@ srv.test('a team quota of 2 running sandboxes holds across creates, forks, resum
     await full('a 3rd create', await create())
     await rejectsWith(Sandbox.create(opts), RateLimitError, 'the SDK create past the quota')
     await full('a fork past the quota', await as(key, 'POST', `/sandboxes/${s1.sandboxId}/fork`, { count: 1 }))
-    assert.deepEqual(await usage(), { running: 2, paused: 0, keys: 1, snapshotBytes: 0, volumes: 0 })
+    assert.deepEqual(await usage(), { running: 2, paused: 0, keys: 1, snapshotBytes: 0, volumes: 0, volumeBytes: 0 })
 
     // A paused sandbox frees its slot; a resume takes one back.
     assert.equal(await s2.pause(), true)
@@ -472,7 +472,7 @@ srv.test('a team quota of 2 running sandboxes holds across creates, forks, resum
     }
     await rejectsWith(Sandbox.connect(s2.sandboxId, opts), RateLimitError, 'the SDK connect past the quota')
     assert.equal((await Sandbox.getInfo(s2.sandboxId, opts)).state, 'paused')
-    assert.deepEqual(await usage(), { running: 2, paused: 1, keys: 1, snapshotBytes: 0, volumes: 0 })
+    assert.deepEqual(await usage(), { running: 2, paused: 1, keys: 1, snapshotBytes: 0, volumes: 0, volumeBytes: 0 })
     await srv.kill(s3)
     const back = await Sandbox.connect(s2.sandboxId, opts)
     assert.equal((await back.commands.run('echo back')).stdout, 'back\n')
@@ -513,7 +513,7 @@ srv.test('a team quota of 2 running sandboxes holds across creates, forks, resum
     assert.equal(refused.status, 429, refused.text)
     assert.match(refused.json.message, /\b1 of its 1 paused\b/)
     assert.equal((await Sandbox.getInfo(s1.sandboxId, opts)).state, 'running')
-    assert.deepEqual(await usage(), { running: 2, paused: 1, keys: 1, snapshotBytes: 0, volumes: 0 })
+    assert.deepEqual(await usage(), { running: 2, paused: 1, keys: 1, snapshotBytes: 0, volumes: 0, volumeBytes: 0 })
 
     // Another team is not bound by capped's quota.
     const other = await srv.create({ apiKey: keys.alpha, timeoutMs: 60_000 })

@@ -98,9 +98,9 @@ func TestProxyLookupLimit(t *testing.T) {
 		t.Fatalf("a lookup over the budget: %d, Retry-After %q; want 429 with it", w.Code, w.Header().Get("Retry-After"))
 	}
 	// Over its budget, the address still gets what costs no read.
-	for _, id := range []string{"unknown1", strings.Repeat("x", 64<<10), "../etc"} {
-		if w := send("1.2.3.4:3", "", id); w.Code != http.StatusBadGateway {
-			t.Fatalf("id %.10q answered from memory: %d, want 502", id, w.Code)
+	for id, want := range map[string]int{"unknown1": http.StatusBadGateway, strings.Repeat("x", 64<<10): http.StatusBadRequest, "../etc": http.StatusBadRequest} {
+		if w := send("1.2.3.4:3", "", id); w.Code != want {
+			t.Fatalf("id %.10q answered from memory: %d, want %d", id, w.Code, want)
 		}
 	}
 	if w := send("5.6.7.8:1", "", fresh()); w.Code != http.StatusBadGateway {
@@ -218,8 +218,8 @@ func TestProxyFlood(t *testing.T) {
 	if limit := int64(lookupBurst + lookupRate*elapsed.Seconds() + 5); reads > limit {
 		t.Errorf("the flood read the store %d times, want at most %d", reads, limit)
 	}
-	if codes[http.StatusBadGateway]+codes[http.StatusTooManyRequests] != 100_000 || codes[http.StatusBadGateway] < 20_000 {
-		t.Errorf("answers %v: want 502 (unknown) for every id not of the id form and those looked up, 429 for the rest", codes)
+	if answered := codes[http.StatusBadRequest] + codes[http.StatusBadGateway]; answered+codes[http.StatusTooManyRequests] != 100_000 || answered < 20_000 {
+		t.Errorf("answers %v: want 400 for every id not of the id form, 502 (unknown) for those looked up, 429 for the rest", codes)
 	}
 	if d := heap1 - heap0; d > 20<<20 {
 		t.Errorf("the heap grew by %.1f MiB, want < 20", float64(d)/(1<<20))

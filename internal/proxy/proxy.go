@@ -251,10 +251,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !ids.Valid(id) {
-		// Answered as an unknown sandbox (no id of that form exists),
-		// before any lookup: junk costs nothing. The id is not echoed,
-		// as it may be 64 KiB.
-		writeError(w, http.StatusBadGateway, "sandbox not found: not a sandbox id")
+		// Refused before any lookup, so that junk costs nothing: a
+		// client's error (no sandbox can have such an id), never a 5xx.
+		// The id is not echoed, as it may be 64 KiB.
+		writeError(w, http.StatusBadRequest, "invalid sandbox id: ids match ^[a-z0-9]{1,64}$")
 		return
 	}
 	if port < 1 || port > 65535 {

@@ -115,11 +115,12 @@ func TestServe(t *testing.T) {
 	if resp.StatusCode != http.StatusBadRequest {
 		t.Fatalf("bad port: %d, want 400", resp.StatusCode)
 	}
-	// An id of the wrong form is answered as an unknown sandbox.
+	// An id of the wrong form is the client's error, refused before any
+	// lookup.
 	for _, id := range []string{"../x", strings.Repeat("a", 65), "ABC"} {
 		resp, body := get("127.0.0.1", "/", map[string]string{HeaderSandboxID: id})
-		if resp.StatusCode != http.StatusBadGateway || !strings.Contains(body, `"code":502`) || strings.Contains(body, id) {
-			t.Fatalf("bad id %.10q: %d %s, want 502 as for an unknown sandbox, without the id", id, resp.StatusCode, body)
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, `"code":400`) || strings.Contains(body, id) {
+			t.Fatalf("bad id %.10q: %d %s, want 400 without the id", id, resp.StatusCode, body)
 		}
 	}
 	// envd's /init is never forwarded, however the path is spelled.
