@@ -40,13 +40,15 @@ test-e2e: build base code-interpreter
 		node --test --test-concurrency=1
 
 # Each fuzz target of a decoder of client input runs briefly (the seed
-# corpora also run in test-go); FUZZTIME=1m digs deeper.
+# corpora also run in test-go); FUZZTIME=1m digs deeper. FuzzUnpackLayer
+# unpacks as root: without it the run fails rather than skips.
 FUZZTIME ?= 15s
-FUZZ_TARGETS = ./internal/build:FuzzParse ./internal/api:FuzzListQuery ./internal/api:FuzzDecodeBody ./internal/image:FuzzCleanPath ./internal/proxy:FuzzConnectStream ./internal/envd:FuzzFilesUpload ./internal/egress:FuzzPeekName
+FUZZ_TARGETS = ./internal/build:FuzzParse ./internal/api:FuzzListQuery ./internal/api:FuzzDecodeBody ./internal/image:FuzzCleanPath ./internal/proxy:FuzzConnectStream ./internal/envd:FuzzFilesUpload ./internal/egress:FuzzPeekName \
+	./internal/image:FuzzUnpackLayer ./internal/build:FuzzUnpackContext
 test-fuzz:
 	@for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; fn=$${t##*:}; start=$$(date +%s); log=$$(mktemp); \
-		$(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) $$pkg >"$$log" 2>&1 || { cat "$$log"; rm -f "$$log"; exit 1; }; rm -f "$$log"; \
+		AENV_REQUIRE_PRIVILEGED=1 $(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) $$pkg >"$$log" 2>&1 || { cat "$$log"; rm -f "$$log"; exit 1; }; rm -f "$$log"; \
 		echo "fuzz $$pkg $$fn: ok ($$(( $$(date +%s) - start ))s)"; \
 	done
 
