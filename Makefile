@@ -4,7 +4,7 @@ BASE_ROOTFS ?= $(CACHE)/base-rootfs
 CODE_INTERPRETER_ROOTFS ?= $(CACHE)/code-interpreter-rootfs
 GO ?= go
 
-.PHONY: build deps base code-interpreter bench-interpreter test test-go test-e2e test-install test-fuzz lint clean bench-cluster
+.PHONY: build deps base code-interpreter bench-interpreter test test-go test-e2e test-install test-fuzz lint clean bench-cluster bench-migrate
 
 build:
 	$(GO) build -o bin/aenv ./cmd/aenv
@@ -62,6 +62,13 @@ test: lint test-go test-fuzz test-e2e test-install
 # and on three (node agents in their own network namespaces).
 bench-cluster: build base
 	cd e2e && AENV_BIN_DIR=$(CURDIR)/bin AENV_BASE_ROOTFS=$(BASE_ROOTFS) node bench/cluster.mjs
+
+# Migration downtime of a small sandbox moved between two nodes on this
+# host: the median of BENCH_MIGRATIONS moves, which fails over 300 ms (root).
+BENCH_MIGRATIONS ?= 10
+bench-migrate: build base
+	AENV_REQUIRE_PRIVILEGED=1 AENV_BASE_ROOTFS=$(BASE_ROOTFS) AENV_BIN_DIR=$(CURDIR)/bin \
+		$(GO) test -count=1 -run '^$$' -bench '^BenchmarkMigrate$$' -benchtime $(BENCH_MIGRATIONS)x ./internal/server/
 
 # runCode round trips and create-to-first-result, beside commands.run.
 bench-interpreter: build base code-interpreter
