@@ -345,6 +345,10 @@ func TestEtcdOutage(t *testing.T) {
 	mm.stop()
 	*m = *mm
 	dataDir, runDir := filepath.Join(dir, "data"), filepath.Join(dir, "run")
+	// Also when the server failed to start, after what it made.
+	t.Cleanup(func() {
+		Cleanup(context.Background(), Config{RunDir: runDir, NetnsTag: "crasht", SandboxCIDR: "10.238.0.0/16"})
+	})
 
 	// Down at start: the server waits and says why. It is started on
 	// another goroutine, which must not fail the test itself: what went
@@ -382,10 +386,7 @@ func TestEtcdOutage(t *testing.T) {
 		t.Fatalf("starting the server while etcd was down: %v", r.err)
 	}
 	p := r.p
-	defer func() {
-		p.stop(t, 60*time.Second)
-		Cleanup(context.Background(), Config{RunDir: runDir, NetnsTag: "crasht", SandboxCIDR: "10.238.0.0/16"})
-	}()
+	defer p.stop(t, 60*time.Second)
 	ctx := context.Background()
 	c := client.New(p.url, p.key)
 	sb, err := c.Create(ctx, client.CreateOptions{Timeout: 300})
