@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -85,21 +86,27 @@ func BenchmarkMigrate(b *testing.B) {
 	sb := mustCreate(b, c, client.CreateOptions{Timeout: 1800})
 	defer c.Kill(context.Background(), sb.SandboxID)
 	runOut(b, c, sb.SandboxID, counterCmd)
-	count := func() int {
-		n, err := strconv.Atoi(runOut(b, c, sb.SandboxID, "cat /tmp/counter"))
-		if err != nil {
-			b.Fatal(err)
+	count := func(when string) int {
+		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		var out bytes.Buffer
+		code, err := c.Run(rctx, sb.SandboxID, "cat /tmp/counter", client.RunOptions{Stdout: &out})
+		n, aerr := strconv.Atoi(strings.TrimSpace(out.String()))
+		if err != nil || code != 0 || aerr != nil {
+			b.Fatalf("reading the counter %s: code %d, %v, %q", when, code, err, out.String())
 		}
 		return n
 	}
 	var downtimes []time.Duration
 	for b.Loop() {
 		b.StopTimer()
-		before := count()
+		before := count(fmt.Sprintf("before migration %d", len(downtimes)+1))
 		b.StartTimer()
-		m, err := c.Migrate(ctx, sb.SandboxID, "")
+		mctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		m, err := c.Migrate(mctx, sb.SandboxID, "")
+		cancel()
 		if err != nil {
-			b.Fatal(err)
+			b.Fatalf("migration %d: %v", len(downtimes)+1, err)
 		}
 		b.StopTimer()
 		if m.FromNodeID == m.NodeID {
@@ -107,7 +114,7 @@ func BenchmarkMigrate(b *testing.B) {
 		}
 		downtimes = append(downtimes, time.Duration(m.DowntimeMs)*time.Millisecond)
 		time.Sleep(200 * time.Millisecond)
-		if after := count(); after <= before {
+		if after := count(fmt.Sprintf("after migration %d", len(downtimes))); after <= before {
 			b.Fatalf("after migration %d (%s -> %s) the counter went from %d to %d: the sandbox did not carry on",
 				len(downtimes), m.FromNodeID, m.NodeID, before, after)
 		}
