@@ -23,6 +23,7 @@ import (
 
 	"github.com/aenvhq/aenv/internal/membership"
 	"github.com/aenvhq/aenv/internal/node"
+	"github.com/aenvhq/aenv/internal/node/nodeserver"
 	"github.com/aenvhq/aenv/internal/nodeapi"
 	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
 	"github.com/aenvhq/aenv/internal/proxy"
@@ -113,11 +114,13 @@ func Start(ctx context.Context, cfg Config) (_ *Agent, err error) {
 	if a.host, err = OpenHost(ctx, cfg, keys.Keys, log); err != nil {
 		return nil, err
 	}
-	rpcPath, rpc := nodeapi.Handler(a.host.api)
 	prx := proxy.New(localRoutes{a.host.node}, nil, log)
 	// A sandbox that dies takes its connections with it: its network goes
-	// without a reset, so they would otherwise hang.
+	// without a reset, so they would otherwise hang. So does one that the
+	// control plane stops here (its own proxy forgets it in its process,
+	// not in this one).
 	a.host.api.OnExit(prx.Forget)
+	rpcPath, rpc := nodeapi.Handler(forgetOnStop{Local: a.host.api, forget: prx.Forget})
 	mux := http.NewServeMux()
 	mux.Handle(rpcPath, rpc)
 	// Servers forward volumes' data plane here (after checking the
@@ -235,6 +238,32 @@ func (a *Agent) drain(ctx context.Context) {
 }
 
 // localRoutes resolves the sandboxes of this host's node for its proxy.
+// forgetOnStop is the node API as the agent serves it: once a sandbox is
+// killed or stopped by a snapshot (a pause, a migration), the agent's
+// proxy closes its connections to it. Pooled by sandbox id, they would
+// otherwise serve the sandbox's next stay on this node (a resume, a
+// migration back), and hang on its old address, which nothing answers.
+type forgetOnStop struct {
+	*nodeserver.Local
+	forget func(id, reason string)
+}
+
+func (f forgetOnStop) Kill(ctx context.Context, req *nodev1.KillRequest) (*nodev1.KillResponse, error) {
+	resp, err := f.Local.Kill(ctx, req)
+	if err == nil {
+		f.forget(req.SandboxId, "")
+	}
+	return resp, err
+}
+
+func (f forgetOnStop) Snapshot(ctx context.Context, req *nodev1.SnapshotRequest) (*nodev1.SnapshotInfo, error) {
+	info, err := f.Local.Snapshot(ctx, req)
+	if err == nil && req.Stop {
+		f.forget(req.SandboxId, "")
+	}
+	return info, err
+}
+
 type localRoutes struct{ n *node.Node }
 
 func (l localRoutes) SandboxRoute(_ context.Context, id string) (proxy.Route, error) {

@@ -17,7 +17,7 @@ import (
 // or not, as the E2B SDK uploads the files of a COPY) into dest, which
 // must not exist yet. Only directories, regular files and symlinks are
 // kept; entries that would land outside dest, directly or through a
-// symlink unpacked before them, are refused. Owners are not kept (COPY
+// symlink unpacked before them, and sparse files are refused. Owners are not kept (COPY
 // sets them).
 func UnpackContext(r io.Reader, dest string) (err error) {
 	if err := os.Mkdir(dest, 0o755); err != nil {
@@ -72,6 +72,11 @@ func UnpackContext(r io.Reader, dest string) (err error) {
 				return err
 			}
 		case tar.TypeReg:
+			if sparse(h) {
+				// Its holes would be written out as zeros the archive
+				// does not carry: a few bytes could fill the disk.
+				return fmt.Errorf("%w: entry %q is a sparse file", ErrInvalid, name)
+			}
 			if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
 				return err
 			}
@@ -98,6 +103,17 @@ func UnpackContext(r io.Reader, dest string) (err error) {
 			// needs.
 		}
 	}
+}
+
+// sparse reports whether h is a sparse file in the PAX format (the old
+// GNU format has its own type, skipped).
+func sparse(h *tar.Header) bool {
+	for k := range h.PAXRecords {
+		if strings.HasPrefix(k, "GNU.sparse.") {
+			return true
+		}
+	}
+	return false
 }
 
 // noSymlinkParents refuses a path under root whose parent directories

@@ -10,7 +10,7 @@ import (
 	"testing"
 )
 
-func tarball(t *testing.T, gz bool, entries ...tar.Header) []byte {
+func tarball(t testing.TB, gz bool, entries ...tar.Header) []byte {
 	t.Helper()
 	var buf bytes.Buffer
 	var zw *gzip.Writer

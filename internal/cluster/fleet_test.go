@@ -203,6 +203,8 @@ func TestMigrate(t *testing.T) {
 	if got, _ := c.Get(ctx, sb.ID); got.NodeID != "n2" || got.State != StateRunning {
 		t.Fatalf("record after the move: %+v", got)
 	}
+	// The move's snapshot does not outlive it.
+	waitFor(t, func() bool { return len(n1.store.list()) == 0 }, "the migration's snapshot to be deleted")
 	n1.mu.Lock()
 	n1.full = true
 	n1.mu.Unlock()

@@ -509,6 +509,9 @@ func (c *Cluster) Migrate(ctx context.Context, id, target string) (*Migration, e
 	if err != nil {
 		return nil, err
 	}
+	// The move's state was never the record's (it ran throughout), so
+	// finishResume has no snapshot to drop: this one is the move's own.
+	go c.deleteSnapshotQuietly(snap.Id, "migration snapshot")
 	down := time.Since(start)
 	if rerr != nil {
 		return nil, fmt.Errorf("migrating sandbox %s: restoring it on another node: %w (it runs on node %s again)",

@@ -28,7 +28,9 @@ func (b *budget) take(n int64) error {
 	if b == nil || b.max <= 0 {
 		return nil
 	}
-	if b.used.Add(n) > b.max {
+	// Clamped, so that a declared size near the int64 bound cannot wrap
+	// the sum around below the bound.
+	if b.used.Add(min(n, b.max+1)) > b.max {
 		return fmt.Errorf("%w: its layers are over %s %s (the server's --max-image-size)", ErrTooLarge, humanize.IBytes(uint64(b.max)), b.what)
 	}
 	return nil
@@ -44,7 +46,9 @@ func (l *limitedReader) Read(p []byte) (int, error) {
 	n, err := l.r.Read(p)
 	if n > 0 {
 		if lerr := l.limit.take(int64(n)); lerr != nil {
-			return n, lerr
+			// None of the read that crossed the bound is handed on
+			// (it could be a whole buffer): nothing past it is written.
+			return 0, lerr
 		}
 	}
 	return n, err

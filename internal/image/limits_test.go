@@ -3,6 +3,7 @@ package image
 import (
 	"context"
 	"errors"
+	"math"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -11,6 +12,10 @@ import (
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/static"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/aenvhq/aenv/internal/testutil"
 )
 
 // TestPullMaxBytes checks both bounds of PullOptions.MaxBytes: a layer
@@ -38,6 +43,35 @@ func TestPullMaxBytes(t *testing.T) {
 
 	if _, err := pull(t, s, ref, "bomb", PullOptions{MaxBytes: 80 << 20}); err != nil {
 		t.Fatalf("pull within the bound: %v", err)
+	}
+
+	// A sparse file's holes count: 2.5 KiB of layer that declare 64 MiB.
+	sparse := imageOf(t, v1.Config{}, shellLayer(t),
+		static.NewLayer(testutil.SparseTar(t, "sparse", 64<<20), types.OCIUncompressedLayer))
+	ref = reg.push(t, "test/sparse:v1", sparse)
+	_, err = pull(t, s, ref, "sparse", PullOptions{MaxBytes: 16 << 20})
+	if !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), "unpacked") {
+		t.Fatalf("pull of an image with a sparse file past the bound: %v", err)
+	}
+	assertNoTemplate(t, s, "sparse")
+}
+
+// TestBudget: a budget fails past its bound and keeps failing, also when
+// one count is near the int64 bound (a sparse file's declared size).
+func TestBudget(t *testing.T) {
+	b := &budget{max: 1 << 20, what: "unpacked"}
+	if err := b.take(1 << 19); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.take(math.MaxInt64); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("taking MaxInt64 bytes of a 1 MiB budget: %v", err)
+	}
+	if err := b.take(1); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("a budget past its bound took more: %v", err)
+	}
+	var none *budget
+	if err := none.take(math.MaxInt64); err != nil {
+		t.Fatalf("no budget: %v", err)
 	}
 }
 

@@ -51,6 +51,15 @@ func unpackLayer(ctx context.Context, u *unpacker, rc io.Reader, limit *budget) 
 		if err != nil {
 			return fmt.Errorf("reading tar: %w", err)
 		}
+		if isSparse(hdr) {
+			// The tar reader makes a sparse file's holes up as zeros
+			// without reading them from the layer: a few hundred bytes
+			// of layer could declare a file of exabytes. Its whole size
+			// counts, before any of it is written.
+			if err := limit.take(hdr.Size); err != nil {
+				return err
+			}
+		}
 		if err := u.entry(hdr, tr); err != nil {
 			return err
 		}
@@ -62,6 +71,20 @@ func unpackLayer(ctx context.Context, u *unpacker, rc io.Reader, limit *budget) 
 		return fmt.Errorf("reading past the tar's end: %w", err)
 	}
 	return u.endLayer()
+}
+
+// isSparse reports whether hdr is a sparse file, in the old GNU format or
+// as PAX records.
+func isSparse(hdr *tar.Header) bool {
+	if hdr.Typeflag == tar.TypeGNUSparse {
+		return true
+	}
+	for k := range hdr.PAXRecords {
+		if strings.HasPrefix(k, "GNU.sparse.") {
+			return true
+		}
+	}
+	return false
 }
 
 // decompress recognises the layer's compression by its magic bytes rather

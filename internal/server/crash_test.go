@@ -52,16 +52,26 @@ func startServerProc(t testing.TB, dataDir, runDir string, extra ...string) *ser
 	if os.Getenv("AENV_BIN_DIR") == "" || os.Getenv("AENV_BASE_ROOTFS") == "" {
 		testutil.Unavailable(t, "AENV_BIN_DIR and AENV_BASE_ROOTFS must be set (make build base)")
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := launchServerProc(dataDir, runDir, extra...)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return p
+}
+
+// launchServerProc is startServerProc for any goroutine: it reports what
+// went wrong instead of failing a test.
+func launchServerProc(dataDir, runDir string, extra ...string) (*serverProc, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
 	}
 	addr := l.Addr().String()
 	l.Close()
 	logPath := filepath.Join(filepath.Dir(dataDir), "server.log")
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	defer logf.Close()
 	args := append([]string{"server",
@@ -72,7 +82,7 @@ func startServerProc(t testing.TB, dataDir, runDir string, extra ...string) *ser
 	cmd.Stdout, cmd.Stderr = logf, logf
 	started := time.Now()
 	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	exited := make(chan struct{})
 	p := &serverProc{cmd: cmd, url: "http://" + addr, log: logPath, started: started, waitc: exited}
@@ -85,17 +95,16 @@ func startServerProc(t testing.TB, dataDir, runDir string, extra ...string) *ser
 			b, _ := os.ReadFile(filepath.Join(dataDir, "secrets", "api-key"))
 			p.key = strings.TrimSpace(string(b))
 			p.waitc = exited
-			return p
+			return p, nil
 		}
 		select {
 		case <-exited:
-			t.Fatalf("server exited during start-up; log %s:\n%s", logPath, tail(logPath))
+			return nil, fmt.Errorf("server exited during start-up; log %s:\n%s", logPath, tail(logPath))
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	cmd.Process.Kill()
-	t.Fatalf("server did not come up; log %s:\n%s", logPath, tail(logPath))
-	return nil
+	p.kill9()
+	return nil, fmt.Errorf("server did not come up; log %s:\n%s", logPath, tail(logPath))
 }
 
 // tail returns the end of a log file, for failure messages.

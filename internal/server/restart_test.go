@@ -262,7 +262,7 @@ type etcdProc struct {
 	args  []string
 }
 
-func freePort(t *testing.T) int {
+func freePort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -346,13 +346,23 @@ func TestEtcdOutage(t *testing.T) {
 	mm.stop()
 	*m = *mm
 	dataDir, runDir := filepath.Join(dir, "data"), filepath.Join(dir, "run")
+	// Also when the server failed to start, after what it made.
+	t.Cleanup(func() {
+		agent.Cleanup(context.Background(), agent.Config{RunDir: runDir, NetnsTag: "crasht", SandboxCIDR: "10.238.0.0/16"})
+	})
 
-	// Down at start: the server waits and says why.
+	// Down at start: the server waits and says why. It is started on
+	// another goroutine, which must not fail the test itself: what went
+	// wrong comes back on the channel.
 	type started struct {
-		p *serverProc
+		p   *serverProc
+		err error
 	}
 	done := make(chan started, 1)
-	go func() { done <- started{startServerProc(t, dataDir, runDir, "--etcd-endpoints", m.url)} }()
+	go func() {
+		p, err := launchServerProc(dataDir, runDir, "--etcd-endpoints", m.url)
+		done <- started{p, err}
+	}()
 	logPath := filepath.Join(dir, "server.log")
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -361,17 +371,23 @@ func TestEtcdOutage(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
+			// The start gives up within its own minute; nothing may be
+			// left running.
+			if r := <-done; r.p != nil {
+				r.p.stop(t, 60*time.Second)
+			}
 			t.Fatalf("no log line says etcd is unavailable and retried:\n%s", tail(logPath))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
 	m.start(t, filepath.Join(etcdDir, "etcd.log"))
 	defer m.stop()
-	p := (<-done).p
-	defer func() {
-		p.stop(t, 60*time.Second)
-		agent.Cleanup(context.Background(), agent.Config{RunDir: runDir, NetnsTag: "crasht", SandboxCIDR: "10.238.0.0/16"})
-	}()
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("starting the server while etcd was down: %v", r.err)
+	}
+	p := r.p
+	defer p.stop(t, 60*time.Second)
 	ctx := context.Background()
 	c := client.New(p.url, p.key)
 	sb, err := c.Create(ctx, client.CreateOptions{Timeout: 300})

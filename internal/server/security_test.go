@@ -16,8 +16,9 @@ import (
 
 // TestInitTakeover: nobody but the node configures envd. Through the proxy
 // without a key, and from inside the sandbox as uid 1000 (on loopback and
-// on its own address), POST /init is refused, and the sandbox's owner
-// keeps using it as before.
+// on its own address), POST /init is refused, even with the sandbox's own
+// access token, because the caller is not the node; and the sandbox's
+// owner keeps using it as before.
 func TestInitTakeover(t *testing.T) {
 	_, c, url := startServer(t)
 	sb := mustCreate(t, c, client.CreateOptions{Timeout: 120})
@@ -33,18 +34,28 @@ func TestInitTakeover(t *testing.T) {
 		t.Fatalf("/init through the proxy without a key: %d, want 403", resp.StatusCode)
 	}
 
+	if sb.EnvdAccessToken == "" {
+		t.Fatal("the sandbox has no envd access token")
+	}
+	// From inside, without the token the token check refuses (401); with
+	// it, which a process inside may well know, /init is still refused,
+	// since the caller is not the node (403).
 	for _, addr := range []string{"127.0.0.1", "169.254.0.21"} {
-		got := runOut(t, c, sb.SandboxID, `python3 -c '
+		for _, try := range []struct{ token, want string }{{"", "401"}, {sb.EnvdAccessToken, "403"}} {
+			got := runOut(t, c, sb.SandboxID, `python3 -c '
 import urllib.request, urllib.error
 r = urllib.request.Request("http://`+addr+`:49983/init", data=b"{\"accessToken\":\"x\",\"defaultUser\":\"root\"}", method="POST")
+if "`+try.token+`":
+    r.add_header("X-Access-Token", "`+try.token+`")
 try:
     print(urllib.request.urlopen(r).status)
 except urllib.error.HTTPError as e:
-    print(e.code)
+    print(e.code, e.read().decode())
 '`)
-		// 401 (no token) or 403 (not from the node): refused either way.
-		if got != "403" && got != "401" {
-			t.Fatalf("/init from inside the sandbox via %s answered %s, want it refused", addr, got)
+			code, body, _ := strings.Cut(got, " ")
+			if code != try.want || try.want == "403" && !strings.Contains(body, "not for callers inside the sandbox") {
+				t.Fatalf("/init from inside the sandbox via %s (token given: %v) answered %s, want %s", addr, try.token != "", got, try.want)
+			}
 		}
 	}
 	if who := runOut(t, c, sb.SandboxID, "id -u"); who != "1000" {
