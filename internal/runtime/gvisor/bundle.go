@@ -7,16 +7,19 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/aenvhq/aenv/internal/runtime"
+	"github.com/aenvhq/aenv/internal/runtime/cgroups"
 )
 
 // EnvdGuestPath is where the envd binary appears inside every sandbox.
 const EnvdGuestPath = "/.aenv/envd"
 
-// cpuPeriod is the CFS period used to express CPU counts as a quota.
+// cpuPeriod is the CFS period used to express CPU counts as a quota, in
+// microseconds.
 const cpuPeriod = 100000
 
 // caps is the capability set of the sandbox's root: what envd needs to
@@ -143,22 +146,40 @@ func KernelMounts() []specs.Mount {
 	}
 }
 
+// resources are the host cgroup limits of spec, as the OCI spec gives
+// them to runsc for the cgroup it makes.
 func resources(spec runtime.Spec) *specs.LinuxResources {
+	lim := hostLimits(spec.MemoryMB, spec.CPUCount, spec.PidsLimit)
 	r := &specs.LinuxResources{}
-	if spec.MemoryMB > 0 {
-		limit := int64(spec.MemoryMB) << 20
-		r.Memory = &specs.LinuxMemory{Limit: &limit}
+	if lim.MemoryBytes > 0 {
+		r.Memory = &specs.LinuxMemory{Limit: &lim.MemoryBytes}
 	}
-	if spec.CPUCount > 0 {
-		quota := int64(spec.CPUCount) * cpuPeriod
-		period := uint64(cpuPeriod)
+	if lim.CPUQuota > 0 {
+		quota := lim.CPUQuota.Microseconds()
+		period := uint64(lim.CPUPeriod.Microseconds())
 		r.CPU = &specs.LinuxCPU{Quota: &quota, Period: &period}
 	}
-	if spec.PidsLimit > 0 {
-		limit := hostPidsBackstop(spec.PidsLimit)
-		r.Pids = &specs.LinuxPids{Limit: &limit}
+	if lim.Pids > 0 {
+		r.Pids = &specs.LinuxPids{Limit: &lim.Pids}
 	}
 	return r
+}
+
+// hostLimits are the host cgroup limits of a sandbox or step of the
+// given memory, CPUs and pids limit; zero fields are unlimited.
+func hostLimits(memoryMB, cpuCount, pidsLimit int) cgroups.Limits {
+	var lim cgroups.Limits
+	if memoryMB > 0 {
+		lim.MemoryBytes = int64(memoryMB) << 20
+	}
+	if cpuCount > 0 {
+		lim.CPUQuota = time.Duration(cpuCount) * cpuPeriod * time.Microsecond
+		lim.CPUPeriod = cpuPeriod * time.Microsecond
+	}
+	if pidsLimit > 0 {
+		lim.Pids = hostPidsBackstop(pidsLimit)
+	}
+	return lim
 }
 
 // hostPidsBackstop is the host pids cgroup limit of a sandbox whose users
