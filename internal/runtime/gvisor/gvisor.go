@@ -118,7 +118,7 @@ func New(cfg Config) (*Driver, error) {
 			return nil, err
 		}
 	}
-	if err := limitPidsTotal(cg, cfg.CgroupParent, cfg.PidsTotal); err != nil {
+	if err := limitPidsTotal(cg, cfg.CgroupParent, cfg.PidsTotal, cfg.Logger); err != nil {
 		return nil, err
 	}
 	d := &Driver{
@@ -713,13 +713,24 @@ func (d *Driver) Version(ctx context.Context) string {
 	return strings.TrimSpace(strings.TrimPrefix(line, "runsc version "))
 }
 
-// limitPidsTotal sets the pids limit of the cgroup all sandboxes live in.
-func limitPidsTotal(cg cgroups.Hierarchy, parent string, total int) error {
+// PidMaxWanted is the kernel.pid_max a host of sandboxes should have
+// (scripts/install.sh and quickstart.sh raise it to this): every task in
+// a sandbox is a host task too, and the kernel's default of 32,768 is a
+// few busy sandboxes' worth.
+const PidMaxWanted = 4194304
+
+// limitPidsTotal sets the pids limit of the cgroup all sandboxes live in,
+// warning where kernel.pid_max leaves them little room.
+func limitPidsTotal(cg cgroups.Hierarchy, parent string, total int, log *slog.Logger) error {
+	n, err := readUint("/proc/sys/kernel/pid_max")
+	if err != nil {
+		return fmt.Errorf("reading kernel.pid_max: %w", err)
+	}
+	if n < PidMaxWanted {
+		log.Warn("kernel.pid_max is low for a host of sandboxes: a few fork-bombing sandboxes can take every pid the host has left; raise it with `sysctl -w kernel.pid_max=4194304` (scripts/install.sh does)",
+			"pid_max", n, "wanted", PidMaxWanted)
+	}
 	if total <= 0 {
-		n, err := readUint("/proc/sys/kernel/pid_max")
-		if err != nil {
-			return fmt.Errorf("reading kernel.pid_max: %w", err)
-		}
 		total = int(n * 3 / 4)
 	}
 	if err := cg.Create(parent, cgroups.Limits{Pids: int64(total)}); err != nil {
