@@ -116,7 +116,7 @@ func OCISpec(dir string, spec runtime.Spec, cgroupPath string) *specs.Spec {
 	if spec.PidsLimit > 0 {
 		// gVisor enforces RLIMIT_NPROC in its own kernel: a fork bomb
 		// fails inside the sandbox instead of reaching the host.
-		n := uint64(spec.PidsLimit)
+		n := guestNproc(spec.PidsLimit)
 		s.Process.Rlimits = append(s.Process.Rlimits, specs.POSIXRlimit{Type: "RLIMIT_NPROC", Hard: n, Soft: n})
 	}
 	if spec.EnvdPath != "" {
@@ -182,9 +182,24 @@ func hostLimits(memoryMB, cpuCount, pidsLimit int) cgroups.Limits {
 	return lim
 }
 
-// hostPidsBackstop is the host pids cgroup limit of a sandbox whose users
-// may run guest processes: a backstop for what RLIMIT_NPROC does not stop
-// (root inside is exempt from it), set well above what the guest limit
-// needs, since systrap runs host threads of its own per guest task and
-// the cgroup kills the whole sandbox when gVisor cannot make one.
-func hostPidsBackstop(guest int) int64 { return int64(4*guest + 256) }
+// HostPidsOverhead is what a sandbox's pids cgroup allows past its pids
+// limit: the host threads of runsc itself (about 20 of the sentry's, 7 of
+// the gofer's, measured under a fork bomb) and of the address spaces of
+// root's few processes (envd, the commands it runs).
+const HostPidsOverhead = 75
+
+// hostPidsBackstop is the host pids cgroup limit of a sandbox whose pids
+// limit is limit: the limit bounds the sandbox's host tasks, not only its
+// guest ones. The guest's own limit (guestNproc) keeps a fork bomb below
+// it, since the sandbox dies when gVisor cannot make a host task (the
+// cgroup's limit is for a root inside spreading its tasks over many uids,
+// each with its own RLIMIT_NPROC).
+func hostPidsBackstop(limit int) int64 { return int64(limit + HostPidsOverhead) }
+
+// guestNproc is each guest user's RLIMIT_NPROC for a pids limit: half of
+// it, because gVisor's systrap platform runs two host processes for
+// every guest address space (a stub and a sysmsg thread of it; measured:
+// a fork bomb of 128 guest tasks held 193 of them), and keeps them pooled
+// after the guest process is gone. A fork bomb then fails with EAGAIN
+// inside, within the host bound, and the sandbox lives on.
+func guestNproc(limit int) uint64 { return uint64(max(limit/2, 1)) }

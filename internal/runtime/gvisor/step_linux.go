@@ -143,7 +143,7 @@ func writeStepConfig(bundle string, spec runtime.StepSpec, cgroup string) error 
 	if spec.PidsLimit > 0 {
 		// As in sandboxes: fork fails inside past it; the host's pids
 		// cgroup is the backstop.
-		n := uint64(spec.PidsLimit)
+		n := guestNproc(spec.PidsLimit)
 		proc.Rlimits = append(proc.Rlimits, specs.POSIXRlimit{Type: "RLIMIT_NPROC", Hard: n, Soft: n})
 	}
 	if spec.UID == 0 {
