@@ -174,9 +174,9 @@ func TestBuildBounds(t *testing.T) {
 			}
 			seen <- got
 		}()
-		// Each guest user gets half the limit: gVisor runs two host
-		// processes per guest one.
-		_, log, err := build(t, "fits", `RUN test "$(ulimit -u)" = 38 && echo made > /made && sleep 2`+"\n",
+		// Each guest user gets two fifths of the limit: gVisor runs two
+		// host processes per guest one, and keeps them a while.
+		_, log, err := build(t, "fits", `RUN test "$(ulimit -u)" = 30 && echo made > /made && sleep 2`+"\n",
 			Limits{MemoryMB: 256, CPUCount: 1, PidsLimit: 77, DiskBytes: 64 << 20, Timeout: time.Minute})
 		if err != nil {
 			t.Fatalf("build: %v\nlog:\n%s", err, log)

@@ -63,8 +63,8 @@ type Spec struct {
 	CPUCount int
 	MemoryMB int
 	// PidsLimit bounds the host tasks the sandbox takes (plus the
-	// runtime's own); each user inside may run about half as many
-	// processes and threads (past that fork fails with EAGAIN and the
+	// runtime's own); each user inside may run fewer (gvisor: 2/5 as many
+	// processes and threads; past that fork fails with EAGAIN and the
 	// sandbox lives on), as gVisor runs host tasks for guest ones. 0
 	// means no limit.
 	PidsLimit int
