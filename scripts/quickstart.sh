@@ -13,6 +13,18 @@ make build
 make base
 base=${AENV_CACHE:-/var/cache/aenv}/base-rootfs
 
+# Every task in a sandbox is a host task too: the kernel's default of 32768
+# pids is a few busy sandboxes' worth (scripts/install.sh raises it too, and
+# keeps it across reboots).
+pid_max_want=4194304
+if [ "$(cat /proc/sys/kernel/pid_max)" -lt "$pid_max_want" ]; then
+  if sysctl -qw kernel.pid_max="$pid_max_want" 2>/dev/null; then
+    echo "quickstart: raised kernel.pid_max to $pid_max_want (room for the sandboxes' tasks)"
+  else
+    echo "quickstart: could not raise kernel.pid_max; sandboxes get 3/4 of $(cat /proc/sys/kernel/pid_max)"
+  fi
+fi
+
 url=http://localhost:8000
 if ! curl -fsS "$url/health" >/dev/null 2>&1; then
   mkdir -p /var/log

@@ -70,8 +70,8 @@ type Config struct {
 	// sandbox reaches otherwise (a test network, a service on the LAN
 	// that sandboxes should use).
 	EgressAllow []netip.Prefix
-	// PidsLimit is the processes and threads each user in a sandbox may
-	// run (templates may set their own); 0 means 1024. PidsTotal bounds
+	// PidsLimit bounds each sandbox's host tasks, and so what its users
+	// may run (templates may set their own); 0 means 1024. PidsTotal bounds
 	// all sandboxes' host tasks together; 0 means 3/4 of kernel.pid_max.
 	PidsLimit, PidsTotal int
 	// DiskMB is each sandbox's disk (its writable filesystem, sparse on

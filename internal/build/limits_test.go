@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aenvhq/aenv/internal/runtime/gvisor"
 	"github.com/aenvhq/aenv/internal/template"
 )
 
@@ -173,12 +174,14 @@ func TestBuildBounds(t *testing.T) {
 			}
 			seen <- got
 		}()
-		_, log, err := build(t, "fits", `RUN test "$(ulimit -u)" = 77 && echo made > /made && sleep 2`+"\n",
+		// Each guest user gets two fifths of the limit: gVisor runs two
+		// host processes per guest one, and keeps them a while.
+		_, log, err := build(t, "fits", `RUN test "$(ulimit -u)" = 30 && echo made > /made && sleep 2`+"\n",
 			Limits{MemoryMB: 256, CPUCount: 1, PidsLimit: 77, DiskBytes: 64 << 20, Timeout: time.Minute})
 		if err != nil {
 			t.Fatalf("build: %v\nlog:\n%s", err, log)
 		}
-		want := map[string]string{"cpu.cfs_quota_us": "100000", "memory.limit_in_bytes": strconv.Itoa(256 << 20), "pids.max": strconv.Itoa(4*77 + 256)}
+		want := map[string]string{"cpu.cfs_quota_us": "100000", "memory.limit_in_bytes": strconv.Itoa(256 << 20), "pids.max": strconv.Itoa(77 + gvisor.HostPidsOverhead)}
 		if got := <-seen; fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Errorf("the step's cgroups: %v, want %v", got, want)
 		}

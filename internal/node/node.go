@@ -114,8 +114,8 @@ type Config struct {
 	WarmTemplates []string
 	// Capacity is what the node may hand out (zero fields: the host's).
 	Capacity Capacity
-	// PidsLimit is the processes and threads each user in a sandbox may
-	// run, unless its template sets its own; 0 means 1024.
+	// PidsLimit bounds each sandbox's host tasks (runtime.Spec's field),
+	// unless its template sets its own; 0 means 1024.
 	PidsLimit int
 	// DiskMB is the size of each sandbox's writable filesystem (on the
 	// host's disk, sparse), unless its template sets its own; 0 means

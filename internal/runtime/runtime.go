@@ -62,9 +62,11 @@ type Spec struct {
 	// CPUCount and MemoryMB bound the sandbox's resources.
 	CPUCount int
 	MemoryMB int
-	// PidsLimit bounds the processes and threads each user in the sandbox
-	// may run (past it fork fails with EAGAIN and the sandbox lives on);
-	// 0 means no limit.
+	// PidsLimit bounds the host tasks the sandbox takes (plus the
+	// runtime's own); each user inside may run fewer (gvisor: 2/5 as many
+	// processes and threads; past that fork fails with EAGAIN and the
+	// sandbox lives on), as gVisor runs host tasks for guest ones. 0
+	// means no limit.
 	PidsLimit int
 	// DiskMB is the size of the sandbox's writable filesystem, whose
 	// files live on the host's disk (a sparse file), not in its memory:

@@ -7,16 +7,19 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/aenvhq/aenv/internal/runtime"
+	"github.com/aenvhq/aenv/internal/runtime/cgroups"
 )
 
 // EnvdGuestPath is where the envd binary appears inside every sandbox.
 const EnvdGuestPath = "/.aenv/envd"
 
-// cpuPeriod is the CFS period used to express CPU counts as a quota.
+// cpuPeriod is the CFS period used to express CPU counts as a quota, in
+// microseconds.
 const cpuPeriod = 100000
 
 // caps is the capability set of the sandbox's root: what envd needs to
@@ -113,7 +116,7 @@ func OCISpec(dir string, spec runtime.Spec, cgroupPath string) *specs.Spec {
 	if spec.PidsLimit > 0 {
 		// gVisor enforces RLIMIT_NPROC in its own kernel: a fork bomb
 		// fails inside the sandbox instead of reaching the host.
-		n := uint64(spec.PidsLimit)
+		n := guestNproc(spec.PidsLimit)
 		s.Process.Rlimits = append(s.Process.Rlimits, specs.POSIXRlimit{Type: "RLIMIT_NPROC", Hard: n, Soft: n})
 	}
 	if spec.EnvdPath != "" {
@@ -143,27 +146,61 @@ func KernelMounts() []specs.Mount {
 	}
 }
 
+// resources are the host cgroup limits of spec, as the OCI spec gives
+// them to runsc for the cgroup it makes.
 func resources(spec runtime.Spec) *specs.LinuxResources {
+	lim := hostLimits(spec.MemoryMB, spec.CPUCount, spec.PidsLimit)
 	r := &specs.LinuxResources{}
-	if spec.MemoryMB > 0 {
-		limit := int64(spec.MemoryMB) << 20
-		r.Memory = &specs.LinuxMemory{Limit: &limit}
+	if lim.MemoryBytes > 0 {
+		r.Memory = &specs.LinuxMemory{Limit: &lim.MemoryBytes}
 	}
-	if spec.CPUCount > 0 {
-		quota := int64(spec.CPUCount) * cpuPeriod
-		period := uint64(cpuPeriod)
+	if lim.CPUQuota > 0 {
+		quota := lim.CPUQuota.Microseconds()
+		period := uint64(lim.CPUPeriod.Microseconds())
 		r.CPU = &specs.LinuxCPU{Quota: &quota, Period: &period}
 	}
-	if spec.PidsLimit > 0 {
-		limit := hostPidsBackstop(spec.PidsLimit)
-		r.Pids = &specs.LinuxPids{Limit: &limit}
+	if lim.Pids > 0 {
+		r.Pids = &specs.LinuxPids{Limit: &lim.Pids}
 	}
 	return r
 }
 
-// hostPidsBackstop is the host pids cgroup limit of a sandbox whose users
-// may run guest processes: a backstop for what RLIMIT_NPROC does not stop
-// (root inside is exempt from it), set well above what the guest limit
-// needs, since systrap runs host threads of its own per guest task and
-// the cgroup kills the whole sandbox when gVisor cannot make one.
-func hostPidsBackstop(guest int) int64 { return int64(4*guest + 256) }
+// hostLimits are the host cgroup limits of a sandbox or step of the
+// given memory, CPUs and pids limit; zero fields are unlimited.
+func hostLimits(memoryMB, cpuCount, pidsLimit int) cgroups.Limits {
+	var lim cgroups.Limits
+	if memoryMB > 0 {
+		lim.MemoryBytes = int64(memoryMB) << 20
+	}
+	if cpuCount > 0 {
+		lim.CPUQuota = time.Duration(cpuCount) * cpuPeriod * time.Microsecond
+		lim.CPUPeriod = cpuPeriod * time.Microsecond
+	}
+	if pidsLimit > 0 {
+		lim.Pids = hostPidsBackstop(pidsLimit)
+	}
+	return lim
+}
+
+// HostPidsOverhead is what a sandbox's pids cgroup allows past its pids
+// limit: the host threads of runsc itself (about 20 of the sentry's, 7 of
+// the gofer's, measured under a fork bomb) and of the address spaces of
+// root's few processes (envd, the commands it runs).
+const HostPidsOverhead = 75
+
+// hostPidsBackstop is the host pids cgroup limit of a sandbox whose pids
+// limit is limit: the limit bounds the sandbox's host tasks, not only its
+// guest ones. The guest's own limit (guestNproc) keeps a fork bomb below
+// it, since the sandbox dies when gVisor cannot make a host task (the
+// cgroup's limit is for a root inside spreading its tasks over many uids,
+// each with its own RLIMIT_NPROC).
+func hostPidsBackstop(limit int) int64 { return int64(limit + HostPidsOverhead) }
+
+// guestNproc is each guest user's RLIMIT_NPROC for a pids limit: two
+// fifths of it, because gVisor's systrap platform runs two host processes
+// for every guest address space (a stub and a sysmsg thread of it), keeps
+// them pooled after the guest process is gone, and releases them to the
+// pool a while after it is: a fork bomb of 128 guest tasks held 193 to
+// 294 of them. A fork bomb then fails with EAGAIN inside, within the host
+// bound, and the sandbox lives on.
+func guestNproc(limit int) uint64 { return uint64(max(limit*2/5, 1)) }

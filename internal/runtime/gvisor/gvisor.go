@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/aenvhq/aenv/internal/runtime"
+	"github.com/aenvhq/aenv/internal/runtime/cgroups"
 	"github.com/aenvhq/aenv/internal/undo"
 )
 
@@ -36,12 +37,18 @@ type Config struct {
 	// Platform is runsc's --platform; empty means systrap.
 	Platform string
 	// CgroupParent is the cgroup under which each sandbox gets its own;
-	// empty means /aenv. Servers sharing a host should differ.
+	// empty means /aenv. Servers sharing a host should differ. On cgroup
+	// v2 it is under the cgroup the process was started in (its systemd
+	// unit's, with Delegate=yes), which the process leaves for a leaf of
+	// its own (cgroups.ServerLeaf).
 	CgroupParent string
 	// PidsTotal bounds the host tasks of all the driver's sandboxes
 	// together (the pids cgroup CgroupParent); 0 means three quarters of
 	// kernel.pid_max, so that sandboxes cannot take the host's last pids.
 	PidsTotal int
+	// Cgroups is the host's cgroup hierarchy; nil detects it (v1 or v2)
+	// under /sys/fs/cgroup.
+	Cgroups cgroups.Hierarchy
 	// Logger receives the driver's logs.
 	Logger *slog.Logger
 }
@@ -51,8 +58,15 @@ type Driver struct {
 	cfg  Config
 	runc *runc.Runc
 	log  *slog.Logger
+	// cg is the host's cgroup hierarchy, v1 or v2.
+	cg cgroups.Hierarchy
 
 	exits chan runtime.Exit
+	// stopWatch ends watchExits, and watching is done when it has;
+	// closeExits then closes exits, which only watchExits sends on.
+	stopWatch  context.CancelFunc
+	watching   sync.WaitGroup
+	closeExits sync.Once
 
 	mu sync.Mutex
 	// running maps each sandbox to a pidfd of its sandbox process (-1 while
@@ -97,11 +111,19 @@ func New(cfg Config) (*Driver, error) {
 	if err := os.MkdirAll(filepath.Join(cfg.StateDir, "sandboxes"), 0o700); err != nil {
 		return nil, fmt.Errorf("creating state dir: %w", err)
 	}
-	if err := limitPidsTotal(cfg.CgroupParent, cfg.PidsTotal); err != nil {
+	cg := cfg.Cgroups
+	if cg == nil {
+		var err error
+		if cg, err = cgroups.Open(cgroups.Options{}); err != nil {
+			return nil, err
+		}
+	}
+	if err := limitPidsTotal(cg, cfg.CgroupParent, cfg.PidsTotal, cfg.Logger); err != nil {
 		return nil, err
 	}
 	d := &Driver{
 		cfg:     cfg,
+		cg:      cg,
 		log:     cfg.Logger.With("runtime", "gvisor"),
 		running: make(map[string]int),
 		pumps:   make(map[string]*logPump),
@@ -123,42 +145,44 @@ func New(cfg Config) (*Driver, error) {
 			},
 		},
 	}
-	go d.watchExits()
+	ctx, cancel := context.WithCancel(context.Background())
+	d.stopWatch = cancel
+	d.watching.Add(1)
+	go func() {
+		defer d.watching.Done()
+		d.watchExits(ctx)
+	}()
 	return d, nil
 }
 
-// Exits implements runtime.ExitNotifier.
+// Exits implements runtime.ExitNotifier. The channel is closed by Close,
+// so that a reader's loop ends with the driver.
 func (d *Driver) Exits() <-chan runtime.Exit { return d.exits }
 
+// cgroup is the cgroup of sandbox (or step) id.
+func (d *Driver) cgroup(id string) string { return path.Join(d.cfg.CgroupParent, id) }
+
 // oomKilled reports whether the memory cgroup of sandbox id has killed a
-// task for want of memory (cgroup v1's oom_kill counter). It must be read
-// before the sandbox is deleted, which removes the cgroup.
+// task for want of memory. It must be read before the sandbox is
+// deleted, which removes the cgroup.
 func (d *Driver) oomKilled(id string) bool {
-	return oomKilled(filepath.Join("/sys/fs/cgroup/memory", d.cfg.CgroupParent, id))
+	n, err := d.cg.OOMKills(d.cgroup(id))
+	return err == nil && n > 0
 }
 
-// oomKilled reports whether the memory cgroup at dir has killed a task
-// for want of memory.
-func oomKilled(dir string) bool {
-	b, err := os.ReadFile(filepath.Join(dir, "memory.oom_control"))
-	if err != nil {
-		return false
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if n, ok := strings.CutPrefix(line, "oom_kill "); ok {
-			return strings.TrimSpace(n) != "0"
-		}
-	}
-	return false
-}
-
-// watchExits polls the pidfds of running sandboxes; a pidfd becomes
-// readable when its process exits. Polling all of them once a second costs
-// one syscall per tick, where a blocking wait would cost a thread each.
-func (d *Driver) watchExits() {
+// watchExits polls the pidfds of running sandboxes until ctx ends (the
+// driver's Close); a pidfd becomes readable when its process exits.
+// Polling all of them once a second costs one syscall per tick, where a
+// blocking wait would cost a thread each.
+func (d *Driver) watchExits(ctx context.Context) {
 	t := time.NewTicker(exitPollInterval)
 	defer t.Stop()
-	for range t.C {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
 		d.mu.Lock()
 		var fds []unix.PollFd
 		var ids []string
@@ -312,7 +336,7 @@ func (d *Driver) start(ctx context.Context, spec runtime.Spec, imageDir string) 
 	}
 	rollback.Push("removing sandbox dir", func(context.Context) error { return os.RemoveAll(dir) })
 
-	if err := writeBundle(dir, spec, path.Join(d.cfg.CgroupParent, spec.ID)); err != nil {
+	if err := writeBundle(dir, spec, d.cg.Path(d.cgroup(spec.ID))); err != nil {
 		return fmt.Errorf("writing bundle for %s: %w", spec.ID, err)
 	}
 	logFile, err := makeEnvdPipe(dir)
@@ -450,16 +474,15 @@ func (d *Driver) Stats(ctx context.Context, id string) (runtime.Stats, error) {
 	if !ok {
 		return runtime.Stats{}, fmt.Errorf("reading stats of %s: %w", id, runtime.ErrNotFound)
 	}
-	cg := path.Join(d.cfg.CgroupParent, id)
-	cpu, err := readUint(filepath.Join("/sys/fs/cgroup/cpuacct", cg, "cpuacct.usage"))
+	cpu, err := d.cg.CPU(d.cgroup(id))
 	if err != nil {
 		return runtime.Stats{}, fmt.Errorf("reading stats of %s: %w", id, err)
 	}
-	mem, err := readUint(filepath.Join("/sys/fs/cgroup/memory", cg, "memory.usage_in_bytes"))
+	mem, err := d.cg.Memory(d.cgroup(id))
 	if err != nil {
 		return runtime.Stats{}, fmt.Errorf("reading stats of %s: %w", id, err)
 	}
-	return runtime.Stats{CPUUsageNanos: cpu, MemoryBytes: mem, DiskBytes: d.diskBytes(id)}, nil
+	return runtime.Stats{CPUUsageNanos: uint64(cpu.Usage), MemoryBytes: mem, DiskBytes: d.diskBytes(id)}, nil
 }
 
 // diskBytes is the host disk the sandbox's files take: the blocks
@@ -619,12 +642,16 @@ func (d *Driver) Cleanup(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// Close stops copying the sandboxes' envd output (their FIFOs hold it for
-// the next process) and releases what runsc keeps for all sandboxes of
-// the driver's root: it leaves a "null-netns" namespace mount there.
-// While sandboxes still run (they outlive the process on a restart) it
-// leaves that mount, which they share, for the next process.
+// Close stops watching for exits (Exits gets no more) and copying the
+// sandboxes' envd output (their FIFOs hold it for the next process), and
+// releases what runsc keeps for all sandboxes of the driver's root: it
+// leaves a "null-netns" namespace mount there. While sandboxes still run
+// (they outlive the process on a restart) it leaves that mount, which
+// they share, for the next process.
 func (d *Driver) Close() error {
+	d.stopWatch()
+	d.watching.Wait()
+	d.closeExits.Do(func() { close(d.exits) })
 	d.mu.Lock()
 	n := len(d.running)
 	var pumps []string
@@ -686,20 +713,27 @@ func (d *Driver) Version(ctx context.Context) string {
 	return strings.TrimSpace(strings.TrimPrefix(line, "runsc version "))
 }
 
-// limitPidsTotal sets the pids limit of the cgroup all sandboxes live in.
-func limitPidsTotal(parent string, total int) error {
+// PidMaxWanted is the kernel.pid_max a host of sandboxes should have
+// (scripts/install.sh and quickstart.sh raise it to this): every task in
+// a sandbox is a host task too, and the kernel's default of 32,768 is a
+// few busy sandboxes' worth.
+const PidMaxWanted = 4194304
+
+// limitPidsTotal sets the pids limit of the cgroup all sandboxes live in,
+// warning where kernel.pid_max leaves them little room.
+func limitPidsTotal(cg cgroups.Hierarchy, parent string, total int, log *slog.Logger) error {
+	n, err := readUint("/proc/sys/kernel/pid_max")
+	if err != nil {
+		return fmt.Errorf("reading kernel.pid_max: %w", err)
+	}
+	if n < PidMaxWanted {
+		log.Warn("kernel.pid_max is low for a host of sandboxes: a few fork-bombing sandboxes can take every pid the host has left; raise it with `sysctl -w kernel.pid_max=4194304` (scripts/install.sh does)",
+			"pid_max", n, "wanted", PidMaxWanted)
+	}
 	if total <= 0 {
-		n, err := readUint("/proc/sys/kernel/pid_max")
-		if err != nil {
-			return fmt.Errorf("reading kernel.pid_max: %w", err)
-		}
 		total = int(n * 3 / 4)
 	}
-	dir := filepath.Join("/sys/fs/cgroup/pids", parent)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("creating pids cgroup %s: %w", parent, err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "pids.max"), []byte(strconv.Itoa(total)), 0); err != nil {
+	if err := cg.Create(parent, cgroups.Limits{Pids: int64(total)}); err != nil {
 		return fmt.Errorf("limiting the pids of all sandboxes to %d: %w", total, err)
 	}
 	return nil

@@ -10,9 +10,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -68,22 +66,27 @@ func (d *Driver) RunStep(ctx context.Context, spec runtime.StepSpec, out io.Writ
 		return -1, fmt.Errorf("running build step: %w", err)
 	}
 	defer os.RemoveAll(bundle)
-	cgroup := path.Join(d.cfg.CgroupParent, id)
-	if spec.MemoryMB > 0 {
-		mem, merr := makeStepMemoryCgroup(cgroup, spec.MemoryMB)
-		if merr != nil {
-			return -1, fmt.Errorf("running build step: %w", merr)
+	// The step's cgroup is made before runsc runs: runsc joins a cgroup
+	// that exists and leaves it in place when the step ends (one it makes
+	// it removes, with its OOM count), so that the count can still be
+	// read. runsc sets no limits on a cgroup it did not make, so it gets
+	// them all here.
+	cgroup := d.cgroup(id)
+	if err := d.cg.Create(cgroup, hostLimits(spec.MemoryMB, spec.CPUCount, spec.PidsLimit)); err != nil {
+		if rmErr := d.cg.Remove(cgroup); rmErr != nil {
+			d.log.Warn("removing a build step's cgroup", "cgroup", cgroup, "err", rmErr)
 		}
-		defer func() {
-			if oomKilled(mem) && err == nil {
-				code, err = -1, fmt.Errorf("running build step: %w", runtime.ErrOutOfMemory)
-			}
-			if rmErr := removeCgroup(mem); rmErr != nil {
-				d.log.Warn("removing a build step's memory cgroup", "cgroup", mem, "err", rmErr)
-			}
-		}()
+		return -1, fmt.Errorf("running build step: %w", err)
 	}
-	if err := writeStepConfig(bundle, spec, cgroup); err != nil {
+	defer func() {
+		if n, _ := d.cg.OOMKills(cgroup); n > 0 && err == nil {
+			code, err = -1, fmt.Errorf("running build step: %w", runtime.ErrOutOfMemory)
+		}
+		if rmErr := d.cg.Remove(cgroup); rmErr != nil {
+			d.log.Warn("removing a build step's cgroup", "cgroup", cgroup, "err", rmErr)
+		}
+	}()
+	if err := writeStepConfig(bundle, spec, d.cg.Path(cgroup)); err != nil {
 		return -1, fmt.Errorf("running build step: writing bundle: %w", err)
 	}
 	cmd := exec.Command(d.cfg.RunscPath, d.stepArgs(spec.NetNSPath != "", "run", "--bundle", bundle, id)...)
@@ -128,38 +131,6 @@ func (d *Driver) deleteStep(id string) {
 	}
 }
 
-// makeStepMemoryCgroup makes the memory cgroup of a step (cgroup v1, as
-// the driver's sandboxes use) and limits it to memoryMB before runsc runs:
-// runsc joins a cgroup that exists and leaves it in place when the step
-// ends (one it makes it removes, with its OOM count), so that the count
-// can still be read. The step's CPU and pids cgroups runsc makes from the
-// spec's resources, as for sandboxes.
-func makeStepMemoryCgroup(cgroup string, memoryMB int) (string, error) {
-	dir := filepath.Join("/sys/fs/cgroup/memory", cgroup)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", fmt.Errorf("creating memory cgroup %s: %w", cgroup, err)
-	}
-	limit := strconv.FormatInt(int64(memoryMB)<<20, 10)
-	if err := os.WriteFile(filepath.Join(dir, "memory.limit_in_bytes"), []byte(limit), 0); err != nil {
-		os.Remove(dir)
-		return "", fmt.Errorf("limiting memory cgroup %s to %d MiB: %w", cgroup, memoryMB, err)
-	}
-	return dir, nil
-}
-
-// removeCgroup removes an empty cgroup, waiting a moment for the tasks of
-// a sandbox that just ended to leave it.
-func removeCgroup(dir string) error {
-	var err error
-	for range 50 {
-		if err = os.Remove(dir); err == nil || errors.Is(err, os.ErrNotExist) {
-			return nil
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return err
-}
-
 // writeStepConfig writes the OCI config of one step, in cgroup.
 func writeStepConfig(bundle string, spec runtime.StepSpec, cgroup string) error {
 	proc := &specs.Process{
@@ -172,7 +143,7 @@ func writeStepConfig(bundle string, spec runtime.StepSpec, cgroup string) error 
 	if spec.PidsLimit > 0 {
 		// As in sandboxes: fork fails inside past it; the host's pids
 		// cgroup is the backstop.
-		n := uint64(spec.PidsLimit)
+		n := guestNproc(spec.PidsLimit)
 		proc.Rlimits = append(proc.Rlimits, specs.POSIXRlimit{Type: "RLIMIT_NPROC", Hard: n, Soft: n})
 	}
 	if spec.UID == 0 {
