@@ -470,14 +470,20 @@ func (c *Cluster) withinQuotaCreate(ctx context.Context, req CreateRequest, id s
 	if err := c.withinQuota(req.Owner, 1); err != nil {
 		return nil, err
 	}
-	if id == "" {
-		id = ids.New()
+	// The reservation is made before the sandbox has an id: a create
+	// that names none may take a prestarted sandbox, whose id is its own.
+	slot := id
+	if slot == "" {
+		slot = "starting-" + ids.New()
 	}
-	done, err := c.reserveRunning(ctx, req.Owner.Team, id)
+	done, err := c.reserveRunning(ctx, req.Owner.Team, slot)
 	if err != nil {
 		return nil, err
 	}
 	sb, err := c.create(ctx, req, id)
+	if err == nil && sb.ID != slot {
+		c.renameSlot(context.WithoutCancel(ctx), req.Owner.Team, slot, sb.ID)
+	}
 	done(err == nil)
 	return sb, err
 }

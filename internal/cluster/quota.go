@@ -111,6 +111,34 @@ func (c *Cluster) pruneSlots(team string, cur *slots) int {
 	return n
 }
 
+// renameSlot moves a reservation made before its sandbox had an id to
+// that id, so that it is pruned once the record runs, like any other.
+func (c *Cluster) renameSlot(ctx context.Context, team, from, to string) {
+	if c.teamLimits(team).MaxSandboxes <= 0 {
+		return
+	}
+	key := slotsPrefix + team
+	for range 20 {
+		cur, rev, err := c.readSlots(ctx, key)
+		if err != nil {
+			break
+		}
+		at, ok := cur.InFlight[from]
+		if !ok {
+			return
+		}
+		delete(cur.InFlight, from)
+		cur.InFlight[to] = at
+		if err = c.writeSlots(ctx, key, cur, rev); !errors.Is(err, state.ErrConflict) {
+			if err == nil {
+				return
+			}
+			break
+		}
+	}
+	c.log.Warn("renaming a sandbox slot; it expires on its own", "team", team, "sandbox_id", to)
+}
+
 // releaseSlots gives back the reservations of starts that failed.
 func (c *Cluster) releaseSlots(ctx context.Context, team string, ids []string) {
 	key := slotsPrefix + team
