@@ -214,13 +214,9 @@ func (c *Cluster) withinSnapshotQuota(ctx context.Context, team string) error {
 	if max <= 0 {
 		return nil
 	}
-	snaps, err := c.Snapshots(ctx, Owner{Team: team})
+	used, err := c.SnapshotBytes(ctx, team)
 	if err != nil {
 		return err
-	}
-	var used int64
-	for _, s := range snaps {
-		used += s.SizeBytes
 	}
 	if used >= max {
 		return fmt.Errorf("%w: team %s's snapshots take %d of its %d bytes; delete some first", ErrQuota, team, used, max)

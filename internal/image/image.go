@@ -147,50 +147,16 @@ func Pull(ctx context.Context, ref string, opts PullOptions) (*Result, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	if opts.Jobs <= 0 {
-		opts.Jobs = 3
-	}
-	log := opts.Logger.With("template_id", tpl.ID, "ref", ref)
-
-	// Whatever ends the pull (a bad layer too) ends its requests.
-	parent := ctx
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-
-	// fail wraps err, or says the pull was interrupted (and why) when it
-	// was: cancellation surfaces as many different errors.
-	fail := func(err error) error {
-		if parent.Err() != nil {
-			return fmt.Errorf("pulling %s: %w", ref, cancelled(parent))
-		}
-		return fmt.Errorf("pulling %s: %w", ref, err)
-	}
-	src, err := openSource(ctx, ref, opts)
-	if err != nil {
-		return nil, fail(err)
-	}
-	defer src.close()
-	log.Debug("image resolved", "digest", src.digest, "layers", len(src.layers))
-	if err := checkSize(src, opts.MaxBytes); err != nil {
-		return nil, fail(err)
-	}
-
+	opts.Logger = opts.Logger.With("template_id", tpl.ID)
 	stage, err := opts.Store.NewStage(tpl.ID)
 	if err != nil {
-		return nil, fail(err)
+		return nil, fmt.Errorf("pulling %s: %w", ref, err)
 	}
 	defer stage.Abort()
-
-	rep := newReporter(src.layers, opts.Progress)
-	rep.start()
-	if err := unpackAll(ctx, cancel, src, stage.RootFS(), stage.ScratchDir(), rep, opts, log); err != nil {
-		return nil, fail(err)
+	img, err := UnpackTo(ctx, ref, stage.RootFS(), stage.ScratchDir(), opts)
+	if err != nil {
+		return nil, err
 	}
-	if ctx.Err() != nil {
-		return nil, fail(ctx.Err())
-	}
-
-	cfg := src.config.Config
 	if tpl.CPUCount <= 0 {
 		tpl.CPUCount = DefaultCPUCount
 	}
@@ -199,17 +165,9 @@ func Pull(ctx context.Context, ref string, opts PullOptions) (*Result, error) {
 	}
 	tpl.CreatedAt = time.Now().UTC()
 	tpl.RootFS = ""
-	tpl.Image = &template.ImageConfig{
-		Ref:        ref,
-		Digest:     src.digest,
-		Env:        cfg.Env,
-		WorkingDir: cfg.WorkingDir,
-		User:       cfg.User,
-		Entrypoint: cfg.Entrypoint,
-		Cmd:        cfg.Cmd,
-	}
+	tpl.Image = &img.Config
 	if err := stage.Commit(&tpl); err != nil {
-		return nil, fail(err)
+		return nil, fmt.Errorf("pulling %s: %w", ref, err)
 	}
 	published, err := opts.Store.Get(tpl.ID)
 	if err != nil {
@@ -217,12 +175,12 @@ func Pull(ctx context.Context, ref string, opts PullOptions) (*Result, error) {
 	}
 	res := &Result{
 		Template: published,
-		Digest:   src.digest,
-		Layers:   len(src.layers),
-		Bytes:    rep.imageFetched(),
+		Digest:   img.Config.Digest,
+		Layers:   img.Layers,
+		Bytes:    img.Bytes,
 		Duration: time.Since(start),
 	}
-	log.Debug("image pulled", "digest", res.Digest, "bytes", res.Bytes, "took", res.Duration)
+	opts.Logger.Debug("image pulled", "ref", ref, "digest", res.Digest, "bytes", res.Bytes, "took", res.Duration)
 	return res, nil
 }
 
@@ -249,9 +207,12 @@ func UnpackTo(ctx context.Context, ref, root, scratch string, opts PullOptions) 
 		opts.Jobs = 3
 	}
 	log := opts.Logger.With("ref", ref)
+	// Whatever ends the pull (a bad layer too) ends its requests.
 	parent := ctx
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	// fail wraps err, or says the pull was interrupted (and why) when it
+	// was: cancellation surfaces as many different errors.
 	fail := func(err error) error {
 		if parent.Err() != nil {
 			return fmt.Errorf("pulling %s: %w", ref, cancelled(parent))
@@ -263,6 +224,7 @@ func UnpackTo(ctx context.Context, ref, root, scratch string, opts PullOptions) 
 		return nil, fail(err)
 	}
 	defer src.close()
+	log.Debug("image resolved", "digest", src.digest, "layers", len(src.layers))
 	if err := checkSize(src, opts.MaxBytes); err != nil {
 		return nil, fail(err)
 	}
