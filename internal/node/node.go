@@ -1,8 +1,10 @@
 // Package node runs the sandboxes of one host: it joins a template's root
 // filesystem, a network slot and a runtime driver into a running sandbox
-// whose envd answers, and takes all of it apart again on kill. The cluster
-// package drives it (in-process on a single host; across the network later),
-// and nothing below it knows about the API.
+// whose envd answers, and takes all of it apart again on kill. The control
+// plane reaches it only through the node API, which package node/nodeserver
+// answers with it: in the server's process on a single host, or in a node
+// agent (package agent) across the network. Nothing below it knows about
+// the API.
 package node
 
 import (
