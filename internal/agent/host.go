@@ -160,6 +160,7 @@ func (h *Host) open(ctx context.Context, cfg Config, keys *sealed.Keyring, log *
 	}
 	h.imageServer = imageServer
 	h.node, err = node.New(node.Config{
+		Keys:                keys,
 		RootFS:              rootfs,
 		Snapshots:           snapshots,
 		Volumes:             h.volumes,

@@ -28,6 +28,7 @@ import (
 	"github.com/aenvhq/aenv/internal/ids"
 	"github.com/aenvhq/aenv/internal/netns"
 	"github.com/aenvhq/aenv/internal/runtime"
+	"github.com/aenvhq/aenv/internal/sealed"
 	"github.com/aenvhq/aenv/internal/snapshot"
 	"github.com/aenvhq/aenv/internal/store"
 	"github.com/aenvhq/aenv/internal/template"
@@ -95,6 +96,10 @@ type Config struct {
 	// (an ext4 image, sparse); 0 means DefaultVolumeSize, and a negative
 	// value makes such volumes plain directories, unbounded.
 	VolumeSize int64
+	// Keys, the cluster's data keys, seal the envd tokens in the node's
+	// local records (a record of a sandbox from before reads in clear);
+	// nil keeps them in clear.
+	Keys *sealed.Keyring
 	// Store is the cluster's durable store, through which volumes move
 	// between nodes; nil: they cannot.
 	Store *store.Store

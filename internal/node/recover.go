@@ -12,6 +12,7 @@ import (
 
 	"github.com/aenvhq/aenv/internal/netns"
 	"github.com/aenvhq/aenv/internal/runtime"
+	"github.com/aenvhq/aenv/internal/sealed"
 )
 
 // localRecord is what the node keeps on this host of each sandbox it
@@ -34,6 +35,10 @@ type localRecord struct {
 	RootImage       string            `json:"rootImage,omitempty"`
 }
 
+// recordTokenAAD binds a sealed token to its sandbox's record, so that it
+// opens in no other.
+func recordTokenAAD(id string) string { return "node-records/" + id + "/envdAccessToken" }
+
 func (n *Node) recordPath(id string) string {
 	return filepath.Join(n.cfg.StateDir, "sandboxes", id+".json")
 }
@@ -44,9 +49,13 @@ func (n *Node) saveRecord(sb *Sandbox) error {
 	if n.cfg.StateDir == "" {
 		return nil
 	}
+	token := sb.EnvdAccessToken
+	if n.cfg.Keys != nil && token != "" {
+		token = n.cfg.Keys.Seal(token, recordTokenAAD(sb.ID))
+	}
 	rec := localRecord{
 		ID: sb.ID, TemplateID: sb.TemplateID, CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB,
-		DiskMB: sb.DiskMB, EnvdVersion: sb.EnvdVersion, EnvdAccessToken: sb.EnvdAccessToken,
+		DiskMB: sb.DiskMB, EnvdVersion: sb.EnvdVersion, EnvdAccessToken: token,
 		Addr: sb.Addr, StartedAt: sb.StartedAt, Slot: sb.slot.Name, Egress: sb.egress,
 		RootImage: sb.RootImage,
 	}
@@ -155,6 +164,15 @@ func (n *Node) recoverOne(ctx context.Context, rec runtime.Recoverer, id string)
 	if err := json.Unmarshal(b, &lr); err != nil {
 		return nil, fmt.Errorf("reading local record: %w", err)
 	}
+	token := lr.EnvdAccessToken
+	if sealed.IsSealed(token) {
+		if n.cfg.Keys == nil {
+			return nil, errors.New("its local record's envd token is sealed, and this node has no data key")
+		}
+		if token, err = n.cfg.Keys.Open(token, recordTokenAAD(id)); err != nil {
+			return nil, fmt.Errorf("opening its local record's envd token: %w", err)
+		}
+	}
 	slot, err := n.cfg.Network.Adopt(lr.Slot)
 	if err != nil {
 		return nil, err
@@ -174,7 +192,7 @@ func (n *Node) recoverOne(ctx context.Context, rec runtime.Recoverer, id string)
 	}
 	sb := &Sandbox{
 		ID: lr.ID, TemplateID: lr.TemplateID, CPUCount: lr.CPUCount, MemoryMB: lr.MemoryMB,
-		DiskMB: lr.DiskMB, EnvdVersion: lr.EnvdVersion, EnvdAccessToken: lr.EnvdAccessToken,
+		DiskMB: lr.DiskMB, EnvdVersion: lr.EnvdVersion, EnvdAccessToken: token,
 		Addr: slot.HostAddr, StartedAt: lr.StartedAt, slot: slot, egress: lr.Egress,
 		RootImage: lr.RootImage,
 	}

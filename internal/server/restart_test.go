@@ -124,6 +124,15 @@ func restartSuite(t *testing.T, extra []string, templateID string) {
 		t.Fatal(err)
 	}
 	before := counter(t, c, keep.SandboxID)
+	// The node's local record, which a restart adopts, holds the envd
+	// token sealed (it opens again below: the restarted sandbox answers).
+	rec, err := os.ReadFile(filepath.Join(runDir, "node", "sandboxes", keep.SandboxID+".json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if keep.EnvdAccessToken == "" || strings.Contains(string(rec), keep.EnvdAccessToken) {
+		t.Fatalf("the node's local record holds the envd token %q in clear: %s", keep.EnvdAccessToken, rec)
+	}
 
 	// kill -9, and stay down past the short sandbox's deadline.
 	p.kill9()
