@@ -19,14 +19,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-
 	"github.com/aenvhq/aenv/internal/membership"
-	"github.com/aenvhq/aenv/internal/node"
-	"github.com/aenvhq/aenv/internal/node/nodeserver"
 	"github.com/aenvhq/aenv/internal/nodeapi"
 	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
-	"github.com/aenvhq/aenv/internal/proxy"
 	"github.com/aenvhq/aenv/internal/sealed"
 	"github.com/aenvhq/aenv/internal/state"
 )
@@ -108,32 +103,14 @@ func Start(ctx context.Context, cfg Config) (_ *Agent, err error) {
 	if a.listener, err = net.Listen("tcp", cfg.Listen); err != nil {
 		return nil, fmt.Errorf("listening on %s: %w", cfg.Listen, err)
 	}
-	if a.advertise, err = advertised(cfg.Advertise, a.listener.Addr()); err != nil {
+	if a.advertise, err = Advertised(cfg.Advertise, a.listener.Addr()); err != nil {
 		return nil, err
 	}
 	if a.host, err = OpenHost(ctx, cfg, keys.Keys, log); err != nil {
 		return nil, err
 	}
-	prx := proxy.New(localRoutes{a.host.node}, nil, log)
-	// A sandbox that dies takes its connections with it: its network goes
-	// without a reset, so they would otherwise hang. So does one that the
-	// control plane stops here (its own proxy forgets it in its process,
-	// not in this one).
-	a.host.api.OnExit(prx.Forget)
-	rpcPath, rpc := nodeapi.Handler(forgetOnStop{Local: a.host.api, forget: prx.Forget})
-	mux := http.NewServeMux()
-	mux.Handle(rpcPath, rpc)
-	// Servers forward volumes' data plane here (after checking the
-	// volume's token): the files are this node's.
-	mux.Handle("/volumecontent/", a.host.volumes.Content())
-	if a.host.imageServer != nil {
-		// The node's own figures (its block images), for the cluster
-		// token's holders: a monitoring system scrapes each node.
-		mux.Handle("GET /metrics", promhttp.HandlerFor(a.host.imageServer, promhttp.HandlerOpts{}))
-	}
-	mux.Handle("/", prx)
 	a.http = &http.Server{
-		Handler:           nodeapi.RequireToken(token, log, mux),
+		Handler:           a.host.NodeHandler(token, log),
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,
@@ -146,7 +123,11 @@ func Start(ctx context.Context, cfg Config) (_ *Agent, err error) {
 	if err := membership.ClearStopping(ctx, a.state, cfg.NodeID); err != nil {
 		return nil, err
 	}
-	if a.registration, err = membership.RegisterNode(ctx, a.state, membership.Reporter(a.host.api, a.advertise), log); err != nil {
+	instance, err := membership.LoadInstance(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	if a.registration, err = membership.RegisterNode(ctx, a.state, membership.InstanceReporter(a.host.api, a.advertise, instance), log); err != nil {
 		return nil, err
 	}
 	log.Info("aenv node ready", "node_id", cfg.NodeID, "listen", a.listener.Addr().String(), "advertise", a.advertise,
@@ -154,9 +135,10 @@ func Start(ctx context.Context, cfg Config) (_ *Agent, err error) {
 	return a, nil
 }
 
-// advertised is the address servers reach the node at: the flag, else
-// the listening address when it names a host.
-func advertised(flag string, listen net.Addr) (string, error) {
+// Advertised is the address servers reach a node at: the flag, else the
+// listening address when it names a host (an error when it names every
+// address, or the flag is not host:port).
+func Advertised(flag string, listen net.Addr) (string, error) {
 	if flag != "" {
 		if _, _, err := net.SplitHostPort(flag); err != nil {
 			return "", fmt.Errorf("--advertise %q: want host:port: %w", flag, err)
@@ -235,43 +217,6 @@ func (a *Agent) drain(ctx context.Context) {
 		}
 	}
 	a.log.Info("drained: no sandbox runs here any more", "node_id", a.cfg.NodeID)
-}
-
-// localRoutes resolves the sandboxes of this host's node for its proxy.
-// forgetOnStop is the node API as the agent serves it: once a sandbox is
-// killed or stopped by a snapshot (a pause, a migration), the agent's
-// proxy closes its connections to it. Pooled by sandbox id, they would
-// otherwise serve the sandbox's next stay on this node (a resume, a
-// migration back), and hang on its old address, which nothing answers.
-type forgetOnStop struct {
-	*nodeserver.Local
-	forget func(id, reason string)
-}
-
-func (f forgetOnStop) Kill(ctx context.Context, req *nodev1.KillRequest) (*nodev1.KillResponse, error) {
-	resp, err := f.Local.Kill(ctx, req)
-	if err == nil {
-		f.forget(req.SandboxId, "")
-	}
-	return resp, err
-}
-
-func (f forgetOnStop) Snapshot(ctx context.Context, req *nodev1.SnapshotRequest) (*nodev1.SnapshotInfo, error) {
-	info, err := f.Local.Snapshot(ctx, req)
-	if err == nil && req.Stop {
-		f.forget(req.SandboxId, "")
-	}
-	return info, err
-}
-
-type localRoutes struct{ n *node.Node }
-
-func (l localRoutes) SandboxRoute(_ context.Context, id string) (proxy.Route, error) {
-	sb, err := l.n.Get(id)
-	if err != nil {
-		return proxy.Route{}, err
-	}
-	return proxy.Route{Addr: sb.Addr}, nil
 }
 
 // joinCluster asks the server at url for the cluster's etcd endpoints.

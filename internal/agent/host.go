@@ -201,9 +201,9 @@ func (h *Host) open(ctx context.Context, cfg Config, keys *sealed.Keyring, log *
 // them, for the next process to take over (pausing them first is the
 // cluster's).
 func (h *Host) Close(ctx context.Context, stop membership.StopMode) error {
-	mode := node.StopKeep
+	mode := node.KeepSandboxes
 	if stop == membership.StopKill {
-		mode = node.StopKill
+		mode = node.KillSandboxes
 	}
 	var errs []error
 	if h.stopWatch != nil {

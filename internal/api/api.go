@@ -2,7 +2,7 @@
 // routes (so the unmodified E2B SDKs work) and aenv's own extensions. It
 // authenticates callers, validates input, maps the cluster's errors to
 // `{code, message}` JSON with the right status, and hands sandbox traffic to
-// the proxy. Only cmd/aenv imports it.
+// the proxy. Only the server wiring (package server) imports it.
 package api
 
 import (

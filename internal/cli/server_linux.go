@@ -14,6 +14,7 @@ import (
 	"github.com/aenvhq/aenv/internal/agent"
 	"github.com/aenvhq/aenv/internal/blockimage"
 	"github.com/aenvhq/aenv/internal/build"
+	"github.com/aenvhq/aenv/internal/capacity"
 	"github.com/aenvhq/aenv/internal/cluster"
 	"github.com/aenvhq/aenv/internal/node"
 	"github.com/aenvhq/aenv/internal/server"
@@ -111,6 +112,7 @@ and --on-stop=kill kills them.`,
 	f.BoolVar(&localNode, "local-node", true, "run a node in this process (the single-host setup); false makes a pure API server for the nodes that join (aenv node)")
 	f.StringVar(&cfg.ClusterToken, "cluster-token", "", "token servers and nodes authenticate each other with (default: $AENV_CLUSTER_TOKEN, else <data-dir>/secrets/cluster-token, generated on first start)")
 	f.StringVar(&cfg.Listen, "listen", ":8000", "address of the API and sandbox proxy")
+	f.StringVar(&cfg.Advertise, "advertise", "", "host:port the other servers of a cluster reach this server's local node and its sandboxes at (default: --listen, if it names an address)")
 	f.StringVar(&cfg.Domain, "domain", "", "domain sandbox hosts are reported under (<port>-<id>.<domain>; default localhost:<port>)")
 	f.Float64Var(&cfg.RateLimit, "rate-limit", 100, "control-plane requests per second per client (its API key, else its address; 0: unlimited); over it clients get 429 with Retry-After")
 	f.IntVar(&cfg.RateBurst, "rate-burst", 200, "requests a client may send at once before --rate-limit applies")
@@ -172,12 +174,12 @@ func hostFlags(f *pflag.FlagSet, cfg *agent.Config, hs *hostStrings, logLevel *s
 	f.IntVar(&cfg.PidsLimit, "pids-limit", 1024, "host tasks each sandbox may take (plus gVisor's own); each user in it may run two fifths as many processes and threads, as gVisor runs two host tasks per guest process, and past that fork fails with EAGAIN inside (templates may set their own)")
 	f.IntVar(&cfg.DiskMB, "disk-size", node.DefaultDiskMB, "each sandbox's disk in MiB, unless its template sets one: its files go to a sparse file on the host's disk, and past it writes fail with ENOSPC (-1 keeps files in the sandbox's memory)")
 	f.StringVar(&hs.volumeSize, "volume-size", "10G", "size of a volume created without one (bytes, or with K, M, G, T): an ext4 image, sparse on the host's disk, past which writes fail with ENOSPC (0: plain directories, unbounded)")
-	f.Float64Var(&cfg.Capacity.DiskHighWater, "disk-high-water", 0.95, "refuse creates (503, Retry-After) while the disk under --run-dir is fuller than this fraction")
+	f.Float64Var(&cfg.Capacity.DiskHighWater, "disk-high-water", capacity.DefaultDiskHighWater, "refuse creates (503, Retry-After) while the disk under --run-dir is fuller than this fraction")
 	f.IntVar(&cfg.PidsTotal, "pids-limit-total", 0, "host tasks all sandboxes together may run (default: 3/4 of kernel.pid_max)")
 	f.IntVar(&cfg.Capacity.MemoryMB, "capacity-memory", 0, "memory (MiB) this host offers sandboxes; larger sandboxes are refused (default: physical memory)")
 	f.IntVar(&cfg.Capacity.CPUCount, "capacity-cpu", 0, "CPUs this host offers; sandboxes with more are refused (default: the host's; CPU is overcommitted freely and enforced by quota)")
-	f.Float64Var(&cfg.Capacity.MemoryOvercommit, "memory-overcommit", 4, "sandboxes' configured memory may add up to this multiple of --capacity-memory; past it creates get 503 with Retry-After")
-	f.Float64Var(&cfg.Capacity.MemoryHighWater, "memory-high-water", 0.9, "refuse creates (503, Retry-After) while the host's real memory use is above this fraction")
+	f.Float64Var(&cfg.Capacity.MemoryOvercommit, "memory-overcommit", capacity.DefaultMemoryOvercommit, "sandboxes' configured memory may add up to this multiple of --capacity-memory; past it creates get 503 with Retry-After")
+	f.Float64Var(&cfg.Capacity.MemoryHighWater, "memory-high-water", capacity.DefaultMemoryHighWater, "refuse creates (503, Retry-After) while the host's real memory use is above this fraction")
 	f.StringVar(&cfg.RootFS, "rootfs", agent.RootFSImage, "how sandboxes get their template's files: image (its block image, read on demand from --store into the image cache by the node's image server, which outlives restarts), eager (the block image fetched whole first) or dir (the template's tree, copied whole)")
 	f.StringVar(&hs.imageCacheSize, "image-cache-size", "", "bound of this node's image cache in <data-dir>/image-cache, least recently used chunks evicted (bytes, or with K, M, G, T; default: 20% of the disk)")
 	f.DurationVar(&cfg.ImageGrace, "image-grace", blockimage.DefaultGrace, "how long a block image no sandbox uses stays mounted")

@@ -2,8 +2,8 @@
 // registry, an OCI layout directory or a `docker save` archive, unpacks its
 // layers into a root filesystem (whiteouts applied, nothing written outside
 // the root), makes it usable by aenv (a shell, the `user` account) and
-// publishes it atomically as a template. The CLI's pull command imports it;
-// the node may later, when images are loaded lazily.
+// publishes it atomically as a template. The API's pulls, template builds
+// (package build) and the server wiring import it.
 package image
 
 import (

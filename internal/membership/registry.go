@@ -40,8 +40,11 @@ const (
 type NodeInfo struct {
 	ID string `json:"id"`
 	// Address is where the node's API is reached ("" for the in-process
-	// node of a single-host server).
+	// node of a server that advertises none).
 	Address string `json:"address,omitempty"`
+	// Instance tells this node's process lineage from another's that
+	// claims the same id (LoadInstance).
+	Instance string `json:"instance,omitempty"`
 	// State is filled in by the registry's reader (cluster.Nodes) from
 	// the lease and the drain mark.
 	State     NodeState `json:"state"`
@@ -93,6 +96,12 @@ func InfoFromWire(w *nodev1.NodeInfo) NodeInfo {
 // at address ("" for an in-process node). A report that fails repeats
 // the last good one.
 func Reporter(n nodeapi.Node, address string) func() NodeInfo {
+	return InstanceReporter(n, address, "")
+}
+
+// InstanceReporter is Reporter for a node of instance (LoadInstance),
+// whose registration refuses an id another live instance holds.
+func InstanceReporter(n nodeapi.Node, address, instance string) func() NodeInfo {
 	var last NodeInfo
 	return func() NodeInfo {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -100,7 +109,7 @@ func Reporter(n nodeapi.Node, address string) func() NodeInfo {
 		if w, err := n.Info(ctx, &nodev1.InfoRequest{}); err == nil {
 			last = InfoFromWire(w)
 		}
-		last.ID, last.Address = n.ID(), address
+		last.ID, last.Address, last.Instance = n.ID(), address, instance
 		return last
 	}
 }
@@ -133,7 +142,8 @@ type Registration struct {
 // the record rewritten every few seconds with fresh usage, until Stop
 // (the record then expires with the lease, unless DeregisterNode removes
 // it at once). A lost lease (the store unreachable for longer than its
-// TTL) is taken again.
+// TTL) is taken again. An id that another live instance holds is refused
+// (ErrNodeIDTaken; see claimID), which may take a lease's time to tell.
 func RegisterNode(ctx context.Context, st state.Store, report func() NodeInfo, log *slog.Logger) (*Registration, error) {
 	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	// The session lives until Stop, not until the caller's ctx ends.
@@ -200,6 +210,9 @@ func putNode(ctx context.Context, st state.Store, sess state.Session, report fun
 		return info, err
 	}
 	if first {
+		if err := claimID(ctx, st, info); err != nil {
+			return info, err
+		}
 		if _, err := st.Put(ctx, KnownPrefix+info.ID, b, state.WriteOptions{}); err != nil {
 			return info, err
 		}

@@ -1,8 +1,10 @@
 // Package node runs the sandboxes of one host: it joins a template's root
 // filesystem, a network slot and a runtime driver into a running sandbox
-// whose envd answers, and takes all of it apart again on kill. The cluster
-// package drives it (in-process on a single host; across the network later),
-// and nothing below it knows about the API.
+// whose envd answers, and takes all of it apart again on kill. The control
+// plane reaches it only through the node API, which package node/nodeserver
+// answers with it: in the server's process on a single host, or in a node
+// agent (package agent) across the network. Nothing below it knows about
+// the API.
 package node
 
 import (
@@ -658,27 +660,27 @@ func (n *Node) Kill(ctx context.Context, id string) error {
 	return nil
 }
 
-// StopMode says what Close does with the sandboxes a node runs.
-type StopMode int
+// CloseMode says what Close does with the sandboxes a node runs. It is
+// not membership.StopMode, the process's choice, which also has pausing:
+// a node never pauses on its own (the control plane does, first).
+type CloseMode int
 
-// Stop modes.
+// Close modes.
 const (
-	// StopKeep leaves running sandboxes running, for the next process of
-	// this node to Recover (a restart or an upgrade loses nothing).
-	StopKeep StopMode = iota
-	// StopKill kills every sandbox.
-	StopKill
+	// KeepSandboxes leaves running sandboxes running, for the next process
+	// of this node to Recover (a restart or an upgrade loses nothing).
+	KeepSandboxes CloseMode = iota
+	// KillSandboxes kills every sandbox.
+	KillSandboxes
 )
 
-// Close stops the node: prestarted sandboxes are killed, and the others
-// as mode says. Pausing them first (a host going away) is the caller's.
-func (n *Node) Close(ctx context.Context, mode StopMode) error {
+func (n *Node) Close(ctx context.Context, mode CloseMode) error {
 	n.mu.Lock()
 	n.bgCancel()
 	n.mu.Unlock()
 	n.bgWork.Wait()
 	errs := []error{n.pool.close(ctx)}
-	if mode == StopKill {
+	if mode == KillSandboxes {
 		for _, sb := range n.List() {
 			if err := n.Kill(ctx, sb.ID); err != nil {
 				errs = append(errs, err)

@@ -205,3 +205,11 @@ func (p *warmPool) close(ctx context.Context) error {
 	}
 	return errors.Join(errs...)
 }
+
+// poolTake is the warm pool's sandbox for req, unless req mounts volumes.
+func (n *Node) poolTake(tpl *template.Template, req CreateRequest) *Sandbox {
+	if len(req.Mounts) > 0 {
+		return nil
+	}
+	return n.pool.take(tpl, req)
+}

@@ -229,12 +229,6 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 		s.stopGC = stop
 		go s.collectLoop(gcCtx, remote, interval)
 	}
-	if s.host != nil {
-		if s.registration, err = membership.RegisterNode(ctx, s.state, membership.Reporter(s.host.API(), ""), log); err != nil {
-			return nil, err
-		}
-	}
-
 	s.listener, err = net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("listening on %s: %w", cfg.Listen, err)
@@ -275,7 +269,7 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 	acfg.Pulls = s.host != nil || s.remote != nil
 	s.api = api.New(acfg)
 	s.stopSweep = sweepBuildFiles(s.api, log)
-	handler := s.withJoin(s.api)
+	handler := s.withJoin(s.withNode(s.api))
 	s.http = &http.Server{
 		Handler:           handler,
 		ReadHeaderTimeout: 10 * time.Second,
@@ -296,6 +290,21 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 			log.Error("serving HTTP", "err", err)
 		}
 	}()
+	if s.host != nil {
+		// Registered once it serves: the other servers reach the node's
+		// API and sandboxes at this address from then on.
+		advertise, err := localNodeAddress(cfg.Advertise, s.listener.Addr(), tls, log)
+		if err != nil {
+			return nil, err
+		}
+		instance, err := membership.LoadInstance(cfg.DataDir)
+		if err != nil {
+			return nil, err
+		}
+		if s.registration, err = membership.RegisterNode(ctx, s.state, membership.InstanceReporter(s.host.API(), advertise, instance), log); err != nil {
+			return nil, err
+		}
+	}
 	log.Info("aenv server listening", "addr", s.listener.Addr().String(), "tls", tls, "domain", domain, "local_node", s.host != nil)
 	return s, nil
 }

@@ -1,5 +1,6 @@
-// Package store keeps sandbox snapshots durably so that a paused sandbox can
-// resume on any host. It has two layers: a Backend (a flat key → bytes object
+// Package store keeps what must outlive a node durably: sandbox snapshots
+// (so that a paused sandbox can resume on any host), templates' block images
+// (which nodes read lazily) and volumes on the move. It has two layers: a Backend (a flat key → bytes object
 // store: a local or shared directory, or an S3 bucket) and, on top of it, a
 // content-addressed Store that cuts snapshot files into chunks, uploads only
 // the chunks the backend lacks, and publishes a snapshot by writing its
@@ -10,7 +11,7 @@
 // directory on the node so that a restore where the snapshot was taken (or
 // last restored) needs no network. GC deletes chunks no manifest references.
 //
-// The node's snapshot code imports this package; it imports nothing of
-// aenv. Its tests start a real S3 server (versitygw, built from the module
+// The node's side (snapshot, template, blockimage, node, agent) and the
+// server wiring import this package; it imports nothing of aenv. Its tests start a real S3 server (versitygw, built from the module
 // cache) as a separate process.
 package store

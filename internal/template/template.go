@@ -1,8 +1,9 @@
 // Package template holds the templates a node can start sandboxes from: a
 // root filesystem tree plus its default resources, kept under the node's
 // data directory. It also builds the `base` template from Debian's packages,
-// so that a host without a container registry still has one. The node and
-// cluster packages import it.
+// so that a host without a container registry still has one. The node's
+// side (node, nodeserver, agent), builds and pulls import it; the cluster
+// never does.
 package template
 
 import (

@@ -1,7 +1,7 @@
 // Package gvisor is the runtime driver for hosts without KVM: each sandbox is
 // a gVisor sandbox started by the runsc binary (systrap platform), driven
-// over its OCI command line through go-runc. Only the node package imports
-// it.
+// over its OCI command line through go-runc. The node agent's host wiring
+// (package agent) picks it, and the benchmark drives bare runsc beside it.
 package gvisor
 
 import (

@@ -3,7 +3,6 @@ package node
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -12,10 +11,6 @@ import (
 	"path/filepath"
 	"time"
 
-	"connectrpc.com/connect"
-
-	"github.com/aenvhq/aenv/internal/envd/spec/process"
-	"github.com/aenvhq/aenv/internal/envd/spec/process/processconnect"
 	"github.com/aenvhq/aenv/internal/netns"
 	"github.com/aenvhq/aenv/internal/runtime"
 	"github.com/aenvhq/aenv/internal/snapshot"
@@ -203,106 +198,4 @@ func (n *Node) bootService(ctx context.Context, id string, tpl *template.Templat
 		return nil, err
 	}
 	return sb, nil
-}
-
-// processClient runs the node's own commands in a sandbox through envd's
-// process API.
-type processClient struct {
-	c     processconnect.ProcessClient
-	token string
-}
-
-// withToken makes p send envd's access token (a sandbox handed out has
-// one).
-func (p *processClient) withToken(token string) *processClient {
-	p.token = token
-	return p
-}
-
-func newProcessClient(sb *Sandbox) *processClient {
-	e := newEnvdClient(sb.Addr, "")
-	return &processClient{c: processconnect.NewProcessClient(e.http, e.base)}
-}
-
-// run runs cmd with bash as the sandbox's default user. It returns the
-// exit code and the start of the output; with background it returns as
-// soon as the command has run for a moment (code -1), leaving it running,
-// unless it ended by then.
-func (p *processClient) run(ctx context.Context, cmd string, background bool) (int, string, error) {
-	return p.runAs(ctx, "", cmd, background)
-}
-
-// runAs is run as user (empty: the sandbox's default user).
-func (p *processClient) runAs(ctx context.Context, user, cmd string, background bool) (int, string, error) {
-	if background {
-		// envd kills a process when its request's deadline passes: a
-		// service's request has none, and is cut off by hand instead.
-		ctx = context.WithoutCancel(ctx)
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	sreq := connect.NewRequest(&process.StartRequest{
-		Process: &process.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-l", "-c", cmd}},
-	})
-	if user != "" {
-		sreq.Header().Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte(user+":")))
-	}
-	if p.token != "" {
-		sreq.Header().Set("X-Access-Token", p.token)
-	}
-	stream, err := p.c.Start(ctx, sreq)
-	if err != nil {
-		return -1, "", err
-	}
-	events := make(chan *process.ProcessEvent)
-	go func() {
-		defer close(events)
-		defer stream.Close()
-		for stream.Receive() {
-			select {
-			case events <- stream.Msg().GetEvent():
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-	var out []byte
-	var settle <-chan time.Time
-	if background {
-		settle = time.After(30 * time.Second) // until it starts
-	}
-	for {
-		select {
-		case ev, ok := <-events:
-			if !ok {
-				if err := stream.Err(); err != nil {
-					return -1, string(out), err
-				}
-				return -1, string(out), errors.New("the process stream ended without an exit status")
-			}
-			switch {
-			case ev.GetStart() != nil && background:
-				// A command that fails at once (not found, bad flags)
-				// says so in this moment; one that runs on is the service.
-				settle = time.After(300 * time.Millisecond)
-			case ev.GetData() != nil:
-				if len(out) < 4096 {
-					out = append(out, ev.GetData().GetStdout()...)
-					out = append(out, ev.GetData().GetStderr()...)
-				}
-			case ev.GetEnd() != nil:
-				return int(ev.GetEnd().GetExitCode()), string(out), nil
-			}
-		case <-settle:
-			return -1, string(out), nil
-		}
-	}
-}
-
-// poolTake is the warm pool's sandbox for req, unless req mounts volumes.
-func (n *Node) poolTake(tpl *template.Template, req CreateRequest) *Sandbox {
-	if len(req.Mounts) > 0 {
-		return nil
-	}
-	return n.pool.take(tpl, req)
 }

@@ -1,0 +1,116 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aenvhq/aenv/internal/agent"
+	"github.com/aenvhq/aenv/internal/client"
+	"github.com/aenvhq/aenv/internal/cluster"
+	"github.com/aenvhq/aenv/internal/membership"
+)
+
+// TestEveryServerReachesEverySandbox: in a cluster of a server with a
+// local node, a node agent and a pure API server, every sandbox answers
+// commands and file transfers through every server. The local node is
+// registered at the server's address (it listens on one), and the other
+// servers reach it there with the cluster token: before it was, a
+// sandbox on a server's own node answered through that server only.
+func TestEveryServerReachesEverySandbox(t *testing.T) {
+	srv, c := startWithAgent(t, "mixed", true)
+	ctx := context.Background()
+	token, err := os.ReadFile(membership.ClusterTokenPath(srv.cfg.DataDir))
+	must(t, err)
+	dir := t.TempDir()
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	pure, err := Start(ctx, Config{NoLocalNode: true, Config: agent.Config{
+		Listen: "127.0.0.1:0", DataDir: filepath.Join(dir, "pure"), RunDir: filepath.Join(dir, "pure-run"),
+		EtcdEndpoints: srv.state.Endpoints(), ClusterToken: strings.TrimSpace(string(token)),
+		DataKeyFile: membership.DataKeyPath(srv.cfg.DataDir), StoreURL: srv.cfg.StoreURL,
+		OnStop: cluster.StopKill, Logger: log,
+	}})
+	must(t, err)
+	defer pure.Close(context.Background())
+	viaPure := client.New("http://"+pure.Addr().String(), srv.APIKey())
+
+	nodes, err := c.Nodes(ctx)
+	must(t, err)
+	for _, n := range nodes {
+		if n.Address == "" {
+			t.Fatalf("node %s is registered without an address: %+v", n.ID, nodes)
+		}
+	}
+	if local := srv.cfg.NodeID; !hasNode(nodes, local, srv.Addr().String()) {
+		t.Fatalf("the server's local node %s is not registered at the server's address %s: %+v", local, srv.Addr(), nodes)
+	}
+
+	// Sandboxes until both nodes run some.
+	onNode, tokens := map[string]string{}, map[string]string{}
+	for i := 0; i < 8 && len(onNode) < 2; i++ {
+		sb, err := c.Create(ctx, client.CreateOptions{TemplateID: "base", Timeout: 300})
+		must(t, err)
+		defer c.Kill(context.Background(), sb.SandboxID)
+		got, err := c.Get(ctx, sb.SandboxID)
+		must(t, err)
+		onNode[got.NodeID], tokens[sb.SandboxID] = sb.SandboxID, sb.EnvdAccessToken
+	}
+	if len(onNode) < 2 {
+		t.Fatalf("eight sandboxes all went to one node: %v", onNode)
+	}
+	for nodeID, id := range onNode {
+		for name, via := range map[string]*client.Client{"the server with the node": c, "the pure API server": viaPure} {
+			var out bytes.Buffer
+			rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			code, err := via.Run(rctx, id, "echo reached", client.RunOptions{Stdout: &out, AccessToken: tokens[id]})
+			cancel()
+			if err != nil || code != 0 || strings.TrimSpace(out.String()) != "reached" {
+				t.Fatalf("sandbox %s on node %s through %s: code %d, %v, output %q", id, nodeID, name, code, err, out.String())
+			}
+			want := "file of " + id + " through " + name
+			fopts := client.FileOptions{AccessToken: tokens[id]}
+			if err := via.Upload(ctx, id, "/tmp/reach.txt", strings.NewReader(want), fopts); err != nil {
+				t.Fatalf("uploading to sandbox %s on node %s through %s: %v", id, nodeID, name, err)
+			}
+			rc, _, err := via.Download(ctx, id, "/tmp/reach.txt", fopts)
+			if err != nil {
+				t.Fatalf("downloading from sandbox %s on node %s through %s: %v", id, nodeID, name, err)
+			}
+			b, err := io.ReadAll(rc)
+			rc.Close()
+			must(t, err)
+			if string(b) != want {
+				t.Fatalf("sandbox %s on node %s through %s: downloaded %q, want %q", id, nodeID, name, b, want)
+			}
+		}
+	}
+
+	// The node API too: the pure server pauses and kills sandboxes on
+	// both nodes.
+	for nodeID, id := range onNode {
+		if err := viaPure.Pause(ctx, id); err != nil {
+			t.Fatalf("pausing sandbox %s on node %s through the pure API server: %v", id, nodeID, err)
+		}
+		if err := viaPure.Kill(ctx, id); err != nil {
+			t.Fatalf("killing sandbox %s on node %s through the pure API server: %v", id, nodeID, err)
+		}
+		if _, err := c.Get(ctx, id); err == nil {
+			t.Fatalf("sandbox %s on node %s is still there after a kill through the pure API server", id, nodeID)
+		}
+	}
+}
+
+func hasNode(nodes []client.Node, id, address string) bool {
+	for _, n := range nodes {
+		if n.ID == id && n.Address == address {
+			return true
+		}
+	}
+	return false
+}
