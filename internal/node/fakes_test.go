@@ -421,7 +421,7 @@ func (h *host) start(cfg Config) (*Node, []*Sandbox) {
 	}
 	h.t.Cleanup(func() {
 		if n.bg.Err() == nil { // not closed by the test
-			n.Close(context.Background(), StopKill)
+			n.Close(context.Background(), KillSandboxes)
 		}
 	})
 	kept, err := n.Start(context.Background())

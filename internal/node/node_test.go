@@ -229,7 +229,7 @@ func TestWarmPool(t *testing.T) {
 	default:
 	}
 
-	if err := n.Close(ctx, StopKill); err != nil {
+	if err := n.Close(ctx, KillSandboxes); err != nil {
 		t.Fatal(err)
 	}
 	h.empty("after Close")
@@ -276,7 +276,7 @@ func TestRecover(t *testing.T) {
 	if _, err := first.Create(ctx, CreateRequest{SandboxID: "gone", TemplateID: testTemplate}); err != nil {
 		t.Fatal(err)
 	}
-	if err := first.Close(ctx, StopKeep); err != nil {
+	if err := first.Close(ctx, KeepSandboxes); err != nil {
 		t.Fatal(err)
 	}
 	// While no node runs: one sandbox's envd dies, one sandbox dies
