@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/aenvhq/aenv/internal/membership"
+	"github.com/aenvhq/aenv/internal/nodeapi/nodetest"
 	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
 	"github.com/aenvhq/aenv/internal/snapshot"
 	"github.com/aenvhq/aenv/internal/state"
@@ -21,7 +22,7 @@ import (
 // candidates names each test cluster apart in the deadline election.
 var candidates atomic.Int64
 
-func openCluster(t *testing.T, st state.Store, n *fakeNode) *Cluster {
+func openCluster(t *testing.T, st state.Store, n *nodetest.Fake) *Cluster {
 	t.Helper()
 	c, err := Open(context.Background(), Config{State: st, Local: n, Candidate: fmt.Sprintf("server-%d", candidates.Add(1)),
 		TickInterval: 20 * time.Millisecond})
@@ -47,7 +48,7 @@ func create(t *testing.T, c *Cluster, timeout time.Duration) *Sandbox {
 func TestRecordsOutliveTheCluster(t *testing.T) {
 	ctx := context.Background()
 	st := state.NewMemory()
-	n := newFakeNode("n1")
+	n := nodetest.NewFake("n1")
 	c := openCluster(t, st, n)
 	a := create(t, c, time.Hour)
 	b := create(t, c, time.Hour)
@@ -88,7 +89,7 @@ func TestRecordsOutliveTheCluster(t *testing.T) {
 func TestReconcile(t *testing.T) {
 	ctx := context.Background()
 	st := state.NewMemory()
-	n := newFakeNode("n1")
+	n := nodetest.NewFake("n1")
 	c := openCluster(t, st, n)
 	lost := create(t, c, time.Hour)
 	kept := create(t, c, time.Hour)
@@ -97,10 +98,8 @@ func TestReconcile(t *testing.T) {
 
 	// Behind the cluster's back: one sandbox dies, one appears without a
 	// record, and one is mid-pause with its snapshot saved.
-	n.mu.Lock()
-	delete(n.running, lost.ID)
-	n.running["orphan"] = &nodev1.Sandbox{Id: "orphan"}
-	n.mu.Unlock()
+	n.Vanish(lost.ID)
+	n.Adopt(&nodev1.Sandbox{Id: "orphan"})
 	if _, err := c.recs.mutate(ctx, pausing.ID, func(r *record) error {
 		r.Op, r.OpSince = "pause", time.Now()
 		return nil
@@ -117,7 +116,7 @@ func TestReconcile(t *testing.T) {
 	if !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), "lost") {
 		t.Fatalf("lost sandbox: %v, want ErrNotFound saying it was lost", err)
 	}
-	if n.isRunning("orphan") {
+	if n.IsRunning("orphan") {
 		t.Fatal("a sandbox without a record was left running")
 	}
 	if got, err := c2.Get(ctx, kept.ID); err != nil || got.State != StateRunning {
@@ -136,7 +135,7 @@ func TestReconcile(t *testing.T) {
 func TestDeadlinesByOneLeader(t *testing.T) {
 	ctx := context.Background()
 	st := state.NewMemory()
-	n := newFakeNode("n1")
+	n := nodetest.NewFake("n1")
 	c := openCluster(t, st, n)
 	early := create(t, c, time.Hour)
 	// Make its deadline pass while no cluster runs.
@@ -147,7 +146,7 @@ func TestDeadlinesByOneLeader(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Close(ctx, StopKeep)
-	if !n.isRunning(early.ID) {
+	if !n.IsRunning(early.ID) {
 		t.Fatal("closing the cluster killed a sandbox")
 	}
 
@@ -155,18 +154,16 @@ func TestDeadlinesByOneLeader(t *testing.T) {
 	defer c1.Close(ctx, StopKeep)
 	c2 := openCluster(t, st, n)
 	defer c2.Close(ctx, StopKeep)
-	waitFor(t, func() bool { return !n.isRunning(early.ID) }, "the overdue sandbox to be killed")
+	waitFor(t, func() bool { return !n.IsRunning(early.ID) }, "the overdue sandbox to be killed")
 
 	later := create(t, c2, 300*time.Millisecond)
-	waitFor(t, func() bool { return !n.isRunning(later.ID) }, "a sandbox to time out")
-	n.mu.Lock()
+	waitFor(t, func() bool { return !n.IsRunning(later.ID) }, "a sandbox to time out")
 	kills := 0
-	for _, id := range n.killed {
+	for _, id := range n.Killed() {
 		if id == later.ID {
 			kills++
 		}
 	}
-	n.mu.Unlock()
 	if kills != 1 {
 		t.Fatalf("the timed-out sandbox was killed %d times, want once", kills)
 	}
@@ -180,7 +177,7 @@ func TestDeadlinesByOneLeader(t *testing.T) {
 func TestStoreDown(t *testing.T) {
 	ctx := context.Background()
 	st := &flakyStore{Store: state.NewMemory()}
-	n := newFakeNode("n1")
+	n := nodetest.NewFake("n1")
 	c := openCluster(t, st, n)
 	defer c.Close(ctx, StopKeep)
 	sb := create(t, c, time.Hour)
@@ -253,7 +250,7 @@ func (s *flakyStore) Update(ctx context.Context, key string, v []byte, rev int64
 // field, and nothing is started.
 func TestSizeLimits(t *testing.T) {
 	ctx := context.Background()
-	n := newFakeNode("n1")
+	n := nodetest.NewFake("n1")
 	c := openCluster(t, state.NewMemory(), n)
 	defer c.Close(ctx, StopKeep)
 	big := strings.Repeat("x", 900<<10)
@@ -283,8 +280,8 @@ func TestSizeLimits(t *testing.T) {
 // snapshot is gone is dropped, and the files are removed.
 func TestMigrateLegacyPausedRecords(t *testing.T) {
 	ctx := context.Background()
-	n := newFakeNode("n1")
-	n.store.put(&snapshot.Snapshot{ID: "snapkept", Kind: snapshot.KindPause, SandboxID: "oldpaused"})
+	n := nodetest.NewFake("n1")
+	n.PutSnapshot(&snapshot.Snapshot{ID: "snapkept", Kind: snapshot.KindPause, SandboxID: "oldpaused"})
 	dir := t.TempDir()
 	os.MkdirAll(filepath.Join(dir, "paused"), 0o700)
 	// As the old server wrote them: the Sandbox struct without JSON tags.
@@ -315,7 +312,7 @@ func TestMigrateLegacyPausedRecords(t *testing.T) {
 func TestNodeRegistry(t *testing.T) {
 	ctx := context.Background()
 	st := state.NewMemory()
-	n := newFakeNode("n1")
+	n := nodetest.NewFake("n1")
 	c := openCluster(t, st, n)
 	defer c.Close(ctx, StopKeep)
 	reg, err := membership.RegisterNode(ctx, st, func() NodeInfo {
@@ -361,7 +358,7 @@ func TestNodeRegistry(t *testing.T) {
 func TestPausedRetention(t *testing.T) {
 	ctx := context.Background()
 	st := state.NewMemory()
-	n := newFakeNode("n1")
+	n := nodetest.NewFake("n1")
 	c, err := Open(ctx, Config{State: st, Local: n, Candidate: fmt.Sprintf("server-%d", candidates.Add(1)),
 		TickInterval: 20 * time.Millisecond, PausedRetention: time.Hour})
 	if err != nil {
@@ -387,7 +384,7 @@ func TestPausedRetention(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, func() bool { _, err := c.Get(ctx, old.ID); return errors.Is(err, ErrNotFound) }, "the old paused sandbox to be reclaimed")
-	waitFor(t, func() bool { return n.store.get(oldSnap) == nil }, "its snapshot to be deleted")
+	waitFor(t, func() bool { return !n.HasSnapshot(oldSnap) }, "its snapshot to be deleted")
 	time.Sleep(100 * time.Millisecond)
 	for _, sb := range []*Sandbox{young, running} {
 		if _, err := c.Get(ctx, sb.ID); err != nil {

@@ -10,23 +10,24 @@ import (
 
 	"github.com/aenvhq/aenv/internal/membership"
 	"github.com/aenvhq/aenv/internal/nodeapi"
+	"github.com/aenvhq/aenv/internal/nodeapi/nodetest"
 	"github.com/aenvhq/aenv/internal/state"
 )
 
 // remoteFleet opens a pure API cluster (no local node) over the given
 // fake nodes, each registered at "addr-<id>" as a node agent would be.
-func remoteFleet(t *testing.T, st state.Store, nodes ...*fakeNode) (*Cluster, map[string]*membership.Registration) {
+func remoteFleet(t *testing.T, st state.Store, nodes ...*nodetest.Fake) (*Cluster, map[string]*membership.Registration) {
 	t.Helper()
 	ctx := context.Background()
-	byAddr := map[string]*fakeNode{}
+	byAddr := map[string]*nodetest.Fake{}
 	regs := map[string]*membership.Registration{}
 	for _, n := range nodes {
-		byAddr["addr-"+n.id] = n
-		reg, err := membership.RegisterNode(ctx, st, membership.Reporter(n, "addr-"+n.id), slog.New(slog.DiscardHandler))
+		byAddr["addr-"+n.ID()] = n
+		reg, err := membership.RegisterNode(ctx, st, membership.Reporter(n, "addr-"+n.ID()), slog.New(slog.DiscardHandler))
 		if err != nil {
 			t.Fatal(err)
 		}
-		regs[n.id] = reg
+		regs[n.ID()] = reg
 		t.Cleanup(reg.Stop)
 	}
 	c, err := Open(ctx, Config{State: st, Candidate: "api", TickInterval: 20 * time.Millisecond,
@@ -52,14 +53,14 @@ func remoteFleet(t *testing.T, st state.Store, nodes ...*fakeNode) (*Cluster, ma
 func TestPlacement(t *testing.T) {
 	ctx := context.Background()
 	st := state.NewMemory()
-	n1, n2, n3 := newFakeNode("n1"), newFakeNode("n2"), newFakeNode("n3")
+	n1, n2, n3 := nodetest.NewFake("n1"), nodetest.NewFake("n2"), nodetest.NewFake("n3")
 	c, _ := remoteFleet(t, st, n1, n2, n3)
 
 	per := map[string]int{}
 	for range 30 {
 		sb := create(t, c, time.Hour)
 		per[sb.NodeID]++
-		if !n1.isRunning(sb.ID) && !n2.isRunning(sb.ID) && !n3.isRunning(sb.ID) {
+		if !n1.IsRunning(sb.ID) && !n2.IsRunning(sb.ID) && !n3.IsRunning(sb.ID) {
 			t.Fatalf("sandbox %s runs on no node", sb.ID)
 		}
 		rt, err := c.Route(ctx, sb.ID)
@@ -73,9 +74,7 @@ func TestPlacement(t *testing.T) {
 		}
 	}
 
-	n1.mu.Lock()
-	n1.full = true
-	n1.mu.Unlock()
+	n1.SetFull(true)
 	for range 10 {
 		if sb := create(t, c, time.Hour); sb.NodeID == "n1" {
 			t.Fatal("placed on a node that refuses")
@@ -98,9 +97,7 @@ func TestPlacement(t *testing.T) {
 	if !errors.Is(err, ErrNoCapacity) {
 		t.Fatalf("only a full node left: %v, want ErrNoCapacity", err)
 	}
-	n1.mu.Lock()
-	n1.full = false
-	n1.mu.Unlock()
+	n1.SetFull(false)
 	if sb := create(t, c, time.Hour); sb.NodeID != "n1" {
 		t.Fatalf("with the others draining, placed on %s", sb.NodeID)
 	}
@@ -120,7 +117,7 @@ func TestPlacement(t *testing.T) {
 func TestNodeLost(t *testing.T) {
 	ctx := context.Background()
 	st := state.NewMemory()
-	nodes := newFakeNodes("n1", "n2")
+	nodes := nodetest.NewFakes("n1", "n2")
 	n1, n2 := nodes[0], nodes[1]
 	c, regs := remoteFleet(t, st, n1, n2)
 	if _, err := c.SetDraining(ctx, "n2", true); err != nil {
@@ -136,8 +133,8 @@ func TestNodeLost(t *testing.T) {
 	// The server's sync with the node (its first event) must come
 	// first: a sync that lists the node after the exit reports the
 	// sandbox lost, which is what it would be, not why it ended.
-	waitFor(t, func() bool { return n1.lists.Load() > 0 }, "the server to sync with node n1")
-	n1.exit(exits.ID, "killed: out of memory (memoryMB=512)")
+	waitFor(t, func() bool { return n1.Lists() > 0 }, "the server to sync with node n1")
+	n1.Exit(exits.ID, "killed: out of memory (memoryMB=512)")
 	waitFor(t, func() bool {
 		_, err := c.Get(ctx, exits.ID)
 		return err != nil && strings.Contains(err.Error(), "out of memory")
@@ -159,7 +156,7 @@ func TestNodeLost(t *testing.T) {
 	}
 	// Its paused sandbox's state is in the store: another node resumes it.
 	sb, resumed, err := c.Connect(ctx, paused.ID, time.Minute)
-	if err != nil || !resumed || sb.NodeID != "n2" || !n2.isRunning(paused.ID) {
+	if err != nil || !resumed || sb.NodeID != "n2" || !n2.IsRunning(paused.ID) {
 		t.Fatalf("resuming the lost node's paused sandbox: %+v %v %v", sb, resumed, err)
 	}
 }
@@ -171,7 +168,7 @@ func TestNodeLost(t *testing.T) {
 func TestMigrate(t *testing.T) {
 	ctx := context.Background()
 	st := state.NewMemory()
-	nodes := newFakeNodes("n1", "n2")
+	nodes := nodetest.NewFakes("n1", "n2")
 	n1, n2 := nodes[0], nodes[1]
 	c, _ := remoteFleet(t, st, n1, n2)
 	if _, err := c.SetDraining(ctx, "n2", true); err != nil {
@@ -187,7 +184,7 @@ func TestMigrate(t *testing.T) {
 	if _, err := c.Migrate(ctx, sb.ID, "nosuch"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("migrating to an unknown node: %v, want ErrNotFound", err)
 	}
-	if !n1.isRunning(sb.ID) {
+	if !n1.IsRunning(sb.ID) {
 		t.Fatal("a refused migration stopped the sandbox")
 	}
 	m, err := c.Migrate(ctx, sb.ID, "")
@@ -197,24 +194,22 @@ func TestMigrate(t *testing.T) {
 	if m.Sandbox.ID != sb.ID || m.Sandbox.NodeID != "n2" || m.From != "n1" || !m.Sandbox.EndAt.Equal(sb.EndAt) {
 		t.Fatalf("migration: %+v (was %+v)", m.Sandbox, sb)
 	}
-	if n1.isRunning(sb.ID) || !n2.isRunning(sb.ID) {
+	if n1.IsRunning(sb.ID) || !n2.IsRunning(sb.ID) {
 		t.Fatal("the sandbox did not move")
 	}
 	if got, _ := c.Get(ctx, sb.ID); got.NodeID != "n2" || got.State != StateRunning {
 		t.Fatalf("record after the move: %+v", got)
 	}
 	// The move's snapshot does not outlive it.
-	waitFor(t, func() bool { return len(n1.store.list()) == 0 }, "the migration's snapshot to be deleted")
-	n1.mu.Lock()
-	n1.full = true
-	n1.mu.Unlock()
+	waitFor(t, func() bool { return n1.SnapshotCount() == 0 }, "the migration's snapshot to be deleted")
+	n1.SetFull(true)
 	// n1 refuses the restore (its report is older than its refusal): the
 	// sandbox goes back to n2.
 	_, err = c.Migrate(ctx, sb.ID, "n1")
 	if err == nil || !strings.Contains(err.Error(), "runs on node n2 again") {
 		t.Fatalf("a migration whose restore failed: %v", err)
 	}
-	if got, _ := c.Get(ctx, sb.ID); got.NodeID != "n2" || !n2.isRunning(sb.ID) {
+	if got, _ := c.Get(ctx, sb.ID); got.NodeID != "n2" || !n2.IsRunning(sb.ID) {
 		t.Fatalf("after a failed migration: %+v", got)
 	}
 }

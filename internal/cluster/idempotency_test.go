@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aenvhq/aenv/internal/nodeapi/nodetest"
 	"github.com/aenvhq/aenv/internal/state"
 )
 
@@ -16,7 +17,7 @@ import (
 // is a conflict, not a second sandbox.
 func TestIdempotencyKey(t *testing.T) {
 	ctx := context.Background()
-	n := newFakeNode("n1")
+	n := nodetest.NewFake("n1")
 	c := openCluster(t, state.NewMemory(), n)
 	defer c.Close(ctx, StopKill)
 	req := func(owner, key string) CreateRequest {
@@ -58,15 +59,11 @@ func TestIdempotencyKey(t *testing.T) {
 		t.Fatalf("another API key's create with the same header: %v %v", other, err)
 	}
 
-	n.mu.Lock()
-	n.full = true
-	n.mu.Unlock()
+	n.SetFull(true)
 	if _, err := c.Create(ctx, req("alice", "k3")); err == nil {
 		t.Fatal("a create on a full node succeeded")
 	}
-	n.mu.Lock()
-	n.full = false
-	n.mu.Unlock()
+	n.SetFull(false)
 	if _, err := c.Create(ctx, req("alice", "k3")); err != nil {
 		t.Fatalf("the retry of a failed create: %v", err)
 	}
@@ -77,9 +74,7 @@ func TestIdempotencyKey(t *testing.T) {
 	if _, err := c.Create(ctx, req("alice", "k1")); !errors.Is(err, ErrIdempotencyConflict) {
 		t.Fatalf("a create repeated after its sandbox was killed: %v, want ErrIdempotencyConflict", err)
 	}
-	n.mu.Lock()
-	running := len(n.running)
-	n.mu.Unlock()
+	running := n.Running()
 	if running != 3 {
 		t.Fatalf("%d sandboxes run; want 3 (k2, bob's k1, k3)", running)
 	}

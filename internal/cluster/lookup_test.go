@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aenvhq/aenv/internal/nodeapi/nodetest"
 	"github.com/aenvhq/aenv/internal/state"
 )
 
@@ -33,7 +34,7 @@ func (s *readCounter) Get(ctx context.Context, key string) (state.Entry, error) 
 func TestRouteUnknown(t *testing.T) {
 	ctx := context.Background()
 	st := &readCounter{Store: state.NewMemory()}
-	c := openCluster(t, st, newFakeNode("n1"))
+	c := openCluster(t, st, nodetest.NewFake("n1"))
 	own := create(t, c, time.Hour)
 
 	st.reads.Store(0)
@@ -99,7 +100,7 @@ func (s stuckStore) Get(ctx context.Context, key string) (state.Entry, error) {
 // TestRouteTimeout: a lookup the store does not answer ends by
 // lookupTimeout, even for a caller that would wait for ever.
 func TestRouteTimeout(t *testing.T) {
-	c := openCluster(t, stuckStore{state.NewMemory()}, newFakeNode("n1"))
+	c := openCluster(t, stuckStore{state.NewMemory()}, nodetest.NewFake("n1"))
 	start := time.Now()
 	_, err := c.Route(context.Background(), "abc")
 	if took := time.Since(start); !errors.Is(err, context.DeadlineExceeded) || took > lookupTimeout+time.Second {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/aenvhq/aenv/internal/membership"
 	"github.com/aenvhq/aenv/internal/nodeapi"
+	"github.com/aenvhq/aenv/internal/nodeapi/nodetest"
 	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
 	"github.com/aenvhq/aenv/internal/state"
 )
@@ -38,23 +39,23 @@ func (g *gauge) wait() {
 // slowNode is a fake node whose kills, snapshots and lists take a while
 // (those with a delay), counted.
 type slowNode struct {
-	*fakeNode
+	*nodetest.Fake
 	kills, snapshots, lists gauge
 }
 
 func (n *slowNode) Kill(ctx context.Context, req *nodev1.KillRequest) (*nodev1.KillResponse, error) {
 	n.kills.wait()
-	return n.fakeNode.Kill(ctx, req)
+	return n.Fake.Kill(ctx, req)
 }
 
 func (n *slowNode) List(ctx context.Context, req *nodev1.ListRequest) (*nodev1.ListResponse, error) {
 	n.lists.wait()
-	return n.fakeNode.List(ctx, req)
+	return n.Fake.List(ctx, req)
 }
 
 func (n *slowNode) Snapshot(ctx context.Context, req *nodev1.SnapshotRequest) (*nodev1.SnapshotInfo, error) {
 	n.snapshots.wait()
-	return n.fakeNode.Snapshot(ctx, req)
+	return n.Fake.Snapshot(ctx, req)
 }
 
 // TestDeadlineExpiryBounded: sandboxes due at once are ended at most
@@ -63,8 +64,8 @@ func (n *slowNode) Snapshot(ctx context.Context, req *nodev1.SnapshotRequest) (*
 func TestDeadlineExpiryBounded(t *testing.T) {
 	leaks := goleak.IgnoreCurrent()
 	ctx := context.Background()
-	n := &slowNode{fakeNode: newFakeNode("n1"), kills: gauge{delay: 50 * time.Millisecond}}
-	n.memoryMB = 65536
+	n := &slowNode{Fake: nodetest.NewFake("n1"), kills: gauge{delay: 50 * time.Millisecond}}
+	n.SetMemoryMB(65536)
 	c, err := Open(ctx, Config{State: state.NewMemory(), Local: n, Candidate: "owners", TickInterval: 10 * time.Millisecond,
 		Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
@@ -86,7 +87,7 @@ func TestDeadlineExpiryBounded(t *testing.T) {
 	first := due(40)
 	waitFor(t, func() bool {
 		for _, id := range first {
-			if n.isRunning(id) {
+			if n.IsRunning(id) {
 				return false
 			}
 		}
@@ -120,9 +121,10 @@ func TestEvacuationStopsWithClose(t *testing.T) {
 	leaks := goleak.IgnoreCurrent()
 	ctx := context.Background()
 	st := state.NewMemory()
-	nodes := newFakeNodes("n1", "n2")
-	n1, n2 := &slowNode{fakeNode: nodes[0], snapshots: gauge{delay: 100 * time.Millisecond}}, nodes[1]
-	n1.memoryMB, n2.memoryMB = 65536, 65536
+	nodes := nodetest.NewFakes("n1", "n2")
+	n1, n2 := &slowNode{Fake: nodes[0], snapshots: gauge{delay: 100 * time.Millisecond}}, nodes[1]
+	n1.SetMemoryMB(65536)
+	n2.SetMemoryMB(65536)
 	byAddr := map[string]nodeapi.Node{"addr-n1": n1, "addr-n2": n2}
 	log := slog.New(slog.DiscardHandler)
 	var regs []*membership.Registration
@@ -154,7 +156,9 @@ func TestEvacuationStopsWithClose(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	n1.events <- &nodev1.Event{Kind: nodev1.Event_KIND_DRAINING}
+	if err := n1.Publish(ctx, &nodev1.Event{Kind: nodev1.Event_KIND_DRAINING}); err != nil {
+		t.Fatal(err)
+	}
 	waitFor(t, func() bool { return n1.snapshots.done.Load() >= 2*evacuateWorkers }, "two rounds of migrations")
 	c.Close(ctx, StopKeep)
 	for _, r := range regs {
@@ -167,7 +171,7 @@ func TestEvacuationStopsWithClose(t *testing.T) {
 	}
 	moved := 0
 	for _, id := range ids {
-		on1, on2 := n1.isRunning(id), n2.isRunning(id)
+		on1, on2 := n1.IsRunning(id), n2.IsRunning(id)
 		if on1 == on2 {
 			t.Fatalf("sandbox %s runs on n1: %v, on n2: %v; want one of them", id, on1, on2)
 		}
@@ -189,7 +193,7 @@ func TestCloseDuringEvents(t *testing.T) {
 	leaks := goleak.IgnoreCurrent()
 	ctx := context.Background()
 	st := state.NewMemory()
-	n := &slowNode{fakeNode: newFakeNode("n1"), lists: gauge{delay: 20 * time.Millisecond}}
+	n := &slowNode{Fake: nodetest.NewFake("n1"), lists: gauge{delay: 20 * time.Millisecond}}
 	reg, err := membership.RegisterNode(ctx, st, membership.Reporter(n, "addr-n1"), slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
@@ -199,16 +203,11 @@ func TestCloseDuringEvents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop := make(chan struct{})
+	pumpCtx, stop := context.WithCancel(ctx)
 	pumped := make(chan struct{})
 	go func() {
 		defer close(pumped)
-		for {
-			select {
-			case n.events <- &nodev1.Event{Kind: nodev1.Event_KIND_SYNC}:
-			case <-stop:
-				return
-			}
+		for n.Publish(pumpCtx, &nodev1.Event{Kind: nodev1.Event_KIND_SYNC}) == nil {
 		}
 	}()
 	waitFor(t, func() bool { return n.lists.done.Load() >= 3 }, "the node's SYNC events to be handled")
@@ -221,7 +220,7 @@ func TestCloseDuringEvents(t *testing.T) {
 	if after := n.lists.done.Load(); after != handled {
 		t.Fatalf("%d lists of the node after Close returned", after-handled)
 	}
-	close(stop)
+	stop()
 	<-pumped
 	reg.Stop()
 	goleak.VerifyNone(t, leaks)

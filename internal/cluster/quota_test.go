@@ -9,10 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aenvhq/aenv/internal/nodeapi/nodetest"
 	"github.com/aenvhq/aenv/internal/state"
 )
 
-func openTeamCluster(t *testing.T, st state.Store, n *fakeNode, limits TeamLimits) *Cluster {
+func openTeamCluster(t *testing.T, st state.Store, n *nodetest.Fake, limits TeamLimits) *Cluster {
 	t.Helper()
 	c, err := Open(context.Background(), Config{State: st, Local: n, Candidate: fmt.Sprintf("server-%d", candidates.Add(1)),
 		TickInterval: 20 * time.Millisecond, TeamLimits: func(team string) TeamLimits {
@@ -54,8 +55,9 @@ func TestTeamQuotaRace(t *testing.T) {
 	st := slowSlots{state.NewMemory()}
 	// Starts take a while, as real ones do: the racers' reservations
 	// overlap, and neither sees the other's record before it decides.
-	n1, n2 := newFakeNode("n1"), newFakeNode("n2")
-	n1.delay, n2.delay = 20*time.Millisecond, 20*time.Millisecond
+	n1, n2 := nodetest.NewFake("n1"), nodetest.NewFake("n2")
+	n1.SetDelay(20 * time.Millisecond)
+	n2.SetDelay(20 * time.Millisecond)
 	a := openTeamCluster(t, st, n1, TeamLimits{MaxSandboxes: 1})
 	b := openTeamCluster(t, st, n2, TeamLimits{MaxSandboxes: 1})
 	for round := range 5 {
@@ -102,7 +104,7 @@ func TestTeamQuotaRace(t *testing.T) {
 func TestTeamQuotaLifecycle(t *testing.T) {
 	ctx := context.Background()
 	st := state.NewMemory()
-	c := openTeamCluster(t, st, newFakeNode("n1"), TeamLimits{MaxSandboxes: 2, MaxPaused: 1})
+	c := openTeamCluster(t, st, nodetest.NewFake("n1"), TeamLimits{MaxSandboxes: 2, MaxPaused: 1})
 	one, err := teamCreate(c, alpha)
 	if err != nil {
 		t.Fatal(err)
@@ -148,7 +150,7 @@ func TestTeamQuotaLifecycle(t *testing.T) {
 // bound; names are the team's own.
 func TestTeamVolumeQuota(t *testing.T) {
 	ctx := context.Background()
-	c := openTeamCluster(t, state.NewMemory(), newFakeNode("n1"), TeamLimits{MaxVolumeBytes: 100 << 20})
+	c := openTeamCluster(t, state.NewMemory(), nodetest.NewFake("n1"), TeamLimits{MaxVolumeBytes: 100 << 20})
 	if _, err := c.CreateVolume(ctx, alpha, "a", 64<<20); err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/aenvhq/aenv/internal/membership"
 	"github.com/aenvhq/aenv/internal/nodeapi"
+	"github.com/aenvhq/aenv/internal/nodeapi/nodetest"
 	"github.com/aenvhq/aenv/internal/sealed"
 	"github.com/aenvhq/aenv/internal/state"
 )
@@ -19,18 +20,18 @@ import (
 // scaleFleet registers nodeCount fake nodes of 64 GiB (at "addr-<id>",
 // reporting every few seconds as node agents do) in st and opens a pure
 // API cluster over them, once it sees them all.
-func scaleFleet(tb testing.TB, st state.Store, nodeCount int) (*Cluster, []*fakeNode) {
+func scaleFleet(tb testing.TB, st state.Store, nodeCount int) (*Cluster, []*nodetest.Fake) {
 	tb.Helper()
 	ctx := context.Background()
 	log := slog.New(slog.DiscardHandler)
-	byAddr := map[string]*fakeNode{}
-	var nodes []*fakeNode
+	byAddr := map[string]*nodetest.Fake{}
+	var nodes []*nodetest.Fake
 	for i := range nodeCount {
-		n := newFakeNode(fmt.Sprintf("node%04d", i))
-		n.memoryMB = 65536
-		byAddr["addr-"+n.id] = n
+		n := nodetest.NewFake(fmt.Sprintf("node%04d", i))
+		n.SetMemoryMB(65536)
+		byAddr["addr-"+n.ID()] = n
 		nodes = append(nodes, n)
-		reg, err := membership.RegisterNode(ctx, st, membership.Reporter(n, "addr-"+n.id), log)
+		reg, err := membership.RegisterNode(ctx, st, membership.Reporter(n, "addr-"+n.ID()), log)
 		if err != nil {
 			tb.Fatal(err)
 		}
@@ -103,9 +104,7 @@ func TestPlacementAtScale(t *testing.T) {
 	// The spread as the nodes hold it, not as the cluster believes.
 	most, total := 0, 0
 	for _, n := range nodes {
-		n.mu.Lock()
-		mb := 512 * len(n.running)
-		n.mu.Unlock()
+		mb := 512 * n.Running()
 		most, total = max(most, mb), total+mb
 	}
 	mean := float64(total) / float64(nodeCount)
@@ -153,7 +152,7 @@ func TestRecordSize(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := newFakeNode("node0001")
+	n := nodetest.NewFake("node0001")
 	c, err := Open(ctx, Config{State: st, Local: n, Candidate: "size", DataKeys: keys, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)

@@ -244,10 +244,19 @@ func New(cfg Config) (*Node, error) {
 	}
 	n.bg, n.bgCancel = context.WithCancel(context.Background())
 	n.pool = newWarmPool(n, cfg.WarmPoolSize, cfg.WarmTemplates)
+	// Both goroutines are the node's: Close ends them and waits.
 	if en, ok := cfg.Runtime.(runtime.ExitNotifier); ok {
-		go n.handleExits(en.Exits())
+		n.bgWork.Add(1)
+		go func() {
+			defer n.bgWork.Done()
+			n.handleExits(n.bg, en.Exits())
+		}()
 	}
-	go n.sampleLoop()
+	n.bgWork.Add(1)
+	go func() {
+		defer n.bgWork.Done()
+		n.sampleLoop()
+	}()
 	return n, nil
 }
 
@@ -269,9 +278,22 @@ func (n *Node) OnExit(fn func(Exit)) {
 }
 
 // handleExits frees what sandboxes that died on their own held (a memory
-// cgroup OOM kill takes the whole gVisor sandbox) and reports them.
-func (n *Node) handleExits(exits <-chan runtime.Exit) {
-	for ex := range exits {
+// cgroup OOM kill takes the whole gVisor sandbox) and reports them, until
+// the node closes (ctx) or the driver does (exits). An exit the closed
+// node leaves unread is the next process's: its Recover finds the
+// sandbox gone and removes what is left.
+func (n *Node) handleExits(ctx context.Context, exits <-chan runtime.Exit) {
+	for {
+		var ex runtime.Exit
+		select {
+		case <-ctx.Done():
+			return
+		case e, ok := <-exits:
+			if !ok {
+				return
+			}
+			ex = e
+		}
 		id := ex.ID
 		n.mu.Lock()
 		sb, ok := n.sandboxes[id]
@@ -284,8 +306,8 @@ func (n *Node) handleExits(exits <-chan runtime.Exit) {
 			}
 			onExit = nil
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		if err := n.destroy(ctx, sb); err != nil {
+		dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		if err := n.destroy(dctx, sb); err != nil {
 			n.log.Warn("cleaning up exited sandbox", "sandbox_id", id, "err", err)
 		}
 		cancel()

@@ -128,6 +128,14 @@ type tokenTransport struct {
 	rt    http.RoundTripper
 }
 
+// CloseIdleConnections closes the idle connections of the transport
+// underneath (http.Client.CloseIdleConnections calls it).
+func (t *tokenTransport) CloseIdleConnections() {
+	if c, ok := t.rt.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+}
+
 func (t *tokenTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	r = r.Clone(r.Context())
 	r.Header.Set(TokenHeader, t.token)
