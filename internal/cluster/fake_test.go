@@ -250,6 +250,14 @@ func (n *fakeNode) DeleteVolume(ctx context.Context, req *nodev1.DeleteVolumeReq
 	return &nodev1.DeleteVolumeResponse{}, nil
 }
 
+func (n *fakeNode) PutBuildContext(ctx context.Context, req *nodev1.PutBuildContextRequest) (*nodev1.PutBuildContextResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("the fake node builds nothing"))
+}
+
+func (n *fakeNode) Build(ctx context.Context, req *nodev1.BuildRequest, fn func(*nodev1.BuildEvent)) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("the fake node builds nothing"))
+}
+
 func (n *fakeNode) UpdateNetwork(ctx context.Context, req *nodev1.UpdateNetworkRequest) (*nodev1.UpdateNetworkResponse, error) {
 	return &nodev1.UpdateNetworkResponse{}, nil
 }
