@@ -23,7 +23,7 @@ func TestBuildFilesGo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := api.New(api.Config{Templates: store, APIKey: "k", BuildSteps: refusingSteps{}})
+	a := api.New(api.Config{Templates: store, APIKey: "k", Builds: api.RefusingJobs(t)})
 	srv := httptest.NewServer(a)
 	defer srv.Close()
 	do := func(method, path string, body []byte) (int, map[string]any) {

@@ -82,8 +82,12 @@ type Record struct {
 	Status   Status   `json:"status"`
 	Reason   *Reason  `json:"reason,omitempty"`
 	// Server took the build (Config.Server); Node runs it.
-	Server   string    `json:"server,omitempty"`
-	Node     string    `json:"node,omitempty"`
+	Server string `json:"server,omitempty"`
+	Node   string `json:"node,omitempty"`
+	// ExitCode is the exit status of the RUN that failed the build (0:
+	// none); Invalid says the build was wrong as written.
+	ExitCode int       `json:"exitCode,omitempty"`
+	Invalid  bool      `json:"invalid,omitempty"`
 	Created  time.Time `json:"created"`
 	Started  time.Time `json:"started,omitzero"`
 	Finished time.Time `json:"finished,omitzero"`
@@ -108,7 +112,7 @@ const (
 )
 
 func recordKey(templateID string) string { return recordPrefix + templateID }
-func logKeys(buildID string) string     { return logPrefix + buildID + "/" }
+func logKeys(buildID string) string      { return logPrefix + buildID + "/" }
 
 // Config configures Open.
 type Config struct {

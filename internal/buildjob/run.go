@@ -118,6 +118,9 @@ func (j *Jobs) run(rec *Record, spec Spec) *Record {
 		}
 		r.Status = Error
 		r.Reason = &Reason{Message: msg, Step: step, LogEntries: lw.lastEntries()}
+		if res != nil {
+			r.ExitCode, r.Invalid = int(res.ExitCode), res.Invalid
+		}
 		return true
 	})
 	if err != nil {

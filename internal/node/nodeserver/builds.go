@@ -199,7 +199,7 @@ func (l *Local) Build(ctx context.Context, req *nodev1.BuildRequest, fn func(*no
 		out.Invalid = errors.Is(err, buildspec.ErrInvalid)
 		var se *build.StepError
 		if errors.As(err, &se) {
-			out.FailedStep = int32(se.Step)
+			out.FailedStep, out.ExitCode = int32(se.Step), int32(max(se.ExitCode, 0))
 		}
 	} else {
 		out.TemplateId, out.DurationMs = res.Template.ID, res.Duration.Milliseconds()

@@ -612,9 +612,11 @@ type BuildResult struct {
 	// build failed outside its steps.
 	FailedStep int32 `protobuf:"varint,2,opt,name=failed_step,json=failedStep,proto3" json:"failed_step,omitempty"`
 	// invalid says the build is wrong as written (buildspec.ErrInvalid).
-	Invalid       bool   `protobuf:"varint,3,opt,name=invalid,proto3" json:"invalid,omitempty"`
-	TemplateId    string `protobuf:"bytes,4,opt,name=template_id,json=templateId,proto3" json:"template_id,omitempty"`
-	DurationMs    int64  `protobuf:"varint,5,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
+	Invalid    bool   `protobuf:"varint,3,opt,name=invalid,proto3" json:"invalid,omitempty"`
+	TemplateId string `protobuf:"bytes,4,opt,name=template_id,json=templateId,proto3" json:"template_id,omitempty"`
+	DurationMs int64  `protobuf:"varint,5,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
+	// exit_code is a failed RUN's exit status (0 when none ran).
+	ExitCode      int32 `protobuf:"varint,6,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -680,6 +682,13 @@ func (x *BuildResult) GetTemplateId() string {
 func (x *BuildResult) GetDurationMs() int64 {
 	if x != nil {
 		return x.DurationMs
+	}
+	return 0
+}
+
+func (x *BuildResult) GetExitCode() int32 {
+	if x != nil {
+		return x.ExitCode
 	}
 	return 0
 }
@@ -2863,7 +2872,7 @@ const file_node_node_proto_rawDesc = "" +
 	"\n" +
 	"BuildEvent\x12\x14\n" +
 	"\x05lines\x18\x01 \x03(\tR\x05lines\x121\n" +
-	"\x06result\x18\x02 \x01(\v2\x19.aenv.node.v1.BuildResultR\x06result\"\xa0\x01\n" +
+	"\x06result\x18\x02 \x01(\v2\x19.aenv.node.v1.BuildResultR\x06result\"\xbd\x01\n" +
 	"\vBuildResult\x12\x14\n" +
 	"\x05error\x18\x01 \x01(\tR\x05error\x12\x1f\n" +
 	"\vfailed_step\x18\x02 \x01(\x05R\n" +
@@ -2872,7 +2881,8 @@ const file_node_node_proto_rawDesc = "" +
 	"\vtemplate_id\x18\x04 \x01(\tR\n" +
 	"templateId\x12\x1f\n" +
 	"\vduration_ms\x18\x05 \x01(\x03R\n" +
-	"durationMs\",\n" +
+	"durationMs\x12\x1b\n" +
+	"\texit_code\x18\x06 \x01(\x05R\bexitCode\",\n" +
 	"\vLogsRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"\xeb\x01\n" +
