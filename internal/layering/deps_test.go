@@ -36,6 +36,8 @@ type depRule struct {
 var depRules = []depRule{
 	{root: "internal/cluster", forbidden: nodeSide,
 		why: "the cluster sees nodes only through the node API's wire (nodeapi) and membership"},
+	{root: "internal/buildjob", forbidden: nodeSide,
+		why: "build jobs are control-plane records; the node runs them behind the node API"},
 	{root: "internal/client", forbidden: append(append([]string{}, nodeSide...), controlPlane...),
 		why: "the Go client speaks HTTP to a server"},
 	{root: "internal/nodeapi", forbidden: append(append([]string{}, nodeSide...), controlPlane...),

@@ -33,6 +33,8 @@ var forbidden = map[string][]string{
 	"internal/image":    {"internal/node", "internal/cluster", "internal/api", "internal/server", "internal/cli"},
 	"internal/client":   {"internal/api", "internal/server", "internal/cli", "internal/cluster", "internal/node"},
 	"internal/undo":     {"internal/"},
+	// What a build is, as written: pure, for the API and the node alike.
+	"internal/buildspec": {"internal/"},
 	"internal/sealed":   {"internal/"}, // encryption only: anything may use it
 	"internal/state":    {"internal/"}, // the live state knows nothing of what it stores
 	"internal/testutil": {"internal/api", "internal/server", "internal/cli"},
