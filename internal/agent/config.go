@@ -118,6 +118,24 @@ type Config struct {
 	// Join is a server's URL a node agent asks for the cluster's etcd
 	// endpoints (instead of EtcdEndpoints).
 	Join string
+	// BuildMemoryMB and BuildCPUs bound each build step, BuildDiskBytes
+	// the disk a build's tree is written to, BuildTimeout a build's time
+	// (0: 2 GiB, 2 CPUs, 20 GiB, 30 minutes; negative: no bound); its
+	// steps' pids are bounded as sandboxes' (PidsLimit). MaxBuilds is how
+	// many builds run at once on this host's node, the others queued (0:
+	// 2).
+	BuildMemoryMB, BuildCPUs int
+	BuildDiskBytes           int64
+	BuildTimeout             time.Duration
+	MaxBuilds                int
+	// MaxImageBytes bounds the images pulled, as templates or as builds'
+	// FROM: their layers as stored, and what they unpack to (0: 10 GiB;
+	// negative: no bound).
+	MaxImageBytes int64
+	// RegistryAuth is a file of registry credentials in Docker's
+	// config.json format, the only ones pulls use; empty: pulls are
+	// anonymous.
+	RegistryAuth string
 	// Advertise is the host:port servers reach a node agent at.
 	Advertise string
 	Logger    *slog.Logger

@@ -59,8 +59,13 @@ func OpenHost(ctx context.Context, cfg Config, keys *sealed.Keyring, log *slog.L
 	if err := h.open(ctx, cfg, keys, log); err != nil {
 		return nil, err
 	}
+	builds, err := buildConfig(cfg, h.node, h.templates)
+	if err != nil {
+		return nil, err
+	}
 	h.api = nodeserver.NewLocal(h.node, nodeserver.LocalOptions{
 		Templates: h.templates, RuntimeVersion: h.runtimeVersion, Version: envd.Version,
+		Builds: builds,
 	})
 	return h, nil
 }

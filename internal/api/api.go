@@ -23,7 +23,7 @@ import (
 	"time"
 
 	"github.com/aenvhq/aenv/internal/apikeys"
-	"github.com/aenvhq/aenv/internal/build"
+	"github.com/aenvhq/aenv/internal/buildjob"
 	"github.com/aenvhq/aenv/internal/cluster"
 	"github.com/aenvhq/aenv/internal/proxy"
 	"github.com/aenvhq/aenv/internal/template"
@@ -77,20 +77,10 @@ type Config struct {
 	// UploadTimeout bounds the body of an upload (template pulls, builds
 	// and build files); 0 means an hour.
 	UploadTimeout time.Duration
-	// BuildSteps runs template builds' steps (the node, through its
-	// runtime driver); nil answers the build routes 501.
-	BuildSteps build.Stepper
-	// BuildLimits bound each template build (its steps' memory, CPU and
-	// pids, its disk, its time, its FROM image's size).
-	BuildLimits build.Limits
-	// BuildSlots bounds the builds that run at once on the node; the
-	// others are queued. nil: no bound.
-	BuildSlots *build.Slots
-	// BuildLimiter, when set, is asked before each build runs, with the
-	// team the build counts against: it may wait for the team's turn,
-	// or refuse (its error ends the build); the build calls release when
-	// done. nil: no bound per team.
-	BuildLimiter func(ctx context.Context, team string) (release func(), err error)
+	// Builds keeps the cluster's template builds and runs those started
+	// here on a node (its team bounds, Limiter, included); nil answers
+	// the build routes 501.
+	Builds *buildjob.Jobs
 	// MaxImageBytes bounds pulled images (image.PullOptions.MaxBytes);
 	// 0: no bound.
 	MaxImageBytes int64
@@ -251,6 +241,7 @@ func (s *Server) routes() {
 	s.handle("POST /v3/templates", team, b.request)
 	s.handle("POST /v2/templates/{templateID}/builds/{buildID}", team, b.start)
 	s.handle("GET /templates/{templateID}/builds/{buildID}/status", team, b.status)
+	s.handle("GET /templates/{templateID}/builds/{buildID}/logs", team, b.logs)
 	s.handle("GET /templates/{templateID}/files/{hash}", team, b.files)
 	s.handle("PUT /templates/{templateID}/files/{hash}", team, b.upload)
 

@@ -1,23 +1,14 @@
 package api
 
 import (
-	"context"
 	"errors"
-	"io"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
-	"github.com/aenvhq/aenv/internal/runtime"
 	"github.com/aenvhq/aenv/internal/template"
 )
-
-type noSteps struct{}
-
-func (noSteps) RunStep(context.Context, runtime.StepSpec, io.Writer) (int, error) {
-	return -1, errors.New("this test runs no build steps")
-}
 
 // TestReleaseKeepsFilesAskedFor: a build's end leaves its uploads to a
 // client that asked for them since it started, and to another build
@@ -27,7 +18,7 @@ func TestReleaseKeepsFilesAskedFor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bs := New(Config{Templates: store, APIKey: "k", BuildSteps: noSteps{}}).builds
+	bs := New(Config{Templates: store, APIKey: "k", Builds: RefusingJobs(t)}).builds
 	const key = "team/h1" // a team's upload of hash h1 (fileKey)
 	dir := filepath.Join(bs.filesRoot(), key)
 	if err := os.MkdirAll(dir, 0o700); err != nil {

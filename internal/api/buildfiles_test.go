@@ -23,7 +23,7 @@ func TestBuildFilesGo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := api.New(api.Config{Templates: store, APIKey: "k", BuildSteps: refusingSteps{}})
+	a := api.New(api.Config{Templates: store, APIKey: "k", Builds: api.RefusingJobs(t)})
 	srv := httptest.NewServer(a)
 	defer srv.Close()
 	do := func(method, path string, body []byte) (int, map[string]any) {
@@ -79,6 +79,18 @@ func TestBuildFilesGo(t *testing.T) {
 	}
 	if exists("used") {
 		t.Fatal("the uploaded files of an ended build are still there")
+	}
+	// They are renamed aside at once and removed after: wait for that,
+	// or the sweep below counts them too.
+	for {
+		trash, _ := filepath.Glob(filepath.Join(store.Dir(), ".build-files", ".trash-*"))
+		if len(trash) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the ended build's files are still being removed: %v", trash)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 
 	// Two days on, for the upload nobody asked for since, and for one

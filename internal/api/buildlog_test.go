@@ -1,68 +1,50 @@
 package api
 
 import (
+	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/aenvhq/aenv/internal/buildjob"
+	"github.com/aenvhq/aenv/internal/buildspec"
 )
 
-// TestBuildLogTail checks that a build's log keeps only its tail, in
-// bytes and in entries, that a line without end is cut, and that offsets
-// keep counting from the build's first line.
+// TestBuildLogTail checks the status route over a build's record: the
+// log keeps only its tail, offsets keep counting from the build's first
+// line (one already dropped gets the tail from its start; one past the
+// end, nothing), limit bounds the entries, and the reason ends with the
+// error.
 func TestBuildLogTail(t *testing.T) {
-	rec := &buildRecord{templateID: "t", buildID: "b", status: buildBuilding}
-	line := strings.Repeat("x", 1000) + "\n"
+	line := strings.Repeat("x", 1000)
 	const lines = 3000 // 3 MB: three times the bound
+	n := scriptedNode{err: "the build failed"}
 	for i := range lines {
-		fmt.Fprintf(rec, "%05d %s", i, line)
+		n.lines = append(n.lines, fmt.Sprintf("%05d %s", i, line))
 	}
-	size := 0
-	for _, e := range rec.logs {
-		size += len(e.Message)
+	jobs := NewTestJobs(t, n)
+	ctx := context.Background()
+	if _, err := jobs.Request(ctx, buildjob.Record{TemplateID: "t", BuildID: "b", Team: ""}); err != nil {
+		t.Fatal(err)
 	}
-	if size > maxLogBytes || rec.logBytes != size {
-		t.Fatalf("the log keeps %d bytes (counted %d), over %d", size, rec.logBytes, maxLogBytes)
+	done := make(chan *buildjob.Record, 1)
+	if err := jobs.Start(ctx, "t", "b", buildjob.Spec{Dockerfile: &buildspec.Dockerfile{From: "base"},
+		Done: func(r *buildjob.Record) { done <- r }}); err != nil {
+		t.Fatal(err)
 	}
-	if rec.first+len(rec.logs) != lines || !strings.HasPrefix(rec.logs[len(rec.logs)-1].Message, fmt.Sprintf("%05d", lines-1)) {
-		t.Fatalf("first %d, %d entries kept, last %q", rec.first, len(rec.logs), rec.logs[len(rec.logs)-1].Message[:5])
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the build did not end")
 	}
-	if !strings.HasPrefix(rec.logs[0].Message, fmt.Sprintf("%05d", rec.first)) {
-		t.Fatalf("entry %d holds %q", rec.first, rec.logs[0].Message[:5])
-	}
-
-	// A line without end (`head -c 1G /dev/zero`) is kept in pieces, and
-	// only its tail.
-	chunk := strings.Repeat("y", 64<<10)
-	for range 64 { // 4 MiB
-		rec.Write([]byte(chunk))
-	}
-	if len(rec.partial) >= maxLineBytes || rec.logBytes > maxLogBytes {
-		t.Fatalf("an endless line holds %d bytes pending, %d logged", len(rec.partial), rec.logBytes)
-	}
-	many := &buildRecord{}
-	for range maxLogEntries + 500 {
-		many.Write([]byte("\n"))
-	}
-	if len(many.logs) != maxLogEntries || many.first != 500 {
-		t.Fatalf("%d empty lines kept as %d entries from %d", maxLogEntries+500, len(many.logs), many.first)
-	}
-
-	// The reason keeps the last lines, the error among them.
-	rec.finish(errors.New("the build failed"))
-	if rec.reason == nil || rec.reason.LogEntries[len(rec.reason.LogEntries)-1].Message != "the build failed" {
-		t.Fatalf("reason = %+v", rec.reason)
-	}
-
-	// Offsets count from the build's first line: one already dropped
-	// gets the tail from its start; one past the end, nothing.
-	bs := &builds{byTemplate: map[string]*buildRecord{"t": rec}}
-	status := func(offset int) statusBody {
+	bs := &builds{s: &Server{cfg: Config{Builds: jobs}}}
+	status := func(query string) statusBody {
 		t.Helper()
-		req := httptest.NewRequest("GET", fmt.Sprintf("/templates/t/builds/b/status?logsOffset=%d", offset), nil)
+		req := httptest.NewRequest("GET", "/templates/t/builds/b/status?"+query, nil)
 		req.SetPathValue("templateID", "t")
 		req.SetPathValue("buildID", "b")
 		w := httptest.NewRecorder()
@@ -76,14 +58,29 @@ func TestBuildLogTail(t *testing.T) {
 		}
 		return out
 	}
-	end := rec.first + len(rec.logs)
-	if got := status(0); len(got.LogEntries) != len(rec.logs) || got.LogEntries[0].Message != rec.logs[0].Message {
-		t.Fatalf("offset 0: %d entries", len(got.LogEntries))
+	all := status("logsOffset=0")
+	size := 0
+	for _, e := range all.LogEntries {
+		size += len(e.Message)
 	}
-	if got := status(end - 2); len(got.LogEntries) != 2 || got.LogEntries[1].Message != "the build failed" {
+	if size > 1<<20 || len(all.LogEntries) < 500 {
+		t.Fatalf("the log keeps %d bytes in %d entries", size, len(all.LogEntries))
+	}
+	first := lines + 1 - len(all.LogEntries) // the error is the last entry
+	if !strings.HasPrefix(all.LogEntries[0].Message, fmt.Sprintf("%05d", first)) {
+		t.Fatalf("entry %d holds %q", first, all.LogEntries[0].Message[:5])
+	}
+	end := lines + 1
+	if got := status(fmt.Sprintf("logsOffset=%d", end-2)); len(got.LogEntries) != 2 || got.LogEntries[1].Message != "the build failed" || len(got.Logs) != 2 {
 		t.Fatalf("offset end-2: %+v", got.LogEntries)
 	}
-	if got := status(end + 5); len(got.LogEntries) != 0 {
+	if got := status(fmt.Sprintf("logsOffset=%d&limit=1", end-2)); len(got.LogEntries) != 1 || !strings.HasPrefix(got.LogEntries[0].Message, fmt.Sprintf("%05d", lines-1)) {
+		t.Fatalf("offset end-2, limit 1: %+v", got.LogEntries)
+	}
+	if got := status(fmt.Sprintf("logsOffset=%d", end+5)); len(got.LogEntries) != 0 {
 		t.Fatalf("offset past the end: %d entries", len(got.LogEntries))
+	}
+	if all.Status != "error" || all.Reason == nil || all.Reason.LogEntries[len(all.Reason.LogEntries)-1].Message != "the build failed" {
+		t.Fatalf("status %s, reason = %+v", all.Status, all.Reason)
 	}
 }

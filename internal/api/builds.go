@@ -1,8 +1,6 @@
 package api
 
 import (
-	"bytes"
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -17,139 +15,58 @@ import (
 	"sync"
 	"time"
 
-	"github.com/aenvhq/aenv/internal/build"
+	"github.com/aenvhq/aenv/internal/buildjob"
+	"github.com/aenvhq/aenv/internal/buildspec"
 	"github.com/aenvhq/aenv/internal/image"
-	"github.com/aenvhq/aenv/internal/template"
-)
-
-// Build statuses, as E2B names them.
-const (
-	buildWaiting  = "waiting"
-	buildBuilding = "building"
-	buildReady    = "ready"
-	buildError    = "error"
+	"github.com/aenvhq/aenv/internal/state"
 )
 
 // builds runs E2B template builds: a template is requested (POST
 // /v3/templates), then its build started with a step list (POST
-// /v2/templates/{id}/builds/{buildID}) and polled. Builds are kept in
-// memory: a restarted server forgets them, not the templates they made.
+// /v2/templates/{id}/builds/{buildID}) and polled. The builds are cluster
+// records (Config.Builds), run on a node: any server answers their status.
+// The uploads of COPY files are this server's: a build started here
+// sends them to its node.
 type builds struct {
 	s  *Server
 	mu sync.Mutex
-	// byTemplate holds each template's latest build.
-	byTemplate map[string]*buildRecord
 	// filesInUse counts the running builds that use each upload.
 	filesInUse map[string]int
 }
 
 func newBuilds(s *Server) *builds {
-	return &builds{s: s, byTemplate: map[string]*buildRecord{}, filesInUse: map[string]int{}}
-}
-
-// buildRecord is one build and its log.
-type buildRecord struct {
-	templateID, buildID string
-	// team owns the build and the template it makes.
-	team               string
-	cpuCount, memoryMB int
-	names              []string
-
-	mu     sync.Mutex
-	status string
-	// logs is the log's tail: logs[0] is entry number first (log offsets
-	// count from the build's first line), logBytes their messages' size.
-	logs     []buildLogEntry
-	first    int
-	logBytes int
-	partial  []byte
-	reason   *buildReason
-}
-
-// buildLogEntry is E2B's BuildLogEntry.
-type buildLogEntry struct {
-	Timestamp time.Time `json:"timestamp"`
-	Level     string    `json:"level"`
-	Message   string    `json:"message"`
-	Step      string    `json:"step,omitempty"`
+	return &builds{s: s, filesInUse: map[string]int{}}
 }
 
 // buildReason is E2B's BuildStatusReason.
-type buildReason struct {
-	Message    string          `json:"message"`
-	Step       string          `json:"step,omitempty"`
-	LogEntries []buildLogEntry `json:"logEntries"`
+type buildReason = buildjob.Reason
+
+// buildLogEntry is E2B's BuildLogEntry.
+type buildLogEntry = buildjob.Entry
+
+// enabled answers 501 when this server takes no builds.
+func (bs *builds) enabled(w http.ResponseWriter) bool {
+	if bs.s.cfg.Builds == nil {
+		writeError(w, http.StatusNotImplemented, "template builds are not enabled on this server")
+		return false
+	}
+	return true
 }
 
-// Write takes the build's output, a log entry per line; a line longer
-// than maxLineBytes is cut into entries of that size.
-func (b *buildRecord) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.partial = append(b.partial, p...)
-	for {
-		i := bytes.IndexByte(b.partial, '\n')
-		if i < 0 {
-			for len(b.partial) >= maxLineBytes {
-				b.addLocked("info", string(b.partial[:maxLineBytes]))
-				b.partial = b.partial[maxLineBytes:]
-			}
-			break
-		}
-		b.addLocked("info", string(b.partial[:i]))
-		b.partial = b.partial[i+1:]
+// buildStatus is the HTTP status of a build job's error.
+func (s *Server) writeBuildError(w http.ResponseWriter, r *http.Request, err error) {
+	switch {
+	case errors.Is(err, buildjob.ErrNotFound):
+		writeError(w, http.StatusNotFound, err.Error())
+	case errors.Is(err, buildjob.ErrBusy), errors.Is(err, buildjob.ErrStarted):
+		writeError(w, http.StatusConflict, err.Error())
+	case errors.Is(err, state.ErrUnavailable):
+		w.Header().Set("Retry-After", "2")
+		writeError(w, http.StatusServiceUnavailable, "the state store is unavailable; try again shortly: "+err.Error())
+	default:
+		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+		writeError(w, http.StatusInternalServerError, err.Error())
 	}
-	// Keep the unfinished line, not the whole buffer it was cut from.
-	b.partial = append([]byte(nil), b.partial...)
-	return len(p), nil
-}
-
-// A build's log is kept in memory while the server runs: its last
-// maxLogBytes (of messages) in at most maxLogEntries entries. The oldest
-// entries go first: the tail says why a build failed. A client that polls
-// from an offset already dropped gets the tail from its start.
-const (
-	maxLogBytes   = 1 << 20
-	maxLogEntries = 20000
-	maxLineBytes  = 16 << 10
-)
-
-func (b *buildRecord) addLocked(level, msg string) {
-	msg = strings.TrimRight(msg, "\r")
-	b.logs = append(b.logs, buildLogEntry{Timestamp: time.Now().UTC(), Level: level, Message: msg})
-	b.logBytes += len(msg)
-	for len(b.logs) > 1 && (b.logBytes > maxLogBytes || len(b.logs) > maxLogEntries) {
-		b.logBytes -= len(b.logs[0].Message)
-		b.logs[0] = buildLogEntry{} // let go of its message
-		b.logs = b.logs[1:]
-		b.first++
-	}
-}
-
-// finish records how the build ended.
-func (b *buildRecord) finish(err error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if len(b.partial) > 0 {
-		b.addLocked("info", string(b.partial))
-		b.partial = nil
-	}
-	if err == nil {
-		b.status = buildReady
-		return
-	}
-	b.status = buildError
-	b.addLocked("error", err.Error())
-	step := "finalize"
-	var se *build.StepError
-	if errors.As(err, &se) {
-		step = strconv.Itoa(se.Step)
-		if se.Step == 0 {
-			step = "base"
-		}
-	}
-	tail := b.logs[max(0, len(b.logs)-20):]
-	b.reason = &buildReason{Message: err.Error(), Step: step, LogEntries: append([]buildLogEntry(nil), tail...)}
 }
 
 func randomHex(n int) string {
@@ -170,8 +87,7 @@ type requestBody struct {
 // request answers POST /v3/templates: it names the template (its name is
 // its id, as with `aenv pull --name`) and reserves a build.
 func (bs *builds) request(w http.ResponseWriter, r *http.Request) {
-	if bs.s.cfg.BuildSteps == nil {
-		writeError(w, http.StatusNotImplemented, "template builds are not enabled on this server")
+	if !bs.enabled(w) {
 		return
 	}
 	var body requestBody
@@ -198,61 +114,65 @@ func (bs *builds) request(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "cpuCount and memoryMB must not be negative")
 		return
 	}
-	rec := &buildRecord{
-		templateID: tpl.ID, team: tpl.Team, buildID: randomHex(16), status: buildWaiting,
-		cpuCount: body.CPUCount, memoryMB: body.MemoryMB, names: []string{name},
+	rec, err := bs.s.cfg.Builds.Request(r.Context(), buildjob.Record{
+		TemplateID: tpl.ID, Team: tpl.Team, BuildID: randomHex(16),
+		CPUCount: body.CPUCount, MemoryMB: body.MemoryMB, Names: []string{name},
+	})
+	if err != nil {
+		bs.s.writeBuildError(w, r, err)
+		return
 	}
-	bs.mu.Lock()
-	if old := bs.byTemplate[tpl.ID]; old != nil {
-		old.mu.Lock()
-		busy := old.status == buildBuilding
-		old.mu.Unlock()
-		if busy {
-			bs.mu.Unlock()
-			writeError(w, http.StatusConflict, fmt.Sprintf("template %s is being built (build %s)", name, old.buildID))
-			return
-		}
-	}
-	bs.byTemplate[tpl.ID] = rec
-	bs.mu.Unlock()
 	if tags == nil {
 		tags = []string{}
 	}
 	writeJSON(w, http.StatusAccepted, map[string]any{
-		"templateID": rec.templateID, "buildID": rec.buildID, "public": false,
-		"names": rec.names, "aliases": rec.names, "tags": tags,
+		"templateID": rec.TemplateID, "buildID": rec.BuildID, "public": false,
+		"names": rec.Names, "aliases": rec.Names, "tags": tags,
 	})
 }
 
 // byID finds the latest build of template id, or of the caller's team's
-// template called id.
-func (bs *builds) byID(r *http.Request, id string) *buildRecord {
-	bs.mu.Lock()
-	defer bs.mu.Unlock()
-	if rec := bs.byTemplate[id]; rec != nil {
-		return rec
+// template called id (ErrNotFound: neither has one).
+func (bs *builds) byID(r *http.Request, id string) (*buildjob.Record, error) {
+	rec, err := bs.s.cfg.Builds.Get(r.Context(), id)
+	if errors.Is(err, buildjob.ErrNotFound) {
+		rec, err = bs.s.cfg.Builds.Get(r.Context(), teamTemplateID(callerKey(r).Team, id))
 	}
-	return bs.byTemplate[teamTemplateID(callerKey(r).Team, id)]
+	if err == nil && !owner(r).Sees(rec.Team) {
+		err = buildjob.ErrNotFound
+	}
+	return rec, err
 }
 
 // building checks that the {templateID} a files route names is a build
 // the caller's team requested (POST /v3/templates comes first).
 func (bs *builds) building(w http.ResponseWriter, r *http.Request) bool {
 	id := r.PathValue("templateID")
-	rec := bs.byID(r, id)
-	if rec == nil || !owner(r).Sees(rec.team) {
+	_, err := bs.byID(r, id)
+	if errors.Is(err, buildjob.ErrNotFound) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no build of template %s (request one with POST /v3/templates first)", id))
+		return false
+	}
+	if err != nil {
+		bs.s.writeBuildError(w, r, err)
 		return false
 	}
 	return true
 }
 
 // lookup finds the build a path names.
-func (bs *builds) lookup(w http.ResponseWriter, r *http.Request) *buildRecord {
+func (bs *builds) lookup(w http.ResponseWriter, r *http.Request) *buildjob.Record {
 	id, buildID := r.PathValue("templateID"), r.PathValue("buildID")
-	rec := bs.byID(r, id)
-	if rec == nil || rec.buildID != buildID || !owner(r).Sees(rec.team) {
+	rec, err := bs.byID(r, id)
+	if err == nil && rec.BuildID != buildID {
+		err = buildjob.ErrNotFound
+	}
+	if errors.Is(err, buildjob.ErrNotFound) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("build %s of template %s not found", buildID, id))
+		return nil
+	}
+	if err != nil {
+		bs.s.writeBuildError(w, r, err)
 		return nil
 	}
 	return rec
@@ -277,8 +197,7 @@ type startBody struct {
 // start answers POST /v2/templates/{templateID}/builds/{buildID}: it
 // checks the steps and runs the build in the background.
 func (bs *builds) start(w http.ResponseWriter, r *http.Request) {
-	if bs.s.cfg.BuildSteps == nil {
-		writeError(w, http.StatusNotImplemented, "template builds are not enabled on this server")
+	if !bs.enabled(w) {
 		return
 	}
 	rec := bs.lookup(w, r)
@@ -289,57 +208,42 @@ func (bs *builds) start(w http.ResponseWriter, r *http.Request) {
 	if !decodeBody(w, r, &body) {
 		return
 	}
-	df, err := toDockerfile(body, bs.filesDir(rec.team))
+	df, contexts, err := toDockerfile(body, bs.filesDir(rec.Team))
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
 	admin := callerKey(r).Admin
-	if !admin && df.FromKind == build.FromImage {
+	if !admin && df.FromKind == buildspec.FromImage {
 		if err := image.CheckClientRef(r.Context(), df.From); err != nil {
 			writeError(w, importStatus(err), err.Error())
 			return
 		}
 	}
-	started, hashes := time.Now(), fileKeys(rec.team, copyHashes(body))
+	if rec.Status != buildjob.Waiting {
+		writeError(w, http.StatusConflict, fmt.Sprintf("build %s was started already (%s)", rec.BuildID, rec.Status))
+		return
+	}
+	started, hashes := time.Now(), fileKeys(rec.Team, copyHashes(body))
 	if !bs.acquireFiles(hashes) {
 		writeError(w, http.StatusBadRequest, "the files of a COPY step were removed meanwhile; upload them again")
 		return
 	}
-	rec.mu.Lock()
-	if rec.status != buildWaiting {
-		st := rec.status
-		rec.mu.Unlock()
+	log := bs.s.log.With("template_id", rec.TemplateID, "build_id", rec.BuildID)
+	log.Info("template build started", "from", df.From, "steps", len(df.Steps))
+	// The client polls for the outcome: its request ending does not end
+	// the build (the build's time limit does, and this server's Close).
+	err = bs.s.cfg.Builds.Start(r.Context(), rec.TemplateID, rec.BuildID, buildjob.Spec{
+		Dockerfile: df, Contexts: contexts,
+		StartCmd: body.StartCmd, ReadyCmd: body.ReadyCmd,
+		Untrusted: !admin,
+		Done:      func(*buildjob.Record) { bs.releaseFiles(hashes, started) },
+	})
+	if err != nil {
 		bs.releaseFiles(hashes, time.Time{})
-		writeError(w, http.StatusConflict, fmt.Sprintf("build %s was started already (%s)", rec.buildID, st))
+		bs.s.writeBuildError(w, r, err)
 		return
 	}
-	rec.status = buildBuilding
-	rec.mu.Unlock()
-
-	log := bs.s.log.With("template_id", rec.templateID, "build_id", rec.buildID)
-	opts := build.Options{
-		Template: template.Template{
-			ID: rec.templateID, Team: rec.team, Name: rec.names[0], CPUCount: rec.cpuCount, MemoryMB: rec.memoryMB,
-			StartCmd: body.StartCmd, ReadyCmd: body.ReadyCmd,
-		},
-		Untrusted: !admin,
-		Log:       rec,
-		Logger:    log,
-	}
-	log.Info("template build started", "from", df.From, "steps", len(df.Steps))
-	go func() {
-		// The client polls for the outcome: its request ending does not
-		// end the build (the build's time limit does).
-		_, err := bs.s.runBuild(context.WithoutCancel(r.Context()), rec.team, df, opts)
-		bs.releaseFiles(hashes, started)
-		rec.finish(err)
-		if err != nil {
-			log.Warn("template build failed", "err", err)
-			return
-		}
-		log.Info("template build finished")
-	}()
 	w.WriteHeader(http.StatusAccepted)
 }
 
@@ -356,39 +260,29 @@ func copyHashes(body startBody) []string {
 	return out
 }
 
-// runBuild runs a build within the server's bounds: once its team's
-// bound (BuildLimiter) lets it, with the node's runtime and templates and
-// under BuildLimits, once BuildSlots has room (build.Run waits for that,
-// saying so in the build's log).
-func (s *Server) runBuild(ctx context.Context, team string, df *build.Dockerfile, opts build.Options) (*build.Result, error) {
-	if s.cfg.BuildLimiter != nil {
-		release, err := s.cfg.BuildLimiter(ctx, team)
-		if err != nil {
-			return nil, fmt.Errorf("building template %s: %w", opts.Template.ID, err)
-		}
-		defer release()
-	}
-	opts.Steps, opts.Store = s.cfg.BuildSteps, s.cfg.Templates
-	opts.Limits, opts.Slots, opts.Keychain = s.cfg.BuildLimits, s.cfg.BuildSlots, s.cfg.RegistryAuth
-	return build.Run(ctx, df, opts)
-}
-
 // toDockerfile maps E2B's build steps onto the builder's. Steps start as
 // E2B's do: as `user` in /home/user; COPY gives files to the current
-// user unless it names one. COPY sources come from filesDir.
-func toDockerfile(body startBody, filesDir string) (*build.Dockerfile, error) {
+// user unless it names one. COPY sources come from filesDir: contexts
+// maps the names COPY steps give them to their directories.
+func toDockerfile(body startBody, filesDir string) (*buildspec.Dockerfile, map[string]string, error) {
+	contexts := map[string]string{}
+	df, err := toDockerfileWith(body, filesDir, contexts)
+	return df, contexts, err
+}
+
+func toDockerfileWith(body startBody, filesDir string, contexts map[string]string) (*buildspec.Dockerfile, error) {
 	user := "user"
 	if body.FromImageRegistry != nil {
 		return nil, errors.New("fromImageRegistry (registry credentials) is not supported yet; the server's operator can give it credentials (aenv server --registry-auth)")
 	}
-	df := &build.Dockerfile{User: "user", Workdir: "/home/user"}
+	df := &buildspec.Dockerfile{User: "user", Workdir: "/home/user"}
 	switch {
 	case body.FromImage != "" && body.FromTemplate != "":
 		return nil, errors.New("give one of fromImage and fromTemplate, not both")
 	case body.FromImage != "":
-		df.From, df.FromKind = body.FromImage, build.FromImage
+		df.From, df.FromKind = body.FromImage, buildspec.FromImage
 	case body.FromTemplate != "":
-		df.From, df.FromKind = body.FromTemplate, build.FromTemplate
+		df.From, df.FromKind = body.FromTemplate, buildspec.FromTemplate
 	default:
 		return nil, errors.New("fromImage or fromTemplate is required")
 	}
@@ -401,7 +295,7 @@ func toDockerfile(body startBody, filesDir string) (*build.Dockerfile, error) {
 			if len(s.Args) < 1 || len(s.Args) > 2 || s.Args[0] == "" {
 				return nil, bad("args are [command] or [command, user]")
 			}
-			st := build.Step{Kind: build.StepRun, Args: []string{s.Args[0]}, Shell: true}
+			st := buildspec.Step{Kind: buildspec.StepRun, Args: []string{s.Args[0]}, Shell: true}
 			if len(s.Args) == 2 {
 				st.User = s.Args[1]
 			}
@@ -410,7 +304,7 @@ func toDockerfile(body startBody, filesDir string) (*build.Dockerfile, error) {
 			if len(s.Args) == 0 || len(s.Args)%2 != 0 {
 				return nil, bad("args are name, value pairs")
 			}
-			df.Steps = append(df.Steps, build.Step{Kind: build.StepEnv, Args: s.Args})
+			df.Steps = append(df.Steps, buildspec.Step{Kind: buildspec.StepEnv, Args: s.Args})
 		case "WORKDIR", "USER":
 			if len(s.Args) != 1 || s.Args[0] == "" {
 				return nil, bad("args are one value")
@@ -418,7 +312,7 @@ func toDockerfile(body startBody, filesDir string) (*build.Dockerfile, error) {
 			if strings.EqualFold(s.Type, "USER") {
 				user = s.Args[0]
 			}
-			df.Steps = append(df.Steps, build.Step{Kind: strings.ToUpper(s.Type), Args: s.Args})
+			df.Steps = append(df.Steps, buildspec.Step{Kind: strings.ToUpper(s.Type), Args: s.Args})
 		case "COPY":
 			// [src, dest, user, mode], the files uploaded beforehand
 			// under filesHash.
@@ -432,7 +326,8 @@ func toDockerfile(body startBody, filesDir string) (*build.Dockerfile, error) {
 			if _, err := os.Stat(filepath.Join(dir, uploadDone)); err != nil {
 				return nil, bad("its files were not uploaded (GET /templates/{templateID}/files/{hash} gives the upload URL)")
 			}
-			st := build.Step{Kind: build.StepCopy, Args: s.Args[:2], Context: filepath.Join(dir, "files"), Chown: user}
+			contexts[s.FilesHash] = filepath.Join(dir, "files")
+			st := buildspec.Step{Kind: buildspec.StepCopy, Args: s.Args[:2], Context: s.FilesHash, Chown: user}
 			if len(s.Args) > 2 && s.Args[2] != "" {
 				st.Chown = s.Args[2]
 			}
@@ -476,16 +371,15 @@ func (bs *builds) status(w http.ResponseWriter, r *http.Request) {
 			*dst = n
 		}
 	}
-	rec.mu.Lock()
-	entries := []buildLogEntry{}
-	if i := max(offset-rec.first, 0); i < len(rec.logs) {
-		entries = append(entries, rec.logs[i:]...)
+	entries, _, err := bs.s.cfg.Builds.Logs(r.Context(), rec.BuildID, offset, limit)
+	if err != nil {
+		bs.s.writeBuildError(w, r, err)
+		return
 	}
 	out := statusBody{
-		TemplateID: rec.templateID, BuildID: rec.buildID, Status: rec.status,
-		Reason: rec.reason,
+		TemplateID: rec.TemplateID, BuildID: rec.BuildID, Status: string(rec.Status),
+		Reason: rec.Reason,
 	}
-	rec.mu.Unlock()
 	if limit >= 0 && len(entries) > limit {
 		entries = entries[:limit]
 	}
@@ -515,8 +409,7 @@ func (bs *builds) filesDir(team string) string {
 // files answers the SDK's upload-link request, made before a build with
 // COPY steps: whether the files are here already, and where to PUT them.
 func (bs *builds) files(w http.ResponseWriter, r *http.Request) {
-	if bs.s.cfg.BuildSteps == nil {
-		writeError(w, http.StatusNotImplemented, "template builds are not enabled on this server")
+	if !bs.enabled(w) {
 		return
 	}
 	hash := r.PathValue("hash")
@@ -548,8 +441,7 @@ func (bs *builds) files(w http.ResponseWriter, r *http.Request) {
 // them, relative to its context directory. Bodies are bounded by
 // MaxUploadBytes.
 func (bs *builds) upload(w http.ResponseWriter, r *http.Request) {
-	if bs.s.cfg.BuildSteps == nil {
-		writeError(w, http.StatusNotImplemented, "template builds are not enabled on this server")
+	if !bs.enabled(w) {
 		return
 	}
 	hash := r.PathValue("hash")
@@ -576,7 +468,7 @@ func (bs *builds) upload(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, err.Error())
 		return
 	}
-	err := build.UnpackContext(r.Body, filepath.Join(tmp, "files"))
+	err := buildspec.UnpackContext(r.Body, filepath.Join(tmp, "files"))
 	if err == nil {
 		err = os.WriteFile(filepath.Join(tmp, uploadDone), nil, 0o600)
 	}
@@ -590,7 +482,7 @@ func (bs *builds) upload(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case errors.As(err, &tooBig):
 			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("uploaded files exceed %d bytes (the API's body limit)", tooBig.Limit))
-		case errors.Is(err, build.ErrInvalid):
+		case errors.Is(err, buildspec.ErrInvalid):
 			writeError(w, http.StatusBadRequest, err.Error())
 		default:
 			writeError(w, http.StatusBadRequest, err.Error())

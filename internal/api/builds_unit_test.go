@@ -4,18 +4,14 @@ import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
-	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"github.com/aenvhq/aenv/internal/api"
-	"github.com/aenvhq/aenv/internal/runtime"
 	"github.com/aenvhq/aenv/internal/template"
 )
 
@@ -26,7 +22,7 @@ func TestBuildRoutesValidate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(api.New(api.Config{Templates: store, APIKey: "k", BuildSteps: refusingSteps{}}))
+	srv := httptest.NewServer(api.New(api.Config{Templates: store, APIKey: "k", Builds: api.RefusingJobs(t)}))
 	defer srv.Close()
 	do := func(method, path string, body any) (int, map[string]any) {
 		t.Helper()
@@ -129,12 +125,4 @@ func tarOf(t *testing.T, name, body string) []byte {
 	tw.Close()
 	zw.Close()
 	return buf.Bytes()
-}
-
-// refusingSteps enables the build routes for tests that must never get as
-// far as running a step.
-type refusingSteps struct{}
-
-func (refusingSteps) RunStep(context.Context, runtime.StepSpec, io.Writer) (int, error) {
-	return -1, errors.New("this test runs no build steps")
 }

@@ -11,7 +11,7 @@ import (
 	"strconv"
 	"sync"
 
-	"github.com/aenvhq/aenv/internal/build"
+	"github.com/aenvhq/aenv/internal/buildspec"
 	"github.com/aenvhq/aenv/internal/image"
 	"github.com/aenvhq/aenv/internal/template"
 )
@@ -110,29 +110,19 @@ func splitLines(p []byte) []string {
 
 // fail sends the last event of an import that did not work.
 func (es *eventStream) fail(err error) {
-	e := &importErrorJSON{Code: importStatus(err), Message: err.Error()}
-	var se *build.StepError
-	if errors.As(err, &se) && se.ExitCode > 0 {
-		e.ExitCode = se.ExitCode
-	}
-	es.send(importEvent{Error: e})
+	es.send(importEvent{Error: &importErrorJSON{Code: importStatus(err), Message: err.Error()}})
 }
 
 // importStatus classifies an import's error as the HTTP status it stands
 // for.
 func importStatus(err error) int {
 	var tooBig *http.MaxBytesError
-	var step *build.StepError
 	switch {
 	case errors.Is(err, image.ErrForbidden):
 		return http.StatusForbidden
-	case errors.As(err, &step):
-		return http.StatusBadRequest // the Dockerfile's own step failed
 	case errors.As(err, &tooBig), errors.Is(err, image.ErrTooLarge):
 		return http.StatusRequestEntityTooLarge
-	case errors.Is(err, build.ErrTimeout):
-		return http.StatusGatewayTimeout // the build ran past its time limit
-	case errors.Is(err, build.ErrInvalid), errors.Is(err, image.ErrBadReference):
+	case errors.Is(err, buildspec.ErrInvalid), errors.Is(err, image.ErrBadReference):
 		return http.StatusBadRequest
 	case errors.Is(err, template.ErrNotFound), errors.Is(err, image.ErrNotFound):
 		return http.StatusNotFound

@@ -8,7 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/aenvhq/aenv/internal/build"
+	"github.com/aenvhq/aenv/internal/buildspec"
 	"github.com/aenvhq/aenv/internal/image"
 )
 
@@ -69,7 +69,7 @@ func (s *Server) pullTemplate(w http.ResponseWriter, r *http.Request) {
 		defer os.RemoveAll(dir)
 		local := filepath.Join(dir, "image")
 		if source == "oci" {
-			err = build.UnpackContext(r.Body, local)
+			err = buildspec.UnpackContext(r.Body, local)
 		} else {
 			err = saveUpload(r, local)
 		}

@@ -23,7 +23,7 @@ import (
 )
 
 // trustServer is an API with the server's admin key "admin" and a
-// client's key without admin rights; builds run nothing (refusingSteps).
+// client's key without admin rights; builds run nothing (RefusingJobs).
 func trustServer(t *testing.T, cfg api.Config) (url, clientKey string) {
 	t.Helper()
 	keys, err := apikeys.Open(context.Background(), state.NewMemory(), slog.New(slog.DiscardHandler))
@@ -39,7 +39,10 @@ func trustServer(t *testing.T, cfg api.Config) (url, clientKey string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.Templates, cfg.Keys, cfg.APIKey, cfg.Pulls, cfg.BuildSteps = store, keys, "admin", true, refusingSteps{}
+	cfg.Templates, cfg.Keys, cfg.APIKey, cfg.Pulls = store, keys, "admin", true
+	if cfg.Builds == nil {
+		cfg.Builds = api.RefusingJobs(t)
+	}
 	cfg.Logger = slog.New(slog.DiscardHandler)
 	srv := httptest.NewServer(api.New(cfg))
 	t.Cleanup(srv.Close)
@@ -124,7 +127,7 @@ func TestBuildLimiter(t *testing.T) {
 	var mu sync.Mutex
 	var asked, released int
 	refuse := true
-	url, _ := trustServer(t, api.Config{BuildLimiter: func(ctx context.Context, team string) (func(), error) {
+	url, _ := trustServer(t, api.Config{Builds: api.LimitedJobs(t, func(ctx context.Context, team string) (func(), error) {
 		mu.Lock()
 		defer mu.Unlock()
 		asked++
@@ -132,7 +135,7 @@ func TestBuildLimiter(t *testing.T) {
 			return nil, errors.New("team quota reached: 1 build at once")
 		}
 		return func() { mu.Lock(); released++; mu.Unlock() }, nil
-	}})
+	})})
 	build := func() map[string]any {
 		t.Helper()
 		var req struct{ BuildID string }

@@ -23,6 +23,7 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/authn"
 
+	"github.com/aenvhq/aenv/internal/buildspec"
 	"github.com/aenvhq/aenv/internal/image"
 	"github.com/aenvhq/aenv/internal/runtime"
 	"github.com/aenvhq/aenv/internal/template"
@@ -72,7 +73,7 @@ type Options struct {
 
 // ErrInvalid classifies builds that are wrong as written: a bad
 // instruction, an unknown FROM, a COPY outside the context.
-var ErrInvalid = errors.New("invalid build")
+var ErrInvalid = buildspec.ErrInvalid
 
 // StepError is a build step that failed. ExitCode is the exit status of a
 // RUN (or of the copy behind a COPY), -1 when no command ran or a bound of
@@ -230,7 +231,7 @@ func Run(ctx context.Context, df *Dockerfile, opts Options) (*Result, error) {
 	}
 	from := df.From
 	if len(df.PreArgs) > 0 {
-		w, err := words(from, pre.lookup)
+		w, err := buildspec.Words(from, pre.lookup)
 		if err != nil || len(w) != 1 {
 			return fail(&StepError{Step: 0, Steps: total, Instruction: "FROM " + df.From, Line: df.FromLine, ExitCode: -1,
 				Err: fmt.Errorf("%w: cannot expand %q", ErrInvalid, df.From)})
@@ -381,7 +382,7 @@ func prepareRoot(ctx context.Context, root, scratch, from string, kind FromKind,
 // applyArg declares an ARG: its value is the build argument if given,
 // else its default.
 func applyArg(st *state, step Step, buildArgs map[string]string) error {
-	ws, err := words(step.Raw, st.lookup)
+	ws, err := buildspec.Words(step.Raw, st.lookup)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
@@ -714,13 +715,13 @@ func splitRaw(step Step, st *state) ([]string, error) {
 			flags = append(flags, flag)
 			raw = strings.TrimSpace(rest)
 		}
-		if argv, ok := jsonArray(raw); ok {
-			out, err := words(strings.Join(flags, " "), st.lookup)
+		if argv, ok := buildspec.JSONArray(raw); ok {
+			out, err := buildspec.Words(strings.Join(flags, " "), st.lookup)
 			if err != nil {
 				return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 			}
 			for _, a := range argv {
-				w, err := words(a, st.lookup)
+				w, err := buildspec.Words(a, st.lookup)
 				if err != nil {
 					return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 				}
@@ -729,7 +730,7 @@ func splitRaw(step Step, st *state) ([]string, error) {
 			return out, nil
 		}
 	}
-	out, err := words(strings.TrimSpace(strings.Join(flags, " ")+" "+raw), st.lookup)
+	out, err := buildspec.Words(strings.TrimSpace(strings.Join(flags, " ")+" "+raw), st.lookup)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}

@@ -1,6 +1,8 @@
 package build
 
 import (
+	"github.com/aenvhq/aenv/internal/buildspec"
+
 	"bytes"
 	"context"
 	"errors"
@@ -59,9 +61,9 @@ func TestWords(t *testing.T) {
 		`"q\"uote" $ $unknown`: {`q"uote`, "$", ""},
 	}
 	for in, want := range cases {
-		got, err := words(in, lookup)
+		got, err := buildspec.Words(in, lookup)
 		if err != nil || strings.Join(got, "|") != strings.Join(want, "|") {
-			t.Errorf("words(%q) = %q, %v; want %q", in, got, err, want)
+			t.Errorf("buildspec.Words(%q) = %q, %v; want %q", in, got, err, want)
 		}
 	}
 }

@@ -36,6 +36,8 @@ type depRule struct {
 var depRules = []depRule{
 	{root: "internal/cluster", forbidden: nodeSide,
 		why: "the cluster sees nodes only through the node API's wire (nodeapi) and membership"},
+	{root: "internal/buildjob", forbidden: nodeSide,
+		why: "build jobs are control-plane records; the node runs them behind the node API"},
 	{root: "internal/client", forbidden: append(append([]string{}, nodeSide...), controlPlane...),
 		why: "the Go client speaks HTTP to a server"},
 	{root: "internal/nodeapi", forbidden: append(append([]string{}, nodeSide...), controlPlane...),
@@ -49,7 +51,7 @@ var depRules = []depRule{
 		// (build → runtime's step spec) and a pulled template's block image
 		// (template → blockimage.Build). Moving builds to the nodes
 		// (issue 17, item 3) removes these.
-		through: []string{"internal/build", "internal/template"},
+		through: []string{"internal/template"},
 		why:     "the API serves clients through the cluster; it never runs sandboxes"},
 	// The CLI's client side is what builds off Linux: on Linux the host's
 	// commands (server, node, etcd, image-server) link everything.

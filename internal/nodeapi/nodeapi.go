@@ -50,6 +50,14 @@ type Node interface {
 	// SYNC once the subscription is in place, until ctx ends (nil) or the
 	// stream breaks (its error).
 	Events(ctx context.Context, fn func(*nodev1.Event)) error
+	// PutBuildContext takes one chunk of a build's context, before the
+	// Build that names it.
+	PutBuildContext(context.Context, *nodev1.PutBuildContextRequest) (*nodev1.PutBuildContextResponse, error)
+	// Build runs a template build, calling fn with each event (log lines,
+	// then the result last) until the build ends (nil once the result was
+	// given) or the stream breaks (its error). Ending ctx cancels the
+	// build on the node.
+	Build(ctx context.Context, req *nodev1.BuildRequest, fn func(*nodev1.BuildEvent)) error
 }
 
 // Code is err's Connect code: CodeUnknown for an error that is not a

@@ -2,6 +2,7 @@ package nodeapi
 
 import (
 	"context"
+	"errors"
 	"net"
 	"net/http"
 	"time"
@@ -94,6 +95,27 @@ func (h *handler) Events(ctx context.Context, _ *nodev1.EventsRequest, st *conne
 		if sendErr == nil {
 			if sendErr = st.Send(ev); sendErr != nil {
 				cancel()
+			}
+		}
+	})
+	if sendErr != nil {
+		return sendErr
+	}
+	return err
+}
+
+func (h *handler) PutBuildContext(ctx context.Context, r *nodev1.PutBuildContextRequest) (*nodev1.PutBuildContextResponse, error) {
+	return h.n.PutBuildContext(ctx, r)
+}
+
+func (h *handler) Build(ctx context.Context, r *nodev1.BuildRequest, st *connect.ServerStream[nodev1.BuildEvent]) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var sendErr error
+	err := h.n.Build(ctx, r, func(ev *nodev1.BuildEvent) {
+		if sendErr == nil {
+			if sendErr = st.Send(ev); sendErr != nil {
+				cancel() // the caller is gone: so is its build
 			}
 		}
 	})
@@ -245,4 +267,31 @@ func (r *Remote) Events(ctx context.Context, fn func(*nodev1.Event)) error {
 		return nil
 	}
 	return st.Err()
+}
+
+// PutBuildContext implements Node.
+func (r *Remote) PutBuildContext(ctx context.Context, q *nodev1.PutBuildContextRequest) (*nodev1.PutBuildContextResponse, error) {
+	return r.c.PutBuildContext(ctx, q)
+}
+
+// Build implements Node.
+func (r *Remote) Build(ctx context.Context, q *nodev1.BuildRequest, fn func(*nodev1.BuildEvent)) error {
+	st, err := r.c.Build(ctx, q)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	done := false
+	for st.Receive() {
+		ev := st.Msg()
+		done = done || ev.Result != nil
+		fn(ev)
+	}
+	if err := st.Err(); err != nil {
+		return err
+	}
+	if !done {
+		return connect.NewError(connect.CodeUnavailable, errors.New("the build's stream ended without its result"))
+	}
+	return nil
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/aenvhq/aenv/internal/agent"
 	"github.com/aenvhq/aenv/internal/api"
 	"github.com/aenvhq/aenv/internal/apikeys"
+	"github.com/aenvhq/aenv/internal/buildjob"
 	"github.com/aenvhq/aenv/internal/cluster"
 	"github.com/aenvhq/aenv/internal/membership"
 	"github.com/aenvhq/aenv/internal/nodeapi"
@@ -35,24 +36,6 @@ import (
 // node (and any node agent) is told, and the API's own settings.
 type Config struct {
 	agent.Config
-	// BuildMemoryMB and BuildCPUs bound each build step, BuildDiskBytes
-	// the disk a build's tree is written to, BuildTimeout a build's time
-	// (0: 2 GiB, 2 CPUs, 20 GiB, 30 minutes; negative: no bound); its
-	// steps' pids are bounded as sandboxes' (PidsLimit). MaxBuilds is how
-	// many builds run at once on the local node, the others queued (0:
-	// 2).
-	BuildMemoryMB, BuildCPUs int
-	BuildDiskBytes           int64
-	BuildTimeout             time.Duration
-	MaxBuilds                int
-	// MaxImageBytes bounds the images pulled, as templates or as builds'
-	// FROM: their layers as stored, and what they unpack to (0: 10 GiB;
-	// negative: no bound).
-	MaxImageBytes int64
-	// RegistryAuth is a file of registry credentials in Docker's
-	// config.json format, the only ones pulls use; empty: pulls are
-	// anonymous.
-	RegistryAuth string
 	// Domain is what clients are told sandbox hosts end in; empty derives
 	// `localhost:<port>` from Listen.
 	Domain string
@@ -117,6 +100,9 @@ type Server struct {
 	remote *store.Store
 	// images is the store block images are published to (beside remote).
 	images *store.Store
+
+	// builds are the cluster's template builds, this server's running.
+	builds *buildjob.Jobs
 
 	// stopGC ends the store's garbage collection loop.
 	stopGC func()
@@ -252,16 +238,27 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 		AllowInsecure:  cfg.AllowInsecureSandboxes,
 		Logger:         log,
 	}
-	if s.host != nil {
-		acfg.BuildSteps = s.host.Node()
-		if s.host.ImageServer() != nil {
-			acfg.Metrics = s.host.ImageServer()
-		}
+	if s.host != nil && s.host.ImageServer() != nil {
+		acfg.Metrics = s.host.ImageServer()
 	}
-	if err := setBuildBounds(&acfg, cfg, s.host != nil); err != nil {
+	if err := setPullBounds(&acfg, cfg); err != nil {
 		return nil, err
 	}
-	acfg.BuildLimiter = api.TeamBuilds(s.keys)
+	// Builds run on a node and publish there: their templates reach
+	// this server's clients with a local node, or through a store the
+	// nodes share, as pulls' do.
+	if s.host != nil || s.remote != nil {
+		if s.builds, err = buildjob.Open(ctx, buildjob.Config{
+			State:   s.state,
+			Server:  ccfg.Candidate,
+			Node:    s.cluster.BuildNode,
+			Limiter: api.TeamBuilds(s.keys),
+			Logger:  log,
+		}); err != nil {
+			return nil, err
+		}
+		acfg.Builds = s.builds
+	}
 	acfg.VolumeContent = s.volumeContent
 	// Pulls need no node: the image is unpacked here and published to the
 	// store, from which nodes fetch it. Without a store only a local node
@@ -357,6 +354,11 @@ func (s *Server) close(ctx context.Context) error {
 	}
 	if s.stopSweep != nil {
 		s.stopSweep()
+	}
+	// Before the HTTP server: the streams that follow builds end with
+	// them.
+	if s.builds != nil {
+		errs = append(errs, s.builds.Close(ctx))
 	}
 	if s.http != nil {
 		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)

@@ -43,6 +43,8 @@ type LocalOptions struct {
 	Templates *template.Store
 	// RuntimeVersion and Version are reported by Info.
 	RuntimeVersion, Version string
+	// Builds, when set, lets the node run template builds (Build).
+	Builds *BuildConfig
 }
 
 var _ nodeapi.Node = (*Local)(nil)

@@ -491,3 +491,13 @@ func (n *Fake) ExportVolume(ctx context.Context, req *nodev1.ExportVolumeRequest
 func (n *Fake) ImportVolume(ctx context.Context, req *nodev1.ImportVolumeRequest) (*nodev1.ImportVolumeResponse, error) {
 	return &nodev1.ImportVolumeResponse{}, nil
 }
+
+// PutBuildContext is Unimplemented: the fake builds nothing.
+func (n *Fake) PutBuildContext(context.Context, *nodev1.PutBuildContextRequest) (*nodev1.PutBuildContextResponse, error) {
+	return nil, unimplemented("PutBuildContext")
+}
+
+// Build is Unimplemented: the fake builds nothing.
+func (n *Fake) Build(context.Context, *nodev1.BuildRequest, func(*nodev1.BuildEvent)) error {
+	return unimplemented("Build")
+}

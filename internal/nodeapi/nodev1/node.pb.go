@@ -85,7 +85,612 @@ func (x Event_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Event_Kind.Descriptor instead.
 func (Event_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{36, 0}
+	return file_node_node_proto_rawDescGZIP(), []int{43, 0}
+}
+
+type PutBuildContextRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	BuildId string                 `protobuf:"bytes,1,opt,name=build_id,json=buildId,proto3" json:"build_id,omitempty"`
+	// name is the context's name among the build's (BuildStep.context).
+	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// offset is where data goes in the tar: chunks come in order.
+	Offset int64  `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"`
+	Data   []byte `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"`
+	// last says the tar is complete: the node unpacks it.
+	Last          bool `protobuf:"varint,5,opt,name=last,proto3" json:"last,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutBuildContextRequest) Reset() {
+	*x = PutBuildContextRequest{}
+	mi := &file_node_node_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutBuildContextRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutBuildContextRequest) ProtoMessage() {}
+
+func (x *PutBuildContextRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutBuildContextRequest.ProtoReflect.Descriptor instead.
+func (*PutBuildContextRequest) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *PutBuildContextRequest) GetBuildId() string {
+	if x != nil {
+		return x.BuildId
+	}
+	return ""
+}
+
+func (x *PutBuildContextRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *PutBuildContextRequest) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *PutBuildContextRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *PutBuildContextRequest) GetLast() bool {
+	if x != nil {
+		return x.Last
+	}
+	return false
+}
+
+type PutBuildContextResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutBuildContextResponse) Reset() {
+	*x = PutBuildContextResponse{}
+	mi := &file_node_node_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutBuildContextResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutBuildContextResponse) ProtoMessage() {}
+
+func (x *PutBuildContextResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutBuildContextResponse.ProtoReflect.Descriptor instead.
+func (*PutBuildContextResponse) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{1}
+}
+
+// BuildStep is one instruction of a build (buildspec.Step).
+type BuildStep struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Kind  string                 `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	Args  []string               `protobuf:"bytes,2,rep,name=args,proto3" json:"args,omitempty"`
+	Raw   string                 `protobuf:"bytes,3,opt,name=raw,proto3" json:"raw,omitempty"`
+	Shell bool                   `protobuf:"varint,4,opt,name=shell,proto3" json:"shell,omitempty"`
+	User  string                 `protobuf:"bytes,5,opt,name=user,proto3" json:"user,omitempty"`
+	Chown string                 `protobuf:"bytes,6,opt,name=chown,proto3" json:"chown,omitempty"`
+	Chmod string                 `protobuf:"bytes,7,opt,name=chmod,proto3" json:"chmod,omitempty"`
+	// context names a context sent with PutBuildContext, for a COPY.
+	Context       string `protobuf:"bytes,8,opt,name=context,proto3" json:"context,omitempty"`
+	Line          int32  `protobuf:"varint,9,opt,name=line,proto3" json:"line,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BuildStep) Reset() {
+	*x = BuildStep{}
+	mi := &file_node_node_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BuildStep) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BuildStep) ProtoMessage() {}
+
+func (x *BuildStep) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BuildStep.ProtoReflect.Descriptor instead.
+func (*BuildStep) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *BuildStep) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *BuildStep) GetArgs() []string {
+	if x != nil {
+		return x.Args
+	}
+	return nil
+}
+
+func (x *BuildStep) GetRaw() string {
+	if x != nil {
+		return x.Raw
+	}
+	return ""
+}
+
+func (x *BuildStep) GetShell() bool {
+	if x != nil {
+		return x.Shell
+	}
+	return false
+}
+
+func (x *BuildStep) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *BuildStep) GetChown() string {
+	if x != nil {
+		return x.Chown
+	}
+	return ""
+}
+
+func (x *BuildStep) GetChmod() string {
+	if x != nil {
+		return x.Chmod
+	}
+	return ""
+}
+
+func (x *BuildStep) GetContext() string {
+	if x != nil {
+		return x.Context
+	}
+	return ""
+}
+
+func (x *BuildStep) GetLine() int32 {
+	if x != nil {
+		return x.Line
+	}
+	return 0
+}
+
+// BuildTemplate is what the build publishes.
+type BuildTemplate struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Team          string                 `protobuf:"bytes,2,opt,name=team,proto3" json:"team,omitempty"`
+	Name          string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	CpuCount      int32                  `protobuf:"varint,4,opt,name=cpu_count,json=cpuCount,proto3" json:"cpu_count,omitempty"`
+	MemoryMb      int32                  `protobuf:"varint,5,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
+	StartCmd      string                 `protobuf:"bytes,6,opt,name=start_cmd,json=startCmd,proto3" json:"start_cmd,omitempty"`
+	ReadyCmd      string                 `protobuf:"bytes,7,opt,name=ready_cmd,json=readyCmd,proto3" json:"ready_cmd,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BuildTemplate) Reset() {
+	*x = BuildTemplate{}
+	mi := &file_node_node_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BuildTemplate) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BuildTemplate) ProtoMessage() {}
+
+func (x *BuildTemplate) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BuildTemplate.ProtoReflect.Descriptor instead.
+func (*BuildTemplate) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *BuildTemplate) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *BuildTemplate) GetTeam() string {
+	if x != nil {
+		return x.Team
+	}
+	return ""
+}
+
+func (x *BuildTemplate) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *BuildTemplate) GetCpuCount() int32 {
+	if x != nil {
+		return x.CpuCount
+	}
+	return 0
+}
+
+func (x *BuildTemplate) GetMemoryMb() int32 {
+	if x != nil {
+		return x.MemoryMb
+	}
+	return 0
+}
+
+func (x *BuildTemplate) GetStartCmd() string {
+	if x != nil {
+		return x.StartCmd
+	}
+	return ""
+}
+
+func (x *BuildTemplate) GetReadyCmd() string {
+	if x != nil {
+		return x.ReadyCmd
+	}
+	return ""
+}
+
+type BuildRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	BuildId  string                 `protobuf:"bytes,1,opt,name=build_id,json=buildId,proto3" json:"build_id,omitempty"`
+	Template *BuildTemplate         `protobuf:"bytes,2,opt,name=template,proto3" json:"template,omitempty"`
+	// from, from_kind (buildspec.FromKind), from_line, pre_args, user,
+	// workdir and steps are the parsed Dockerfile (buildspec.Dockerfile).
+	From     string       `protobuf:"bytes,3,opt,name=from,proto3" json:"from,omitempty"`
+	FromKind int32        `protobuf:"varint,4,opt,name=from_kind,json=fromKind,proto3" json:"from_kind,omitempty"`
+	FromLine int32        `protobuf:"varint,5,opt,name=from_line,json=fromLine,proto3" json:"from_line,omitempty"`
+	PreArgs  []*BuildStep `protobuf:"bytes,6,rep,name=pre_args,json=preArgs,proto3" json:"pre_args,omitempty"`
+	User     string       `protobuf:"bytes,7,opt,name=user,proto3" json:"user,omitempty"`
+	Workdir  string       `protobuf:"bytes,8,opt,name=workdir,proto3" json:"workdir,omitempty"`
+	Steps    []*BuildStep `protobuf:"bytes,9,rep,name=steps,proto3" json:"steps,omitempty"`
+	// context names the build's context (a Dockerfile's COPY sources),
+	// sent with PutBuildContext; empty: none.
+	Context       string            `protobuf:"bytes,10,opt,name=context,proto3" json:"context,omitempty"`
+	BuildArgs     map[string]string `protobuf:"bytes,11,rep,name=build_args,json=buildArgs,proto3" json:"build_args,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Insecure      bool              `protobuf:"varint,12,opt,name=insecure,proto3" json:"insecure,omitempty"`
+	Untrusted     bool              `protobuf:"varint,13,opt,name=untrusted,proto3" json:"untrusted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BuildRequest) Reset() {
+	*x = BuildRequest{}
+	mi := &file_node_node_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BuildRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BuildRequest) ProtoMessage() {}
+
+func (x *BuildRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BuildRequest.ProtoReflect.Descriptor instead.
+func (*BuildRequest) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *BuildRequest) GetBuildId() string {
+	if x != nil {
+		return x.BuildId
+	}
+	return ""
+}
+
+func (x *BuildRequest) GetTemplate() *BuildTemplate {
+	if x != nil {
+		return x.Template
+	}
+	return nil
+}
+
+func (x *BuildRequest) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *BuildRequest) GetFromKind() int32 {
+	if x != nil {
+		return x.FromKind
+	}
+	return 0
+}
+
+func (x *BuildRequest) GetFromLine() int32 {
+	if x != nil {
+		return x.FromLine
+	}
+	return 0
+}
+
+func (x *BuildRequest) GetPreArgs() []*BuildStep {
+	if x != nil {
+		return x.PreArgs
+	}
+	return nil
+}
+
+func (x *BuildRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *BuildRequest) GetWorkdir() string {
+	if x != nil {
+		return x.Workdir
+	}
+	return ""
+}
+
+func (x *BuildRequest) GetSteps() []*BuildStep {
+	if x != nil {
+		return x.Steps
+	}
+	return nil
+}
+
+func (x *BuildRequest) GetContext() string {
+	if x != nil {
+		return x.Context
+	}
+	return ""
+}
+
+func (x *BuildRequest) GetBuildArgs() map[string]string {
+	if x != nil {
+		return x.BuildArgs
+	}
+	return nil
+}
+
+func (x *BuildRequest) GetInsecure() bool {
+	if x != nil {
+		return x.Insecure
+	}
+	return false
+}
+
+func (x *BuildRequest) GetUntrusted() bool {
+	if x != nil {
+		return x.Untrusted
+	}
+	return false
+}
+
+type BuildEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// lines are log lines of the build, in order.
+	Lines []string `protobuf:"bytes,1,rep,name=lines,proto3" json:"lines,omitempty"`
+	// result, in the last event, is how the build ended.
+	Result        *BuildResult `protobuf:"bytes,2,opt,name=result,proto3" json:"result,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BuildEvent) Reset() {
+	*x = BuildEvent{}
+	mi := &file_node_node_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BuildEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BuildEvent) ProtoMessage() {}
+
+func (x *BuildEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BuildEvent.ProtoReflect.Descriptor instead.
+func (*BuildEvent) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *BuildEvent) GetLines() []string {
+	if x != nil {
+		return x.Lines
+	}
+	return nil
+}
+
+func (x *BuildEvent) GetResult() *BuildResult {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+type BuildResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// error is empty when the template was published.
+	Error string `protobuf:"bytes,1,opt,name=error,proto3" json:"error,omitempty"`
+	// failed_step is the failed step (from 1; 0 is FROM), -1 when the
+	// build failed outside its steps.
+	FailedStep int32 `protobuf:"varint,2,opt,name=failed_step,json=failedStep,proto3" json:"failed_step,omitempty"`
+	// invalid says the build is wrong as written (buildspec.ErrInvalid).
+	Invalid    bool   `protobuf:"varint,3,opt,name=invalid,proto3" json:"invalid,omitempty"`
+	TemplateId string `protobuf:"bytes,4,opt,name=template_id,json=templateId,proto3" json:"template_id,omitempty"`
+	DurationMs int64  `protobuf:"varint,5,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
+	// exit_code is a failed RUN's exit status (0 when none ran).
+	ExitCode      int32 `protobuf:"varint,6,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BuildResult) Reset() {
+	*x = BuildResult{}
+	mi := &file_node_node_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BuildResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BuildResult) ProtoMessage() {}
+
+func (x *BuildResult) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BuildResult.ProtoReflect.Descriptor instead.
+func (*BuildResult) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *BuildResult) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *BuildResult) GetFailedStep() int32 {
+	if x != nil {
+		return x.FailedStep
+	}
+	return 0
+}
+
+func (x *BuildResult) GetInvalid() bool {
+	if x != nil {
+		return x.Invalid
+	}
+	return false
+}
+
+func (x *BuildResult) GetTemplateId() string {
+	if x != nil {
+		return x.TemplateId
+	}
+	return ""
+}
+
+func (x *BuildResult) GetDurationMs() int64 {
+	if x != nil {
+		return x.DurationMs
+	}
+	return 0
+}
+
+func (x *BuildResult) GetExitCode() int32 {
+	if x != nil {
+		return x.ExitCode
+	}
+	return 0
 }
 
 type LogsRequest struct {
@@ -97,7 +702,7 @@ type LogsRequest struct {
 
 func (x *LogsRequest) Reset() {
 	*x = LogsRequest{}
-	mi := &file_node_node_proto_msgTypes[0]
+	mi := &file_node_node_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -109,7 +714,7 @@ func (x *LogsRequest) String() string {
 func (*LogsRequest) ProtoMessage() {}
 
 func (x *LogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[0]
+	mi := &file_node_node_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -122,7 +727,7 @@ func (x *LogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsRequest.ProtoReflect.Descriptor instead.
 func (*LogsRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{0}
+	return file_node_node_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *LogsRequest) GetSandboxId() string {
@@ -145,7 +750,7 @@ type LogEntry struct {
 
 func (x *LogEntry) Reset() {
 	*x = LogEntry{}
-	mi := &file_node_node_proto_msgTypes[1]
+	mi := &file_node_node_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -157,7 +762,7 @@ func (x *LogEntry) String() string {
 func (*LogEntry) ProtoMessage() {}
 
 func (x *LogEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[1]
+	mi := &file_node_node_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -170,7 +775,7 @@ func (x *LogEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogEntry.ProtoReflect.Descriptor instead.
 func (*LogEntry) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{1}
+	return file_node_node_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *LogEntry) GetTimestamp() *timestamppb.Timestamp {
@@ -210,7 +815,7 @@ type LogsResponse struct {
 
 func (x *LogsResponse) Reset() {
 	*x = LogsResponse{}
-	mi := &file_node_node_proto_msgTypes[2]
+	mi := &file_node_node_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -222,7 +827,7 @@ func (x *LogsResponse) String() string {
 func (*LogsResponse) ProtoMessage() {}
 
 func (x *LogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[2]
+	mi := &file_node_node_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -235,7 +840,7 @@ func (x *LogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsResponse.ProtoReflect.Descriptor instead.
 func (*LogsResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{2}
+	return file_node_node_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *LogsResponse) GetEntries() []*LogEntry {
@@ -254,7 +859,7 @@ type MetricsRequest struct {
 
 func (x *MetricsRequest) Reset() {
 	*x = MetricsRequest{}
-	mi := &file_node_node_proto_msgTypes[3]
+	mi := &file_node_node_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -266,7 +871,7 @@ func (x *MetricsRequest) String() string {
 func (*MetricsRequest) ProtoMessage() {}
 
 func (x *MetricsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[3]
+	mi := &file_node_node_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -279,7 +884,7 @@ func (x *MetricsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricsRequest.ProtoReflect.Descriptor instead.
 func (*MetricsRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{3}
+	return file_node_node_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *MetricsRequest) GetSandboxId() string {
@@ -304,7 +909,7 @@ type MetricSample struct {
 
 func (x *MetricSample) Reset() {
 	*x = MetricSample{}
-	mi := &file_node_node_proto_msgTypes[4]
+	mi := &file_node_node_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -316,7 +921,7 @@ func (x *MetricSample) String() string {
 func (*MetricSample) ProtoMessage() {}
 
 func (x *MetricSample) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[4]
+	mi := &file_node_node_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -329,7 +934,7 @@ func (x *MetricSample) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricSample.ProtoReflect.Descriptor instead.
 func (*MetricSample) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{4}
+	return file_node_node_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *MetricSample) GetTimestamp() *timestamppb.Timestamp {
@@ -390,7 +995,7 @@ type MetricsResponse struct {
 
 func (x *MetricsResponse) Reset() {
 	*x = MetricsResponse{}
-	mi := &file_node_node_proto_msgTypes[5]
+	mi := &file_node_node_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -402,7 +1007,7 @@ func (x *MetricsResponse) String() string {
 func (*MetricsResponse) ProtoMessage() {}
 
 func (x *MetricsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[5]
+	mi := &file_node_node_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -415,7 +1020,7 @@ func (x *MetricsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricsResponse.ProtoReflect.Descriptor instead.
 func (*MetricsResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{5}
+	return file_node_node_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *MetricsResponse) GetSamples() []*MetricSample {
@@ -433,7 +1038,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_node_node_proto_msgTypes[6]
+	mi := &file_node_node_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -445,7 +1050,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[6]
+	mi := &file_node_node_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -458,7 +1063,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{6}
+	return file_node_node_proto_rawDescGZIP(), []int{13}
 }
 
 type Resources struct {
@@ -474,7 +1079,7 @@ type Resources struct {
 
 func (x *Resources) Reset() {
 	*x = Resources{}
-	mi := &file_node_node_proto_msgTypes[7]
+	mi := &file_node_node_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -486,7 +1091,7 @@ func (x *Resources) String() string {
 func (*Resources) ProtoMessage() {}
 
 func (x *Resources) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[7]
+	mi := &file_node_node_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -499,7 +1104,7 @@ func (x *Resources) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resources.ProtoReflect.Descriptor instead.
 func (*Resources) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{7}
+	return file_node_node_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Resources) GetCpuCount() int32 {
@@ -556,7 +1161,7 @@ type NodeInfo struct {
 
 func (x *NodeInfo) Reset() {
 	*x = NodeInfo{}
-	mi := &file_node_node_proto_msgTypes[8]
+	mi := &file_node_node_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -568,7 +1173,7 @@ func (x *NodeInfo) String() string {
 func (*NodeInfo) ProtoMessage() {}
 
 func (x *NodeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[8]
+	mi := &file_node_node_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -581,7 +1186,7 @@ func (x *NodeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeInfo.ProtoReflect.Descriptor instead.
 func (*NodeInfo) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{8}
+	return file_node_node_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *NodeInfo) GetId() string {
@@ -693,7 +1298,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_node_node_proto_msgTypes[9]
+	mi := &file_node_node_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -705,7 +1310,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[9]
+	mi := &file_node_node_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -718,7 +1323,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{9}
+	return file_node_node_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CreateRequest) GetSandboxId() string {
@@ -809,7 +1414,7 @@ type VolumeMount struct {
 
 func (x *VolumeMount) Reset() {
 	*x = VolumeMount{}
-	mi := &file_node_node_proto_msgTypes[10]
+	mi := &file_node_node_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -821,7 +1426,7 @@ func (x *VolumeMount) String() string {
 func (*VolumeMount) ProtoMessage() {}
 
 func (x *VolumeMount) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[10]
+	mi := &file_node_node_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -834,7 +1439,7 @@ func (x *VolumeMount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeMount.ProtoReflect.Descriptor instead.
 func (*VolumeMount) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{10}
+	return file_node_node_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *VolumeMount) GetVolumeId() string {
@@ -863,7 +1468,7 @@ type CreateVolumeRequest struct {
 
 func (x *CreateVolumeRequest) Reset() {
 	*x = CreateVolumeRequest{}
-	mi := &file_node_node_proto_msgTypes[11]
+	mi := &file_node_node_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -875,7 +1480,7 @@ func (x *CreateVolumeRequest) String() string {
 func (*CreateVolumeRequest) ProtoMessage() {}
 
 func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[11]
+	mi := &file_node_node_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -888,7 +1493,7 @@ func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateVolumeRequest.ProtoReflect.Descriptor instead.
 func (*CreateVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{11}
+	return file_node_node_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CreateVolumeRequest) GetVolumeId() string {
@@ -916,7 +1521,7 @@ type CreateVolumeResponse struct {
 
 func (x *CreateVolumeResponse) Reset() {
 	*x = CreateVolumeResponse{}
-	mi := &file_node_node_proto_msgTypes[12]
+	mi := &file_node_node_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -928,7 +1533,7 @@ func (x *CreateVolumeResponse) String() string {
 func (*CreateVolumeResponse) ProtoMessage() {}
 
 func (x *CreateVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[12]
+	mi := &file_node_node_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -941,7 +1546,7 @@ func (x *CreateVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateVolumeResponse.ProtoReflect.Descriptor instead.
 func (*CreateVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{12}
+	return file_node_node_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *CreateVolumeResponse) GetSizeBytes() int64 {
@@ -960,7 +1565,7 @@ type DeleteVolumeRequest struct {
 
 func (x *DeleteVolumeRequest) Reset() {
 	*x = DeleteVolumeRequest{}
-	mi := &file_node_node_proto_msgTypes[13]
+	mi := &file_node_node_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -972,7 +1577,7 @@ func (x *DeleteVolumeRequest) String() string {
 func (*DeleteVolumeRequest) ProtoMessage() {}
 
 func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[13]
+	mi := &file_node_node_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -985,7 +1590,7 @@ func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeRequest.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{13}
+	return file_node_node_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *DeleteVolumeRequest) GetVolumeId() string {
@@ -1003,7 +1608,7 @@ type DeleteVolumeResponse struct {
 
 func (x *DeleteVolumeResponse) Reset() {
 	*x = DeleteVolumeResponse{}
-	mi := &file_node_node_proto_msgTypes[14]
+	mi := &file_node_node_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1015,7 +1620,7 @@ func (x *DeleteVolumeResponse) String() string {
 func (*DeleteVolumeResponse) ProtoMessage() {}
 
 func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[14]
+	mi := &file_node_node_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1028,7 +1633,7 @@ func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeResponse.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{14}
+	return file_node_node_proto_rawDescGZIP(), []int{21}
 }
 
 type ExportVolumeRequest struct {
@@ -1040,7 +1645,7 @@ type ExportVolumeRequest struct {
 
 func (x *ExportVolumeRequest) Reset() {
 	*x = ExportVolumeRequest{}
-	mi := &file_node_node_proto_msgTypes[15]
+	mi := &file_node_node_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1052,7 +1657,7 @@ func (x *ExportVolumeRequest) String() string {
 func (*ExportVolumeRequest) ProtoMessage() {}
 
 func (x *ExportVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[15]
+	mi := &file_node_node_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1065,7 +1670,7 @@ func (x *ExportVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportVolumeRequest.ProtoReflect.Descriptor instead.
 func (*ExportVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{15}
+	return file_node_node_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ExportVolumeRequest) GetVolumeId() string {
@@ -1084,7 +1689,7 @@ type ExportVolumeResponse struct {
 
 func (x *ExportVolumeResponse) Reset() {
 	*x = ExportVolumeResponse{}
-	mi := &file_node_node_proto_msgTypes[16]
+	mi := &file_node_node_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1096,7 +1701,7 @@ func (x *ExportVolumeResponse) String() string {
 func (*ExportVolumeResponse) ProtoMessage() {}
 
 func (x *ExportVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[16]
+	mi := &file_node_node_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1109,7 +1714,7 @@ func (x *ExportVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportVolumeResponse.ProtoReflect.Descriptor instead.
 func (*ExportVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{16}
+	return file_node_node_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ExportVolumeResponse) GetBytes() int64 {
@@ -1128,7 +1733,7 @@ type ImportVolumeRequest struct {
 
 func (x *ImportVolumeRequest) Reset() {
 	*x = ImportVolumeRequest{}
-	mi := &file_node_node_proto_msgTypes[17]
+	mi := &file_node_node_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1140,7 +1745,7 @@ func (x *ImportVolumeRequest) String() string {
 func (*ImportVolumeRequest) ProtoMessage() {}
 
 func (x *ImportVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[17]
+	mi := &file_node_node_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1153,7 +1758,7 @@ func (x *ImportVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportVolumeRequest.ProtoReflect.Descriptor instead.
 func (*ImportVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{17}
+	return file_node_node_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ImportVolumeRequest) GetVolumeId() string {
@@ -1171,7 +1776,7 @@ type ImportVolumeResponse struct {
 
 func (x *ImportVolumeResponse) Reset() {
 	*x = ImportVolumeResponse{}
-	mi := &file_node_node_proto_msgTypes[18]
+	mi := &file_node_node_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1183,7 +1788,7 @@ func (x *ImportVolumeResponse) String() string {
 func (*ImportVolumeResponse) ProtoMessage() {}
 
 func (x *ImportVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[18]
+	mi := &file_node_node_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1196,7 +1801,7 @@ func (x *ImportVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportVolumeResponse.ProtoReflect.Descriptor instead.
 func (*ImportVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{18}
+	return file_node_node_proto_rawDescGZIP(), []int{25}
 }
 
 type UpdateNetworkRequest struct {
@@ -1211,7 +1816,7 @@ type UpdateNetworkRequest struct {
 
 func (x *UpdateNetworkRequest) Reset() {
 	*x = UpdateNetworkRequest{}
-	mi := &file_node_node_proto_msgTypes[19]
+	mi := &file_node_node_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1223,7 +1828,7 @@ func (x *UpdateNetworkRequest) String() string {
 func (*UpdateNetworkRequest) ProtoMessage() {}
 
 func (x *UpdateNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[19]
+	mi := &file_node_node_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1236,7 +1841,7 @@ func (x *UpdateNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkRequest.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{19}
+	return file_node_node_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *UpdateNetworkRequest) GetSandboxId() string {
@@ -1275,7 +1880,7 @@ type UpdateNetworkResponse struct {
 
 func (x *UpdateNetworkResponse) Reset() {
 	*x = UpdateNetworkResponse{}
-	mi := &file_node_node_proto_msgTypes[20]
+	mi := &file_node_node_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1287,7 +1892,7 @@ func (x *UpdateNetworkResponse) String() string {
 func (*UpdateNetworkResponse) ProtoMessage() {}
 
 func (x *UpdateNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[20]
+	mi := &file_node_node_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1300,7 +1905,7 @@ func (x *UpdateNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkResponse.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{20}
+	return file_node_node_proto_rawDescGZIP(), []int{27}
 }
 
 type Sandbox struct {
@@ -1321,7 +1926,7 @@ type Sandbox struct {
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_node_node_proto_msgTypes[21]
+	mi := &file_node_node_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1333,7 +1938,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[21]
+	mi := &file_node_node_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1346,7 +1951,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{21}
+	return file_node_node_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Sandbox) GetId() string {
@@ -1421,7 +2026,7 @@ type KillRequest struct {
 
 func (x *KillRequest) Reset() {
 	*x = KillRequest{}
-	mi := &file_node_node_proto_msgTypes[22]
+	mi := &file_node_node_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1433,7 +2038,7 @@ func (x *KillRequest) String() string {
 func (*KillRequest) ProtoMessage() {}
 
 func (x *KillRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[22]
+	mi := &file_node_node_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1446,7 +2051,7 @@ func (x *KillRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillRequest.ProtoReflect.Descriptor instead.
 func (*KillRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{22}
+	return file_node_node_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *KillRequest) GetSandboxId() string {
@@ -1464,7 +2069,7 @@ type KillResponse struct {
 
 func (x *KillResponse) Reset() {
 	*x = KillResponse{}
-	mi := &file_node_node_proto_msgTypes[23]
+	mi := &file_node_node_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1476,7 +2081,7 @@ func (x *KillResponse) String() string {
 func (*KillResponse) ProtoMessage() {}
 
 func (x *KillResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[23]
+	mi := &file_node_node_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1489,7 +2094,7 @@ func (x *KillResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillResponse.ProtoReflect.Descriptor instead.
 func (*KillResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{23}
+	return file_node_node_proto_rawDescGZIP(), []int{30}
 }
 
 type ListRequest struct {
@@ -1500,7 +2105,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_node_node_proto_msgTypes[24]
+	mi := &file_node_node_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1512,7 +2117,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[24]
+	mi := &file_node_node_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1525,7 +2130,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{24}
+	return file_node_node_proto_rawDescGZIP(), []int{31}
 }
 
 type ListResponse struct {
@@ -1537,7 +2142,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_node_node_proto_msgTypes[25]
+	mi := &file_node_node_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1549,7 +2154,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[25]
+	mi := &file_node_node_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1562,7 +2167,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{25}
+	return file_node_node_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -1588,7 +2193,7 @@ type SnapshotRequest struct {
 
 func (x *SnapshotRequest) Reset() {
 	*x = SnapshotRequest{}
-	mi := &file_node_node_proto_msgTypes[26]
+	mi := &file_node_node_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1600,7 +2205,7 @@ func (x *SnapshotRequest) String() string {
 func (*SnapshotRequest) ProtoMessage() {}
 
 func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[26]
+	mi := &file_node_node_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1613,7 +2218,7 @@ func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{26}
+	return file_node_node_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *SnapshotRequest) GetSandboxId() string {
@@ -1675,7 +2280,7 @@ type SnapshotInfo struct {
 
 func (x *SnapshotInfo) Reset() {
 	*x = SnapshotInfo{}
-	mi := &file_node_node_proto_msgTypes[27]
+	mi := &file_node_node_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1687,7 +2292,7 @@ func (x *SnapshotInfo) String() string {
 func (*SnapshotInfo) ProtoMessage() {}
 
 func (x *SnapshotInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[27]
+	mi := &file_node_node_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1700,7 +2305,7 @@ func (x *SnapshotInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotInfo.ProtoReflect.Descriptor instead.
 func (*SnapshotInfo) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{27}
+	return file_node_node_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *SnapshotInfo) GetId() string {
@@ -1810,7 +2415,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_node_node_proto_msgTypes[28]
+	mi := &file_node_node_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1822,7 +2427,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[28]
+	mi := &file_node_node_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1835,7 +2440,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{28}
+	return file_node_node_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *StatsRequest) GetSandboxId() string {
@@ -1858,7 +2463,7 @@ type SandboxStats struct {
 
 func (x *SandboxStats) Reset() {
 	*x = SandboxStats{}
-	mi := &file_node_node_proto_msgTypes[29]
+	mi := &file_node_node_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1870,7 +2475,7 @@ func (x *SandboxStats) String() string {
 func (*SandboxStats) ProtoMessage() {}
 
 func (x *SandboxStats) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[29]
+	mi := &file_node_node_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1883,7 +2488,7 @@ func (x *SandboxStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxStats.ProtoReflect.Descriptor instead.
 func (*SandboxStats) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{29}
+	return file_node_node_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *SandboxStats) GetMemoryBytes() uint64 {
@@ -1916,7 +2521,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_node_node_proto_msgTypes[30]
+	mi := &file_node_node_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1928,7 +2533,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[30]
+	mi := &file_node_node_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1941,7 +2546,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{30}
+	return file_node_node_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ListSnapshotsRequest) GetKinds() []string {
@@ -1960,7 +2565,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_node_node_proto_msgTypes[31]
+	mi := &file_node_node_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1972,7 +2577,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[31]
+	mi := &file_node_node_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1985,7 +2590,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{31}
+	return file_node_node_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*SnapshotInfo {
@@ -2004,7 +2609,7 @@ type GetSnapshotRequest struct {
 
 func (x *GetSnapshotRequest) Reset() {
 	*x = GetSnapshotRequest{}
-	mi := &file_node_node_proto_msgTypes[32]
+	mi := &file_node_node_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2016,7 +2621,7 @@ func (x *GetSnapshotRequest) String() string {
 func (*GetSnapshotRequest) ProtoMessage() {}
 
 func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[32]
+	mi := &file_node_node_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2029,7 +2634,7 @@ func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*GetSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{32}
+	return file_node_node_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *GetSnapshotRequest) GetIdOrName() string {
@@ -2048,7 +2653,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_node_node_proto_msgTypes[33]
+	mi := &file_node_node_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2060,7 +2665,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[33]
+	mi := &file_node_node_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2073,7 +2678,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{33}
+	return file_node_node_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *DeleteSnapshotRequest) GetId() string {
@@ -2091,7 +2696,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_node_node_proto_msgTypes[34]
+	mi := &file_node_node_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2103,7 +2708,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[34]
+	mi := &file_node_node_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2116,7 +2721,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{34}
+	return file_node_node_proto_rawDescGZIP(), []int{41}
 }
 
 type EventsRequest struct {
@@ -2127,7 +2732,7 @@ type EventsRequest struct {
 
 func (x *EventsRequest) Reset() {
 	*x = EventsRequest{}
-	mi := &file_node_node_proto_msgTypes[35]
+	mi := &file_node_node_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2139,7 +2744,7 @@ func (x *EventsRequest) String() string {
 func (*EventsRequest) ProtoMessage() {}
 
 func (x *EventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[35]
+	mi := &file_node_node_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2152,7 +2757,7 @@ func (x *EventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsRequest.ProtoReflect.Descriptor instead.
 func (*EventsRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{35}
+	return file_node_node_proto_rawDescGZIP(), []int{42}
 }
 
 type Event struct {
@@ -2166,7 +2771,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_node_node_proto_msgTypes[36]
+	mi := &file_node_node_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2178,7 +2783,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[36]
+	mi := &file_node_node_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2191,7 +2796,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{36}
+	return file_node_node_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *Event) GetKind() Event_Kind {
@@ -2219,7 +2824,65 @@ var File_node_node_proto protoreflect.FileDescriptor
 
 const file_node_node_proto_rawDesc = "" +
 	"\n" +
-	"\x0fnode/node.proto\x12\faenv.node.v1\x1a\x1fgoogle/protobuf/timestamp.proto\",\n" +
+	"\x0fnode/node.proto\x12\faenv.node.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x87\x01\n" +
+	"\x16PutBuildContextRequest\x12\x19\n" +
+	"\bbuild_id\x18\x01 \x01(\tR\abuildId\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x16\n" +
+	"\x06offset\x18\x03 \x01(\x03R\x06offset\x12\x12\n" +
+	"\x04data\x18\x04 \x01(\fR\x04data\x12\x12\n" +
+	"\x04last\x18\x05 \x01(\bR\x04last\"\x19\n" +
+	"\x17PutBuildContextResponse\"\xc9\x01\n" +
+	"\tBuildStep\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x12\n" +
+	"\x04args\x18\x02 \x03(\tR\x04args\x12\x10\n" +
+	"\x03raw\x18\x03 \x01(\tR\x03raw\x12\x14\n" +
+	"\x05shell\x18\x04 \x01(\bR\x05shell\x12\x12\n" +
+	"\x04user\x18\x05 \x01(\tR\x04user\x12\x14\n" +
+	"\x05chown\x18\x06 \x01(\tR\x05chown\x12\x14\n" +
+	"\x05chmod\x18\a \x01(\tR\x05chmod\x12\x18\n" +
+	"\acontext\x18\b \x01(\tR\acontext\x12\x12\n" +
+	"\x04line\x18\t \x01(\x05R\x04line\"\xbb\x01\n" +
+	"\rBuildTemplate\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04team\x18\x02 \x01(\tR\x04team\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12\x1b\n" +
+	"\tcpu_count\x18\x04 \x01(\x05R\bcpuCount\x12\x1b\n" +
+	"\tmemory_mb\x18\x05 \x01(\x05R\bmemoryMb\x12\x1b\n" +
+	"\tstart_cmd\x18\x06 \x01(\tR\bstartCmd\x12\x1b\n" +
+	"\tready_cmd\x18\a \x01(\tR\breadyCmd\"\x9d\x04\n" +
+	"\fBuildRequest\x12\x19\n" +
+	"\bbuild_id\x18\x01 \x01(\tR\abuildId\x127\n" +
+	"\btemplate\x18\x02 \x01(\v2\x1b.aenv.node.v1.BuildTemplateR\btemplate\x12\x12\n" +
+	"\x04from\x18\x03 \x01(\tR\x04from\x12\x1b\n" +
+	"\tfrom_kind\x18\x04 \x01(\x05R\bfromKind\x12\x1b\n" +
+	"\tfrom_line\x18\x05 \x01(\x05R\bfromLine\x122\n" +
+	"\bpre_args\x18\x06 \x03(\v2\x17.aenv.node.v1.BuildStepR\apreArgs\x12\x12\n" +
+	"\x04user\x18\a \x01(\tR\x04user\x12\x18\n" +
+	"\aworkdir\x18\b \x01(\tR\aworkdir\x12-\n" +
+	"\x05steps\x18\t \x03(\v2\x17.aenv.node.v1.BuildStepR\x05steps\x12\x18\n" +
+	"\acontext\x18\n" +
+	" \x01(\tR\acontext\x12H\n" +
+	"\n" +
+	"build_args\x18\v \x03(\v2).aenv.node.v1.BuildRequest.BuildArgsEntryR\tbuildArgs\x12\x1a\n" +
+	"\binsecure\x18\f \x01(\bR\binsecure\x12\x1c\n" +
+	"\tuntrusted\x18\r \x01(\bR\tuntrusted\x1a<\n" +
+	"\x0eBuildArgsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"U\n" +
+	"\n" +
+	"BuildEvent\x12\x14\n" +
+	"\x05lines\x18\x01 \x03(\tR\x05lines\x121\n" +
+	"\x06result\x18\x02 \x01(\v2\x19.aenv.node.v1.BuildResultR\x06result\"\xbd\x01\n" +
+	"\vBuildResult\x12\x14\n" +
+	"\x05error\x18\x01 \x01(\tR\x05error\x12\x1f\n" +
+	"\vfailed_step\x18\x02 \x01(\x05R\n" +
+	"failedStep\x12\x18\n" +
+	"\ainvalid\x18\x03 \x01(\bR\ainvalid\x12\x1f\n" +
+	"\vtemplate_id\x18\x04 \x01(\tR\n" +
+	"templateId\x12\x1f\n" +
+	"\vduration_ms\x18\x05 \x01(\x03R\n" +
+	"durationMs\x12\x1b\n" +
+	"\texit_code\x18\x06 \x01(\x05R\bexitCode\",\n" +
 	"\vLogsRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"\xeb\x01\n" +
@@ -2388,8 +3051,7 @@ const file_node_node_proto_rawDesc = "" +
 	"\tKIND_SYNC\x10\x01\x12\x0f\n" +
 	"\vKIND_EXITED\x10\x02\x12\x13\n" +
 	"\x0fKIND_OOM_KILLED\x10\x03\x12\x11\n" +
-	"\rKIND_DRAINING\x10\x042\x8b\n" +
-	"\n" +
+	"\rKIND_DRAINING\x10\x042\xac\v\n" +
 	"\vNodeService\x129\n" +
 	"\x04Info\x12\x19.aenv.node.v1.InfoRequest\x1a\x16.aenv.node.v1.NodeInfo\x12<\n" +
 	"\x06Create\x12\x1b.aenv.node.v1.CreateRequest\x1a\x15.aenv.node.v1.Sandbox\x12=\n" +
@@ -2407,7 +3069,9 @@ const file_node_node_proto_rawDesc = "" +
 	"\fDeleteVolume\x12!.aenv.node.v1.DeleteVolumeRequest\x1a\".aenv.node.v1.DeleteVolumeResponse\x12U\n" +
 	"\fExportVolume\x12!.aenv.node.v1.ExportVolumeRequest\x1a\".aenv.node.v1.ExportVolumeResponse\x12U\n" +
 	"\fImportVolume\x12!.aenv.node.v1.ImportVolumeRequest\x1a\".aenv.node.v1.ImportVolumeResponse\x12X\n" +
-	"\rUpdateNetwork\x12\".aenv.node.v1.UpdateNetworkRequest\x1a#.aenv.node.v1.UpdateNetworkResponseB7Z5github.com/aenvhq/aenv/internal/nodeapi/nodev1;nodev1b\x06proto3"
+	"\rUpdateNetwork\x12\".aenv.node.v1.UpdateNetworkRequest\x1a#.aenv.node.v1.UpdateNetworkResponse\x12^\n" +
+	"\x0fPutBuildContext\x12$.aenv.node.v1.PutBuildContextRequest\x1a%.aenv.node.v1.PutBuildContextResponse\x12?\n" +
+	"\x05Build\x12\x1a.aenv.node.v1.BuildRequest\x1a\x18.aenv.node.v1.BuildEvent0\x01B7Z5github.com/aenvhq/aenv/internal/nodeapi/nodev1;nodev1b\x06proto3"
 
 var (
 	file_node_node_proto_rawDescOnce sync.Once
@@ -2422,105 +3086,122 @@ func file_node_node_proto_rawDescGZIP() []byte {
 }
 
 var file_node_node_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_node_node_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
+var file_node_node_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
 var file_node_node_proto_goTypes = []any{
-	(Event_Kind)(0),                // 0: aenv.node.v1.Event.Kind
-	(*LogsRequest)(nil),            // 1: aenv.node.v1.LogsRequest
-	(*LogEntry)(nil),               // 2: aenv.node.v1.LogEntry
-	(*LogsResponse)(nil),           // 3: aenv.node.v1.LogsResponse
-	(*MetricsRequest)(nil),         // 4: aenv.node.v1.MetricsRequest
-	(*MetricSample)(nil),           // 5: aenv.node.v1.MetricSample
-	(*MetricsResponse)(nil),        // 6: aenv.node.v1.MetricsResponse
-	(*InfoRequest)(nil),            // 7: aenv.node.v1.InfoRequest
-	(*Resources)(nil),              // 8: aenv.node.v1.Resources
-	(*NodeInfo)(nil),               // 9: aenv.node.v1.NodeInfo
-	(*CreateRequest)(nil),          // 10: aenv.node.v1.CreateRequest
-	(*VolumeMount)(nil),            // 11: aenv.node.v1.VolumeMount
-	(*CreateVolumeRequest)(nil),    // 12: aenv.node.v1.CreateVolumeRequest
-	(*CreateVolumeResponse)(nil),   // 13: aenv.node.v1.CreateVolumeResponse
-	(*DeleteVolumeRequest)(nil),    // 14: aenv.node.v1.DeleteVolumeRequest
-	(*DeleteVolumeResponse)(nil),   // 15: aenv.node.v1.DeleteVolumeResponse
-	(*ExportVolumeRequest)(nil),    // 16: aenv.node.v1.ExportVolumeRequest
-	(*ExportVolumeResponse)(nil),   // 17: aenv.node.v1.ExportVolumeResponse
-	(*ImportVolumeRequest)(nil),    // 18: aenv.node.v1.ImportVolumeRequest
-	(*ImportVolumeResponse)(nil),   // 19: aenv.node.v1.ImportVolumeResponse
-	(*UpdateNetworkRequest)(nil),   // 20: aenv.node.v1.UpdateNetworkRequest
-	(*UpdateNetworkResponse)(nil),  // 21: aenv.node.v1.UpdateNetworkResponse
-	(*Sandbox)(nil),                // 22: aenv.node.v1.Sandbox
-	(*KillRequest)(nil),            // 23: aenv.node.v1.KillRequest
-	(*KillResponse)(nil),           // 24: aenv.node.v1.KillResponse
-	(*ListRequest)(nil),            // 25: aenv.node.v1.ListRequest
-	(*ListResponse)(nil),           // 26: aenv.node.v1.ListResponse
-	(*SnapshotRequest)(nil),        // 27: aenv.node.v1.SnapshotRequest
-	(*SnapshotInfo)(nil),           // 28: aenv.node.v1.SnapshotInfo
-	(*StatsRequest)(nil),           // 29: aenv.node.v1.StatsRequest
-	(*SandboxStats)(nil),           // 30: aenv.node.v1.SandboxStats
-	(*ListSnapshotsRequest)(nil),   // 31: aenv.node.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),  // 32: aenv.node.v1.ListSnapshotsResponse
-	(*GetSnapshotRequest)(nil),     // 33: aenv.node.v1.GetSnapshotRequest
-	(*DeleteSnapshotRequest)(nil),  // 34: aenv.node.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil), // 35: aenv.node.v1.DeleteSnapshotResponse
-	(*EventsRequest)(nil),          // 36: aenv.node.v1.EventsRequest
-	(*Event)(nil),                  // 37: aenv.node.v1.Event
-	nil,                            // 38: aenv.node.v1.LogEntry.FieldsEntry
-	nil,                            // 39: aenv.node.v1.CreateRequest.EnvVarsEntry
-	(*timestamppb.Timestamp)(nil),  // 40: google.protobuf.Timestamp
+	(Event_Kind)(0),                 // 0: aenv.node.v1.Event.Kind
+	(*PutBuildContextRequest)(nil),  // 1: aenv.node.v1.PutBuildContextRequest
+	(*PutBuildContextResponse)(nil), // 2: aenv.node.v1.PutBuildContextResponse
+	(*BuildStep)(nil),               // 3: aenv.node.v1.BuildStep
+	(*BuildTemplate)(nil),           // 4: aenv.node.v1.BuildTemplate
+	(*BuildRequest)(nil),            // 5: aenv.node.v1.BuildRequest
+	(*BuildEvent)(nil),              // 6: aenv.node.v1.BuildEvent
+	(*BuildResult)(nil),             // 7: aenv.node.v1.BuildResult
+	(*LogsRequest)(nil),             // 8: aenv.node.v1.LogsRequest
+	(*LogEntry)(nil),                // 9: aenv.node.v1.LogEntry
+	(*LogsResponse)(nil),            // 10: aenv.node.v1.LogsResponse
+	(*MetricsRequest)(nil),          // 11: aenv.node.v1.MetricsRequest
+	(*MetricSample)(nil),            // 12: aenv.node.v1.MetricSample
+	(*MetricsResponse)(nil),         // 13: aenv.node.v1.MetricsResponse
+	(*InfoRequest)(nil),             // 14: aenv.node.v1.InfoRequest
+	(*Resources)(nil),               // 15: aenv.node.v1.Resources
+	(*NodeInfo)(nil),                // 16: aenv.node.v1.NodeInfo
+	(*CreateRequest)(nil),           // 17: aenv.node.v1.CreateRequest
+	(*VolumeMount)(nil),             // 18: aenv.node.v1.VolumeMount
+	(*CreateVolumeRequest)(nil),     // 19: aenv.node.v1.CreateVolumeRequest
+	(*CreateVolumeResponse)(nil),    // 20: aenv.node.v1.CreateVolumeResponse
+	(*DeleteVolumeRequest)(nil),     // 21: aenv.node.v1.DeleteVolumeRequest
+	(*DeleteVolumeResponse)(nil),    // 22: aenv.node.v1.DeleteVolumeResponse
+	(*ExportVolumeRequest)(nil),     // 23: aenv.node.v1.ExportVolumeRequest
+	(*ExportVolumeResponse)(nil),    // 24: aenv.node.v1.ExportVolumeResponse
+	(*ImportVolumeRequest)(nil),     // 25: aenv.node.v1.ImportVolumeRequest
+	(*ImportVolumeResponse)(nil),    // 26: aenv.node.v1.ImportVolumeResponse
+	(*UpdateNetworkRequest)(nil),    // 27: aenv.node.v1.UpdateNetworkRequest
+	(*UpdateNetworkResponse)(nil),   // 28: aenv.node.v1.UpdateNetworkResponse
+	(*Sandbox)(nil),                 // 29: aenv.node.v1.Sandbox
+	(*KillRequest)(nil),             // 30: aenv.node.v1.KillRequest
+	(*KillResponse)(nil),            // 31: aenv.node.v1.KillResponse
+	(*ListRequest)(nil),             // 32: aenv.node.v1.ListRequest
+	(*ListResponse)(nil),            // 33: aenv.node.v1.ListResponse
+	(*SnapshotRequest)(nil),         // 34: aenv.node.v1.SnapshotRequest
+	(*SnapshotInfo)(nil),            // 35: aenv.node.v1.SnapshotInfo
+	(*StatsRequest)(nil),            // 36: aenv.node.v1.StatsRequest
+	(*SandboxStats)(nil),            // 37: aenv.node.v1.SandboxStats
+	(*ListSnapshotsRequest)(nil),    // 38: aenv.node.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),   // 39: aenv.node.v1.ListSnapshotsResponse
+	(*GetSnapshotRequest)(nil),      // 40: aenv.node.v1.GetSnapshotRequest
+	(*DeleteSnapshotRequest)(nil),   // 41: aenv.node.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil),  // 42: aenv.node.v1.DeleteSnapshotResponse
+	(*EventsRequest)(nil),           // 43: aenv.node.v1.EventsRequest
+	(*Event)(nil),                   // 44: aenv.node.v1.Event
+	nil,                             // 45: aenv.node.v1.BuildRequest.BuildArgsEntry
+	nil,                             // 46: aenv.node.v1.LogEntry.FieldsEntry
+	nil,                             // 47: aenv.node.v1.CreateRequest.EnvVarsEntry
+	(*timestamppb.Timestamp)(nil),   // 48: google.protobuf.Timestamp
 }
 var file_node_node_proto_depIdxs = []int32{
-	40, // 0: aenv.node.v1.LogEntry.timestamp:type_name -> google.protobuf.Timestamp
-	38, // 1: aenv.node.v1.LogEntry.fields:type_name -> aenv.node.v1.LogEntry.FieldsEntry
-	2,  // 2: aenv.node.v1.LogsResponse.entries:type_name -> aenv.node.v1.LogEntry
-	40, // 3: aenv.node.v1.MetricSample.timestamp:type_name -> google.protobuf.Timestamp
-	5,  // 4: aenv.node.v1.MetricsResponse.samples:type_name -> aenv.node.v1.MetricSample
-	8,  // 5: aenv.node.v1.NodeInfo.capacity:type_name -> aenv.node.v1.Resources
-	8,  // 6: aenv.node.v1.NodeInfo.usage:type_name -> aenv.node.v1.Resources
-	39, // 7: aenv.node.v1.CreateRequest.env_vars:type_name -> aenv.node.v1.CreateRequest.EnvVarsEntry
-	11, // 8: aenv.node.v1.CreateRequest.mounts:type_name -> aenv.node.v1.VolumeMount
-	40, // 9: aenv.node.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
-	22, // 10: aenv.node.v1.ListResponse.sandboxes:type_name -> aenv.node.v1.Sandbox
-	40, // 11: aenv.node.v1.SnapshotInfo.created_at:type_name -> google.protobuf.Timestamp
-	40, // 12: aenv.node.v1.SandboxStats.since:type_name -> google.protobuf.Timestamp
-	28, // 13: aenv.node.v1.ListSnapshotsResponse.snapshots:type_name -> aenv.node.v1.SnapshotInfo
-	0,  // 14: aenv.node.v1.Event.kind:type_name -> aenv.node.v1.Event.Kind
-	7,  // 15: aenv.node.v1.NodeService.Info:input_type -> aenv.node.v1.InfoRequest
-	10, // 16: aenv.node.v1.NodeService.Create:input_type -> aenv.node.v1.CreateRequest
-	23, // 17: aenv.node.v1.NodeService.Kill:input_type -> aenv.node.v1.KillRequest
-	25, // 18: aenv.node.v1.NodeService.List:input_type -> aenv.node.v1.ListRequest
-	27, // 19: aenv.node.v1.NodeService.Snapshot:input_type -> aenv.node.v1.SnapshotRequest
-	29, // 20: aenv.node.v1.NodeService.Stats:input_type -> aenv.node.v1.StatsRequest
-	31, // 21: aenv.node.v1.NodeService.ListSnapshots:input_type -> aenv.node.v1.ListSnapshotsRequest
-	33, // 22: aenv.node.v1.NodeService.GetSnapshot:input_type -> aenv.node.v1.GetSnapshotRequest
-	34, // 23: aenv.node.v1.NodeService.DeleteSnapshot:input_type -> aenv.node.v1.DeleteSnapshotRequest
-	36, // 24: aenv.node.v1.NodeService.Events:input_type -> aenv.node.v1.EventsRequest
-	1,  // 25: aenv.node.v1.NodeService.Logs:input_type -> aenv.node.v1.LogsRequest
-	4,  // 26: aenv.node.v1.NodeService.Metrics:input_type -> aenv.node.v1.MetricsRequest
-	12, // 27: aenv.node.v1.NodeService.CreateVolume:input_type -> aenv.node.v1.CreateVolumeRequest
-	14, // 28: aenv.node.v1.NodeService.DeleteVolume:input_type -> aenv.node.v1.DeleteVolumeRequest
-	16, // 29: aenv.node.v1.NodeService.ExportVolume:input_type -> aenv.node.v1.ExportVolumeRequest
-	18, // 30: aenv.node.v1.NodeService.ImportVolume:input_type -> aenv.node.v1.ImportVolumeRequest
-	20, // 31: aenv.node.v1.NodeService.UpdateNetwork:input_type -> aenv.node.v1.UpdateNetworkRequest
-	9,  // 32: aenv.node.v1.NodeService.Info:output_type -> aenv.node.v1.NodeInfo
-	22, // 33: aenv.node.v1.NodeService.Create:output_type -> aenv.node.v1.Sandbox
-	24, // 34: aenv.node.v1.NodeService.Kill:output_type -> aenv.node.v1.KillResponse
-	26, // 35: aenv.node.v1.NodeService.List:output_type -> aenv.node.v1.ListResponse
-	28, // 36: aenv.node.v1.NodeService.Snapshot:output_type -> aenv.node.v1.SnapshotInfo
-	30, // 37: aenv.node.v1.NodeService.Stats:output_type -> aenv.node.v1.SandboxStats
-	32, // 38: aenv.node.v1.NodeService.ListSnapshots:output_type -> aenv.node.v1.ListSnapshotsResponse
-	28, // 39: aenv.node.v1.NodeService.GetSnapshot:output_type -> aenv.node.v1.SnapshotInfo
-	35, // 40: aenv.node.v1.NodeService.DeleteSnapshot:output_type -> aenv.node.v1.DeleteSnapshotResponse
-	37, // 41: aenv.node.v1.NodeService.Events:output_type -> aenv.node.v1.Event
-	3,  // 42: aenv.node.v1.NodeService.Logs:output_type -> aenv.node.v1.LogsResponse
-	6,  // 43: aenv.node.v1.NodeService.Metrics:output_type -> aenv.node.v1.MetricsResponse
-	13, // 44: aenv.node.v1.NodeService.CreateVolume:output_type -> aenv.node.v1.CreateVolumeResponse
-	15, // 45: aenv.node.v1.NodeService.DeleteVolume:output_type -> aenv.node.v1.DeleteVolumeResponse
-	17, // 46: aenv.node.v1.NodeService.ExportVolume:output_type -> aenv.node.v1.ExportVolumeResponse
-	19, // 47: aenv.node.v1.NodeService.ImportVolume:output_type -> aenv.node.v1.ImportVolumeResponse
-	21, // 48: aenv.node.v1.NodeService.UpdateNetwork:output_type -> aenv.node.v1.UpdateNetworkResponse
-	32, // [32:49] is the sub-list for method output_type
-	15, // [15:32] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	4,  // 0: aenv.node.v1.BuildRequest.template:type_name -> aenv.node.v1.BuildTemplate
+	3,  // 1: aenv.node.v1.BuildRequest.pre_args:type_name -> aenv.node.v1.BuildStep
+	3,  // 2: aenv.node.v1.BuildRequest.steps:type_name -> aenv.node.v1.BuildStep
+	45, // 3: aenv.node.v1.BuildRequest.build_args:type_name -> aenv.node.v1.BuildRequest.BuildArgsEntry
+	7,  // 4: aenv.node.v1.BuildEvent.result:type_name -> aenv.node.v1.BuildResult
+	48, // 5: aenv.node.v1.LogEntry.timestamp:type_name -> google.protobuf.Timestamp
+	46, // 6: aenv.node.v1.LogEntry.fields:type_name -> aenv.node.v1.LogEntry.FieldsEntry
+	9,  // 7: aenv.node.v1.LogsResponse.entries:type_name -> aenv.node.v1.LogEntry
+	48, // 8: aenv.node.v1.MetricSample.timestamp:type_name -> google.protobuf.Timestamp
+	12, // 9: aenv.node.v1.MetricsResponse.samples:type_name -> aenv.node.v1.MetricSample
+	15, // 10: aenv.node.v1.NodeInfo.capacity:type_name -> aenv.node.v1.Resources
+	15, // 11: aenv.node.v1.NodeInfo.usage:type_name -> aenv.node.v1.Resources
+	47, // 12: aenv.node.v1.CreateRequest.env_vars:type_name -> aenv.node.v1.CreateRequest.EnvVarsEntry
+	18, // 13: aenv.node.v1.CreateRequest.mounts:type_name -> aenv.node.v1.VolumeMount
+	48, // 14: aenv.node.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
+	29, // 15: aenv.node.v1.ListResponse.sandboxes:type_name -> aenv.node.v1.Sandbox
+	48, // 16: aenv.node.v1.SnapshotInfo.created_at:type_name -> google.protobuf.Timestamp
+	48, // 17: aenv.node.v1.SandboxStats.since:type_name -> google.protobuf.Timestamp
+	35, // 18: aenv.node.v1.ListSnapshotsResponse.snapshots:type_name -> aenv.node.v1.SnapshotInfo
+	0,  // 19: aenv.node.v1.Event.kind:type_name -> aenv.node.v1.Event.Kind
+	14, // 20: aenv.node.v1.NodeService.Info:input_type -> aenv.node.v1.InfoRequest
+	17, // 21: aenv.node.v1.NodeService.Create:input_type -> aenv.node.v1.CreateRequest
+	30, // 22: aenv.node.v1.NodeService.Kill:input_type -> aenv.node.v1.KillRequest
+	32, // 23: aenv.node.v1.NodeService.List:input_type -> aenv.node.v1.ListRequest
+	34, // 24: aenv.node.v1.NodeService.Snapshot:input_type -> aenv.node.v1.SnapshotRequest
+	36, // 25: aenv.node.v1.NodeService.Stats:input_type -> aenv.node.v1.StatsRequest
+	38, // 26: aenv.node.v1.NodeService.ListSnapshots:input_type -> aenv.node.v1.ListSnapshotsRequest
+	40, // 27: aenv.node.v1.NodeService.GetSnapshot:input_type -> aenv.node.v1.GetSnapshotRequest
+	41, // 28: aenv.node.v1.NodeService.DeleteSnapshot:input_type -> aenv.node.v1.DeleteSnapshotRequest
+	43, // 29: aenv.node.v1.NodeService.Events:input_type -> aenv.node.v1.EventsRequest
+	8,  // 30: aenv.node.v1.NodeService.Logs:input_type -> aenv.node.v1.LogsRequest
+	11, // 31: aenv.node.v1.NodeService.Metrics:input_type -> aenv.node.v1.MetricsRequest
+	19, // 32: aenv.node.v1.NodeService.CreateVolume:input_type -> aenv.node.v1.CreateVolumeRequest
+	21, // 33: aenv.node.v1.NodeService.DeleteVolume:input_type -> aenv.node.v1.DeleteVolumeRequest
+	23, // 34: aenv.node.v1.NodeService.ExportVolume:input_type -> aenv.node.v1.ExportVolumeRequest
+	25, // 35: aenv.node.v1.NodeService.ImportVolume:input_type -> aenv.node.v1.ImportVolumeRequest
+	27, // 36: aenv.node.v1.NodeService.UpdateNetwork:input_type -> aenv.node.v1.UpdateNetworkRequest
+	1,  // 37: aenv.node.v1.NodeService.PutBuildContext:input_type -> aenv.node.v1.PutBuildContextRequest
+	5,  // 38: aenv.node.v1.NodeService.Build:input_type -> aenv.node.v1.BuildRequest
+	16, // 39: aenv.node.v1.NodeService.Info:output_type -> aenv.node.v1.NodeInfo
+	29, // 40: aenv.node.v1.NodeService.Create:output_type -> aenv.node.v1.Sandbox
+	31, // 41: aenv.node.v1.NodeService.Kill:output_type -> aenv.node.v1.KillResponse
+	33, // 42: aenv.node.v1.NodeService.List:output_type -> aenv.node.v1.ListResponse
+	35, // 43: aenv.node.v1.NodeService.Snapshot:output_type -> aenv.node.v1.SnapshotInfo
+	37, // 44: aenv.node.v1.NodeService.Stats:output_type -> aenv.node.v1.SandboxStats
+	39, // 45: aenv.node.v1.NodeService.ListSnapshots:output_type -> aenv.node.v1.ListSnapshotsResponse
+	35, // 46: aenv.node.v1.NodeService.GetSnapshot:output_type -> aenv.node.v1.SnapshotInfo
+	42, // 47: aenv.node.v1.NodeService.DeleteSnapshot:output_type -> aenv.node.v1.DeleteSnapshotResponse
+	44, // 48: aenv.node.v1.NodeService.Events:output_type -> aenv.node.v1.Event
+	10, // 49: aenv.node.v1.NodeService.Logs:output_type -> aenv.node.v1.LogsResponse
+	13, // 50: aenv.node.v1.NodeService.Metrics:output_type -> aenv.node.v1.MetricsResponse
+	20, // 51: aenv.node.v1.NodeService.CreateVolume:output_type -> aenv.node.v1.CreateVolumeResponse
+	22, // 52: aenv.node.v1.NodeService.DeleteVolume:output_type -> aenv.node.v1.DeleteVolumeResponse
+	24, // 53: aenv.node.v1.NodeService.ExportVolume:output_type -> aenv.node.v1.ExportVolumeResponse
+	26, // 54: aenv.node.v1.NodeService.ImportVolume:output_type -> aenv.node.v1.ImportVolumeResponse
+	28, // 55: aenv.node.v1.NodeService.UpdateNetwork:output_type -> aenv.node.v1.UpdateNetworkResponse
+	2,  // 56: aenv.node.v1.NodeService.PutBuildContext:output_type -> aenv.node.v1.PutBuildContextResponse
+	6,  // 57: aenv.node.v1.NodeService.Build:output_type -> aenv.node.v1.BuildEvent
+	39, // [39:58] is the sub-list for method output_type
+	20, // [20:39] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_node_node_proto_init() }
@@ -2534,7 +3215,7 @@ func file_node_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_node_node_proto_rawDesc), len(file_node_node_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   39,
+			NumMessages:   47,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -81,6 +81,11 @@ const (
 	// NodeServiceUpdateNetworkProcedure is the fully-qualified name of the NodeService's UpdateNetwork
 	// RPC.
 	NodeServiceUpdateNetworkProcedure = "/aenv.node.v1.NodeService/UpdateNetwork"
+	// NodeServicePutBuildContextProcedure is the fully-qualified name of the NodeService's
+	// PutBuildContext RPC.
+	NodeServicePutBuildContextProcedure = "/aenv.node.v1.NodeService/PutBuildContext"
+	// NodeServiceBuildProcedure is the fully-qualified name of the NodeService's Build RPC.
+	NodeServiceBuildProcedure = "/aenv.node.v1.NodeService/Build"
 )
 
 // NodeServiceClient is a client for the aenv.node.v1.NodeService service.
@@ -128,6 +133,16 @@ type NodeServiceClient interface {
 	// UpdateNetwork replaces a running sandbox's egress rules (allow_out
 	// entries are CIDRs, addresses or domain names).
 	UpdateNetwork(context.Context, *nodev1.UpdateNetworkRequest) (*nodev1.UpdateNetworkResponse, error)
+	// PutBuildContext receives a build's context (a tar, as package
+	// buildspec packs it) in chunks, in order, before the Build that names
+	// it: Connect over HTTP/1.1 has no client streams. A context no Build
+	// takes within an hour is removed.
+	PutBuildContext(context.Context, *nodev1.PutBuildContextRequest) (*nodev1.PutBuildContextResponse, error)
+	// Build runs a template build on the node with its own runtime,
+	// template store and build bounds: the stream carries the build's log
+	// lines and ends with its result. The build is cancelled when the
+	// stream ends before the result (the caller went away).
+	Build(context.Context, *nodev1.BuildRequest) (*connect.ServerStreamForClient[nodev1.BuildEvent], error)
 }
 
 // NewNodeServiceClient constructs a client for the aenv.node.v1.NodeService service. By default, it
@@ -243,28 +258,42 @@ func NewNodeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(nodeServiceMethods.ByName("UpdateNetwork")),
 			connect.WithClientOptions(opts...),
 		),
+		putBuildContext: connect.NewClient[nodev1.PutBuildContextRequest, nodev1.PutBuildContextResponse](
+			httpClient,
+			baseURL+NodeServicePutBuildContextProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("PutBuildContext")),
+			connect.WithClientOptions(opts...),
+		),
+		build: connect.NewClient[nodev1.BuildRequest, nodev1.BuildEvent](
+			httpClient,
+			baseURL+NodeServiceBuildProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("Build")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // nodeServiceClient implements NodeServiceClient.
 type nodeServiceClient struct {
-	info           *connect.Client[nodev1.InfoRequest, nodev1.NodeInfo]
-	create         *connect.Client[nodev1.CreateRequest, nodev1.Sandbox]
-	kill           *connect.Client[nodev1.KillRequest, nodev1.KillResponse]
-	list           *connect.Client[nodev1.ListRequest, nodev1.ListResponse]
-	snapshot       *connect.Client[nodev1.SnapshotRequest, nodev1.SnapshotInfo]
-	stats          *connect.Client[nodev1.StatsRequest, nodev1.SandboxStats]
-	listSnapshots  *connect.Client[nodev1.ListSnapshotsRequest, nodev1.ListSnapshotsResponse]
-	getSnapshot    *connect.Client[nodev1.GetSnapshotRequest, nodev1.SnapshotInfo]
-	deleteSnapshot *connect.Client[nodev1.DeleteSnapshotRequest, nodev1.DeleteSnapshotResponse]
-	events         *connect.Client[nodev1.EventsRequest, nodev1.Event]
-	logs           *connect.Client[nodev1.LogsRequest, nodev1.LogsResponse]
-	metrics        *connect.Client[nodev1.MetricsRequest, nodev1.MetricsResponse]
-	createVolume   *connect.Client[nodev1.CreateVolumeRequest, nodev1.CreateVolumeResponse]
-	deleteVolume   *connect.Client[nodev1.DeleteVolumeRequest, nodev1.DeleteVolumeResponse]
-	exportVolume   *connect.Client[nodev1.ExportVolumeRequest, nodev1.ExportVolumeResponse]
-	importVolume   *connect.Client[nodev1.ImportVolumeRequest, nodev1.ImportVolumeResponse]
-	updateNetwork  *connect.Client[nodev1.UpdateNetworkRequest, nodev1.UpdateNetworkResponse]
+	info            *connect.Client[nodev1.InfoRequest, nodev1.NodeInfo]
+	create          *connect.Client[nodev1.CreateRequest, nodev1.Sandbox]
+	kill            *connect.Client[nodev1.KillRequest, nodev1.KillResponse]
+	list            *connect.Client[nodev1.ListRequest, nodev1.ListResponse]
+	snapshot        *connect.Client[nodev1.SnapshotRequest, nodev1.SnapshotInfo]
+	stats           *connect.Client[nodev1.StatsRequest, nodev1.SandboxStats]
+	listSnapshots   *connect.Client[nodev1.ListSnapshotsRequest, nodev1.ListSnapshotsResponse]
+	getSnapshot     *connect.Client[nodev1.GetSnapshotRequest, nodev1.SnapshotInfo]
+	deleteSnapshot  *connect.Client[nodev1.DeleteSnapshotRequest, nodev1.DeleteSnapshotResponse]
+	events          *connect.Client[nodev1.EventsRequest, nodev1.Event]
+	logs            *connect.Client[nodev1.LogsRequest, nodev1.LogsResponse]
+	metrics         *connect.Client[nodev1.MetricsRequest, nodev1.MetricsResponse]
+	createVolume    *connect.Client[nodev1.CreateVolumeRequest, nodev1.CreateVolumeResponse]
+	deleteVolume    *connect.Client[nodev1.DeleteVolumeRequest, nodev1.DeleteVolumeResponse]
+	exportVolume    *connect.Client[nodev1.ExportVolumeRequest, nodev1.ExportVolumeResponse]
+	importVolume    *connect.Client[nodev1.ImportVolumeRequest, nodev1.ImportVolumeResponse]
+	updateNetwork   *connect.Client[nodev1.UpdateNetworkRequest, nodev1.UpdateNetworkResponse]
+	putBuildContext *connect.Client[nodev1.PutBuildContextRequest, nodev1.PutBuildContextResponse]
+	build           *connect.Client[nodev1.BuildRequest, nodev1.BuildEvent]
 }
 
 // Info calls aenv.node.v1.NodeService.Info.
@@ -416,6 +445,20 @@ func (c *nodeServiceClient) UpdateNetwork(ctx context.Context, req *nodev1.Updat
 	return nil, err
 }
 
+// PutBuildContext calls aenv.node.v1.NodeService.PutBuildContext.
+func (c *nodeServiceClient) PutBuildContext(ctx context.Context, req *nodev1.PutBuildContextRequest) (*nodev1.PutBuildContextResponse, error) {
+	response, err := c.putBuildContext.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
+// Build calls aenv.node.v1.NodeService.Build.
+func (c *nodeServiceClient) Build(ctx context.Context, req *nodev1.BuildRequest) (*connect.ServerStreamForClient[nodev1.BuildEvent], error) {
+	return c.build.CallServerStream(ctx, connect.NewRequest(req))
+}
+
 // NodeServiceHandler is an implementation of the aenv.node.v1.NodeService service.
 type NodeServiceHandler interface {
 	// Info describes the node: its id, capacity, usage, runtime and the
@@ -461,6 +504,16 @@ type NodeServiceHandler interface {
 	// UpdateNetwork replaces a running sandbox's egress rules (allow_out
 	// entries are CIDRs, addresses or domain names).
 	UpdateNetwork(context.Context, *nodev1.UpdateNetworkRequest) (*nodev1.UpdateNetworkResponse, error)
+	// PutBuildContext receives a build's context (a tar, as package
+	// buildspec packs it) in chunks, in order, before the Build that names
+	// it: Connect over HTTP/1.1 has no client streams. A context no Build
+	// takes within an hour is removed.
+	PutBuildContext(context.Context, *nodev1.PutBuildContextRequest) (*nodev1.PutBuildContextResponse, error)
+	// Build runs a template build on the node with its own runtime,
+	// template store and build bounds: the stream carries the build's log
+	// lines and ends with its result. The build is cancelled when the
+	// stream ends before the result (the caller went away).
+	Build(context.Context, *nodev1.BuildRequest, *connect.ServerStream[nodev1.BuildEvent]) error
 }
 
 // NewNodeServiceHandler builds an HTTP handler from the service implementation. It returns the path
@@ -572,6 +625,18 @@ func NewNodeServiceHandler(svc NodeServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(nodeServiceMethods.ByName("UpdateNetwork")),
 		connect.WithHandlerOptions(opts...),
 	)
+	nodeServicePutBuildContextHandler := connect.NewUnaryHandlerSimple(
+		NodeServicePutBuildContextProcedure,
+		svc.PutBuildContext,
+		connect.WithSchema(nodeServiceMethods.ByName("PutBuildContext")),
+		connect.WithHandlerOptions(opts...),
+	)
+	nodeServiceBuildHandler := connect.NewServerStreamHandlerSimple(
+		NodeServiceBuildProcedure,
+		svc.Build,
+		connect.WithSchema(nodeServiceMethods.ByName("Build")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/aenv.node.v1.NodeService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case NodeServiceInfoProcedure:
@@ -608,6 +673,10 @@ func NewNodeServiceHandler(svc NodeServiceHandler, opts ...connect.HandlerOption
 			nodeServiceImportVolumeHandler.ServeHTTP(w, r)
 		case NodeServiceUpdateNetworkProcedure:
 			nodeServiceUpdateNetworkHandler.ServeHTTP(w, r)
+		case NodeServicePutBuildContextProcedure:
+			nodeServicePutBuildContextHandler.ServeHTTP(w, r)
+		case NodeServiceBuildProcedure:
+			nodeServiceBuildHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -683,4 +752,12 @@ func (UnimplementedNodeServiceHandler) ImportVolume(context.Context, *nodev1.Imp
 
 func (UnimplementedNodeServiceHandler) UpdateNetwork(context.Context, *nodev1.UpdateNetworkRequest) (*nodev1.UpdateNetworkResponse, error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("aenv.node.v1.NodeService.UpdateNetwork is not implemented"))
+}
+
+func (UnimplementedNodeServiceHandler) PutBuildContext(context.Context, *nodev1.PutBuildContextRequest) (*nodev1.PutBuildContextResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("aenv.node.v1.NodeService.PutBuildContext is not implemented"))
+}
+
+func (UnimplementedNodeServiceHandler) Build(context.Context, *nodev1.BuildRequest, *connect.ServerStream[nodev1.BuildEvent]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("aenv.node.v1.NodeService.Build is not implemented"))
 }

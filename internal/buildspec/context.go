@@ -1,4 +1,4 @@
-package build
+package buildspec
 
 import (
 	"archive/tar"

@@ -1,13 +1,23 @@
-package build
+// Package buildspec is what a template build is, as written: the
+// Dockerfile subset aenv builds (Parse, Dockerfile, Step) and the build
+// context a client uploads (UnpackContext, PackContext). It is pure (no
+// runtime, no store), so that the API can check and forward a build that
+// a node runs with package build.
+package buildspec
 
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
 	"unicode"
 )
+
+// ErrInvalid classifies builds that are wrong as written: a bad
+// instruction, an unknown FROM, a COPY outside the context.
+var ErrInvalid = errors.New("invalid build")
 
 // Kinds of build steps.
 const (
@@ -149,7 +159,7 @@ func Parse(r io.Reader) (*Dockerfile, error) {
 				return nil, fail("flags are not supported")
 			}
 			st := Step{Kind: kw, Line: l.line}
-			if argv, ok := jsonArray(rest); ok {
+			if argv, ok := JSONArray(rest); ok {
 				if len(argv) == 0 {
 					return nil, fail("empty command")
 				}
@@ -224,8 +234,8 @@ func logicalLines(r io.Reader) ([]logicalLine, error) {
 	return out, nil
 }
 
-// jsonArray parses the exec form `["a", "b"]`.
-func jsonArray(s string) ([]string, bool) {
+// JSONArray parses the exec form `["a", "b"]`.
+func JSONArray(s string) ([]string, bool) {
 	if !strings.HasPrefix(s, "[") {
 		return nil, false
 	}
@@ -236,11 +246,11 @@ func jsonArray(s string) ([]string, bool) {
 	return argv, true
 }
 
-// words splits s the way Docker splits ENV, ARG, WORKDIR, USER and COPY
+// Words splits s the way Docker splits ENV, ARG, WORKDIR, USER and COPY
 // arguments: on unquoted white space, with quotes removed, backslash
 // escapes, and $NAME, ${NAME}, ${NAME:-default} and ${NAME:+alt} replaced
 // through lookup outside single quotes.
-func words(s string, lookup func(string) (string, bool)) ([]string, error) {
+func Words(s string, lookup func(string) (string, bool)) ([]string, error) {
 	var out []string
 	var cur strings.Builder
 	inWord := false
