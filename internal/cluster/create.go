@@ -11,8 +11,6 @@ import (
 	"net/netip"
 	"time"
 
-	"connectrpc.com/connect"
-
 	"github.com/aenvhq/aenv/internal/ids"
 	"github.com/aenvhq/aenv/internal/nodeapi"
 	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
@@ -98,7 +96,7 @@ func (c *Cluster) create(ctx context.Context, req CreateRequest, id string) (*Sa
 	}
 	nsb, n, err := c.start(ctx, placement{template: req.TemplateID, memoryMB: req.MemoryMB, cpus: req.CPUCount, only: volumeNode}, wreq)
 	if err != nil {
-		if nodeapi.Code(err) == connect.CodeNotFound {
+		if errors.Is(err, nodeapi.ErrNotFound) {
 			return nil, fmt.Errorf("%w: %q", ErrTemplateNotFound, req.TemplateID)
 		}
 		return nil, err

@@ -2,15 +2,14 @@ package cluster
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/aenvhq/aenv/internal/nodeapi"
 	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
 	"github.com/aenvhq/aenv/internal/snapshot"
 )
@@ -18,7 +17,8 @@ import (
 // fakeNode stands in for the node API in these unit tests of the
 // cluster's own rules (records, reconciling, deadlines, placement); the
 // real node, in-process and remote, is driven end to end by the server
-// tests. It answers with Connect codes as both real implementations do.
+// tests. It answers with the node API's error classes, as both real
+// implementations do.
 type fakeNode struct {
 	id string
 	// memoryMB is its capacity; full makes it refuse creates as a node
@@ -101,7 +101,7 @@ func (n *fakeNode) Create(ctx context.Context, req *nodev1.CreateRequest) (*node
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.full {
-		return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("node %s is full", n.id))
+		return nil, fmt.Errorf("%w: node %s is full", nodeapi.ErrResourceExhausted, n.id)
 	}
 	id := req.SandboxId
 	if id == "" {
@@ -110,10 +110,10 @@ func (n *fakeNode) Create(ctx context.Context, req *nodev1.CreateRequest) (*node
 	}
 	snap := n.store.get(req.TemplateId)
 	if snap != nil && snap.Kind == snapshot.KindPause && snap.SandboxID != id {
-		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("pause snapshot of another sandbox"))
+		return nil, fmt.Errorf("%w: pause snapshot of another sandbox", nodeapi.ErrInvalid)
 	}
 	if req.TemplateId != "base" && snap == nil {
-		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("template %q not found", req.TemplateId))
+		return nil, fmt.Errorf("%w: template %q not found", nodeapi.ErrNotFound, req.TemplateId)
 	}
 	sb := &nodev1.Sandbox{Id: id, TemplateId: "base", CpuCount: 2, MemoryMb: 512,
 		StartedAt: timestamppb.New(time.Now()), Addr: "10.0.0.1"}
@@ -126,7 +126,7 @@ func (n *fakeNode) Kill(ctx context.Context, req *nodev1.KillRequest) (*nodev1.K
 	defer n.mu.Unlock()
 	n.killed = append(n.killed, req.SandboxId)
 	if _, ok := n.running[req.SandboxId]; !ok {
-		return nil, connect.NewError(connect.CodeNotFound, errors.New("sandbox not found"))
+		return nil, fmt.Errorf("%w: sandbox not found", nodeapi.ErrNotFound)
 	}
 	delete(n.running, req.SandboxId)
 	return &nodev1.KillResponse{}, nil
@@ -147,7 +147,7 @@ func (n *fakeNode) Snapshot(ctx context.Context, req *nodev1.SnapshotRequest) (*
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if _, ok := n.running[req.SandboxId]; !ok {
-		return nil, connect.NewError(connect.CodeNotFound, errors.New("sandbox not found"))
+		return nil, fmt.Errorf("%w: sandbox not found", nodeapi.ErrNotFound)
 	}
 	n.seq++
 	s := &snapshot.Snapshot{ID: fmt.Sprintf("snap%d", n.seq), Kind: snapshot.Kind(req.Kind), SandboxID: req.SandboxId,
@@ -187,7 +187,7 @@ func (n *fakeNode) GetSnapshot(ctx context.Context, req *nodev1.GetSnapshotReque
 	if s := n.store.get(req.IdOrName); s != nil {
 		return snapshotWire(s), nil
 	}
-	return nil, connect.NewError(connect.CodeNotFound, errors.New("snapshot not found"))
+	return nil, fmt.Errorf("%w: snapshot not found", nodeapi.ErrNotFound)
 }
 
 func (n *fakeNode) DeleteSnapshot(ctx context.Context, req *nodev1.DeleteSnapshotRequest) (*nodev1.DeleteSnapshotResponse, error) {
@@ -228,7 +228,7 @@ func (n *fakeNode) Logs(ctx context.Context, req *nodev1.LogsRequest) (*nodev1.L
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if _, ok := n.running[req.SandboxId]; !ok {
-		return nil, connect.NewError(connect.CodeNotFound, errors.New("sandbox not found"))
+		return nil, fmt.Errorf("%w: sandbox not found", nodeapi.ErrNotFound)
 	}
 	return &nodev1.LogsResponse{Entries: []*nodev1.LogEntry{{Timestamp: timestamppb.Now(), Level: "info", Message: "sandbox created"}}}, nil
 }
@@ -237,7 +237,7 @@ func (n *fakeNode) Metrics(ctx context.Context, req *nodev1.MetricsRequest) (*no
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if _, ok := n.running[req.SandboxId]; !ok {
-		return nil, connect.NewError(connect.CodeNotFound, errors.New("sandbox not found"))
+		return nil, fmt.Errorf("%w: sandbox not found", nodeapi.ErrNotFound)
 	}
 	return &nodev1.MetricsResponse{Samples: []*nodev1.MetricSample{{Timestamp: timestamppb.Now(), CpuCount: 2, MemTotal: 512 << 20}}}, nil
 }

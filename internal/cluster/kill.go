@@ -2,9 +2,8 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
-
-	"connectrpc.com/connect"
 
 	"github.com/aenvhq/aenv/internal/nodeapi"
 	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
@@ -31,7 +30,7 @@ func (c *Cluster) Kill(ctx context.Context, id string) error {
 		return nil
 	}
 	_, err = n.Kill(ctx, &nodev1.KillRequest{SandboxId: id})
-	if nodeapi.Code(err) == connect.CodeNotFound {
+	if errors.Is(err, nodeapi.ErrNotFound) {
 		return nil // it died meanwhile; the record is gone either way
 	}
 	if err != nil {

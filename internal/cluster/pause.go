@@ -7,8 +7,6 @@ import (
 	"net/netip"
 	"time"
 
-	"connectrpc.com/connect"
-
 	"github.com/aenvhq/aenv/internal/nodeapi"
 	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
 	"github.com/aenvhq/aenv/internal/snapshot"
@@ -169,7 +167,7 @@ func (c *Cluster) finishResume(ctx context.Context, n nodeapi.Node, id string, a
 	})
 	if err != nil {
 		// Killed while it resumed: the sandbox must not run unrecorded.
-		if _, kerr := n.Kill(ctx, &nodev1.KillRequest{SandboxId: id}); kerr != nil && nodeapi.Code(kerr) != connect.CodeNotFound {
+		if _, kerr := n.Kill(ctx, &nodev1.KillRequest{SandboxId: id}); kerr != nil && !errors.Is(kerr, nodeapi.ErrNotFound) {
 			c.log.Error("killing resumed sandbox without a record", "sandbox_id", id, "err", kerr)
 		}
 		return nil, fmt.Errorf("resuming sandbox %s: %w", id, err)

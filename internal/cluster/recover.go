@@ -10,8 +10,6 @@ import (
 	"path/filepath"
 	"time"
 
-	"connectrpc.com/connect"
-
 	"github.com/aenvhq/aenv/internal/nodeapi"
 	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
 	"github.com/aenvhq/aenv/internal/snapshot"
@@ -89,7 +87,7 @@ func (c *Cluster) reconcile(ctx context.Context, n nodeapi.Node) error {
 	}
 	for id := range running {
 		c.log.Warn("removing a sandbox without a record (its create was cut short)", "sandbox_id", id)
-		if _, err := n.Kill(ctx, &nodev1.KillRequest{SandboxId: id}); err != nil && nodeapi.Code(err) != connect.CodeNotFound {
+		if _, err := n.Kill(ctx, &nodev1.KillRequest{SandboxId: id}); err != nil && !errors.Is(err, nodeapi.ErrNotFound) {
 			errs = append(errs, err)
 		}
 	}
@@ -162,7 +160,7 @@ func (c *Cluster) syncNode(nodeID string) {
 			continue // recorded meanwhile, or the store cannot say
 		}
 		c.log.Warn("removing a sandbox its node runs without a record (reported lost while the node was away)", "sandbox_id", id, "node_id", nodeID)
-		if _, err := n.Kill(ctx, &nodev1.KillRequest{SandboxId: id}); err != nil && nodeapi.Code(err) != connect.CodeNotFound {
+		if _, err := n.Kill(ctx, &nodev1.KillRequest{SandboxId: id}); err != nil && !errors.Is(err, nodeapi.ErrNotFound) {
 			c.log.Warn("removing an orphaned sandbox", "sandbox_id", id, "node_id", nodeID, "err", err)
 		}
 	}

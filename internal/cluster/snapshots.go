@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 
-	"connectrpc.com/connect"
 	"time"
 
 	"github.com/aenvhq/aenv/internal/nodeapi"
@@ -330,7 +329,7 @@ func (c *Cluster) GetSnapshotAny(ctx context.Context, idOrName string) (*snapsho
 		return nil, err
 	}
 	w, err := n.GetSnapshot(ctx, &nodev1.GetSnapshotRequest{IdOrName: idOrName})
-	if nodeapi.Code(err) == connect.CodeNotFound {
+	if errors.Is(err, nodeapi.ErrNotFound) {
 		return nil, fmt.Errorf("%w: snapshot %q", ErrNotFound, idOrName)
 	}
 	if err != nil {

@@ -130,7 +130,7 @@ func (l *Local) Info(ctx context.Context, _ *nodev1.InfoRequest) (*nodev1.NodeIn
 func (l *Local) Create(ctx context.Context, req *nodev1.CreateRequest) (*nodev1.Sandbox, error) {
 	opts, err := slotOptions(req.AllowInternet, req.AllowOut, req.DenyOut)
 	if err != nil {
-		return nil, connect.NewError(connect.CodeInvalidArgument, err)
+		return nil, nodeapi.NewError(connect.CodeInvalidArgument, err)
 	}
 	sb, err := l.n.Create(ctx, node.CreateRequest{
 		SandboxID:  req.SandboxId,
@@ -172,10 +172,10 @@ func (l *Local) Snapshot(ctx context.Context, req *nodev1.SnapshotRequest) (*nod
 	switch kind {
 	case snapshot.KindSnapshot, snapshot.KindPause, snapshot.KindFork:
 	default:
-		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("unknown snapshot kind %q", req.Kind))
+		return nil, nodeapi.NewError(connect.CodeInvalidArgument, fmt.Errorf("unknown snapshot kind %q", req.Kind))
 	}
 	if req.FilesOnly && (!req.Stop || kind != snapshot.KindPause) {
-		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("files_only is for a pause (kind pause, stop)"))
+		return nil, nodeapi.NewError(connect.CodeInvalidArgument, errors.New("files_only is for a pause (kind pause, stop)"))
 	}
 	s, err := l.n.Snapshot(ctx, req.SandboxId, node.SnapshotOptions{Kind: kind, Names: req.Names, Stop: req.Stop, FilesOnly: req.FilesOnly})
 	if err != nil {
@@ -258,7 +258,7 @@ func (l *Local) ImportVolume(ctx context.Context, req *nodev1.ImportVolumeReques
 func (l *Local) UpdateNetwork(ctx context.Context, req *nodev1.UpdateNetworkRequest) (*nodev1.UpdateNetworkResponse, error) {
 	opts, err := slotOptions(req.AllowInternet, req.AllowOut, req.DenyOut)
 	if err != nil {
-		return nil, connect.NewError(connect.CodeInvalidArgument, err)
+		return nil, nodeapi.NewError(connect.CodeInvalidArgument, err)
 	}
 	if err := l.n.UpdateNetwork(ctx, req.SandboxId, opts); err != nil {
 		return nil, wireError(err)
@@ -371,7 +371,7 @@ func wireError(err error) error {
 	case errors.Is(err, node.ErrUnsupported):
 		code = connect.CodeUnimplemented
 	}
-	return connect.NewError(code, err)
+	return nodeapi.NewError(code, err)
 }
 
 func sandboxToWire(sb *node.Sandbox) *nodev1.Sandbox {
