@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"maps"
 	"net/netip"
-	"time"
 
 	"github.com/aenvhq/aenv/internal/ids"
 	"github.com/aenvhq/aenv/internal/nodeapi"
@@ -87,25 +86,41 @@ func (c *Cluster) create(ctx context.Context, req CreateRequest, id string) (*Sa
 		DenyOut:       req.Network.DenyOut,
 		Mounts:        mountsToWire(mounts),
 		SandboxId:     id,
-		TemplateId:    req.TemplateID,
+		Source:        &nodev1.CreateRequest_TemplateId{TemplateId: req.TemplateID},
 		CpuCount:      int32(req.CPUCount),
 		MemoryMb:      int32(req.MemoryMB),
 		EnvVars:       req.EnvVars,
 		AllowInternet: req.AllowInternet,
 		Secure:        req.Secure,
 	}
+	from := req.TemplateID
+	if req.SnapshotID != "" {
+		wreq.Source, from = &nodev1.CreateRequest_SnapshotId{SnapshotId: req.SnapshotID}, req.SnapshotID
+	}
 	nsb, n, err := c.start(ctx, placement{template: req.TemplateID, memoryMB: req.MemoryMB, cpus: req.CPUCount, only: volumeNode}, wreq)
 	if err != nil {
 		if errors.Is(err, nodeapi.ErrNotFound) {
-			return nil, fmt.Errorf("%w: %q", ErrTemplateNotFound, req.TemplateID)
+			return nil, fmt.Errorf("%w: %q", ErrTemplateNotFound, from)
 		}
 		return nil, err
 	}
-	return c.register(ctx, n, nsb, registration{
-		requestedTemplate: cmp.Or(req.Requested, req.TemplateID), metadata: req.Metadata, timeout: req.Timeout,
-		autoPause: req.AutoPause, autoPauseFilesOnly: req.AutoPauseFilesOnly, autoResume: req.AutoResume, allowInternet: req.AllowInternet, keyID: req.Owner.KeyID,
-		team: req.Owner.Team, privateTraffic: req.PrivateTraffic, mounts: mounts, network: req.Network,
-	})
+	spec := req.Spec
+	spec.Mounts = mounts
+	return c.register(ctx, n, nsb, registration{spec: spec, requestedTemplate: cmp.Or(req.Requested, from),
+		keyID: req.Owner.KeyID, team: req.Owner.Team})
+}
+
+// restoreRequest asks a node to restore sandbox id from snapshot snapID
+// with spec's network: what a resume, a fork's child and a migration
+// start from (the rest of the sandbox is in the snapshot).
+func restoreRequest(id, snapID string, spec *Spec) *nodev1.CreateRequest {
+	return &nodev1.CreateRequest{
+		SandboxId:     id,
+		Source:        &nodev1.CreateRequest_SnapshotId{SnapshotId: snapID},
+		AllowInternet: spec.AllowInternet,
+		AllowOut:      spec.Network.AllowOut,
+		DenyOut:       spec.Network.DenyOut,
+	}
 }
 
 // withinQuota refuses n more sandboxes for a key that runs as many as it
@@ -161,18 +176,12 @@ func (c *Cluster) start(ctx context.Context, p placement, req *nodev1.CreateRequ
 
 // registration is what a new record takes beyond the node's description.
 type registration struct {
-	requestedTemplate  string
-	metadata           map[string]string
-	timeout            time.Duration
-	autoPause          bool
-	autoPauseFilesOnly bool
-	autoResume         bool
-	allowInternet      bool
-	keyID              string
-	team               string
-	privateTraffic     bool
-	mounts             []VolumeMount
-	network            NetworkRules
+	// spec is the sandbox's, whole (a create's, a fork's parent's).
+	spec Spec
+	// requestedTemplate is the name it was created from.
+	requestedTemplate string
+	keyID             string
+	team              string
 }
 
 // register stores the record of a sandbox node n started. If the record
@@ -183,33 +192,26 @@ func (c *Cluster) register(ctx context.Context, n nodeapi.Node, nsb *nodev1.Sand
 	addr, _ := netip.ParseAddr(nsb.Addr)
 	started := nsb.StartedAt.AsTime().UTC()
 	r := record{Sandbox: Sandbox{
-		ID:                 id,
-		TemplateID:         nsb.TemplateId,
-		ClientID:           n.ID(),
-		NodeID:             n.ID(),
-		Metadata:           maps.Clone(reg.metadata),
-		State:              StateRunning,
-		StartedAt:          started,
-		EndAt:              started.Add(reg.timeout),
-		CPUCount:           int(nsb.CpuCount),
-		MemoryMB:           int(nsb.MemoryMb),
-		DiskMB:             int(nsb.DiskMb),
-		EnvdVersion:        nsb.EnvdVersion,
-		EnvdAccessToken:    nsb.EnvdAccessToken,
-		AutoPause:          reg.autoPause,
-		AutoPauseFilesOnly: reg.autoPauseFilesOnly,
-		AutoResume:         reg.autoResume && reg.autoPause,
-		Timeout:            reg.timeout,
-		AllowInternet:      reg.allowInternet,
-		KeyID:              reg.keyID,
-		Team:               reg.team,
-		Addr:               addr,
-		Mounts:             reg.mounts,
-		AllowOut:           reg.network.AllowOut,
-		DenyOut:            reg.network.DenyOut,
-		MaskRequestHost:    reg.network.MaskRequestHost,
+		Spec:            reg.spec,
+		ID:              id,
+		TemplateID:      nsb.TemplateId,
+		NodeID:          n.ID(),
+		State:           StateRunning,
+		StartedAt:       started,
+		EndAt:           started.Add(reg.spec.Timeout),
+		DiskMB:          int(nsb.DiskMb),
+		EnvdVersion:     nsb.EnvdVersion,
+		EnvdAccessToken: nsb.EnvdAccessToken,
+		KeyID:           reg.keyID,
+		Team:            reg.team,
+		Addr:            addr,
 	}}
-	if reg.privateTraffic {
+	// What the node gave, not what was asked for.
+	r.CPUCount, r.MemoryMB = int(nsb.CpuCount), int(nsb.MemoryMb)
+	r.Metadata = maps.Clone(reg.spec.Metadata)
+	r.AutoResume = reg.spec.AutoResume && reg.spec.AutoPause
+	r.Network.AllowInternet = nil
+	if reg.spec.PrivateTraffic {
 		r.TrafficAccessToken = randomToken()
 	}
 	if reg.requestedTemplate != nsb.TemplateId {

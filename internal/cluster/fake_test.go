@@ -108,12 +108,17 @@ func (n *fakeNode) Create(ctx context.Context, req *nodev1.CreateRequest) (*node
 		n.seq++
 		id = fmt.Sprintf("%s-sb%d", n.id, n.seq)
 	}
-	snap := n.store.get(req.TemplateId)
-	if snap != nil && snap.Kind == snapshot.KindPause && snap.SandboxID != id {
-		return nil, fmt.Errorf("%w: pause snapshot of another sandbox", nodeapi.ErrInvalid)
-	}
-	if req.TemplateId != "base" && snap == nil {
-		return nil, fmt.Errorf("%w: template %q not found", nodeapi.ErrNotFound, req.TemplateId)
+	// The source says which it is; the fake, as the node, never guesses.
+	if snapID := req.GetSnapshotId(); snapID != "" {
+		snap := n.store.get(snapID)
+		if snap == nil {
+			return nil, fmt.Errorf("%w: snapshot %q not found", nodeapi.ErrNotFound, snapID)
+		}
+		if snap.Kind == snapshot.KindPause && snap.SandboxID != id {
+			return nil, fmt.Errorf("%w: pause snapshot of another sandbox", nodeapi.ErrInvalid)
+		}
+	} else if req.GetTemplateId() != "base" {
+		return nil, fmt.Errorf("%w: template %q not found", nodeapi.ErrNotFound, req.GetTemplateId())
 	}
 	sb := &nodev1.Sandbox{Id: id, TemplateId: "base", CpuCount: 2, MemoryMb: 512,
 		StartedAt: timestamppb.New(time.Now()), Addr: "10.0.0.1"}

@@ -77,24 +77,16 @@ func (c *Cluster) Fork(ctx context.Context, id string, count int, timeout time.D
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			nsb, n, err := c.start(ctx, p, &nodev1.CreateRequest{
-				SandboxId:     childIDs[i],
-				TemplateId:    snap.Id,
-				AllowInternet: parent.AllowInternet,
-				AllowOut:      parent.AllowOut,
-				DenyOut:       parent.DenyOut,
-			})
+			nsb, n, err := c.start(ctx, p, restoreRequest(childIDs[i], snap.Id, &parent.Spec))
 			if err != nil {
 				results[i].Err = err
 				return
 			}
-			sb, err := c.register(ctx, n, nsb, registration{
-				requestedTemplate: parent.TemplateID, metadata: parent.Metadata, timeout: timeout,
-				autoPause: parent.AutoPause, autoPauseFilesOnly: parent.AutoPauseFilesOnly, autoResume: parent.AutoResume,
-				allowInternet: parent.AllowInternet, keyID: owner.KeyID, team: parent.TeamID(),
-				privateTraffic: parent.TrafficAccessToken != "", mounts: parent.Mounts,
-				network: NetworkRules{AllowOut: parent.AllowOut, DenyOut: parent.DenyOut, MaskRequestHost: parent.MaskRequestHost},
-			})
+			// A child is its parent's spec whole, but for its own timeout.
+			spec := parent.Spec
+			spec.Timeout = timeout
+			sb, err := c.register(ctx, n, nsb, registration{spec: spec,
+				requestedTemplate: parent.TemplateID, keyID: owner.KeyID, team: parent.TeamID()})
 			results[i] = ForkResult{Sandbox: sb, Err: err}
 		}()
 	}

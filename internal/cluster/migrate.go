@@ -62,8 +62,7 @@ func (c *Cluster) Migrate(ctx context.Context, id, target string) (*Migration, e
 	// From here on the sandbox exists only as its saved state: whatever
 	// fails, it must end up running somewhere or recorded as paused.
 	ctx = context.WithoutCancel(ctx)
-	req := &nodev1.CreateRequest{SandboxId: id, TemplateId: snap.Id, AllowInternet: r.AllowInternet,
-		AllowOut: r.AllowOut, DenyOut: r.DenyOut}
+	req := restoreRequest(id, snap.Id, &r.Spec)
 	// Its volumes go along (through the store), before it starts there.
 	rerr := c.moveVolumes(ctx, r.Mounts, from, dest)
 	var nsb *nodev1.Sandbox

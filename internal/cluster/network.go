@@ -80,7 +80,7 @@ func (c *Cluster) UpdateNetwork(ctx context.Context, id string, rules NetworkRul
 		}
 	}
 	r, err := c.recs.mutate(ctx, id, func(r *record) error {
-		r.AllowOut, r.DenyOut, r.MaskRequestHost = rules.AllowOut, rules.DenyOut, rules.MaskRequestHost
+		r.Network = NetworkRules{AllowOut: rules.AllowOut, DenyOut: rules.DenyOut, MaskRequestHost: rules.MaskRequestHost}
 		r.AllowInternet = internet
 		if r.Op == "network" {
 			r.clearOp()

@@ -134,14 +134,9 @@ func (c *Cluster) resume(ctx context.Context, r record, d time.Duration, opts Co
 	if snap, err := c.GetSnapshotAny(ctx, r.SnapshotID); err == nil {
 		p.runtime, p.runtimeVersion = snap.Runtime, snap.RuntimeVersion
 	}
-	nsb, n, err := c.start(ctx, p, &nodev1.CreateRequest{
-		SandboxId:     id,
-		TemplateId:    r.SnapshotID,
-		AllowInternet: r.AllowInternet,
-		AllowOut:      r.AllowOut,
-		DenyOut:       r.DenyOut,
-		Reboot:        opts.Reboot,
-	})
+	wreq := restoreRequest(id, r.SnapshotID, &r.Spec)
+	wreq.Reboot = opts.Reboot
+	nsb, n, err := c.start(ctx, p, wreq)
 	if err != nil {
 		c.release(ctx, id, "resume")
 		return nil, fmt.Errorf("resuming sandbox %s: %w", id, err)

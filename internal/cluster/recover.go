@@ -253,10 +253,12 @@ func (c *Cluster) migrateLegacy(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("migrating paused record %s: %w", f, err)
 		}
-		// Old records are the Sandbox struct without JSON tags; field
-		// names match the tags case-insensitively.
-		var r record
-		if err := json.Unmarshal(b, &r.Sandbox); err != nil || r.State != StatePaused || r.ID == "" {
+		// Old records are the Sandbox struct of then without JSON tags;
+		// its field names match storedRecord's case-insensitively.
+		var s storedRecord
+		err = json.Unmarshal(b, &s)
+		r := fromStored(&s)
+		if err != nil || r.State != StatePaused || r.ID == "" {
 			c.log.Warn("ignoring unreadable paused sandbox record", "file", f, "err", err)
 			os.Rename(f, f+".unreadable")
 			continue

@@ -53,7 +53,7 @@ func (c *Cluster) Route(ctx context.Context, id string) (Route, error) {
 		if err != nil {
 			return Route{}, err
 		}
-		a, nodeID, token, mask = r.Addr, r.NodeID, r.TrafficAccessToken, r.MaskRequestHost
+		a, nodeID, token, mask = r.Addr, r.NodeID, r.TrafficAccessToken, r.Network.MaskRequestHost
 	}
 	if !a.IsValid() {
 		return Route{}, fmt.Errorf("%w: sandbox %s is not running", ErrConflict, id)

@@ -123,60 +123,84 @@ type Config struct {
 	Logger   *slog.Logger
 }
 
-// Sandbox is the control plane's record of a sandbox. Values returned by
-// the cluster are copies.
-type Sandbox struct {
-	ID              string            `json:"id"`
-	TemplateID      string            `json:"templateID"`
-	Alias           string            `json:"alias,omitempty"`
-	ClientID        string            `json:"clientID"`
-	NodeID          string            `json:"nodeID"`
-	Metadata        map[string]string `json:"metadata,omitempty"`
-	State           State             `json:"state"`
-	StartedAt       time.Time         `json:"startedAt"`
-	EndAt           time.Time         `json:"endAt"`
-	CPUCount        int               `json:"cpuCount"`
-	MemoryMB        int               `json:"memoryMB"`
-	DiskMB          int               `json:"diskMB"`
-	EnvdVersion     string            `json:"envdVersion"`
-	EnvdAccessToken string            `json:"envdAccessToken,omitempty"`
-	AutoPause       bool              `json:"autoPause,omitempty"`
-	// AutoPauseFilesOnly makes that pause keep only the files (E2B's
-	// autoPauseMemory: false).
-	AutoPauseFilesOnly bool `json:"autoPauseFilesOnly,omitempty"`
-	// AutoResume makes traffic to the paused sandbox resume it (with
-	// AutoPause: E2B's lifecycle.autoResume).
-	AutoResume bool `json:"autoResume,omitempty"`
+// Spec is what a sandbox's creator chose for it, defined once: a
+// Sandbox, a CreateRequest and the registration of a fork's child embed
+// it, and a fork, resume or migration copies it whole, so that a setting
+// added here cannot be dropped by one of the copies.
+type Spec struct {
+	Metadata map[string]string
 	// Timeout is the timeout it was created with, which an automatic
 	// resume gives it again.
-	Timeout time.Duration `json:"timeout,omitempty"`
-	// Addr is where the sandbox's ports are reached from its node.
-	Addr netip.Addr `json:"addr,omitzero"`
-	// SnapshotID holds a paused sandbox's state.
-	SnapshotID string `json:"snapshotID,omitempty"`
-	// PausedAt is when it was paused (zero while it runs).
-	PausedAt time.Time `json:"pausedAt,omitzero"`
-	// AllowInternet is the sandbox's egress setting, kept so that a resumed
-	// sandbox or a fork's children get the same.
-	AllowInternet bool `json:"allowInternet,omitempty"`
-	// AllowOut and DenyOut are its egress rules (E2B's network.allowOut,
-	// CIDRs, addresses and domains, and network.denyOut), kept so that a
-	// resumed, forked or moved sandbox keeps them.
-	AllowOut []string `json:"allowOut,omitempty"`
-	DenyOut  []string `json:"denyOut,omitempty"`
-	// MaskRequestHost replaces the Host of requests to its ports.
-	MaskRequestHost string `json:"maskRequestHost,omitempty"`
-	// KeyID is the API key that created it (for the key's quota).
-	KeyID string `json:"keyID,omitempty"`
-	// Team owns it (TeamID says whose a record from before teams is).
-	Team string `json:"team,omitempty"`
-	// Mounts are the volumes it mounts (on its node, which it cannot
-	// leave while it has them).
-	Mounts []VolumeMount `json:"mounts,omitempty"`
-	// TrafficAccessToken, when set (network.allowPublicTraffic false),
-	// must come with every request to the sandbox's own ports.
-	TrafficAccessToken string `json:"trafficAccessToken,omitempty"`
+	Timeout time.Duration
+	// AutoPause makes its timeout pause it, not kill it.
+	AutoPause bool
+	// AutoPauseFilesOnly makes that pause keep only the files (E2B's
+	// autoPauseMemory: false).
+	AutoPauseFilesOnly bool
+	// AutoResume makes traffic to the paused sandbox resume it (with
+	// AutoPause: E2B's lifecycle.autoResume).
+	AutoResume bool
+	// CPUCount and MemoryMB are its resources: in a CreateRequest what
+	// is asked for (0: the template's), in a Sandbox what it got.
+	CPUCount int
+	MemoryMB int
+	// AllowInternet is its egress setting, kept so that a resumed sandbox
+	// or a fork's children get the same.
+	AllowInternet bool
+	// Network holds its egress rules (E2B's network.allowOut, CIDRs,
+	// addresses and domains, and network.denyOut) and the Host mask of
+	// requests to its ports, kept so that a resumed, forked or moved
+	// sandbox keeps them. Its AllowInternet is for updates only; the
+	// setting is Spec's.
+	Network NetworkRules
+	// PrivateTraffic makes the sandbox's own ports need its traffic
+	// access token (E2B's network.allowPublicTraffic false).
+	PrivateTraffic bool
+	// Secure makes envd need the sandbox's access token.
+	Secure bool
+	// Mounts are the volumes it mounts: in a CreateRequest by name or
+	// id; in a Sandbox resolved (on its node, which it cannot leave
+	// while it has them).
+	Mounts []VolumeMount
 }
+
+// Sandbox is the control plane's view of a sandbox. Values returned by
+// the cluster are copies. It is not what the state store holds: that is
+// storedRecord (records.go), converted to and from it.
+type Sandbox struct {
+	Spec
+	ID string
+	// TemplateID is the template whose root filesystem it runs on.
+	TemplateID string
+	// Alias is the name it was created from, when that differs.
+	Alias string
+	// NodeID is the node it runs on, or was paused on.
+	NodeID          string
+	State           State
+	StartedAt       time.Time
+	EndAt           time.Time
+	DiskMB          int
+	EnvdVersion     string
+	EnvdAccessToken string
+	// Addr is where the sandbox's ports are reached from its node.
+	Addr netip.Addr
+	// SnapshotID holds a paused sandbox's state.
+	SnapshotID string
+	// PausedAt is when it was paused (zero while it runs).
+	PausedAt time.Time
+	// KeyID is the API key that created it (for the key's quota).
+	KeyID string
+	// Team owns it (TeamID says whose a record from before teams is).
+	Team string
+	// TrafficAccessToken, when set (PrivateTraffic), must come with every
+	// request to the sandbox's own ports.
+	TrafficAccessToken string
+}
+
+// ClientID is E2B's clientID: the node that runs the sandbox. It is
+// derived, never stored, so that it follows the sandbox to the node a
+// resume or a migration put it on.
+func (sb *Sandbox) ClientID() string { return sb.NodeID }
 
 // TeamID is the team that owns the sandbox: its Team, or for a record
 // from before teams, the team of its own its key has had since.
@@ -190,32 +214,17 @@ func (sb *Sandbox) TeamID() string {
 // CreateRequest describes a sandbox to create. EnvVars are handed to the
 // sandbox and never stored: they are the user's secrets.
 type CreateRequest struct {
-	// TemplateID is what the node starts from: a template's id or a
-	// snapshot's (the api resolves the client's names).
+	Spec
+	// TemplateID is the template the node starts from, unless SnapshotID
+	// is set (the api resolves the client's names to one or the other).
 	TemplateID string
+	// SnapshotID, when set, is the snapshot the node starts from instead.
+	SnapshotID string
 	// Requested is the name the client asked for, kept as the sandbox's
 	// alias when it differs.
-	Requested     string
-	Timeout       time.Duration
-	Metadata      map[string]string
-	EnvVars       map[string]string
-	AllowInternet bool
-	Secure        bool
-	AutoPause     bool
-	// AutoPauseFilesOnly makes that pause keep only the files.
-	AutoPauseFilesOnly bool
-	AutoResume         bool
-	CPUCount           int
-	MemoryMB           int
-	Owner              Owner
-	// PrivateTraffic makes the sandbox's own ports need its traffic
-	// access token (E2B's network.allowPublicTraffic false).
-	PrivateTraffic bool
-	// Mounts are volumes (by name or id) to mount; the sandbox goes to
-	// their node.
-	Mounts []VolumeMount
-	// Network holds the egress rules and the Host mask.
-	Network NetworkRules
+	Requested string
+	EnvVars   map[string]string
+	Owner     Owner
 	// IdempotencyKey, when set, makes a repeated create (same key, same
 	// API key, within IdempotencyTTL) return the first one's sandbox.
 	IdempotencyKey string

@@ -134,7 +134,8 @@ func (l *Local) Create(ctx context.Context, req *nodev1.CreateRequest) (*nodev1.
 	}
 	sb, err := l.n.Create(ctx, node.CreateRequest{
 		SandboxID:  req.SandboxId,
-		TemplateID: req.TemplateId,
+		TemplateID: req.GetTemplateId(),
+		SnapshotID: req.GetSnapshotId(),
 		CPUCount:   int(req.CpuCount),
 		MemoryMB:   int(req.MemoryMb),
 		EnvVars:    req.EnvVars,
