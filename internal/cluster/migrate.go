@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/aenvhq/aenv/internal/nodeapi"
 	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
 	"github.com/aenvhq/aenv/internal/snapshot"
 )
@@ -30,7 +31,19 @@ type Migration struct {
 // retry, and the sandbox's own outbound connections are reset. If the
 // restore fails the sandbox is restored where it was; failing that, it
 // stays paused with its state, never lost.
+//
+// A migration ends with ctx or with the cluster (Close). Cancelled before
+// the sandbox runs on its new node, it rolls back: the sandbox is
+// restored where it was (its volumes moved back), whatever the new node
+// may have started is killed, and the migration's snapshot is deleted;
+// the error wraps ctx's. Once the sandbox runs on the new node the move
+// is finished rather than undone (that would stop it a second time).
 func (c *Cluster) Migrate(ctx context.Context, id, target string) (*Migration, error) {
+	ctx, done, ok := c.bg.join(ctx)
+	defer done()
+	if !ok {
+		return nil, fmt.Errorf("migrating sandbox %s: %w: the server is shutting down", id, ErrUnavailable)
+	}
 	r, err := c.claim(ctx, id, StateRunning, "migrate")
 	if err != nil {
 		return nil, err
@@ -60,14 +73,32 @@ func (c *Cluster) Migrate(ctx context.Context, id, target string) (*Migration, e
 	}
 	c.gone(id, "")
 	// From here on the sandbox exists only as its saved state: whatever
-	// fails, it must end up running somewhere or recorded as paused.
+	// fails, it must end up running somewhere or recorded as paused. What
+	// undoes the move runs to its end, cancelled or not; the move itself
+	// stops at the first step ctx has ended by.
+	cancelled := ctx
 	ctx = context.WithoutCancel(ctx)
 	req := restoreRequest(id, snap.Id, &r.Spec)
 	// Its volumes go along (through the store), before it starts there.
-	rerr := c.moveVolumes(ctx, r.Mounts, from, dest)
+	rerr := cancelled.Err()
+	if rerr == nil {
+		rerr = c.moveVolumes(cancelled, r.Mounts, from, dest)
+	}
 	var nsb *nodev1.Sandbox
 	if rerr == nil {
-		nsb, rerr = dest.Create(ctx, req)
+		rerr = cancelled.Err()
+	}
+	if rerr == nil {
+		nsb, rerr = dest.Create(cancelled, req)
+		if rerr != nil && cancelled.Err() != nil {
+			// Cut short, the new node may have started it all the same.
+			c.killQuietly(ctx, dest, id, "half-migrated sandbox")
+		}
+	}
+	// undone is why the move was called off, when it was.
+	var undone error
+	if rerr != nil && cancelled.Err() != nil {
+		undone = context.Cause(cancelled)
 	}
 	if rerr != nil && len(r.Mounts) > 0 {
 		// What moved goes back, for the restore where it was.
@@ -105,6 +136,10 @@ func (c *Cluster) Migrate(ctx context.Context, id, target string) (*Migration, e
 	// finishResume has no snapshot to drop: this one is the move's own.
 	go c.deleteSnapshotQuietly(snap.Id, "migration snapshot")
 	down := time.Since(start)
+	if undone != nil {
+		c.log.Info("migration called off; the sandbox runs where it was", "sandbox_id", id, "node_id", from, "err", undone)
+		return nil, fmt.Errorf("migrating sandbox %s: %w (rolled back: it runs on node %s again)", id, undone, from)
+	}
 	if rerr != nil {
 		return nil, fmt.Errorf("migrating sandbox %s: restoring it on another node: %w (it runs on node %s again)",
 			id, classifyNodeError(rerr), from)
@@ -151,7 +186,7 @@ const evacuateWorkers = 4
 
 // evacuateOne migrates sandbox id off a node going away, or pauses it
 // into the store if it cannot go elsewhere. Cancelled (the server is
-// closing), it leaves the sandbox as it is.
+// closing), it leaves the sandbox where it was (Migrate rolls back).
 func (c *Cluster) evacuateOne(ctx context.Context, id string) {
 	_, err := c.Migrate(ctx, id, "")
 	switch {
@@ -163,5 +198,13 @@ func (c *Cluster) evacuateOne(ctx context.Context, id string) {
 	c.log.Warn("moving a sandbox off a node going away failed; pausing it", "sandbox_id", id, "err", err)
 	if err := c.Pause(ctx, id); err != nil && !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrConflict) {
 		c.log.Error("pausing a sandbox of a node going away", "sandbox_id", id, "err", err)
+	}
+}
+
+// killQuietly kills sandbox id on node n, if it runs there, logging a
+// failure: for what must not run unrecorded.
+func (c *Cluster) killQuietly(ctx context.Context, n nodeapi.Node, id, what string) {
+	if _, err := n.Kill(ctx, &nodev1.KillRequest{SandboxId: id}); err != nil && !errors.Is(err, nodeapi.ErrNotFound) {
+		c.log.Error("killing "+what, "sandbox_id", id, "node_id", n.ID(), "err", err)
 	}
 }
