@@ -1,7 +1,7 @@
 // Package nodeapi is the seam between the control plane and the nodes that
 // run sandboxes, and only the wire: one interface, Node, with its own wire
-// types (nodev1, generated from proto/node) and its own errors (Connect
-// codes); the client of a node agent across the network (Remote) and the
+// types (nodev1, generated from proto/node) and its own error classes
+// (errors.go: ErrNotFound, ..., carried as Connect codes on the wire); the client of a node agent across the network (Remote) and the
 // handler that serves a Node (Handler). The node's side, answering Node
 // with a node in this process, is package node/nodeserver. The cluster
 // package sees only this interface and never links the node, so that
