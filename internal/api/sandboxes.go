@@ -108,7 +108,7 @@ func (s *Server) toJSON(sb *cluster.Sandbox, detail bool) sandboxJSON {
 		SandboxID:   sb.ID,
 		TemplateID:  sb.TemplateID,
 		Alias:       sb.Alias,
-		ClientID:    sb.ClientID,
+		ClientID:    sb.ClientID(),
 		DiskSizeMB:  sb.DiskMB,
 		EnvdVersion: sb.EnvdVersion,
 		Domain:      s.cfg.Domain,
@@ -133,8 +133,8 @@ func (s *Server) toJSON(sb *cluster.Sandbox, detail bool) sandboxJSON {
 		if out.Metadata == nil {
 			out.Metadata = map[string]string{}
 		}
-		out.Network = &networkJSON{AllowPublicTraffic: sb.TrafficAccessToken == "", AllowOut: sb.AllowOut, DenyOut: sb.DenyOut,
-			MaskRequestHost: sb.MaskRequestHost}
+		out.Network = &networkJSON{AllowPublicTraffic: sb.TrafficAccessToken == "", AllowOut: sb.Network.AllowOut,
+			DenyOut: sb.Network.DenyOut, MaskRequestHost: sb.Network.MaskRequestHost}
 		out.Lifecycle = &lifecycleJSON{OnTimeout: "kill", AutoResume: sb.AutoResume}
 		if sb.AutoPause {
 			out.Lifecycle.OnTimeout = "pause"
@@ -182,30 +182,33 @@ func (s *Server) createSandbox(defaultTimeout time.Duration) http.HandlerFunc {
 		if body.AllowInternetAccess != nil {
 			allowInternet = *body.AllowInternetAccess
 		}
-		from, err := s.resolveCreate(r.Context(), owner(r), body.TemplateID)
+		tmpl, snapID, err := s.resolveCreate(r.Context(), owner(r), body.TemplateID)
 		if err != nil {
 			s.writeClusterError(w, r, err)
 			return
 		}
 		sb, err := s.cfg.Cluster.Create(r.Context(), cluster.CreateRequest{
-			TemplateID:         from,
-			Requested:          body.TemplateID,
-			Timeout:            timeout,
-			Metadata:           body.Metadata,
-			EnvVars:            body.EnvVars,
-			AllowInternet:      allowInternet,
-			Secure:             body.Secure || !s.cfg.AllowInsecure,
-			AutoPause:          body.AutoPause,
-			AutoPauseFilesOnly: body.AutoPauseMemory != nil && !*body.AutoPauseMemory,
-			AutoResume:         body.AutoResume != nil && body.AutoResume.Enabled,
-			CPUCount:           body.CPUCount,
-			MemoryMB:           body.MemoryMB,
-			Owner:              owner(r),
-			IdempotencyKey:     idem,
-			Mounts:             mounts,
-			Network:            body.Network.rules(),
-			PrivateTraffic: body.Network != nil && body.Network.AllowPublicTraffic != nil &&
-				!*body.Network.AllowPublicTraffic,
+			Spec: cluster.Spec{
+				Timeout:            timeout,
+				Metadata:           body.Metadata,
+				AllowInternet:      allowInternet,
+				Secure:             body.Secure || !s.cfg.AllowInsecure,
+				AutoPause:          body.AutoPause,
+				AutoPauseFilesOnly: body.AutoPauseMemory != nil && !*body.AutoPauseMemory,
+				AutoResume:         body.AutoResume != nil && body.AutoResume.Enabled,
+				CPUCount:           body.CPUCount,
+				MemoryMB:           body.MemoryMB,
+				Mounts:             mounts,
+				Network:            body.Network.rules(),
+				PrivateTraffic: body.Network != nil && body.Network.AllowPublicTraffic != nil &&
+					!*body.Network.AllowPublicTraffic,
+			},
+			TemplateID:     tmpl,
+			SnapshotID:     snapID,
+			Requested:      body.TemplateID,
+			EnvVars:        body.EnvVars,
+			Owner:          owner(r),
+			IdempotencyKey: idem,
 		})
 		if err != nil {
 			s.writeClusterError(w, r, err)

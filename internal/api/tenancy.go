@@ -188,25 +188,26 @@ func (s *Server) findTemplate(ctx context.Context, o cluster.Owner, ref string) 
 }
 
 // resolveCreate turns a create's templateID into what the node starts
-// from: a template o sees, or one of its team's user snapshots (never a
-// pause or fork snapshot, which hold some sandbox's state).
-func (s *Server) resolveCreate(ctx context.Context, o cluster.Owner, ref string) (string, error) {
+// from: a template o sees (templateID), or one of its team's user
+// snapshots (snapshotID; never a pause or fork snapshot, which hold some
+// sandbox's state). The two are kept apart so the node need not guess.
+func (s *Server) resolveCreate(ctx context.Context, o cluster.Owner, ref string) (templateID, snapshotID string, err error) {
 	if ref == template.BaseID {
-		return ref, nil // every node's own, the warm pool's
+		return ref, "", nil // every node's own, the warm pool's
 	}
 	if t, _, err := s.findTemplate(ctx, o, ref); err == nil {
-		return t.ID, nil
+		return t.ID, "", nil
 	} else if !errors.Is(err, template.ErrNotFound) {
-		return "", err
+		return "", "", err
 	}
 	snap, err := s.cfg.Cluster.GetSnapshot(ctx, o, ref)
 	if err == nil {
-		return snap.ID, nil
+		return "", snap.ID, nil
 	}
 	if errors.Is(err, cluster.ErrNotFound) {
-		return "", fmt.Errorf("%w: %q", cluster.ErrTemplateNotFound, ref)
+		return "", "", fmt.Errorf("%w: %q", cluster.ErrTemplateNotFound, ref)
 	}
-	return "", err
+	return "", "", err
 }
 
 func truncate(s string) string {

@@ -39,9 +39,7 @@ func BenchmarkPlacement(b *testing.B) {
 	g.SetLimit(16)
 	for i := range records {
 		g.Go(func() error {
-			r := record{Sandbox: Sandbox{ID: fmt.Sprintf("rec%07d", i), TemplateID: "base", NodeID: fmt.Sprintf("node%04d", i%nodeCount),
-				State: StateRunning, MemoryMB: 512, CPUCount: 2, StartedAt: time.Now().UTC(), EndAt: time.Now().Add(time.Hour).UTC(),
-				Metadata: map[string]string{"run": "bench", "step": fmt.Sprint(i)}}}
+			r := record{Sandbox: Sandbox{Spec: Spec{MemoryMB: 512, CPUCount: 2, Metadata: map[string]string{"run": "bench", "step": fmt.Sprint(i)}}, ID: fmt.Sprintf("rec%07d", i), TemplateID: "base", NodeID: fmt.Sprintf("node%04d", i%nodeCount), State: StateRunning, StartedAt: time.Now().UTC(), EndAt: time.Now().Add(time.Hour).UTC()}}
 			v, err := encodeRecord(nil, &r)
 			if err != nil {
 				return err
@@ -72,7 +70,7 @@ func BenchmarkPlacement(b *testing.B) {
 	var creates []time.Duration
 	for range 2000 {
 		t0 := time.Now()
-		if _, err := c.Create(ctx, CreateRequest{TemplateID: "base", Timeout: time.Hour}); err != nil {
+		if _, err := c.Create(ctx, CreateRequest{Spec: Spec{Timeout: time.Hour}, TemplateID: "base"}); err != nil {
 			b.Fatal(err)
 		}
 		creates = append(creates, time.Since(t0))

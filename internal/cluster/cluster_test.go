@@ -35,8 +35,7 @@ func openCluster(t *testing.T, st state.Store, n *nodetest.Fake) *Cluster {
 
 func create(t *testing.T, c *Cluster, timeout time.Duration) *Sandbox {
 	t.Helper()
-	sb, err := c.Create(context.Background(), CreateRequest{TemplateID: "base", Timeout: timeout,
-		Metadata: map[string]string{"k": "v"}, EnvVars: map[string]string{"SECRET": "hunter2"}})
+	sb, err := c.Create(context.Background(), CreateRequest{Spec: Spec{Timeout: timeout, Metadata: map[string]string{"k": "v"}}, TemplateID: "base", EnvVars: map[string]string{"SECRET": "hunter2"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +181,7 @@ func TestStoreDown(t *testing.T) {
 	defer c.Close(ctx, StopKeep)
 	sb := create(t, c, time.Hour)
 	st.down.Store(true)
-	if _, err := c.Create(ctx, CreateRequest{TemplateID: "base", Timeout: time.Minute}); !errors.Is(err, ErrUnavailable) {
+	if _, err := c.Create(ctx, CreateRequest{Spec: Spec{Timeout: time.Minute}, TemplateID: "base"}); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("create with the store down: %v, want ErrUnavailable", err)
 	}
 	if l, _ := n.List(ctx, nil); len(l.Sandboxes) != 1 {
@@ -261,8 +260,8 @@ func TestSizeLimits(t *testing.T) {
 		{CreateRequest{EnvVars: map[string]string{"BIG": big}}, `envVars["BIG"]`},
 		{CreateRequest{EnvVars: map[string]string{"A": strings.Repeat("x", 30<<10), "B": strings.Repeat("x", 30<<10), "C": strings.Repeat("x", 30<<10)}}, "envVars take"},
 		{CreateRequest{EnvVars: map[string]string{strings.Repeat("N", 300): "v"}}, "env var name"},
-		{CreateRequest{Metadata: map[string]string{"k": big}}, `metadata["k"]`},
-		{CreateRequest{Metadata: map[string]string{strings.Repeat("k", 200): "v"}}, "metadata key"},
+		{CreateRequest{Spec: Spec{Metadata: map[string]string{"k": big}}}, `metadata["k"]`},
+		{CreateRequest{Spec: Spec{Metadata: map[string]string{strings.Repeat("k", 200): "v"}}}, "metadata key"},
 	} {
 		tc.req.TemplateID, tc.req.Timeout = "base", time.Minute
 		_, err := c.Create(ctx, tc.req)
@@ -329,7 +328,7 @@ func TestNodeRegistry(t *testing.T) {
 	if got, err = c.SetDraining(ctx, "n1", true); err != nil || got.State != NodeDraining {
 		t.Fatalf("draining: %+v, %v", got, err)
 	}
-	if _, err := c.Create(ctx, CreateRequest{TemplateID: "base", Timeout: time.Minute}); !errors.Is(err, ErrNoCapacity) || !strings.Contains(err.Error(), "draining") {
+	if _, err := c.Create(ctx, CreateRequest{Spec: Spec{Timeout: time.Minute}, TemplateID: "base"}); !errors.Is(err, ErrNoCapacity) || !strings.Contains(err.Error(), "draining") {
 		t.Fatalf("create on a draining node: %v, want ErrNoCapacity saying so", err)
 	}
 	if _, err := c.SetDraining(ctx, "n1", false); err != nil {
@@ -337,7 +336,7 @@ func TestNodeRegistry(t *testing.T) {
 	}
 	// Placement sees the mark through its watch, a moment later.
 	waitFor(t, func() bool {
-		_, err := c.Create(ctx, CreateRequest{TemplateID: "base", Timeout: time.Hour})
+		_, err := c.Create(ctx, CreateRequest{Spec: Spec{Timeout: time.Hour}, TemplateID: "base"})
 		return err == nil
 	}, "a create on the undrained node")
 	reg.Stop()

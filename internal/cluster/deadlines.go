@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"time"
 )
@@ -193,4 +194,38 @@ func (c *Cluster) reclaimPaused(ctx context.Context) {
 		c.log.Info("paused sandbox reclaimed: it was kept past the paused retention", "sandbox_id", sb.ID,
 			"paused_at", sb.PausedAt, "retention", keep, "snapshot_id", sb.SnapshotID)
 	}
+}
+
+// SetTimeout moves a sandbox's deadline to now + d.
+func (c *Cluster) SetTimeout(ctx context.Context, id string, d time.Duration) (*Sandbox, error) {
+	return c.extend(ctx, id, d, false)
+}
+
+// Refresh moves a sandbox's deadline to now + d unless it is already later.
+func (c *Cluster) Refresh(ctx context.Context, id string, d time.Duration) (*Sandbox, error) {
+	return c.extend(ctx, id, d, true)
+}
+
+func (c *Cluster) extend(ctx context.Context, id string, d time.Duration, onlyLater bool) (*Sandbox, error) {
+	if d <= 0 || d > c.cfg.Limits.MaxTimeout {
+		return nil, fmt.Errorf("%w: timeout must be between 1s and %s", ErrInvalid, c.cfg.Limits.MaxTimeout)
+	}
+	r, err := c.recs.mutate(ctx, id, func(r *record) error {
+		if r.State != StateRunning {
+			return fmt.Errorf("%w: sandbox %s is %s (connect resumes it)", ErrConflict, id, r.State)
+		}
+		end := time.Now().UTC().Add(d)
+		if onlyLater && end.Before(r.EndAt) {
+			return errUnchanged
+		}
+		r.EndAt = end
+		return nil
+	})
+	if err != nil {
+		if errors.Is(err, ErrNotFound) {
+			return nil, c.notFound(ctx, id)
+		}
+		return nil, err
+	}
+	return &r.Sandbox, nil
 }

@@ -1,31 +1,31 @@
 package cluster
 
 import (
+	"errors"
 	"fmt"
-
-	"connectrpc.com/connect"
 
 	"github.com/aenvhq/aenv/internal/nodeapi"
 )
+
+// nodeClasses pairs the node API's error classes with the cluster's.
+// Not-found is left out: what was not found depends on the call.
+var nodeClasses = []struct{ node, cluster error }{
+	{nodeapi.ErrInvalid, ErrInvalid},
+	{nodeapi.ErrResourceExhausted, ErrNoCapacity},
+	{nodeapi.ErrFailedPrecondition, ErrConflict},
+	{nodeapi.ErrExists, ErrConflict},
+	{nodeapi.ErrUnimplemented, ErrUnsupported},
+	{nodeapi.ErrUnavailable, ErrUnavailable},
+}
 
 // classifyNodeError puts a node API error into the cluster's error
 // classes, keeping the node's own reason. Not-found is left as it is: what
 // was not found depends on the call.
 func classifyNodeError(err error) error {
-	var class error
-	switch nodeapi.Code(err) {
-	case connect.CodeInvalidArgument:
-		class = ErrInvalid
-	case connect.CodeResourceExhausted:
-		class = ErrNoCapacity
-	case connect.CodeFailedPrecondition, connect.CodeAlreadyExists:
-		class = ErrConflict
-	case connect.CodeUnimplemented:
-		class = ErrUnsupported
-	case connect.CodeUnavailable:
-		class = ErrUnavailable
-	default:
-		return err
+	for _, c := range nodeClasses {
+		if errors.Is(err, c.node) {
+			return fmt.Errorf("%w: %s", c.cluster, nodeapi.Message(err))
+		}
 	}
-	return fmt.Errorf("%w: %s", class, nodeapi.Message(err))
+	return err
 }

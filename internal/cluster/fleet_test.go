@@ -81,11 +81,11 @@ func TestPlacement(t *testing.T) {
 		}
 	}
 
-	_, err := c.Create(ctx, CreateRequest{TemplateID: "base", Timeout: time.Minute, MemoryMB: 8192})
+	_, err := c.Create(ctx, CreateRequest{Spec: Spec{Timeout: time.Minute, MemoryMB: 8192}, TemplateID: "base"})
 	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "larger than every node") {
 		t.Fatalf("a sandbox larger than every node: %v, want ErrInvalid saying so", err)
 	}
-	if _, err := c.Create(ctx, CreateRequest{TemplateID: "nosuch", Timeout: time.Minute}); !errors.Is(err, ErrTemplateNotFound) {
+	if _, err := c.Create(ctx, CreateRequest{Spec: Spec{Timeout: time.Minute}, TemplateID: "nosuch"}); !errors.Is(err, ErrTemplateNotFound) {
 		t.Fatalf("unknown template: %v, want ErrTemplateNotFound", err)
 	}
 	for _, id := range []string{"n2", "n3"} {
@@ -93,7 +93,7 @@ func TestPlacement(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	_, err = c.Create(ctx, CreateRequest{TemplateID: "base", Timeout: time.Minute})
+	_, err = c.Create(ctx, CreateRequest{Spec: Spec{Timeout: time.Minute}, TemplateID: "base"})
 	if !errors.Is(err, ErrNoCapacity) {
 		t.Fatalf("only a full node left: %v, want ErrNoCapacity", err)
 	}
@@ -104,7 +104,7 @@ func TestPlacement(t *testing.T) {
 	if _, err := c.SetDraining(ctx, "n1", true); err != nil {
 		t.Fatal(err)
 	}
-	if _, err = c.Create(ctx, CreateRequest{TemplateID: "base", Timeout: time.Minute}); !errors.Is(err, ErrNoCapacity) || !strings.Contains(err.Error(), "draining") {
+	if _, err = c.Create(ctx, CreateRequest{Spec: Spec{Timeout: time.Minute}, TemplateID: "base"}); !errors.Is(err, ErrNoCapacity) || !strings.Contains(err.Error(), "draining") {
 		t.Fatalf("every node draining: %v, want ErrNoCapacity saying so", err)
 	}
 }

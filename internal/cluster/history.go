@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 
-	"connectrpc.com/connect"
-
 	"github.com/aenvhq/aenv/internal/nodeapi"
 	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
 )
@@ -63,7 +61,7 @@ func (c *Cluster) askHistory(ctx context.Context, id string, ask func(nodeapi.No
 		switch {
 		case err == nil:
 			found = true
-		case connect.CodeOf(err) != connect.CodeNotFound:
+		case !errors.Is(err, nodeapi.ErrNotFound):
 			errs = append(errs, fmt.Errorf("node %s: %w", n.ID(), err))
 		}
 	}

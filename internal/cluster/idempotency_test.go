@@ -21,7 +21,7 @@ func TestIdempotencyKey(t *testing.T) {
 	c := openCluster(t, state.NewMemory(), n)
 	defer c.Close(ctx, StopKill)
 	req := func(owner, key string) CreateRequest {
-		return CreateRequest{TemplateID: "base", Timeout: time.Hour, IdempotencyKey: key, Owner: Owner{KeyID: owner}}
+		return CreateRequest{Spec: Spec{Timeout: time.Hour}, TemplateID: "base", IdempotencyKey: key, Owner: Owner{KeyID: owner}}
 	}
 
 	first, err := c.Create(ctx, req("alice", "k1"))

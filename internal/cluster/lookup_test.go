@@ -55,8 +55,7 @@ func TestRouteUnknown(t *testing.T) {
 	if _, err := c.Route(ctx, "late"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("route before the record: %v", err)
 	}
-	b, err := encodeRecord(nil, &record{Sandbox: Sandbox{ID: "late", NodeID: own.NodeID, State: StateRunning,
-		Addr: netip.MustParseAddr("10.0.0.7")}})
+	b, err := encodeRecord(nil, &record{Sandbox: Sandbox{ID: "late", NodeID: own.NodeID, State: StateRunning, Addr: netip.MustParseAddr("10.0.0.7")}})
 	if err != nil {
 		t.Fatal(err)
 	}

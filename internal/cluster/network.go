@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"strings"
 
-	"connectrpc.com/connect"
-
 	"github.com/aenvhq/aenv/internal/nodeapi"
 	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
 )
@@ -75,14 +73,14 @@ func (c *Cluster) UpdateNetwork(ctx context.Context, id string, rules NetworkRul
 		if _, err := n.UpdateNetwork(ctx, &nodev1.UpdateNetworkRequest{SandboxId: id, AllowInternet: internet,
 			AllowOut: rules.AllowOut, DenyOut: rules.DenyOut}); err != nil {
 			c.release(ctx, id, "network")
-			if nodeapi.Code(err) == connect.CodeNotFound { // it just ended
+			if errors.Is(err, nodeapi.ErrNotFound) { // it just ended
 				return nil, c.notFound(ctx, id)
 			}
 			return nil, fmt.Errorf("updating the network of sandbox %s: %w", id, err)
 		}
 	}
 	r, err := c.recs.mutate(ctx, id, func(r *record) error {
-		r.AllowOut, r.DenyOut, r.MaskRequestHost = rules.AllowOut, rules.DenyOut, rules.MaskRequestHost
+		r.Network = NetworkRules{AllowOut: rules.AllowOut, DenyOut: rules.DenyOut, MaskRequestHost: rules.MaskRequestHost}
 		r.AllowInternet = internet
 		if r.Op == "network" {
 			r.clearOp()

@@ -32,7 +32,7 @@ func openTeamCluster(t *testing.T, st state.Store, n *nodetest.Fake, limits Team
 var alpha = Owner{KeyID: "ka", Team: "alpha"}
 
 func teamCreate(c *Cluster, o Owner) (*Sandbox, error) {
-	return c.Create(context.Background(), CreateRequest{TemplateID: "base", Timeout: time.Hour, Owner: o})
+	return c.Create(context.Background(), CreateRequest{Spec: Spec{Timeout: time.Hour}, TemplateID: "base", Owner: o})
 }
 
 // slowSlots delays reads of the quota's reservations, so that racing

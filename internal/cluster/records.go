@@ -25,17 +25,121 @@ const (
 // reason it is gone (the SDKs know only running and paused).
 const tombstoneTTL = 24 * time.Hour
 
-// record is a sandbox's entry in the state store: the Sandbox plus the
-// operation in progress on it. Op doubles as the lock that keeps two
-// pauses, resumes or snapshots from interleaving, across servers too.
+// record is the cluster's working copy of a sandbox's entry in the state
+// store: the Sandbox plus the operation in progress on it. Op doubles as
+// the lock that keeps two pauses, resumes or snapshots from interleaving,
+// across servers too. What the store holds is its storedRecord.
 type record struct {
 	Sandbox
 	// Op is the state change in progress ("pause", "resume", "snapshot",
 	// "fork"), empty when none.
-	Op string `json:"op,omitempty"`
+	Op string
 	// OpSince is when Op began; an Op older than staleOp is taken to be
 	// left by a server that died (restart recovery clears its own).
-	OpSince time.Time `json:"opSince,omitzero"`
+	OpSince time.Time
+}
+
+// recordSchema is the version of storedRecord this server writes.
+// Versions: 0 (no "schema"): the API's Sandbox as it was, with a clientID
+// and without secure or privateTraffic; 1: this struct.
+const recordSchema = 1
+
+// storedRecord is a sandbox's record as the state store holds it: the
+// store's schema, apart from the API's Sandbox so that either can change
+// without the other; every server of a cluster, old and new, reads it.
+// Its field names are those version 0 had, so a record written before
+// the schema had a version decodes as it is.
+type storedRecord struct {
+	Schema             int               `json:"schema,omitempty"`
+	ID                 string            `json:"id"`
+	TemplateID         string            `json:"templateID"`
+	Alias              string            `json:"alias,omitempty"`
+	NodeID             string            `json:"nodeID"`
+	Metadata           map[string]string `json:"metadata,omitempty"`
+	State              State             `json:"state"`
+	StartedAt          time.Time         `json:"startedAt"`
+	EndAt              time.Time         `json:"endAt"`
+	CPUCount           int               `json:"cpuCount"`
+	MemoryMB           int               `json:"memoryMB"`
+	DiskMB             int               `json:"diskMB"`
+	EnvdVersion        string            `json:"envdVersion"`
+	EnvdAccessToken    string            `json:"envdAccessToken,omitempty"`
+	AutoPause          bool              `json:"autoPause,omitempty"`
+	AutoPauseFilesOnly bool              `json:"autoPauseFilesOnly,omitempty"`
+	AutoResume         bool              `json:"autoResume,omitempty"`
+	Timeout            time.Duration     `json:"timeout,omitempty"`
+	Addr               netip.Addr        `json:"addr,omitzero"`
+	SnapshotID         string            `json:"snapshotID,omitempty"`
+	PausedAt           time.Time         `json:"pausedAt,omitzero"`
+	AllowInternet      bool              `json:"allowInternet,omitempty"`
+	AllowOut           []string          `json:"allowOut,omitempty"`
+	DenyOut            []string          `json:"denyOut,omitempty"`
+	MaskRequestHost    string            `json:"maskRequestHost,omitempty"`
+	KeyID              string            `json:"keyID,omitempty"`
+	Team               string            `json:"team,omitempty"`
+	Mounts             []storedMount     `json:"mounts,omitempty"`
+	TrafficAccessToken string            `json:"trafficAccessToken,omitempty"`
+	// Secure and PrivateTraffic are from schema 1; a version 0 record's
+	// are read off its tokens.
+	Secure         bool      `json:"secure,omitempty"`
+	PrivateTraffic bool      `json:"privateTraffic,omitempty"`
+	Op             string    `json:"op,omitempty"`
+	OpSince        time.Time `json:"opSince,omitzero"`
+}
+
+// storedMount is a VolumeMount in a storedRecord.
+type storedMount struct {
+	Name     string `json:"name"`
+	Path     string `json:"path"`
+	VolumeID string `json:"volumeID,omitempty"`
+}
+
+// toStored is r as the store keeps it (tokens as they are: the caller
+// seals them).
+func toStored(r *record) storedRecord {
+	s := storedRecord{
+		Schema: recordSchema, ID: r.ID, TemplateID: r.TemplateID, Alias: r.Alias, NodeID: r.NodeID,
+		Metadata: r.Metadata, State: r.State, StartedAt: r.StartedAt, EndAt: r.EndAt,
+		CPUCount: r.CPUCount, MemoryMB: r.MemoryMB, DiskMB: r.DiskMB,
+		EnvdVersion: r.EnvdVersion, EnvdAccessToken: r.EnvdAccessToken,
+		AutoPause: r.AutoPause, AutoPauseFilesOnly: r.AutoPauseFilesOnly, AutoResume: r.AutoResume,
+		Timeout: r.Timeout, Addr: r.Addr, SnapshotID: r.SnapshotID, PausedAt: r.PausedAt,
+		AllowInternet: r.AllowInternet, AllowOut: r.Network.AllowOut, DenyOut: r.Network.DenyOut,
+		MaskRequestHost: r.Network.MaskRequestHost, KeyID: r.KeyID, Team: r.Team,
+		TrafficAccessToken: r.TrafficAccessToken, Secure: r.Secure, PrivateTraffic: r.PrivateTraffic,
+		Op: r.Op, OpSince: r.OpSince,
+	}
+	for _, m := range r.Mounts {
+		s.Mounts = append(s.Mounts, storedMount(m))
+	}
+	return s
+}
+
+// fromStored is the record s holds, of whichever schema.
+func fromStored(s *storedRecord) record {
+	r := record{Sandbox: Sandbox{
+		Spec: Spec{
+			Metadata: s.Metadata, Timeout: s.Timeout,
+			AutoPause: s.AutoPause, AutoPauseFilesOnly: s.AutoPauseFilesOnly, AutoResume: s.AutoResume,
+			CPUCount: s.CPUCount, MemoryMB: s.MemoryMB, AllowInternet: s.AllowInternet,
+			Network:        NetworkRules{AllowOut: s.AllowOut, DenyOut: s.DenyOut, MaskRequestHost: s.MaskRequestHost},
+			PrivateTraffic: s.PrivateTraffic, Secure: s.Secure,
+		},
+		ID: s.ID, TemplateID: s.TemplateID, Alias: s.Alias, NodeID: s.NodeID, State: s.State,
+		StartedAt: s.StartedAt, EndAt: s.EndAt, DiskMB: s.DiskMB,
+		EnvdVersion: s.EnvdVersion, EnvdAccessToken: s.EnvdAccessToken,
+		Addr: s.Addr, SnapshotID: s.SnapshotID, PausedAt: s.PausedAt,
+		KeyID: s.KeyID, Team: s.Team, TrafficAccessToken: s.TrafficAccessToken,
+	}, Op: s.Op, OpSince: s.OpSince}
+	for _, m := range s.Mounts {
+		r.Mounts = append(r.Mounts, VolumeMount(m))
+	}
+	if s.Schema == 0 {
+		// Version 0 kept the settings only as the tokens they made.
+		r.PrivateTraffic = s.TrafficAccessToken != ""
+		r.Secure = s.EnvdAccessToken != ""
+	}
+	return r
 }
 
 // staleOp is how long an operation may hold a sandbox before another
@@ -97,20 +201,21 @@ func newRecords(st state.Store, keys *sealed.Keyring) *records {
 // encodeRecord stores r with its tokens sealed with the data key, each
 // bound to its record and field.
 func encodeRecord(keys *sealed.Keyring, r *record) ([]byte, error) {
-	s := *r
+	s := toStored(r)
 	s.EnvdAccessToken = keys.Seal(r.EnvdAccessToken, sandboxKey(r.ID)+"/envdAccessToken")
 	s.TrafficAccessToken = keys.Seal(r.TrafficAccessToken, sandboxKey(r.ID)+"/trafficAccessToken")
 	return json.Marshal(&s)
 }
 
 func decodeRecord(keys *sealed.Keyring, e state.Entry) (record, error) {
-	var r record
-	if err := json.Unmarshal(e.Value, &r); err != nil {
-		return r, fmt.Errorf("decoding record %s: %w", e.Key, err)
+	var s storedRecord
+	if err := json.Unmarshal(e.Value, &s); err != nil {
+		return record{}, fmt.Errorf("decoding record %s: %w", e.Key, err)
 	}
 	var err1, err2 error
-	r.EnvdAccessToken, err1 = keys.Open(r.EnvdAccessToken, sandboxKey(r.ID)+"/envdAccessToken")
-	r.TrafficAccessToken, err2 = keys.Open(r.TrafficAccessToken, sandboxKey(r.ID)+"/trafficAccessToken")
+	s.EnvdAccessToken, err1 = keys.Open(s.EnvdAccessToken, sandboxKey(s.ID)+"/envdAccessToken")
+	s.TrafficAccessToken, err2 = keys.Open(s.TrafficAccessToken, sandboxKey(s.ID)+"/trafficAccessToken")
+	r := fromStored(&s)
 	if err := errors.Join(err1, err2); err != nil {
 		return r, fmt.Errorf("decoding record %s: %w", e.Key, err)
 	}
@@ -248,7 +353,7 @@ func (rs *records) route(id string) (addr netip.Addr, nodeID, trafficToken, mask
 	if !ok {
 		return netip.Addr{}, "", "", "", false
 	}
-	return c.rec.Addr, c.rec.NodeID, c.rec.TrafficAccessToken, c.rec.MaskRequestHost, true
+	return c.rec.Addr, c.rec.NodeID, c.rec.TrafficAccessToken, c.rec.Network.MaskRequestHost, true
 }
 
 // each calls fn for every cached record, under the cache's lock: fn

@@ -10,8 +10,6 @@ import (
 	"path/filepath"
 	"time"
 
-	"connectrpc.com/connect"
-
 	"github.com/aenvhq/aenv/internal/nodeapi"
 	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
 	"github.com/aenvhq/aenv/internal/snapshot"
@@ -89,7 +87,7 @@ func (c *Cluster) reconcile(ctx context.Context, n nodeapi.Node) error {
 	}
 	for id := range running {
 		c.log.Warn("removing a sandbox without a record (its create was cut short)", "sandbox_id", id)
-		if _, err := n.Kill(ctx, &nodev1.KillRequest{SandboxId: id}); err != nil && nodeapi.Code(err) != connect.CodeNotFound {
+		if _, err := n.Kill(ctx, &nodev1.KillRequest{SandboxId: id}); err != nil && !errors.Is(err, nodeapi.ErrNotFound) {
 			errs = append(errs, err)
 		}
 	}
@@ -162,7 +160,7 @@ func (c *Cluster) syncNode(nodeID string) {
 			continue // recorded meanwhile, or the store cannot say
 		}
 		c.log.Warn("removing a sandbox its node runs without a record (reported lost while the node was away)", "sandbox_id", id, "node_id", nodeID)
-		if _, err := n.Kill(ctx, &nodev1.KillRequest{SandboxId: id}); err != nil && nodeapi.Code(err) != connect.CodeNotFound {
+		if _, err := n.Kill(ctx, &nodev1.KillRequest{SandboxId: id}); err != nil && !errors.Is(err, nodeapi.ErrNotFound) {
 			c.log.Warn("removing an orphaned sandbox", "sandbox_id", id, "node_id", nodeID, "err", err)
 		}
 	}
@@ -255,10 +253,12 @@ func (c *Cluster) migrateLegacy(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("migrating paused record %s: %w", f, err)
 		}
-		// Old records are the Sandbox struct without JSON tags; field
-		// names match the tags case-insensitively.
-		var r record
-		if err := json.Unmarshal(b, &r.Sandbox); err != nil || r.State != StatePaused || r.ID == "" {
+		// Old records are the Sandbox struct of then without JSON tags;
+		// its field names match storedRecord's case-insensitively.
+		var s storedRecord
+		err = json.Unmarshal(b, &s)
+		r := fromStored(&s)
+		if err != nil || r.State != StatePaused || r.ID == "" {
 			c.log.Warn("ignoring unreadable paused sandbox record", "file", f, "err", err)
 			os.Rename(f, f+".unreadable")
 			continue

@@ -92,7 +92,7 @@ func TestPlacementAtScale(t *testing.T) {
 	g.SetLimit(8)
 	for range sandboxes {
 		g.Go(func() error {
-			_, err := c.Create(ctx, CreateRequest{TemplateID: "base", Timeout: time.Hour, Metadata: map[string]string{"run": "scale"}})
+			_, err := c.Create(ctx, CreateRequest{Spec: Spec{Timeout: time.Hour, Metadata: map[string]string{"run": "scale"}}, TemplateID: "base"})
 			return err
 		})
 	}
@@ -158,9 +158,7 @@ func TestRecordSize(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close(ctx, StopKeep) })
-	sb, err := c.Create(ctx, CreateRequest{TemplateID: "base", Timeout: 5 * time.Minute, PrivateTraffic: true,
-		Metadata: map[string]string{"userId": "user-0421", "purpose": "agent-run"},
-		Owner:    Owner{KeyID: "key0123456789abcdef", Team: "team0123456789abcdef"}})
+	sb, err := c.Create(ctx, CreateRequest{Spec: Spec{Timeout: 5 * time.Minute, PrivateTraffic: true, Metadata: map[string]string{"userId": "user-0421", "purpose": "agent-run"}}, TemplateID: "base", Owner: Owner{KeyID: "key0123456789abcdef", Team: "team0123456789abcdef"}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 
+	"time"
+
 	"github.com/aenvhq/aenv/internal/nodeapi"
 	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
 	"github.com/aenvhq/aenv/internal/snapshot"
@@ -275,4 +277,105 @@ func (c *Cluster) SetTemplatePublic(ctx context.Context, id string, public bool)
 	}
 	c.log.Info("template visibility changed", "template_id", id, "public", public)
 	return nil
+}
+
+func (c *Cluster) deleteSnapshotQuietly(id, what string) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := c.deleteSnapshot(ctx, id); err != nil {
+		c.log.Warn("deleting "+what, "snapshot_id", id, "err", err)
+	}
+}
+
+// The snapshot catalog is the store's, which every node shares (without
+// a store, the local node's own): any node answers for it.
+
+func (c *Cluster) deleteSnapshot(ctx context.Context, id string) error {
+	n, err := c.nodes.any()
+	if err != nil {
+		return err
+	}
+	if _, err := n.DeleteSnapshot(ctx, &nodev1.DeleteSnapshotRequest{Id: id}); err != nil {
+		return fmt.Errorf("deleting snapshot %s: %w", id, err)
+	}
+	return nil
+}
+
+// snapshots lists the snapshots of the given kinds (all when none).
+func (c *Cluster) snapshots(ctx context.Context, kinds ...snapshot.Kind) ([]*snapshot.Snapshot, error) {
+	n, err := c.nodes.any()
+	if err != nil {
+		return nil, err
+	}
+	req := &nodev1.ListSnapshotsRequest{}
+	for _, k := range kinds {
+		req.Kinds = append(req.Kinds, string(k))
+	}
+	resp, err := n.ListSnapshots(ctx, req)
+	if err != nil {
+		return nil, fmt.Errorf("listing snapshots: %w", err)
+	}
+	out := make([]*snapshot.Snapshot, len(resp.Snapshots))
+	for i, w := range resp.Snapshots {
+		out[i] = nodeapi.SnapshotFromWire(w)
+	}
+	return out, nil
+}
+
+// GetSnapshotAny returns a snapshot of any kind by id or name.
+func (c *Cluster) GetSnapshotAny(ctx context.Context, idOrName string) (*snapshot.Snapshot, error) {
+	n, err := c.nodes.any()
+	if err != nil {
+		return nil, err
+	}
+	w, err := n.GetSnapshot(ctx, &nodev1.GetSnapshotRequest{IdOrName: idOrName})
+	if errors.Is(err, nodeapi.ErrNotFound) {
+		return nil, fmt.Errorf("%w: snapshot %q", ErrNotFound, idOrName)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("looking up snapshot %q: %w", idOrName, err)
+	}
+	return nodeapi.SnapshotFromWire(w), nil
+}
+
+// TemplateUsers counts the sandboxes (running or paused) and snapshots that
+// run on template templateID's root filesystem: while there are any, the
+// template must not be deleted.
+func (c *Cluster) TemplateUsers(ctx context.Context, templateID string) (int, error) {
+	n := 0
+	c.recs.each(func(r *record) {
+		if r.TemplateID == templateID {
+			n++
+		}
+	})
+	snaps, err := c.snapshots(ctx)
+	if err != nil {
+		return 0, err
+	}
+	for _, s := range snaps {
+		// A template's own started service goes with it.
+		if s.TemplateID == templateID && s.Kind != snapshot.KindTemplate {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// DeleteTemplateSnapshots deletes the snapshots of a deleted template's
+// started service.
+func (c *Cluster) DeleteTemplateSnapshots(ctx context.Context, templateID string) error {
+	snaps, err := c.snapshots(ctx, snapshot.KindTemplate)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, s := range snaps {
+		if s.TemplateID != templateID {
+			continue
+		}
+		if err := c.deleteSnapshot(ctx, s.ID); err != nil && !errors.Is(err, ErrNotFound) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }

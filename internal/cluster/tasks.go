@@ -52,3 +52,24 @@ func (t *tasks) close() {
 	t.cancel()
 	t.wg.Wait()
 }
+
+// join makes a call the caller runs itself (a migration) one of the
+// owner's tasks: the context it returns ends with ctx or at close, and
+// close waits for done, so that what the call does to undo itself when
+// cancelled is finished before close returns. ok is false once close has
+// begun.
+func (t *tasks) join(ctx context.Context) (_ context.Context, done func(), ok bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return ctx, func() {}, false
+	}
+	t.wg.Add(1)
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(t.ctx, cancel)
+	return ctx, func() {
+		stop()
+		cancel()
+		t.wg.Done()
+	}, true
+}

@@ -10,8 +10,6 @@ import (
 	"sort"
 	"time"
 
-	"connectrpc.com/connect"
-
 	"github.com/aenvhq/aenv/internal/ids"
 	"github.com/aenvhq/aenv/internal/nodeapi"
 	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
@@ -236,7 +234,7 @@ func (c *Cluster) DeleteVolume(ctx context.Context, owner Owner, id string) erro
 	if err != nil {
 		return fmt.Errorf("deleting volume %s: its node: %w", v.Name, err)
 	}
-	if _, err := n.DeleteVolume(ctx, &nodev1.DeleteVolumeRequest{VolumeId: v.ID}); err != nil && nodeapi.Code(err) != connect.CodeNotFound {
+	if _, err := n.DeleteVolume(ctx, &nodev1.DeleteVolumeRequest{VolumeId: v.ID}); err != nil && !errors.Is(err, nodeapi.ErrNotFound) {
 		return fmt.Errorf("deleting volume %s on node %s: %w", v.Name, v.NodeID, err)
 	}
 	if err := c.cfg.State.Delete(ctx, volumePrefix+v.ID, 0); err != nil && !errors.Is(err, state.ErrNotFound) {

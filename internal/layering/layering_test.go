@@ -97,6 +97,15 @@ func TestLayering(t *testing.T) {
 				}
 			}
 		}
+		// The cluster classifies node errors with nodeapi's classes
+		// (errors.Is); the transport's codes stay behind nodeapi.
+		if within(rel, "internal/cluster") {
+			for _, imp := range f.Imports {
+				if p := strings.Trim(imp.Path.Value, `"`); strings.HasPrefix(p, "connectrpc.com/") {
+					t.Errorf("%s imports %s: the cluster sees node errors as nodeapi's classes, not Connect codes", strings.TrimPrefix(path, root+"/"), p)
+				}
+			}
+		}
 		if rel != "cmd/aenv" && rel != "internal/server" {
 			for _, imp := range f.Imports {
 				p := strings.Trim(imp.Path.Value, `"`)

@@ -142,8 +142,12 @@ type CreateRequest struct {
 	// SandboxID is the new sandbox's id; empty lets the node choose (a
 	// prestarted sandbox comes with its own).
 	SandboxID string
-	// TemplateID is a template id or alias.
+	// TemplateID is a template id or alias to start from, unless
+	// SnapshotID is set.
 	TemplateID string
+	// SnapshotID, when set, is the snapshot to restore the sandbox from
+	// (a resume, a fork's child, a migration, a user snapshot).
+	SnapshotID string
 	// CPUCount and MemoryMB override the template's defaults when > 0.
 	CPUCount int
 	MemoryMB int
@@ -155,8 +159,8 @@ type CreateRequest struct {
 	Secure bool
 	// Mounts are volumes of this node to mount read-write.
 	Mounts []snapshot.Mount
-	// Reboot, for a TemplateID naming a snapshot, boots afresh with the
-	// snapshot's files instead of restoring its memory.
+	// Reboot, with SnapshotID, boots afresh with the snapshot's files
+	// instead of restoring its memory.
 	Reboot bool
 }
 
@@ -331,18 +335,22 @@ func (n *Node) ID() string { return n.cfg.ID }
 // one from the warm pool when one fits, else a fresh boot. A failed create
 // leaves nothing behind.
 func (n *Node) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) {
-	// The templates this host holds are looked up first (a directory
-	// read), then snapshots, then templates only the remote store has:
-	// restores (resume, fork) are the frequent remote case, and a template
-	// is fetched from the store once per host.
-	tpl, err := n.cfg.Templates.GetLocal(req.TemplateID)
-	if errors.Is(err, template.ErrNotFound) && n.cfg.Snapshots != nil {
-		if snap, serr := n.cfg.Snapshots.Fetch(ctx, req.TemplateID); serr == nil {
-			return n.restore(ctx, snap, req)
-		} else if !errors.Is(serr, snapshot.ErrNotFound) {
-			return nil, fmt.Errorf("creating sandbox: %w", serr)
+	// The caller says which it starts from: a snapshot is never looked
+	// for under a template's name, nor a template under a snapshot's.
+	if req.SnapshotID != "" {
+		if n.cfg.Snapshots == nil {
+			return nil, fmt.Errorf("restoring sandbox from snapshot %s: %w: this node keeps no snapshots", req.SnapshotID, ErrUnsupported)
 		}
+		snap, err := n.cfg.Snapshots.Fetch(ctx, req.SnapshotID)
+		if err != nil {
+			return nil, fmt.Errorf("restoring sandbox from snapshot %s: %w", req.SnapshotID, err)
+		}
+		return n.restore(ctx, snap, req)
 	}
+	// The templates this host holds are looked up first (a directory
+	// read), then templates only the remote store has: a template is
+	// fetched from the store once per host.
+	tpl, err := n.cfg.Templates.GetLocal(req.TemplateID)
 	if errors.Is(err, template.ErrNotFound) {
 		tpl, err = n.template(ctx, req.TemplateID)
 	}

@@ -1,7 +1,7 @@
 // Package nodeapi is the seam between the control plane and the nodes that
 // run sandboxes, and only the wire: one interface, Node, with its own wire
-// types (nodev1, generated from proto/node) and its own errors (Connect
-// codes); the client of a node agent across the network (Remote) and the
+// types (nodev1, generated from proto/node) and its own error classes
+// (errors.go: ErrNotFound, ..., carried as Connect codes on the wire); the client of a node agent across the network (Remote) and the
 // handler that serves a Node (Handler). The node's side, answering Node
 // with a node in this process, is package node/nodeserver. The cluster
 // package sees only this interface and never links the node, so that
@@ -25,8 +25,9 @@ import (
 // checkout needs only protoc.
 //go:generate sh gen.sh
 
-// Node is what the control plane asks of a node. Errors are
-// *connect.Error values whose codes say what went wrong (see Code).
+// Node is what the control plane asks of a node. Its errors match the
+// classes of errors.go (ErrNotFound, ...) with errors.Is: callers
+// classify with those, never with the transport's codes.
 type Node interface {
 	// ID names the node in the registry and in sandbox records.
 	ID() string
@@ -61,7 +62,8 @@ type Node interface {
 }
 
 // Code is err's Connect code: CodeUnknown for an error that is not a
-// node API error.
+// node API error. For the transport's own edges (logs, HTTP mapping);
+// the control plane classifies with errors.Is and the classes.
 func Code(err error) connect.Code { return connect.CodeOf(err) }
 
 // Message is the node's own description of err, without the code prefix

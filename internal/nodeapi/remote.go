@@ -24,67 +24,67 @@ func Handler(n Node) (string, http.Handler) {
 type handler struct{ n Node }
 
 func (h *handler) Info(ctx context.Context, r *nodev1.InfoRequest) (*nodev1.NodeInfo, error) {
-	return h.n.Info(ctx, r)
+	return served(h.n.Info(ctx, r))
 }
 
 func (h *handler) Create(ctx context.Context, r *nodev1.CreateRequest) (*nodev1.Sandbox, error) {
-	return h.n.Create(ctx, r)
+	return served(h.n.Create(ctx, r))
 }
 
 func (h *handler) Kill(ctx context.Context, r *nodev1.KillRequest) (*nodev1.KillResponse, error) {
-	return h.n.Kill(ctx, r)
+	return served(h.n.Kill(ctx, r))
 }
 
 func (h *handler) List(ctx context.Context, r *nodev1.ListRequest) (*nodev1.ListResponse, error) {
-	return h.n.List(ctx, r)
+	return served(h.n.List(ctx, r))
 }
 
 func (h *handler) Snapshot(ctx context.Context, r *nodev1.SnapshotRequest) (*nodev1.SnapshotInfo, error) {
-	return h.n.Snapshot(ctx, r)
+	return served(h.n.Snapshot(ctx, r))
 }
 
 func (h *handler) Stats(ctx context.Context, r *nodev1.StatsRequest) (*nodev1.SandboxStats, error) {
-	return h.n.Stats(ctx, r)
+	return served(h.n.Stats(ctx, r))
 }
 
 func (h *handler) ListSnapshots(ctx context.Context, r *nodev1.ListSnapshotsRequest) (*nodev1.ListSnapshotsResponse, error) {
-	return h.n.ListSnapshots(ctx, r)
+	return served(h.n.ListSnapshots(ctx, r))
 }
 
 func (h *handler) GetSnapshot(ctx context.Context, r *nodev1.GetSnapshotRequest) (*nodev1.SnapshotInfo, error) {
-	return h.n.GetSnapshot(ctx, r)
+	return served(h.n.GetSnapshot(ctx, r))
 }
 
 func (h *handler) DeleteSnapshot(ctx context.Context, r *nodev1.DeleteSnapshotRequest) (*nodev1.DeleteSnapshotResponse, error) {
-	return h.n.DeleteSnapshot(ctx, r)
+	return served(h.n.DeleteSnapshot(ctx, r))
 }
 
 func (h *handler) ExportVolume(ctx context.Context, r *nodev1.ExportVolumeRequest) (*nodev1.ExportVolumeResponse, error) {
-	return h.n.ExportVolume(ctx, r)
+	return served(h.n.ExportVolume(ctx, r))
 }
 
 func (h *handler) ImportVolume(ctx context.Context, r *nodev1.ImportVolumeRequest) (*nodev1.ImportVolumeResponse, error) {
-	return h.n.ImportVolume(ctx, r)
+	return served(h.n.ImportVolume(ctx, r))
 }
 
 func (h *handler) UpdateNetwork(ctx context.Context, r *nodev1.UpdateNetworkRequest) (*nodev1.UpdateNetworkResponse, error) {
-	return h.n.UpdateNetwork(ctx, r)
+	return served(h.n.UpdateNetwork(ctx, r))
 }
 
 func (h *handler) CreateVolume(ctx context.Context, r *nodev1.CreateVolumeRequest) (*nodev1.CreateVolumeResponse, error) {
-	return h.n.CreateVolume(ctx, r)
+	return served(h.n.CreateVolume(ctx, r))
 }
 
 func (h *handler) DeleteVolume(ctx context.Context, r *nodev1.DeleteVolumeRequest) (*nodev1.DeleteVolumeResponse, error) {
-	return h.n.DeleteVolume(ctx, r)
+	return served(h.n.DeleteVolume(ctx, r))
 }
 
 func (h *handler) Logs(ctx context.Context, r *nodev1.LogsRequest) (*nodev1.LogsResponse, error) {
-	return h.n.Logs(ctx, r)
+	return served(h.n.Logs(ctx, r))
 }
 
 func (h *handler) Metrics(ctx context.Context, r *nodev1.MetricsRequest) (*nodev1.MetricsResponse, error) {
-	return h.n.Metrics(ctx, r)
+	return served(h.n.Metrics(ctx, r))
 }
 
 func (h *handler) Events(ctx context.Context, _ *nodev1.EventsRequest, st *connect.ServerStream[nodev1.Event]) error {
@@ -101,7 +101,7 @@ func (h *handler) Events(ctx context.Context, _ *nodev1.EventsRequest, st *conne
 	if sendErr != nil {
 		return sendErr
 	}
-	return err
+	return toWire(err)
 }
 
 func (h *handler) PutBuildContext(ctx context.Context, r *nodev1.PutBuildContextRequest) (*nodev1.PutBuildContextResponse, error) {
@@ -175,89 +175,89 @@ func (r *Remote) ID() string { return r.id }
 
 // Info implements Node.
 func (r *Remote) Info(ctx context.Context, q *nodev1.InfoRequest) (*nodev1.NodeInfo, error) {
-	return r.c.Info(ctx, q)
+	return fromWire(r.c.Info(ctx, q))
 }
 
 // Create implements Node.
 func (r *Remote) Create(ctx context.Context, q *nodev1.CreateRequest) (*nodev1.Sandbox, error) {
-	return r.c.Create(ctx, q)
+	return fromWire(r.c.Create(ctx, q))
 }
 
 // Kill implements Node.
 func (r *Remote) Kill(ctx context.Context, q *nodev1.KillRequest) (*nodev1.KillResponse, error) {
-	return r.c.Kill(ctx, q)
+	return fromWire(r.c.Kill(ctx, q))
 }
 
 // List implements Node.
 func (r *Remote) List(ctx context.Context, q *nodev1.ListRequest) (*nodev1.ListResponse, error) {
-	return r.c.List(ctx, q)
+	return fromWire(r.c.List(ctx, q))
 }
 
 // Snapshot implements Node.
 func (r *Remote) Snapshot(ctx context.Context, q *nodev1.SnapshotRequest) (*nodev1.SnapshotInfo, error) {
-	return r.c.Snapshot(ctx, q)
+	return fromWire(r.c.Snapshot(ctx, q))
 }
 
 // Stats implements Node.
 func (r *Remote) Stats(ctx context.Context, q *nodev1.StatsRequest) (*nodev1.SandboxStats, error) {
-	return r.c.Stats(ctx, q)
+	return fromWire(r.c.Stats(ctx, q))
 }
 
 // ListSnapshots implements Node.
 func (r *Remote) ListSnapshots(ctx context.Context, q *nodev1.ListSnapshotsRequest) (*nodev1.ListSnapshotsResponse, error) {
-	return r.c.ListSnapshots(ctx, q)
+	return fromWire(r.c.ListSnapshots(ctx, q))
 }
 
 // GetSnapshot implements Node.
 func (r *Remote) GetSnapshot(ctx context.Context, q *nodev1.GetSnapshotRequest) (*nodev1.SnapshotInfo, error) {
-	return r.c.GetSnapshot(ctx, q)
+	return fromWire(r.c.GetSnapshot(ctx, q))
 }
 
 // DeleteSnapshot implements Node.
 func (r *Remote) DeleteSnapshot(ctx context.Context, q *nodev1.DeleteSnapshotRequest) (*nodev1.DeleteSnapshotResponse, error) {
-	return r.c.DeleteSnapshot(ctx, q)
+	return fromWire(r.c.DeleteSnapshot(ctx, q))
 }
 
 // ExportVolume implements Node.
 func (r *Remote) ExportVolume(ctx context.Context, q *nodev1.ExportVolumeRequest) (*nodev1.ExportVolumeResponse, error) {
-	return r.c.ExportVolume(ctx, q)
+	return fromWire(r.c.ExportVolume(ctx, q))
 }
 
 // ImportVolume implements Node.
 func (r *Remote) ImportVolume(ctx context.Context, q *nodev1.ImportVolumeRequest) (*nodev1.ImportVolumeResponse, error) {
-	return r.c.ImportVolume(ctx, q)
+	return fromWire(r.c.ImportVolume(ctx, q))
 }
 
 // UpdateNetwork implements Node.
 func (r *Remote) UpdateNetwork(ctx context.Context, q *nodev1.UpdateNetworkRequest) (*nodev1.UpdateNetworkResponse, error) {
-	return r.c.UpdateNetwork(ctx, q)
+	return fromWire(r.c.UpdateNetwork(ctx, q))
 }
 
 // CreateVolume implements Node.
 func (r *Remote) CreateVolume(ctx context.Context, q *nodev1.CreateVolumeRequest) (*nodev1.CreateVolumeResponse, error) {
-	return r.c.CreateVolume(ctx, q)
+	return fromWire(r.c.CreateVolume(ctx, q))
 }
 
 // DeleteVolume implements Node.
 func (r *Remote) DeleteVolume(ctx context.Context, q *nodev1.DeleteVolumeRequest) (*nodev1.DeleteVolumeResponse, error) {
-	return r.c.DeleteVolume(ctx, q)
+	return fromWire(r.c.DeleteVolume(ctx, q))
 }
 
 // Logs implements Node.
 func (r *Remote) Logs(ctx context.Context, q *nodev1.LogsRequest) (*nodev1.LogsResponse, error) {
-	return r.c.Logs(ctx, q)
+	return fromWire(r.c.Logs(ctx, q))
 }
 
 // Metrics implements Node.
 func (r *Remote) Metrics(ctx context.Context, q *nodev1.MetricsRequest) (*nodev1.MetricsResponse, error) {
-	return r.c.Metrics(ctx, q)
+	return fromWire(r.c.Metrics(ctx, q))
 }
 
 // Events implements Node.
 func (r *Remote) Events(ctx context.Context, fn func(*nodev1.Event)) error {
 	st, err := r.c.Events(ctx, &nodev1.EventsRequest{})
 	if err != nil {
-		return err
+		return classify(err)
 	}
 	defer st.Close()
 	for st.Receive() {
@@ -266,7 +266,7 @@ func (r *Remote) Events(ctx context.Context, fn func(*nodev1.Event)) error {
 	if ctx.Err() != nil {
 		return nil
 	}
-	return st.Err()
+	return classify(st.Err())
 }
 
 // PutBuildContext implements Node.

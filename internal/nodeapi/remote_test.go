@@ -63,7 +63,7 @@ func TestRemoteToken(t *testing.T) {
 	addr := serve(t, f, "secret")
 	ctx := context.Background()
 	for _, token := range []string{"wrong", ""} {
-		_, err := dial(t, f.ID(), addr, token).Create(ctx, &nodev1.CreateRequest{TemplateId: nodetest.FakeTemplate})
+		_, err := dial(t, f.ID(), addr, token).Create(ctx, &nodev1.CreateRequest{Source: &nodev1.CreateRequest_TemplateId{TemplateId: nodetest.FakeTemplate}})
 		if code := nodeapi.Code(err); code != connect.CodeUnauthenticated {
 			t.Errorf("a create with token %q: %v (code %v), want unauthenticated", token, err, code)
 		}
@@ -71,7 +71,7 @@ func TestRemoteToken(t *testing.T) {
 	if n := f.Running(); n != 0 {
 		t.Errorf("refused creates started %d sandboxes", n)
 	}
-	if _, err := dial(t, f.ID(), addr, "secret").Create(ctx, &nodev1.CreateRequest{TemplateId: nodetest.FakeTemplate}); err != nil {
+	if _, err := dial(t, f.ID(), addr, "secret").Create(ctx, &nodev1.CreateRequest{Source: &nodev1.CreateRequest_TemplateId{TemplateId: nodetest.FakeTemplate}}); err != nil {
 		t.Errorf("a create with the token: %v", err)
 	}
 }

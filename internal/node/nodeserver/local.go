@@ -15,6 +15,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/aenvhq/aenv/internal/ids"
 	"github.com/aenvhq/aenv/internal/netns"
 	"github.com/aenvhq/aenv/internal/node"
 	"github.com/aenvhq/aenv/internal/nodeapi"
@@ -130,13 +131,19 @@ func (l *Local) Info(ctx context.Context, _ *nodev1.InfoRequest) (*nodev1.NodeIn
 
 // Create implements nodeapi.Node.
 func (l *Local) Create(ctx context.Context, req *nodev1.CreateRequest) (*nodev1.Sandbox, error) {
+	// The id names the sandbox's files and runtime state on this host:
+	// whoever calls, it must have an id's form.
+	if req.SandboxId != "" && !ids.Valid(req.SandboxId) {
+		return nil, nodeapi.NewError(connect.CodeInvalidArgument, fmt.Errorf("creating sandbox: malformed id %q", req.SandboxId))
+	}
 	opts, err := slotOptions(req.AllowInternet, req.AllowOut, req.DenyOut)
 	if err != nil {
-		return nil, connect.NewError(connect.CodeInvalidArgument, err)
+		return nil, nodeapi.NewError(connect.CodeInvalidArgument, err)
 	}
 	sb, err := l.n.Create(ctx, node.CreateRequest{
 		SandboxID:  req.SandboxId,
-		TemplateID: req.TemplateId,
+		TemplateID: req.GetTemplateId(),
+		SnapshotID: req.GetSnapshotId(),
 		CPUCount:   int(req.CpuCount),
 		MemoryMB:   int(req.MemoryMb),
 		EnvVars:    req.EnvVars,
@@ -174,10 +181,10 @@ func (l *Local) Snapshot(ctx context.Context, req *nodev1.SnapshotRequest) (*nod
 	switch kind {
 	case snapshot.KindSnapshot, snapshot.KindPause, snapshot.KindFork:
 	default:
-		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("unknown snapshot kind %q", req.Kind))
+		return nil, nodeapi.NewError(connect.CodeInvalidArgument, fmt.Errorf("unknown snapshot kind %q", req.Kind))
 	}
 	if req.FilesOnly && (!req.Stop || kind != snapshot.KindPause) {
-		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("files_only is for a pause (kind pause, stop)"))
+		return nil, nodeapi.NewError(connect.CodeInvalidArgument, errors.New("files_only is for a pause (kind pause, stop)"))
 	}
 	s, err := l.n.Snapshot(ctx, req.SandboxId, node.SnapshotOptions{Kind: kind, Names: req.Names, Stop: req.Stop, FilesOnly: req.FilesOnly})
 	if err != nil {
@@ -260,7 +267,7 @@ func (l *Local) ImportVolume(ctx context.Context, req *nodev1.ImportVolumeReques
 func (l *Local) UpdateNetwork(ctx context.Context, req *nodev1.UpdateNetworkRequest) (*nodev1.UpdateNetworkResponse, error) {
 	opts, err := slotOptions(req.AllowInternet, req.AllowOut, req.DenyOut)
 	if err != nil {
-		return nil, connect.NewError(connect.CodeInvalidArgument, err)
+		return nil, nodeapi.NewError(connect.CodeInvalidArgument, err)
 	}
 	if err := l.n.UpdateNetwork(ctx, req.SandboxId, opts); err != nil {
 		return nil, wireError(err)
@@ -373,7 +380,7 @@ func wireError(err error) error {
 	case errors.Is(err, node.ErrUnsupported):
 		code = connect.CodeUnimplemented
 	}
-	return connect.NewError(code, err)
+	return nodeapi.NewError(code, err)
 }
 
 func sandboxToWire(sb *node.Sandbox) *nodev1.Sandbox {

@@ -216,16 +216,16 @@ func (s *fakeStore) list() []*snapshot.Snapshot {
 }
 
 func notFound(format string, args ...any) error {
-	return connect.NewError(connect.CodeNotFound, fmt.Errorf(format, args...))
+	return nodeapi.NewError(connect.CodeNotFound, fmt.Errorf(format, args...))
 }
 
 func invalid(format string, args ...any) error {
-	return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf(format, args...))
+	return nodeapi.NewError(connect.CodeInvalidArgument, fmt.Errorf(format, args...))
 }
 
 // unimplemented is the answer of an RPC the fake does not model.
 func unimplemented(rpc string) error {
-	return connect.NewError(connect.CodeUnimplemented, fmt.Errorf("the fake node does not implement %s", rpc))
+	return nodeapi.NewError(connect.CodeUnimplemented, fmt.Errorf("the fake node does not implement %s", rpc))
 }
 
 // ID implements nodeapi.Node.
@@ -252,7 +252,7 @@ func (n *Fake) Create(ctx context.Context, req *nodev1.CreateRequest) (*nodev1.S
 	select {
 	case <-time.After(delay):
 	case <-ctx.Done():
-		return nil, connect.NewError(connect.CodeCanceled, ctx.Err())
+		return nil, nodeapi.NewError(connect.CodeCanceled, ctx.Err())
 	}
 	if _, err := nodeapi.ParseEgressRules(req.AllowOut, req.DenyOut); err != nil {
 		return nil, invalid("creating sandbox: %w", err)
@@ -263,14 +263,16 @@ func (n *Fake) Create(ctx context.Context, req *nodev1.CreateRequest) (*nodev1.S
 		return nil, invalid("creating sandbox: %d CPUs and %d MiB exceed node %s's %d and %d", req.CpuCount, req.MemoryMb, n.id, n.cpus, n.memoryMB)
 	}
 	if n.full {
-		return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("creating sandbox: node %s is full", n.id))
+		return nil, nodeapi.NewError(connect.CodeResourceExhausted, fmt.Errorf("creating sandbox: node %s is full", n.id))
 	}
 	id := req.SandboxId
 	if id == "" {
 		id = ids.New()
+	} else if !ids.Valid(id) {
+		return nil, invalid("creating sandbox: malformed id %q", id)
 	}
 	if _, ok := n.running[id]; ok {
-		return nil, connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("creating sandbox %s: it exists", id))
+		return nil, nodeapi.NewError(connect.CodeAlreadyExists, fmt.Errorf("creating sandbox %s: it exists", id))
 	}
 	for _, m := range req.Mounts {
 		if _, ok := n.volumes[m.VolumeId]; !ok {
@@ -283,10 +285,13 @@ func (n *Fake) Create(ctx context.Context, req *nodev1.CreateRequest) (*nodev1.S
 	sb := &nodev1.Sandbox{Id: id, TemplateId: FakeTemplate, CpuCount: 2, MemoryMb: 512,
 		StartedAt: timestamppb.Now(), Addr: "10.0.0.1", EnvdVersion: "fake"}
 	env := maps.Clone(req.EnvVars)
-	if req.TemplateId != FakeTemplate {
-		snap := n.store.get(req.TemplateId)
+	if tpl := req.GetTemplateId(); req.GetSnapshotId() == "" && tpl != FakeTemplate {
+		return nil, notFound("creating sandbox %s: template %q not found", id, tpl)
+	}
+	if snapID := req.GetSnapshotId(); snapID != "" {
+		snap := n.store.get(snapID)
 		if snap == nil {
-			return nil, notFound("creating sandbox %s: template %q not found", id, req.TemplateId)
+			return nil, notFound("creating sandbox %s: snapshot %q not found", id, snapID)
 		}
 		if snap.Kind == snapshot.KindPause && snap.SandboxID != id {
 			return nil, invalid("creating sandbox %s: snapshot %s is the pause of sandbox %s", id, snap.ID, snap.SandboxID)

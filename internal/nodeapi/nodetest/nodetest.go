@@ -8,7 +8,9 @@ package nodetest
 
 import (
 	"context"
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -95,12 +97,12 @@ func wantCode(t *testing.T, what string, err error, code connect.Code) {
 // killed when t ends if it still runs.
 func (s *suite) create(t *testing.T, req *nodev1.CreateRequest) *nodev1.Sandbox {
 	t.Helper()
-	if req.TemplateId == "" {
-		req.TemplateId = s.opts.Template
+	if req.Source == nil {
+		req.Source = fromTemplate(s.opts.Template)
 	}
 	sb, err := s.n.Create(ctxT(t), req)
 	if err != nil {
-		t.Fatalf("creating a sandbox of %s: %v", req.TemplateId, err)
+		t.Fatalf("creating a sandbox of %s%s: %v", req.GetTemplateId(), req.GetSnapshotId(), err)
 	}
 	s.cleanupKill(t, sb.Id)
 	return sb
@@ -215,7 +217,7 @@ func (s *suite) testCreate(t *testing.T) {
 func (s *suite) testCreateErrors(t *testing.T) {
 	ctx := ctxT(t)
 	sb := s.create(t, &nodev1.CreateRequest{SandboxId: ids.New()})
-	_, err := s.n.Create(ctx, &nodev1.CreateRequest{SandboxId: sb.Id, TemplateId: s.opts.Template})
+	_, err := s.n.Create(ctx, &nodev1.CreateRequest{SandboxId: sb.Id, Source: fromTemplate(s.opts.Template)})
 	wantCode(t, "a create of a taken id", err, connect.CodeAlreadyExists)
 	if l := s.listed(t, sb.Id); l == nil || l.Addr != sb.Addr {
 		t.Errorf("after a create of its id, the first sandbox is listed as %+v, want %+v", l, sb)
@@ -230,7 +232,7 @@ func (s *suite) testCreateErrors(t *testing.T) {
 		req  *nodev1.CreateRequest
 		code connect.Code
 	}{
-		{"an unknown template", &nodev1.CreateRequest{TemplateId: "nodetest-no-such-template"}, connect.CodeNotFound},
+		{"an unknown template", &nodev1.CreateRequest{Source: fromTemplate("nodetest-no-such-template")}, connect.CodeNotFound},
 		{"an allowOut rule that is none", &nodev1.CreateRequest{AllowOut: []string{"not a rule!"}}, connect.CodeInvalidArgument},
 		{"a denyOut rule that is a domain", &nodev1.CreateRequest{DenyOut: []string{"example.com"}}, connect.CodeInvalidArgument},
 		{"more memory than the node has", &nodev1.CreateRequest{MemoryMb: info.Capacity.MemoryMb + 1}, connect.CodeInvalidArgument},
@@ -242,11 +244,19 @@ func (s *suite) testCreateErrors(t *testing.T) {
 			code connect.Code
 		}{"a mount of an unknown volume", &nodev1.CreateRequest{Mounts: []*nodev1.VolumeMount{{VolumeId: ids.New(), Path: "/data"}}}, connect.CodeNotFound})
 	}
+	// A malformed id never reaches the node's files or its runtime.
+	for _, bad := range []string{"../escape", "UPPER", strings.Repeat("a", ids.MaxLen+1)} {
+		_, err := s.n.Create(ctx, &nodev1.CreateRequest{SandboxId: bad, Source: fromTemplate(s.opts.Template)})
+		if err == nil {
+			s.cleanupKill(t, bad)
+		}
+		wantCode(t, fmt.Sprintf("a create with the malformed id %.20q", bad), err, connect.CodeInvalidArgument)
+	}
 	for _, tc := range cases {
 		id := ids.New()
 		tc.req.SandboxId = id
-		if tc.req.TemplateId == "" {
-			tc.req.TemplateId = s.opts.Template
+		if tc.req.Source == nil {
+			tc.req.Source = fromTemplate(s.opts.Template)
 		}
 		_, err := s.n.Create(ctx, tc.req)
 		if err == nil {
@@ -370,7 +380,7 @@ func (s *suite) testSnapshots(t *testing.T) {
 	if !s.snapshotListed(t, snap.Id, snapshot.KindSnapshot) || s.snapshotListed(t, snap.Id, snapshot.KindPause) {
 		t.Errorf("snapshot %s: want it listed among snapshots and not among pauses", snap.Id)
 	}
-	child := s.create(t, &nodev1.CreateRequest{TemplateId: snap.Id})
+	child := s.create(t, &nodev1.CreateRequest{Source: fromSnapshot(snap.Id)})
 	if child.Id == sb.Id || child.MemoryMb != sb.MemoryMb || child.EnvdAccessToken == "" || child.EnvdAccessToken == sb.EnvdAccessToken {
 		t.Errorf("a sandbox from snapshot %s: %+v; want its own id and token, %d MiB", snap.Id, child, sb.MemoryMb)
 	}
@@ -383,7 +393,7 @@ func (s *suite) testSnapshots(t *testing.T) {
 	deleted = true
 	_, err = s.n.GetSnapshot(ctx, &nodev1.GetSnapshotRequest{IdOrName: snap.Id})
 	wantCode(t, "a deleted snapshot", err, connect.CodeNotFound)
-	_, err = s.n.Create(ctx, &nodev1.CreateRequest{TemplateId: snap.Id})
+	_, err = s.n.Create(ctx, &nodev1.CreateRequest{Source: fromSnapshot(snap.Id)})
 	wantCode(t, "a create from a deleted snapshot", err, connect.CodeNotFound)
 
 	pause, err := s.n.Snapshot(ctx, &nodev1.SnapshotRequest{SandboxId: sb.Id, Kind: string(snapshot.KindPause), Stop: true})
@@ -397,7 +407,7 @@ func (s *suite) testSnapshots(t *testing.T) {
 	if !s.snapshotListed(t, pause.Id, snapshot.KindPause) {
 		t.Errorf("pause %s not listed among pauses", pause.Id)
 	}
-	resumed := s.create(t, &nodev1.CreateRequest{SandboxId: sb.Id, TemplateId: pause.Id})
+	resumed := s.create(t, &nodev1.CreateRequest{SandboxId: sb.Id, Source: fromSnapshot(pause.Id)})
 	if resumed.Id != sb.Id || resumed.EnvdAccessToken != sb.EnvdAccessToken {
 		t.Errorf("resumed as %+v; want id %s and its token", resumed, sb.Id)
 	}
@@ -443,7 +453,7 @@ func (s *suite) testVolumes(t *testing.T) {
 		}
 	})
 	id := ids.New()
-	_, err := s.n.Create(ctx, &nodev1.CreateRequest{SandboxId: id, TemplateId: s.opts.Template,
+	_, err := s.n.Create(ctx, &nodev1.CreateRequest{SandboxId: id, Source: fromTemplate(s.opts.Template),
 		Mounts: []*nodev1.VolumeMount{{VolumeId: vol, Path: "data"}}})
 	if err == nil {
 		s.cleanupKill(t, id)
@@ -547,4 +557,13 @@ func (s *suite) testEvents(t *testing.T) {
 	}
 	_, err := s.n.Kill(ctxT(t), &nodev1.KillRequest{SandboxId: crashed.Id})
 	wantCode(t, "a kill of a sandbox that ended", err, connect.CodeNotFound)
+}
+
+// fromTemplate and fromSnapshot are a create's source.
+func fromTemplate(id string) *nodev1.CreateRequest_TemplateId {
+	return &nodev1.CreateRequest_TemplateId{TemplateId: id}
+}
+
+func fromSnapshot(id string) *nodev1.CreateRequest_SnapshotId {
+	return &nodev1.CreateRequest_SnapshotId{SnapshotId: id}
 }

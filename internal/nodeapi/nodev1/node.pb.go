@@ -1276,12 +1276,20 @@ func (x *NodeInfo) GetImages() []string {
 type CreateRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// sandbox_id is the new sandbox's id; empty lets the node choose.
-	SandboxId     string            `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
-	TemplateId    string            `protobuf:"bytes,2,opt,name=template_id,json=templateId,proto3" json:"template_id,omitempty"`
-	CpuCount      int32             `protobuf:"varint,3,opt,name=cpu_count,json=cpuCount,proto3" json:"cpu_count,omitempty"`
-	MemoryMb      int32             `protobuf:"varint,4,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
-	EnvVars       map[string]string `protobuf:"bytes,5,rep,name=env_vars,json=envVars,proto3" json:"env_vars,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	AllowInternet bool              `protobuf:"varint,6,opt,name=allow_internet,json=allowInternet,proto3" json:"allow_internet,omitempty"`
+	SandboxId string `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// source is what the sandbox starts from: a template (id or alias), or
+	// a snapshot it is restored from (a resume, a fork's child, a
+	// migration, a user snapshot). Exactly one is set.
+	//
+	// Types that are valid to be assigned to Source:
+	//
+	//	*CreateRequest_TemplateId
+	//	*CreateRequest_SnapshotId
+	Source        isCreateRequest_Source `protobuf_oneof:"source"`
+	CpuCount      int32                  `protobuf:"varint,3,opt,name=cpu_count,json=cpuCount,proto3" json:"cpu_count,omitempty"`
+	MemoryMb      int32                  `protobuf:"varint,4,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
+	EnvVars       map[string]string      `protobuf:"bytes,5,rep,name=env_vars,json=envVars,proto3" json:"env_vars,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	AllowInternet bool                   `protobuf:"varint,6,opt,name=allow_internet,json=allowInternet,proto3" json:"allow_internet,omitempty"`
 	// allow_out entries are CIDRs, addresses or domain names (*.wildcards).
 	AllowOut []string `protobuf:"bytes,7,rep,name=allow_out,json=allowOut,proto3" json:"allow_out,omitempty"`
 	DenyOut  []string `protobuf:"bytes,8,rep,name=deny_out,json=denyOut,proto3" json:"deny_out,omitempty"`
@@ -1289,8 +1297,8 @@ type CreateRequest struct {
 	Secure bool `protobuf:"varint,9,opt,name=secure,proto3" json:"secure,omitempty"`
 	// mounts are volumes of this node mounted read-write into the sandbox.
 	Mounts []*VolumeMount `protobuf:"bytes,10,rep,name=mounts,proto3" json:"mounts,omitempty"`
-	// reboot, with template_id naming a snapshot, boots the sandbox afresh
-	// with the snapshot's files instead of restoring its memory.
+	// reboot, with snapshot_id, boots the sandbox afresh with the
+	// snapshot's files instead of restoring its memory.
 	Reboot        bool `protobuf:"varint,11,opt,name=reboot,proto3" json:"reboot,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1333,9 +1341,27 @@ func (x *CreateRequest) GetSandboxId() string {
 	return ""
 }
 
+func (x *CreateRequest) GetSource() isCreateRequest_Source {
+	if x != nil {
+		return x.Source
+	}
+	return nil
+}
+
 func (x *CreateRequest) GetTemplateId() string {
 	if x != nil {
-		return x.TemplateId
+		if x, ok := x.Source.(*CreateRequest_TemplateId); ok {
+			return x.TemplateId
+		}
+	}
+	return ""
+}
+
+func (x *CreateRequest) GetSnapshotId() string {
+	if x != nil {
+		if x, ok := x.Source.(*CreateRequest_SnapshotId); ok {
+			return x.SnapshotId
+		}
 	}
 	return ""
 }
@@ -1402,6 +1428,22 @@ func (x *CreateRequest) GetReboot() bool {
 	}
 	return false
 }
+
+type isCreateRequest_Source interface {
+	isCreateRequest_Source()
+}
+
+type CreateRequest_TemplateId struct {
+	TemplateId string `protobuf:"bytes,2,opt,name=template_id,json=templateId,proto3,oneof"`
+}
+
+type CreateRequest_SnapshotId struct {
+	SnapshotId string `protobuf:"bytes,12,opt,name=snapshot_id,json=snapshotId,proto3,oneof"`
+}
+
+func (*CreateRequest_TemplateId) isCreateRequest_Source() {}
+
+func (*CreateRequest_SnapshotId) isCreateRequest_Source() {}
 
 type VolumeMount struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
@@ -2930,12 +2972,14 @@ const file_node_node_proto_rawDesc = "" +
 	"\x11memory_high_water\x18\n" +
 	" \x01(\x01R\x0fmemoryHighWater\x12$\n" +
 	"\x0ehost_memory_mb\x18\v \x01(\x05R\fhostMemoryMb\x12\x16\n" +
-	"\x06images\x18\f \x03(\tR\x06images\"\xcc\x03\n" +
+	"\x06images\x18\f \x03(\tR\x06images\"\xfb\x03\n" +
 	"\rCreateRequest\x12\x1d\n" +
 	"\n" +
-	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1f\n" +
-	"\vtemplate_id\x18\x02 \x01(\tR\n" +
-	"templateId\x12\x1b\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12!\n" +
+	"\vtemplate_id\x18\x02 \x01(\tH\x00R\n" +
+	"templateId\x12!\n" +
+	"\vsnapshot_id\x18\f \x01(\tH\x00R\n" +
+	"snapshotId\x12\x1b\n" +
 	"\tcpu_count\x18\x03 \x01(\x05R\bcpuCount\x12\x1b\n" +
 	"\tmemory_mb\x18\x04 \x01(\x05R\bmemoryMb\x12C\n" +
 	"\benv_vars\x18\x05 \x03(\v2(.aenv.node.v1.CreateRequest.EnvVarsEntryR\aenvVars\x12%\n" +
@@ -2948,7 +2992,8 @@ const file_node_node_proto_rawDesc = "" +
 	"\x06reboot\x18\v \x01(\bR\x06reboot\x1a:\n" +
 	"\fEnvVarsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\">\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\b\n" +
+	"\x06source\">\n" +
 	"\vVolumeMount\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\"Q\n" +
@@ -3208,6 +3253,10 @@ func init() { file_node_node_proto_init() }
 func file_node_node_proto_init() {
 	if File_node_node_proto != nil {
 		return
+	}
+	file_node_node_proto_msgTypes[16].OneofWrappers = []any{
+		(*CreateRequest_TemplateId)(nil),
+		(*CreateRequest_SnapshotId)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

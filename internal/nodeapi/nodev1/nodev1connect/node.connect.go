@@ -94,8 +94,8 @@ type NodeServiceClient interface {
 	// templates it holds.
 	Info(context.Context, *nodev1.InfoRequest) (*nodev1.NodeInfo, error)
 	// Create starts a sandbox from a template, or restores one from a
-	// snapshot (template_id naming the snapshot), and answers once its envd
-	// is ready.
+	// snapshot (CreateRequest's source says which), and answers once its
+	// envd is ready.
 	Create(context.Context, *nodev1.CreateRequest) (*nodev1.Sandbox, error)
 	Kill(context.Context, *nodev1.KillRequest) (*nodev1.KillResponse, error)
 	// List returns the sandboxes the node runs.
@@ -465,8 +465,8 @@ type NodeServiceHandler interface {
 	// templates it holds.
 	Info(context.Context, *nodev1.InfoRequest) (*nodev1.NodeInfo, error)
 	// Create starts a sandbox from a template, or restores one from a
-	// snapshot (template_id naming the snapshot), and answers once its envd
-	// is ready.
+	// snapshot (CreateRequest's source says which), and answers once its
+	// envd is ready.
 	Create(context.Context, *nodev1.CreateRequest) (*nodev1.Sandbox, error)
 	Kill(context.Context, *nodev1.KillRequest) (*nodev1.KillResponse, error)
 	// List returns the sandboxes the node runs.
