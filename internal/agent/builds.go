@@ -47,7 +47,7 @@ func RegistryAuth(cfg Config) (authn.Keychain, error) {
 // limits of each build, its build slots, the size of images, the registry
 // credentials. It first removes the build disks and contexts a previous
 // process left.
-func buildConfig(cfg Config, steps build.Stepper, templates *template.Store) (*nodeserver.BuildConfig, error) {
+func buildConfig(cfg Config, steps build.Stepper, templates *template.Catalog) (*nodeserver.BuildConfig, error) {
 	lim := build.Limits{
 		MemoryMB:      int(orDefault(int64(cfg.BuildMemoryMB), build.DefaultMemoryMB)),
 		CPUCount:      int(orDefault(int64(cfg.BuildCPUs), build.DefaultCPUCount)),

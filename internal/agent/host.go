@@ -31,12 +31,12 @@ import (
 // driver, sandbox networking, the snapshot catalog and its store, and the
 // node that joins them, answering the node API.
 type Host struct {
-	templates      *template.Store
+	templates      *template.Catalog
 	driver         *gvisor.Driver
 	net            *netns.Manager
 	stopWatch      context.CancelFunc
-	remote         *store.Store
-	images         *store.Store
+	remote         *store.Repository
+	images         *store.Repository
 	imageServer    *blockimage.Client
 	node           *node.Node
 	api            *nodeserver.Local
@@ -260,11 +260,11 @@ func (h *Host) API() *nodeserver.Local { return h.api }
 func (h *Host) Node() *node.Node { return h.node }
 
 // Templates are the templates of this host's data directory.
-func (h *Host) Templates() *template.Store { return h.templates }
+func (h *Host) Templates() *template.Catalog { return h.templates }
 
 // Store is the store snapshots and templates are kept in beyond this
 // host (nil without Config.StoreURL).
-func (h *Host) Store() *store.Store { return h.remote }
+func (h *Host) Store() *store.Repository { return h.remote }
 
 // ImageServer is the node's block image server (nil with RootFS dir).
 func (h *Host) ImageServer() *blockimage.Client { return h.imageServer }
@@ -276,7 +276,7 @@ func (h *Host) Volumes() *volume.Dir { return h.volumes }
 // this host (nil without Config.StoreURL), and over the same backend the
 // store block images are published to (see ImageStoreOptions); a pure
 // API server opens it without a host.
-func OpenStore(ctx context.Context, cfg Config, log *slog.Logger) (remote, images *store.Store, err error) {
+func OpenStore(ctx context.Context, cfg Config, log *slog.Logger) (remote, images *store.Repository, err error) {
 	if cfg.StoreURL == "" {
 		return nil, nil, nil
 	}
@@ -316,7 +316,7 @@ func openBackend(ctx context.Context, cfg Config) (store.Backend, error) {
 
 // OpenTemplates opens the templates of this data directory, published to
 // and fetched from remote when there is one.
-func OpenTemplates(cfg Config, remote, images *store.Store, log *slog.Logger) (*template.Store, error) {
+func OpenTemplates(cfg Config, remote, images *store.Repository, log *slog.Logger) (*template.Catalog, error) {
 	var builtins []*template.Template
 	if cfg.CodeInterpreterRootFS != "" {
 		t, err := template.CodeInterpreter(cfg.CodeInterpreterRootFS)
@@ -325,7 +325,7 @@ func OpenTemplates(cfg Config, remote, images *store.Store, log *slog.Logger) (*
 		}
 		builtins = append(builtins, t)
 	}
-	return template.NewStore(template.StoreOptions{
+	return template.NewCatalog(template.CatalogOptions{
 		Dir: filepath.Join(cfg.DataDir, "templates"), BaseRootFS: cfg.BaseRootFS, Builtins: builtins,
 		Remote: remote, Images: images, Logger: log,
 	})
@@ -376,7 +376,7 @@ func findEnvd(explicit string) (string, error) {
 }
 
 // ensureBase builds the base template on first start.
-func ensureBase(ctx context.Context, ts *template.Store, log *slog.Logger) error {
+func ensureBase(ctx context.Context, ts *template.Catalog, log *slog.Logger) error {
 	if _, err := ts.Get(template.BaseID); err == nil {
 		return nil
 	}

@@ -41,12 +41,12 @@ type Config struct {
 	// image server's figures).
 	Metrics   prometheus.Gatherer
 	Cluster   *cluster.Cluster
-	Templates *template.Store
+	Templates *template.Catalog
 	// Proxy serves requests addressed to a sandbox.
 	Proxy http.Handler
 	// Keys are the cluster's API keys (clients send one in X-API-KEY),
 	// which the /keys routes manage; nil answers those routes 501.
-	Keys *apikeys.Store
+	Keys *apikeys.Keys
 	// APIKey, if set, is accepted as an admin key besides Keys (a server
 	// without a cluster's key store, and tests).
 	APIKey string
@@ -100,8 +100,8 @@ type Config struct {
 	Logger        *slog.Logger
 }
 
-// Server is the API's http.Handler.
-type Server struct {
+// Handler serves the API and, in front of it, the proxy to sandboxes.
+type Handler struct {
 	cfg   Config
 	log   *slog.Logger
 	mux   *http.ServeMux
@@ -116,7 +116,7 @@ type Server struct {
 }
 
 // New builds the API handler.
-func New(cfg Config) *Server {
+func New(cfg Config) *Handler {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -129,7 +129,7 @@ func New(cfg Config) *Server {
 	if cfg.MaxPulls <= 0 {
 		cfg.MaxPulls = 2
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), pulls: make(chan struct{}, cfg.MaxPulls)}
+	s := &Handler{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), pulls: make(chan struct{}, cfg.MaxPulls)}
 	s.routes()
 	s.api = s.mux
 	if cfg.RateLimit > 0 {
@@ -170,10 +170,10 @@ type Route struct {
 }
 
 // Routes returns every route the API serves, with who may call it.
-func (s *Server) Routes() []Route { return slices.Clone(s.routeList) }
+func (s *Handler) Routes() []Route { return slices.Clone(s.routeList) }
 
 // handle registers h for pattern behind the access check.
-func (s *Server) handle(pattern string, a Access, h http.HandlerFunc) {
+func (s *Handler) handle(pattern string, a Access, h http.HandlerFunc) {
 	s.routeList = append(s.routeList, Route{Pattern: pattern, Access: a})
 	switch a {
 	case public:
@@ -185,7 +185,7 @@ func (s *Server) handle(pattern string, a Access, h http.HandlerFunc) {
 	}
 }
 
-func (s *Server) routes() {
+func (s *Handler) routes() {
 	s.handle("GET /health", public, func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
 
 	s.handle("POST /sandboxes", team, s.createSandbox(defaultTimeoutV1))
@@ -251,7 +251,7 @@ func (s *Server) routes() {
 }
 
 // ServeHTTP sends sandbox traffic to the proxy and the rest to the API.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (s *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if _, _, ok := proxy.Match(r); ok && s.proxy != nil {
 		s.proxy.ServeHTTP(w, r)
 		return
@@ -281,7 +281,7 @@ type keyContext struct{}
 // lookupKey finds the key a request presents. The static key is compared
 // in constant time so that it cannot be guessed byte by byte from
 // response timings; stored keys are found by their hash.
-func (s *Server) lookupKey(r *http.Request) (apikeys.Key, bool) {
+func (s *Handler) lookupKey(r *http.Request) (apikeys.Key, bool) {
 	key := requestKey(r)
 	if key == "" {
 		return apikeys.Key{}, false
@@ -296,7 +296,7 @@ func (s *Server) lookupKey(r *http.Request) (apikeys.Key, bool) {
 }
 
 // auth demands a valid API key and hands it to next in the context.
-func (s *Server) auth(next http.HandlerFunc) http.Handler {
+func (s *Handler) auth(next http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		k, ok := s.lookupKey(r)
 		if !ok {
@@ -308,7 +308,7 @@ func (s *Server) auth(next http.HandlerFunc) http.Handler {
 }
 
 // admin demands an admin key.
-func (s *Server) admin(next http.HandlerFunc) http.Handler {
+func (s *Handler) admin(next http.HandlerFunc) http.Handler {
 	return s.auth(func(w http.ResponseWriter, r *http.Request) {
 		if !callerKey(r).Admin {
 			writeError(w, http.StatusForbidden, "this needs an admin API key")
@@ -338,7 +338,7 @@ var sandboxIDPattern = regexp.MustCompile(`^[a-z0-9]{1,64}$`)
 // withID validates the {id} path segment before the handler sees it (ids
 // end up in paths on the node, so anything but [a-z0-9] is refused here)
 // and checks that the caller's team owns the sandbox.
-func (s *Server) withID(next func(http.ResponseWriter, *http.Request, string)) http.HandlerFunc {
+func (s *Handler) withID(next func(http.ResponseWriter, *http.Request, string)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		id := r.PathValue("id")
 		if !sandboxIDPattern.MatchString(id) {
@@ -389,7 +389,7 @@ func clusterStatus(err error) int {
 }
 
 // writeClusterError answers with err's status and message.
-func (s *Server) writeClusterError(w http.ResponseWriter, r *http.Request, err error) {
+func (s *Handler) writeClusterError(w http.ResponseWriter, r *http.Request, err error) {
 	code := clusterStatus(err)
 	msg := err.Error()
 	switch {

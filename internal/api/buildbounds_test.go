@@ -23,7 +23,7 @@ import (
 func tinyTemplate(t *testing.T, data string) {
 	t.Helper()
 	busybox := testutil.RequireBinary(t, "busybox", "")
-	store, err := template.NewStore(template.StoreOptions{Dir: filepath.Join(data, "templates")})
+	store, err := template.NewCatalog(template.CatalogOptions{Dir: filepath.Join(data, "templates")})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -105,7 +105,7 @@ func (bs *builds) trashLocked(name string) string {
 // uses and nobody uploaded or asked for since before now minus
 // BuildFilesMaxAge (uploads whose build never came), and uploads that
 // never finished; it returns how many went. The server calls it hourly.
-func (s *Server) SweepBuildFiles(now time.Time) (int, error) {
+func (s *Handler) SweepBuildFiles(now time.Time) (int, error) {
 	bs := s.builds
 	root := bs.filesRoot()
 	teams, err := os.ReadDir(root)

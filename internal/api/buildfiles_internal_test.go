@@ -14,7 +14,7 @@ import (
 // client that asked for them since it started, and to another build
 // still using them; the last user's end removes them.
 func TestReleaseKeepsFilesAskedFor(t *testing.T) {
-	store, err := template.NewStore(template.StoreOptions{Dir: t.TempDir()})
+	store, err := template.NewCatalog(template.CatalogOptions{Dir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,7 +19,7 @@ import (
 // sweep removes uploads no build used once they are a day old (and
 // unfinished ones), and keeps younger ones.
 func TestBuildFilesGo(t *testing.T) {
-	store, err := template.NewStore(template.StoreOptions{Dir: t.TempDir()})
+	store, err := template.NewCatalog(template.CatalogOptions{Dir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -41,7 +41,7 @@ func TestBuildLogTail(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the build did not end")
 	}
-	bs := &builds{s: &Server{cfg: Config{Builds: jobs}}}
+	bs := &builds{s: &Handler{cfg: Config{Builds: jobs}}}
 	status := func(query string) statusBody {
 		t.Helper()
 		req := httptest.NewRequest("GET", "/templates/t/builds/b/status?"+query, nil)

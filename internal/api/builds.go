@@ -28,13 +28,13 @@ import (
 // The uploads of COPY files are this server's: a build started here
 // sends them to its node.
 type builds struct {
-	s  *Server
+	s  *Handler
 	mu sync.Mutex
 	// filesInUse counts the running builds that use each upload.
 	filesInUse map[string]int
 }
 
-func newBuilds(s *Server) *builds {
+func newBuilds(s *Handler) *builds {
 	return &builds{s: s, filesInUse: map[string]int{}}
 }
 
@@ -54,7 +54,7 @@ func (bs *builds) enabled(w http.ResponseWriter) bool {
 }
 
 // buildStatus is the HTTP status of a build job's error.
-func (s *Server) writeBuildError(w http.ResponseWriter, r *http.Request, err error) {
+func (s *Handler) writeBuildError(w http.ResponseWriter, r *http.Request, err error) {
 	switch {
 	case errors.Is(err, buildjob.ErrNotFound):
 		writeError(w, http.StatusNotFound, err.Error())

@@ -18,7 +18,7 @@ import (
 // TestBuildRoutesValidate checks what the template-build routes refuse
 // before any build runs (no root needed).
 func TestBuildRoutesValidate(t *testing.T) {
-	store, err := template.NewStore(template.StoreOptions{Dir: t.TempDir()})
+	store, err := template.NewCatalog(template.CatalogOptions{Dir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,7 +23,7 @@ import (
 // Dockerfile), buildArg=NAME=VALUE (repeatable), cpuCount, memoryMB,
 // startCmd, readyCmd, insecure. Body: the build context as a tar
 // (gzipped or not).
-func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request) {
+func (s *Handler) buildTemplate(w http.ResponseWriter, r *http.Request) {
 	if s.cfg.Builds == nil {
 		writeError(w, http.StatusNotImplemented, "template builds are not enabled on this server")
 		return
@@ -120,7 +120,7 @@ func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request) {
 
 // followBuild streams build buildID's log from offset on as events, and
 // its outcome last, until it ends or the client goes.
-func (s *Server) followBuild(ctx context.Context, es *eventStream, templateID, buildID string, offset int) {
+func (s *Handler) followBuild(ctx context.Context, es *eventStream, templateID, buildID string, offset int) {
 	end, err := s.cfg.Builds.Follow(ctx, templateID, buildID, offset, func(entries []buildjob.Entry) {
 		for _, e := range entries {
 			es.send(importEvent{Log: &e.Message})

@@ -30,7 +30,7 @@ type logEntryJSON struct {
 // process events, filtered (level: that level and above; search: in the
 // message or a field) and paged by time (cursor in Unix milliseconds;
 // forward from it, oldest first, or backward from it, newest first).
-func (s *Server) logsV2(w http.ResponseWriter, r *http.Request, id string) {
+func (s *Handler) logsV2(w http.ResponseWriter, r *http.Request, id string) {
 	q := r.URL.Query()
 	limit := maxLogLimit
 	if v := q.Get("limit"); v != "" {
@@ -122,7 +122,7 @@ func metricsJSONFrom(m *nodev1.MetricSample) metricJSON {
 // metrics answers GET /sandboxes/{id}/metrics?start&end (Unix seconds):
 // the samples its node took (every 5 s for the last hour, every minute
 // for the day before), oldest first.
-func (s *Server) metrics(w http.ResponseWriter, r *http.Request, id string) {
+func (s *Handler) metrics(w http.ResponseWriter, r *http.Request, id string) {
 	q := r.URL.Query()
 	bound := func(name string) (time.Time, bool) {
 		v := q.Get(name)
@@ -166,7 +166,7 @@ const maxMetricsIDs = 100
 
 // metricsOfMany answers GET /sandboxes/metrics?sandbox_ids=a,b: the
 // latest sample of each running sandbox named.
-func (s *Server) metricsOfMany(w http.ResponseWriter, r *http.Request) {
+func (s *Handler) metricsOfMany(w http.ResponseWriter, r *http.Request) {
 	var ids []string
 	for _, v := range r.URL.Query()["sandbox_ids"] {
 		for _, id := range strings.Split(v, ",") {
@@ -201,7 +201,7 @@ func (s *Server) metricsOfMany(w http.ResponseWriter, r *http.Request) {
 
 // updateNetwork answers PUT /sandboxes/{id}/network: the rules given
 // replace the sandbox's (what is left out is cleared, as on E2B).
-func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request, id string) {
+func (s *Handler) updateNetwork(w http.ResponseWriter, r *http.Request, id string) {
 	var body struct {
 		networkBody
 		AllowInternetAccess *bool `json:"allow_internet_access"`

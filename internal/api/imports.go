@@ -178,7 +178,7 @@ func parseImportParams(w http.ResponseWriter, r *http.Request) (importParams, bo
 
 // uploadDir makes a private scratch directory for an import's upload;
 // the caller removes it.
-func (s *Server) uploadDir() (string, error) {
+func (s *Handler) uploadDir() (string, error) {
 	dir := filepath.Join(s.cfg.Templates.Dir(), ".imports")
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return "", fmt.Errorf("making upload directory: %w", err)

@@ -25,7 +25,7 @@ type createdKeyJSON struct {
 	Secret string `json:"key"`
 }
 
-func (s *Server) keyStore(w http.ResponseWriter) bool {
+func (s *Handler) keyStore(w http.ResponseWriter) bool {
 	if s.cfg.Keys == nil {
 		writeError(w, http.StatusNotImplemented, "this server keeps no API keys of its own")
 		return false
@@ -34,14 +34,14 @@ func (s *Server) keyStore(w http.ResponseWriter) bool {
 }
 
 // listKeys answers GET /keys (admin keys only).
-func (s *Server) listKeys(w http.ResponseWriter, r *http.Request) {
+func (s *Handler) listKeys(w http.ResponseWriter, r *http.Request) {
 	if s.keyStore(w) {
 		writeJSON(w, http.StatusOK, s.cfg.Keys.List())
 	}
 }
 
 // createKey answers POST /keys (admin keys only).
-func (s *Server) createKey(w http.ResponseWriter, r *http.Request) {
+func (s *Handler) createKey(w http.ResponseWriter, r *http.Request) {
 	if !s.keyStore(w) {
 		return
 	}
@@ -64,7 +64,7 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request) {
 var keyIDPattern = regexp.MustCompile(`^k[0-9a-f]{1,64}$`)
 
 // revokeKey answers DELETE /keys/{keyID} (admin keys only).
-func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request) {
+func (s *Handler) revokeKey(w http.ResponseWriter, r *http.Request) {
 	if !s.keyStore(w) {
 		return
 	}
@@ -84,7 +84,7 @@ func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-func (s *Server) writeKeyError(w http.ResponseWriter, r *http.Request, err error) {
+func (s *Handler) writeKeyError(w http.ResponseWriter, r *http.Request, err error) {
 	switch {
 	case errors.Is(err, apikeys.ErrInvalid):
 		writeError(w, http.StatusBadRequest, err.Error())

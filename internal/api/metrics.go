@@ -18,7 +18,7 @@ import (
 // files: what a soak test watches for leaks), the sandboxes by state, and
 // Config.Metrics (the local node's block images).
 // The registry is this server's, not the library's global one.
-func (s *Server) metricsHandler() http.Handler {
+func (s *Handler) metricsHandler() http.Handler {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(
 		collectors.NewGoCollector(),

@@ -15,7 +15,7 @@ import (
 // TestMetrics: /metrics wants the API key and serves the server process's
 // figures in Prometheus' text format, which the client reads back.
 func TestMetrics(t *testing.T) {
-	store, err := template.NewStore(template.StoreOptions{Dir: t.TempDir()})
+	store, err := template.NewCatalog(template.CatalogOptions{Dir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,7 @@ var nodeIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$`)
 // listNodes answers GET /nodes (an aenv extension): every node the
 // cluster has known, with its state (ready, draining, lost), capacity,
 // usage, sandbox count and runtime.
-func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) {
+func (s *Handler) listNodes(w http.ResponseWriter, r *http.Request) {
 	nodes, err := s.cfg.Cluster.Nodes(r.Context())
 	if err != nil {
 		s.writeClusterError(w, r, err)
@@ -39,7 +39,7 @@ func withNodeID(next func(http.ResponseWriter, *http.Request, string)) http.Hand
 }
 
 // getNode answers GET /nodes/{nodeID}.
-func (s *Server) getNode(w http.ResponseWriter, r *http.Request, id string) {
+func (s *Handler) getNode(w http.ResponseWriter, r *http.Request, id string) {
 	n, err := s.cfg.Cluster.GetNode(r.Context(), id)
 	if err != nil {
 		s.writeClusterError(w, r, err)
@@ -51,7 +51,7 @@ func (s *Server) getNode(w http.ResponseWriter, r *http.Request, id string) {
 // drainNode answers POST /nodes/{nodeID}/drain (the node takes no new
 // sandboxes; its running ones keep running) and DELETE, which makes it
 // ready again.
-func (s *Server) drainNode(w http.ResponseWriter, r *http.Request, id string) {
+func (s *Handler) drainNode(w http.ResponseWriter, r *http.Request, id string) {
 	n, err := s.cfg.Cluster.SetDraining(r.Context(), id, r.Method == http.MethodPost)
 	if err != nil {
 		s.writeClusterError(w, r, err)
@@ -75,7 +75,7 @@ type migrationJSON struct {
 }
 
 // migrate moves a running sandbox to another node, keeping its id.
-func (s *Server) migrate(w http.ResponseWriter, r *http.Request, id string) {
+func (s *Handler) migrate(w http.ResponseWriter, r *http.Request, id string) {
 	var body migrateBody
 	if r.ContentLength != 0 && !decodeBody(w, r, &body) {
 		return

@@ -49,7 +49,7 @@ func (r clusterRoutes) SandboxRoute(ctx context.Context, id string) (proxy.Route
 
 // proxyServer is the API in front of the proxy, on a cluster with no
 // sandboxes whose records are in st: every valid id is unknown.
-func proxyServer(t *testing.T, st state.Store, cfg Config) *Server {
+func proxyServer(t *testing.T, st state.Store, cfg Config) *Handler {
 	t.Helper()
 	log := slog.New(slog.DiscardHandler)
 	c, err := cluster.Open(context.Background(), cluster.Config{State: st, Candidate: "proxy-test", Logger: log,

@@ -35,7 +35,7 @@ type pullProgressJSON struct {
 // layout directory, or a `docker save` tarball as it is) and optionally
 // ref naming the image in it; cpuCount, memoryMB, startCmd, readyCmd,
 // insecure (plain HTTP or unverified TLS to the registry).
-func (s *Server) pullTemplate(w http.ResponseWriter, r *http.Request) {
+func (s *Handler) pullTemplate(w http.ResponseWriter, r *http.Request) {
 	if !s.cfg.Pulls {
 		writeError(w, http.StatusNotImplemented, "this server has neither a local node nor a store its nodes share (--store), so a template pulled here would reach no node")
 		return

@@ -126,7 +126,7 @@ const (
 //     (lookupRate);
 //   - then each sandbox has its own limit (ProxyRateLimit), so that one
 //     busy sandbox does not slow the others.
-func (s *Server) guardProxy(p http.Handler) http.Handler {
+func (s *Handler) guardProxy(p http.Handler) http.Handler {
 	perSandbox := p
 	if s.cfg.ProxyRateLimit > 0 {
 		perSandbox = newRateLimiter(s.cfg.ProxyRateLimit, max(s.cfg.ProxyRateBurst, 1)).limit(p, sandboxKey)
@@ -164,7 +164,7 @@ func addrKey(a netip.Addr) string {
 // such as RL trainers behind a NAT, each get their own), else the client's
 // address. An invalid key must not buy a fresh bucket, so it counts as
 // the address.
-func (s *Server) clientKey(r *http.Request) string {
+func (s *Handler) clientKey(r *http.Request) string {
 	// A key's id is derived from its hash: the key itself never names a
 	// bucket.
 	if k, ok := s.lookupKey(r); ok {
@@ -176,7 +176,7 @@ func (s *Server) clientKey(r *http.Request) string {
 // clientAddr is the address a request came from: the peer's, or, when the
 // peer is one of the trusted proxies, the last address in X-Forwarded-For
 // that is not one of them.
-func (s *Server) clientAddr(r *http.Request) netip.Addr {
+func (s *Handler) clientAddr(r *http.Request) netip.Addr {
 	peer, err := netip.ParseAddrPort(r.RemoteAddr)
 	if err != nil {
 		return netip.Addr{}
@@ -198,7 +198,7 @@ func (s *Server) clientAddr(r *http.Request) netip.Addr {
 	return addr
 }
 
-func (s *Server) trusted(a netip.Addr) bool {
+func (s *Handler) trusted(a netip.Addr) bool {
 	for _, p := range s.cfg.TrustedProxies {
 		if p.Contains(a) {
 			return true

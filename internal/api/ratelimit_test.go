@@ -11,7 +11,7 @@ import (
 
 func TestRateLimit(t *testing.T) {
 	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
-	h := newRateLimiter(1, 3).limit(ok, (&Server{}).clientKey)
+	h := newRateLimiter(1, 3).limit(ok, (&Handler{}).clientKey)
 	send := func(addr string) *httptest.ResponseRecorder {
 		rec := httptest.NewRecorder()
 		req := httptest.NewRequest("GET", "/v2/sandboxes", nil)
@@ -42,7 +42,7 @@ func TestRateLimit(t *testing.T) {
 // trusted proxy the forwarded address counts; each sandbox has its own
 // bucket in the proxy.
 func TestRateLimitKeys(t *testing.T) {
-	s := &Server{cfg: Config{APIKey: "e2b_good", TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.9.0.0/16")}}}
+	s := &Handler{cfg: Config{APIKey: "e2b_good", TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.9.0.0/16")}}}
 	req := func(addr, key, xff string) *http.Request {
 		r := httptest.NewRequest("GET", "/v2/sandboxes", nil)
 		r.RemoteAddr = addr

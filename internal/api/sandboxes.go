@@ -103,7 +103,7 @@ type lifecycleJSON struct {
 	AutoResume bool   `json:"autoResume"`
 }
 
-func (s *Server) toJSON(sb *cluster.Sandbox, detail bool) sandboxJSON {
+func (s *Handler) toJSON(sb *cluster.Sandbox, detail bool) sandboxJSON {
 	out := sandboxJSON{
 		SandboxID:   sb.ID,
 		TemplateID:  sb.TemplateID,
@@ -143,7 +143,7 @@ func (s *Server) toJSON(sb *cluster.Sandbox, detail bool) sandboxJSON {
 	return out
 }
 
-func (s *Server) createSandbox(defaultTimeout time.Duration) http.HandlerFunc {
+func (s *Handler) createSandbox(defaultTimeout time.Duration) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		var body createBody
 		if !decodeBody(w, r, &body) {
@@ -218,7 +218,7 @@ func (s *Server) createSandbox(defaultTimeout time.Duration) http.HandlerFunc {
 	}
 }
 
-func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request, id string) {
+func (s *Handler) getSandbox(w http.ResponseWriter, r *http.Request, id string) {
 	sb, err := s.cfg.Cluster.Get(r.Context(), id)
 	if err != nil {
 		s.writeClusterError(w, r, err)
@@ -227,7 +227,7 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request, id string) {
 	writeJSON(w, http.StatusOK, s.toJSON(sb, true))
 }
 
-func (s *Server) killSandbox(w http.ResponseWriter, r *http.Request, id string) {
+func (s *Handler) killSandbox(w http.ResponseWriter, r *http.Request, id string) {
 	if err := s.cfg.Cluster.Kill(r.Context(), id); err != nil {
 		s.writeClusterError(w, r, err)
 		return
@@ -243,13 +243,13 @@ type timeoutBody struct {
 	Memory *bool `json:"memory"`
 }
 
-func (s *Server) readSeconds(w http.ResponseWriter, r *http.Request, field string, required bool, def time.Duration) (time.Duration, bool) {
+func (s *Handler) readSeconds(w http.ResponseWriter, r *http.Request, field string, required bool, def time.Duration) (time.Duration, bool) {
 	d, _, ok := s.readTimeoutBody(w, r, field, required, def)
 	return d, ok
 }
 
 // readTimeoutBody is readSeconds that also returns the body.
-func (s *Server) readTimeoutBody(w http.ResponseWriter, r *http.Request, field string, required bool, def time.Duration) (time.Duration, timeoutBody, bool) {
+func (s *Handler) readTimeoutBody(w http.ResponseWriter, r *http.Request, field string, required bool, def time.Duration) (time.Duration, timeoutBody, bool) {
 	var body timeoutBody
 	if !decodeBody(w, r, &body) {
 		return 0, body, false
@@ -273,7 +273,7 @@ func (s *Server) readTimeoutBody(w http.ResponseWriter, r *http.Request, field s
 	return time.Duration(*v) * time.Second, body, true
 }
 
-func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request, id string) {
+func (s *Handler) setTimeout(w http.ResponseWriter, r *http.Request, id string) {
 	d, ok := s.readSeconds(w, r, "timeout", true, 0)
 	if !ok {
 		return
@@ -285,7 +285,7 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request, id string) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-func (s *Server) refresh(w http.ResponseWriter, r *http.Request, id string) {
+func (s *Handler) refresh(w http.ResponseWriter, r *http.Request, id string) {
 	d, ok := s.readSeconds(w, r, "duration", false, defaultTimeoutV1)
 	if !ok {
 		return
@@ -297,7 +297,7 @@ func (s *Server) refresh(w http.ResponseWriter, r *http.Request, id string) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-func (s *Server) connect(w http.ResponseWriter, r *http.Request, id string) {
+func (s *Handler) connect(w http.ResponseWriter, r *http.Request, id string) {
 	d, body, ok := s.readTimeoutBody(w, r, "timeout", false, defaultTimeoutV2)
 	if !ok {
 		return
@@ -314,7 +314,7 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request, id string) {
 	writeJSON(w, status, s.toJSON(sb, false))
 }
 
-func (s *Server) pause(w http.ResponseWriter, r *http.Request, id string) {
+func (s *Handler) pause(w http.ResponseWriter, r *http.Request, id string) {
 	var body struct {
 		// Memory false keeps only the files (E2B's keepMemory: false).
 		Memory *bool `json:"memory"`
@@ -331,7 +331,7 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request, id string) {
 
 // listSandboxesV1 is the old list: running sandboxes, optional metadata
 // filter, no paging.
-func (s *Server) listSandboxesV1(w http.ResponseWriter, r *http.Request) {
+func (s *Handler) listSandboxesV1(w http.ResponseWriter, r *http.Request) {
 	filter, ok := parseListFilter(w, r)
 	if !ok {
 		return
@@ -346,7 +346,7 @@ func (s *Server) listSandboxesV1(w http.ResponseWriter, r *http.Request) {
 const maxListLimit = 100
 
 // listSandboxesV2 adds state filters and paging through X-Next-Token.
-func (s *Server) listSandboxesV2(w http.ResponseWriter, r *http.Request) {
+func (s *Handler) listSandboxesV2(w http.ResponseWriter, r *http.Request) {
 	filter, ok := parseListFilter(w, r)
 	if !ok {
 		return

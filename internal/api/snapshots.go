@@ -34,7 +34,7 @@ func toSnapshotJSON(s *snapshot.Snapshot) snapshotJSON {
 	}
 }
 
-func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request, id string) {
+func (s *Handler) createSnapshot(w http.ResponseWriter, r *http.Request, id string) {
 	var body struct {
 		Name string `json:"name"`
 	}
@@ -64,7 +64,7 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request, id strin
 	writeJSON(w, http.StatusCreated, toSnapshotJSON(snap))
 }
 
-func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
+func (s *Handler) listSnapshots(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	all, err := s.cfg.Cluster.Snapshots(r.Context(), owner(r))
 	if err != nil {
@@ -111,7 +111,7 @@ func contains(list []string, v string) bool {
 	return false
 }
 
-func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
+func (s *Handler) getSnapshot(w http.ResponseWriter, r *http.Request) {
 	snap, err := s.cfg.Cluster.GetSnapshot(r.Context(), owner(r), r.PathValue("snapshotID"))
 	if err != nil {
 		s.writeClusterError(w, r, err)
@@ -123,7 +123,7 @@ func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
 // deleteTemplate deletes a snapshot (E2B deletes snapshots through the
 // template route) or a template of the caller's team. Another team's is
 // not found; a public or built-in one is read-only but for admins.
-func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
+func (s *Handler) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("templateID")
 	o := owner(r)
 	err := s.cfg.Cluster.DeleteSnapshot(r.Context(), o, id)
@@ -184,7 +184,7 @@ type forkResultJSON struct {
 	Error   *apiError    `json:"error,omitempty"`
 }
 
-func (s *Server) fork(w http.ResponseWriter, r *http.Request, id string) {
+func (s *Handler) fork(w http.ResponseWriter, r *http.Request, id string) {
 	var body struct {
 		Count   *int   `json:"count"`
 		Timeout *int64 `json:"timeout"`

@@ -26,7 +26,7 @@ type teamUsageJSON struct {
 	VolumeBytes   int64 `json:"volumeBytes"`
 }
 
-func (s *Server) teamJSON(r *http.Request, t apikeys.Team) teamJSON {
+func (s *Handler) teamJSON(r *http.Request, t apikeys.Team) teamJSON {
 	u := teamUsageJSON{Usage: s.cfg.Cluster.TeamUsage(t.ID)}
 	for _, k := range s.cfg.Keys.List() {
 		if k.Team == t.ID {
@@ -47,7 +47,7 @@ func (s *Server) teamJSON(r *http.Request, t apikeys.Team) teamJSON {
 
 // listTeams answers GET /teams: every team for an admin, the caller's own
 // otherwise.
-func (s *Server) listTeams(w http.ResponseWriter, r *http.Request) {
+func (s *Handler) listTeams(w http.ResponseWriter, r *http.Request) {
 	if !s.keyStore(w) {
 		return
 	}
@@ -62,7 +62,7 @@ func (s *Server) listTeams(w http.ResponseWriter, r *http.Request) {
 }
 
 // getTeam answers GET /teams/{teamID}: a team, its quota and its usage.
-func (s *Server) getTeam(w http.ResponseWriter, r *http.Request) {
+func (s *Handler) getTeam(w http.ResponseWriter, r *http.Request) {
 	if !s.keyStore(w) {
 		return
 	}
@@ -104,7 +104,7 @@ func (b teamBody) apply(q *apikeys.Quota) {
 }
 
 // createTeam answers POST /teams (admin keys only).
-func (s *Server) createTeam(w http.ResponseWriter, r *http.Request) {
+func (s *Handler) createTeam(w http.ResponseWriter, r *http.Request) {
 	if !s.keyStore(w) {
 		return
 	}
@@ -123,7 +123,7 @@ func (s *Server) createTeam(w http.ResponseWriter, r *http.Request) {
 }
 
 // setTeam answers PATCH /teams/{teamID} (admin keys only): its quota.
-func (s *Server) setTeam(w http.ResponseWriter, r *http.Request) {
+func (s *Handler) setTeam(w http.ResponseWriter, r *http.Request) {
 	if !s.keyStore(w) {
 		return
 	}
@@ -140,7 +140,7 @@ func (s *Server) setTeam(w http.ResponseWriter, r *http.Request) {
 }
 
 // teamLimits is what the cluster enforces of team's quota.
-func TeamLimits(keys *apikeys.Store) func(team string) cluster.TeamLimits {
+func TeamLimits(keys *apikeys.Keys) func(team string) cluster.TeamLimits {
 	return func(team string) cluster.TeamLimits {
 		t, ok := keys.Team(team)
 		if !ok {
@@ -157,7 +157,7 @@ func TeamLimits(keys *apikeys.Store) func(team string) cluster.TeamLimits {
 // cluster's: builds run on the servers that have a node, each with its
 // own queue (--max-builds), and a team's builds on two such servers are
 // two queues.
-func TeamBuilds(keys *apikeys.Store) func(ctx context.Context, team string) (func(), error) {
+func TeamBuilds(keys *apikeys.Keys) func(ctx context.Context, team string) (func(), error) {
 	var mu sync.Mutex
 	running := map[string]int{}
 	freed := make(chan struct{})

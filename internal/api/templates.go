@@ -52,7 +52,7 @@ func toTemplateJSON(t *template.Template, public map[string]bool) templateJSON {
 
 // listTemplates answers GET /templates: the caller's team's templates and
 // those every team sees (an admin's: every team's, or ?team='s).
-func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
+func (s *Handler) listTemplates(w http.ResponseWriter, r *http.Request) {
 	ts, public, err := s.visibleTemplates(r.Context(), owner(r))
 	if err != nil {
 		s.writeClusterError(w, r, err)
@@ -79,7 +79,7 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 
 // patchTemplate answers PATCH /templates/{templateID} {public}: an admin
 // makes a template visible (read-only) to every team, or private again.
-func (s *Server) patchTemplate(w http.ResponseWriter, r *http.Request) {
+func (s *Handler) patchTemplate(w http.ResponseWriter, r *http.Request) {
 	var body struct {
 		Public *bool `json:"public"`
 	}
@@ -121,7 +121,7 @@ func (s *Server) patchTemplate(w http.ResponseWriter, r *http.Request) {
 
 // templateUsage answers GET /templates/usage: what the templates' block
 // images take as images and, deduplicated, in the store.
-func (s *Server) templateUsage(w http.ResponseWriter, r *http.Request) {
+func (s *Handler) templateUsage(w http.ResponseWriter, r *http.Request) {
 	u, err := s.cfg.Templates.Usage(r.Context())
 	if err != nil {
 		writeError(w, http.StatusBadGateway, "measuring the templates' images: "+err.Error())
@@ -130,7 +130,7 @@ func (s *Server) templateUsage(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, u)
 }
 
-func (s *Server) getTemplateAlias(w http.ResponseWriter, r *http.Request) {
+func (s *Handler) getTemplateAlias(w http.ResponseWriter, r *http.Request) {
 	alias := r.PathValue("alias")
 	t, acc, err := s.findTemplate(r.Context(), owner(r), alias)
 	if errors.Is(err, template.ErrNotFound) {

@@ -25,7 +25,7 @@ func owner(r *http.Request) cluster.Owner {
 }
 
 // writeSandboxNotFound answers as for a sandbox id nobody knows.
-func (s *Server) writeSandboxNotFound(w http.ResponseWriter, r *http.Request, id string) {
+func (s *Handler) writeSandboxNotFound(w http.ResponseWriter, r *http.Request, id string) {
 	s.writeClusterError(w, r, cluster.NotFoundError(id))
 }
 
@@ -33,7 +33,7 @@ func (s *Server) writeSandboxNotFound(w http.ResponseWriter, r *http.Request, id
 // is an admin) before the handler runs. A sandbox gone in the last day is
 // its team's still: its logs and metrics outlive it, and the reason it
 // died is shown to that team only.
-func (s *Server) ownSandbox(w http.ResponseWriter, r *http.Request, id string) bool {
+func (s *Handler) ownSandbox(w http.ResponseWriter, r *http.Request, id string) bool {
 	o := owner(r)
 	sb, err := s.cfg.Cluster.Get(r.Context(), id)
 	var gone *cluster.GoneError
@@ -108,7 +108,7 @@ func accessTo(o cluster.Owner, t *template.Template, public map[string]bool) tem
 }
 
 // visibleTemplates lists the templates o sees.
-func (s *Server) visibleTemplates(ctx context.Context, o cluster.Owner) ([]*template.Template, map[string]bool, error) {
+func (s *Handler) visibleTemplates(ctx context.Context, o cluster.Owner) ([]*template.Template, map[string]bool, error) {
 	all, err := s.cfg.Templates.List()
 	if err != nil {
 		return nil, nil, err
@@ -128,7 +128,7 @@ func (s *Server) visibleTemplates(ctx context.Context, o cluster.Owner) ([]*temp
 
 // findTemplate resolves ref as o names templates: its team's name first,
 // then an id or alias it may see, then a public template's name.
-func (s *Server) findTemplate(ctx context.Context, o cluster.Owner, ref string) (*template.Template, templateAccess, error) {
+func (s *Handler) findTemplate(ctx context.Context, o cluster.Owner, ref string) (*template.Template, templateAccess, error) {
 	if !template.ValidID(ref) {
 		return nil, templateHidden, fmt.Errorf("%w: %q", template.ErrNotFound, truncate(ref))
 	}
@@ -191,7 +191,7 @@ func (s *Server) findTemplate(ctx context.Context, o cluster.Owner, ref string) 
 // from: a template o sees (templateID), or one of its team's user
 // snapshots (snapshotID; never a pause or fork snapshot, which hold some
 // sandbox's state). The two are kept apart so the node need not guess.
-func (s *Server) resolveCreate(ctx context.Context, o cluster.Owner, ref string) (templateID, snapshotID string, err error) {
+func (s *Handler) resolveCreate(ctx context.Context, o cluster.Owner, ref string) (templateID, snapshotID string, err error) {
 	if ref == template.BaseID {
 		return ref, "", nil // every node's own, the warm pool's
 	}

@@ -15,7 +15,7 @@ import (
 // the body, with or without a key, loses the connection once the body
 // timeout passes, instead of holding it for as long as it likes.
 func TestSlowBodiesAreCut(t *testing.T) {
-	store, err := template.NewStore(template.StoreOptions{Dir: t.TempDir()})
+	store, err := template.NewCatalog(template.CatalogOptions{Dir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,7 +35,7 @@ func trustServer(t *testing.T, cfg api.Config) (url, clientKey string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	store, err := template.NewStore(template.StoreOptions{Dir: t.TempDir()})
+	store, err := template.NewCatalog(template.CatalogOptions{Dir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,7 +33,7 @@ func toVolumeJSON(v *cluster.Volume, token bool) volumeJSON {
 
 // createVolume makes a volume of sizeMB MiB (E2B's SDK sends none: the
 // node's --volume-size).
-func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
+func (s *Handler) createVolume(w http.ResponseWriter, r *http.Request) {
 	var body struct {
 		Name   string `json:"name"`
 		SizeMB int64  `json:"sizeMB"`
@@ -53,7 +53,7 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, toVolumeJSON(v, true))
 }
 
-func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) {
+func (s *Handler) listVolumes(w http.ResponseWriter, r *http.Request) {
 	vs, err := s.cfg.Cluster.ListVolumes(r.Context(), owner(r))
 	if err != nil {
 		s.writeClusterError(w, r, err)
@@ -69,7 +69,7 @@ func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
-func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) {
+func (s *Handler) getVolume(w http.ResponseWriter, r *http.Request) {
 	v, err := s.cfg.Cluster.GetVolume(r.Context(), owner(r), r.PathValue("volumeID"))
 	if err != nil {
 		s.writeClusterError(w, r, err)
@@ -78,7 +78,7 @@ func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, toVolumeJSON(v, true))
 }
 
-func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) {
+func (s *Handler) deleteVolume(w http.ResponseWriter, r *http.Request) {
 	if err := s.cfg.Cluster.DeleteVolume(r.Context(), owner(r), r.PathValue("volumeID")); err != nil {
 		s.writeClusterError(w, r, err)
 		return
@@ -89,7 +89,7 @@ func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) {
 // volumeContent serves /volumecontent/{volumeID}/...: the caller shows
 // the volume's token (Authorization: Bearer), and the request goes to the
 // node that holds the volume's files.
-func (s *Server) volumeContent(w http.ResponseWriter, r *http.Request) {
+func (s *Handler) volumeContent(w http.ResponseWriter, r *http.Request) {
 	rest := strings.TrimPrefix(r.URL.Path, "/volumecontent/")
 	id, _, _ := strings.Cut(rest, "/")
 	if !ids.Valid(id) {

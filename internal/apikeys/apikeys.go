@@ -83,8 +83,9 @@ func hashOf(key string) string {
 // was) without revealing it.
 func idOf(hash string) string { return "k" + hash[:11] }
 
-// Store is the cluster's keys. It is safe for concurrent use.
-type Store struct {
+// Keys holds the cluster's API keys and teams, cached from the live
+// state. It is safe for concurrent use.
+type Keys struct {
 	st  state.Store
 	log *slog.Logger
 
@@ -97,8 +98,8 @@ type Store struct {
 }
 
 // Open loads the keys and follows changes to them until Close.
-func Open(ctx context.Context, st state.Store, log *slog.Logger) (*Store, error) {
-	s := &Store{st: st, log: log, byHash: map[string]Key{}, teams: map[string]Team{}}
+func Open(ctx context.Context, st state.Store, log *slog.Logger) (*Keys, error) {
+	s := &Keys{st: st, log: log, byHash: map[string]Key{}, teams: map[string]Team{}}
 	rev, err := s.load(ctx)
 	if err != nil {
 		return nil, err
@@ -122,12 +123,12 @@ func Open(ctx context.Context, st state.Store, log *slog.Logger) (*Store, error)
 }
 
 // Close stops following the store.
-func (s *Store) Close() {
+func (s *Keys) Close() {
 	s.stop()
 	s.done.Wait()
 }
 
-func (s *Store) load(ctx context.Context) (int64, error) {
+func (s *Keys) load(ctx context.Context) (int64, error) {
 	entries, rev, err := s.st.List(ctx, prefix)
 	if err != nil {
 		return 0, fmt.Errorf("loading API keys: %w", err)
@@ -145,7 +146,7 @@ func (s *Store) load(ctx context.Context) (int64, error) {
 	return rev, nil
 }
 
-func (s *Store) apply(ev state.Event) {
+func (s *Keys) apply(ev state.Event) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	id := strings.TrimPrefix(ev.Entry.Key, prefix)
@@ -174,7 +175,7 @@ func withTeam(k Key) Key {
 
 // Lookup returns the key a client presented, if the cluster has it.
 // Keys are found by their hash, so the comparison leaks nothing of them.
-func (s *Store) Lookup(key string) (Key, bool) {
+func (s *Keys) Lookup(key string) (Key, bool) {
 	if !ValidKey(key) {
 		return Key{}, false
 	}
@@ -189,7 +190,7 @@ func (s *Store) Lookup(key string) (Key, bool) {
 // cluster then accepts it. A key once recorded this way and revoked since
 // is not added again (ErrRevoked): revoking a server's key must hold
 // across that server's restarts.
-func (s *Store) Ensure(ctx context.Context, key, name string) (Key, error) {
+func (s *Keys) Ensure(ctx context.Context, key, name string) (Key, error) {
 	if !ValidKey(key) {
 		return Key{}, fmt.Errorf("%w: keys look like e2b_<hex>", ErrInvalid)
 	}
@@ -237,7 +238,7 @@ type KeyOptions struct {
 
 // Create makes a new key; the key itself is returned this once. A team
 // named by opts that does not exist yet is created.
-func (s *Store) Create(ctx context.Context, opts KeyOptions) (string, Key, error) {
+func (s *Keys) Create(ctx context.Context, opts KeyOptions) (string, Key, error) {
 	if opts.Name == "" || len(opts.Name) > 128 {
 		return "", Key{}, fmt.Errorf("%w: a key's name must be 1 to 128 characters", ErrInvalid)
 	}
@@ -259,7 +260,7 @@ func (s *Store) Create(ctx context.Context, opts KeyOptions) (string, Key, error
 	return key, k, nil
 }
 
-func (s *Store) put(ctx context.Context, key string, opts KeyOptions) (Key, error) {
+func (s *Keys) put(ctx context.Context, key string, opts KeyOptions) (Key, error) {
 	h := hashOf(key)
 	k := Key{ID: idOf(h), Name: opts.Name, Hint: key[:8] + "...", Team: opts.Team, Admin: opts.Admin, MaxSandboxes: opts.MaxSandboxes,
 		CreatedAt: time.Now().UTC(), SHA256: h}
@@ -277,7 +278,7 @@ func (s *Store) put(ctx context.Context, key string, opts KeyOptions) (Key, erro
 }
 
 // List returns every key, oldest first (without their hashes).
-func (s *Store) List() []Key {
+func (s *Keys) List() []Key {
 	s.mu.RLock()
 	out := make([]Key, 0, len(s.byHash))
 	for _, k := range s.byHash {
@@ -295,7 +296,7 @@ func (s *Store) List() []Key {
 }
 
 // Revoke removes a key: no server accepts it any more.
-func (s *Store) Revoke(ctx context.Context, id string) error {
+func (s *Keys) Revoke(ctx context.Context, id string) error {
 	if err := s.st.Delete(ctx, prefix+id, 0); errors.Is(err, state.ErrNotFound) {
 		return fmt.Errorf("%w: %s", ErrNotFound, id)
 	} else if err != nil {

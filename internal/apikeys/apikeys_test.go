@@ -138,9 +138,9 @@ func TestTeams(t *testing.T) {
 }
 
 // openTwo opens two servers' views of the keys in st.
-func openTwo(t *testing.T, st state.Store) (*Store, *Store) {
+func openTwo(t *testing.T, st state.Store) (*Keys, *Keys) {
 	t.Helper()
-	var out [2]*Store
+	var out [2]*Keys
 	for i := range out {
 		s, err := Open(context.Background(), st, slog.New(slog.DiscardHandler))
 		if err != nil {

@@ -49,7 +49,7 @@ type Quota struct {
 // ErrTeamExists: a team by that id exists already.
 var ErrTeamExists = errors.New("team exists")
 
-func (s *Store) loadTeams(ctx context.Context) (int64, error) {
+func (s *Keys) loadTeams(ctx context.Context) (int64, error) {
 	entries, rev, err := s.st.List(ctx, teamPrefix)
 	if err != nil {
 		return 0, fmt.Errorf("loading teams: %w", err)
@@ -67,7 +67,7 @@ func (s *Store) loadTeams(ctx context.Context) (int64, error) {
 	return rev, nil
 }
 
-func (s *Store) applyTeam(ev state.Event) {
+func (s *Keys) applyTeam(ev state.Event) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if ev.Type == state.EventDelete {
@@ -82,7 +82,7 @@ func (s *Store) applyTeam(ev state.Event) {
 
 // Team returns team id. A team that keys name but that has no record (the
 // team of its own every key from before teams has) exists with no quota.
-func (s *Store) Team(id string) (Team, bool) {
+func (s *Keys) Team(id string) (Team, bool) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if t, ok := s.teams[id]; ok {
@@ -98,7 +98,7 @@ func (s *Store) Team(id string) (Team, bool) {
 
 // Teams returns every team, by id: those recorded and those only keys
 // name.
-func (s *Store) Teams() []Team {
+func (s *Keys) Teams() []Team {
 	s.mu.RLock()
 	m := make(map[string]Team, len(s.teams))
 	for id, t := range s.teams {
@@ -119,7 +119,7 @@ func (s *Store) Teams() []Team {
 }
 
 // CreateTeam records a new team.
-func (s *Store) CreateTeam(ctx context.Context, id string, q Quota) (Team, error) {
+func (s *Keys) CreateTeam(ctx context.Context, id string, q Quota) (Team, error) {
 	if !ValidTeam(id) {
 		return Team{}, fmt.Errorf("%w: team %q: 1-40 lowercase letters, digits or '-', starting with a letter or digit", ErrInvalid, truncate(id))
 	}
@@ -141,7 +141,7 @@ func (s *Store) CreateTeam(ctx context.Context, id string, q Quota) (Team, error
 }
 
 // ensureTeam records team id if it is not yet.
-func (s *Store) ensureTeam(ctx context.Context, id string) error {
+func (s *Keys) ensureTeam(ctx context.Context, id string) error {
 	if _, ok := s.Team(id); ok {
 		return nil
 	}
@@ -154,7 +154,7 @@ func (s *Store) ensureTeam(ctx context.Context, id string) error {
 // SetQuota changes what fn changes of team id's quota, with
 // compare-and-swap so that two admins' changes do not undo each other. A
 // team only keys named so far is recorded by it.
-func (s *Store) SetQuota(ctx context.Context, id string, fn func(*Quota)) (Team, error) {
+func (s *Keys) SetQuota(ctx context.Context, id string, fn func(*Quota)) (Team, error) {
 	if !ValidTeam(id) {
 		return Team{}, fmt.Errorf("%w: team %s", ErrNotFound, truncate(id))
 	}

@@ -42,7 +42,7 @@ type ServerConfig struct {
 	// Store is where images are fetched from: its chunk cache (bounded,
 	// least recently used evicted) is the node's image cache. Without one
 	// only local image files are served.
-	Store *store.Store
+	Store *store.Repository
 	// WorkDir holds one directory per mounted image.
 	WorkDir string
 	// Grace is how long an image no sandbox holds stays mounted

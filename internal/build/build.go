@@ -3,8 +3,9 @@
 // lists the E2B template API sends. It starts from an OCI image (pulled
 // with the image package) or a copy of an existing template, runs each RUN
 // in a gVisor sandbox writing straight into the staged root filesystem,
-// and publishes the result atomically as a template. The CLI's build
-// command and the API import it.
+// and publishes the result atomically as a template. It runs on the node
+// that takes a build job (node/nodeserver, for buildjob's dispatch) and in
+// the CLI's local build; the control plane links only buildspec.
 package build
 
 import (
@@ -37,7 +38,7 @@ type Options struct {
 	// Steps runs the RUN and COPY steps (the node's runtime driver).
 	Steps Stepper
 	// Store receives the template.
-	Store *template.Store
+	Store *template.Catalog
 	// Template is what to publish: its ID names the template (replacing
 	// one of that name once the new one is complete); resources, aliases
 	// and start/ready commands are recorded as given (zero resources get

@@ -111,7 +111,7 @@ func (h testSteps) leftovers(t *testing.T) []string {
 }
 
 // testStore is a template store whose base is the prebuilt tree.
-func testStore(t *testing.T) (*template.Store, testSteps) {
+func testStore(t *testing.T) (*template.Catalog, testSteps) {
 	t.Helper()
 	testutil.RequireRoot(t)
 	runsc := testutil.RequireBinary(t, "runsc", "AENV_RUNSC")
@@ -120,7 +120,7 @@ func testStore(t *testing.T) (*template.Store, testSteps) {
 		testutil.Unavailable(t, "AENV_BASE_ROOTFS not set (make base builds it)")
 	}
 	dir := t.TempDir()
-	s, err := template.NewStore(template.StoreOptions{Dir: filepath.Join(dir, "templates"), BaseRootFS: base})
+	s, err := template.NewCatalog(template.CatalogOptions{Dir: filepath.Join(dir, "templates"), BaseRootFS: base})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -38,7 +38,7 @@ away. It stops when asked over its socket (a node stopping with
 			if err != nil {
 				return &usageError{cmd: cmd, err: fmt.Errorf("--cache-size: %w", err)}
 			}
-			var st *store.Store
+			var st *store.Repository
 			if storeURL != "" {
 				backend, err := store.Open(cmd.Context(), storeURL, store.OpenOptions{})
 				if err != nil {

@@ -3,8 +3,12 @@
 // the timeouts that end them. The api package drives it; it drives nodes.
 // The records live in the state store (etcd), never only in this process:
 // a restarted server finds every sandbox where it left it, and the
-// deadlines are enforced by whichever server wins the election. The node
-// seam is the Node interface; today the one node is in-process.
+// deadlines are enforced by whichever server wins the election. It reaches
+// nodes only through the node API's interface (nodeapi.Node: the server's
+// own node in-process, node agents across the network) and reads the node
+// registry through membership; it never links the node itself. A file per
+// operation: create, pause (and resume), fork, migrate, kill, deadlines,
+// routing.
 package cluster
 
 import (

@@ -180,7 +180,7 @@ func BenchmarkPull200MB(b *testing.B) {
 		b.ReportMetric((cpuTime()-cpu0).Seconds()/float64(b.N), "cpu-s/op")
 	})
 	b.Run("pull", func(b *testing.B) {
-		s, err := template.NewStore(template.StoreOptions{Dir: filepath.Join(b.TempDir(), "templates")})
+		s, err := template.NewCatalog(template.CatalogOptions{Dir: filepath.Join(b.TempDir(), "templates")})
 		if err != nil {
 			b.Fatal(err)
 		}

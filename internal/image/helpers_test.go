@@ -232,9 +232,9 @@ func (r *testRegistry) push(t testing.TB, repo string, img v1.Image) string {
 }
 
 // newStore makes an empty template store.
-func newStore(t testing.TB) *template.Store {
+func newStore(t testing.TB) *template.Catalog {
 	t.Helper()
-	s, err := template.NewStore(template.StoreOptions{Dir: filepath.Join(t.TempDir(), "templates")})
+	s, err := template.NewCatalog(template.CatalogOptions{Dir: filepath.Join(t.TempDir(), "templates")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -341,7 +341,7 @@ func assertTree(t *testing.T, got, want []string) {
 
 // assertNoTemplate checks that a failed pull left nothing: no template
 // and no stage directory.
-func assertNoTemplate(t *testing.T, s *template.Store, id string) {
+func assertNoTemplate(t *testing.T, s *template.Catalog, id string) {
 	t.Helper()
 	if _, err := s.Get(id); err == nil {
 		t.Errorf("template %s exists after a failed pull", id)
@@ -349,7 +349,7 @@ func assertNoTemplate(t *testing.T, s *template.Store, id string) {
 	assertNoStages(t, s)
 }
 
-func assertNoStages(t *testing.T, s *template.Store) {
+func assertNoStages(t *testing.T, s *template.Catalog) {
 	t.Helper()
 	entries, err := os.ReadDir(storeDir(s))
 	if err != nil {
@@ -363,6 +363,6 @@ func assertNoStages(t *testing.T, s *template.Store) {
 }
 
 // storeDir is the directory a store keeps its templates in.
-func storeDir(s *template.Store) string {
+func storeDir(s *template.Catalog) string {
 	return filepath.Dir(filepath.Dir(s.BaseRootFS())) // <dir>/base/rootfs
 }

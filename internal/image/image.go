@@ -58,7 +58,7 @@ const (
 // PullOptions configures Pull.
 type PullOptions struct {
 	// Store receives the template.
-	Store *template.Store
+	Store *template.Catalog
 	// Template is what to publish: its ID names the template (replacing
 	// one of that name once the new one is complete); resources and
 	// start/ready commands are recorded as given (zero resources get the

@@ -29,7 +29,7 @@ import (
 	"github.com/aenvhq/aenv/internal/testutil"
 )
 
-func pull(t *testing.T, s *template.Store, ref, id string, opts PullOptions) (*Result, error) {
+func pull(t *testing.T, s *template.Catalog, ref, id string, opts PullOptions) (*Result, error) {
 	t.Helper()
 	opts.Store = s
 	opts.Template.ID = id
@@ -236,7 +236,7 @@ func markerImage(t *testing.T, s string) v1.Image {
 	return imageOf(t, v1.Config{}, shellLayer(t), layer(t, []ent{file("marker", s)}))
 }
 
-func marker(t *testing.T, s *template.Store, id string) string {
+func marker(t *testing.T, s *template.Catalog, id string) string {
 	t.Helper()
 	tpl, err := s.Get(id)
 	if err != nil {
@@ -425,7 +425,7 @@ func TestPullRefusesEscapes(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(outside, "secret"), []byte("secret"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	s, err := template.NewStore(template.StoreOptions{Dir: filepath.Join(base, "templates")})
+	s, err := template.NewCatalog(template.CatalogOptions{Dir: filepath.Join(base, "templates")})
 	if err != nil {
 		t.Fatal(err)
 	}

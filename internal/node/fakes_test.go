@@ -380,13 +380,13 @@ type host struct {
 	rt       *fakeRuntime
 	net      *fakeNetwork
 	rootfs   *fakeRootFS
-	tpls     *template.Store
+	tpls     *template.Catalog
 	stateDir string
 }
 
 func newHost(t *testing.T) *host {
 	root := t.TempDir()
-	tpls, err := template.NewStore(template.StoreOptions{Dir: filepath.Join(root, "templates"), Logger: slog.New(slog.DiscardHandler),
+	tpls, err := template.NewCatalog(template.CatalogOptions{Dir: filepath.Join(root, "templates"), Logger: slog.New(slog.DiscardHandler),
 		Builtins: []*template.Template{{ID: testTemplate, Aliases: []string{"tiny-alias"}, CPUCount: 1, MemoryMB: 256, RootFS: filepath.Join(root, "rootfs")}}})
 	if err != nil {
 		t.Fatal(err)

@@ -84,7 +84,7 @@ type Config struct {
 	// Network provides network slots.
 	Network Network
 	// Templates resolves template ids to root filesystems.
-	Templates *template.Store
+	Templates *template.Catalog
 	// RootFS prepares templates' root filesystems for sandboxes (default:
 	// their directories).
 	RootFS RootFSProvider
@@ -102,7 +102,7 @@ type Config struct {
 	Keys *sealed.Keyring
 	// Store is the cluster's durable store, through which volumes move
 	// between nodes; nil: they cannot.
-	Store *store.Store
+	Store *store.Repository
 	// EnvdPath is the static envd binary placed in every sandbox.
 	EnvdPath string
 	// EnvdVersion is the version the envd binary reports.

@@ -13,7 +13,7 @@ const buildFilesSweepEvery = time.Hour
 // sweepBuildFiles sweeps the API's uploaded build files at once (what a
 // stopped server left) and then hourly, until the returned stop is
 // called, which waits for it.
-func sweepBuildFiles(a *api.Server, log *slog.Logger) (stop func()) {
+func sweepBuildFiles(a *api.Handler, log *slog.Logger) (stop func()) {
 	quit, done := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)

@@ -236,7 +236,7 @@ func publishTree(b *testing.B, ctx context.Context, dir, root, url string, keys 
 	must(b, err)
 	images, err := store.New(agent.ImageStoreOptions(backend))
 	must(b, err)
-	ts, err := template.NewStore(template.StoreOptions{Dir: filepath.Join(dir, "templates"), Remote: remote, Images: images})
+	ts, err := template.NewCatalog(template.CatalogOptions{Dir: filepath.Join(dir, "templates"), Remote: remote, Images: images})
 	must(b, err)
 	st, err := ts.NewStage("big")
 	must(b, err)

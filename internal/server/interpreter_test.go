@@ -98,7 +98,7 @@ func TestInterpreterAccessToken(t *testing.T) {
 func commitInterpreterTemplate(t *testing.T, srv *Server) {
 	t.Helper()
 	busybox := testutil.RequireBinary(t, "busybox", "")
-	store, err := template.NewStore(template.StoreOptions{Dir: filepath.Join(srv.cfg.DataDir, "templates")})
+	store, err := template.NewCatalog(template.CatalogOptions{Dir: filepath.Join(srv.cfg.DataDir, "templates")})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -84,7 +84,7 @@ func TestTemplateReachesNodeFromStore(t *testing.T) {
 	}
 
 	// The API server's side of the store gets a template (as a pull does).
-	ts, err := template.NewStore(template.StoreOptions{Dir: filepath.Join(dir, "api", "templates"), Remote: api.remote, Images: api.images, Logger: log})
+	ts, err := template.NewCatalog(template.CatalogOptions{Dir: filepath.Join(dir, "api", "templates"), Remote: api.remote, Images: api.images, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -55,7 +55,7 @@ func publishBaseCopy(t *testing.T, dir, id string) {
 	images, err := store.New(agent.ImageStoreOptions(backend))
 	must(t, err)
 	defer images.Close()
-	ts, err := template.NewStore(template.StoreOptions{Dir: filepath.Join(t.TempDir(), "templates"), Remote: remote, Images: images})
+	ts, err := template.NewCatalog(template.CatalogOptions{Dir: filepath.Join(t.TempDir(), "templates"), Remote: remote, Images: images})
 	must(t, err)
 	st, err := ts.NewStage(id)
 	must(t, err)

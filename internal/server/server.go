@@ -89,17 +89,17 @@ type Server struct {
 	cluster  *cluster.Cluster
 	// host is the in-process node's (nil with LocalNode off).
 	host      *agent.Host
-	templates *template.Store
+	templates *template.Catalog
 	state     *state.Etcd
 	// registration keeps the in-process node in the cluster's registry.
 	registration *membership.Registration
 	apiKey       string
-	keys         *apikeys.Store
-	api          *api.Server
+	keys         *apikeys.Keys
+	api          *api.Handler
 	// remote is a pure API server's store (a local node has its own).
-	remote *store.Store
+	remote *store.Repository
 	// images is the store block images are published to (beside remote).
-	images *store.Store
+	images *store.Repository
 
 	// builds are the cluster's template builds, this server's running.
 	builds *buildjob.Jobs
@@ -322,7 +322,7 @@ func (s *Server) SandboxRoute(ctx context.Context, id string) (proxy.Route, erro
 }
 
 // storeOf is the cluster's store as this server opened it (nil: none).
-func (s *Server) storeOf() *store.Store {
+func (s *Server) storeOf() *store.Repository {
 	if s.host != nil {
 		return s.host.Store()
 	}

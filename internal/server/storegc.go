@@ -32,7 +32,7 @@ const gcTimeout = 30 * time.Minute
 
 // collectLoop collects the store's garbage every interval while this
 // server is the elected one.
-func (s *Server) collectLoop(ctx context.Context, remote *store.Store, interval time.Duration) {
+func (s *Server) collectLoop(ctx context.Context, remote *store.Repository, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -54,7 +54,7 @@ func (s *Server) collectLoop(ctx context.Context, remote *store.Store, interval 
 
 // collectGarbage deletes the images of remote nothing uses (older than
 // grace), then the chunks nothing refers to.
-func collectGarbage(ctx context.Context, remote *store.Store, c *cluster.Cluster, grace time.Duration, log *slog.Logger) error {
+func collectGarbage(ctx context.Context, remote *store.Repository, c *cluster.Cluster, grace time.Duration, log *slog.Logger) error {
 	ms, err := remote.List(ctx)
 	if err != nil {
 		return err

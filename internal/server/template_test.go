@@ -17,7 +17,7 @@ import (
 func TestBusyboxTemplate(t *testing.T) {
 	srv, c, _ := startServer(t)
 	busybox := testutil.RequireBinary(t, "busybox", "")
-	store, err := template.NewStore(template.StoreOptions{Dir: filepath.Join(srv.cfg.DataDir, "templates")})
+	store, err := template.NewCatalog(template.CatalogOptions{Dir: filepath.Join(srv.cfg.DataDir, "templates")})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -98,7 +98,7 @@ type Snapshot struct {
 // durable store shared by every node. It is safe for concurrent use.
 type Catalog struct {
 	dir    string
-	remote *store.Store
+	remote *store.Repository
 	// keys seal the environment variables and the envd token in the
 	// metadata (nil: stored in clear).
 	keys *sealed.Keyring
@@ -111,7 +111,7 @@ const partialSuffix = ".partial"
 // interrupted save left behind. With remote, snapshots are also written to
 // (and, when missing here, read from) that store. keys seal the secrets in
 // the metadata.
-func Open(dir string, remote *store.Store, keys *sealed.Keyring) (*Catalog, error) {
+func Open(dir string, remote *store.Repository, keys *sealed.Keyring) (*Catalog, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("opening snapshot catalog: %w", err)
 	}

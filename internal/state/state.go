@@ -6,8 +6,9 @@
 // The implementation is etcd (see Open): embedded in `aenv server` as the
 // single-host default, or an external cluster. NewMemory is an in-memory
 // Store for unit tests only; both pass the one conformance suite in
-// state/statetest. The cluster package and the server wiring import this
-// package; it imports nothing of the module's.
+// state/statetest. The control plane (cluster, buildjob, apikeys), what it
+// shares with the node agents (membership) and the wiring import it; it
+// imports nothing of the module's.
 //
 // Keys are plain strings ("sandboxes/<id>"); a Store puts them under its
 // own prefix, so several aenv clusters may share one etcd. Values are

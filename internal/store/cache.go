@@ -188,7 +188,7 @@ func (c *chunkCache) usage() int64 {
 	return c.size
 }
 
-// CacheStats describes a Store's local chunk cache.
+// CacheStats describes a Repository's local chunk cache.
 type CacheStats struct {
 	// Bytes is what the cache holds, within MaxBytes.
 	Bytes, MaxBytes int64
@@ -200,7 +200,7 @@ type CacheStats struct {
 
 // CacheStats reports the local chunk cache's figures (all zero without
 // one).
-func (s *Store) CacheStats() CacheStats {
+func (s *Repository) CacheStats() CacheStats {
 	if s.cache == nil {
 		return CacheStats{}
 	}

@@ -46,7 +46,7 @@ type gcState struct {
 	At         time.Time `json:"at"`
 }
 
-func (s *Store) readGCState(ctx context.Context) (gcState, error) {
+func (s *Repository) readGCState(ctx context.Context) (gcState, error) {
 	var st gcState
 	b, err := getAll(ctx, s.b, gcStateKey, 4096)
 	if errors.Is(err, ErrNotFound) {
@@ -61,7 +61,7 @@ func (s *Store) readGCState(ctx context.Context) (gcState, error) {
 	return st, nil
 }
 
-func (s *Store) putJSON(ctx context.Context, key string, v any) error {
+func (s *Repository) putJSON(ctx context.Context, key string, v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
 		return err
@@ -70,7 +70,7 @@ func (s *Store) putJSON(ctx context.Context, key string, v any) error {
 }
 
 // beginSave registers a Save with the fence and returns what ends it.
-func (s *Store) beginSave(ctx context.Context, id string) (func(), error) {
+func (s *Repository) beginSave(ctx context.Context, id string) (func(), error) {
 	var nonce [6]byte
 	rand.Read(nonce[:])
 	key := pendingPrefix + id + "-" + hex.EncodeToString(nonce[:])
@@ -109,7 +109,7 @@ func (s *Store) beginSave(ctx context.Context, id string) (func(), error) {
 
 // beginGC marks a GC running and reports the saves in flight (GC must
 // then delete nothing); end marks it done.
-func (s *Store) beginGC(ctx context.Context) (pending int, end func(), err error) {
+func (s *Repository) beginGC(ctx context.Context) (pending int, end func(), err error) {
 	st, err := s.readGCState(ctx)
 	if err != nil {
 		return 0, nil, err

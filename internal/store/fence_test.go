@@ -121,7 +121,7 @@ func TestGCFencesSaves(t *testing.T) {
 	})
 }
 
-func restoreEqual(t *testing.T, s *Store, id string, want []byte) {
+func restoreEqual(t *testing.T, s *Repository, id string, want []byte) {
 	t.Helper()
 	dir := t.TempDir()
 	if err := s.Restore(context.Background(), id, dir); err != nil {

@@ -15,7 +15,7 @@ import (
 // store's bounded chunk cache), so that a large image serves a sandbox
 // having fetched a small part of it. It is safe for concurrent use.
 type LazyFile struct {
-	s      *Store
+	s      *Repository
 	id     string
 	chunks []ChunkRef
 	// offsets[i] is where chunk i starts; offsets[len] is the size.
@@ -58,7 +58,7 @@ type fetchCall struct {
 var ErrNoFile = errors.New("no such file in the manifest")
 
 // OpenLazy opens file name of manifest id for reads on demand.
-func (s *Store) OpenLazy(ctx context.Context, id, name string) (*LazyFile, error) {
+func (s *Repository) OpenLazy(ctx context.Context, id, name string) (*LazyFile, error) {
 	m, err := s.Get(ctx, id)
 	if err != nil {
 		return nil, err

@@ -22,7 +22,7 @@ import (
 // name only once complete (it is written under a temporary name and
 // renamed; fsynced first only with Options.SyncRestore); on error no
 // temporary file is left behind.
-func (s *Store) Restore(ctx context.Context, id, destDir string) error {
+func (s *Repository) Restore(ctx context.Context, id, destDir string) error {
 	start := time.Now()
 	var st restoreStats
 	if err := s.restore(ctx, id, destDir, &st); err != nil {
@@ -41,7 +41,7 @@ type restoreStats struct {
 	bytesFetched atomic.Int64
 }
 
-func (s *Store) restore(ctx context.Context, id, destDir string, st *restoreStats) (err error) {
+func (s *Repository) restore(ctx context.Context, id, destDir string, st *restoreStats) (err error) {
 	if err := validID("snapshot id", id); err != nil {
 		return err
 	}
@@ -139,7 +139,7 @@ func (s *Store) restore(ctx context.Context, id, destDir string, st *restoreStat
 
 // fetchChunk returns the verified content of c, from the cache if it holds
 // a good copy, else from the backend (and then caches it).
-func (s *Store) fetchChunk(ctx context.Context, c ChunkRef, st *restoreStats) ([]byte, error) {
+func (s *Repository) fetchChunk(ctx context.Context, c ChunkRef, st *restoreStats) ([]byte, error) {
 	if s.cache != nil {
 		if data, ok := s.cache.get(c.Hash); ok {
 			if verify(data, c) == nil {
@@ -174,7 +174,7 @@ func (s *Store) fetchChunk(ctx context.Context, c ChunkRef, st *restoreStats) ([
 	return data, nil
 }
 
-func (s *Store) decode(enc []byte, c ChunkRef) ([]byte, error) {
+func (s *Repository) decode(enc []byte, c ChunkRef) ([]byte, error) {
 	if len(enc) == 0 {
 		return nil, fmt.Errorf("%w: empty object", ErrCorrupt)
 	}

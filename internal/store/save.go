@@ -27,7 +27,7 @@ import (
 // last: if Save fails or the process dies, snapshot id does not exist and
 // every other snapshot is untouched (uploaded chunks wait for a retry or
 // GC). The stats are filled in as far as Save got, even on error.
-func (s *Store) Save(ctx context.Context, id, parent string, files map[string]string, meta []byte) (*Manifest, SaveStats, error) {
+func (s *Repository) Save(ctx context.Context, id, parent string, files map[string]string, meta []byte) (*Manifest, SaveStats, error) {
 	start := time.Now()
 	m, st, err := s.save(ctx, id, parent, files, meta)
 	st.Duration = time.Since(start)
@@ -42,7 +42,7 @@ func (s *Store) Save(ctx context.Context, id, parent string, files map[string]st
 
 // saveRun is the state of one Save shared by its chunk workers.
 type saveRun struct {
-	s      *Store
+	s      *Repository
 	parent map[string]struct{} // chunks the parent manifest references
 
 	mu       sync.Mutex
@@ -55,7 +55,7 @@ type chunkCall struct {
 	err  error
 }
 
-func (s *Store) save(ctx context.Context, id, parent string, files map[string]string, meta []byte) (*Manifest, SaveStats, error) {
+func (s *Repository) save(ctx context.Context, id, parent string, files map[string]string, meta []byte) (*Manifest, SaveStats, error) {
 	var st SaveStats
 	if err := validID("snapshot id", id); err != nil {
 		return nil, st, err
@@ -284,7 +284,7 @@ const (
 // encode returns data as stored: a codec byte, then the data, compressed
 // when that saves at least 1/64 of it (random data and most already
 // compressed data is stored raw, so restore need not decompress it).
-func (s *Store) encode(data []byte) []byte {
+func (s *Repository) encode(data []byte) []byte {
 	if s.compression == CompressionZstd && !looksRandom(data) {
 		out := make([]byte, 1, len(data)/2+64)
 		out[0] = codecZstd
@@ -301,7 +301,7 @@ func (s *Store) encode(data []byte) []byte {
 
 // zeroHash returns the hash of size zero bytes; such chunks are never
 // stored, and Restore leaves holes for them.
-func (s *Store) zeroHash(size int64) string {
+func (s *Repository) zeroHash(size int64) string {
 	s.zeroMu.Lock()
 	defer s.zeroMu.Unlock()
 	if h, ok := s.zeroHashes[size]; ok {

@@ -33,7 +33,7 @@ const (
 // Compression names how chunks are encoded in the backend.
 type Compression string
 
-// Compressions a Store can write; it reads both whatever it is set to.
+// Compressions a Repository can write; it reads both whatever it is set to.
 const (
 	CompressionZstd Compression = "zstd"
 	CompressionNone Compression = "none"
@@ -46,7 +46,7 @@ var (
 	ErrCorrupt = errors.New("checksum mismatch")
 )
 
-// Options configures a Store.
+// Options configures a Repository.
 type Options struct {
 	// Backend holds chunks and manifests. Required.
 	Backend Backend
@@ -83,14 +83,14 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// Store is a content-addressed snapshot store. Objects in the backend:
+// Repository is a content-addressed snapshot store. Objects in the backend:
 //
 //	chunks/<sha256[:2]>/<sha256>   one chunk: a codec byte, then the data
 //	snapshots/<id>/manifest.json   a snapshot, written last
 //
-// A snapshot exists exactly when its manifest does. A Store is safe for
-// concurrent use; several Stores (on several nodes) may share a backend.
-type Store struct {
+// A snapshot exists exactly when its manifest does. A Repository is safe
+// for concurrent use; several (on several nodes) may share a backend.
+type Repository struct {
 	b           Backend
 	chunkSize   int64
 	cdc         bool
@@ -119,12 +119,12 @@ type Store struct {
 	hits, misses atomic.Int64
 }
 
-// New returns a Store over opts.Backend.
-func New(opts Options) (*Store, error) {
+// New returns a Repository over opts.Backend.
+func New(opts Options) (*Repository, error) {
 	if opts.Backend == nil {
 		return nil, errors.New("creating snapshot store: no backend")
 	}
-	s := &Store{
+	s := &Repository{
 		b:           opts.Backend,
 		chunkSize:   opts.ChunkSize,
 		cdc:         opts.ContentDefined,
@@ -186,7 +186,7 @@ func New(opts Options) (*Store, error) {
 }
 
 // Close releases the Store's decoders. The backend is the caller's.
-func (s *Store) Close() error {
+func (s *Repository) Close() error {
 	s.dec.Close()
 	return s.enc.Close()
 }
@@ -270,7 +270,7 @@ func chunkKey(hash string) string { return "chunks/" + hash[:2] + "/" + hash }
 const manifestSuffix = "/manifest.json"
 
 // Get returns the manifest of snapshot id; ErrNotFound if it has none.
-func (s *Store) Get(ctx context.Context, id string) (*Manifest, error) {
+func (s *Repository) Get(ctx context.Context, id string) (*Manifest, error) {
 	if err := validID("snapshot id", id); err != nil {
 		return nil, fmt.Errorf("getting snapshot: %w", err)
 	}
@@ -285,7 +285,7 @@ func (s *Store) Get(ctx context.Context, id string) (*Manifest, error) {
 // 1 TiB snapshot in 4 MiB chunks has a ~25 MiB manifest.
 const maxManifestSize = 256 << 20
 
-func (s *Store) readManifest(ctx context.Context, id string) (*Manifest, error) {
+func (s *Repository) readManifest(ctx context.Context, id string) (*Manifest, error) {
 	data, err := getAll(ctx, s.b, manifestKey(id), maxManifestSize)
 	if err != nil {
 		return nil, err
@@ -344,7 +344,7 @@ func (m *Manifest) check() error {
 }
 
 // List returns every snapshot in the store, oldest first.
-func (s *Store) List(ctx context.Context) ([]*Manifest, error) {
+func (s *Repository) List(ctx context.Context) ([]*Manifest, error) {
 	ms, err := s.listManifests(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("listing snapshots: %w", err)
@@ -352,7 +352,7 @@ func (s *Store) List(ctx context.Context) ([]*Manifest, error) {
 	return ms, nil
 }
 
-func (s *Store) listManifests(ctx context.Context) ([]*Manifest, error) {
+func (s *Repository) listManifests(ctx context.Context) ([]*Manifest, error) {
 	objs, err := s.b.List(ctx, "snapshots/")
 	if err != nil {
 		return nil, err
@@ -396,7 +396,7 @@ func (s *Store) listManifests(ctx context.Context) ([]*Manifest, error) {
 }
 
 // Delete removes snapshot id from the catalog. Its chunks stay until GC.
-func (s *Store) Delete(ctx context.Context, id string) error {
+func (s *Repository) Delete(ctx context.Context, id string) error {
 	if err := validID("snapshot id", id); err != nil {
 		return fmt.Errorf("deleting snapshot: %w", err)
 	}
@@ -434,7 +434,7 @@ type staleTempRemover interface {
 // a Save is in flight anywhere (see fence.go: a Save may rely on chunks no
 // manifest references yet), lists chunks before manifests, and spares
 // chunks younger than the grace period. Run GC from one node at a time.
-func (s *Store) GC(ctx context.Context) (GCStats, error) {
+func (s *Repository) GC(ctx context.Context) (GCStats, error) {
 	var st GCStats
 	start := time.Now()
 	pending, end, err := s.beginGC(ctx)
@@ -511,14 +511,14 @@ func (s *Store) GC(ctx context.Context) (GCStats, error) {
 	return st, nil
 }
 
-func (s *Store) isKnown(hash string) bool {
+func (s *Repository) isKnown(hash string) bool {
 	s.knownMu.Lock()
 	defer s.knownMu.Unlock()
 	_, ok := s.known[hash]
 	return ok
 }
 
-func (s *Store) markKnown(hash string) {
+func (s *Repository) markKnown(hash string) {
 	s.knownMu.Lock()
 	s.known[hash] = struct{}{}
 	s.knownMu.Unlock()

@@ -57,7 +57,7 @@ func (f *faultBackend) Stat(ctx context.Context, key string) (ObjectInfo, error)
 	return f.Backend.Stat(ctx, key)
 }
 
-func newStore(t testing.TB, opts Options) *Store {
+func newStore(t testing.TB, opts Options) *Repository {
 	t.Helper()
 	s, err := New(opts)
 	if err != nil {

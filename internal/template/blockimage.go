@@ -132,7 +132,7 @@ func imageName(path string) (string, int64, error) {
 // fetchImage fills root with the tree of t's block image, fetched whole
 // from the store (a build starting from the template needs its files),
 // and keeps the image as file.
-func (s *Store) fetchImage(ctx context.Context, t *Template, root, file string) error {
+func (s *Catalog) fetchImage(ctx context.Context, t *Template, root, file string) error {
 	dl := filepath.Join(filepath.Dir(file), ".image")
 	defer os.RemoveAll(dl)
 	if err := s.images.Restore(ctx, t.BlockImage, dl); err != nil {

@@ -38,7 +38,7 @@ const stagePrefix = ".stage-"
 // Abort (or a crash) leaves no trace of the new one. A Stage is not safe
 // for concurrent use.
 type Stage struct {
-	store *Store
+	store *Catalog
 	id    string
 	dir   string
 	// lock is the stage directory, flock'ed for as long as the stage is
@@ -50,7 +50,7 @@ type Stage struct {
 
 // NewStage starts assembling template id. It first removes stages that
 // their owners abandoned (a killed pull), in this process or another.
-func (s *Store) NewStage(id string) (*Stage, error) {
+func (s *Catalog) NewStage(id string) (*Stage, error) {
 	if !ValidID(id) {
 		return nil, fmt.Errorf("staging template %q: invalid id (lower-case letters, digits, '.', '_' and '-', at most 63)", id)
 	}
@@ -170,7 +170,7 @@ func (st *Stage) Abort() error {
 // removeAbandonedStages deletes stage directories nobody holds a lock on:
 // left by a process that died mid-pull, or old templates a Commit could not
 // delete. Failures are ignored; the next call tries again.
-func (s *Store) removeAbandonedStages() {
+func (s *Catalog) removeAbandonedStages() {
 	entries, err := os.ReadDir(s.dir)
 	if err != nil {
 		return

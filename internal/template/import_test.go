@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-func stagedTemplate(t *testing.T, s *Store, id, marker string) *Stage {
+func stagedTemplate(t *testing.T, s *Catalog, id, marker string) *Stage {
 	t.Helper()
 	st, err := s.NewStage(id)
 	if err != nil {
@@ -22,7 +22,7 @@ func stagedTemplate(t *testing.T, s *Store, id, marker string) *Stage {
 	return st
 }
 
-func readMarker(t *testing.T, s *Store, id string) string {
+func readMarker(t *testing.T, s *Catalog, id string) string {
 	t.Helper()
 	tpl, err := s.Get(id)
 	if err != nil {
@@ -36,7 +36,7 @@ func readMarker(t *testing.T, s *Store, id string) string {
 }
 
 // stageDirs lists what is left of stages in the store's directory.
-func stageDirs(t *testing.T, s *Store) []string {
+func stageDirs(t *testing.T, s *Catalog) []string {
 	t.Helper()
 	entries, err := os.ReadDir(s.dir)
 	if err != nil {
@@ -52,7 +52,7 @@ func stageDirs(t *testing.T, s *Store) []string {
 }
 
 func TestStageCommitAndReplace(t *testing.T) {
-	s, err := NewStore(StoreOptions{Dir: t.TempDir()})
+	s, err := NewCatalog(CatalogOptions{Dir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +111,7 @@ func TestStageCommitAndReplace(t *testing.T) {
 }
 
 func TestStageRefusals(t *testing.T) {
-	s, err := NewStore(StoreOptions{Dir: t.TempDir()})
+	s, err := NewCatalog(CatalogOptions{Dir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +131,7 @@ func TestStageRefusals(t *testing.T) {
 }
 
 func TestAbandonedStagesAreSwept(t *testing.T) {
-	s, err := NewStore(StoreOptions{Dir: t.TempDir()})
+	s, err := NewCatalog(CatalogOptions{Dir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -47,7 +47,7 @@ var tarFlags = []string{"--numeric-owner", "--xattrs", "--xattrs-include=*", "--
 // replaced template's old image stays for the sandboxes and snapshots
 // still using it), and the description as the template's manifest. A
 // template without a block image is published as one tar of its tree.
-func (s *Store) publish(t *Template) error {
+func (s *Catalog) publish(t *Template) error {
 	if s.remote == nil || t.ID == BaseID {
 		return nil
 	}
@@ -88,7 +88,7 @@ func (s *Store) publish(t *Template) error {
 }
 
 // remoteTemplates lists the templates in the remote store.
-func (s *Store) remoteTemplates(ctx context.Context) ([]*Template, error) {
+func (s *Catalog) remoteTemplates(ctx context.Context) ([]*Template, error) {
 	ms, err := s.remote.List(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("listing templates in the store: %w", err)
@@ -110,7 +110,7 @@ func (s *Store) remoteTemplates(ctx context.Context) ([]*Template, error) {
 }
 
 // remoteGet describes template idOrAlias from the remote store.
-func (s *Store) remoteGet(ctx context.Context, idOrAlias string) (*Template, error) {
+func (s *Catalog) remoteGet(ctx context.Context, idOrAlias string) (*Template, error) {
 	if m, err := s.remote.Get(ctx, remoteID(idOrAlias)); err == nil {
 		var t Template
 		if err := json.Unmarshal(m.Meta, &t); err != nil {
@@ -138,7 +138,7 @@ func (s *Store) remoteGet(ctx context.Context, idOrAlias string) (*Template, err
 // Fetch is Get for a node that will run the template: one this host
 // lacks is brought from the remote store (once, however many ask at the
 // same time) and kept.
-func (s *Store) Fetch(ctx context.Context, idOrAlias string) (*Template, error) {
+func (s *Catalog) Fetch(ctx context.Context, idOrAlias string) (*Template, error) {
 	t, err := s.Get(idOrAlias)
 	if err != nil || !t.Remote {
 		return t, err
@@ -156,7 +156,7 @@ func (s *Store) Fetch(ctx context.Context, idOrAlias string) (*Template, error) 
 }
 
 // fetch downloads template t into the store's directory.
-func (s *Store) fetch(ctx context.Context, t *Template) (*Template, error) {
+func (s *Catalog) fetch(ctx context.Context, t *Template) (*Template, error) {
 	start := time.Now()
 	staging := filepath.Join(s.dir, ".fetch-"+t.ID)
 	os.RemoveAll(staging)

@@ -27,11 +27,11 @@ func TestPublishAndFetch(t *testing.T) {
 	}
 	defer remote.Close()
 	log := slog.New(slog.DiscardHandler)
-	a, err := NewStore(StoreOptions{Dir: filepath.Join(dir, "a"), Remote: remote, Logger: log})
+	a, err := NewCatalog(CatalogOptions{Dir: filepath.Join(dir, "a"), Remote: remote, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := NewStore(StoreOptions{Dir: filepath.Join(dir, "b"), Remote: remote, Logger: log})
+	b, err := NewCatalog(CatalogOptions{Dir: filepath.Join(dir, "b"), Remote: remote, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}

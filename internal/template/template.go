@@ -86,9 +86,9 @@ type Template struct {
 	Remote bool `json:"-"`
 }
 
-// Store is the set of templates under one directory. It is safe for
+// Catalog is the set of templates under one directory. It is safe for
 // concurrent use.
-type Store struct {
+type Catalog struct {
 	dir string
 	// baseRootFS, when set, is a prebuilt tree used for `base` instead of
 	// the one under dir.
@@ -98,9 +98,9 @@ type Store struct {
 
 	// remote, when set, is the store templates are published to and
 	// fetched from.
-	remote *store.Store
-	// images is remote cut finer, for block images (see StoreOptions).
-	images   *store.Store
+	remote *store.Repository
+	// images is remote cut finer, for block images (see CatalogOptions).
+	images   *store.Repository
 	fetching singleflight.Group
 	log      *slog.Logger
 
@@ -113,8 +113,8 @@ type Store struct {
 	baseTime     time.Time
 }
 
-// StoreOptions configures a Store.
-type StoreOptions struct {
+// CatalogOptions configures a Catalog.
+type CatalogOptions struct {
 	// Dir holds one sub-directory per template.
 	Dir string
 	// BaseRootFS optionally points `base` at a prebuilt root filesystem
@@ -128,16 +128,16 @@ type StoreOptions struct {
 	// Remote, when set, is the store the cluster's nodes share: templates
 	// put here are published there, and those there are listed (and
 	// fetched by Fetch) here too.
-	Remote *store.Store
+	Remote *store.Repository
 	// Images is the store block images are published to: Remote's
 	// backend, cut into smaller chunks than snapshots (a read on demand
 	// then fetches less). Default: Remote.
-	Images *store.Store
+	Images *store.Repository
 	Logger *slog.Logger
 }
 
-// NewStore opens (creating if needed) the template directory.
-func NewStore(opts StoreOptions) (*Store, error) {
+// NewCatalog opens (creating if needed) the template directory.
+func NewCatalog(opts CatalogOptions) (*Catalog, error) {
 	if err := os.MkdirAll(opts.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("creating template dir: %w", err)
 	}
@@ -147,21 +147,21 @@ func NewStore(opts StoreOptions) (*Store, error) {
 	if opts.Images == nil {
 		opts.Images = opts.Remote
 	}
-	return &Store{dir: opts.Dir, baseRootFS: opts.BaseRootFS, builtins: opts.Builtins, remote: opts.Remote, images: opts.Images, log: opts.Logger}, nil
+	return &Catalog{dir: opts.Dir, baseRootFS: opts.BaseRootFS, builtins: opts.Builtins, remote: opts.Remote, images: opts.Images, log: opts.Logger}, nil
 }
 
 // remoteTimeout bounds a look at the remote store's catalog.
 const remoteTimeout = 30 * time.Second
 
 // Dir returns the directory the store keeps its templates in.
-func (s *Store) Dir() string { return s.dir }
+func (s *Catalog) Dir() string { return s.dir }
 
 // ValidID reports whether s can name a template.
 func ValidID(s string) bool { return validID.MatchString(s) }
 
 // BaseRootFS returns where the base template's root filesystem is (or will
 // be built).
-func (s *Store) BaseRootFS() string {
+func (s *Catalog) BaseRootFS() string {
 	if s.baseRootFS != "" {
 		return s.baseRootFS
 	}
@@ -171,7 +171,7 @@ func (s *Store) BaseRootFS() string {
 // Get returns the template with the given id or alias: this host's, else
 // (with a remote store) the description of one published there, marked
 // Remote.
-func (s *Store) Get(idOrAlias string) (*Template, error) {
+func (s *Catalog) Get(idOrAlias string) (*Template, error) {
 	t, err := s.GetLocal(idOrAlias)
 	// base is every host's own, never published.
 	if !errors.Is(err, ErrNotFound) || s.remote == nil || idOrAlias == BaseID {
@@ -184,7 +184,7 @@ func (s *Store) Get(idOrAlias string) (*Template, error) {
 
 // GetLocal returns the template with the given id or alias if its files
 // are on this host.
-func (s *Store) GetLocal(idOrAlias string) (*Template, error) {
+func (s *Catalog) GetLocal(idOrAlias string) (*Template, error) {
 	if !ValidID(idOrAlias) {
 		return nil, fmt.Errorf("looking up template %q: %w", idOrAlias, ErrNotFound)
 	}
@@ -216,7 +216,7 @@ func (s *Store) GetLocal(idOrAlias string) (*Template, error) {
 }
 
 // builtin returns a copy of the builtin template named idOrAlias, or nil.
-func (s *Store) builtin(idOrAlias string) *Template {
+func (s *Catalog) builtin(idOrAlias string) *Template {
 	for _, t := range s.builtins {
 		if t.ID == idOrAlias || slices.Contains(t.Aliases, idOrAlias) {
 			c := *t
@@ -226,7 +226,7 @@ func (s *Store) builtin(idOrAlias string) *Template {
 	return nil
 }
 
-func (s *Store) base() (*Template, error) {
+func (s *Catalog) base() (*Template, error) {
 	root := s.BaseRootFS()
 	if _, err := os.Stat(filepath.Join(root, "bin", "bash")); err != nil {
 		return nil, fmt.Errorf("looking up template %q: base root filesystem missing at %s: %w", BaseID, root, ErrNotFound)
@@ -242,7 +242,7 @@ func (s *Store) base() (*Template, error) {
 // describeBase fills in what the base template's record lacks: the tree
 // is built in place, not committed, so it is measured here, once (not in
 // base, which every create of base calls).
-func (s *Store) describeBase(t *Template) {
+func (s *Catalog) describeBase(t *Template) {
 	root := t.RootFS
 	s.mu.Lock()
 	if !s.baseMeasured {
@@ -296,7 +296,7 @@ func diskUsage(root string) (int64, error) {
 	return total, err
 }
 
-func (s *Store) read(id string) (*Template, error) {
+func (s *Catalog) read(id string) (*Template, error) {
 	b, err := os.ReadFile(filepath.Join(s.dir, id, "template.json"))
 	if err != nil {
 		return nil, err
@@ -316,7 +316,7 @@ func (s *Store) read(id string) (*Template, error) {
 
 // List returns every template, base first: this host's and, with a remote
 // store, those published there (marked Remote).
-func (s *Store) List() ([]*Template, error) {
+func (s *Catalog) List() ([]*Template, error) {
 	out, err := s.ListLocal()
 	if err == nil && len(out) > 0 && out[0].ID == BaseID {
 		// Measured for listings only: the node's reports and lookups call
@@ -355,7 +355,7 @@ func sortTemplates(out []*Template) {
 
 // ListLocal returns the templates whose files are on this host, base
 // first.
-func (s *Store) ListLocal() ([]*Template, error) {
+func (s *Catalog) ListLocal() ([]*Template, error) {
 	entries, err := os.ReadDir(s.dir)
 	if err != nil {
 		return nil, fmt.Errorf("listing templates: %w", err)
@@ -385,7 +385,7 @@ func (s *Store) ListLocal() ([]*Template, error) {
 // Put records t's metadata; its rootfs must already be in place. With a
 // remote store the template is then published there, and Put answers once
 // it is durable.
-func (s *Store) Put(t *Template) error {
+func (s *Catalog) Put(t *Template) error {
 	if err := s.putLocal(t); err != nil {
 		return err
 	}
@@ -394,7 +394,7 @@ func (s *Store) Put(t *Template) error {
 	return s.publish(t)
 }
 
-func (s *Store) putLocal(t *Template) error {
+func (s *Catalog) putLocal(t *Template) error {
 	if !ValidID(t.ID) {
 		return fmt.Errorf("storing template %q: invalid id", t.ID)
 	}
@@ -420,7 +420,7 @@ var ErrProtected = errors.New("template cannot be deleted")
 
 // Delete removes a template and its root filesystem. The base template
 // cannot be deleted.
-func (s *Store) Delete(idOrAlias string) error {
+func (s *Catalog) Delete(idOrAlias string) error {
 	t, err := s.Get(idOrAlias)
 	if err != nil {
 		return err

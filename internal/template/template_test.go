@@ -19,7 +19,7 @@ func TestStoreGetAndList(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(base, "bin", "bash"), nil, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	s, err := NewStore(StoreOptions{Dir: filepath.Join(dir, "templates"), BaseRootFS: base})
+	s, err := NewCatalog(CatalogOptions{Dir: filepath.Join(dir, "templates"), BaseRootFS: base})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +57,7 @@ func TestStoreGetAndList(t *testing.T) {
 }
 
 func TestBaseMissing(t *testing.T) {
-	s, err := NewStore(StoreOptions{Dir: t.TempDir()})
+	s, err := NewCatalog(CatalogOptions{Dir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -38,7 +38,7 @@ type usageCache struct {
 // Usage reports what the templates' block images take (cached for
 // usageTTL: metrics ask often). Without a store each image is kept whole
 // on its host.
-func (s *Store) Usage(ctx context.Context) (Usage, error) {
+func (s *Catalog) Usage(ctx context.Context) (Usage, error) {
 	s.usage.mu.Lock()
 	fresh, last := time.Since(s.usage.at) < usageTTL, s.usage.last
 	s.usage.mu.Unlock()
@@ -58,7 +58,7 @@ func (s *Store) Usage(ctx context.Context) (Usage, error) {
 
 // UsageOf is Usage over templates ts, as List returned them (a caller
 // that has listed them already).
-func (s *Store) UsageOf(ctx context.Context, ts []*Template) Usage {
+func (s *Catalog) UsageOf(ctx context.Context, ts []*Template) Usage {
 	s.usage.mu.Lock()
 	defer s.usage.mu.Unlock()
 	// Only the images still listed stay cached.

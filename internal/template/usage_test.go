@@ -102,7 +102,7 @@ func TestFetchFromImage(t *testing.T) {
 
 // storeOver opens a template store in dir/name publishing to the store
 // in dir/store, as a host of a cluster does.
-func storeOver(t *testing.T, dir, name string) *Store {
+func storeOver(t *testing.T, dir, name string) *Catalog {
 	t.Helper()
 	backend, err := store.NewLocal(filepath.Join(dir, "store"))
 	if err != nil {
@@ -110,7 +110,7 @@ func storeOver(t *testing.T, dir, name string) *Store {
 	}
 	remote, _ := store.New(store.Options{Backend: backend})
 	images, _ := store.New(store.Options{Backend: backend, ChunkSize: 1 << 20})
-	s, err := NewStore(StoreOptions{Dir: filepath.Join(dir, name), Remote: remote, Images: images})
+	s, err := NewCatalog(CatalogOptions{Dir: filepath.Join(dir, name), Remote: remote, Images: images})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,7 +30,7 @@ type BuildConfig struct {
 	Steps build.Stepper
 	// Templates receives the templates built (and publishes them to the
 	// store the nodes share, when it has one).
-	Templates *template.Store
+	Templates *template.Catalog
 	// Limits bound each build; Slots how many run at once.
 	Limits build.Limits
 	Slots  *build.Slots

@@ -41,7 +41,7 @@ type Local struct {
 // LocalOptions describe what the node package does not know of itself.
 type LocalOptions struct {
 	// Templates lists the templates the node holds (ids and aliases).
-	Templates *template.Store
+	Templates *template.Catalog
 	// RuntimeVersion and Version are reported by Info.
 	RuntimeVersion, Version string
 	// Builds, when set, lets the node run template builds (Build).
