@@ -58,7 +58,7 @@ func (c *Cluster) Fork(ctx context.Context, id string, count int, timeout time.D
 	if err != nil {
 		return nil, err
 	}
-	defer func() { go c.deleteSnapshotQuietly(snap.Id, "fork snapshot") }()
+	defer c.deleteSnapshotQuietly(snap.Id, "fork snapshot")
 	// Children start beside their source, whose node has the state at
 	// hand; when it is full they go where there is room, restoring from
 	// the store.

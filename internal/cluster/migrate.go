@@ -134,7 +134,7 @@ func (c *Cluster) Migrate(ctx context.Context, id, target string) (*Migration, e
 	}
 	// The move's state was never the record's (it ran throughout), so
 	// finishResume has no snapshot to drop: this one is the move's own.
-	go c.deleteSnapshotQuietly(snap.Id, "migration snapshot")
+	c.deleteSnapshotQuietly(snap.Id, "migration snapshot")
 	down := time.Since(start)
 	if undone != nil {
 		c.log.Info("migration called off; the sandbox runs where it was", "sandbox_id", id, "node_id", from, "err", undone)

@@ -168,7 +168,7 @@ func (c *Cluster) finishResume(ctx context.Context, n nodeapi.Node, id string, a
 		return nil, fmt.Errorf("resuming sandbox %s: %w", id, err)
 	}
 	// Removing a large image takes a while; the caller need not wait.
-	go c.deleteSnapshotQuietly(oldSnap, "consumed pause snapshot")
+	c.deleteSnapshotQuietly(oldSnap, "consumed pause snapshot")
 	return &r.Sandbox, nil
 }
 

@@ -279,11 +279,20 @@ func (c *Cluster) SetTemplatePublic(ctx context.Context, id string, public bool)
 	return nil
 }
 
+// deleteSnapshotQuietly deletes a snapshot nothing needs any more (what
+// names it in the log), in the background: one of the cluster's tasks.
 func (c *Cluster) deleteSnapshotQuietly(id, what string) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := c.deleteSnapshot(ctx, id); err != nil {
-		c.log.Warn("deleting "+what, "snapshot_id", id, "err", err)
+	del := func(ctx context.Context) {
+		// Close waits for it rather than cut it short: a snapshot whose
+		// delete was cancelled would stay in the store for good.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		if err := c.deleteSnapshot(ctx, id); err != nil {
+			c.log.Warn("deleting "+what, "snapshot_id", id, "err", err)
+		}
+	}
+	if !c.bg.Go(del) {
+		del(context.Background()) // the cluster is closing: at once, here
 	}
 }
 
