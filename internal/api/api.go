@@ -190,6 +190,7 @@ func (s *Handler) routes() {
 
 	s.handle("POST /sandboxes", team, s.createSandbox(defaultTimeoutV1))
 	s.handle("POST /v2/sandboxes", team, s.createSandbox(defaultTimeoutV2))
+	s.handle("POST /sandboxes/batch", team, s.createBatch)
 	s.handle("GET /sandboxes", team, s.listSandboxesV1)
 	s.handle("GET /v2/sandboxes", team, s.listSandboxesV2)
 	s.handle("GET /sandboxes/{id}", team, s.withID(s.getSandbox))

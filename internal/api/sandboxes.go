@@ -149,28 +149,8 @@ func (s *Handler) createSandbox(defaultTimeout time.Duration) http.HandlerFunc {
 		if !decodeBody(w, r, &body) {
 			return
 		}
-		if body.TemplateID == "" {
-			body.TemplateID = template.BaseID
-		}
-		if !template.ValidID(body.TemplateID) {
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid templateID %q", body.TemplateID))
-			return
-		}
-		timeout := defaultTimeout
-		if body.Timeout != nil {
-			t := *body.Timeout
-			max := int64(s.cfg.Cluster.Limits().MaxTimeout / time.Second)
-			if t < 0 || t > max {
-				writeError(w, http.StatusBadRequest, fmt.Sprintf("timeout must be between 0 and %d seconds, got %d", max, t))
-				return
-			}
-			if t > 0 {
-				timeout = time.Duration(t) * time.Second
-			}
-		}
-		mounts, err := parseVolumeMounts(body.VolumeMounts)
-		if err != nil {
-			writeError(w, http.StatusBadRequest, err.Error())
+		req, ok := s.createRequest(w, r, &body, defaultTimeout)
+		if !ok {
 			return
 		}
 		idem := r.Header.Get("Idempotency-Key")
@@ -178,44 +158,74 @@ func (s *Handler) createSandbox(defaultTimeout time.Duration) http.HandlerFunc {
 			writeError(w, http.StatusBadRequest, fmt.Sprintf("Idempotency-Key is %d bytes; at most %d", len(idem), maxIdempotencyKey))
 			return
 		}
-		allowInternet := true
-		if body.AllowInternetAccess != nil {
-			allowInternet = *body.AllowInternetAccess
-		}
-		tmpl, snapID, err := s.resolveCreate(r.Context(), owner(r), body.TemplateID)
-		if err != nil {
-			s.writeClusterError(w, r, err)
-			return
-		}
-		sb, err := s.cfg.Cluster.Create(r.Context(), cluster.CreateRequest{
-			Spec: cluster.Spec{
-				Timeout:            timeout,
-				Metadata:           body.Metadata,
-				AllowInternet:      allowInternet,
-				Secure:             body.Secure || !s.cfg.AllowInsecure,
-				AutoPause:          body.AutoPause,
-				AutoPauseFilesOnly: body.AutoPauseMemory != nil && !*body.AutoPauseMemory,
-				AutoResume:         body.AutoResume != nil && body.AutoResume.Enabled,
-				CPUCount:           body.CPUCount,
-				MemoryMB:           body.MemoryMB,
-				Mounts:             mounts,
-				Network:            body.Network.rules(),
-				PrivateTraffic: body.Network != nil && body.Network.AllowPublicTraffic != nil &&
-					!*body.Network.AllowPublicTraffic,
-			},
-			TemplateID:     tmpl,
-			SnapshotID:     snapID,
-			Requested:      body.TemplateID,
-			EnvVars:        body.EnvVars,
-			Owner:          owner(r),
-			IdempotencyKey: idem,
-		})
+		req.IdempotencyKey = idem
+		sb, err := s.cfg.Cluster.Create(r.Context(), req)
 		if err != nil {
 			s.writeClusterError(w, r, err)
 			return
 		}
 		writeJSON(w, http.StatusCreated, s.toJSON(sb, false))
 	}
+}
+
+// createRequest checks a create's body and resolves its template for the
+// caller, answering w itself when it cannot (false).
+func (s *Handler) createRequest(w http.ResponseWriter, r *http.Request, body *createBody, defaultTimeout time.Duration) (cluster.CreateRequest, bool) {
+	if body.TemplateID == "" {
+		body.TemplateID = template.BaseID
+	}
+	if !template.ValidID(body.TemplateID) {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid templateID %q", body.TemplateID))
+		return cluster.CreateRequest{}, false
+	}
+	timeout := defaultTimeout
+	if body.Timeout != nil {
+		t := *body.Timeout
+		max := int64(s.cfg.Cluster.Limits().MaxTimeout / time.Second)
+		if t < 0 || t > max {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("timeout must be between 0 and %d seconds, got %d", max, t))
+			return cluster.CreateRequest{}, false
+		}
+		if t > 0 {
+			timeout = time.Duration(t) * time.Second
+		}
+	}
+	mounts, err := parseVolumeMounts(body.VolumeMounts)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return cluster.CreateRequest{}, false
+	}
+	allowInternet := true
+	if body.AllowInternetAccess != nil {
+		allowInternet = *body.AllowInternetAccess
+	}
+	tmpl, snapID, err := s.resolveCreate(r.Context(), owner(r), body.TemplateID)
+	if err != nil {
+		s.writeClusterError(w, r, err)
+		return cluster.CreateRequest{}, false
+	}
+	return cluster.CreateRequest{
+		Spec: cluster.Spec{
+			Timeout:            timeout,
+			Metadata:           body.Metadata,
+			AllowInternet:      allowInternet,
+			Secure:             body.Secure || !s.cfg.AllowInsecure,
+			AutoPause:          body.AutoPause,
+			AutoPauseFilesOnly: body.AutoPauseMemory != nil && !*body.AutoPauseMemory,
+			AutoResume:         body.AutoResume != nil && body.AutoResume.Enabled,
+			CPUCount:           body.CPUCount,
+			MemoryMB:           body.MemoryMB,
+			Mounts:             mounts,
+			Network:            body.Network.rules(),
+			PrivateTraffic: body.Network != nil && body.Network.AllowPublicTraffic != nil &&
+				!*body.Network.AllowPublicTraffic,
+		},
+		TemplateID: tmpl,
+		SnapshotID: snapID,
+		Requested:  body.TemplateID,
+		EnvVars:    body.EnvVars,
+		Owner:      owner(r),
+	}, true
 }
 
 func (s *Handler) getSandbox(w http.ResponseWriter, r *http.Request, id string) {

@@ -23,12 +23,13 @@ const (
 	suiteSnapshot = "snapshot"
 	suiteAll      = "all"
 	suiteSoak     = "soak"
+	suiteBatch    = "batch"
 )
 
 func newBenchCmd() *cobra.Command {
 	var opts bench.Options
 	var output, suite string
-	var soakCycles int
+	var soakCycles, batchSize int
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure sandbox latency against bare runsc",
@@ -52,11 +53,36 @@ AENV_API_KEY, E2B_API_KEY or the local server's key file, not from 'aenv auth'.
 The soak suite (not part of all) runs --soak-cycles create/exec/kill cycles,
 --concurrency at a time, and prints the server's resident memory, Go heap,
 goroutines and open files (from its /metrics) before and after: a leak per
-sandbox shows as growth.`,
+sandbox shows as growth.
+
+The batch suite (not part of all) times, --iterations rounds, one batch
+create of --batch-size sandboxes (POST /sandboxes/batch) against as many
+single creates at once, until all are ready, alternately.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "table" && output != "json" {
 				return fmt.Errorf("unknown --output %q (table or json)", output)
+			}
+			if suite == suiteBatch {
+				g := &globals{}
+				g.url, _ = cmd.Flags().GetString("url")
+				g.key, _ = cmd.Flags().GetString("key")
+				c, err := g.client()
+				if err != nil {
+					return err
+				}
+				var progress io.Writer
+				if isTerminal(cmd.ErrOrStderr()) {
+					progress = cmd.ErrOrStderr()
+				}
+				res, err := bench.MeasureBatch(cmd.Context(), c, opts.Template, batchSize, opts.Iterations, progress)
+				if err != nil {
+					return err
+				}
+				if output == "json" {
+					return writeJSON(cmd.OutOrStdout(), res)
+				}
+				return res.WriteTable(cmd.OutOrStdout())
 			}
 			if suite == suiteSoak {
 				// The soak suite has no bare half: it watches the server.
@@ -148,7 +174,8 @@ sandbox shows as growth.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&suite, "suite", suiteAll, "what to measure: create, snapshot, all, or soak (not in all)")
+	f.StringVar(&suite, "suite", suiteAll, "what to measure: create, snapshot, all, or soak or batch (not in all)")
+	f.IntVar(&batchSize, "batch-size", 16, "sandboxes per batch of the batch suite")
 	f.IntVar(&soakCycles, "soak-cycles", 1000, "create/exec/kill cycles of the soak suite (--concurrency at a time)")
 	f.IntVarP(&opts.Iterations, "iterations", "n", bench.DefaultIterations, "samples per operation of the create suite")
 	f.IntVar(&opts.Concurrency, "concurrency", bench.DefaultConcurrency, "sandboxes started at once in the concurrent measurement")

@@ -94,14 +94,23 @@ func (f *createFlags) options(cmd *cobra.Command, template string) (client.Creat
 
 func newCreateCmd(g *globals) *cobra.Command {
 	var f createFlags
+	var count int
+	var atomic bool
 	cmd := &cobra.Command{
 		Use:   "create [TEMPLATE]",
-		Short: "Create a sandbox and print its id",
+		Short: "Create sandboxes and print their ids",
 		Long: `Create a sandbox from TEMPLATE (default: base) and print its id. It runs
 until --timeout passes or 'aenv rm' kills it. 'aenv start' creates one and
-opens a shell in it.`,
+opens a shell in it.
+
+With -n N, N sandboxes are created in one call, placed across the nodes;
+each id is printed as soon as that sandbox is ready, and each failure
+(with its reason) goes to stderr, the command failing if any did. With
+--atomic it is all or none: if one cannot be made, the others are removed
+and nothing is printed.`,
 		Example: `  id=$(aenv create base --timeout 600 --metadata owner=ci)
-  aenv exec "$id" -- uname -a`,
+  aenv exec "$id" -- uname -a
+  aenv create base -n 64 --metadata step=17 > ids.txt`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			tmpl := "base"
@@ -112,19 +121,57 @@ opens a shell in it.`,
 			if err != nil {
 				return err
 			}
+			if count < 1 {
+				return &usageError{cmd: cmd, err: fmt.Errorf("-n must be at least 1, got %d", count)}
+			}
+			if atomic && count == 1 {
+				atomic = false // one create is all or nothing already
+			}
 			c, err := g.client()
 			if err != nil {
 				return err
 			}
-			sb, err := c.Create(cmd.Context(), opts)
+			out := cmd.OutOrStdout()
+			switch {
+			case count == 1:
+				sb, err := c.Create(cmd.Context(), opts)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintln(out, sb.SandboxID)
+				return nil
+			case atomic:
+				sbs, err := c.CreateAtomic(cmd.Context(), opts, count)
+				if err != nil {
+					return err
+				}
+				for _, sb := range sbs {
+					fmt.Fprintln(out, sb.SandboxID)
+				}
+				return nil
+			}
+			start, failed := time.Now(), 0
+			made, err := c.CreateBatch(cmd.Context(), opts, count, func(r client.BatchResult) {
+				if r.Err != nil {
+					failed++
+					fmt.Fprintf(cmd.ErrOrStderr(), "sandbox %d of %d: %v\n", r.Index+1, count, r.Err)
+					return
+				}
+				fmt.Fprintln(out, r.Sandbox.SandboxID)
+			})
 			if err != nil {
 				return err
 			}
-			fmt.Fprintln(cmd.OutOrStdout(), sb.SandboxID)
+			fmt.Fprintf(cmd.ErrOrStderr(), "created %d of %d sandboxes in %s\n", made, count, time.Since(start).Round(time.Millisecond))
+			if failed > 0 {
+				return fmt.Errorf("%d of %d sandboxes could not be created (reasons above)", failed, count)
+			}
 			return nil
 		},
 	}
 	f.add(cmd)
+	cmd.Flags().IntVarP(&count, "count", "n", 1, "how many sandboxes to create, in one call")
+	cmd.Flags().BoolVar(&atomic, "atomic", false, "with -n: all or none (one failure removes the others)")
 	return cmd
 }
 

@@ -138,6 +138,14 @@ func TestRoutesCheckTeams(t *testing.T) {
 				}
 			}
 		},
+		"POST /sandboxes/batch": func(t *testing.T) {
+			for _, atomic := range []bool{false, true} {
+				code, b := rawCall(t, base, betaKey, "POST", "/sandboxes/batch", map[string]any{"templateID": tplID, "count": 2, "atomic": atomic})
+				if code != 404 || !contains(b, "template not found") {
+					t.Errorf("a batch (atomic %v) from alpha's template: %d %s, want 404", atomic, code, b)
+				}
+			}
+		},
 		"POST /v2/sandboxes": func(t *testing.T) {
 			code, b := rawCall(t, base, betaKey, "POST", "/v2/sandboxes", map[string]any{"templateID": "app", "timeout": 30})
 			if code != 404 {
