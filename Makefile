@@ -4,7 +4,7 @@ BASE_ROOTFS ?= $(CACHE)/base-rootfs
 CODE_INTERPRETER_ROOTFS ?= $(CACHE)/code-interpreter-rootfs
 GO ?= go
 
-.PHONY: build deps base code-interpreter bench-interpreter test test-go test-e2e test-install test-fuzz lint clean bench-cluster bench-migrate cross release
+.PHONY: build deps base code-interpreter bench-interpreter test test-go test-e2e test-e2e-python test-install test-fuzz lint clean bench-cluster bench-migrate cross release
 
 build:
 	$(GO) build -o bin/aenv ./cmd/aenv
@@ -71,6 +71,15 @@ test-e2e: build base code-interpreter
 	cd e2e && AENV_BIN_DIR=$(CURDIR)/bin AENV_BASE_ROOTFS=$(BASE_ROOTFS) AENV_CODE_INTERPRETER_ROOTFS=$(CODE_INTERPRETER_ROOTFS) \
 		node --test --test-concurrency=1
 
+# The official E2B Python SDK against a real server (e2e/python, one
+# server for the suite). AENV_PYTHON_E2B names the SDK: a directory with
+# lib/e2b (default ../shared/python-e2b) or `pip` for one installed with
+# pip; Debian's Python, with the SDK's dependencies from install-deps.sh.
+PYTHON ?= /usr/bin/python3
+test-e2e-python: build base code-interpreter
+	cd e2e/python && AENV_REQUIRE_PRIVILEGED=1 AENV_BIN_DIR=$(CURDIR)/bin AENV_BASE_ROOTFS=$(BASE_ROOTFS) \
+		AENV_CODE_INTERPRETER_ROOTFS=$(CODE_INTERPRETER_ROOTFS) $(PYTHON) -m unittest -v
+
 # Each fuzz target of a decoder of client input runs briefly (the seed
 # corpora also run in test-go); FUZZTIME=1m digs deeper. FuzzUnpackLayer
 # unpacks as root: without it the run fails rather than skips.
@@ -88,7 +97,7 @@ test-fuzz:
 test-install: base
 	scripts/test-install.sh
 
-test: lint cross test-go test-fuzz test-e2e test-install
+test: lint cross test-go test-fuzz test-e2e test-e2e-python test-install
 
 # Benchmarks stay out of `make test`. Creates at concurrency 30 on one node
 # and on three (node agents in their own network namespaces).

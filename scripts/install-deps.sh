@@ -14,6 +14,12 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 pkgs=(debootstrap iproute2 util-linux nftables e2fsprogs ca-certificates curl procps psmisc busybox-static python3-ipykernel python3-matplotlib erofs-utils fuse3)
+# The Python e2e suite (e2e/python) runs the E2B Python SDK from
+# ../shared/python-e2b with Debian's Python: the SDK's dependencies that
+# Debian ships come from here.
+pkgs+=(python3-h2 python3-hpack python3-hyperframe python3-protobuf python3-dateutil python3-typing-extensions
+  python3-certifi python3-idna python3-sniffio python3-packaging python3-attr python3-rich python3-wcmatch
+  python3-bracex python3-pygments python3-markdown-it python3-mdurl)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

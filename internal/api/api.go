@@ -204,6 +204,7 @@ func (s *Handler) routes() {
 	s.handle("PUT /sandboxes/{id}/network", team, s.withID(s.updateNetwork))
 	s.handle("GET /sandboxes/{id}/metrics", team, s.withID(s.metrics))
 	s.handle("GET /sandboxes/metrics", team, s.metricsOfMany)
+	s.handle("GET /sandboxes/{id}/logs", team, s.withID(s.logsV1))
 	s.handle("GET /v2/sandboxes/{id}/logs", team, s.withID(s.logsV2))
 
 	s.handle("POST /sandboxes/{id}/snapshots", team, s.withID(s.createSnapshot))

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"slices"
@@ -98,6 +99,76 @@ func (s *Handler) logsV2(w http.ResponseWriter, r *http.Request, id string) {
 		out = append(out, logEntryJSON{Timestamp: at.UTC(), Level: e.Level, Message: e.Message, Fields: fields})
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"logs": out})
+}
+
+// logLineJSON is E2B's SandboxLog: one entry as a line of text.
+type logLineJSON struct {
+	Timestamp time.Time `json:"timestamp"`
+	Line      string    `json:"line"`
+}
+
+// logsV1 answers GET /sandboxes/{id}/logs?start&limit, E2B's older route,
+// which the e2b CLI still reads: the entries from start (Unix
+// milliseconds) on, oldest first, both as lines and as structured
+// entries (E2B's SandboxLogs).
+func (s *Server) logsV1(w http.ResponseWriter, r *http.Request, id string) {
+	q := r.URL.Query()
+	limit := maxLogLimit
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 || n > maxLogLimit {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("limit must be between 0 and %d, got %q", maxLogLimit, v))
+			return
+		}
+		limit = n
+	}
+	var start time.Time
+	if v := q.Get("start"); v != "" {
+		ms, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || ms < 0 {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("start must be a time in Unix milliseconds, got %q", v))
+			return
+		}
+		start = time.UnixMilli(ms)
+	}
+	entries, err := s.cfg.Cluster.Logs(r.Context(), id)
+	if err != nil {
+		s.writeClusterError(w, r, err)
+		return
+	}
+	sort.SliceStable(entries, func(i, j int) bool { return entries[i].Timestamp.AsTime().Before(entries[j].Timestamp.AsTime()) })
+	lines, structured := []logLineJSON{}, []logEntryJSON{}
+	for _, e := range entries {
+		at := e.Timestamp.AsTime().UTC()
+		if at.Before(start) {
+			continue
+		}
+		if len(lines) == limit {
+			break
+		}
+		fields := e.Fields
+		if fields == nil {
+			fields = map[string]string{}
+		}
+		lines = append(lines, logLineJSON{Timestamp: at, Line: logLine(e, fields)})
+		structured = append(structured, logEntryJSON{Timestamp: at, Level: e.Level, Message: e.Message, Fields: fields})
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"logs": lines, "logEntries": structured})
+}
+
+// logLine renders an entry as E2B's lines are: one JSON object, which the
+// e2b CLI parses for its level and logger and prints whole.
+func logLine(e *nodev1.LogEntry, fields map[string]string) string {
+	obj := make(map[string]string, len(fields)+3)
+	for k, v := range fields {
+		obj[k] = v
+	}
+	obj["level"], obj["message"] = e.Level, e.Message
+	if obj["logger"] == "" {
+		obj["logger"] = "aenv"
+	}
+	b, _ := json.Marshal(obj) // a map of strings always encodes
+	return string(b)
 }
 
 func matchesLog(e *nodev1.LogEntry, search string) bool {

@@ -220,5 +220,7 @@ func (s *Handler) fork(w http.ResponseWriter, r *http.Request, id string) {
 		sb := s.toJSON(res.Sandbox, false)
 		out[i].Sandbox = &sb
 	}
-	writeJSON(w, http.StatusOK, out)
+	// 201, as E2B's spec says: the Python SDK reads the body of no other
+	// status (the JS SDK takes any 2xx).
+	writeJSON(w, http.StatusCreated, out)
 }

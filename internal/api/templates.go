@@ -4,23 +4,41 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/aenvhq/aenv/internal/cluster"
+	"github.com/aenvhq/aenv/internal/envd"
 	"github.com/aenvhq/aenv/internal/template"
 )
 
 // templateJSON is E2B's Template as the list route returns it.
 type templateJSON struct {
-	TemplateID string    `json:"templateID"`
-	BuildID    string    `json:"buildID"`
+	TemplateID string `json:"templateID"`
+	BuildID    string `json:"buildID"`
+	// Names are what a create may name the template by (E2B's newer
+	// field; the e2b CLI shows Aliases, the older one): the two agree.
 	Aliases    []string  `json:"aliases"`
+	Names      []string  `json:"names"`
 	CPUCount   int       `json:"cpuCount"`
 	MemoryMB   int       `json:"memoryMB"`
 	DiskSizeMB int       `json:"diskSizeMB"`
 	Public     bool      `json:"public"`
 	CreatedAt  time.Time `json:"createdAt"`
 	UpdatedAt  time.Time `json:"updatedAt"`
+	// CreatedBy is always null: keys, not users, make templates here.
+	CreatedBy *teamUserJSON `json:"createdBy"`
+	// LastSpawnedAt (null) and SpawnCount (0) are required by E2B's
+	// schema; aenv does not count a template's sandboxes.
+	LastSpawnedAt *time.Time `json:"lastSpawnedAt"`
+	SpawnCount    int64      `json:"spawnCount"`
+	// BuildCount is 1 and BuildStatus ready: a template is stored once
+	// its one build has finished (a new build of the name replaces it).
+	BuildCount  int    `json:"buildCount"`
+	BuildStatus string `json:"buildStatus"`
+	// EnvdVersion is the envd its sandboxes get: the node injects envd,
+	// no template carries its own.
+	EnvdVersion string `json:"envdVersion"`
 	// SizeBytes (an aenv extension) is the disk space the root filesystem
 	// takes.
 	SizeBytes int64 `json:"sizeBytes"`
@@ -34,18 +52,27 @@ type templateJSON struct {
 	Team string `json:"team,omitempty"`
 }
 
+// teamUserJSON is E2B's TeamUser.
+type teamUserJSON struct {
+	ID    string `json:"id"`
+	Email string `json:"email"`
+}
+
 func toTemplateJSON(t *template.Template, public map[string]bool) templateJSON {
 	aliases := t.Aliases
 	if t.Name != "" {
 		aliases = []string{t.Name}
 	}
-	if aliases == nil {
-		aliases = []string{}
+	if len(aliases) == 0 {
+		// base, the builtins and templates from before teams are
+		// created by their id: it is their name.
+		aliases = []string{t.ID}
 	}
 	return templateJSON{
-		TemplateID: t.ID, BuildID: t.ID, Aliases: aliases,
+		TemplateID: t.ID, BuildID: t.ID, Aliases: aliases, Names: slices.Clone(aliases),
 		CPUCount: t.CPUCount, MemoryMB: t.MemoryMB, DiskSizeMB: t.DiskMB,
 		CreatedAt: t.CreatedAt, UpdatedAt: t.CreatedAt, SizeBytes: t.SizeBytes,
+		BuildCount: 1, BuildStatus: "ready", EnvdVersion: envd.Version,
 		Public: t.Team == "" || public[t.ID], Team: t.Team,
 	}
 }

@@ -57,7 +57,7 @@ func TestHTTPAPIRoutes(t *testing.T) {
 			}
 			return err
 		}, "POST", "/sandboxes/sb1/snapshots", map[string]float64{}},
-		{"fork", 200, `[{"sandbox":{"sandboxID":"c1"}},{"sandbox":{"sandboxID":"c2"}}]`, func(a *HTTPAPI) error {
+		{"fork", 201, `[{"sandbox":{"sandboxID":"c1"}},{"sandbox":{"sandboxID":"c2"}}]`, func(a *HTTPAPI) error {
 			children, err := a.Fork(ctx, "sb1", 2, 300)
 			if err == nil && (len(children) != 2 || children[1].SandboxID != "c2") {
 				t.Errorf("children = %+v", children)
