@@ -111,7 +111,7 @@ type logLineJSON struct {
 // which the e2b CLI still reads: the entries from start (Unix
 // milliseconds) on, oldest first, both as lines and as structured
 // entries (E2B's SandboxLogs).
-func (s *Server) logsV1(w http.ResponseWriter, r *http.Request, id string) {
+func (s *Handler) logsV1(w http.ResponseWriter, r *http.Request, id string) {
 	q := r.URL.Query()
 	limit := maxLogLimit
 	if v := q.Get("limit"); v != "" {

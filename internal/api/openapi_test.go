@@ -32,6 +32,7 @@ var aenvOnly = map[string]string{
 	"POST /v2/sandboxes":            "the JS SDK 2.51's create (the spec has only GET /v2/sandboxes)",
 	"POST /v2/sandboxes/{}/connect": "the JS SDK 2.51's connect",
 	"POST /sandboxes/{}/migrate":    "live migration between nodes",
+	"POST /sandboxes/batch":         "many sandboxes of one request in one call (RL)",
 	"GET /snapshots/{}":             "one snapshot",
 	"GET /metrics":                  "Prometheus figures",
 	"POST /nodes/{}/drain":          "drain a node (the spec's POST /nodes/{} sets a status instead)",
@@ -59,7 +60,6 @@ var specOnly = []string{
 	"GET /teams/{}/metrics", "GET /teams/{}/metrics/max",
 	"POST /nodes/{}",
 	"POST /templates", "POST /templates/{}", "GET /templates/{}", "POST /templates/{}/builds/{}",
-	"GET /templates/{}/builds/{}/logs",
 	"GET /v2/templates", "POST /v2/templates", "PATCH /v2/templates/{}",
 	"POST /templates/tags", "DELETE /templates/tags", "GET /templates/{}/tags",
 }
@@ -147,7 +147,7 @@ func TestOpenAPIConformance(t *testing.T) {
 
 // routeTable is aenv's route table, with path parameters as {}.
 func routeTable(t *testing.T) map[string]bool {
-	store, err := template.NewStore(template.StoreOptions{Dir: t.TempDir()})
+	store, err := template.NewCatalog(template.CatalogOptions{Dir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -337,6 +337,7 @@ func (d *driver) run() {
 	if status.Status != "ready" {
 		t.Fatalf("build: %s", d.lastBody)
 	}
+	d.must("GET /templates/{}/builds/{}/logs", "/templates/"+build.TemplateID+"/builds/"+build.BuildID+"/logs", nil, nil)
 	d.must("PATCH /templates/{}", "/templates/"+build.TemplateID, map[string]any{"public": true}, nil)
 	d.must("DELETE /templates/{}", "/templates/"+build.TemplateID, nil, nil)
 
