@@ -85,6 +85,14 @@ func (c *Cluster) reserveIdempotent(ctx context.Context, owner Owner, key, id st
 		if gerr == nil {
 			json.Unmarshal(e.Value, &rec)
 		}
+		if gerr == nil && rec.Created {
+			// Made between the look above and this read: look again
+			// before calling it gone.
+			if sb, err := c.Get(ctx, rec.SandboxID); err == nil {
+				c.log.Info("create repeated with the same Idempotency-Key: the first create's sandbox", "sandbox_id", rec.SandboxID)
+				return sb, nil
+			}
+		}
 		if errors.Is(gerr, state.ErrNotFound) || rec.Created || time.Now().After(deadline) {
 			return nil, fmt.Errorf("%w: the create it was first sent with made sandbox %s, which is gone or failed (%v)",
 				ErrIdempotencyConflict, rec.SandboxID, err)

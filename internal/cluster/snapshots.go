@@ -282,6 +282,9 @@ func (c *Cluster) SetTemplatePublic(ctx context.Context, id string, public bool)
 // deleteSnapshotQuietly deletes a snapshot nothing needs any more (what
 // names it in the log), in the background: one of the cluster's tasks.
 func (c *Cluster) deleteSnapshotQuietly(id, what string) {
+	if id == "" {
+		return // nothing was consumed (a migration's resume)
+	}
 	del := func(ctx context.Context) {
 		// Close waits for it rather than cut it short: a snapshot whose
 		// delete was cancelled would stay in the store for good.
