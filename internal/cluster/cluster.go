@@ -34,6 +34,9 @@ type Cluster struct {
 	closed bool
 	// expiring holds the ids whose timeout this server is handling.
 	expiring map[string]bool
+	// starting counts, by API key, the sandboxes of creates and forks
+	// under way on this server (withinQuota).
+	starting map[string]int
 	// leading is set while this server is the elected one (deadlines,
 	// lost nodes, draining nodes).
 	leading atomic.Bool
@@ -59,7 +62,7 @@ func Open(ctx context.Context, cfg Config) (*Cluster, error) {
 	if cfg.TickInterval == 0 {
 		cfg.TickInterval = 250 * time.Millisecond
 	}
-	c := &Cluster{cfg: cfg, log: cfg.Logger, recs: newRecords(cfg.State, cfg.DataKeys), expiring: map[string]bool{}}
+	c := &Cluster{cfg: cfg, log: cfg.Logger, recs: newRecords(cfg.State, cfg.DataKeys), expiring: map[string]bool{}, starting: map[string]int{}}
 	c.nodes = newFleet(cfg.State, cfg.Local, cfg.Dial, cfg.Logger)
 	c.nodes.onEvent = c.nodeEvent
 	if err := c.migrateLegacy(ctx); err != nil {

@@ -53,9 +53,11 @@ func (c *Cluster) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 // withinQuotaCreate is create once the key's and the team's quotas allow
 // it.
 func (c *Cluster) withinQuotaCreate(ctx context.Context, req CreateRequest, id string) (*Sandbox, error) {
-	if err := c.withinQuota(req.Owner, 1); err != nil {
+	release, err := c.withinQuota(req.Owner, 1)
+	if err != nil {
 		return nil, err
 	}
+	defer release()
 	// The reservation is made before the sandbox has an id: a create
 	// that names none may take a prestarted sandbox, whose id is its own.
 	slot := id
@@ -124,11 +126,14 @@ func restoreRequest(id, snapID string, spec *Spec) *nodev1.CreateRequest {
 }
 
 // withinQuota refuses n more sandboxes for a key that runs as many as it
-// may. Servers count from their caches, so two servers creating at once
-// may overshoot by a sandbox or two: a quota, not a security boundary.
-func (c *Cluster) withinQuota(o Owner, n int) error {
+// may, and else counts them as starting until release: on this server the
+// bound holds exactly, however many of the key's creates run at once (a
+// batch's). Other servers count from their caches, so two servers
+// creating at once may overshoot by a sandbox or two: a quota, not a
+// security boundary.
+func (c *Cluster) withinQuota(o Owner, n int) (release func(), err error) {
 	if o.MaxSandboxes <= 0 {
-		return nil
+		return func() {}, nil
 	}
 	running := 0
 	c.recs.each(func(r *record) {
@@ -136,10 +141,21 @@ func (c *Cluster) withinQuota(o Owner, n int) error {
 			running++
 		}
 	})
-	if running+n > o.MaxSandboxes {
-		return fmt.Errorf("%w: the API key runs %d of its %d sandboxes", ErrQuota, running, o.MaxSandboxes)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	// A create whose record was just stored is counted twice until its
+	// release: a refusal too many, never one too few.
+	if running+c.starting[o.KeyID]+n > o.MaxSandboxes {
+		return nil, fmt.Errorf("%w: the API key runs %d of its %d sandboxes (%d more starting)", ErrQuota, running, o.MaxSandboxes, c.starting[o.KeyID])
 	}
-	return nil
+	c.starting[o.KeyID] += n
+	return func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.starting[o.KeyID] -= n; c.starting[o.KeyID] <= 0 {
+			delete(c.starting, o.KeyID)
+		}
+	}, nil
 }
 
 // placeAttempts bounds how many nodes one start tries.

@@ -34,9 +34,11 @@ func (c *Cluster) Fork(ctx context.Context, id string, count int, timeout time.D
 	if timeout <= 0 || timeout > c.cfg.Limits.MaxTimeout {
 		return nil, fmt.Errorf("%w: timeout must be between 1s and %s", ErrInvalid, c.cfg.Limits.MaxTimeout)
 	}
-	if err := c.withinQuota(owner, count); err != nil {
+	release, err := c.withinQuota(owner, count)
+	if err != nil {
 		return nil, err
 	}
+	defer release()
 	r, err := c.claim(ctx, id, StateRunning, "fork")
 	if err != nil {
 		return nil, err

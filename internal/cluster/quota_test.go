@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -166,5 +167,38 @@ func TestTeamVolumeQuota(t *testing.T) {
 	}
 	if vs, _ := c.ListVolumes(ctx, beta); len(vs) != 1 || vs[0].TeamID() != "beta" {
 		t.Fatalf("beta lists %+v, want its one volume", vs)
+	}
+}
+
+// TestKeyQuotaConcurrent: many creates of one API key at once (a batch)
+// start no more sandboxes than its bound, since those under way count.
+// Without them, every create passed the check before any was recorded.
+func TestKeyQuotaConcurrent(t *testing.T) {
+	n := nodetest.NewFake("n1")
+	n.SetDelay(50 * time.Millisecond)
+	c := openCluster(t, state.NewMemory(), n)
+	owner := Owner{KeyID: "k1", Team: "k1", MaxSandboxes: 3}
+	var wg sync.WaitGroup
+	var made, refused atomic.Int32
+	for range 10 {
+		wg.Go(func() {
+			_, err := c.Create(context.Background(), CreateRequest{Spec: Spec{Timeout: time.Hour}, TemplateID: "base", Owner: owner})
+			switch {
+			case err == nil:
+				made.Add(1)
+			case errors.Is(err, ErrQuota):
+				refused.Add(1)
+			default:
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	if made.Load() != 3 || refused.Load() != 7 {
+		t.Fatalf("10 creates at once under a bound of 3: %d made, %d refused", made.Load(), refused.Load())
+	}
+	// Once they run, the bound holds as before.
+	if _, err := c.Create(context.Background(), CreateRequest{Spec: Spec{Timeout: time.Hour}, TemplateID: "base", Owner: owner}); !errors.Is(err, ErrQuota) {
+		t.Fatalf("a fourth create: %v, want ErrQuota", err)
 	}
 }
