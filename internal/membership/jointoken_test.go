@@ -90,7 +90,7 @@ func TestRemovals(t *testing.T) {
 	}
 	defer r.Close()
 	<-seen
-	if !r.Refused("early", now.Add(-time.Hour)) || !r.Refused("early", now) || r.Refused("early", now.Add(time.Second)) || r.Refused("other", now) {
+	if !r.Refused("early", now.Add(-time.Hour)) || !r.Refused("early", now) || r.Refused("early", now.Add(2*time.Second)) || r.Refused("other", now) {
 		t.Fatal("wrong refusals for a node removed before the watch")
 	}
 	if err := RemoveNode(ctx, st, "late", now); err != nil {

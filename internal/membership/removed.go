@@ -96,12 +96,14 @@ func (r *Removals) apply(ev state.Event) {
 }
 
 // Refused reports whether a certificate of node id issued at issued is
-// refused: the node was removed then or later.
+// refused: the node was removed then or later. Certificates carry times
+// in whole seconds, so one issued in the second of the removal is
+// refused too.
 func (r *Removals) Refused(id string, issued time.Time) bool {
 	r.mu.RLock()
 	at, ok := r.removed[id]
 	r.mu.RUnlock()
-	return ok && !issued.After(at)
+	return ok && !issued.After(at.Truncate(time.Second))
 }
 
 // Close stops following.

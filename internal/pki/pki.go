@@ -324,11 +324,12 @@ func PinnedVerifier(chain []*x509.Certificate, hash string, now time.Time) (*Ver
 	return nil, nil, Identity{}, fmt.Errorf("%w: the server's certificate chain holds no CA of hash %s (is --ca-hash this cluster's? `aenv cluster join-command` prints it)", ErrUntrusted, hash)
 }
 
-// RenewAt is when a holder renews cert: at two thirds of its life, so
-// that a renewal that fails has a third of it left to be retried.
+// RenewAt is when a holder renews cert: at two thirds of its life (from
+// its issue, not its backdated start), so that a renewal that fails has
+// a third of it left to be retried.
 func RenewAt(cert *x509.Certificate) time.Time {
-	life := cert.NotAfter.Sub(cert.NotBefore)
-	return cert.NotBefore.Add(life * 2 / 3)
+	issued := IssuedAt(cert)
+	return issued.Add(cert.NotAfter.Sub(issued) * 2 / 3)
 }
 
 // IssuedAt is when cert was issued (its NotBefore is backdated).
