@@ -261,6 +261,7 @@ func (c *nodeCreds) close() {
 func (a *Agent) serveTLS() {
 	a.http.Handler = a.host.TLSNodeHandler(a.log)
 	a.http.TLSConfig = a.creds.serverConfig()
+	a.http.ErrorLog = slog.NewLogLogger(a.log.Handler(), slog.LevelDebug)
 	a.listener = tls.NewListener(a.listener, a.http.TLSConfig)
 	a.creds.start()
 }

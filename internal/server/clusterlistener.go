@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"regexp"
@@ -57,7 +58,10 @@ func (s *Server) startClusterListener(addr string) error {
 			}
 			node.ServeHTTP(w, r)
 		}),
-		TLSConfig:         tcfg,
+		TLSConfig: tcfg,
+		// Refused handshakes (a wrong CA, no certificate) are the
+		// callers' failures, told to them; here they are debug lines.
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,
@@ -91,6 +95,7 @@ func (s *Server) ClusterAddr() net.Addr {
 // tlsJoin trades a join token and a certificate request for a node
 // certificate and the join answer.
 func (s *Server) tlsJoin(w http.ResponseWriter, r *http.Request) {
+	s.trust.joins.Add(1)
 	var req membership.JoinRequest
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10)).Decode(&req); err != nil {
 		writeJSONError(w, http.StatusBadRequest, "reading the join request: "+err.Error())

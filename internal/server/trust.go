@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/aenvhq/aenv/internal/membership"
@@ -52,6 +53,12 @@ type trust struct {
 
 	mu         sync.Mutex
 	transports map[string]*http.Transport // by node id
+	// conns are the open TLS connections to each node (the node API's
+	// and the proxy's), cut when the node is removed.
+	conns map[string]map[*nodeConn]struct{}
+	// joins counts the TLS join requests served (for tests: a join that
+	// failed its CA check sent none).
+	joins atomic.Int64
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -66,7 +73,7 @@ func openTrust(ctx context.Context, st state.Store, cfg Config, localNode string
 	}
 	hostname, _ := os.Hostname()
 	t := &trust{ca: ca, verifier: ca.Verifier(), lifetime: cfg.Trust.CertLifetime, log: log, legacy: legacy,
-		transports: map[string]*http.Transport{}}
+		transports: map[string]*http.Transport{}, conns: map[string]map[*nodeConn]struct{}{}}
 	t.request = pki.Request{Identity: pki.Identity{Role: pki.RoleServer, Name: hostname + ":" + cfg.DataDir}, Lifetime: t.lifetime,
 		Hosts: []string{"localhost", "127.0.0.1", "::1", hostname}}
 	if localNode != "" {
@@ -170,7 +177,35 @@ func (t *trust) dialNode(ctx context.Context, id, address string) (net.Conn, err
 	if err != nil {
 		return nil, fmt.Errorf("dialling node %s at %s over TLS: %w", id, address, err)
 	}
-	return c, nil
+	nc := &nodeConn{Conn: c, t: t, id: id}
+	t.mu.Lock()
+	if t.conns[id] == nil {
+		t.conns[id] = map[*nodeConn]struct{}{}
+	}
+	t.conns[id][nc] = struct{}{}
+	t.mu.Unlock()
+	return nc, nil
+}
+
+// nodeConn is a TLS connection to a node, tracked so that removing the
+// node cuts it.
+type nodeConn struct {
+	net.Conn
+	t    *trust
+	id   string
+	once sync.Once
+}
+
+func (c *nodeConn) Close() error {
+	c.once.Do(func() {
+		c.t.mu.Lock()
+		delete(c.t.conns[c.id], c)
+		if len(c.t.conns[c.id]) == 0 {
+			delete(c.t.conns, c.id)
+		}
+		c.t.mu.Unlock()
+	})
+	return c.Conn.Close()
 }
 
 // transport is node id's TLS transport. Requests keep their http URLs:
@@ -195,14 +230,20 @@ func (t *trust) transport(id string) *http.Transport {
 	return tr
 }
 
-// forget drops a removed node's connections.
+// forget cuts a removed node's connections: its certificate, accepted
+// when they were made, is not any more.
 func (t *trust) forget(id string) {
 	t.mu.Lock()
 	tr := t.transports[id]
 	delete(t.transports, id)
+	conns := t.conns[id]
+	delete(t.conns, id)
 	t.mu.Unlock()
 	if tr != nil {
 		tr.CloseIdleConnections()
+	}
+	for c := range conns {
+		c.Conn.Close()
 	}
 	t.log.Info("node removed: its certificate is refused from now on", "node_id", id)
 }
