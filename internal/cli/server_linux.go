@@ -99,6 +99,7 @@ and --on-stop=kill kills them.`,
 				cfg.Logger.Info("removed the sandboxes and network slots a stopped server left", "run_dir", cfg.RunDir)
 				return nil
 			}
+			cfg.Trust.ClusterListenDefaulted = !cmd.Flags().Changed("cluster-listen")
 			srv, err := server.Start(ctx, cfg)
 			if err != nil {
 				return err

@@ -32,6 +32,10 @@ var nodeIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 // node for the other servers.
 func (s *Server) startClusterListener(addr string) error {
 	l, err := net.Listen("tcp", addr)
+	if err != nil && s.cfg.Trust.ClusterListenDefaulted {
+		s.log.Warn("no cluster listener: its default address is taken; nodes can join this server only the old, insecure way (give --cluster-listen)", "addr", addr, "err", err)
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("listening on %s (the cluster listener): %w", addr, err)
 	}

@@ -27,6 +27,11 @@ type TrustConfig struct {
 	// for the other servers (mutual TLS). Empty: none; nodes then join
 	// only the old way, and the local node is reached at the API's port.
 	ClusterListen string
+	// ClusterListenDefaulted: ClusterListen is the default, not the
+	// operator's choice, so that a port in use (a second server on the
+	// host) leaves the server without a cluster listener, with a
+	// warning, instead of failing its start.
+	ClusterListenDefaulted bool
 	// ClusterAdvertise is the host:port others reach the cluster listener
 	// at (default: ClusterListen where it names a host).
 	ClusterAdvertise string
