@@ -150,11 +150,13 @@ func (t *trust) close() {
 	<-t.done
 	t.removals.Close()
 	t.nodes.close()
+	// Closed outside the lock: closing a connection takes it (nodeConn).
 	t.mu.Lock()
-	defer t.mu.Unlock()
-	for id, tr := range t.transports {
+	trs := t.transports
+	t.transports = map[string]*http.Transport{}
+	t.mu.Unlock()
+	for _, tr := range trs {
 		tr.CloseIdleConnections()
-		delete(t.transports, id)
 	}
 }
 
