@@ -38,6 +38,9 @@ type Agent struct {
 	listener     net.Listener
 	registration *membership.Registration
 	advertise    string
+	// creds are the node's certificate (nil: it joined with the cluster
+	// token and serves plain HTTP).
+	creds *nodeCreds
 }
 
 // DefaultListen is where a node agent listens unless told otherwise.
@@ -59,19 +62,26 @@ func Start(ctx context.Context, cfg Config) (_ *Agent, err error) {
 			a.Close(context.WithoutCancel(ctx))
 		}
 	}()
-	token, err := membership.LoadClusterToken(cfg.DataDir, cfg.ClusterToken, false, log)
-	if err != nil {
+	var token string
+	var joined membership.JoinAnswer
+	if strings.HasPrefix(cfg.Join, "https://") {
+		// The node's certificate is its identity: it holds no cluster token.
+		if joined, a.creds, err = joinTLS(ctx, cfg, log); err != nil {
+			return nil, err
+		}
+	} else if token, err = membership.LoadClusterToken(cfg.DataDir, cfg.ClusterToken, false, log); err != nil {
 		return nil, err
+	} else if cfg.Join != "" {
+		log.Warn("joining over plain HTTP with the cluster token, which anyone on the network can read (as the data key the server hands over): join with the https command `aenv cluster join-command` prints instead", "join", cfg.Join)
+		if joined, err = joinCluster(ctx, cfg.Join, token); err != nil {
+			return nil, err
+		}
 	}
 	keys, err := membership.LoadDataKeys(cfg.DataDir, cfg.DataKeyFile, false, log)
 	if err != nil {
 		return nil, err
 	}
 	if cfg.Join != "" {
-		var joined membership.JoinAnswer
-		if joined, err = joinCluster(ctx, cfg.Join, token); err != nil {
-			return nil, err
-		}
 		cfg.EtcdEndpoints = joined.EtcdEndpoints
 		if keys.Keys == nil && joined.DataKey != "" {
 			// Kept in memory only: the next start joins again.
@@ -94,8 +104,10 @@ func Start(ctx context.Context, cfg Config) (_ *Agent, err error) {
 	if a.state, err = OpenState(ctx, cfg, log); err != nil {
 		return nil, err
 	}
-	if err := membership.CheckToken(ctx, a.state, token, false); err != nil {
-		return nil, fmt.Errorf("starting node: %w", err)
+	if a.creds == nil {
+		if err := membership.CheckToken(ctx, a.state, token, false); err != nil {
+			return nil, fmt.Errorf("starting node: %w", err)
+		}
 	}
 	if err := membership.CheckDataKeys(ctx, a.state, keys, false); err != nil {
 		return nil, fmt.Errorf("starting node: %w", err)
@@ -115,6 +127,9 @@ func Start(ctx context.Context, cfg Config) (_ *Agent, err error) {
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,
 	}
+	if a.creds != nil {
+		a.serveTLS()
+	}
 	go func() {
 		if err := a.http.Serve(a.listener); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("serving the node API", "err", err)
@@ -127,7 +142,7 @@ func Start(ctx context.Context, cfg Config) (_ *Agent, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if a.registration, err = membership.RegisterNode(ctx, a.state, membership.InstanceReporter(a.host.api, a.advertise, instance), log); err != nil {
+	if a.registration, err = membership.RegisterNode(ctx, a.state, membership.TLSReporter(a.host.api, a.advertise, instance, a.creds != nil), log); err != nil {
 		return nil, err
 	}
 	log.Info("aenv node ready", "node_id", cfg.NodeID, "listen", a.listener.Addr().String(), "advertise", a.advertise,
@@ -182,6 +197,7 @@ func (a *Agent) Close(ctx context.Context) error {
 	} else if a.listener != nil {
 		a.listener.Close()
 	}
+	a.creds.close()
 	if a.host != nil {
 		errs = append(errs, a.host.Close(ctx, a.cfg.OnStop))
 	}

@@ -116,7 +116,11 @@ type Config struct {
 	// that joins through a server is handed it).
 	DataKeyFile string
 	// Join is a server's URL a node agent asks for the cluster's etcd
-	// endpoints (instead of EtcdEndpoints).
+	// endpoints (instead of EtcdEndpoints). An https URL is a server's
+	// cluster listener: the node joins with a join token (ClusterToken
+	// then holds one) and CAHash, gets a certificate, and serves mutual
+	// TLS (see joinTLS); an http URL is the old join with the cluster
+	// token, in the clear.
 	Join string
 	// BuildMemoryMB and BuildCPUs bound each build step, BuildDiskBytes
 	// the disk a build's tree is written to, BuildTimeout a build's time
@@ -136,6 +140,9 @@ type Config struct {
 	// config.json format, the only ones pulls use; empty: pulls are
 	// anonymous.
 	RegistryAuth string
+	// CAHash pins the cluster's CA for a join at an https URL
+	// ("sha256:<hex>", pki.Hash).
+	CAHash string
 	// Advertise is the host:port servers reach a node agent at.
 	Advertise string
 	Logger    *slog.Logger

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/aenvhq/aenv/internal/blockimage"
@@ -43,6 +45,9 @@ type Host struct {
 	volumes        *volume.Dir
 	runtimeVersion string
 	log            *slog.Logger
+	// nodeMux is what NodeHandler and TLSNodeHandler serve, made once.
+	nodeMuxOnce sync.Once
+	nodeMux     http.Handler
 }
 
 // OpenHost sets the host up and starts its node, which takes over the

@@ -19,8 +19,17 @@ import (
 // node's metrics, and the sandbox traffic they forward (any other path).
 // A node agent serves it on its own listener; a server with a local node
 // serves it beside its API, so that the other servers reach its sandboxes.
-// Call it once per Host.
 func (h *Host) NodeHandler(token string, log *slog.Logger) http.Handler {
+	return nodeapi.RequireToken(token, log, h.nodeHandler(log))
+}
+
+// nodeHandler is NodeHandler's mux, without its check of the caller.
+func (h *Host) nodeHandler(log *slog.Logger) http.Handler {
+	h.nodeMuxOnce.Do(func() { h.nodeMux = h.newNodeMux(log) })
+	return h.nodeMux
+}
+
+func (h *Host) newNodeMux(log *slog.Logger) http.Handler {
 	prx := proxy.New(localRoutes{h.node}, nil, log)
 	// A sandbox that dies takes its connections with it: its network goes
 	// without a reset, so they would otherwise hang. So does one that the
@@ -39,7 +48,7 @@ func (h *Host) NodeHandler(token string, log *slog.Logger) http.Handler {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(h.imageServer, promhttp.HandlerOpts{}))
 	}
 	mux.Handle("/", prx)
-	return nodeapi.RequireToken(token, log, mux)
+	return mux
 }
 
 // forgetOnStop is the node API as the agent serves it: once a sandbox is

@@ -142,6 +142,7 @@ server's key file (` + localKeyFile + `), and ` + defaultURL + `.`,
 		newNodesCmd(g),
 		newMigrateCmd(g),
 		newKeysCmd(g),
+		newClusterCmd(g),
 		newNodeCmd(g),
 		newVersionCmd(),
 	)

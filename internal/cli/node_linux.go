@@ -17,15 +17,24 @@ func nodeAgent(cmd *cobra.Command) {
 	var hs hostStrings
 	cmd.Long = `Run a node agent: this host runs sandboxes for the cluster's API servers.
 
-  aenv node --join http://SERVER:8000 --token TOKEN --advertise HOST:8100
+  aenv node --join https://SERVER:8443 --token TOKEN --ca-hash sha256:... --advertise HOST:8100
 
---join asks that server for the cluster's etcd endpoints (the server must
-reach its etcd over the network: --etcd-endpoints, or --etcd-listen for its
-embedded member); --etcd-endpoints names them directly. The token is the
-cluster's (<data-dir>/secrets/cluster-token on the first server; also read
-from $AENV_CLUSTER_TOKEN or this node's <data-dir>/secrets/cluster-token):
-a node with the wrong one is refused, and the node refuses servers without
-it. Servers reach the node's API and its sandboxes at --advertise.
+'aenv cluster join-command' on a server prints that line. The node checks
+the server's certificate against --ca-hash before it sends anything, then
+trades the join token (short-lived; also $AENV_JOIN_TOKEN) for a
+certificate of the cluster's CA naming its id, kept with its key in
+<data-dir>/secrets (node.crt, node.key). It serves its API and the sandbox
+traffic over mutual TLS with it, to the cluster's servers only, and renews
+it before it expires; a restart renews it without a token.
+
+The old join, --join http://SERVER:8000 --token CLUSTERTOKEN, still works
+and is insecure: the cluster token (<data-dir>/secrets/cluster-token on the
+first server; also $AENV_CLUSTER_TOKEN) and the data key cross the network
+in the clear, and the node serves plain HTTP. Either way the server hands
+over the cluster's etcd endpoints (it must reach its etcd over the
+network: --etcd-endpoints, or --etcd-listen for its embedded member);
+--etcd-endpoints names them directly. Servers reach the node's API and
+its sandboxes at --advertise.
 
 The node registers its capacity and usage under a 10 s lease. Stopping it
 (even kill -9) leaves its sandboxes running: restarted within the lease it
@@ -61,7 +70,8 @@ SIGTERM first. Needs root.`
 	f.StringVar(&cfg.Listen, "listen", agent.DefaultListen, "address of the node API and the sandbox traffic servers forward")
 	f.StringVar(&cfg.Advertise, "advertise", "", "host:port servers reach this node at (default: --listen, if it names an address)")
 	f.StringVar(&cfg.Join, "join", "", "URL of a server of the cluster to learn its etcd endpoints from")
-	f.StringVar(&cfg.ClusterToken, "token", "", "the cluster token (default: $AENV_CLUSTER_TOKEN, else <data-dir>/secrets/cluster-token)")
+	f.StringVar(&cfg.ClusterToken, "token", "", "with an https --join: a join token (default: $AENV_JOIN_TOKEN); with an http one: the cluster token (default: $AENV_CLUSTER_TOKEN, else <data-dir>/secrets/cluster-token)")
+	f.StringVar(&cfg.CAHash, "ca-hash", "", "the cluster CA's hash (sha256:...) the server of an https --join must prove it holds")
 	f.StringVar(&cfg.NodeID, "node-id", "", "this node's id (default: the hostname)")
 	f.StringVar(&onStop, "on-stop", "keep", "what stopping the node does with running sandboxes: keep (a restart takes them over), drain (the cluster moves them to other nodes, live, or pauses them into the store; for a host going away) or kill")
 }

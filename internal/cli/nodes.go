@@ -79,7 +79,7 @@ ready again.`,
 	}
 	drain.Flags().BoolVar(&undo, "undo", false, "make the node ready again")
 	drain.Flags().BoolVar(&migrate, "migrate", false, "move the node's running sandboxes to other nodes")
-	cmd.AddCommand(drain)
+	cmd.AddCommand(drain, newNodeRmCmd(g))
 	return cmd
 }
 

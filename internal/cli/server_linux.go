@@ -100,6 +100,7 @@ and --on-stop=kill kills them.`,
 				cfg.Logger.Info("removed the sandboxes and network slots a stopped server left", "run_dir", cfg.RunDir)
 				return nil
 			}
+			cfg.Trust.ClusterListenDefaulted = !cmd.Flags().Changed("cluster-listen")
 			srv, err := server.Start(ctx, cfg)
 			if err != nil {
 				return err
@@ -113,6 +114,8 @@ and --on-stop=kill kills them.`,
 	f.StringVar(&cfg.ClusterToken, "cluster-token", "", "token servers and nodes authenticate each other with (default: $AENV_CLUSTER_TOKEN, else <data-dir>/secrets/cluster-token, generated on first start)")
 	f.StringVar(&cfg.Listen, "listen", ":8000", "address of the API and sandbox proxy")
 	f.StringVar(&cfg.Advertise, "advertise", "", "host:port the other servers of a cluster reach this server's local node and its sandboxes at (default: --listen, if it names an address)")
+	f.StringVar(&cfg.Trust.ClusterListen, "cluster-listen", server.DefaultClusterListen, "address of the cluster listener (TLS with a certificate of the cluster's CA): nodes join there (aenv cluster join-command), and the other servers reach this server's local node there over mutual TLS; empty: none")
+	f.StringVar(&cfg.Trust.ClusterAdvertise, "cluster-advertise", "", "host:port nodes and servers reach the cluster listener at (default: --cluster-listen if it names an address, else --advertise's host)")
 	f.StringVar(&cfg.Domain, "domain", "", "domain sandbox hosts are reported under (<port>-<id>.<domain>; default localhost:<port>)")
 	f.Float64Var(&cfg.RateLimit, "rate-limit", 100, "control-plane requests per second per client (its API key, else its address; 0: unlimited); over it clients get 429 with Retry-After")
 	f.IntVar(&cfg.RateBurst, "rate-burst", 200, "requests a client may send at once before --rate-limit applies")

@@ -45,6 +45,10 @@ type NodeInfo struct {
 	// Instance tells this node's process lineage from another's that
 	// claims the same id (LoadInstance).
 	Instance string `json:"instance,omitempty"`
+	// TLS: the node serves Address over mutual TLS with a certificate of
+	// the cluster's CA naming its id (servers dial it so); else plain
+	// HTTP with the cluster token.
+	TLS bool `json:"tls,omitempty"`
 	// State is filled in by the registry's reader (cluster.Nodes) from
 	// the lease and the drain mark.
 	State     NodeState `json:"state"`
@@ -102,6 +106,12 @@ func Reporter(n nodeapi.Node, address string) func() NodeInfo {
 // InstanceReporter is Reporter for a node of instance (LoadInstance),
 // whose registration refuses an id another live instance holds.
 func InstanceReporter(n nodeapi.Node, address, instance string) func() NodeInfo {
+	return TLSReporter(n, address, instance, false)
+}
+
+// TLSReporter is InstanceReporter for a node that says whether it serves
+// mutual TLS (NodeInfo.TLS).
+func TLSReporter(n nodeapi.Node, address, instance string, tls bool) func() NodeInfo {
 	var last NodeInfo
 	return func() NodeInfo {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -109,7 +119,7 @@ func InstanceReporter(n nodeapi.Node, address, instance string) func() NodeInfo 
 		if w, err := n.Info(ctx, &nodev1.InfoRequest{}); err == nil {
 			last = InfoFromWire(w)
 		}
-		last.ID, last.Address, last.Instance = n.ID(), address, instance
+		last.ID, last.Address, last.Instance, last.TLS = n.ID(), address, instance, tls
 		return last
 	}
 }

@@ -73,6 +73,8 @@ type Proxy struct {
 	resolve Resolver
 	log     *slog.Logger
 	rp      *httputil.ReverseProxy
+	// via, when set, reaches node agents (SetVia).
+	via ViaDialer
 
 	mu    sync.Mutex
 	conns map[string]map[*trackedConn]struct{} // upstream connections by sandbox
@@ -160,7 +162,13 @@ func New(r Resolver, via http.Header, log *slog.Logger) *Proxy {
 			if t.via != "" {
 				dest = t.via
 			}
-			c, err := d.DialContext(ctx, "tcp", dest)
+			var c net.Conn
+			var err error
+			if t.via != "" && p.via != nil {
+				c, err = p.via.DialVia(ctx, t.via)
+			} else {
+				c, err = d.DialContext(ctx, "tcp", dest)
+			}
 			if err != nil {
 				return nil, err
 			}
@@ -196,7 +204,11 @@ func New(r Resolver, via http.Header, log *slog.Logger) *Proxy {
 			if t.via != "" {
 				pr.Out.Header.Set(HeaderSandboxID, t.id)
 				pr.Out.Header.Set(HeaderSandboxPort, strconv.Itoa(int(t.addr.Port())))
-				for k, vs := range via {
+				hdr := via
+				if p.via != nil {
+					hdr = p.via.ViaHeader(t.via)
+				}
+				for k, vs := range hdr {
 					pr.Out.Header[k] = vs
 				}
 			}

@@ -3,7 +3,6 @@ package server
 import (
 	"encoding/json"
 	"net/http"
-	"strings"
 
 	"github.com/aenvhq/aenv/internal/membership"
 	"github.com/aenvhq/aenv/internal/nodeapi"
@@ -29,17 +28,11 @@ func (s *Server) withJoin(h http.Handler) http.Handler {
 func (s *Server) dataKeyText() string { return s.cfg.dataKeys.Text() }
 
 func (s *Server) join(w http.ResponseWriter, r *http.Request) {
-	var eps []string
-	for _, e := range s.state.Endpoints() {
-		if !strings.HasPrefix(e, "unix:") {
-			eps = append(eps, e)
-		}
-	}
+	eps, err := s.nodeEtcdEndpoints()
 	w.Header().Set("Content-Type", "application/json")
-	if len(eps) == 0 {
+	if err != nil {
 		w.WriteHeader(http.StatusConflict)
-		_ = json.NewEncoder(w).Encode(map[string]any{"code": http.StatusConflict,
-			"message": "this server's etcd listens only on its unix socket; start the server with --etcd-listen URL or --etcd-endpoints so that nodes can reach it"})
+		_ = json.NewEncoder(w).Encode(map[string]any{"code": http.StatusConflict, "message": err.Error()})
 		return
 	}
 	s.log.Info("a node is joining", "remote", r.RemoteAddr)

@@ -48,3 +48,15 @@ func localNodeAddress(flag string, listen net.Addr, tls bool, log *slog.Logger) 
 	}
 	return addr, nil
 }
+
+// localNodeAdvertise is where the local node is registered, and whether
+// it is reached there over mutual TLS: the cluster listener's advertised
+// address when there is one, else localNodeAddress's (plain HTTP with
+// the cluster token, on the API's port).
+func (s *Server) localNodeAdvertise(apiTLS bool) (string, bool, error) {
+	if s.clusterAdvertise != "" {
+		return s.clusterAdvertise, true, nil
+	}
+	addr, err := localNodeAddress(s.cfg.Advertise, s.listener.Addr(), apiTLS, s.log)
+	return addr, false, err
+}

@@ -75,6 +75,8 @@ type Config struct {
 	// and it serves the API and proxy for the node agents that join
 	// (`aenv node`). By default a server runs one (the single-host setup).
 	NoLocalNode bool
+	// Trust is the cluster listener and the certificates' lifetime.
+	Trust TrustConfig
 	// dataKeys are the data keys loaded (agent.Config.DataKeyFile), for
 	// the snapshot catalog and the records.
 	dataKeys *sealed.Keyring
@@ -114,6 +116,12 @@ type Server struct {
 	// token is the cluster token; nodeTransport carries it to nodes.
 	token         string
 	nodeTransport http.RoundTripper
+	// trust holds the CA and this server's certificate; the cluster
+	// listener (nil: none) serves joins and the local node over TLS.
+	trust            *trust
+	clusterListener  net.Listener
+	clusterHTTP      *http.Server
+	clusterAdvertise string
 }
 
 // withDefaults fills in the zero fields of cfg.
@@ -159,6 +167,13 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 	}
 	cfg.dataKeys, s.cfg.dataKeys = keys.Keys, keys.Keys
 	s.nodeTransport = nodeapi.Transport(s.token)
+	localNodeID := ""
+	if !cfg.NoLocalNode {
+		localNodeID = cfg.NodeID
+	}
+	if s.trust, err = openTrust(ctx, s.state, cfg, localNodeID, s.nodeTransport, log); err != nil {
+		return nil, err
+	}
 	if s.keys, err = apikeys.Open(ctx, s.state, log); err != nil {
 		return nil, err
 	}
@@ -185,6 +200,7 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 		}
 	}
 	prx := proxy.New(s, http.Header{nodeapi.TokenHeader: {s.token}}, log)
+	prx.SetVia(viaDialer{t: s.trust, token: http.Header{nodeapi.TokenHeader: {s.token}}})
 	hostname, _ := os.Hostname()
 	ccfg := cluster.Config{
 		Dial:            s.dial,
@@ -266,7 +282,7 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 	acfg.Pulls = s.host != nil || s.remote != nil
 	s.api = api.New(acfg)
 	s.stopSweep = sweepBuildFiles(s.api, log)
-	handler := s.withJoin(s.withNode(s.api))
+	handler := s.withClusterAdmin(s.withJoin(s.withNode(s.api)))
 	s.http = &http.Server{
 		Handler:           handler,
 		ReadHeaderTimeout: 10 * time.Second,
@@ -287,10 +303,15 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 			log.Error("serving HTTP", "err", err)
 		}
 	}()
+	if cfg.Trust.ClusterListen != "" {
+		if err := s.startClusterListener(cfg.Trust.ClusterListen); err != nil {
+			return nil, err
+		}
+	}
 	if s.host != nil {
 		// Registered once it serves: the other servers reach the node's
 		// API and sandboxes at this address from then on.
-		advertise, err := localNodeAddress(cfg.Advertise, s.listener.Addr(), tls, log)
+		advertise, nodeTLS, err := s.localNodeAdvertise(tls)
 		if err != nil {
 			return nil, err
 		}
@@ -298,7 +319,7 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 		if err != nil {
 			return nil, err
 		}
-		if s.registration, err = membership.RegisterNode(ctx, s.state, membership.InstanceReporter(s.host.API(), advertise, instance), log); err != nil {
+		if s.registration, err = membership.RegisterNode(ctx, s.state, membership.TLSReporter(s.host.API(), advertise, instance, nodeTLS), log); err != nil {
 			return nil, err
 		}
 	}
@@ -331,7 +352,7 @@ func (s *Server) storeOf() *store.Repository {
 
 // dial reaches a node agent with the cluster token.
 func (s *Server) dial(id, address string) nodeapi.Node {
-	return nodeapi.Dial(id, address, s.nodeTransport)
+	return nodeapi.Dial(id, address, s.trust.roundTripper(id))
 }
 
 // Addr returns the address the server listens on.
@@ -369,6 +390,15 @@ func (s *Server) close(ctx context.Context) error {
 	} else if s.listener != nil {
 		s.listener.Close()
 	}
+	if s.clusterHTTP != nil {
+		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		if err := s.clusterHTTP.Shutdown(sctx); err != nil {
+			s.clusterHTTP.Close()
+		}
+		cancel()
+	} else if s.clusterListener != nil {
+		s.clusterListener.Close()
+	}
 	if s.registration != nil {
 		s.registration.Stop()
 		// A node that keeps its sandboxes for the next start stays
@@ -385,6 +415,7 @@ func (s *Server) close(ctx context.Context) error {
 	if s.host != nil {
 		errs = append(errs, s.host.Close(ctx, s.cfg.OnStop))
 	}
+	s.trust.close()
 	if s.keys != nil {
 		s.keys.Close()
 	}
@@ -422,6 +453,6 @@ func (s *Server) volumeContent(nodeID string) (http.Handler, error) {
 			pr.SetURL(&url.URL{Scheme: "http", Host: addr})
 			pr.Out.Header.Del("Authorization") // the volume's token stays here
 		},
-		Transport: s.nodeTransport,
+		Transport: s.trust.roundTripper(nodeID),
 	}, nil
 }

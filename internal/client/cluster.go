@@ -1,0 +1,65 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/url"
+	"time"
+)
+
+// JoinCommand is a new join token and the command that joins a node with
+// it.
+type JoinCommand struct {
+	Token     string    `json:"token"`
+	ID        string    `json:"id"`
+	ExpiresAt time.Time `json:"expiresAt"`
+	CAHash    string    `json:"caHash"`
+	URL       string    `json:"url"`
+	Command   string    `json:"command"`
+}
+
+// JoinToken is a join token as listed (without its secret).
+type JoinToken struct {
+	ID          string    `json:"id"`
+	Description string    `json:"description,omitempty"`
+	CreatedAt   time.Time `json:"createdAt"`
+	ExpiresAt   time.Time `json:"expiresAt"`
+}
+
+// CreateJoinToken makes a join token valid for ttl (0: the server's
+// default, an hour) and returns the join command (an admin key's call).
+func (c *Client) CreateJoinToken(ctx context.Context, ttl time.Duration, description string) (*JoinCommand, error) {
+	var out JoinCommand
+	body := map[string]any{"ttlSeconds": int(ttl / time.Second), "description": description}
+	if err := c.do(ctx, http.MethodPost, "/cluster/join-tokens", body, &out); err != nil {
+		return nil, fmt.Errorf("creating a join token: %w", err)
+	}
+	return &out, nil
+}
+
+// JoinTokens lists the join tokens not yet expired.
+func (c *Client) JoinTokens(ctx context.Context) ([]JoinToken, error) {
+	out := []JoinToken{}
+	if err := c.do(ctx, http.MethodGet, "/cluster/join-tokens", nil, &out); err != nil {
+		return nil, fmt.Errorf("listing join tokens: %w", err)
+	}
+	return out, nil
+}
+
+// RevokeJoinToken revokes join token id: no node joins with it any more.
+func (c *Client) RevokeJoinToken(ctx context.Context, id string) error {
+	if err := c.do(ctx, http.MethodDelete, "/cluster/join-tokens/"+url.PathEscape(id), nil, nil); err != nil {
+		return fmt.Errorf("revoking join token %s: %w", id, err)
+	}
+	return nil
+}
+
+// RemoveNode removes node id from the cluster: its certificate is
+// refused from then on.
+func (c *Client) RemoveNode(ctx context.Context, id string) error {
+	if err := c.do(ctx, http.MethodDelete, "/nodes/"+url.PathEscape(id), nil, nil); err != nil {
+		return fmt.Errorf("removing node %s: %w", id, err)
+	}
+	return nil
+}

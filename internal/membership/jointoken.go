@@ -1,0 +1,145 @@
+package membership
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/aenvhq/aenv/internal/state"
+)
+
+// JoinTokenPrefix holds the join tokens (JoinTokenRecord by id). Only a
+// hash of each token's secret is stored: reading the state does not
+// give a token away.
+const JoinTokenPrefix = "cluster/join-tokens/"
+
+// DefaultJoinTokenTTL is how long a join token lasts unless told.
+const DefaultJoinTokenTTL = time.Hour
+
+// ErrInvalidJoinToken: a join token that is malformed, unknown, revoked,
+// expired, or whose secret is wrong. Which of these is not told to the
+// caller (it would help a guesser), only logged.
+var ErrInvalidJoinToken = errors.New("invalid join token")
+
+// joinTokenPattern is kubeadm's bootstrap token form, <id>.<secret>: the
+// id names the record, the secret proves the holder.
+var joinTokenPattern = regexp.MustCompile(`^([a-z0-9]{6})\.([a-z0-9]{16})$`)
+
+// JoinTokenRecord is a join token as stored.
+type JoinTokenRecord struct {
+	ID string `json:"id"`
+	// SecretSHA256 is the hex SHA-256 of the secret.
+	SecretSHA256 string    `json:"secretSha256"`
+	Description  string    `json:"description,omitempty"`
+	CreatedAt    time.Time `json:"createdAt"`
+	ExpiresAt    time.Time `json:"expiresAt"`
+}
+
+// CreateJoinToken makes a join token valid for ttl (0:
+// DefaultJoinTokenTTL) and returns it whole: the only time its secret is
+// seen.
+func CreateJoinToken(ctx context.Context, st state.Store, ttl time.Duration, description string, now time.Time) (string, JoinTokenRecord, error) {
+	if ttl <= 0 {
+		ttl = DefaultJoinTokenTTL
+	}
+	for range 5 {
+		id, secret := randomToken(6), randomToken(16)
+		rec := JoinTokenRecord{ID: id, SecretSHA256: secretHash(secret), Description: description,
+			CreatedAt: now.UTC(), ExpiresAt: now.Add(ttl).UTC()}
+		b, _ := json.Marshal(rec)
+		_, err := st.Create(ctx, JoinTokenPrefix+id, b, state.WriteOptions{})
+		if errors.Is(err, state.ErrExists) {
+			continue
+		}
+		if err != nil {
+			return "", JoinTokenRecord{}, fmt.Errorf("creating a join token: %w", err)
+		}
+		return id + "." + secret, rec, nil
+	}
+	return "", JoinTokenRecord{}, errors.New("creating a join token: no free id")
+}
+
+// CheckJoinToken accepts token if it is the cluster's, unrevoked and
+// unexpired at now; otherwise ErrInvalidJoinToken, wrapped with the
+// reason for the log.
+func CheckJoinToken(ctx context.Context, st state.Store, token string, now time.Time) (JoinTokenRecord, error) {
+	m := joinTokenPattern.FindStringSubmatch(strings.TrimSpace(token))
+	if m == nil {
+		return JoinTokenRecord{}, fmt.Errorf("%w: not of the form <6 characters>.<16 characters>", ErrInvalidJoinToken)
+	}
+	e, err := st.Get(ctx, JoinTokenPrefix+m[1])
+	if errors.Is(err, state.ErrNotFound) {
+		return JoinTokenRecord{}, fmt.Errorf("%w: token %s is unknown or revoked", ErrInvalidJoinToken, m[1])
+	}
+	if err != nil {
+		return JoinTokenRecord{}, fmt.Errorf("checking join token %s: %w", m[1], err)
+	}
+	var rec JoinTokenRecord
+	if err := json.Unmarshal(e.Value, &rec); err != nil {
+		return JoinTokenRecord{}, fmt.Errorf("%w: token %s's record is unreadable", ErrInvalidJoinToken, m[1])
+	}
+	if subtle.ConstantTimeCompare([]byte(secretHash(m[2])), []byte(rec.SecretSHA256)) != 1 {
+		return JoinTokenRecord{}, fmt.Errorf("%w: token %s's secret is wrong", ErrInvalidJoinToken, m[1])
+	}
+	if !now.Before(rec.ExpiresAt) {
+		return JoinTokenRecord{}, fmt.Errorf("%w: token %s expired at %s", ErrInvalidJoinToken, m[1], rec.ExpiresAt.Format(time.RFC3339))
+	}
+	return rec, nil
+}
+
+// ListJoinTokens lists the join tokens not yet expired at now, soonest
+// to expire first, and removes the expired ones.
+func ListJoinTokens(ctx context.Context, st state.Store, now time.Time) ([]JoinTokenRecord, error) {
+	ents, _, err := st.List(ctx, JoinTokenPrefix)
+	if err != nil {
+		return nil, fmt.Errorf("listing join tokens: %w", err)
+	}
+	out := []JoinTokenRecord{}
+	for _, e := range ents {
+		var rec JoinTokenRecord
+		if json.Unmarshal(e.Value, &rec) != nil || !now.Before(rec.ExpiresAt) {
+			_ = st.Delete(ctx, e.Key, e.Revision)
+			continue
+		}
+		out = append(out, rec)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ExpiresAt.Before(out[j].ExpiresAt) })
+	return out, nil
+}
+
+// RevokeJoinToken removes join token id (the part before the dot, or the
+// whole token): no join is accepted with it from then on.
+func RevokeJoinToken(ctx context.Context, st state.Store, id string) error {
+	id, _, _ = strings.Cut(id, ".")
+	if err := st.Delete(ctx, JoinTokenPrefix+id, 0); err != nil {
+		return fmt.Errorf("revoking join token %s: %w", id, err)
+	}
+	return nil
+}
+
+func secretHash(secret string) string {
+	sum := sha256.Sum256([]byte(secret))
+	return hex.EncodeToString(sum[:])
+}
+
+const tokenAlphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+
+func randomToken(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	for i := range b {
+		// 256 % 36 = 4: a bias of at most 1/64 per character, of no
+		// matter beside 82 bits of secret.
+		b[i] = tokenAlphabet[int(b[i])%len(tokenAlphabet)]
+	}
+	return string(b)
+}
