@@ -23,6 +23,7 @@ import (
 	"github.com/aenvhq/aenv/internal/snapshot"
 	"github.com/aenvhq/aenv/internal/store"
 	"github.com/aenvhq/aenv/internal/template"
+	"github.com/aenvhq/aenv/internal/template/erofs"
 	"github.com/aenvhq/aenv/internal/volume"
 )
 
@@ -327,7 +328,7 @@ func OpenTemplates(cfg Config, remote, images *store.Repository, log *slog.Logge
 	}
 	return template.NewCatalog(template.CatalogOptions{
 		Dir: filepath.Join(cfg.DataDir, "templates"), BaseRootFS: cfg.BaseRootFS, Builtins: builtins,
-		Remote: remote, Images: images, Logger: log,
+		Remote: remote, Images: images, Blocks: erofs.Images{}, Logger: log,
 	})
 }
 
