@@ -64,9 +64,13 @@ func OpenHost(ctx context.Context, cfg Config, keys *sealed.Keyring, log *slog.L
 	if err != nil {
 		return nil, err
 	}
+	pulls, err := pullConfig(cfg, h.templates)
+	if err != nil {
+		return nil, err
+	}
 	h.api = nodeserver.NewLocal(h.node, nodeserver.LocalOptions{
 		Templates: h.templates, RuntimeVersion: h.runtimeVersion, Version: envd.Version,
-		Builds: builds,
+		Builds: builds, Pulls: pulls,
 	})
 	return h, nil
 }
