@@ -83,3 +83,15 @@ func buildConfig(cfg Config, steps build.Stepper, templates *template.Catalog) (
 		Keychain: kc, ContextDir: ctxDir, Logger: cfg.Logger,
 	}, nil
 }
+
+// pullConfig is what the host's node pulls templates with: the size of
+// images and the registry credentials, as its builds' FROM images.
+func pullConfig(cfg Config, templates *template.Catalog) (*nodeserver.PullConfig, error) {
+	kc, err := RegistryAuth(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &nodeserver.PullConfig{
+		Templates: templates, MaxImageBytes: MaxImageBytes(cfg), Keychain: kc, Logger: cfg.Logger,
+	}, nil
+}

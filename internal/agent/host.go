@@ -25,6 +25,7 @@ import (
 	"github.com/aenvhq/aenv/internal/snapshot"
 	"github.com/aenvhq/aenv/internal/store"
 	"github.com/aenvhq/aenv/internal/template"
+	"github.com/aenvhq/aenv/internal/template/erofs"
 	"github.com/aenvhq/aenv/internal/volume"
 )
 
@@ -68,9 +69,13 @@ func OpenHost(ctx context.Context, cfg Config, keys *sealed.Keyring, log *slog.L
 	if err != nil {
 		return nil, err
 	}
+	pulls, err := pullConfig(cfg, h.templates)
+	if err != nil {
+		return nil, err
+	}
 	h.api = nodeserver.NewLocal(h.node, nodeserver.LocalOptions{
 		Templates: h.templates, RuntimeVersion: h.runtimeVersion, Version: envd.Version,
-		Builds: builds,
+		Builds: builds, Pulls: pulls,
 	})
 	return h, nil
 }
@@ -332,7 +337,7 @@ func OpenTemplates(cfg Config, remote, images *store.Repository, log *slog.Logge
 	}
 	return template.NewCatalog(template.CatalogOptions{
 		Dir: filepath.Join(cfg.DataDir, "templates"), BaseRootFS: cfg.BaseRootFS, Builtins: builtins,
-		Remote: remote, Images: images, Logger: log,
+		Remote: remote, Images: images, Blocks: erofs.Images{}, Logger: log,
 	})
 }
 

@@ -11,7 +11,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/prometheus/client_golang/prometheus"
 	"io"
 	"log/slog"
@@ -81,17 +80,9 @@ type Config struct {
 	// here on a node (its team bounds, Limiter, included); nil answers
 	// the build routes 501.
 	Builds *buildjob.Jobs
-	// MaxImageBytes bounds pulled images (image.PullOptions.MaxBytes);
-	// 0: no bound.
-	MaxImageBytes int64
-	// MaxPulls bounds the pulls that run at once (the others wait); 0
-	// means 2.
-	MaxPulls int
-	// RegistryAuth holds the registry credentials the operator gave the
-	// server (image.LoadRegistryAuth); nil pulls anonymously.
-	RegistryAuth authn.Keychain
 	// Pulls enables POST /templates/pulls (a server whose templates reach
-	// its nodes: a local node, or a store they share).
+	// its nodes: a local node, or a store they share). Pulls are build
+	// jobs (Builds) that nodes run, under the nodes' bounds.
 	Pulls bool
 	// VolumeContent serves the data plane of volumes on node nodeID (the
 	// local node's files, or a proxy to the node); nil disables volumes'
@@ -111,8 +102,6 @@ type Handler struct {
 	routeList []Route
 	// builds runs template builds and keeps their uploads.
 	builds *builds
-	// pulls holds a token per pull running (Config.MaxPulls).
-	pulls chan struct{}
 }
 
 // New builds the API handler.
@@ -126,10 +115,7 @@ func New(cfg Config) *Handler {
 	if cfg.UploadTimeout <= 0 {
 		cfg.UploadTimeout = time.Hour
 	}
-	if cfg.MaxPulls <= 0 {
-		cfg.MaxPulls = 2
-	}
-	s := &Handler{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), pulls: make(chan struct{}, cfg.MaxPulls)}
+	s := &Handler{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux()}
 	s.routes()
 	s.api = s.mux
 	if cfg.RateLimit > 0 {

@@ -16,7 +16,7 @@ import (
 // scriptedNode answers builds with lines, then a failure with err (a
 // node that runs no step); contexts are taken and dropped.
 type scriptedNode struct {
-	nodeapi.Node // only ID, Build and PutBuildContext are called
+	nodeapi.Node // only ID, Build, Pull and PutBuildContext are called
 	lines        []string
 	err          string
 }
@@ -35,6 +35,13 @@ func (n scriptedNode) Build(ctx context.Context, _ *nodev1.BuildRequest, fn func
 		return connect.NewError(connect.CodeUnimplemented, errors.New("this test runs no build steps"))
 	}
 	fn(&nodev1.BuildEvent{Result: &nodev1.BuildResult{Error: n.err, FailedStep: -1}})
+	return nil
+}
+
+// Pull fails as a pull of an image the node cannot find would.
+func (scriptedNode) Pull(ctx context.Context, r *nodev1.PullRequest, fn func(*nodev1.PullEvent)) error {
+	fn(&nodev1.PullEvent{Result: &nodev1.PullResult{Error: "pulling " + r.Ref + ": this test pulls nothing: image not found",
+		ErrorClass: nodev1.PullResult_ERROR_CLASS_NOT_FOUND}})
 	return nil
 }
 

@@ -2,7 +2,6 @@ package api_test
 
 import (
 	"archive/tar"
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -173,35 +172,6 @@ func TestBuildLimiter(t *testing.T) {
 	defer mu.Unlock()
 	if asked != 2 || released != 1 {
 		t.Fatalf("limiter asked %d times, released %d", asked, released)
-	}
-}
-
-// TestPullQueue checks that pulls past MaxPulls wait, and say so.
-func TestPullQueue(t *testing.T) {
-	unblock := make(chan struct{})
-	reached := make(chan struct{}, 8)
-	reg := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		reached <- struct{}{}
-		<-unblock
-		http.NotFound(w, r)
-	}))
-	defer reg.Close()
-	defer close(unblock)
-	url, _ := trustServer(t, api.Config{MaxPulls: 1})
-	ref := strings.TrimPrefix(reg.URL, "http://") + "/x/y:1"
-	first := stream(t, url+"/templates/pulls?name=a&ref="+ref)
-	defer first.Close()
-	<-reached // the first pull holds the only slot
-	second := stream(t, url+"/templates/pulls?name=b&ref="+ref)
-	defer second.Close()
-	line, err := bufio.NewReader(second).ReadString('\n')
-	if err != nil || !strings.Contains(line, `"log":"queued: 1 pulls run at once`) {
-		t.Fatalf("the second pull's first event: %q, %v", line, err)
-	}
-	select {
-	case <-reached:
-		t.Fatal("the second pull reached the registry beside the first")
-	case <-time.After(200 * time.Millisecond):
 	}
 }
 

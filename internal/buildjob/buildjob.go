@@ -8,6 +8,8 @@
 // through the node API (Build, after PutBuildContext for its files) and
 // owns the goroutine that follows it. The API imports this package; it
 // imports the state, the node API's wire and buildspec, never the node.
+// A template pull is a job of its own kind (KindPull), run by the node's
+// Pull as a build is by its Build.
 //
 // A build's life:
 //
@@ -70,10 +72,41 @@ type Reason struct {
 	LogEntries []Entry `json:"logEntries"`
 }
 
-// Record is one build, as kept in the state.
+// Kind is what a job makes its template from.
+type Kind string
+
+// Job kinds.
+const (
+	// KindBuild runs a Dockerfile's steps (Spec.Dockerfile).
+	KindBuild Kind = ""
+	// KindPull unpacks an OCI image (Spec.Pull).
+	KindPull Kind = "pull"
+)
+
+// Classes of a failed job's error (Record.Class), for the API to answer
+// with the status each stands for.
+const (
+	ClassForbidden    = "forbidden"
+	ClassTooLarge     = "too-large"
+	ClassBadReference = "bad-reference"
+	ClassNotFound     = "not-found"
+	ClassUnauthorized = "unauthorized"
+	ClassUnreachable  = "unreachable"
+)
+
+// Pulled describes the image a pull unpacked.
+type Pulled struct {
+	Digest string `json:"digest,omitempty"`
+	Layers int    `json:"layers,omitempty"`
+	Bytes  int64  `json:"bytes,omitempty"`
+}
+
+// Record is one build, as kept in the state. A pull is a build too (Kind),
+// so that it is kept, dispatched and failed as builds are.
 type Record struct {
 	TemplateID string `json:"templateID"`
 	BuildID    string `json:"buildID"`
+	Kind       Kind   `json:"kind,omitempty"`
 	// Team owns the build and the template it makes.
 	Team     string   `json:"team"`
 	Names    []string `json:"names"`
@@ -86,8 +119,12 @@ type Record struct {
 	Node   string `json:"node,omitempty"`
 	// ExitCode is the exit status of the RUN that failed the build (0:
 	// none); Invalid says the build was wrong as written.
-	ExitCode int       `json:"exitCode,omitempty"`
-	Invalid  bool      `json:"invalid,omitempty"`
+	ExitCode int  `json:"exitCode,omitempty"`
+	Invalid  bool `json:"invalid,omitempty"`
+	// Class classifies a failure the node could name (Class*).
+	Class string `json:"class,omitempty"`
+	// Pulled is what a pull that ended well unpacked.
+	Pulled   *Pulled   `json:"pulled,omitempty"`
 	Created  time.Time `json:"created"`
 	Started  time.Time `json:"started,omitzero"`
 	Finished time.Time `json:"finished,omitzero"`
@@ -125,7 +162,8 @@ type Config struct {
 	// Node picks the node a build runs on.
 	Node func(ctx context.Context) (nodeapi.Node, error)
 	// Limiter, when set, is asked before each build is dispatched, with
-	// the build's team; release is called when the build ends.
+	// the build's team; release is called when the build ends. Pulls are
+	// bounded per node instead, as they were per server before.
 	Limiter func(ctx context.Context, team string) (release func(), err error)
 	// Retention is how long finished builds are kept (0: a week); builds
 	// never started go after a day.

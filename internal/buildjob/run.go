@@ -13,9 +13,13 @@ import (
 	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
 )
 
-// Spec is what a build does.
+// Spec is what a build does: a Dockerfile's steps, or (a job of
+// KindPull) a pull.
 type Spec struct {
 	Dockerfile *buildspec.Dockerfile
+	// Pull is what a pull unpacks; its upload, if any, is one of
+	// Contexts.
+	Pull *PullSpec
 	// Contexts are the build's files on this server by name (a step's
 	// Context, Context): they are sent to the node before the build.
 	Contexts map[string]string
@@ -25,9 +29,60 @@ type Spec struct {
 	Insecure           bool
 	Untrusted          bool
 	StartCmd, ReadyCmd string
+	// Lines, when set, is called with the build's log lines as the node
+	// sends them (the log is kept in the state besides), so that the
+	// client of this server sees them at once.
+	Lines func([]string)
 	// Done, when set, is called once the build has ended (with its
 	// outcome as recorded).
 	Done func(*Record)
+}
+
+// PullSource is where a pull's image is.
+type PullSource string
+
+// Pull sources.
+const (
+	FromRegistry      PullSource = ""
+	FromOCILayout     PullSource = "oci"
+	FromDockerArchive PullSource = "docker-archive"
+)
+
+// PullSpec is what a pull unpacks.
+type PullSpec struct {
+	Source PullSource
+	// Ref is the registry image's reference, or names the image in an
+	// upload that holds several (empty: its only one).
+	Ref string
+	// Context names the upload among Spec.Contexts: for FromOCILayout
+	// the layout directory, for FromDockerArchive a directory holding
+	// the tarball as image.tar.
+	Context string
+	// Insecure allows plain HTTP and unverified TLS to the registry;
+	// PublicOnly refuses registries at non-public addresses (a client's
+	// pull).
+	Insecure, PublicOnly bool
+	// Progress, when set, is told how the pull advances, on this server
+	// only (progress is not kept in the state). Calls never overlap.
+	Progress func(Progress)
+}
+
+// Progress is one step of a pull (image.Progress, from the node).
+type Progress struct {
+	Layer, Layers                          int
+	Digest                                 string
+	Fetched, Applied, Total                int64
+	Unpacked                               bool
+	ImageFetched, ImageApplied, ImageTotal int64
+}
+
+// outcome is how a node said a build or pull ended.
+type outcome struct {
+	err      string
+	exitCode int
+	invalid  bool
+	class    string
+	pulled   *Pulled
 }
 
 // chunkSize is how much of a context one PutBuildContext carries.
@@ -98,8 +153,8 @@ func (j *Jobs) run(rec *Record, spec Spec) *Record {
 		msg = fmt.Sprintf("build %s was cancelled: %v", rec.BuildID, context.Cause(ctx))
 	case err != nil:
 		msg = err.Error()
-	case res.Error != "":
-		msg = res.Error
+	case res.err != "":
+		msg = res.err
 	}
 	if msg != "" {
 		lw.add(fctx, "error", msg)
@@ -113,13 +168,13 @@ func (j *Jobs) run(rec *Record, spec Spec) *Record {
 		}
 		r.Finished = time.Now().UTC()
 		if msg == "" {
-			r.Status = Ready
+			r.Status, r.Pulled = Ready, res.pulled
 			return true
 		}
 		r.Status = Error
 		r.Reason = &Reason{Message: msg, Step: step, LogEntries: lw.lastEntries()}
 		if res != nil {
-			r.ExitCode, r.Invalid = int(res.ExitCode), res.Invalid
+			r.ExitCode, r.Invalid, r.Class = res.exitCode, res.invalid, res.class
 		}
 		return true
 	})
@@ -128,18 +183,18 @@ func (j *Jobs) run(rec *Record, spec Spec) *Record {
 		return rec
 	}
 	if msg != "" {
-		log.Warn("template build failed", "node_id", out.Node, "err", msg)
+		log.Warn("template build failed", "kind", out.Kind, "node_id", out.Node, "err", msg)
 	} else {
-		log.Info("template build finished", "node_id", out.Node, "took", out.Duration().Round(time.Millisecond))
+		log.Info("template build finished", "kind", out.Kind, "node_id", out.Node, "took", out.Duration().Round(time.Millisecond))
 	}
 	return out
 }
 
-// dispatch runs the build on a node: its result, or the error that kept
-// it from one, and the step a failure is in ("base" for FROM, "finalize"
-// outside the steps).
-func (j *Jobs) dispatch(ctx context.Context, rec *Record, spec Spec, lw *logWriter) (*nodev1.BuildResult, string, error) {
-	if j.cfg.Limiter != nil {
+// dispatch runs the build on a node: its outcome, or the error that kept
+// it from one, and the step a failure is in ("base" for FROM and pulls,
+// "finalize" outside the steps).
+func (j *Jobs) dispatch(ctx context.Context, rec *Record, spec Spec, lw *logWriter) (*outcome, string, error) {
+	if j.cfg.Limiter != nil && rec.Kind != KindPull {
 		release, err := j.cfg.Limiter(ctx, rec.Team)
 		if err != nil {
 			return nil, "base", fmt.Errorf("building template %s: %w", rec.TemplateID, err)
@@ -161,20 +216,28 @@ func (j *Jobs) dispatch(ctx context.Context, rec *Record, spec Spec, lw *logWrit
 			return nil, "base", fmt.Errorf("sending the files of build %s to node %s: %w", rec.BuildID, n.ID(), err)
 		}
 	}
+	lines := func(ls []string) {
+		if len(ls) == 0 {
+			return
+		}
+		lw.add(ctx, "info", ls...)
+		if spec.Lines != nil {
+			spec.Lines(ls)
+		}
+	}
+	if spec.Pull != nil {
+		res, err := j.pull(ctx, n, rec, spec, lines)
+		return res, "base", err
+	}
 	var res *nodev1.BuildResult
 	err = n.Build(ctx, toWire(rec, spec), func(ev *nodev1.BuildEvent) {
-		if len(ev.Lines) > 0 {
-			lw.add(ctx, "info", ev.Lines...)
-		}
+		lines(ev.Lines)
 		if ev.Result != nil {
 			res = ev.Result
 		}
 	})
-	switch {
-	case err != nil && ctx.Err() == nil:
-		return nil, "finalize", fmt.Errorf("node %s, which ran build %s, went away: %s", n.ID(), rec.BuildID, nodeapi.Message(err))
-	case err != nil:
-		return nil, "finalize", err
+	if err != nil {
+		return nil, "finalize", j.nodeGone(ctx, n, rec, err)
 	}
 	step := "finalize"
 	switch {
@@ -183,7 +246,68 @@ func (j *Jobs) dispatch(ctx context.Context, rec *Record, spec Spec, lw *logWrit
 	case res.FailedStep > 0:
 		step = strconv.Itoa(int(res.FailedStep))
 	}
-	return res, step, nil
+	return &outcome{err: res.Error, exitCode: int(res.ExitCode), invalid: res.Invalid}, step, nil
+}
+
+// nodeGone is the error of a build whose stream to node n broke.
+func (j *Jobs) nodeGone(ctx context.Context, n nodeapi.Node, rec *Record, err error) error {
+	if ctx.Err() != nil {
+		return err
+	}
+	return fmt.Errorf("node %s, which ran build %s, went away: %s", n.ID(), rec.BuildID, nodeapi.Message(err))
+}
+
+// pull runs pull rec on node n.
+func (j *Jobs) pull(ctx context.Context, n nodeapi.Node, rec *Record, spec Spec, lines func([]string)) (*outcome, error) {
+	p := spec.Pull
+	req := &nodev1.PullRequest{
+		PullId: rec.BuildID, Template: templateToWire(rec, spec),
+		Ref: p.Ref, Context: p.Context, Insecure: p.Insecure, PublicOnly: p.PublicOnly,
+	}
+	switch p.Source {
+	case FromRegistry:
+	case FromOCILayout:
+		req.Source = nodev1.PullRequest_SOURCE_OCI
+	case FromDockerArchive:
+		req.Source = nodev1.PullRequest_SOURCE_DOCKER_ARCHIVE
+	default:
+		return nil, fmt.Errorf("pulling template %s: unknown source %q", rec.TemplateID, p.Source)
+	}
+	var res *nodev1.PullResult
+	err := n.Pull(ctx, req, func(ev *nodev1.PullEvent) {
+		lines(ev.Lines)
+		if e := ev.Progress; e != nil && p.Progress != nil {
+			p.Progress(Progress{
+				Layer: int(e.Layer), Layers: int(e.Layers), Digest: e.Digest,
+				Fetched: e.Fetched, Applied: e.Applied, Total: e.Total, Unpacked: e.Unpacked,
+				ImageFetched: e.ImageFetched, ImageApplied: e.ImageApplied, ImageTotal: e.ImageTotal,
+			})
+		}
+		if ev.Result != nil {
+			res = ev.Result
+		}
+	})
+	if err != nil {
+		return nil, j.nodeGone(ctx, n, rec, err)
+	}
+	out := &outcome{err: res.Error, class: classes[res.ErrorClass]}
+	if res.ErrorClass == nodev1.PullResult_ERROR_CLASS_INVALID {
+		out.invalid = true
+	}
+	if res.Error == "" {
+		out.pulled = &Pulled{Digest: res.Digest, Layers: int(res.Layers), Bytes: res.Bytes}
+	}
+	return out, nil
+}
+
+// classes name the node's error classes of pulls.
+var classes = map[nodev1.PullResult_ErrorClass]string{
+	nodev1.PullResult_ERROR_CLASS_FORBIDDEN:     ClassForbidden,
+	nodev1.PullResult_ERROR_CLASS_TOO_LARGE:     ClassTooLarge,
+	nodev1.PullResult_ERROR_CLASS_BAD_REFERENCE: ClassBadReference,
+	nodev1.PullResult_ERROR_CLASS_NOT_FOUND:     ClassNotFound,
+	nodev1.PullResult_ERROR_CLASS_UNAUTHORIZED:  ClassUnauthorized,
+	nodev1.PullResult_ERROR_CLASS_UNREACHABLE:   ClassUnreachable,
 }
 
 // sendContext sends the tree at dir to node n as context name of build
@@ -220,20 +344,24 @@ func sendContext(ctx context.Context, n nodeapi.Node, buildID, name, dir string)
 	}
 }
 
-func toWire(rec *Record, spec Spec) *nodev1.BuildRequest {
-	df := spec.Dockerfile
+func templateToWire(rec *Record, spec Spec) *nodev1.BuildTemplate {
 	name := rec.TemplateID
 	if len(rec.Names) > 0 {
 		name = rec.Names[0]
 	}
+	return &nodev1.BuildTemplate{
+		Id: rec.TemplateID, Team: rec.Team, Name: name,
+		CpuCount: int32(rec.CPUCount), MemoryMb: int32(rec.MemoryMB),
+		StartCmd: spec.StartCmd, ReadyCmd: spec.ReadyCmd,
+	}
+}
+
+func toWire(rec *Record, spec Spec) *nodev1.BuildRequest {
+	df := spec.Dockerfile
 	return &nodev1.BuildRequest{
-		BuildId: rec.BuildID,
-		Template: &nodev1.BuildTemplate{
-			Id: rec.TemplateID, Team: rec.Team, Name: name,
-			CpuCount: int32(rec.CPUCount), MemoryMb: int32(rec.MemoryMB),
-			StartCmd: spec.StartCmd, ReadyCmd: spec.ReadyCmd,
-		},
-		From: df.From, FromKind: int32(df.FromKind), FromLine: int32(df.FromLine),
+		BuildId:  rec.BuildID,
+		Template: templateToWire(rec, spec),
+		From:     df.From, FromKind: int32(df.FromKind), FromLine: int32(df.FromLine),
 		PreArgs: stepsToWire(df.PreArgs), User: df.User, Workdir: df.Workdir,
 		Steps:     stepsToWire(df.Steps),
 		Context:   spec.Context,

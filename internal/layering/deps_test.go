@@ -46,13 +46,10 @@ var depRules = []depRule{
 		why: "what control plane and agent share links neither"},
 	{root: "internal/agent", forbidden: controlPlane,
 		why: "the node agent shares only membership and the node API with the control plane"},
+	{root: "internal/template", forbidden: nodeSide,
+		why: "the control plane lists templates with it; block images are made node-side (template/erofs)"},
 	{root: "internal/api", forbidden: nodeSide,
-		// Builds and pulls run in the API process today: a build's steps
-		// (build → runtime's step spec) and a pulled template's block image
-		// (template → blockimage.Build). Moving builds to the nodes
-		// (issue 17, item 3) removes these.
-		through: []string{"internal/template"},
-		why:     "the API serves clients through the cluster; it never runs sandboxes"},
+		why: "the API serves clients through the cluster; builds and pulls run on nodes"},
 	// The CLI's client side is what builds off Linux: on Linux the host's
 	// commands (server, node, etcd, image-server) link everything.
 	{root: "cmd/aenv", goos: "darwin", forbidden: append(append([]string{}, nodeSide...), "internal/cluster", "internal/api", "internal/server", "internal/template", "internal/image", "internal/build", "internal/state"),

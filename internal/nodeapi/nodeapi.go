@@ -59,6 +59,10 @@ type Node interface {
 	// given) or the stream breaks (its error). Ending ctx cancels the
 	// build on the node.
 	Build(ctx context.Context, req *nodev1.BuildRequest, fn func(*nodev1.BuildEvent)) error
+	// Pull makes a template of an OCI image (an upload's after its
+	// PutBuildContext), calling fn with each event (progress and log
+	// lines, then the result last) as Build does.
+	Pull(ctx context.Context, req *nodev1.PullRequest, fn func(*nodev1.PullEvent)) error
 }
 
 // Code is err's Connect code: CodeUnknown for an error that is not a

@@ -125,6 +125,23 @@ func (h *handler) Build(ctx context.Context, r *nodev1.BuildRequest, st *connect
 	return err
 }
 
+func (h *handler) Pull(ctx context.Context, r *nodev1.PullRequest, st *connect.ServerStream[nodev1.PullEvent]) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var sendErr error
+	err := h.n.Pull(ctx, r, func(ev *nodev1.PullEvent) {
+		if sendErr == nil {
+			if sendErr = st.Send(ev); sendErr != nil {
+				cancel() // the caller is gone: so is its pull
+			}
+		}
+	})
+	if sendErr != nil {
+		return sendErr
+	}
+	return err
+}
+
 // Remote is the node API of a node agent across the network.
 type Remote struct {
 	id string
@@ -292,6 +309,28 @@ func (r *Remote) Build(ctx context.Context, q *nodev1.BuildRequest, fn func(*nod
 	}
 	if !done {
 		return connect.NewError(connect.CodeUnavailable, errors.New("the build's stream ended without its result"))
+	}
+	return nil
+}
+
+// Pull implements Node.
+func (r *Remote) Pull(ctx context.Context, q *nodev1.PullRequest, fn func(*nodev1.PullEvent)) error {
+	st, err := r.c.Pull(ctx, q)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	done := false
+	for st.Receive() {
+		ev := st.Msg()
+		done = done || ev.Result != nil
+		fn(ev)
+	}
+	if err := st.Err(); err != nil {
+		return err
+	}
+	if !done {
+		return connect.NewError(connect.CodeUnavailable, errors.New("the pull's stream ended without its result"))
 	}
 	return nil
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/aenvhq/aenv/internal/client"
 	"github.com/aenvhq/aenv/internal/store"
 	"github.com/aenvhq/aenv/internal/template"
+	"github.com/aenvhq/aenv/internal/template/erofs"
 	"github.com/aenvhq/aenv/internal/testutil/s3gw"
 )
 
@@ -236,7 +237,7 @@ func publishTree(b *testing.B, ctx context.Context, dir, root, url string, keys 
 	must(b, err)
 	images, err := store.New(agent.ImageStoreOptions(backend))
 	must(b, err)
-	ts, err := template.NewCatalog(template.CatalogOptions{Dir: filepath.Join(dir, "templates"), Remote: remote, Images: images})
+	ts, err := template.NewCatalog(template.CatalogOptions{Dir: filepath.Join(dir, "templates"), Remote: remote, Images: images, Blocks: erofs.Images{}})
 	must(b, err)
 	st, err := ts.NewStage("big")
 	must(b, err)

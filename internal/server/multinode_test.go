@@ -20,6 +20,7 @@ import (
 	"github.com/aenvhq/aenv/internal/membership"
 	"github.com/aenvhq/aenv/internal/nodeapi"
 	"github.com/aenvhq/aenv/internal/template"
+	"github.com/aenvhq/aenv/internal/template/erofs"
 	"github.com/aenvhq/aenv/internal/testutil"
 )
 
@@ -84,7 +85,7 @@ func TestTemplateReachesNodeFromStore(t *testing.T) {
 	}
 
 	// The API server's side of the store gets a template (as a pull does).
-	ts, err := template.NewCatalog(template.CatalogOptions{Dir: filepath.Join(dir, "api", "templates"), Remote: api.remote, Images: api.images, Logger: log})
+	ts, err := template.NewCatalog(template.CatalogOptions{Dir: filepath.Join(dir, "api", "templates"), Remote: api.remote, Images: api.images, Blocks: erofs.Images{}, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/aenvhq/aenv/internal/state"
 	"github.com/aenvhq/aenv/internal/store"
 	"github.com/aenvhq/aenv/internal/template"
+	"github.com/aenvhq/aenv/internal/template/erofs"
 	"github.com/aenvhq/aenv/internal/testutil"
 )
 
@@ -55,7 +56,7 @@ func publishBaseCopy(t *testing.T, dir, id string) {
 	images, err := store.New(agent.ImageStoreOptions(backend))
 	must(t, err)
 	defer images.Close()
-	ts, err := template.NewCatalog(template.CatalogOptions{Dir: filepath.Join(t.TempDir(), "templates"), Remote: remote, Images: images})
+	ts, err := template.NewCatalog(template.CatalogOptions{Dir: filepath.Join(t.TempDir(), "templates"), Remote: remote, Images: images, Blocks: erofs.Images{}})
 	must(t, err)
 	st, err := ts.NewStage(id)
 	must(t, err)

@@ -191,7 +191,7 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 		s.templates = s.host.Templates()
 	} else {
 		// A pure API server lists the templates of the store the nodes
-		// share, and pulls templates into it.
+		// share, which nodes pull templates into.
 		if s.remote, s.images, err = agent.OpenStore(ctx, cfg.Config, log); err != nil {
 			return nil, err
 		}
@@ -257,9 +257,6 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 	if s.host != nil && s.host.ImageServer() != nil {
 		acfg.Metrics = s.host.ImageServer()
 	}
-	if err := setPullBounds(&acfg, cfg); err != nil {
-		return nil, err
-	}
 	// Builds run on a node and publish there: their templates reach
 	// this server's clients with a local node, or through a store the
 	// nodes share, as pulls' do.
@@ -276,10 +273,9 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 		acfg.Builds = s.builds
 	}
 	acfg.VolumeContent = s.volumeContent
-	// Pulls need no node: the image is unpacked here and published to the
-	// store, from which nodes fetch it. Without a store only a local node
-	// could use it.
-	acfg.Pulls = s.host != nil || s.remote != nil
+	// Pulls are build jobs too: a node unpacks the image and publishes
+	// it, under its own bounds.
+	acfg.Pulls = acfg.Builds != nil
 	s.api = api.New(acfg)
 	s.stopSweep = sweepBuildFiles(s.api, log)
 	handler := s.withClusterAdmin(s.withJoin(s.withNode(s.api)))

@@ -4,19 +4,41 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
-	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/aenvhq/aenv/internal/blockimage"
 )
+
+// BlockImages makes templates' block images and reads them back. The
+// node side gives one (package template/erofs, over internal/blockimage),
+// so that this package, which the control plane uses to list, look up
+// and delete templates, links no block-device code. A Catalog without
+// one keeps the templates it commits as trees only and cannot fetch a
+// template published as a block image.
+type BlockImages interface {
+	// Build writes the block image of the tree at root as file out,
+	// or returns an error wrapping ErrNoBlockImages when this host
+	// cannot make one.
+	Build(ctx context.Context, root, out string) error
+	// Extract copies the files of block image file into root, with
+	// their owners, modes, links, devices, times and xattrs.
+	Extract(ctx context.Context, file, root string) error
+}
+
+// ErrNoBlockImages says this host cannot make block images (a missing
+// tool): its templates travel as trees.
+var ErrNoBlockImages = errors.New("block images cannot be made on this host")
+
+// ImageManifestFile is the file a template's block image is kept as in
+// its manifest in the store; it is the name block images are served
+// under (blockimage.ImageName), which package template/erofs checks.
+const ImageManifestFile = "image"
 
 // imageFile is where a template's block image is kept beside its tree.
 const imageFile = "image.erofs"
@@ -26,11 +48,11 @@ const imageTimeout = 30 * time.Minute
 
 // buildImage converts the stage's tree into its block image, named by
 // its content, and records it in t. The tree stays: builds start from it,
-// and this host runs the template from it. Without mkfs.erofs the
-// template is kept as a tree only, and said so.
+// and this host runs the template from it. Without a way to make block
+// images the template is kept as a tree only, and said so.
 func (st *Stage) buildImage(t *Template) error {
-	if _, err := exec.LookPath("mkfs.erofs"); err != nil {
-		st.store.log.Warn("template kept as a tree only: other nodes copy it whole (install erofs-utils for block images)", "template_id", t.ID)
+	if st.store.blocks == nil {
+		st.store.log.Warn("template kept as a tree only: this catalog makes no block images", "template_id", t.ID)
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), imageTimeout)
@@ -41,8 +63,12 @@ func (st *Stage) buildImage(t *Template) error {
 		return fmt.Errorf("committing template %s: %w", st.id, err)
 	}
 	out := filepath.Join(st.dir, imageFile)
-	err = blockimage.Build(ctx, src, out)
+	err = st.store.blocks.Build(ctx, src, out)
 	done()
+	if errors.Is(err, ErrNoBlockImages) {
+		st.store.log.Warn("template kept as a tree only: other nodes copy it whole", "template_id", t.ID, "err", err)
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("committing template %s: %w", st.id, err)
 	}
@@ -133,24 +159,16 @@ func imageName(path string) (string, int64, error) {
 // from the store (a build starting from the template needs its files),
 // and keeps the image as file.
 func (s *Catalog) fetchImage(ctx context.Context, t *Template, root, file string) error {
+	if s.blocks == nil {
+		return fmt.Errorf("template %s is a block image, which this catalog cannot read", t.ID)
+	}
 	dl := filepath.Join(filepath.Dir(file), ".image")
 	defer os.RemoveAll(dl)
 	if err := s.images.Restore(ctx, t.BlockImage, dl); err != nil {
 		return err
 	}
-	if err := os.Rename(filepath.Join(dl, blockimage.ImageName), file); err != nil {
+	if err := os.Rename(filepath.Join(dl, ImageManifestFile), file); err != nil {
 		return err
 	}
-	mnt := filepath.Join(filepath.Dir(file), ".mnt")
-	defer os.RemoveAll(mnt)
-	m, err := blockimage.MountFile(mnt, file)
-	if err != nil {
-		return err
-	}
-	defer m.Close()
-	// cp -a keeps owners, modes, links, devices, times and xattrs.
-	if out, err := exec.CommandContext(ctx, "cp", "-a", "--", m.Dir+"/.", root+"/").CombinedOutput(); err != nil {
-		return fmt.Errorf("copying the image's files: %w: %s", err, strings.TrimSpace(string(out)))
-	}
-	return nil
+	return s.blocks.Extract(ctx, file, root)
 }

@@ -11,7 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/aenvhq/aenv/internal/blockimage"
 	"github.com/aenvhq/aenv/internal/store"
 )
 
@@ -19,7 +18,7 @@ import (
 // snapshots, so that a node that lacks one fetches it when a sandbox needs
 // it and every server lists it. A template is kept there as its block
 // image (chunked, compressed and deduplicated by the store), which nodes
-// serve on demand (internal/blockimage) rather than copy, and its
+// serve on demand (package blockimage, node-side) rather than copy, and its
 // description as the metadata of a manifest of its own; a template
 // without an image travels as one tar of its tree. `base` is not
 // published, as every node has its own.
@@ -56,7 +55,7 @@ func (s *Catalog) publish(t *Template) error {
 	start := time.Now()
 	files := map[string]string{}
 	if t.BlockImage != "" {
-		img := map[string]string{blockimage.ImageName: filepath.Join(s.dir, t.ID, imageFile)}
+		img := map[string]string{ImageManifestFile: filepath.Join(s.dir, t.ID, imageFile)}
 		if _, st, err := s.images.Save(ctx, t.BlockImage, "", img, nil); err == nil {
 			s.log.Info("template block image published", "template_id", t.ID, "image", t.BlockImage,
 				"chunks", st.ChunksTotal, "chunks_uploaded", st.ChunksUploaded, "bytes_uploaded", st.BytesUploaded)

@@ -2,8 +2,10 @@
 // root filesystem tree plus its default resources, kept under the node's
 // data directory. It also builds the `base` template from Debian's packages,
 // so that a host without a container registry still has one. The node's
-// side (node, nodeserver, agent), builds and pulls import it; the cluster
-// never does.
+// side (node, nodeserver, agent), builds and pulls import it, and the API
+// lists, looks up and deletes templates with it: it links no block-device
+// code (a node's catalog makes block images with package template/erofs,
+// see BlockImages). The cluster never imports it.
 package template
 
 import (
@@ -100,7 +102,9 @@ type Catalog struct {
 	// fetched from.
 	remote *store.Repository
 	// images is remote cut finer, for block images (see CatalogOptions).
-	images   *store.Repository
+	images *store.Repository
+	// blocks makes and reads block images; nil on the control plane.
+	blocks   BlockImages
 	fetching singleflight.Group
 	log      *slog.Logger
 
@@ -133,6 +137,11 @@ type CatalogOptions struct {
 	// backend, cut into smaller chunks than snapshots (a read on demand
 	// then fetches less). Default: Remote.
 	Images *store.Repository
+	// Blocks makes the block images of the templates committed here and
+	// reads those fetched (the node side's: package template/erofs);
+	// nil keeps templates as trees, which the control plane, which only
+	// lists, looks up and deletes them, never makes.
+	Blocks BlockImages
 	Logger *slog.Logger
 }
 
@@ -147,7 +156,7 @@ func NewCatalog(opts CatalogOptions) (*Catalog, error) {
 	if opts.Images == nil {
 		opts.Images = opts.Remote
 	}
-	return &Catalog{dir: opts.Dir, baseRootFS: opts.BaseRootFS, builtins: opts.Builtins, remote: opts.Remote, images: opts.Images, log: opts.Logger}, nil
+	return &Catalog{dir: opts.Dir, baseRootFS: opts.BaseRootFS, builtins: opts.Builtins, remote: opts.Remote, images: opts.Images, blocks: opts.Blocks, log: opts.Logger}, nil
 }
 
 // remoteTimeout bounds a look at the remote store's catalog.

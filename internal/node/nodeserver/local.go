@@ -30,8 +30,9 @@ import (
 // Its errors are Connect errors too, so callers cannot tell it from
 // nodeapi.Remote.
 type Local struct {
-	n    *node.Node
-	opts LocalOptions
+	n     *node.Node
+	opts  LocalOptions
+	pulls *puller
 
 	mu     sync.Mutex
 	subs   map[*subscriber]struct{}
@@ -46,6 +47,8 @@ type LocalOptions struct {
 	RuntimeVersion, Version string
 	// Builds, when set, lets the node run template builds (Build).
 	Builds *BuildConfig
+	// Pulls, when set, lets the node pull templates (Pull).
+	Pulls *PullConfig
 }
 
 var _ nodeapi.Node = (*Local)(nil)
@@ -56,7 +59,7 @@ type subscriber struct {
 
 // NewLocal serves n's node API. It takes over n's exit reports.
 func NewLocal(n *node.Node, opts LocalOptions) *Local {
-	l := &Local{n: n, opts: opts, subs: map[*subscriber]struct{}{}}
+	l := &Local{n: n, opts: opts, pulls: newPuller(opts.Pulls), subs: map[*subscriber]struct{}{}}
 	n.OnExit(func(ex node.Exit) {
 		l.mu.Lock()
 		hooks := l.onExit

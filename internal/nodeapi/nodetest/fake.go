@@ -506,3 +506,8 @@ func (n *Fake) PutBuildContext(context.Context, *nodev1.PutBuildContextRequest) 
 func (n *Fake) Build(context.Context, *nodev1.BuildRequest, func(*nodev1.BuildEvent)) error {
 	return unimplemented("Build")
 }
+
+// Pull is Unimplemented: the fake pulls nothing.
+func (n *Fake) Pull(context.Context, *nodev1.PullRequest, func(*nodev1.PullEvent)) error {
+	return unimplemented("Pull")
+}

@@ -29,6 +29,122 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type PullRequest_Source int32
+
+const (
+	PullRequest_SOURCE_REGISTRY PullRequest_Source = 0
+	// SOURCE_OCI: an OCI layout directory, uploaded as context `context`.
+	PullRequest_SOURCE_OCI PullRequest_Source = 1
+	// SOURCE_DOCKER_ARCHIVE: a `docker save` tarball, uploaded as the
+	// file image.tar of context `context`.
+	PullRequest_SOURCE_DOCKER_ARCHIVE PullRequest_Source = 2
+)
+
+// Enum value maps for PullRequest_Source.
+var (
+	PullRequest_Source_name = map[int32]string{
+		0: "SOURCE_REGISTRY",
+		1: "SOURCE_OCI",
+		2: "SOURCE_DOCKER_ARCHIVE",
+	}
+	PullRequest_Source_value = map[string]int32{
+		"SOURCE_REGISTRY":       0,
+		"SOURCE_OCI":            1,
+		"SOURCE_DOCKER_ARCHIVE": 2,
+	}
+)
+
+func (x PullRequest_Source) Enum() *PullRequest_Source {
+	p := new(PullRequest_Source)
+	*p = x
+	return p
+}
+
+func (x PullRequest_Source) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (PullRequest_Source) Descriptor() protoreflect.EnumDescriptor {
+	return file_node_node_proto_enumTypes[0].Descriptor()
+}
+
+func (PullRequest_Source) Type() protoreflect.EnumType {
+	return &file_node_node_proto_enumTypes[0]
+}
+
+func (x PullRequest_Source) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use PullRequest_Source.Descriptor instead.
+func (PullRequest_Source) EnumDescriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{0, 0}
+}
+
+type PullResult_ErrorClass int32
+
+const (
+	PullResult_ERROR_CLASS_UNSPECIFIED   PullResult_ErrorClass = 0
+	PullResult_ERROR_CLASS_FORBIDDEN     PullResult_ErrorClass = 1
+	PullResult_ERROR_CLASS_TOO_LARGE     PullResult_ErrorClass = 2
+	PullResult_ERROR_CLASS_BAD_REFERENCE PullResult_ErrorClass = 3
+	PullResult_ERROR_CLASS_NOT_FOUND     PullResult_ErrorClass = 4
+	PullResult_ERROR_CLASS_UNAUTHORIZED  PullResult_ErrorClass = 5
+	PullResult_ERROR_CLASS_UNREACHABLE   PullResult_ErrorClass = 6
+	PullResult_ERROR_CLASS_INVALID       PullResult_ErrorClass = 7
+)
+
+// Enum value maps for PullResult_ErrorClass.
+var (
+	PullResult_ErrorClass_name = map[int32]string{
+		0: "ERROR_CLASS_UNSPECIFIED",
+		1: "ERROR_CLASS_FORBIDDEN",
+		2: "ERROR_CLASS_TOO_LARGE",
+		3: "ERROR_CLASS_BAD_REFERENCE",
+		4: "ERROR_CLASS_NOT_FOUND",
+		5: "ERROR_CLASS_UNAUTHORIZED",
+		6: "ERROR_CLASS_UNREACHABLE",
+		7: "ERROR_CLASS_INVALID",
+	}
+	PullResult_ErrorClass_value = map[string]int32{
+		"ERROR_CLASS_UNSPECIFIED":   0,
+		"ERROR_CLASS_FORBIDDEN":     1,
+		"ERROR_CLASS_TOO_LARGE":     2,
+		"ERROR_CLASS_BAD_REFERENCE": 3,
+		"ERROR_CLASS_NOT_FOUND":     4,
+		"ERROR_CLASS_UNAUTHORIZED":  5,
+		"ERROR_CLASS_UNREACHABLE":   6,
+		"ERROR_CLASS_INVALID":       7,
+	}
+)
+
+func (x PullResult_ErrorClass) Enum() *PullResult_ErrorClass {
+	p := new(PullResult_ErrorClass)
+	*p = x
+	return p
+}
+
+func (x PullResult_ErrorClass) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (PullResult_ErrorClass) Descriptor() protoreflect.EnumDescriptor {
+	return file_node_node_proto_enumTypes[1].Descriptor()
+}
+
+func (PullResult_ErrorClass) Type() protoreflect.EnumType {
+	return &file_node_node_proto_enumTypes[1]
+}
+
+func (x PullResult_ErrorClass) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use PullResult_ErrorClass.Descriptor instead.
+func (PullResult_ErrorClass) EnumDescriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{3, 0}
+}
+
 type Event_Kind int32
 
 const (
@@ -72,11 +188,11 @@ func (x Event_Kind) String() string {
 }
 
 func (Event_Kind) Descriptor() protoreflect.EnumDescriptor {
-	return file_node_node_proto_enumTypes[0].Descriptor()
+	return file_node_node_proto_enumTypes[2].Descriptor()
 }
 
 func (Event_Kind) Type() protoreflect.EnumType {
-	return &file_node_node_proto_enumTypes[0]
+	return &file_node_node_proto_enumTypes[2]
 }
 
 func (x Event_Kind) Number() protoreflect.EnumNumber {
@@ -85,7 +201,381 @@ func (x Event_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Event_Kind.Descriptor instead.
 func (Event_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{43, 0}
+	return file_node_node_proto_rawDescGZIP(), []int{47, 0}
+}
+
+type PullRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// pull_id names the pull (as a build id), and its upload's context.
+	PullId string `protobuf:"bytes,1,opt,name=pull_id,json=pullId,proto3" json:"pull_id,omitempty"`
+	// template is what the pull publishes.
+	Template *BuildTemplate     `protobuf:"bytes,2,opt,name=template,proto3" json:"template,omitempty"`
+	Source   PullRequest_Source `protobuf:"varint,3,opt,name=source,proto3,enum=aenv.node.v1.PullRequest_Source" json:"source,omitempty"`
+	// ref is the image's reference (registry), or names the image in an
+	// upload that holds several (empty: its only one).
+	Ref string `protobuf:"bytes,4,opt,name=ref,proto3" json:"ref,omitempty"`
+	// context names the upload (PutBuildContext) of an OCI or docker
+	// archive source.
+	Context string `protobuf:"bytes,5,opt,name=context,proto3" json:"context,omitempty"`
+	// insecure allows plain HTTP and unverified TLS to the registry.
+	Insecure bool `protobuf:"varint,6,opt,name=insecure,proto3" json:"insecure,omitempty"`
+	// public_only refuses registries at non-public addresses and local
+	// references (a client's pull, not an admin's).
+	PublicOnly    bool `protobuf:"varint,7,opt,name=public_only,json=publicOnly,proto3" json:"public_only,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PullRequest) Reset() {
+	*x = PullRequest{}
+	mi := &file_node_node_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PullRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PullRequest) ProtoMessage() {}
+
+func (x *PullRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PullRequest.ProtoReflect.Descriptor instead.
+func (*PullRequest) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *PullRequest) GetPullId() string {
+	if x != nil {
+		return x.PullId
+	}
+	return ""
+}
+
+func (x *PullRequest) GetTemplate() *BuildTemplate {
+	if x != nil {
+		return x.Template
+	}
+	return nil
+}
+
+func (x *PullRequest) GetSource() PullRequest_Source {
+	if x != nil {
+		return x.Source
+	}
+	return PullRequest_SOURCE_REGISTRY
+}
+
+func (x *PullRequest) GetRef() string {
+	if x != nil {
+		return x.Ref
+	}
+	return ""
+}
+
+func (x *PullRequest) GetContext() string {
+	if x != nil {
+		return x.Context
+	}
+	return ""
+}
+
+func (x *PullRequest) GetInsecure() bool {
+	if x != nil {
+		return x.Insecure
+	}
+	return false
+}
+
+func (x *PullRequest) GetPublicOnly() bool {
+	if x != nil {
+		return x.PublicOnly
+	}
+	return false
+}
+
+type PullEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// lines are log lines of the pull (its place in the node's queue).
+	Lines    []string      `protobuf:"bytes,1,rep,name=lines,proto3" json:"lines,omitempty"`
+	Progress *PullProgress `protobuf:"bytes,2,opt,name=progress,proto3" json:"progress,omitempty"`
+	// result, in the last event, is how the pull ended.
+	Result        *PullResult `protobuf:"bytes,3,opt,name=result,proto3" json:"result,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PullEvent) Reset() {
+	*x = PullEvent{}
+	mi := &file_node_node_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PullEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PullEvent) ProtoMessage() {}
+
+func (x *PullEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PullEvent.ProtoReflect.Descriptor instead.
+func (*PullEvent) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *PullEvent) GetLines() []string {
+	if x != nil {
+		return x.Lines
+	}
+	return nil
+}
+
+func (x *PullEvent) GetProgress() *PullProgress {
+	if x != nil {
+		return x.Progress
+	}
+	return nil
+}
+
+func (x *PullEvent) GetResult() *PullResult {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+// PullProgress is one step of a pull (image.Progress).
+type PullProgress struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Layer         int32                  `protobuf:"varint,1,opt,name=layer,proto3" json:"layer,omitempty"`
+	Layers        int32                  `protobuf:"varint,2,opt,name=layers,proto3" json:"layers,omitempty"`
+	Digest        string                 `protobuf:"bytes,3,opt,name=digest,proto3" json:"digest,omitempty"`
+	Fetched       int64                  `protobuf:"varint,4,opt,name=fetched,proto3" json:"fetched,omitempty"`
+	Applied       int64                  `protobuf:"varint,5,opt,name=applied,proto3" json:"applied,omitempty"`
+	Total         int64                  `protobuf:"varint,6,opt,name=total,proto3" json:"total,omitempty"`
+	Unpacked      bool                   `protobuf:"varint,7,opt,name=unpacked,proto3" json:"unpacked,omitempty"`
+	ImageFetched  int64                  `protobuf:"varint,8,opt,name=image_fetched,json=imageFetched,proto3" json:"image_fetched,omitempty"`
+	ImageApplied  int64                  `protobuf:"varint,9,opt,name=image_applied,json=imageApplied,proto3" json:"image_applied,omitempty"`
+	ImageTotal    int64                  `protobuf:"varint,10,opt,name=image_total,json=imageTotal,proto3" json:"image_total,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PullProgress) Reset() {
+	*x = PullProgress{}
+	mi := &file_node_node_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PullProgress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PullProgress) ProtoMessage() {}
+
+func (x *PullProgress) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PullProgress.ProtoReflect.Descriptor instead.
+func (*PullProgress) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *PullProgress) GetLayer() int32 {
+	if x != nil {
+		return x.Layer
+	}
+	return 0
+}
+
+func (x *PullProgress) GetLayers() int32 {
+	if x != nil {
+		return x.Layers
+	}
+	return 0
+}
+
+func (x *PullProgress) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
+func (x *PullProgress) GetFetched() int64 {
+	if x != nil {
+		return x.Fetched
+	}
+	return 0
+}
+
+func (x *PullProgress) GetApplied() int64 {
+	if x != nil {
+		return x.Applied
+	}
+	return 0
+}
+
+func (x *PullProgress) GetTotal() int64 {
+	if x != nil {
+		return x.Total
+	}
+	return 0
+}
+
+func (x *PullProgress) GetUnpacked() bool {
+	if x != nil {
+		return x.Unpacked
+	}
+	return false
+}
+
+func (x *PullProgress) GetImageFetched() int64 {
+	if x != nil {
+		return x.ImageFetched
+	}
+	return 0
+}
+
+func (x *PullProgress) GetImageApplied() int64 {
+	if x != nil {
+		return x.ImageApplied
+	}
+	return 0
+}
+
+func (x *PullProgress) GetImageTotal() int64 {
+	if x != nil {
+		return x.ImageTotal
+	}
+	return 0
+}
+
+type PullResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// error is empty when the template was published.
+	Error string `protobuf:"bytes,1,opt,name=error,proto3" json:"error,omitempty"`
+	// error_class says what kind of failure error is.
+	ErrorClass    PullResult_ErrorClass `protobuf:"varint,2,opt,name=error_class,json=errorClass,proto3,enum=aenv.node.v1.PullResult_ErrorClass" json:"error_class,omitempty"`
+	TemplateId    string                `protobuf:"bytes,3,opt,name=template_id,json=templateId,proto3" json:"template_id,omitempty"`
+	Digest        string                `protobuf:"bytes,4,opt,name=digest,proto3" json:"digest,omitempty"`
+	Layers        int32                 `protobuf:"varint,5,opt,name=layers,proto3" json:"layers,omitempty"`
+	Bytes         int64                 `protobuf:"varint,6,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	DurationMs    int64                 `protobuf:"varint,7,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PullResult) Reset() {
+	*x = PullResult{}
+	mi := &file_node_node_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PullResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PullResult) ProtoMessage() {}
+
+func (x *PullResult) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PullResult.ProtoReflect.Descriptor instead.
+func (*PullResult) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *PullResult) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *PullResult) GetErrorClass() PullResult_ErrorClass {
+	if x != nil {
+		return x.ErrorClass
+	}
+	return PullResult_ERROR_CLASS_UNSPECIFIED
+}
+
+func (x *PullResult) GetTemplateId() string {
+	if x != nil {
+		return x.TemplateId
+	}
+	return ""
+}
+
+func (x *PullResult) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
+func (x *PullResult) GetLayers() int32 {
+	if x != nil {
+		return x.Layers
+	}
+	return 0
+}
+
+func (x *PullResult) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *PullResult) GetDurationMs() int64 {
+	if x != nil {
+		return x.DurationMs
+	}
+	return 0
 }
 
 type PutBuildContextRequest struct {
@@ -104,7 +594,7 @@ type PutBuildContextRequest struct {
 
 func (x *PutBuildContextRequest) Reset() {
 	*x = PutBuildContextRequest{}
-	mi := &file_node_node_proto_msgTypes[0]
+	mi := &file_node_node_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -116,7 +606,7 @@ func (x *PutBuildContextRequest) String() string {
 func (*PutBuildContextRequest) ProtoMessage() {}
 
 func (x *PutBuildContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[0]
+	mi := &file_node_node_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -129,7 +619,7 @@ func (x *PutBuildContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutBuildContextRequest.ProtoReflect.Descriptor instead.
 func (*PutBuildContextRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{0}
+	return file_node_node_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *PutBuildContextRequest) GetBuildId() string {
@@ -175,7 +665,7 @@ type PutBuildContextResponse struct {
 
 func (x *PutBuildContextResponse) Reset() {
 	*x = PutBuildContextResponse{}
-	mi := &file_node_node_proto_msgTypes[1]
+	mi := &file_node_node_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -187,7 +677,7 @@ func (x *PutBuildContextResponse) String() string {
 func (*PutBuildContextResponse) ProtoMessage() {}
 
 func (x *PutBuildContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[1]
+	mi := &file_node_node_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -200,7 +690,7 @@ func (x *PutBuildContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutBuildContextResponse.ProtoReflect.Descriptor instead.
 func (*PutBuildContextResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{1}
+	return file_node_node_proto_rawDescGZIP(), []int{5}
 }
 
 // BuildStep is one instruction of a build (buildspec.Step).
@@ -222,7 +712,7 @@ type BuildStep struct {
 
 func (x *BuildStep) Reset() {
 	*x = BuildStep{}
-	mi := &file_node_node_proto_msgTypes[2]
+	mi := &file_node_node_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -234,7 +724,7 @@ func (x *BuildStep) String() string {
 func (*BuildStep) ProtoMessage() {}
 
 func (x *BuildStep) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[2]
+	mi := &file_node_node_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -247,7 +737,7 @@ func (x *BuildStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildStep.ProtoReflect.Descriptor instead.
 func (*BuildStep) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{2}
+	return file_node_node_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *BuildStep) GetKind() string {
@@ -329,7 +819,7 @@ type BuildTemplate struct {
 
 func (x *BuildTemplate) Reset() {
 	*x = BuildTemplate{}
-	mi := &file_node_node_proto_msgTypes[3]
+	mi := &file_node_node_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -341,7 +831,7 @@ func (x *BuildTemplate) String() string {
 func (*BuildTemplate) ProtoMessage() {}
 
 func (x *BuildTemplate) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[3]
+	mi := &file_node_node_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -354,7 +844,7 @@ func (x *BuildTemplate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildTemplate.ProtoReflect.Descriptor instead.
 func (*BuildTemplate) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{3}
+	return file_node_node_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *BuildTemplate) GetId() string {
@@ -431,7 +921,7 @@ type BuildRequest struct {
 
 func (x *BuildRequest) Reset() {
 	*x = BuildRequest{}
-	mi := &file_node_node_proto_msgTypes[4]
+	mi := &file_node_node_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -443,7 +933,7 @@ func (x *BuildRequest) String() string {
 func (*BuildRequest) ProtoMessage() {}
 
 func (x *BuildRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[4]
+	mi := &file_node_node_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -456,7 +946,7 @@ func (x *BuildRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildRequest.ProtoReflect.Descriptor instead.
 func (*BuildRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{4}
+	return file_node_node_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *BuildRequest) GetBuildId() string {
@@ -562,7 +1052,7 @@ type BuildEvent struct {
 
 func (x *BuildEvent) Reset() {
 	*x = BuildEvent{}
-	mi := &file_node_node_proto_msgTypes[5]
+	mi := &file_node_node_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -574,7 +1064,7 @@ func (x *BuildEvent) String() string {
 func (*BuildEvent) ProtoMessage() {}
 
 func (x *BuildEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[5]
+	mi := &file_node_node_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -587,7 +1077,7 @@ func (x *BuildEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildEvent.ProtoReflect.Descriptor instead.
 func (*BuildEvent) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{5}
+	return file_node_node_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *BuildEvent) GetLines() []string {
@@ -623,7 +1113,7 @@ type BuildResult struct {
 
 func (x *BuildResult) Reset() {
 	*x = BuildResult{}
-	mi := &file_node_node_proto_msgTypes[6]
+	mi := &file_node_node_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -635,7 +1125,7 @@ func (x *BuildResult) String() string {
 func (*BuildResult) ProtoMessage() {}
 
 func (x *BuildResult) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[6]
+	mi := &file_node_node_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -648,7 +1138,7 @@ func (x *BuildResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildResult.ProtoReflect.Descriptor instead.
 func (*BuildResult) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{6}
+	return file_node_node_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *BuildResult) GetError() string {
@@ -702,7 +1192,7 @@ type LogsRequest struct {
 
 func (x *LogsRequest) Reset() {
 	*x = LogsRequest{}
-	mi := &file_node_node_proto_msgTypes[7]
+	mi := &file_node_node_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -714,7 +1204,7 @@ func (x *LogsRequest) String() string {
 func (*LogsRequest) ProtoMessage() {}
 
 func (x *LogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[7]
+	mi := &file_node_node_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -727,7 +1217,7 @@ func (x *LogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsRequest.ProtoReflect.Descriptor instead.
 func (*LogsRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{7}
+	return file_node_node_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *LogsRequest) GetSandboxId() string {
@@ -750,7 +1240,7 @@ type LogEntry struct {
 
 func (x *LogEntry) Reset() {
 	*x = LogEntry{}
-	mi := &file_node_node_proto_msgTypes[8]
+	mi := &file_node_node_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -762,7 +1252,7 @@ func (x *LogEntry) String() string {
 func (*LogEntry) ProtoMessage() {}
 
 func (x *LogEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[8]
+	mi := &file_node_node_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -775,7 +1265,7 @@ func (x *LogEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogEntry.ProtoReflect.Descriptor instead.
 func (*LogEntry) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{8}
+	return file_node_node_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *LogEntry) GetTimestamp() *timestamppb.Timestamp {
@@ -815,7 +1305,7 @@ type LogsResponse struct {
 
 func (x *LogsResponse) Reset() {
 	*x = LogsResponse{}
-	mi := &file_node_node_proto_msgTypes[9]
+	mi := &file_node_node_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -827,7 +1317,7 @@ func (x *LogsResponse) String() string {
 func (*LogsResponse) ProtoMessage() {}
 
 func (x *LogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[9]
+	mi := &file_node_node_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -840,7 +1330,7 @@ func (x *LogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsResponse.ProtoReflect.Descriptor instead.
 func (*LogsResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{9}
+	return file_node_node_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *LogsResponse) GetEntries() []*LogEntry {
@@ -859,7 +1349,7 @@ type MetricsRequest struct {
 
 func (x *MetricsRequest) Reset() {
 	*x = MetricsRequest{}
-	mi := &file_node_node_proto_msgTypes[10]
+	mi := &file_node_node_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -871,7 +1361,7 @@ func (x *MetricsRequest) String() string {
 func (*MetricsRequest) ProtoMessage() {}
 
 func (x *MetricsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[10]
+	mi := &file_node_node_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -884,7 +1374,7 @@ func (x *MetricsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricsRequest.ProtoReflect.Descriptor instead.
 func (*MetricsRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{10}
+	return file_node_node_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *MetricsRequest) GetSandboxId() string {
@@ -909,7 +1399,7 @@ type MetricSample struct {
 
 func (x *MetricSample) Reset() {
 	*x = MetricSample{}
-	mi := &file_node_node_proto_msgTypes[11]
+	mi := &file_node_node_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -921,7 +1411,7 @@ func (x *MetricSample) String() string {
 func (*MetricSample) ProtoMessage() {}
 
 func (x *MetricSample) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[11]
+	mi := &file_node_node_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -934,7 +1424,7 @@ func (x *MetricSample) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricSample.ProtoReflect.Descriptor instead.
 func (*MetricSample) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{11}
+	return file_node_node_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *MetricSample) GetTimestamp() *timestamppb.Timestamp {
@@ -995,7 +1485,7 @@ type MetricsResponse struct {
 
 func (x *MetricsResponse) Reset() {
 	*x = MetricsResponse{}
-	mi := &file_node_node_proto_msgTypes[12]
+	mi := &file_node_node_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1007,7 +1497,7 @@ func (x *MetricsResponse) String() string {
 func (*MetricsResponse) ProtoMessage() {}
 
 func (x *MetricsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[12]
+	mi := &file_node_node_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1020,7 +1510,7 @@ func (x *MetricsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricsResponse.ProtoReflect.Descriptor instead.
 func (*MetricsResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{12}
+	return file_node_node_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *MetricsResponse) GetSamples() []*MetricSample {
@@ -1038,7 +1528,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_node_node_proto_msgTypes[13]
+	mi := &file_node_node_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1050,7 +1540,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[13]
+	mi := &file_node_node_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1063,7 +1553,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{13}
+	return file_node_node_proto_rawDescGZIP(), []int{17}
 }
 
 type Resources struct {
@@ -1079,7 +1569,7 @@ type Resources struct {
 
 func (x *Resources) Reset() {
 	*x = Resources{}
-	mi := &file_node_node_proto_msgTypes[14]
+	mi := &file_node_node_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1091,7 +1581,7 @@ func (x *Resources) String() string {
 func (*Resources) ProtoMessage() {}
 
 func (x *Resources) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[14]
+	mi := &file_node_node_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1104,7 +1594,7 @@ func (x *Resources) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resources.ProtoReflect.Descriptor instead.
 func (*Resources) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{14}
+	return file_node_node_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Resources) GetCpuCount() int32 {
@@ -1161,7 +1651,7 @@ type NodeInfo struct {
 
 func (x *NodeInfo) Reset() {
 	*x = NodeInfo{}
-	mi := &file_node_node_proto_msgTypes[15]
+	mi := &file_node_node_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1173,7 +1663,7 @@ func (x *NodeInfo) String() string {
 func (*NodeInfo) ProtoMessage() {}
 
 func (x *NodeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[15]
+	mi := &file_node_node_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1186,7 +1676,7 @@ func (x *NodeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeInfo.ProtoReflect.Descriptor instead.
 func (*NodeInfo) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{15}
+	return file_node_node_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *NodeInfo) GetId() string {
@@ -1306,7 +1796,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_node_node_proto_msgTypes[16]
+	mi := &file_node_node_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1318,7 +1808,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[16]
+	mi := &file_node_node_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1331,7 +1821,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{16}
+	return file_node_node_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CreateRequest) GetSandboxId() string {
@@ -1456,7 +1946,7 @@ type VolumeMount struct {
 
 func (x *VolumeMount) Reset() {
 	*x = VolumeMount{}
-	mi := &file_node_node_proto_msgTypes[17]
+	mi := &file_node_node_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1468,7 +1958,7 @@ func (x *VolumeMount) String() string {
 func (*VolumeMount) ProtoMessage() {}
 
 func (x *VolumeMount) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[17]
+	mi := &file_node_node_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1481,7 +1971,7 @@ func (x *VolumeMount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeMount.ProtoReflect.Descriptor instead.
 func (*VolumeMount) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{17}
+	return file_node_node_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *VolumeMount) GetVolumeId() string {
@@ -1510,7 +2000,7 @@ type CreateVolumeRequest struct {
 
 func (x *CreateVolumeRequest) Reset() {
 	*x = CreateVolumeRequest{}
-	mi := &file_node_node_proto_msgTypes[18]
+	mi := &file_node_node_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1522,7 +2012,7 @@ func (x *CreateVolumeRequest) String() string {
 func (*CreateVolumeRequest) ProtoMessage() {}
 
 func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[18]
+	mi := &file_node_node_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1535,7 +2025,7 @@ func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateVolumeRequest.ProtoReflect.Descriptor instead.
 func (*CreateVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{18}
+	return file_node_node_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *CreateVolumeRequest) GetVolumeId() string {
@@ -1563,7 +2053,7 @@ type CreateVolumeResponse struct {
 
 func (x *CreateVolumeResponse) Reset() {
 	*x = CreateVolumeResponse{}
-	mi := &file_node_node_proto_msgTypes[19]
+	mi := &file_node_node_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1575,7 +2065,7 @@ func (x *CreateVolumeResponse) String() string {
 func (*CreateVolumeResponse) ProtoMessage() {}
 
 func (x *CreateVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[19]
+	mi := &file_node_node_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1588,7 +2078,7 @@ func (x *CreateVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateVolumeResponse.ProtoReflect.Descriptor instead.
 func (*CreateVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{19}
+	return file_node_node_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CreateVolumeResponse) GetSizeBytes() int64 {
@@ -1607,7 +2097,7 @@ type DeleteVolumeRequest struct {
 
 func (x *DeleteVolumeRequest) Reset() {
 	*x = DeleteVolumeRequest{}
-	mi := &file_node_node_proto_msgTypes[20]
+	mi := &file_node_node_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1619,7 +2109,7 @@ func (x *DeleteVolumeRequest) String() string {
 func (*DeleteVolumeRequest) ProtoMessage() {}
 
 func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[20]
+	mi := &file_node_node_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1632,7 +2122,7 @@ func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeRequest.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{20}
+	return file_node_node_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DeleteVolumeRequest) GetVolumeId() string {
@@ -1650,7 +2140,7 @@ type DeleteVolumeResponse struct {
 
 func (x *DeleteVolumeResponse) Reset() {
 	*x = DeleteVolumeResponse{}
-	mi := &file_node_node_proto_msgTypes[21]
+	mi := &file_node_node_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1662,7 +2152,7 @@ func (x *DeleteVolumeResponse) String() string {
 func (*DeleteVolumeResponse) ProtoMessage() {}
 
 func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[21]
+	mi := &file_node_node_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1675,7 +2165,7 @@ func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeResponse.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{21}
+	return file_node_node_proto_rawDescGZIP(), []int{25}
 }
 
 type ExportVolumeRequest struct {
@@ -1687,7 +2177,7 @@ type ExportVolumeRequest struct {
 
 func (x *ExportVolumeRequest) Reset() {
 	*x = ExportVolumeRequest{}
-	mi := &file_node_node_proto_msgTypes[22]
+	mi := &file_node_node_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1699,7 +2189,7 @@ func (x *ExportVolumeRequest) String() string {
 func (*ExportVolumeRequest) ProtoMessage() {}
 
 func (x *ExportVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[22]
+	mi := &file_node_node_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1712,7 +2202,7 @@ func (x *ExportVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportVolumeRequest.ProtoReflect.Descriptor instead.
 func (*ExportVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{22}
+	return file_node_node_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ExportVolumeRequest) GetVolumeId() string {
@@ -1731,7 +2221,7 @@ type ExportVolumeResponse struct {
 
 func (x *ExportVolumeResponse) Reset() {
 	*x = ExportVolumeResponse{}
-	mi := &file_node_node_proto_msgTypes[23]
+	mi := &file_node_node_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1743,7 +2233,7 @@ func (x *ExportVolumeResponse) String() string {
 func (*ExportVolumeResponse) ProtoMessage() {}
 
 func (x *ExportVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[23]
+	mi := &file_node_node_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1756,7 +2246,7 @@ func (x *ExportVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportVolumeResponse.ProtoReflect.Descriptor instead.
 func (*ExportVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{23}
+	return file_node_node_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ExportVolumeResponse) GetBytes() int64 {
@@ -1775,7 +2265,7 @@ type ImportVolumeRequest struct {
 
 func (x *ImportVolumeRequest) Reset() {
 	*x = ImportVolumeRequest{}
-	mi := &file_node_node_proto_msgTypes[24]
+	mi := &file_node_node_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1787,7 +2277,7 @@ func (x *ImportVolumeRequest) String() string {
 func (*ImportVolumeRequest) ProtoMessage() {}
 
 func (x *ImportVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[24]
+	mi := &file_node_node_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1800,7 +2290,7 @@ func (x *ImportVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportVolumeRequest.ProtoReflect.Descriptor instead.
 func (*ImportVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{24}
+	return file_node_node_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ImportVolumeRequest) GetVolumeId() string {
@@ -1818,7 +2308,7 @@ type ImportVolumeResponse struct {
 
 func (x *ImportVolumeResponse) Reset() {
 	*x = ImportVolumeResponse{}
-	mi := &file_node_node_proto_msgTypes[25]
+	mi := &file_node_node_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1830,7 +2320,7 @@ func (x *ImportVolumeResponse) String() string {
 func (*ImportVolumeResponse) ProtoMessage() {}
 
 func (x *ImportVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[25]
+	mi := &file_node_node_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1843,7 +2333,7 @@ func (x *ImportVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportVolumeResponse.ProtoReflect.Descriptor instead.
 func (*ImportVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{25}
+	return file_node_node_proto_rawDescGZIP(), []int{29}
 }
 
 type UpdateNetworkRequest struct {
@@ -1858,7 +2348,7 @@ type UpdateNetworkRequest struct {
 
 func (x *UpdateNetworkRequest) Reset() {
 	*x = UpdateNetworkRequest{}
-	mi := &file_node_node_proto_msgTypes[26]
+	mi := &file_node_node_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1870,7 +2360,7 @@ func (x *UpdateNetworkRequest) String() string {
 func (*UpdateNetworkRequest) ProtoMessage() {}
 
 func (x *UpdateNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[26]
+	mi := &file_node_node_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1883,7 +2373,7 @@ func (x *UpdateNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkRequest.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{26}
+	return file_node_node_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *UpdateNetworkRequest) GetSandboxId() string {
@@ -1922,7 +2412,7 @@ type UpdateNetworkResponse struct {
 
 func (x *UpdateNetworkResponse) Reset() {
 	*x = UpdateNetworkResponse{}
-	mi := &file_node_node_proto_msgTypes[27]
+	mi := &file_node_node_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1934,7 +2424,7 @@ func (x *UpdateNetworkResponse) String() string {
 func (*UpdateNetworkResponse) ProtoMessage() {}
 
 func (x *UpdateNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[27]
+	mi := &file_node_node_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1947,7 +2437,7 @@ func (x *UpdateNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkResponse.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{27}
+	return file_node_node_proto_rawDescGZIP(), []int{31}
 }
 
 type Sandbox struct {
@@ -1968,7 +2458,7 @@ type Sandbox struct {
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_node_node_proto_msgTypes[28]
+	mi := &file_node_node_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1980,7 +2470,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[28]
+	mi := &file_node_node_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1993,7 +2483,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{28}
+	return file_node_node_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Sandbox) GetId() string {
@@ -2068,7 +2558,7 @@ type KillRequest struct {
 
 func (x *KillRequest) Reset() {
 	*x = KillRequest{}
-	mi := &file_node_node_proto_msgTypes[29]
+	mi := &file_node_node_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2080,7 +2570,7 @@ func (x *KillRequest) String() string {
 func (*KillRequest) ProtoMessage() {}
 
 func (x *KillRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[29]
+	mi := &file_node_node_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2093,7 +2583,7 @@ func (x *KillRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillRequest.ProtoReflect.Descriptor instead.
 func (*KillRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{29}
+	return file_node_node_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *KillRequest) GetSandboxId() string {
@@ -2111,7 +2601,7 @@ type KillResponse struct {
 
 func (x *KillResponse) Reset() {
 	*x = KillResponse{}
-	mi := &file_node_node_proto_msgTypes[30]
+	mi := &file_node_node_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2123,7 +2613,7 @@ func (x *KillResponse) String() string {
 func (*KillResponse) ProtoMessage() {}
 
 func (x *KillResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[30]
+	mi := &file_node_node_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2136,7 +2626,7 @@ func (x *KillResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillResponse.ProtoReflect.Descriptor instead.
 func (*KillResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{30}
+	return file_node_node_proto_rawDescGZIP(), []int{34}
 }
 
 type ListRequest struct {
@@ -2147,7 +2637,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_node_node_proto_msgTypes[31]
+	mi := &file_node_node_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2159,7 +2649,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[31]
+	mi := &file_node_node_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2172,7 +2662,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{31}
+	return file_node_node_proto_rawDescGZIP(), []int{35}
 }
 
 type ListResponse struct {
@@ -2184,7 +2674,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_node_node_proto_msgTypes[32]
+	mi := &file_node_node_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2196,7 +2686,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[32]
+	mi := &file_node_node_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2209,7 +2699,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{32}
+	return file_node_node_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -2235,7 +2725,7 @@ type SnapshotRequest struct {
 
 func (x *SnapshotRequest) Reset() {
 	*x = SnapshotRequest{}
-	mi := &file_node_node_proto_msgTypes[33]
+	mi := &file_node_node_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2247,7 +2737,7 @@ func (x *SnapshotRequest) String() string {
 func (*SnapshotRequest) ProtoMessage() {}
 
 func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[33]
+	mi := &file_node_node_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2260,7 +2750,7 @@ func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{33}
+	return file_node_node_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *SnapshotRequest) GetSandboxId() string {
@@ -2322,7 +2812,7 @@ type SnapshotInfo struct {
 
 func (x *SnapshotInfo) Reset() {
 	*x = SnapshotInfo{}
-	mi := &file_node_node_proto_msgTypes[34]
+	mi := &file_node_node_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2334,7 +2824,7 @@ func (x *SnapshotInfo) String() string {
 func (*SnapshotInfo) ProtoMessage() {}
 
 func (x *SnapshotInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[34]
+	mi := &file_node_node_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2347,7 +2837,7 @@ func (x *SnapshotInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotInfo.ProtoReflect.Descriptor instead.
 func (*SnapshotInfo) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{34}
+	return file_node_node_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *SnapshotInfo) GetId() string {
@@ -2457,7 +2947,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_node_node_proto_msgTypes[35]
+	mi := &file_node_node_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2469,7 +2959,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[35]
+	mi := &file_node_node_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2482,7 +2972,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{35}
+	return file_node_node_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *StatsRequest) GetSandboxId() string {
@@ -2505,7 +2995,7 @@ type SandboxStats struct {
 
 func (x *SandboxStats) Reset() {
 	*x = SandboxStats{}
-	mi := &file_node_node_proto_msgTypes[36]
+	mi := &file_node_node_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2517,7 +3007,7 @@ func (x *SandboxStats) String() string {
 func (*SandboxStats) ProtoMessage() {}
 
 func (x *SandboxStats) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[36]
+	mi := &file_node_node_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2530,7 +3020,7 @@ func (x *SandboxStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxStats.ProtoReflect.Descriptor instead.
 func (*SandboxStats) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{36}
+	return file_node_node_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *SandboxStats) GetMemoryBytes() uint64 {
@@ -2563,7 +3053,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_node_node_proto_msgTypes[37]
+	mi := &file_node_node_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2575,7 +3065,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[37]
+	mi := &file_node_node_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2588,7 +3078,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{37}
+	return file_node_node_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ListSnapshotsRequest) GetKinds() []string {
@@ -2607,7 +3097,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_node_node_proto_msgTypes[38]
+	mi := &file_node_node_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2619,7 +3109,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[38]
+	mi := &file_node_node_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2632,7 +3122,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{38}
+	return file_node_node_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*SnapshotInfo {
@@ -2651,7 +3141,7 @@ type GetSnapshotRequest struct {
 
 func (x *GetSnapshotRequest) Reset() {
 	*x = GetSnapshotRequest{}
-	mi := &file_node_node_proto_msgTypes[39]
+	mi := &file_node_node_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2663,7 +3153,7 @@ func (x *GetSnapshotRequest) String() string {
 func (*GetSnapshotRequest) ProtoMessage() {}
 
 func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[39]
+	mi := &file_node_node_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2676,7 +3166,7 @@ func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*GetSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{39}
+	return file_node_node_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *GetSnapshotRequest) GetIdOrName() string {
@@ -2695,7 +3185,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_node_node_proto_msgTypes[40]
+	mi := &file_node_node_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2707,7 +3197,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[40]
+	mi := &file_node_node_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2720,7 +3210,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{40}
+	return file_node_node_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *DeleteSnapshotRequest) GetId() string {
@@ -2738,7 +3228,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_node_node_proto_msgTypes[41]
+	mi := &file_node_node_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2750,7 +3240,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[41]
+	mi := &file_node_node_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2763,7 +3253,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{41}
+	return file_node_node_proto_rawDescGZIP(), []int{45}
 }
 
 type EventsRequest struct {
@@ -2774,7 +3264,7 @@ type EventsRequest struct {
 
 func (x *EventsRequest) Reset() {
 	*x = EventsRequest{}
-	mi := &file_node_node_proto_msgTypes[42]
+	mi := &file_node_node_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2786,7 +3276,7 @@ func (x *EventsRequest) String() string {
 func (*EventsRequest) ProtoMessage() {}
 
 func (x *EventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[42]
+	mi := &file_node_node_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2799,7 +3289,7 @@ func (x *EventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsRequest.ProtoReflect.Descriptor instead.
 func (*EventsRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{42}
+	return file_node_node_proto_rawDescGZIP(), []int{46}
 }
 
 type Event struct {
@@ -2813,7 +3303,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_node_node_proto_msgTypes[43]
+	mi := &file_node_node_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2825,7 +3315,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[43]
+	mi := &file_node_node_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2838,7 +3328,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{43}
+	return file_node_node_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *Event) GetKind() Event_Kind {
@@ -2866,7 +3356,60 @@ var File_node_node_proto protoreflect.FileDescriptor
 
 const file_node_node_proto_rawDesc = "" +
 	"\n" +
-	"\x0fnode/node.proto\x12\faenv.node.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x87\x01\n" +
+	"\x0fnode/node.proto\x12\faenv.node.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xcc\x02\n" +
+	"\vPullRequest\x12\x17\n" +
+	"\apull_id\x18\x01 \x01(\tR\x06pullId\x127\n" +
+	"\btemplate\x18\x02 \x01(\v2\x1b.aenv.node.v1.BuildTemplateR\btemplate\x128\n" +
+	"\x06source\x18\x03 \x01(\x0e2 .aenv.node.v1.PullRequest.SourceR\x06source\x12\x10\n" +
+	"\x03ref\x18\x04 \x01(\tR\x03ref\x12\x18\n" +
+	"\acontext\x18\x05 \x01(\tR\acontext\x12\x1a\n" +
+	"\binsecure\x18\x06 \x01(\bR\binsecure\x12\x1f\n" +
+	"\vpublic_only\x18\a \x01(\bR\n" +
+	"publicOnly\"H\n" +
+	"\x06Source\x12\x13\n" +
+	"\x0fSOURCE_REGISTRY\x10\x00\x12\x0e\n" +
+	"\n" +
+	"SOURCE_OCI\x10\x01\x12\x19\n" +
+	"\x15SOURCE_DOCKER_ARCHIVE\x10\x02\"\x8b\x01\n" +
+	"\tPullEvent\x12\x14\n" +
+	"\x05lines\x18\x01 \x03(\tR\x05lines\x126\n" +
+	"\bprogress\x18\x02 \x01(\v2\x1a.aenv.node.v1.PullProgressR\bprogress\x120\n" +
+	"\x06result\x18\x03 \x01(\v2\x18.aenv.node.v1.PullResultR\x06result\"\xa5\x02\n" +
+	"\fPullProgress\x12\x14\n" +
+	"\x05layer\x18\x01 \x01(\x05R\x05layer\x12\x16\n" +
+	"\x06layers\x18\x02 \x01(\x05R\x06layers\x12\x16\n" +
+	"\x06digest\x18\x03 \x01(\tR\x06digest\x12\x18\n" +
+	"\afetched\x18\x04 \x01(\x03R\afetched\x12\x18\n" +
+	"\aapplied\x18\x05 \x01(\x03R\aapplied\x12\x14\n" +
+	"\x05total\x18\x06 \x01(\x03R\x05total\x12\x1a\n" +
+	"\bunpacked\x18\a \x01(\bR\bunpacked\x12#\n" +
+	"\rimage_fetched\x18\b \x01(\x03R\fimageFetched\x12#\n" +
+	"\rimage_applied\x18\t \x01(\x03R\fimageApplied\x12\x1f\n" +
+	"\vimage_total\x18\n" +
+	" \x01(\x03R\n" +
+	"imageTotal\"\xe0\x03\n" +
+	"\n" +
+	"PullResult\x12\x14\n" +
+	"\x05error\x18\x01 \x01(\tR\x05error\x12D\n" +
+	"\verror_class\x18\x02 \x01(\x0e2#.aenv.node.v1.PullResult.ErrorClassR\n" +
+	"errorClass\x12\x1f\n" +
+	"\vtemplate_id\x18\x03 \x01(\tR\n" +
+	"templateId\x12\x16\n" +
+	"\x06digest\x18\x04 \x01(\tR\x06digest\x12\x16\n" +
+	"\x06layers\x18\x05 \x01(\x05R\x06layers\x12\x14\n" +
+	"\x05bytes\x18\x06 \x01(\x03R\x05bytes\x12\x1f\n" +
+	"\vduration_ms\x18\a \x01(\x03R\n" +
+	"durationMs\"\xed\x01\n" +
+	"\n" +
+	"ErrorClass\x12\x1b\n" +
+	"\x17ERROR_CLASS_UNSPECIFIED\x10\x00\x12\x19\n" +
+	"\x15ERROR_CLASS_FORBIDDEN\x10\x01\x12\x19\n" +
+	"\x15ERROR_CLASS_TOO_LARGE\x10\x02\x12\x1d\n" +
+	"\x19ERROR_CLASS_BAD_REFERENCE\x10\x03\x12\x19\n" +
+	"\x15ERROR_CLASS_NOT_FOUND\x10\x04\x12\x1c\n" +
+	"\x18ERROR_CLASS_UNAUTHORIZED\x10\x05\x12\x1b\n" +
+	"\x17ERROR_CLASS_UNREACHABLE\x10\x06\x12\x17\n" +
+	"\x13ERROR_CLASS_INVALID\x10\a\"\x87\x01\n" +
 	"\x16PutBuildContextRequest\x12\x19\n" +
 	"\bbuild_id\x18\x01 \x01(\tR\abuildId\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x16\n" +
@@ -3096,7 +3639,7 @@ const file_node_node_proto_rawDesc = "" +
 	"\tKIND_SYNC\x10\x01\x12\x0f\n" +
 	"\vKIND_EXITED\x10\x02\x12\x13\n" +
 	"\x0fKIND_OOM_KILLED\x10\x03\x12\x11\n" +
-	"\rKIND_DRAINING\x10\x042\xac\v\n" +
+	"\rKIND_DRAINING\x10\x042\xea\v\n" +
 	"\vNodeService\x129\n" +
 	"\x04Info\x12\x19.aenv.node.v1.InfoRequest\x1a\x16.aenv.node.v1.NodeInfo\x12<\n" +
 	"\x06Create\x12\x1b.aenv.node.v1.CreateRequest\x1a\x15.aenv.node.v1.Sandbox\x12=\n" +
@@ -3116,7 +3659,8 @@ const file_node_node_proto_rawDesc = "" +
 	"\fImportVolume\x12!.aenv.node.v1.ImportVolumeRequest\x1a\".aenv.node.v1.ImportVolumeResponse\x12X\n" +
 	"\rUpdateNetwork\x12\".aenv.node.v1.UpdateNetworkRequest\x1a#.aenv.node.v1.UpdateNetworkResponse\x12^\n" +
 	"\x0fPutBuildContext\x12$.aenv.node.v1.PutBuildContextRequest\x1a%.aenv.node.v1.PutBuildContextResponse\x12?\n" +
-	"\x05Build\x12\x1a.aenv.node.v1.BuildRequest\x1a\x18.aenv.node.v1.BuildEvent0\x01B7Z5github.com/aenvhq/aenv/internal/nodeapi/nodev1;nodev1b\x06proto3"
+	"\x05Build\x12\x1a.aenv.node.v1.BuildRequest\x1a\x18.aenv.node.v1.BuildEvent0\x01\x12<\n" +
+	"\x04Pull\x12\x19.aenv.node.v1.PullRequest\x1a\x17.aenv.node.v1.PullEvent0\x01B7Z5github.com/aenvhq/aenv/internal/nodeapi/nodev1;nodev1b\x06proto3"
 
 var (
 	file_node_node_proto_rawDescOnce sync.Once
@@ -3130,123 +3674,136 @@ func file_node_node_proto_rawDescGZIP() []byte {
 	return file_node_node_proto_rawDescData
 }
 
-var file_node_node_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_node_node_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
+var file_node_node_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_node_node_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
 var file_node_node_proto_goTypes = []any{
-	(Event_Kind)(0),                 // 0: aenv.node.v1.Event.Kind
-	(*PutBuildContextRequest)(nil),  // 1: aenv.node.v1.PutBuildContextRequest
-	(*PutBuildContextResponse)(nil), // 2: aenv.node.v1.PutBuildContextResponse
-	(*BuildStep)(nil),               // 3: aenv.node.v1.BuildStep
-	(*BuildTemplate)(nil),           // 4: aenv.node.v1.BuildTemplate
-	(*BuildRequest)(nil),            // 5: aenv.node.v1.BuildRequest
-	(*BuildEvent)(nil),              // 6: aenv.node.v1.BuildEvent
-	(*BuildResult)(nil),             // 7: aenv.node.v1.BuildResult
-	(*LogsRequest)(nil),             // 8: aenv.node.v1.LogsRequest
-	(*LogEntry)(nil),                // 9: aenv.node.v1.LogEntry
-	(*LogsResponse)(nil),            // 10: aenv.node.v1.LogsResponse
-	(*MetricsRequest)(nil),          // 11: aenv.node.v1.MetricsRequest
-	(*MetricSample)(nil),            // 12: aenv.node.v1.MetricSample
-	(*MetricsResponse)(nil),         // 13: aenv.node.v1.MetricsResponse
-	(*InfoRequest)(nil),             // 14: aenv.node.v1.InfoRequest
-	(*Resources)(nil),               // 15: aenv.node.v1.Resources
-	(*NodeInfo)(nil),                // 16: aenv.node.v1.NodeInfo
-	(*CreateRequest)(nil),           // 17: aenv.node.v1.CreateRequest
-	(*VolumeMount)(nil),             // 18: aenv.node.v1.VolumeMount
-	(*CreateVolumeRequest)(nil),     // 19: aenv.node.v1.CreateVolumeRequest
-	(*CreateVolumeResponse)(nil),    // 20: aenv.node.v1.CreateVolumeResponse
-	(*DeleteVolumeRequest)(nil),     // 21: aenv.node.v1.DeleteVolumeRequest
-	(*DeleteVolumeResponse)(nil),    // 22: aenv.node.v1.DeleteVolumeResponse
-	(*ExportVolumeRequest)(nil),     // 23: aenv.node.v1.ExportVolumeRequest
-	(*ExportVolumeResponse)(nil),    // 24: aenv.node.v1.ExportVolumeResponse
-	(*ImportVolumeRequest)(nil),     // 25: aenv.node.v1.ImportVolumeRequest
-	(*ImportVolumeResponse)(nil),    // 26: aenv.node.v1.ImportVolumeResponse
-	(*UpdateNetworkRequest)(nil),    // 27: aenv.node.v1.UpdateNetworkRequest
-	(*UpdateNetworkResponse)(nil),   // 28: aenv.node.v1.UpdateNetworkResponse
-	(*Sandbox)(nil),                 // 29: aenv.node.v1.Sandbox
-	(*KillRequest)(nil),             // 30: aenv.node.v1.KillRequest
-	(*KillResponse)(nil),            // 31: aenv.node.v1.KillResponse
-	(*ListRequest)(nil),             // 32: aenv.node.v1.ListRequest
-	(*ListResponse)(nil),            // 33: aenv.node.v1.ListResponse
-	(*SnapshotRequest)(nil),         // 34: aenv.node.v1.SnapshotRequest
-	(*SnapshotInfo)(nil),            // 35: aenv.node.v1.SnapshotInfo
-	(*StatsRequest)(nil),            // 36: aenv.node.v1.StatsRequest
-	(*SandboxStats)(nil),            // 37: aenv.node.v1.SandboxStats
-	(*ListSnapshotsRequest)(nil),    // 38: aenv.node.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),   // 39: aenv.node.v1.ListSnapshotsResponse
-	(*GetSnapshotRequest)(nil),      // 40: aenv.node.v1.GetSnapshotRequest
-	(*DeleteSnapshotRequest)(nil),   // 41: aenv.node.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil),  // 42: aenv.node.v1.DeleteSnapshotResponse
-	(*EventsRequest)(nil),           // 43: aenv.node.v1.EventsRequest
-	(*Event)(nil),                   // 44: aenv.node.v1.Event
-	nil,                             // 45: aenv.node.v1.BuildRequest.BuildArgsEntry
-	nil,                             // 46: aenv.node.v1.LogEntry.FieldsEntry
-	nil,                             // 47: aenv.node.v1.CreateRequest.EnvVarsEntry
-	(*timestamppb.Timestamp)(nil),   // 48: google.protobuf.Timestamp
+	(PullRequest_Source)(0),         // 0: aenv.node.v1.PullRequest.Source
+	(PullResult_ErrorClass)(0),      // 1: aenv.node.v1.PullResult.ErrorClass
+	(Event_Kind)(0),                 // 2: aenv.node.v1.Event.Kind
+	(*PullRequest)(nil),             // 3: aenv.node.v1.PullRequest
+	(*PullEvent)(nil),               // 4: aenv.node.v1.PullEvent
+	(*PullProgress)(nil),            // 5: aenv.node.v1.PullProgress
+	(*PullResult)(nil),              // 6: aenv.node.v1.PullResult
+	(*PutBuildContextRequest)(nil),  // 7: aenv.node.v1.PutBuildContextRequest
+	(*PutBuildContextResponse)(nil), // 8: aenv.node.v1.PutBuildContextResponse
+	(*BuildStep)(nil),               // 9: aenv.node.v1.BuildStep
+	(*BuildTemplate)(nil),           // 10: aenv.node.v1.BuildTemplate
+	(*BuildRequest)(nil),            // 11: aenv.node.v1.BuildRequest
+	(*BuildEvent)(nil),              // 12: aenv.node.v1.BuildEvent
+	(*BuildResult)(nil),             // 13: aenv.node.v1.BuildResult
+	(*LogsRequest)(nil),             // 14: aenv.node.v1.LogsRequest
+	(*LogEntry)(nil),                // 15: aenv.node.v1.LogEntry
+	(*LogsResponse)(nil),            // 16: aenv.node.v1.LogsResponse
+	(*MetricsRequest)(nil),          // 17: aenv.node.v1.MetricsRequest
+	(*MetricSample)(nil),            // 18: aenv.node.v1.MetricSample
+	(*MetricsResponse)(nil),         // 19: aenv.node.v1.MetricsResponse
+	(*InfoRequest)(nil),             // 20: aenv.node.v1.InfoRequest
+	(*Resources)(nil),               // 21: aenv.node.v1.Resources
+	(*NodeInfo)(nil),                // 22: aenv.node.v1.NodeInfo
+	(*CreateRequest)(nil),           // 23: aenv.node.v1.CreateRequest
+	(*VolumeMount)(nil),             // 24: aenv.node.v1.VolumeMount
+	(*CreateVolumeRequest)(nil),     // 25: aenv.node.v1.CreateVolumeRequest
+	(*CreateVolumeResponse)(nil),    // 26: aenv.node.v1.CreateVolumeResponse
+	(*DeleteVolumeRequest)(nil),     // 27: aenv.node.v1.DeleteVolumeRequest
+	(*DeleteVolumeResponse)(nil),    // 28: aenv.node.v1.DeleteVolumeResponse
+	(*ExportVolumeRequest)(nil),     // 29: aenv.node.v1.ExportVolumeRequest
+	(*ExportVolumeResponse)(nil),    // 30: aenv.node.v1.ExportVolumeResponse
+	(*ImportVolumeRequest)(nil),     // 31: aenv.node.v1.ImportVolumeRequest
+	(*ImportVolumeResponse)(nil),    // 32: aenv.node.v1.ImportVolumeResponse
+	(*UpdateNetworkRequest)(nil),    // 33: aenv.node.v1.UpdateNetworkRequest
+	(*UpdateNetworkResponse)(nil),   // 34: aenv.node.v1.UpdateNetworkResponse
+	(*Sandbox)(nil),                 // 35: aenv.node.v1.Sandbox
+	(*KillRequest)(nil),             // 36: aenv.node.v1.KillRequest
+	(*KillResponse)(nil),            // 37: aenv.node.v1.KillResponse
+	(*ListRequest)(nil),             // 38: aenv.node.v1.ListRequest
+	(*ListResponse)(nil),            // 39: aenv.node.v1.ListResponse
+	(*SnapshotRequest)(nil),         // 40: aenv.node.v1.SnapshotRequest
+	(*SnapshotInfo)(nil),            // 41: aenv.node.v1.SnapshotInfo
+	(*StatsRequest)(nil),            // 42: aenv.node.v1.StatsRequest
+	(*SandboxStats)(nil),            // 43: aenv.node.v1.SandboxStats
+	(*ListSnapshotsRequest)(nil),    // 44: aenv.node.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),   // 45: aenv.node.v1.ListSnapshotsResponse
+	(*GetSnapshotRequest)(nil),      // 46: aenv.node.v1.GetSnapshotRequest
+	(*DeleteSnapshotRequest)(nil),   // 47: aenv.node.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil),  // 48: aenv.node.v1.DeleteSnapshotResponse
+	(*EventsRequest)(nil),           // 49: aenv.node.v1.EventsRequest
+	(*Event)(nil),                   // 50: aenv.node.v1.Event
+	nil,                             // 51: aenv.node.v1.BuildRequest.BuildArgsEntry
+	nil,                             // 52: aenv.node.v1.LogEntry.FieldsEntry
+	nil,                             // 53: aenv.node.v1.CreateRequest.EnvVarsEntry
+	(*timestamppb.Timestamp)(nil),   // 54: google.protobuf.Timestamp
 }
 var file_node_node_proto_depIdxs = []int32{
-	4,  // 0: aenv.node.v1.BuildRequest.template:type_name -> aenv.node.v1.BuildTemplate
-	3,  // 1: aenv.node.v1.BuildRequest.pre_args:type_name -> aenv.node.v1.BuildStep
-	3,  // 2: aenv.node.v1.BuildRequest.steps:type_name -> aenv.node.v1.BuildStep
-	45, // 3: aenv.node.v1.BuildRequest.build_args:type_name -> aenv.node.v1.BuildRequest.BuildArgsEntry
-	7,  // 4: aenv.node.v1.BuildEvent.result:type_name -> aenv.node.v1.BuildResult
-	48, // 5: aenv.node.v1.LogEntry.timestamp:type_name -> google.protobuf.Timestamp
-	46, // 6: aenv.node.v1.LogEntry.fields:type_name -> aenv.node.v1.LogEntry.FieldsEntry
-	9,  // 7: aenv.node.v1.LogsResponse.entries:type_name -> aenv.node.v1.LogEntry
-	48, // 8: aenv.node.v1.MetricSample.timestamp:type_name -> google.protobuf.Timestamp
-	12, // 9: aenv.node.v1.MetricsResponse.samples:type_name -> aenv.node.v1.MetricSample
-	15, // 10: aenv.node.v1.NodeInfo.capacity:type_name -> aenv.node.v1.Resources
-	15, // 11: aenv.node.v1.NodeInfo.usage:type_name -> aenv.node.v1.Resources
-	47, // 12: aenv.node.v1.CreateRequest.env_vars:type_name -> aenv.node.v1.CreateRequest.EnvVarsEntry
-	18, // 13: aenv.node.v1.CreateRequest.mounts:type_name -> aenv.node.v1.VolumeMount
-	48, // 14: aenv.node.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
-	29, // 15: aenv.node.v1.ListResponse.sandboxes:type_name -> aenv.node.v1.Sandbox
-	48, // 16: aenv.node.v1.SnapshotInfo.created_at:type_name -> google.protobuf.Timestamp
-	48, // 17: aenv.node.v1.SandboxStats.since:type_name -> google.protobuf.Timestamp
-	35, // 18: aenv.node.v1.ListSnapshotsResponse.snapshots:type_name -> aenv.node.v1.SnapshotInfo
-	0,  // 19: aenv.node.v1.Event.kind:type_name -> aenv.node.v1.Event.Kind
-	14, // 20: aenv.node.v1.NodeService.Info:input_type -> aenv.node.v1.InfoRequest
-	17, // 21: aenv.node.v1.NodeService.Create:input_type -> aenv.node.v1.CreateRequest
-	30, // 22: aenv.node.v1.NodeService.Kill:input_type -> aenv.node.v1.KillRequest
-	32, // 23: aenv.node.v1.NodeService.List:input_type -> aenv.node.v1.ListRequest
-	34, // 24: aenv.node.v1.NodeService.Snapshot:input_type -> aenv.node.v1.SnapshotRequest
-	36, // 25: aenv.node.v1.NodeService.Stats:input_type -> aenv.node.v1.StatsRequest
-	38, // 26: aenv.node.v1.NodeService.ListSnapshots:input_type -> aenv.node.v1.ListSnapshotsRequest
-	40, // 27: aenv.node.v1.NodeService.GetSnapshot:input_type -> aenv.node.v1.GetSnapshotRequest
-	41, // 28: aenv.node.v1.NodeService.DeleteSnapshot:input_type -> aenv.node.v1.DeleteSnapshotRequest
-	43, // 29: aenv.node.v1.NodeService.Events:input_type -> aenv.node.v1.EventsRequest
-	8,  // 30: aenv.node.v1.NodeService.Logs:input_type -> aenv.node.v1.LogsRequest
-	11, // 31: aenv.node.v1.NodeService.Metrics:input_type -> aenv.node.v1.MetricsRequest
-	19, // 32: aenv.node.v1.NodeService.CreateVolume:input_type -> aenv.node.v1.CreateVolumeRequest
-	21, // 33: aenv.node.v1.NodeService.DeleteVolume:input_type -> aenv.node.v1.DeleteVolumeRequest
-	23, // 34: aenv.node.v1.NodeService.ExportVolume:input_type -> aenv.node.v1.ExportVolumeRequest
-	25, // 35: aenv.node.v1.NodeService.ImportVolume:input_type -> aenv.node.v1.ImportVolumeRequest
-	27, // 36: aenv.node.v1.NodeService.UpdateNetwork:input_type -> aenv.node.v1.UpdateNetworkRequest
-	1,  // 37: aenv.node.v1.NodeService.PutBuildContext:input_type -> aenv.node.v1.PutBuildContextRequest
-	5,  // 38: aenv.node.v1.NodeService.Build:input_type -> aenv.node.v1.BuildRequest
-	16, // 39: aenv.node.v1.NodeService.Info:output_type -> aenv.node.v1.NodeInfo
-	29, // 40: aenv.node.v1.NodeService.Create:output_type -> aenv.node.v1.Sandbox
-	31, // 41: aenv.node.v1.NodeService.Kill:output_type -> aenv.node.v1.KillResponse
-	33, // 42: aenv.node.v1.NodeService.List:output_type -> aenv.node.v1.ListResponse
-	35, // 43: aenv.node.v1.NodeService.Snapshot:output_type -> aenv.node.v1.SnapshotInfo
-	37, // 44: aenv.node.v1.NodeService.Stats:output_type -> aenv.node.v1.SandboxStats
-	39, // 45: aenv.node.v1.NodeService.ListSnapshots:output_type -> aenv.node.v1.ListSnapshotsResponse
-	35, // 46: aenv.node.v1.NodeService.GetSnapshot:output_type -> aenv.node.v1.SnapshotInfo
-	42, // 47: aenv.node.v1.NodeService.DeleteSnapshot:output_type -> aenv.node.v1.DeleteSnapshotResponse
-	44, // 48: aenv.node.v1.NodeService.Events:output_type -> aenv.node.v1.Event
-	10, // 49: aenv.node.v1.NodeService.Logs:output_type -> aenv.node.v1.LogsResponse
-	13, // 50: aenv.node.v1.NodeService.Metrics:output_type -> aenv.node.v1.MetricsResponse
-	20, // 51: aenv.node.v1.NodeService.CreateVolume:output_type -> aenv.node.v1.CreateVolumeResponse
-	22, // 52: aenv.node.v1.NodeService.DeleteVolume:output_type -> aenv.node.v1.DeleteVolumeResponse
-	24, // 53: aenv.node.v1.NodeService.ExportVolume:output_type -> aenv.node.v1.ExportVolumeResponse
-	26, // 54: aenv.node.v1.NodeService.ImportVolume:output_type -> aenv.node.v1.ImportVolumeResponse
-	28, // 55: aenv.node.v1.NodeService.UpdateNetwork:output_type -> aenv.node.v1.UpdateNetworkResponse
-	2,  // 56: aenv.node.v1.NodeService.PutBuildContext:output_type -> aenv.node.v1.PutBuildContextResponse
-	6,  // 57: aenv.node.v1.NodeService.Build:output_type -> aenv.node.v1.BuildEvent
-	39, // [39:58] is the sub-list for method output_type
-	20, // [20:39] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	10, // 0: aenv.node.v1.PullRequest.template:type_name -> aenv.node.v1.BuildTemplate
+	0,  // 1: aenv.node.v1.PullRequest.source:type_name -> aenv.node.v1.PullRequest.Source
+	5,  // 2: aenv.node.v1.PullEvent.progress:type_name -> aenv.node.v1.PullProgress
+	6,  // 3: aenv.node.v1.PullEvent.result:type_name -> aenv.node.v1.PullResult
+	1,  // 4: aenv.node.v1.PullResult.error_class:type_name -> aenv.node.v1.PullResult.ErrorClass
+	10, // 5: aenv.node.v1.BuildRequest.template:type_name -> aenv.node.v1.BuildTemplate
+	9,  // 6: aenv.node.v1.BuildRequest.pre_args:type_name -> aenv.node.v1.BuildStep
+	9,  // 7: aenv.node.v1.BuildRequest.steps:type_name -> aenv.node.v1.BuildStep
+	51, // 8: aenv.node.v1.BuildRequest.build_args:type_name -> aenv.node.v1.BuildRequest.BuildArgsEntry
+	13, // 9: aenv.node.v1.BuildEvent.result:type_name -> aenv.node.v1.BuildResult
+	54, // 10: aenv.node.v1.LogEntry.timestamp:type_name -> google.protobuf.Timestamp
+	52, // 11: aenv.node.v1.LogEntry.fields:type_name -> aenv.node.v1.LogEntry.FieldsEntry
+	15, // 12: aenv.node.v1.LogsResponse.entries:type_name -> aenv.node.v1.LogEntry
+	54, // 13: aenv.node.v1.MetricSample.timestamp:type_name -> google.protobuf.Timestamp
+	18, // 14: aenv.node.v1.MetricsResponse.samples:type_name -> aenv.node.v1.MetricSample
+	21, // 15: aenv.node.v1.NodeInfo.capacity:type_name -> aenv.node.v1.Resources
+	21, // 16: aenv.node.v1.NodeInfo.usage:type_name -> aenv.node.v1.Resources
+	53, // 17: aenv.node.v1.CreateRequest.env_vars:type_name -> aenv.node.v1.CreateRequest.EnvVarsEntry
+	24, // 18: aenv.node.v1.CreateRequest.mounts:type_name -> aenv.node.v1.VolumeMount
+	54, // 19: aenv.node.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
+	35, // 20: aenv.node.v1.ListResponse.sandboxes:type_name -> aenv.node.v1.Sandbox
+	54, // 21: aenv.node.v1.SnapshotInfo.created_at:type_name -> google.protobuf.Timestamp
+	54, // 22: aenv.node.v1.SandboxStats.since:type_name -> google.protobuf.Timestamp
+	41, // 23: aenv.node.v1.ListSnapshotsResponse.snapshots:type_name -> aenv.node.v1.SnapshotInfo
+	2,  // 24: aenv.node.v1.Event.kind:type_name -> aenv.node.v1.Event.Kind
+	20, // 25: aenv.node.v1.NodeService.Info:input_type -> aenv.node.v1.InfoRequest
+	23, // 26: aenv.node.v1.NodeService.Create:input_type -> aenv.node.v1.CreateRequest
+	36, // 27: aenv.node.v1.NodeService.Kill:input_type -> aenv.node.v1.KillRequest
+	38, // 28: aenv.node.v1.NodeService.List:input_type -> aenv.node.v1.ListRequest
+	40, // 29: aenv.node.v1.NodeService.Snapshot:input_type -> aenv.node.v1.SnapshotRequest
+	42, // 30: aenv.node.v1.NodeService.Stats:input_type -> aenv.node.v1.StatsRequest
+	44, // 31: aenv.node.v1.NodeService.ListSnapshots:input_type -> aenv.node.v1.ListSnapshotsRequest
+	46, // 32: aenv.node.v1.NodeService.GetSnapshot:input_type -> aenv.node.v1.GetSnapshotRequest
+	47, // 33: aenv.node.v1.NodeService.DeleteSnapshot:input_type -> aenv.node.v1.DeleteSnapshotRequest
+	49, // 34: aenv.node.v1.NodeService.Events:input_type -> aenv.node.v1.EventsRequest
+	14, // 35: aenv.node.v1.NodeService.Logs:input_type -> aenv.node.v1.LogsRequest
+	17, // 36: aenv.node.v1.NodeService.Metrics:input_type -> aenv.node.v1.MetricsRequest
+	25, // 37: aenv.node.v1.NodeService.CreateVolume:input_type -> aenv.node.v1.CreateVolumeRequest
+	27, // 38: aenv.node.v1.NodeService.DeleteVolume:input_type -> aenv.node.v1.DeleteVolumeRequest
+	29, // 39: aenv.node.v1.NodeService.ExportVolume:input_type -> aenv.node.v1.ExportVolumeRequest
+	31, // 40: aenv.node.v1.NodeService.ImportVolume:input_type -> aenv.node.v1.ImportVolumeRequest
+	33, // 41: aenv.node.v1.NodeService.UpdateNetwork:input_type -> aenv.node.v1.UpdateNetworkRequest
+	7,  // 42: aenv.node.v1.NodeService.PutBuildContext:input_type -> aenv.node.v1.PutBuildContextRequest
+	11, // 43: aenv.node.v1.NodeService.Build:input_type -> aenv.node.v1.BuildRequest
+	3,  // 44: aenv.node.v1.NodeService.Pull:input_type -> aenv.node.v1.PullRequest
+	22, // 45: aenv.node.v1.NodeService.Info:output_type -> aenv.node.v1.NodeInfo
+	35, // 46: aenv.node.v1.NodeService.Create:output_type -> aenv.node.v1.Sandbox
+	37, // 47: aenv.node.v1.NodeService.Kill:output_type -> aenv.node.v1.KillResponse
+	39, // 48: aenv.node.v1.NodeService.List:output_type -> aenv.node.v1.ListResponse
+	41, // 49: aenv.node.v1.NodeService.Snapshot:output_type -> aenv.node.v1.SnapshotInfo
+	43, // 50: aenv.node.v1.NodeService.Stats:output_type -> aenv.node.v1.SandboxStats
+	45, // 51: aenv.node.v1.NodeService.ListSnapshots:output_type -> aenv.node.v1.ListSnapshotsResponse
+	41, // 52: aenv.node.v1.NodeService.GetSnapshot:output_type -> aenv.node.v1.SnapshotInfo
+	48, // 53: aenv.node.v1.NodeService.DeleteSnapshot:output_type -> aenv.node.v1.DeleteSnapshotResponse
+	50, // 54: aenv.node.v1.NodeService.Events:output_type -> aenv.node.v1.Event
+	16, // 55: aenv.node.v1.NodeService.Logs:output_type -> aenv.node.v1.LogsResponse
+	19, // 56: aenv.node.v1.NodeService.Metrics:output_type -> aenv.node.v1.MetricsResponse
+	26, // 57: aenv.node.v1.NodeService.CreateVolume:output_type -> aenv.node.v1.CreateVolumeResponse
+	28, // 58: aenv.node.v1.NodeService.DeleteVolume:output_type -> aenv.node.v1.DeleteVolumeResponse
+	30, // 59: aenv.node.v1.NodeService.ExportVolume:output_type -> aenv.node.v1.ExportVolumeResponse
+	32, // 60: aenv.node.v1.NodeService.ImportVolume:output_type -> aenv.node.v1.ImportVolumeResponse
+	34, // 61: aenv.node.v1.NodeService.UpdateNetwork:output_type -> aenv.node.v1.UpdateNetworkResponse
+	8,  // 62: aenv.node.v1.NodeService.PutBuildContext:output_type -> aenv.node.v1.PutBuildContextResponse
+	12, // 63: aenv.node.v1.NodeService.Build:output_type -> aenv.node.v1.BuildEvent
+	4,  // 64: aenv.node.v1.NodeService.Pull:output_type -> aenv.node.v1.PullEvent
+	45, // [45:65] is the sub-list for method output_type
+	25, // [25:45] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_node_node_proto_init() }
@@ -3254,7 +3811,7 @@ func file_node_node_proto_init() {
 	if File_node_node_proto != nil {
 		return
 	}
-	file_node_node_proto_msgTypes[16].OneofWrappers = []any{
+	file_node_node_proto_msgTypes[20].OneofWrappers = []any{
 		(*CreateRequest_TemplateId)(nil),
 		(*CreateRequest_SnapshotId)(nil),
 	}
@@ -3263,8 +3820,8 @@ func file_node_node_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_node_node_proto_rawDesc), len(file_node_node_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   47,
+			NumEnums:      3,
+			NumMessages:   51,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -86,6 +86,8 @@ const (
 	NodeServicePutBuildContextProcedure = "/aenv.node.v1.NodeService/PutBuildContext"
 	// NodeServiceBuildProcedure is the fully-qualified name of the NodeService's Build RPC.
 	NodeServiceBuildProcedure = "/aenv.node.v1.NodeService/Build"
+	// NodeServicePullProcedure is the fully-qualified name of the NodeService's Pull RPC.
+	NodeServicePullProcedure = "/aenv.node.v1.NodeService/Pull"
 )
 
 // NodeServiceClient is a client for the aenv.node.v1.NodeService service.
@@ -143,6 +145,12 @@ type NodeServiceClient interface {
 	// lines and ends with its result. The build is cancelled when the
 	// stream ends before the result (the caller went away).
 	Build(context.Context, *nodev1.BuildRequest) (*connect.ServerStreamForClient[nodev1.BuildEvent], error)
+	// Pull makes a template of an OCI image (a registry's, or one uploaded
+	// before with PutBuildContext) and publishes it to the node's catalog
+	// and the store the nodes share: the stream carries the pull's
+	// progress and log lines and ends with its result. The pull is
+	// cancelled when the stream ends before the result.
+	Pull(context.Context, *nodev1.PullRequest) (*connect.ServerStreamForClient[nodev1.PullEvent], error)
 }
 
 // NewNodeServiceClient constructs a client for the aenv.node.v1.NodeService service. By default, it
@@ -270,6 +278,12 @@ func NewNodeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(nodeServiceMethods.ByName("Build")),
 			connect.WithClientOptions(opts...),
 		),
+		pull: connect.NewClient[nodev1.PullRequest, nodev1.PullEvent](
+			httpClient,
+			baseURL+NodeServicePullProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("Pull")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -294,6 +308,7 @@ type nodeServiceClient struct {
 	updateNetwork   *connect.Client[nodev1.UpdateNetworkRequest, nodev1.UpdateNetworkResponse]
 	putBuildContext *connect.Client[nodev1.PutBuildContextRequest, nodev1.PutBuildContextResponse]
 	build           *connect.Client[nodev1.BuildRequest, nodev1.BuildEvent]
+	pull            *connect.Client[nodev1.PullRequest, nodev1.PullEvent]
 }
 
 // Info calls aenv.node.v1.NodeService.Info.
@@ -459,6 +474,11 @@ func (c *nodeServiceClient) Build(ctx context.Context, req *nodev1.BuildRequest)
 	return c.build.CallServerStream(ctx, connect.NewRequest(req))
 }
 
+// Pull calls aenv.node.v1.NodeService.Pull.
+func (c *nodeServiceClient) Pull(ctx context.Context, req *nodev1.PullRequest) (*connect.ServerStreamForClient[nodev1.PullEvent], error) {
+	return c.pull.CallServerStream(ctx, connect.NewRequest(req))
+}
+
 // NodeServiceHandler is an implementation of the aenv.node.v1.NodeService service.
 type NodeServiceHandler interface {
 	// Info describes the node: its id, capacity, usage, runtime and the
@@ -514,6 +534,12 @@ type NodeServiceHandler interface {
 	// lines and ends with its result. The build is cancelled when the
 	// stream ends before the result (the caller went away).
 	Build(context.Context, *nodev1.BuildRequest, *connect.ServerStream[nodev1.BuildEvent]) error
+	// Pull makes a template of an OCI image (a registry's, or one uploaded
+	// before with PutBuildContext) and publishes it to the node's catalog
+	// and the store the nodes share: the stream carries the pull's
+	// progress and log lines and ends with its result. The pull is
+	// cancelled when the stream ends before the result.
+	Pull(context.Context, *nodev1.PullRequest, *connect.ServerStream[nodev1.PullEvent]) error
 }
 
 // NewNodeServiceHandler builds an HTTP handler from the service implementation. It returns the path
@@ -637,6 +663,12 @@ func NewNodeServiceHandler(svc NodeServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(nodeServiceMethods.ByName("Build")),
 		connect.WithHandlerOptions(opts...),
 	)
+	nodeServicePullHandler := connect.NewServerStreamHandlerSimple(
+		NodeServicePullProcedure,
+		svc.Pull,
+		connect.WithSchema(nodeServiceMethods.ByName("Pull")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/aenv.node.v1.NodeService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case NodeServiceInfoProcedure:
@@ -677,6 +709,8 @@ func NewNodeServiceHandler(svc NodeServiceHandler, opts ...connect.HandlerOption
 			nodeServicePutBuildContextHandler.ServeHTTP(w, r)
 		case NodeServiceBuildProcedure:
 			nodeServiceBuildHandler.ServeHTTP(w, r)
+		case NodeServicePullProcedure:
+			nodeServicePullHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -760,4 +794,8 @@ func (UnimplementedNodeServiceHandler) PutBuildContext(context.Context, *nodev1.
 
 func (UnimplementedNodeServiceHandler) Build(context.Context, *nodev1.BuildRequest, *connect.ServerStream[nodev1.BuildEvent]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("aenv.node.v1.NodeService.Build is not implemented"))
+}
+
+func (UnimplementedNodeServiceHandler) Pull(context.Context, *nodev1.PullRequest, *connect.ServerStream[nodev1.PullEvent]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("aenv.node.v1.NodeService.Pull is not implemented"))
 }

@@ -1,4 +1,4 @@
-package template
+package erofs_test
 
 import (
 	"context"
@@ -8,9 +8,20 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/aenvhq/aenv/internal/blockimage"
 	"github.com/aenvhq/aenv/internal/store"
+	"github.com/aenvhq/aenv/internal/template"
+	"github.com/aenvhq/aenv/internal/template/erofs"
 	"github.com/aenvhq/aenv/internal/testutil"
 )
+
+// TestManifestFileIsServed: catalogs publish a block image under the name
+// the image server serves it as, or nodes could mount none of them.
+func TestManifestFileIsServed(t *testing.T) {
+	if template.ImageManifestFile != blockimage.ImageName {
+		t.Fatalf("templates publish their images as %q, the image server serves %q", template.ImageManifestFile, blockimage.ImageName)
+	}
+}
 
 // TestUsageDeduplicates: two templates whose trees share a large file are
 // two images, but the store keeps the shared part once; each template's
@@ -34,7 +45,7 @@ func TestUsageDeduplicates(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if err := st.Commit(&Template{ID: id}); err != nil {
+		if err := st.Commit(&template.Template{ID: id}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -76,7 +87,7 @@ func TestFetchFromImage(t *testing.T) {
 	os.WriteFile(filepath.Join(root, "etc", "conf"), []byte("setting=1\n"), 0o640)
 	os.Chown(filepath.Join(root, "etc", "conf"), 1000, 1000)
 	os.Symlink("conf", filepath.Join(root, "etc", "link"))
-	if err := st.Commit(&Template{ID: "shipped"}); err != nil {
+	if err := st.Commit(&template.Template{ID: "shipped"}); err != nil {
 		t.Fatal(err)
 	}
 	remote, err := b.Get("shipped")
@@ -102,7 +113,7 @@ func TestFetchFromImage(t *testing.T) {
 
 // storeOver opens a template store in dir/name publishing to the store
 // in dir/store, as a host of a cluster does.
-func storeOver(t *testing.T, dir, name string) *Catalog {
+func storeOver(t *testing.T, dir, name string) *template.Catalog {
 	t.Helper()
 	backend, err := store.NewLocal(filepath.Join(dir, "store"))
 	if err != nil {
@@ -110,7 +121,7 @@ func storeOver(t *testing.T, dir, name string) *Catalog {
 	}
 	remote, _ := store.New(store.Options{Backend: backend})
 	images, _ := store.New(store.Options{Backend: backend, ChunkSize: 1 << 20})
-	s, err := NewCatalog(CatalogOptions{Dir: filepath.Join(dir, name), Remote: remote, Images: images})
+	s, err := template.NewCatalog(template.CatalogOptions{Dir: filepath.Join(dir, name), Remote: remote, Images: images, Blocks: erofs.Images{}})
 	if err != nil {
 		t.Fatal(err)
 	}
