@@ -256,11 +256,34 @@ func (s *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		r.Method == http.MethodPost && (r.URL.Path == "/templates/pulls" || r.URL.Path == "/templates/builds") {
 		limit, timeout = MaxUploadBytes, s.cfg.UploadTimeout
 	}
-	r.Body = http.MaxBytesReader(w, r.Body, limit)
 	// The deadline covers reading the body only; answers (event streams
-	// included) may take as long as they take.
-	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(timeout))
+	// included) may take as long as they take. It must go once the body
+	// is read: net/http then watches the connection for the client
+	// leaving, and a deadline passing there cancels the request as if it
+	// had (a followed build log, a batch create, cut at BodyTimeout).
+	if r.Body != nil && r.Body != http.NoBody {
+		rc := http.NewResponseController(w)
+		_ = rc.SetReadDeadline(time.Now().Add(timeout))
+		r.Body = &deadlineBody{ReadCloser: http.MaxBytesReader(w, r.Body, limit), rc: rc}
+	}
 	next.ServeHTTP(w, r)
+}
+
+// deadlineBody is a request body whose read deadline is lifted at its
+// end.
+type deadlineBody struct {
+	io.ReadCloser
+	rc      *http.ResponseController
+	cleared bool
+}
+
+func (b *deadlineBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF && !b.cleared {
+		b.cleared = true
+		_ = b.rc.SetReadDeadline(time.Time{})
+	}
+	return n, err
 }
 
 // keyContext carries the caller's key to handlers.
