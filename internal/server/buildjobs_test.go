@@ -109,7 +109,7 @@ func TestBuildsAcrossServers(t *testing.T) {
 	resp.Body.Close()
 	log := strings.Join(followed, "\n")
 	if !done || !strings.Contains(log, "first-line") || !strings.Contains(log, "line-3") || !strings.Contains(log, "last-line") {
-		t.Fatalf("followed through b: done %v, log %q", done, followed)
+		t.Fatalf("followed through b: done %v (stream error %v), log %q", done, sc.Err(), followed)
 	}
 	// Polled through b from an offset: the entries from there on.
 	all := status(b, urlB, tplID, buildID, 0)
