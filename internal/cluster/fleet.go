@@ -316,7 +316,7 @@ func (f *fleet) node(id string) (nodeapi.Node, error) {
 	case !ok:
 		return nil, fmt.Errorf("%w: node %s is not in the registry", ErrUnavailable, id)
 	case m.api == nil && m.live:
-		return nil, fmt.Errorf("%w: node %s runs inside another server and cannot be reached from this one", ErrUnavailable, id)
+		return nil, fmt.Errorf("%w: node %s runs inside another server that advertises no address, and cannot be reached from this one (give that server --advertise)", ErrUnavailable, id)
 	case m.api == nil:
 		return nil, fmt.Errorf("%w: node %s is lost", ErrUnavailable, id)
 	}

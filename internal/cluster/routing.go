@@ -60,7 +60,13 @@ func (c *Cluster) Route(ctx context.Context, id string) (Route, error) {
 	}
 	via, ok := c.nodes.address(nodeID)
 	if !ok {
-		return Route{}, fmt.Errorf("%w: the node of sandbox %s (%s) is not reachable", ErrUnavailable, id, nodeID)
+		// The fleet says why: not registered, lost, or inside another
+		// server that advertises no address.
+		_, err := c.nodes.node(nodeID)
+		if err == nil {
+			err = fmt.Errorf("%w: node %s is not reachable", ErrUnavailable, nodeID)
+		}
+		return Route{}, fmt.Errorf("reaching sandbox %s: %w", id, err)
 	}
 	return Route{Addr: a, Via: via, TrafficToken: token, MaskRequestHost: mask}, nil
 }

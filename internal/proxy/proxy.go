@@ -11,6 +11,7 @@ import (
 	"crypto/subtle"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -38,6 +39,12 @@ const (
 const DefaultPort = 49983
 
 var hostPattern = regexp.MustCompile(`^([0-9]{1,5})-([a-z0-9]+)\.`)
+
+// ErrUnavailable is the class of a Resolver's error for a sandbox that
+// cannot be reached for now (its node cannot be, or the state that says
+// where it runs): answered 503 with the reason, which the client may
+// retry, not as a sandbox that is not running.
+var ErrUnavailable = errors.New("unavailable for now")
 
 // Resolver finds where a sandbox is reachable from this host. The proxy
 // asks it on every request, with the request's context: an id it does not
@@ -281,6 +288,11 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	route, err := p.resolve.SandboxRoute(r.Context(), id)
+	if errors.Is(err, ErrUnavailable) {
+		w.Header().Set("Retry-After", "2")
+		writeError(w, http.StatusServiceUnavailable, err.Error())
+		return
+	}
 	if err != nil {
 		// The SDKs read a 502 on envd's /health as "sandbox not running".
 		writeError(w, http.StatusBadGateway, fmt.Sprintf("sandbox %s not found", id))

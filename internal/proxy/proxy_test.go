@@ -244,3 +244,30 @@ func TestStreamCutBySandboxDeath(t *testing.T) {
 		t.Fatalf("after the sandbox died: %q, want an end-of-stream error saying why", rest)
 	}
 }
+
+// unreachable is a Resolver whose sandbox runs on a node nobody reaches.
+type unreachable struct{}
+
+func (unreachable) SandboxRoute(context.Context, string) (Route, error) {
+	return Route{}, fmt.Errorf("%w: node n2 is lost", ErrUnavailable)
+}
+
+// TestUnreachableNode: traffic for a sandbox whose node this server cannot
+// reach is a 503 that names the node and why, with Retry-After, not the
+// 502 of a sandbox that is not running.
+func TestUnreachableNode(t *testing.T) {
+	front := httptest.NewServer(New(unreachable{}, nil, nil))
+	defer front.Close()
+	req, _ := http.NewRequest("GET", front.URL+"/health", nil)
+	req.Header.Set(HeaderSandboxID, "sb1")
+	req.Header.Set(HeaderSandboxPort, "49983")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(b), "node n2 is lost") || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("a sandbox on an unreachable node: %d %s (Retry-After %q), want 503 naming the node", resp.StatusCode, b, resp.Header.Get("Retry-After"))
+	}
+}

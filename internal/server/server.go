@@ -335,6 +335,9 @@ func (s *Server) SandboxRoute(ctx context.Context, id string) (proxy.Route, erro
 			r, err = s.cluster.Route(ctx, id)
 		}
 	}
+	if errors.Is(err, cluster.ErrUnavailable) {
+		err = fmt.Errorf("%w: %w", proxy.ErrUnavailable, err)
+	}
 	return proxy.Route{Addr: r.Addr, Via: r.Via, TrafficToken: r.TrafficToken, MaskRequestHost: r.MaskRequestHost}, err
 }
 
