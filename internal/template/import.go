@@ -54,18 +54,25 @@ func (s *Catalog) NewStage(id string) (*Stage, error) {
 	if !ValidID(id) {
 		return nil, fmt.Errorf("staging template %q: invalid id (lower-case letters, digits, '.', '_' and '-', at most 63)", id)
 	}
-	s.removeAbandonedStages()
 	var suffix [6]byte
 	if _, err := rand.Read(suffix[:]); err != nil {
 		return nil, fmt.Errorf("staging template %s: %w", id, err)
 	}
 	dir := filepath.Join(s.dir, stagePrefix+id+"-"+hex.EncodeToString(suffix[:]))
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("staging template %s: %w", id, err)
+	// A stage is unlocked between its mkdir and its lock: another
+	// NewStage's sweep must not see it then (and remove it as abandoned),
+	// as concurrent builds did.
+	s.stageMu.Lock()
+	s.removeAbandonedStages()
+	err := os.Mkdir(dir, 0o700)
+	var lock *os.File
+	if err == nil {
+		if lock, err = lockDir(dir); err != nil {
+			os.RemoveAll(dir)
+		}
 	}
-	lock, err := lockDir(dir)
+	s.stageMu.Unlock()
 	if err != nil {
-		os.RemoveAll(dir)
 		return nil, fmt.Errorf("staging template %s: %w", id, err)
 	}
 	st := &Stage{store: s, id: id, dir: dir, lock: lock}

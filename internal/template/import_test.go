@@ -1,9 +1,11 @@
 package template
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -156,4 +158,29 @@ func TestAbandonedStagesAreSwept(t *testing.T) {
 	if _, err := os.Stat(live.RootFS()); err != nil {
 		t.Fatalf("a live stage was removed: %v", err)
 	}
+}
+
+// TestConcurrentStages: stages made at once (two teams' builds) all
+// survive; a stage was briefly unlocked after its mkdir, and another
+// NewStage's sweep removed it as abandoned.
+func TestConcurrentStages(t *testing.T) {
+	s, err := NewCatalog(CatalogOptions{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for i := range 200 {
+		wg.Go(func() {
+			st, err := s.NewStage(fmt.Sprintf("t%d", i%7))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if _, err := os.Stat(st.RootFS()); err != nil {
+				t.Errorf("a stage's tree went while it was held: %v", err)
+			}
+			st.Abort()
+		})
+	}
+	wg.Wait()
 }

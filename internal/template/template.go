@@ -110,6 +110,10 @@ type Catalog struct {
 
 	usage usageCache
 
+	// stageMu orders the creation of stages with the sweep of abandoned
+	// ones (NewStage).
+	stageMu sync.Mutex
+
 	mu sync.Mutex
 	// baseSize and baseTime describe the base tree, measured once.
 	baseMeasured bool
