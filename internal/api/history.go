@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/url"
 	"slices"
 	"sort"
 	"strconv"
@@ -33,23 +34,13 @@ type logEntryJSON struct {
 // forward from it, oldest first, or backward from it, newest first).
 func (s *Handler) logsV2(w http.ResponseWriter, r *http.Request, id string) {
 	q := r.URL.Query()
-	limit := maxLogLimit
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 || n > maxLogLimit {
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("limit must be between 0 and %d, got %q", maxLogLimit, v))
-			return
-		}
-		limit = n
+	limit, ok := logLimit(w, q)
+	if !ok {
+		return
 	}
-	var cursor time.Time
-	if v := q.Get("cursor"); v != "" {
-		ms, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || ms < 0 {
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("cursor must be a time in Unix milliseconds, got %q", v))
-			return
-		}
-		cursor = time.UnixMilli(ms)
+	cursor, ok := unixMillis(w, q, "cursor")
+	if !ok {
+		return
 	}
 	backward := false
 	switch d := q.Get("direction"); d {
@@ -113,23 +104,13 @@ type logLineJSON struct {
 // entries (E2B's SandboxLogs).
 func (s *Handler) logsV1(w http.ResponseWriter, r *http.Request, id string) {
 	q := r.URL.Query()
-	limit := maxLogLimit
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 || n > maxLogLimit {
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("limit must be between 0 and %d, got %q", maxLogLimit, v))
-			return
-		}
-		limit = n
+	limit, ok := logLimit(w, q)
+	if !ok {
+		return
 	}
-	var start time.Time
-	if v := q.Get("start"); v != "" {
-		ms, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || ms < 0 {
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("start must be a time in Unix milliseconds, got %q", v))
-			return
-		}
-		start = time.UnixMilli(ms)
+	start, ok := unixMillis(w, q, "start")
+	if !ok {
+		return
 	}
 	entries, err := s.cfg.Cluster.Logs(r.Context(), id)
 	if err != nil {
@@ -298,4 +279,34 @@ func (s *Handler) updateNetwork(w http.ResponseWriter, r *http.Request, id strin
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// logLimit is a logs route's limit parameter (default and bound:
+// maxLogLimit); false when w was answered 400.
+func logLimit(w http.ResponseWriter, q url.Values) (int, bool) {
+	v := q.Get("limit")
+	if v == "" {
+		return maxLogLimit, true
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 || n > maxLogLimit {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("limit must be between 0 and %d, got %q", maxLogLimit, v))
+		return 0, false
+	}
+	return n, true
+}
+
+// unixMillis is the time parameter name in Unix milliseconds (zero when
+// absent); false when w was answered 400.
+func unixMillis(w http.ResponseWriter, q url.Values, name string) (time.Time, bool) {
+	v := q.Get(name)
+	if v == "" {
+		return time.Time{}, true
+	}
+	ms, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || ms < 0 {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("%s must be a time in Unix milliseconds, got %q", name, v))
+		return time.Time{}, false
+	}
+	return time.UnixMilli(ms), true
 }

@@ -2,7 +2,7 @@ package nodeapi
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"time"
@@ -297,20 +297,7 @@ func (r *Remote) Build(ctx context.Context, q *nodev1.BuildRequest, fn func(*nod
 	if err != nil {
 		return err
 	}
-	defer st.Close()
-	done := false
-	for st.Receive() {
-		ev := st.Msg()
-		done = done || ev.Result != nil
-		fn(ev)
-	}
-	if err := st.Err(); err != nil {
-		return err
-	}
-	if !done {
-		return connect.NewError(connect.CodeUnavailable, errors.New("the build's stream ended without its result"))
-	}
-	return nil
+	return follow(st, "build", fn, func(ev *nodev1.BuildEvent) bool { return ev.Result != nil })
 }
 
 // Pull implements Node.
@@ -319,18 +306,25 @@ func (r *Remote) Pull(ctx context.Context, q *nodev1.PullRequest, fn func(*nodev
 	if err != nil {
 		return err
 	}
+	return follow(st, "pull", fn, func(ev *nodev1.PullEvent) bool { return ev.Result != nil })
+}
+
+// follow passes a job's stream to fn and insists that it ends with the
+// job's result (last says which event that is): a stream cut short is
+// Unavailable, not a job that ended well.
+func follow[T any](st *connect.ServerStreamForClient[T], what string, fn func(*T), last func(*T) bool) error {
 	defer st.Close()
 	done := false
 	for st.Receive() {
 		ev := st.Msg()
-		done = done || ev.Result != nil
+		done = done || last(ev)
 		fn(ev)
 	}
 	if err := st.Err(); err != nil {
 		return err
 	}
 	if !done {
-		return connect.NewError(connect.CodeUnavailable, errors.New("the pull's stream ended without its result"))
+		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("the %s's stream ended without its result", what))
 	}
 	return nil
 }
