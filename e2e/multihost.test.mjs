@@ -173,7 +173,7 @@ cl.test('migrate: a sandbox with a running counter continues on another node, sa
   assert.equal((await other.commands.run('echo still here')).stdout.trim(), 'still here')
 
   const out = execFileSync(path.join(process.env.AENV_BIN_DIR, 'aenv'), ['node', 'drain', 'zqmhn3', '--migrate',
-    '--url', cl.server().url, '--key', cl.apiKey]).toString()
+    '--url', cl.server().url], { env: { ...process.env, AENV_API_KEY: cl.apiKey } }).toString()
   assert.match(out, new RegExp(`${other.sandboxId} -> zqmhn[12]`))
   const left = (await cl.api('GET', '/v2/sandboxes')).json.filter((s) => s.nodeID === 'zqmhn3')
   assert.deepEqual(left, [], 'sandboxes left on the drained node')

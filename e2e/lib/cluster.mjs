@@ -135,8 +135,10 @@ export class TestCluster {
     this.servers = []
     for (let j = 0; j < this.serverCount; j++) {
       const port = ports[6 + j]
+      // Plain HTTP and etcd over http on the bridge: this suite runs
+      // the cluster token's old join (https.test.mjs drives the SDK over TLS).
       const p = new Proc(`server ${j}`, ['server', '--local-node=false',
-        '--listen', `0.0.0.0:${port}`,
+        '--listen', `0.0.0.0:${port}`, '--insecure-http', '--insecure-cluster',
         '--etcd-endpoints', this.etcdEndpoints.join(','), '--store', this.store,
         '--data-dir', path.join(this.tmp, `server${j}`), '--run-dir', path.join(this.tmp, `server${j}-run`),
         '--log-level', 'debug'], path.join(this.tmp, `server${j}.log`),
@@ -165,14 +167,14 @@ export class TestCluster {
   nodeProc(i, extra = [], { token = this.token, onStop = 'kill' } = {}) {
     const id = `${this.tag}n${i}`
     const p = new Proc(`node ${id}`, ['node', ...extra,
-      '--token', token, '--node-id', id,
+      '--insecure-cluster', '--node-id', id,
       '--listen', `${this.subnet}.${10 + i}:${NODE_PORT}`,
       '--data-dir', path.join(this.tmp, `${id}`), '--run-dir', path.join(this.tmp, `${id}-run`),
       '--netns-tag', this.netnsTag(i), '--sandbox-cidr', `10.${200 + i}.0.0/20`,
       '--base-rootfs', process.env.AENV_BASE_ROOTFS, '--store', this.store,
       '--warm-pool', '0', '--on-stop', onStop, '--log-level', 'debug', '--capacity-memory', '8192',
       ...(process.env.AENV_RUNSC ? ['--runsc', process.env.AENV_RUNSC] : [])],
-    path.join(this.tmp, `${id}.log`), { netns: this.netnsName(i) })
+    path.join(this.tmp, `${id}.log`), { netns: this.netnsName(i), env: { AENV_CLUSTER_TOKEN: token } })
     p.id = id
     p.index = i
     return p

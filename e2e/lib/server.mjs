@@ -28,6 +28,7 @@
 import { execFileSync, spawn } from 'node:child_process'
 import fs from 'node:fs'
 import http from 'node:http'
+import https from 'node:https'
 import net from 'node:net'
 import os from 'node:os'
 import path from 'node:path'
@@ -91,7 +92,7 @@ async function findFreePort(start) {
  * (no URL normalisation) and lets us set Host.
  * Returns { status, headers, body (Buffer), text, json (or undefined) }.
  */
-export function rawRequest({ port, method = 'GET', path: reqPath = '/', headers = {}, body, timeoutMs = 30_000 }) {
+export function rawRequest({ port, method = 'GET', path: reqPath = '/', headers = {}, body, timeoutMs = 30_000, ca }) {
   return new Promise((resolve, reject) => {
     let responded = false
     const hdrs = { ...headers }
@@ -101,8 +102,9 @@ export function rawRequest({ port, method = 'GET', path: reqPath = '/', headers 
       if (!Object.keys(hdrs).some((h) => h.toLowerCase() === 'content-type')) hdrs['Content-Type'] = 'application/json'
       hdrs['Content-Length'] = payload.length
     }
-    const req = http.request(
-      { host: '127.0.0.1', port, method, path: reqPath, headers: hdrs, agent: false, setHost: !Object.keys(hdrs).some((h) => h.toLowerCase() === 'host') },
+    // ca: the server speaks https, with a certificate of that CA.
+    const req = (ca ? https : http).request(
+      { host: '127.0.0.1', port, method, path: reqPath, headers: hdrs, agent: false, setHost: !Object.keys(hdrs).some((h) => h.toLowerCase() === 'host'), ...(ca ? { ca } : {}) },
       (res) => {
         responded = true
         const chunks = []
@@ -235,7 +237,10 @@ export class TestServer {
     this.logPath = path.join(this.tmp, 'server.log')
     fs.mkdirSync(this.dataDir)
     this.port = await findFreePort(this.portHint ?? PORT_MIN)
-    this.url = `http://127.0.0.1:${this.port}`
+    // --https: the server serves a certificate of its cluster's CA on
+    // loopback too; this.ca is that CA once it started.
+    this.https = this.extraArgs.includes('--https')
+    this.url = `${this.https ? 'https' : 'http'}://127.0.0.1:${this.port}`
     await this.launch()
   }
 
@@ -299,7 +304,8 @@ export class TestServer {
         throw new Error(`aenv server exited during start-up (${JSON.stringify(this.exit)}); log ${this.logPath}:\n${tailFile(this.logPath)}`)
       }
       try {
-        const res = await rawRequest({ port: this.port, path: '/health', timeoutMs: 2000 })
+        if (this.https) this.ca = fs.readFileSync(path.join(this.dataDir, 'secrets', 'ca.crt'))
+        const res = await rawRequest({ port: this.port, path: '/health', timeoutMs: 2000, ca: this.ca })
         if (res.status === 200) break
       } catch {
         // not listening yet
@@ -326,7 +332,7 @@ export class TestServer {
     const h = { ...headers }
     const k = key === undefined ? this.apiKey : key
     if (k !== null) h['X-API-KEY'] = k
-    return rawRequest({ port: this.port, method, path: reqPath, headers: h, body })
+    return rawRequest({ port: this.port, method, path: reqPath, headers: h, body, ca: this.ca })
   }
 
   /** Sandbox.create, remembered so that `after` kills it if the test did not. */

@@ -62,6 +62,9 @@ func Start(ctx context.Context, cfg Config) (_ *Agent, err error) {
 			a.Close(context.WithoutCancel(ctx))
 		}
 	}()
+	if cfg.InsecureCluster {
+		log.Warn(membership.InsecureClusterWarning)
+	}
 	var token string
 	var joined membership.JoinAnswer
 	if strings.HasPrefix(cfg.Join, "https://") {
@@ -72,6 +75,9 @@ func Start(ctx context.Context, cfg Config) (_ *Agent, err error) {
 	} else if token, err = membership.LoadClusterToken(cfg.DataDir, cfg.ClusterToken, false, log); err != nil {
 		return nil, err
 	} else if cfg.Join != "" {
+		if err := membership.CheckPlain("joining with the cluster token", cfg.Join, "join over https with the command 'aenv cluster join-command' prints on a server", cfg.InsecureCluster); err != nil {
+			return nil, fmt.Errorf("starting node: %w", err)
+		}
 		log.Warn("joining over plain HTTP with the cluster token, which anyone on the network can read (as the data key the server hands over): join with the https command `aenv cluster join-command` prints instead", "join", cfg.Join)
 		if joined, err = joinCluster(ctx, cfg.Join, token); err != nil {
 			return nil, err
@@ -111,6 +117,13 @@ func Start(ctx context.Context, cfg Config) (_ *Agent, err error) {
 	}
 	if err := membership.CheckDataKeys(ctx, a.state, keys, false); err != nil {
 		return nil, fmt.Errorf("starting node: %w", err)
+	}
+	if a.creds == nil {
+		// Without a certificate the node serves plain HTTP, the cluster
+		// token in every request.
+		if err := membership.CheckPlain("serving the node API and sandbox traffic", cfg.Listen, "join over https (the command 'aenv cluster join-command' prints) so that the node serves mutual TLS, or listen on loopback", cfg.InsecureCluster); err != nil {
+			return nil, fmt.Errorf("starting node: %w", err)
+		}
 	}
 	if a.listener, err = net.Listen("tcp", cfg.Listen); err != nil {
 		return nil, fmt.Errorf("listening on %s: %w", cfg.Listen, err)

@@ -145,7 +145,11 @@ type Config struct {
 	CAHash string
 	// Advertise is the host:port servers reach a node agent at.
 	Advertise string
-	Logger    *slog.Logger
+	// InsecureCluster allows cluster traffic in plain HTTP off loopback:
+	// the old join with the cluster token, a node API without TLS, etcd
+	// over http (membership.CheckPlain); it is logged at every start.
+	InsecureCluster bool
+	Logger          *slog.Logger
 }
 
 // WithDefaults fills in the zero fields of cfg (but Listen, whose default

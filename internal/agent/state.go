@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/aenvhq/aenv/internal/membership"
 	"github.com/aenvhq/aenv/internal/state"
 )
 
@@ -15,6 +16,14 @@ import (
 // (with backoff, logging why) until it answers, or the embedded member.
 func OpenState(ctx context.Context, cfg Config, log *slog.Logger) (*state.Etcd, error) {
 	start := time.Now()
+	for _, ep := range cfg.EtcdEndpoints {
+		if strings.HasPrefix(ep, "https://") {
+			continue
+		}
+		if err := membership.CheckPlain("the state store (etcd)", ep, "give https --etcd-endpoints with --etcd-ca, --etcd-cert and --etcd-key", cfg.InsecureCluster); err != nil {
+			return nil, fmt.Errorf("opening the state store: %w", err)
+		}
+	}
 	st, err := state.Open(ctx, state.Config{
 		Endpoints: cfg.EtcdEndpoints,
 		CAFile:    cfg.EtcdCAFile, CertFile: cfg.EtcdCertFile, KeyFile: cfg.EtcdKeyFile,

@@ -3,6 +3,8 @@ package cli
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -28,15 +30,22 @@ func newAuthCmd(g *globals) *cobra.Command {
 ~/.config/aenv/credentials (or $XDG_CONFIG_HOME/aenv/credentials; mode
 0600), where every other command finds them.
 
-Without --url or --key, auth asks for them on the terminal (the key is not
-echoed). With no terminal, the key is read from the first line of stdin:
+Without --url or --key-file, auth asks for them on the terminal (the key
+is not echoed). With no terminal, the key is read from the first line of
+stdin (never from the command line, where every user of the host could
+read it):
 
   echo "$KEY" | aenv auth --url https://aenv.example.com
 
-The stored key is only ever sent to the stored URL; --url, AENV_API_URL
-and E2B_API_URL naming another server do not pick it up.`,
+A server beyond loopback serves HTTPS, by default with a certificate of its
+cluster's own CA: give that CA with --ca-file ('aenv cluster ca' on the
+server prints it) and it is stored with the URL and checked on every
+request.
+
+The stored key and CA only ever go with the stored URL; --url, AENV_API_URL
+and E2B_API_URL naming another server do not pick them up.`,
 		Example: `  aenv auth
-  aenv auth --url http://10.0.0.5:8000 --key e2b_0123abcd`,
+  aenv auth --url https://10.0.0.5:8000 --ca-file aenv-ca.crt --key-file key.txt`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			in := cmd.InOrStdin()
@@ -68,37 +77,54 @@ and E2B_API_URL naming another server do not pick it up.`,
 				return err
 			}
 
-			key := g.key
-			if key == "" {
-				if tty {
-					fmt.Fprint(errOut, "API key (not shown): ")
-					b, err := term.ReadPassword(fd)
-					fmt.Fprintln(errOut)
-					if err != nil {
-						return fmt.Errorf("reading the API key: %w", err)
-					}
-					key = strings.TrimSpace(string(b))
-				} else {
-					line, err := readLine(lines)
-					if err != nil {
-						return fmt.Errorf("reading the API key from stdin: %w", err)
-					}
-					key = line
+			var key string
+			if g.keyFile != "" {
+				var err error
+				if key, err = readSecretFile("--key-file", g.keyFile); err != nil {
+					return err
 				}
+			} else if tty {
+				fmt.Fprint(errOut, "API key (not shown): ")
+				b, err := term.ReadPassword(fd)
+				fmt.Fprintln(errOut)
+				if err != nil {
+					return fmt.Errorf("reading the API key: %w", err)
+				}
+				key = strings.TrimSpace(string(b))
+			} else {
+				line, err := readLine(lines)
+				if err != nil {
+					return fmt.Errorf("reading the API key from stdin: %w", err)
+				}
+				key = line
 			}
 			if key == "" {
-				return fmt.Errorf("no API key given: pass --key, type it on a terminal, or pipe it on stdin")
+				return fmt.Errorf("no API key given: pass --key-file, type it on a terminal, or pipe it on stdin")
+			}
+			var ca []byte
+			if g.caFile != "" {
+				var err error
+				if ca, err = os.ReadFile(g.caFile); err != nil {
+					return fmt.Errorf("reading the CA (--ca-file): %w", err)
+				}
+			}
+			c, err := target{url: serverURL, key: key, ca: ca}.client()
+			if err != nil {
+				return err
 			}
 
 			ctx, cancel := context.WithTimeout(cmd.Context(), authCheckTimeout)
 			defer cancel()
-			if err := client.New(serverURL, key).CheckKey(ctx); err != nil {
+			if err := c.CheckKey(ctx); err != nil {
 				if client.IsStatus(err, http.StatusUnauthorized) {
 					return fmt.Errorf("checking the API key: %s rejected it: wrong key for this server", serverURL)
 				}
+				if errors.As(err, new(*tls.CertificateVerificationError)) && ca == nil {
+					return fmt.Errorf("%w (a server of aenv's own CA: give --ca-file, which 'aenv cluster ca' on the server prints)", err)
+				}
 				return err
 			}
-			path, err := saveCredentials(credentials{URL: serverURL, Key: key})
+			path, err := saveCredentials(credentials{URL: serverURL, Key: key, CA: string(ca)})
 			if err != nil {
 				return err
 			}

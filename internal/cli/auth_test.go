@@ -1,11 +1,19 @@
 package cli
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/json"
+	"encoding/pem"
+	"math/big"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // isolateConfig points HOME at a fresh directory and clears every
@@ -14,7 +22,7 @@ func isolateConfig(t *testing.T) string {
 	t.Helper()
 	home := t.TempDir()
 	t.Setenv("HOME", home)
-	for _, v := range []string{"XDG_CONFIG_HOME", "AENV_API_URL", "AENV_API_KEY", "E2B_API_URL", "E2B_API_KEY"} {
+	for _, v := range []string{"XDG_CONFIG_HOME", "AENV_API_URL", "AENV_API_KEY", "E2B_API_URL", "E2B_API_KEY", "AENV_CA_FILE"} {
 		t.Setenv(v, "")
 		os.Unsetenv(v)
 	}
@@ -27,16 +35,20 @@ func TestAuth(t *testing.T) {
 	path := filepath.Join(home, ".config", "aenv", "credentials")
 
 	// A wrong key is refused and nothing is stored.
-	r := (*testEnv)(nil).run(t, "", "auth", "--url", e.url, "--key", "e2b_0000wrong")
+	wrong := filepath.Join(home, "wrong-key")
+	if err := os.WriteFile(wrong, []byte("e2b_0000wrong\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := (*testEnv)(nil).run(t, "", "auth", "--url", e.url, "--key-file", wrong)
 	oneErrorLine(t, r, "wrong key")
 	if _, err := os.Stat(path); !os.IsNotExist(err) {
 		t.Fatalf("a refused key was stored: %v", err)
 	}
 	// An unreachable server is not stored either.
-	oneErrorLine(t, (*testEnv)(nil).run(t, "", "auth", "--url", "http://127.0.0.1:1", "--key", e.key), "cannot reach")
-	oneErrorLine(t, (*testEnv)(nil).run(t, "", "auth", "--url", "localhost:8000", "--key", e.key), "invalid server URL")
+	oneErrorLine(t, (*testEnv)(nil).run(t, "", "auth", "--url", "http://127.0.0.1:1", "--key-file", e.keyFile), "cannot reach")
+	oneErrorLine(t, (*testEnv)(nil).run(t, "", "auth", "--url", "localhost:8000", "--key-file", e.keyFile), "invalid server URL")
 
-	r = (*testEnv)(nil).run(t, "", "auth", "--url", e.url+"/", "--key", e.key)
+	r = (*testEnv)(nil).run(t, "", "auth", "--url", e.url+"/", "--key-file", e.keyFile)
 	if r.code != 0 {
 		t.Fatalf("auth: exit %d stderr %q", r.code, r.stderr)
 	}
@@ -87,12 +99,12 @@ func TestResolveServer(t *testing.T) {
 	}
 	resolve := func(g globals) string {
 		t.Helper()
-		g.keyFile = keyFile
-		url, key, err := g.resolveServer()
+		g.localKeyFile = keyFile
+		srv, err := g.resolveServer()
 		if err != nil {
 			return "error: " + err.Error()
 		}
-		return url + " " + key
+		return srv.url + " " + srv.key + " " + caSubject(srv.ca)
 	}
 	check := func(name, got, want string) {
 		t.Helper()
@@ -100,23 +112,36 @@ func TestResolveServer(t *testing.T) {
 			t.Fatalf("%s: got %q, want %q", name, got, want)
 		}
 	}
-	check("nothing", resolve(globals{}), "http://localhost:8000 e2b_local")
+	check("nothing", resolve(globals{}), "http://localhost:8000 e2b_local -")
 
-	if _, err := saveCredentials(credentials{URL: "http://stored:8000", Key: "e2b_stored"}); err != nil {
+	storedCA, otherCA := testCA(t, "stored"), testCA(t, "flag")
+	if _, err := saveCredentials(credentials{URL: "https://stored:8000", Key: "e2b_stored", CA: string(storedCA)}); err != nil {
 		t.Fatal(err)
 	}
-	check("file", resolve(globals{}), "http://stored:8000 e2b_stored")
-	check("file, same url flag", resolve(globals{url: "http://stored:8000/"}), "http://stored:8000/ e2b_stored")
-	// The stored key does not follow a URL pointing elsewhere.
-	check("file, other url", resolve(globals{url: "http://other:8000"}), "http://other:8000 e2b_local")
+	check("file", resolve(globals{}), "https://stored:8000 e2b_stored stored")
+	check("file, same url flag", resolve(globals{url: "https://stored:8000/"}), "https://stored:8000/ e2b_stored stored")
+	// The stored key and CA do not follow a URL pointing elsewhere.
+	check("file, other url", resolve(globals{url: "http://other:8000"}), "http://other:8000 e2b_local -")
 
 	t.Setenv("E2B_API_URL", "http://e2b:1")
 	t.Setenv("E2B_API_KEY", "e2b_e2b")
-	check("E2B env", resolve(globals{}), "http://e2b:1 e2b_e2b")
+	check("E2B env", resolve(globals{}), "http://e2b:1 e2b_e2b -")
 	t.Setenv("AENV_API_URL", "http://aenv:2")
 	t.Setenv("AENV_API_KEY", "e2b_aenv")
-	check("AENV env", resolve(globals{}), "http://aenv:2 e2b_aenv")
-	check("flags", resolve(globals{url: "http://flag:3", key: "e2b_flag"}), "http://flag:3 e2b_flag")
+	check("AENV env", resolve(globals{}), "http://aenv:2 e2b_aenv -")
+	flagKey := filepath.Join(home, "flag-key")
+	flagCA := filepath.Join(home, "flag-ca.crt")
+	if err := os.WriteFile(flagKey, []byte("e2b_flag\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(flagCA, otherCA, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	check("flags", resolve(globals{url: "http://flag:3", keyFile: flagKey, caFile: flagCA}), "http://flag:3 e2b_flag flag")
+	t.Setenv("AENV_CA_FILE", flagCA)
+	check("CA from the environment", resolve(globals{}), "http://aenv:2 e2b_aenv flag")
+	os.Unsetenv("AENV_CA_FILE")
+	check("missing key file", resolve(globals{keyFile: filepath.Join(home, "none")}), "error: reading --key-file: open "+filepath.Join(home, "none")+": no such file or directory")
 
 	os.Unsetenv("AENV_API_KEY")
 	os.Unsetenv("E2B_API_KEY")
@@ -132,4 +157,33 @@ func TestResolveServer(t *testing.T) {
 	if got := resolve(globals{}); !strings.Contains(got, "reading credentials") {
 		t.Fatalf("a corrupt credentials file: %q", got)
 	}
+}
+
+// testCA is a self-signed CA certificate (PEM) named cn.
+func testCA(t *testing.T, cn string) []byte {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: cn}, NotBefore: time.Now(),
+		NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+}
+
+// caSubject is the CommonName of the PEM certificate in b, "-" for none.
+func caSubject(b []byte) string {
+	blk, _ := pem.Decode(b)
+	if blk == nil {
+		return "-"
+	}
+	c, err := x509.ParseCertificate(blk.Bytes)
+	if err != nil {
+		return "bad: " + err.Error()
+	}
+	return c.Subject.CommonName
 }

@@ -64,10 +64,7 @@ single creates at once, until all are ready, alternately.`,
 				return fmt.Errorf("unknown --output %q (table or json)", output)
 			}
 			if suite == suiteBatch {
-				g := &globals{}
-				g.url, _ = cmd.Flags().GetString("url")
-				g.key, _ = cmd.Flags().GetString("key")
-				c, err := g.client()
+				c, err := globalsOf(cmd).client()
 				if err != nil {
 					return err
 				}
@@ -86,10 +83,7 @@ single creates at once, until all are ready, alternately.`,
 			}
 			if suite == suiteSoak {
 				// The soak suite has no bare half: it watches the server.
-				g := &globals{}
-				g.url, _ = cmd.Flags().GetString("url")
-				g.key, _ = cmd.Flags().GetString("key")
-				c, err := g.client()
+				c, err := globalsOf(cmd).client()
 				if err != nil {
 					return err
 				}
@@ -128,12 +122,7 @@ single creates at once, until all are ready, alternately.`,
 					return err
 				}
 			}
-			// The bench command is built without the shared globals; the
-			// persistent --url and --key are read from the parsed flags.
-			g := &globals{}
-			g.url, _ = cmd.Flags().GetString("url")
-			g.key, _ = cmd.Flags().GetString("key")
-			api, err := benchAPI(g)
+			api, err := benchAPI(globalsOf(cmd))
 			if err != nil {
 				return err
 			}
@@ -205,6 +194,16 @@ func benchSuites(suite string) (create, snapshot bool, err error) {
 }
 
 // benchAPI finds the server as every client command does.
+// globalsOf reads the persistent client flags from cmd's parsed flags,
+// for a command built without the shared globals (bench).
+func globalsOf(cmd *cobra.Command) *globals {
+	g := &globals{}
+	g.url, _ = cmd.Flags().GetString("url")
+	g.keyFile, _ = cmd.Flags().GetString("key-file")
+	g.caFile, _ = cmd.Flags().GetString("ca-file")
+	return g
+}
+
 func benchAPI(g *globals) (*bench.HTTPAPI, error) {
 	c, err := g.client()
 	if err != nil {

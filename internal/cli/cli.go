@@ -44,9 +44,12 @@ func (e *usageError) Unwrap() error { return e.err }
 // globals are the flags every client command shares.
 type globals struct {
 	url string
-	key string
-	// keyFile replaces localKeyFile (tests).
+	// keyFile is --key-file; localKeyFile is read when it is empty.
 	keyFile string
+	// localKeyFile replaces the local server's key file (tests).
+	localKeyFile string
+	// caFile is --ca-file: the CA the server's certificate is signed by.
+	caFile string
 }
 
 // Options are the process's streams, replaceable for tests.
@@ -114,8 +117,12 @@ server's key file (` + localKeyFile + `), and ` + defaultURL + `.`,
 		SilenceErrors:      true,
 		DisableSuggestions: true,
 	}
-	root.PersistentFlags().StringVar(&g.url, "url", "", "server URL (env AENV_API_URL or E2B_API_URL; default: from 'aenv auth', else "+defaultURL+")")
-	root.PersistentFlags().StringVar(&g.key, "key", "", "API key (env AENV_API_KEY or E2B_API_KEY; default: from 'aenv auth', else the local server's key file)")
+	pf := root.PersistentFlags()
+	pf.StringVar(&g.url, "url", "", "server URL (env AENV_API_URL or E2B_API_URL; default: from 'aenv auth', else "+defaultURL+")")
+	pf.StringVar(&g.keyFile, "key-file", "", "file holding the API key (default: env AENV_API_KEY or E2B_API_KEY, else from 'aenv auth', else the local server's key file)")
+	secretFlag(pf, "key")
+	pf.StringVar(&g.caFile, "ca-file", "", "CA certificate (PEM) the server's TLS certificate is signed by, such as a cluster's own ('aenv cluster ca'; env AENV_CA_FILE; default: from 'aenv auth', else the system's roots)")
+	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error { return refuseSecretFlags(cmd) }
 	root.AddCommand(
 		newAuthCmd(g),
 		newCreateCmd(g),
@@ -210,42 +217,87 @@ func oneLine(err error) error {
 
 // client builds an API client for the server resolveServer finds.
 func (g *globals) client() (*client.Client, error) {
-	url, key, err := g.resolveServer()
+	srv, err := g.resolveServer()
 	if err != nil {
 		return nil, err
 	}
-	return client.New(url, key), nil
+	return srv.client()
+}
+
+// target is the server a client command goes to, and with what.
+type target struct {
+	url, key string
+	// ca is the PEM CA its certificate is signed by (nil: the system's
+	// roots).
+	ca []byte
+}
+
+func (s target) client() (*client.Client, error) {
+	c, err := client.NewWithCA(s.url, s.key, s.ca)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", s.url, err)
+	}
+	return c, nil
 }
 
 // resolveServer picks the server URL and key from, in order: flags,
-// AENV_API_*, E2B_API_*, the credentials file (whose key only goes to its
-// own URL), the local server's key file and the default URL.
-func (g *globals) resolveServer() (url, key string, err error) {
-	url = firstNonEmpty(g.url, os.Getenv("AENV_API_URL"), os.Getenv("E2B_API_URL"))
-	key = firstNonEmpty(g.key, os.Getenv("AENV_API_KEY"), os.Getenv("E2B_API_KEY"))
-	if url == "" || key == "" {
-		creds, err := loadCredentials()
+// AENV_API_*, E2B_API_*, the credentials file (whose key and CA only go
+// with its own URL), the local server's key file and the default URL.
+func (g *globals) resolveServer() (target, error) {
+	var srv target
+	srv.url = firstNonEmpty(g.url, os.Getenv("AENV_API_URL"), os.Getenv("E2B_API_URL"))
+	if g.keyFile != "" {
+		key, err := readSecretFile("--key-file", g.keyFile)
 		if err != nil {
-			return "", "", err
+			return target{}, err
 		}
-		if creds != nil {
-			if url == "" {
-				url = creds.URL
-			}
-			if key == "" && sameURL(url, creds.URL) {
-				key = creds.Key
+		srv.key = key
+	}
+	srv.key = firstNonEmpty(srv.key, os.Getenv("AENV_API_KEY"), os.Getenv("E2B_API_KEY"))
+	if caFile := firstNonEmpty(g.caFile, os.Getenv("AENV_CA_FILE")); caFile != "" {
+		b, err := os.ReadFile(caFile)
+		if err != nil {
+			return target{}, fmt.Errorf("reading the CA (--ca-file): %w", err)
+		}
+		srv.ca = b
+	}
+	creds, err := loadCredentials()
+	if err != nil {
+		return target{}, err
+	}
+	if creds != nil {
+		if srv.url == "" {
+			srv.url = creds.URL
+		}
+		if sameURL(srv.url, creds.URL) {
+			srv.key = firstNonEmpty(srv.key, creds.Key)
+			if srv.ca == nil && creds.CA != "" {
+				srv.ca = []byte(creds.CA)
 			}
 		}
 	}
-	url = firstNonEmpty(url, defaultURL)
-	if key == "" {
-		b, err := os.ReadFile(firstNonEmpty(g.keyFile, localKeyFile))
+	srv.url = firstNonEmpty(srv.url, defaultURL)
+	if srv.key == "" {
+		b, err := os.ReadFile(firstNonEmpty(g.localKeyFile, localKeyFile))
 		if err != nil {
-			return "", "", fmt.Errorf("no API key for %s: run 'aenv auth', pass --key or set AENV_API_KEY", url)
+			return target{}, fmt.Errorf("no API key for %s: run 'aenv auth', pass --key-file or set AENV_API_KEY", srv.url)
 		}
-		key = strings.TrimSpace(string(b))
+		srv.key = strings.TrimSpace(string(b))
 	}
-	return url, key, nil
+	return srv, nil
+}
+
+// readSecretFile reads the one-line secret in path, which flag named.
+func readSecretFile(flag, path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("reading %s: %w", flag, err)
+	}
+	s := strings.TrimSpace(string(b))
+	if s == "" {
+		return "", fmt.Errorf("reading %s: %s is empty", flag, path)
+	}
+	return s, nil
 }
 
 // localKeyFile is where a server on this host keeps its key.

@@ -2,11 +2,14 @@ package cli
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/aenvhq/aenv/internal/client"
+	"github.com/aenvhq/aenv/internal/pki"
 )
 
 func newClusterCmd(g *globals) *cobra.Command {
@@ -74,7 +77,50 @@ a node until it expires or is revoked ('aenv cluster tokens revoke ID').`,
 		},
 	}
 	tokens.AddCommand(ls, revoke)
-	cmd.AddCommand(join, tokens)
+	cmd.AddCommand(join, tokens, newClusterCACmd())
+	return cmd
+}
+
+// newClusterCACmd prints the cluster CA's certificate from a server's data
+// directory, for the clients of an API that serves a certificate of it.
+func newClusterCACmd() *cobra.Command {
+	var dataDir string
+	var hash bool
+	cmd := &cobra.Command{
+		Use:   "ca",
+		Short: "Print the cluster's CA certificate, which clients check the API's certificate against",
+		Long: `Print the certificate (PEM) of the cluster's CA from a server's data directory
+(<data-dir>/secrets/ca.crt). A server listening beyond loopback without
+--tls-cert serves a certificate of this CA; clients trust it with:
+
+  aenv cluster ca > aenv-ca.crt
+  aenv auth --url https://HOST:8000 --ca-file aenv-ca.crt   # this CLI
+  NODE_EXTRA_CA_CERTS=aenv-ca.crt node agent.mjs            # the E2B JS SDK
+  SSL_CERT_FILE=aenv-ca.crt python3 agent.py                # the E2B Python SDK
+
+The certificate is public; the CA's key (ca.key beside it) is not printed.
+--hash prints its hash instead, the --ca-hash of a join command.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			path := pki.Files{Dir: filepath.Join(dataDir, "secrets")}.CAPath()
+			b, err := os.ReadFile(path)
+			if err != nil {
+				return fmt.Errorf("reading the cluster's CA: %w (is --data-dir a server's data directory?)", err)
+			}
+			cert, err := pki.ParseCertificate(b)
+			if err != nil {
+				return fmt.Errorf("reading the cluster's CA %s: %w", path, err)
+			}
+			if hash {
+				_, err = fmt.Fprintln(cmd.OutOrStdout(), pki.Hash(cert))
+				return err
+			}
+			_, err = cmd.OutOrStdout().Write(b)
+			return err
+		},
+	}
+	cmd.Flags().StringVar(&dataDir, "data-dir", defaultDataDir, "the server's data directory")
+	cmd.Flags().BoolVar(&hash, "hash", false, "print the CA's hash (sha256:...) instead of its certificate")
 	return cmd
 }
 

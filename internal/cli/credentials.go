@@ -10,10 +10,13 @@ import (
 	"strings"
 )
 
-// credentials is what 'aenv auth' stores: one server and its key.
+// credentials is what 'aenv auth' stores: one server, its key, and the
+// CA its certificate is signed by when that is not a system root.
 type credentials struct {
 	URL string `json:"url"`
 	Key string `json:"key"`
+	// CA is PEM.
+	CA string `json:"ca,omitempty"`
 }
 
 // credentialsPath is $XDG_CONFIG_HOME/aenv/credentials, by default

@@ -58,7 +58,7 @@ func TestBadInput(t *testing.T) {
 	})
 	// The real binary prints the same single line and exits non-zero.
 	t.Run("binary", func(t *testing.T) {
-		cmd := exec.Command(aenvBinary(t), "--url", e.url, "--key", e.key, "exec", "nosuchsandbox", "--", "true")
+		cmd := exec.Command(aenvBinary(t), "--url", e.url, "--key-file", e.keyFile, "exec", "nosuchsandbox", "--", "true")
 		var stderr strings.Builder
 		cmd.Stderr = &stderr
 		err := cmd.Run()

@@ -133,12 +133,12 @@ func TestTransferProgress(t *testing.T) {
 	if err := os.WriteFile(local, bytes.Repeat([]byte("0123456789abcdef"), 256<<10), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	tm := startTerminal(t, &pty.Winsize{Rows: 24, Cols: 120}, "upload", id, local, "/tmp/big", "--url", e.url, "--key", e.key)
+	tm := startTerminal(t, &pty.Winsize{Rows: 24, Cols: 120}, "upload", id, local, "/tmp/big", "--url", e.url, "--key-file", e.keyFile)
 	tm.expect(`Uploading 4\.0 MiB / 4\.0 MiB 100%`, 60*time.Second)
 	if err := tm.cmd.Wait(); err != nil {
 		t.Fatalf("upload on a terminal: %v; output %q", err, tm.out.String())
 	}
-	tm = startTerminal(t, &pty.Winsize{Rows: 24, Cols: 120}, "download", id, "/tmp/big", local+".back", "--url", e.url, "--key", e.key)
+	tm = startTerminal(t, &pty.Winsize{Rows: 24, Cols: 120}, "download", id, "/tmp/big", local+".back", "--url", e.url, "--key-file", e.keyFile)
 	tm.expect(`Downloading 4\.0 MiB / 4\.0 MiB 100%`, 60*time.Second)
 	if err := tm.cmd.Wait(); err != nil {
 		t.Fatalf("download on a terminal: %v; output %q", err, tm.out.String())

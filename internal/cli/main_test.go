@@ -62,7 +62,9 @@ func TestMain(m *testing.M) {
 // testEnv is a running server and a way to run the CLI against it.
 type testEnv struct {
 	url, key string
-	c        *client.Client
+	// keyFile holds key, for --key-file.
+	keyFile string
+	c       *client.Client
 }
 
 // startServer returns the shared server, starting it on first use. It
@@ -106,7 +108,7 @@ func startServer(t *testing.T) *testEnv {
 	if shared.err != nil {
 		t.Fatalf("starting the test server: %v", shared.err)
 	}
-	e := &testEnv{url: "http://" + shared.srv.Addr().String(), key: shared.srv.APIKey()}
+	e := &testEnv{url: "http://" + shared.srv.Addr().String(), key: shared.srv.APIKey(), keyFile: server.APIKeyPath(filepath.Join(shared.dir, "data"))}
 	e.c = client.New(e.url, e.key)
 	return e
 }
@@ -153,7 +155,7 @@ func (e *testEnv) run(t *testing.T, stdin string, args ...string) result {
 func (e *testEnv) runWith(t *testing.T, stdin *strings.Reader, stdout *syncBuffer, args ...string) result {
 	t.Helper()
 	if e != nil {
-		args = append([]string{"--url", e.url, "--key", e.key}, args...)
+		args = append([]string{"--url", e.url, "--key-file", e.keyFile}, args...)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()

@@ -1,7 +1,9 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -13,7 +15,7 @@ import (
 // nodeAgent makes cmd run this host's node agent (agent.Start).
 func nodeAgent(cmd *cobra.Command) {
 	var cfg agent.Config
-	var logLevel, onStop string
+	var logLevel, onStop, tokenFile string
 	var hs hostStrings
 	cmd.Long = `Run a node agent: this host runs sandboxes for the cluster's API servers.
 
@@ -45,6 +47,15 @@ SIGTERM first. Needs root.`
 		if err := hostSettings(&cfg, hs, logLevel); err != nil {
 			return err
 		}
+		if cmd.Flags().Changed("token") && !strings.HasPrefix(cfg.Join, "https://") {
+			return &usageError{cmd: cmd, err: errors.New("--token without an https --join would be the cluster token, a long-lived secret, on the command line, where every user of this host can read it (ps): use --token-file FILE or $AENV_CLUSTER_TOKEN, or join over https with a join token ('aenv cluster join-command' prints the command)")}
+		}
+		if tokenFile != "" {
+			var err error
+			if cfg.ClusterToken, err = readSecretFile("--token-file", tokenFile); err != nil {
+				return err
+			}
+		}
 		stopTimeout := 30 * time.Second
 		switch onStop {
 		case "keep":
@@ -70,7 +81,8 @@ SIGTERM first. Needs root.`
 	f.StringVar(&cfg.Listen, "listen", agent.DefaultListen, "address of the node API and the sandbox traffic servers forward")
 	f.StringVar(&cfg.Advertise, "advertise", "", "host:port servers reach this node at (default: --listen, if it names an address)")
 	f.StringVar(&cfg.Join, "join", "", "URL of a server of the cluster to learn its etcd endpoints from")
-	f.StringVar(&cfg.ClusterToken, "token", "", "with an https --join: a join token (default: $AENV_JOIN_TOKEN); with an http one: the cluster token (default: $AENV_CLUSTER_TOKEN, else <data-dir>/secrets/cluster-token)")
+	f.StringVar(&cfg.ClusterToken, "token", "", "with an https --join: the join token, short-lived and single-purpose (default: --token-file, else $AENV_JOIN_TOKEN)")
+	f.StringVar(&tokenFile, "token-file", "", "file holding the join token (https --join) or the cluster token (the old http join, or --etcd-endpoints; default: $AENV_CLUSTER_TOKEN, else <data-dir>/secrets/cluster-token)")
 	f.StringVar(&cfg.CAHash, "ca-hash", "", "the cluster CA's hash (sha256:...) the server of an https --join must prove it holds")
 	f.StringVar(&cfg.NodeID, "node-id", "", "this node's id (default: the hostname)")
 	f.StringVar(&onStop, "on-stop", "keep", "what stopping the node does with running sandboxes: keep (a restart takes them over), drain (the cluster moves them to other nodes, live, or pauses them into the store; for a host going away) or kill")

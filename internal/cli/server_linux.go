@@ -26,7 +26,7 @@ func newServerCmd() *cobra.Command {
 	var drain, cleanup, localNode bool
 	var trustedProxies []string
 	var hs hostStrings
-	var buildNetwork, buildDisk, maxImageSize string
+	var buildNetwork, buildDisk, maxImageSize, clusterTokenFile string
 	cmd := &cobra.Command{
 		Use:   "server",
 		Short: "Run the aenv server (API, proxy and a local node)",
@@ -72,6 +72,12 @@ and --on-stop=kill kills them.`,
 			if cfg.APIKey == "" {
 				cfg.APIKey = os.Getenv("AENV_API_KEY")
 			}
+			if clusterTokenFile != "" {
+				var err error
+				if cfg.ClusterToken, err = readSecretFile("--cluster-token-file", clusterTokenFile); err != nil {
+					return err
+				}
+			}
 			if drain {
 				onStop = "pause"
 			}
@@ -111,8 +117,11 @@ and --on-stop=kill kills them.`,
 	f := cmd.Flags()
 	hostFlags(f, &cfg.Config, &hs, &logLevel)
 	f.BoolVar(&localNode, "local-node", true, "run a node in this process (the single-host setup); false makes a pure API server for the nodes that join (aenv node)")
-	f.StringVar(&cfg.ClusterToken, "cluster-token", "", "token servers and nodes authenticate each other with (default: $AENV_CLUSTER_TOKEN, else <data-dir>/secrets/cluster-token, generated on first start)")
-	f.StringVar(&cfg.Listen, "listen", ":8000", "address of the API and sandbox proxy")
+	f.StringVar(&clusterTokenFile, "cluster-token-file", "", "file holding the token servers and nodes joined the old way (plain HTTP) authenticate each other with (default: $AENV_CLUSTER_TOKEN, else <data-dir>/secrets/cluster-token, generated on first start)")
+	secretFlag(f, "cluster-token")
+	f.StringVar(&cfg.Listen, "listen", server.DefaultListen, "address of the API and sandbox proxy: plain HTTP on loopback; beyond it (e.g. :8000) HTTPS, with --tls-cert/--tls-key or a certificate of the cluster's CA ('aenv cluster ca' prints the CA for clients)")
+	f.BoolVar(&cfg.InsecureHTTP, "insecure-http", false, "serve the API in plain HTTP beyond loopback too (API keys and sandbox traffic in the clear; for a TLS proxy in front on a trusted network)")
+	f.BoolVar(&cfg.HTTPS, "https", false, "serve HTTPS on loopback too")
 	f.StringVar(&cfg.Advertise, "advertise", "", "host:port the other servers of a cluster reach this server's local node and its sandboxes at (default: --listen, if it names an address)")
 	f.StringVar(&cfg.Trust.ClusterListen, "cluster-listen", server.DefaultClusterListen, "address of the cluster listener (TLS with a certificate of the cluster's CA): nodes join there (aenv cluster join-command), and the other servers reach this server's local node there over mutual TLS; empty: none")
 	f.StringVar(&cfg.Trust.ClusterAdvertise, "cluster-advertise", "", "host:port nodes and servers reach the cluster listener at (default: --cluster-listen if it names an address, else --advertise's host)")
@@ -124,8 +133,8 @@ and --on-stop=kill kills them.`,
 	f.IntVar(&cfg.MaxConnections, "max-connections", server.DefaultMaxConnections, "connections the server holds open at once; past it new ones are closed at once (0: no bound)")
 	f.IntVar(&cfg.MaxConnectionsPerClient, "max-connections-per-client", server.DefaultMaxConnectionsPerClient, "connections one client address may hold open (--trusted-proxies are exempt; 0: no bound)")
 	f.StringSliceVar(&trustedProxies, "trusted-proxies", nil, "CIDRs of proxies in front of the server whose X-Forwarded-For names the client (for the rate limit)")
-	f.StringVar(&cfg.TLSCert, "tls-cert", "", "TLS certificate file (with --tls-key: serve HTTPS)")
-	f.StringVar(&cfg.TLSKey, "tls-key", "", "TLS private key file")
+	f.StringVar(&cfg.TLSCert, "tls-cert", "", "the API's TLS certificate file, with --tls-key (default beyond loopback: a certificate of the cluster's CA for --domain, *.<domain> and this host's names and addresses, renewed in place)")
+	f.StringVar(&cfg.TLSKey, "tls-key", "", "the API's TLS private key file")
 	f.StringSliceVar(&cfg.EtcdClientURLs, "etcd-listen", nil, "loopback URLs the embedded etcd listens on instead of its unix socket (e.g. http://127.0.0.1:23790)")
 	f.BoolVar(&cfg.AllowInsecureSandboxes, "allow-insecure-sandboxes", false, "create sandboxes without an envd access token when the client sends secure: false (by default every sandbox has one; the SDKs send it)")
 	f.DurationVar(&cfg.PausedRetention, "paused-retention", 0, "delete paused sandboxes (and their snapshots) kept longer than this, e.g. 720h; 0 keeps them until killed")
@@ -151,6 +160,8 @@ type hostStrings struct {
 	egressAllow, dns []string
 	imageCacheSize   string
 	volumeSize       string
+	// storeSecretKeyFile holds the S3 secret key.
+	storeSecretKeyFile string
 }
 
 func hostFlags(f *pflag.FlagSet, cfg *agent.Config, hs *hostStrings, logLevel *string) {
@@ -165,7 +176,8 @@ func hostFlags(f *pflag.FlagSet, cfg *agent.Config, hs *hostStrings, logLevel *s
 	f.IntVar(&cfg.NetnsPoolSize, "netns-pool", 8, "network namespaces kept ready for new sandboxes")
 	f.StringVar(&cfg.StoreURL, "store", os.Getenv("AENV_STORE"), "durable snapshot store: /shared/path, file:///path or s3://bucket/prefix?endpoint=URL&region=R&path_style=true (env AENV_STORE; default: the data dir only)")
 	f.StringVar(&cfg.StoreAccessKey, "store-access-key", "", "S3 access key (default: AWS_ACCESS_KEY_ID and the AWS default chain)")
-	f.StringVar(&cfg.StoreSecretKey, "store-secret-key", "", "S3 secret key (default: AWS_SECRET_ACCESS_KEY and the AWS default chain)")
+	f.StringVar(&hs.storeSecretKeyFile, "store-secret-key-file", "", "file holding the S3 secret key (default: AWS_SECRET_ACCESS_KEY and the AWS default chain)")
+	secretFlag(f, "store-secret-key")
 	f.IntVar(&cfg.WarmPoolSize, "warm-pool", 2, "base sandboxes kept prestarted so that creates skip the boot (0 disables; each costs ~40 MiB)")
 	f.StringVar(&cfg.NetnsTag, "netns-tag", "aenv", "names this node's nftables tables and host interfaces (lower-case letters; distinct per server or node on one host)")
 	f.StringSliceVar(&cfg.EtcdEndpoints, "etcd-endpoints", nil, "external etcd cluster for the live state (URL[,URL...]; a server's default is an embedded member in <data-dir>/etcd; a node needs these or --join)")
@@ -186,6 +198,7 @@ func hostFlags(f *pflag.FlagSet, cfg *agent.Config, hs *hostStrings, logLevel *s
 	f.StringVar(&cfg.RootFS, "rootfs", agent.RootFSImage, "how sandboxes get their template's files: image (its block image, read on demand from --store into the image cache by the node's image server, which outlives restarts), eager (the block image fetched whole first) or dir (the template's tree, copied whole)")
 	f.StringVar(&hs.imageCacheSize, "image-cache-size", "", "bound of this node's image cache in <data-dir>/image-cache, least recently used chunks evicted (bytes, or with K, M, G, T; default: 20% of the disk)")
 	f.DurationVar(&cfg.ImageGrace, "image-grace", blockimage.DefaultGrace, "how long a block image no sandbox uses stays mounted")
+	f.BoolVar(&cfg.InsecureCluster, "insecure-cluster", false, "allow cluster traffic in plain HTTP off loopback: the old join with the cluster token, a node API without TLS, etcd over http (logged as a warning at every start; for a trusted network only)")
 	f.StringVar(logLevel, "log-level", "info", "debug, info, warn or error")
 }
 
@@ -216,6 +229,11 @@ func hostSettings(cfg *agent.Config, hs hostStrings, logLevel string) error {
 	}
 	if cfg.VolumeSize = n; n == 0 {
 		cfg.VolumeSize = -1
+	}
+	if hs.storeSecretKeyFile != "" {
+		if cfg.StoreSecretKey, err = readSecretFile("--store-secret-key-file", hs.storeSecretKeyFile); err != nil {
+			return err
+		}
 	}
 	cfg.EgressAllow, err = parsePrefixes("--egress-allow", hs.egressAllow)
 	return err

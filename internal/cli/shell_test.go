@@ -80,7 +80,7 @@ func (tm *terminal) expect(re string, timeout time.Duration) []string {
 // aenv's, and the sandbox is gone afterwards.
 func TestStartInteractive(t *testing.T) {
 	e := startServer(t)
-	tm := startTerminal(t, &pty.Winsize{Rows: 30, Cols: 90}, "start", "base", "--url", e.url, "--key", e.key)
+	tm := startTerminal(t, &pty.Winsize{Rows: 30, Cols: 90}, "start", "base", "--url", e.url, "--key-file", e.keyFile)
 
 	id := tm.expect(`Sandbox ([a-z0-9]+) \(base\)`, 60*time.Second)[1]
 	if !e.exists(t, id) {

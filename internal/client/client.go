@@ -7,6 +7,8 @@ package client
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -36,15 +38,34 @@ type Client struct {
 
 // New returns a client for the server at baseURL (e.g. http://localhost:8000).
 func New(baseURL, apiKey string) *Client {
+	c, _ := NewWithCA(baseURL, apiKey, nil)
+	return c
+}
+
+// NewWithCA is New for a server whose certificate is signed by the CA in
+// caPEM (a cluster's own, which `aenv cluster ca` prints) as well as by
+// the system's roots; nil caPEM trusts the system's roots only.
+func NewWithCA(baseURL, apiKey string, caPEM []byte) (*Client, error) {
+	tr := &http.Transport{
+		MaxIdleConnsPerHost: 64,
+		IdleConnTimeout:     30 * time.Second,
+	}
+	if len(caPEM) > 0 {
+		pool, err := x509.SystemCertPool()
+		if err != nil {
+			pool = x509.NewCertPool()
+		}
+		if !pool.AppendCertsFromPEM(caPEM) {
+			return nil, errors.New("reading the server's CA: no PEM certificate in it")
+		}
+		tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	}
 	return &Client{
 		tokens:  &sync.Map{},
 		baseURL: strings.TrimRight(baseURL, "/"),
 		apiKey:  apiKey,
-		http: &http.Client{Transport: &http.Transport{
-			MaxIdleConnsPerHost: 64,
-			IdleConnTimeout:     30 * time.Second,
-		}},
-	}
+		http:    &http.Client{Transport: tr},
+	}, nil
 }
 
 // APIError is an error the server answered with.

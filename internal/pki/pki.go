@@ -42,6 +42,11 @@ import (
 const (
 	RoleServer = "aenv:servers"
 	RoleNode   = "aenv:nodes"
+	// RoleAPI is an API listener's certificate, which clients check: it
+	// authenticates nothing to the cluster's members (they accept
+	// servers and nodes only), so its key leaking from a front end gives
+	// no way into the cluster.
+	RoleAPI = "aenv:api"
 )
 
 // DefaultLifetime is how long issued certificates are valid unless told
@@ -145,7 +150,7 @@ func Hash(cert *x509.Certificate) string {
 
 // Identity is who a certificate says its holder is.
 type Identity struct {
-	// Role is RoleServer or RoleNode.
+	// Role is RoleServer, RoleNode or RoleAPI.
 	Role string
 	// Name is the server's name or the node's id (the CommonName without
 	// its "server:"/"node:" prefix).
@@ -157,8 +162,11 @@ type Identity struct {
 
 // CommonName is id's Subject CommonName, the user name etcd would see.
 func (id Identity) CommonName() string {
-	if id.Role == RoleServer {
+	switch id.Role {
+	case RoleServer:
 		return "server:" + id.Name
+	case RoleAPI:
+		return "api:" + id.Name
 	}
 	return "node:" + id.Name
 }
@@ -181,12 +189,14 @@ type Request struct {
 // request names exactly its own id.
 func (ca *CA) Issue(pub crypto.PublicKey, r Request, now time.Time) ([]byte, error) {
 	switch {
-	case r.Role != RoleServer && r.Role != RoleNode:
+	case r.Role != RoleServer && r.Role != RoleNode && r.Role != RoleAPI:
 		return nil, fmt.Errorf("issuing a certificate: unknown role %q", r.Role)
 	case r.Name == "":
 		return nil, errors.New("issuing a certificate: no name")
 	case r.Role == RoleNode && (len(r.Nodes) != 1 || r.Nodes[0] != r.Name):
 		return nil, fmt.Errorf("issuing a certificate for node %s: it may serve only its own id", r.Name)
+	case r.Role == RoleAPI && len(r.Nodes) > 0:
+		return nil, fmt.Errorf("issuing an API certificate for %s: it may serve no node", r.Name)
 	}
 	life := r.Lifetime
 	if life <= 0 {
@@ -200,6 +210,9 @@ func (ca *CA) Issue(pub crypto.PublicKey, r Request, now time.Time) ([]byte, err
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		// Both: servers serve and dial nodes; nodes serve and renew.
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+	}
+	if r.Role == RoleAPI {
+		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
 	}
 	for _, n := range r.Nodes {
 		tmpl.URIs = append(tmpl.URIs, &url.URL{Scheme: "aenv", Opaque: "node:" + url.PathEscape(n)})
@@ -248,6 +261,8 @@ func IdentityOf(cert *x509.Certificate) Identity {
 		id.Name, _ = strings.CutPrefix(cn, "server:")
 	case RoleNode:
 		id.Name, _ = strings.CutPrefix(cn, "node:")
+	case RoleAPI:
+		id.Name, _ = strings.CutPrefix(cn, "api:")
 	}
 	for _, u := range cert.URIs {
 		if n, ok := strings.CutPrefix(u.Opaque, "node:"); ok && u.Scheme == "aenv" {

@@ -6,6 +6,7 @@ import (
 	"net/http"
 
 	"github.com/aenvhq/aenv/internal/agent"
+	"github.com/aenvhq/aenv/internal/membership"
 	"github.com/aenvhq/aenv/internal/nodeapi"
 )
 
@@ -34,7 +35,7 @@ func (s *Server) withNode(h http.Handler) http.Handler {
 // --advertise, or serving TLS (the servers dial nodes in plain HTTP),
 // registers none, and says that only it can then reach its sandboxes.
 // A malformed flag is an error.
-func localNodeAddress(flag string, listen net.Addr, tls bool, log *slog.Logger) (string, error) {
+func localNodeAddress(flag string, listen net.Addr, tls, insecure bool, log *slog.Logger) (string, error) {
 	if tls {
 		log.Warn("the local node is not advertised: other servers reach nodes over plain HTTP, and this one serves TLS; only this server reaches its sandboxes")
 		return "", nil
@@ -45,6 +46,11 @@ func localNodeAddress(flag string, listen net.Addr, tls bool, log *slog.Logger) 
 		return "", err
 	case err != nil:
 		log.Info("the local node is not advertised (the server listens on every address): give --advertise HOST:PORT for other servers of a cluster to reach its sandboxes", "listen", listen.String())
+	case addr != "":
+		if err := membership.CheckPlain("the local node, advertised", addr, "keep the cluster listener (--cluster-listen), which serves it over mutual TLS", insecure); err != nil {
+			log.Warn("the local node is not advertised: only this server reaches its sandboxes", "err", err)
+			return "", nil
+		}
 	}
 	return addr, nil
 }
@@ -57,6 +63,6 @@ func (s *Server) localNodeAdvertise(apiTLS bool) (string, bool, error) {
 	if s.clusterAdvertise != "" {
 		return s.clusterAdvertise, true, nil
 	}
-	addr, err := localNodeAddress(s.cfg.Advertise, s.listener.Addr(), apiTLS, s.log)
+	addr, err := localNodeAddress(s.cfg.Advertise, s.listener.Addr(), apiTLS, s.cfg.InsecureCluster, s.log)
 	return addr, false, err
 }

@@ -6,6 +6,7 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -57,8 +58,14 @@ type Config struct {
 	// the API listener holds open, in all and per client address; past
 	// them new connections are closed at once (0: no bound).
 	MaxConnections, MaxConnectionsPerClient int
-	// TLSCert and TLSKey, when both set, make the server speak HTTPS.
+	// TLSCert and TLSKey are the API's certificate and key files. Without
+	// them the API serves plain HTTP on loopback, and beyond it HTTPS
+	// with a certificate of the cluster's CA (see apiTLS).
 	TLSCert, TLSKey string
+	// InsecureHTTP serves the API in plain HTTP beyond loopback.
+	InsecureHTTP bool
+	// HTTPS serves the API over TLS on loopback too.
+	HTTPS bool
 	// Limits bound clients' requests.
 	Limits cluster.Limits
 	// PausedRetention, when positive, is how long paused sandboxes are
@@ -81,6 +88,11 @@ type Config struct {
 	// the snapshot catalog and the records.
 	dataKeys *sealed.Keyring
 }
+
+// DefaultListen is where the API listens unless told otherwise: loopback,
+// in plain HTTP, for the single-host setup; listening beyond it serves
+// HTTPS (see Config.TLSCert).
+const DefaultListen = "127.0.0.1:8000"
 
 // Server is a running aenv server.
 type Server struct {
@@ -128,7 +140,7 @@ type Server struct {
 func (cfg Config) withDefaults() Config {
 	cfg.Config = cfg.Config.WithDefaults()
 	if cfg.Listen == "" {
-		cfg.Listen = ":8000"
+		cfg.Listen = DefaultListen
 	}
 	return cfg
 }
@@ -287,11 +299,24 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 		IdleTimeout:    2 * time.Minute,
 		MaxHeaderBytes: 64 << 10,
 	}
-	tls := cfg.TLSCert != "" && cfg.TLSKey != ""
+	tlsCfg, err := s.apiTLS(s.listener.Addr(), domain)
+	if err != nil {
+		return nil, err
+	}
+	useTLS := tlsCfg != nil
+	if useTLS {
+		s.http.TLSConfig = tlsCfg
+		// HTTP/1.1 only, as in plain HTTP: the proxy hijacks connections
+		// (upgrades, raw streams to sandbox ports), which HTTP/2 has not.
+		s.http.TLSNextProto = map[string]func(*http.Server, *tls.Conn, http.Handler){}
+	}
+	if cfg.InsecureCluster {
+		log.Warn(membership.InsecureClusterWarning)
+	}
 	go func() {
 		var err error
-		if tls {
-			err = s.http.ServeTLS(s.listener, cfg.TLSCert, cfg.TLSKey)
+		if useTLS {
+			err = s.http.ServeTLS(s.listener, "", "")
 		} else {
 			err = s.http.Serve(s.listener)
 		}
@@ -307,7 +332,7 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 	if s.host != nil {
 		// Registered once it serves: the other servers reach the node's
 		// API and sandboxes at this address from then on.
-		advertise, nodeTLS, err := s.localNodeAdvertise(tls)
+		advertise, nodeTLS, err := s.localNodeAdvertise(useTLS)
 		if err != nil {
 			return nil, err
 		}
@@ -319,7 +344,7 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 			return nil, err
 		}
 	}
-	log.Info("aenv server listening", "addr", s.listener.Addr().String(), "tls", tls, "domain", domain, "local_node", s.host != nil)
+	log.Info("aenv server listening", "addr", s.listener.Addr().String(), "tls", useTLS, "domain", domain, "local_node", s.host != nil)
 	return s, nil
 }
 

@@ -53,8 +53,10 @@ type trust struct {
 	request  pki.Request
 	log      *slog.Logger
 
-	// legacy carries the cluster token to nodes without a certificate.
-	legacy http.RoundTripper
+	// legacy carries the cluster token to nodes without a certificate,
+	// which insecure allows off loopback (--insecure-cluster).
+	legacy   http.RoundTripper
+	insecure bool
 
 	mu         sync.Mutex
 	transports map[string]*http.Transport // by node id
@@ -65,8 +67,11 @@ type trust struct {
 	// failed its CA check sent none).
 	joins atomic.Int64
 
-	cancel context.CancelFunc
-	done   chan struct{}
+	// bg is the renewals' context, cancelled at close; renewals are
+	// the goroutines renewing this server's certificates.
+	bg       context.Context
+	cancel   context.CancelFunc
+	renewals sync.WaitGroup
 }
 
 // openTrust loads (or creates) the cluster's CA and issues this server a
@@ -77,7 +82,7 @@ func openTrust(ctx context.Context, st state.Store, cfg Config, localNode string
 		return nil, err
 	}
 	hostname, _ := os.Hostname()
-	t := &trust{ca: ca, verifier: ca.Verifier(), lifetime: cfg.Trust.CertLifetime, log: log, legacy: legacy,
+	t := &trust{ca: ca, verifier: ca.Verifier(), lifetime: cfg.Trust.CertLifetime, log: log, legacy: legacy, insecure: cfg.InsecureCluster,
 		transports: map[string]*http.Transport{}, conns: map[string]map[*nodeConn]struct{}{}}
 	t.request = pki.Request{Identity: pki.Identity{Role: pki.RoleServer, Name: hostname + ":" + cfg.DataDir}, Lifetime: t.lifetime,
 		Hosts: []string{"localhost", "127.0.0.1", "::1", hostname}}
@@ -89,15 +94,7 @@ func openTrust(ctx context.Context, st state.Store, cfg Config, localNode string
 			t.request.Hosts = append(t.request.Hosts, h)
 		}
 	}
-	key, err := pki.NewKey()
-	if err != nil {
-		return nil, err
-	}
-	certPEM, err := ca.Issue(&key.PublicKey, t.request, time.Now())
-	if err != nil {
-		return nil, err
-	}
-	if t.kp, err = pki.NewKeypair(certPEM, key, ca.CertPEM()); err != nil {
+	if t.kp, err = t.issue(t.request); err != nil {
 		return nil, err
 	}
 	if t.removals, err = membership.WatchRemovals(ctx, st, t.forget, log); err != nil {
@@ -107,31 +104,51 @@ func openTrust(ctx context.Context, st state.Store, cfg Config, localNode string
 		t.removals.Close()
 		return nil, err
 	}
-	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	t.cancel, t.done = cancel, make(chan struct{})
-	go t.renewLoop(bg)
+	t.bg, t.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	t.keep(t.request, t.kp)
 	return t, nil
 }
 
-// renewLoop issues the server a new certificate at two thirds of the
-// current one's life: it holds the CA, so a renewal is local.
-func (t *trust) renewLoop(ctx context.Context) {
-	defer close(t.done)
+// issue makes a key and a certificate of req for it.
+func (t *trust) issue(req pki.Request) (*pki.Keypair, error) {
+	key, err := pki.NewKey()
+	if err != nil {
+		return nil, err
+	}
+	certPEM, err := t.ca.Issue(&key.PublicKey, req, time.Now())
+	if err != nil {
+		return nil, err
+	}
+	return pki.NewKeypair(certPEM, key, t.ca.CertPEM())
+}
+
+// keep renews kp, a certificate of req, until close.
+func (t *trust) keep(req pki.Request, kp *pki.Keypair) {
+	t.renewals.Add(1)
+	go func() {
+		defer t.renewals.Done()
+		t.renewLoop(t.bg, req, kp)
+	}()
+}
+
+// renewLoop issues kp a new certificate of req at two thirds of the
+// current one's life: the server holds the CA, so a renewal is local.
+func (t *trust) renewLoop(ctx context.Context, req pki.Request, kp *pki.Keypair) {
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(time.Until(pki.RenewAt(t.kp.Leaf()))):
+		case <-time.After(time.Until(pki.RenewAt(kp.Leaf()))):
 		}
 		key, err := pki.NewKey()
 		if err == nil {
 			var certPEM []byte
-			if certPEM, err = t.ca.Issue(&key.PublicKey, t.request, time.Now()); err == nil {
-				err = t.kp.Set(certPEM, key, t.ca.CertPEM())
+			if certPEM, err = t.ca.Issue(&key.PublicKey, req, time.Now()); err == nil {
+				err = kp.Set(certPEM, key, t.ca.CertPEM())
 			}
 		}
 		if err != nil {
-			t.log.Error("renewing this server's certificate", "err", err)
+			t.log.Error("renewing a certificate of this server", "common_name", req.CommonName(), "err", err)
 			select {
 			case <-ctx.Done():
 				return
@@ -147,7 +164,7 @@ func (t *trust) close() {
 		return
 	}
 	t.cancel()
-	<-t.done
+	t.renewals.Wait()
 	t.removals.Close()
 	t.nodes.close()
 	// Closed outside the lock: closing a connection takes it (nodeConn).
@@ -266,8 +283,21 @@ func (t *trust) roundTripper(id string) http.RoundTripper {
 			r.Header.Del(nodeapi.TokenHeader)
 			return t.transport(id).RoundTrip(r)
 		}
+		if err := t.checkPlain(id, r.URL.Host); err != nil {
+			return nil, err
+		}
 		return t.legacy.RoundTrip(r)
 	})
+}
+
+// checkPlain refuses to reach node id at address in plain HTTP, with the
+// cluster token, across the network (membership.CheckPlain).
+func (t *trust) checkPlain(id, address string) error {
+	what := "reaching node " + id
+	if id == "" {
+		what = "reaching a node"
+	}
+	return membership.CheckPlain(what, address, "join the node over https ('aenv cluster join-command')", t.insecure)
 }
 
 type roundTripFunc func(*http.Request) (*http.Response, error)
@@ -283,8 +313,12 @@ type viaDialer struct {
 }
 
 func (v viaDialer) DialVia(ctx context.Context, address string) (net.Conn, error) {
-	if n, ok := v.t.nodes.at(address); ok && n.TLS {
+	n, ok := v.t.nodes.at(address)
+	if ok && n.TLS {
 		return v.t.dialNode(ctx, n.ID, address)
+	}
+	if err := v.t.checkPlain(n.ID, address); err != nil {
+		return nil, err
 	}
 	d := net.Dialer{Timeout: 5 * time.Second, KeepAlive: 15 * time.Second}
 	return d.DialContext(ctx, "tcp", address)
