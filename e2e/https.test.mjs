@@ -88,6 +88,10 @@ srv.test('the Python SDK over https with SSL_CERT_FILE', async () => {
   const r = spawnSync('/usr/bin/python3', ['-c', script], { env, encoding: 'utf8', timeout: 120_000 })
   assert.equal(r.status, 0, r.stderr)
   assert.equal(r.stdout.trim(), 'py-tls')
+  delete env.SSL_CERT_FILE
+  const refused = spawnSync('/usr/bin/python3', ['-c', script], { env, encoding: 'utf8', timeout: 120_000 })
+  assert.notEqual(refused.status, 0, 'the Python SDK trusted a certificate of a CA it was not given')
+  assert.match(refused.stderr, /CERTIFICATE_VERIFY_FAILED|certificate/i, refused.stderr)
 })
 
 srv.test('the aenv CLI: --ca-file, and `aenv auth` stores the CA with the URL', async () => {

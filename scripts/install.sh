@@ -21,7 +21,9 @@ machines) the server is started in the background with nohup instead.
 Options:
   --prefix DIR        install binaries into DIR/bin (default: $PREFIX or /usr/local)
   --bin-dir DIR       take prebuilt aenv and envd from DIR instead of `make build`
-  --listen ADDR       address of the API and sandbox proxy (default :8000)
+  --listen ADDR       address of the API and sandbox proxy (default 127.0.0.1:8000,
+                      plain HTTP; beyond loopback, e.g. :8000, it serves HTTPS
+                      with a certificate of the cluster's own CA)
   --data-dir DIR      durable state: API key, templates (default /var/lib/aenv)
   --run-dir DIR       state that dies with the host (default /run/aenv)
   --unit-name NAME    systemd unit NAME.service, settings /etc/default/NAME,
@@ -43,7 +45,7 @@ export PATH=$PATH:/usr/local/go/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/us
 
 prefix=${PREFIX:-/usr/local}
 bin_dir=""
-listen=":8000"
+listen="127.0.0.1:8000"
 data_dir=/var/lib/aenv
 run_dir=/run/aenv
 unit=aenv
@@ -201,7 +203,7 @@ fi
 
 # The settings in effect, with the unit's defaults for missing ones.
 listen=$(envval AENV_LISTEN "$env_file")
-listen=${listen:-:8000}
+listen=${listen:-127.0.0.1:8000}
 data_dir=$(envval AENV_DATA_DIR "$env_file")
 data_dir=${data_dir:-/var/lib/aenv}
 run_dir=$(envval AENV_RUN_DIR "$env_file")
@@ -268,13 +270,22 @@ fi
 
 # --- start -------------------------------------------------------------------
 
+# The server speaks plain HTTP on loopback and HTTPS beyond it, with a
+# certificate of the cluster's CA (<data-dir>/secrets/ca.crt).
 url_of() {
-  local host=${1%:*} port=${1##*:}
+  local host=${1%:*} port=${1##*:} scheme=https
+  case $host in 127.* | localhost | "[::1]") scheme=http ;; esac
   case $host in "" | 0.0.0.0 | "[::]" | "::") host=localhost ;; esac
-  echo "http://$host:$port"
+  echo "$scheme://$host:$port"
 }
 url=$(url_of "$listen")
-healthy() { curl -fsS -m 5 -o /dev/null "$url/health" 2>/dev/null; }
+ca_file=$data_dir/secrets/ca.crt
+healthy() {
+  case $url in
+    https:*) [ -r "$ca_file" ] && curl -fsS -m 5 --cacert "$ca_file" -o /dev/null "$url/health" 2>/dev/null ;;
+    *) curl -fsS -m 5 -o /dev/null "$url/health" 2>/dev/null ;;
+  esac
+}
 
 start_nohup() {
   mkdir -p "$(dirname "$log_file")" "$(dirname "$pid_file")"
@@ -382,9 +393,15 @@ else
   key_where=$key_file
   key_cmd="sudo cat $key_file"
 fi
-cli_flags=""
-[ "$url" = http://localhost:8000 ] || cli_flags=" --url $url"
-[ "$key_file" = /var/lib/aenv/secrets/api-key ] && [ -z "$api_key_override" ] || cli_flags="$cli_flags --key \$($key_cmd)"
+cli_flags="" cli_env="" sdk_ca=""
+[ "$url" = http://localhost:8000 ] || [ "$url" = http://127.0.0.1:8000 ] || cli_flags=" --url $url"
+[ "$key_file" = /var/lib/aenv/secrets/api-key ] && [ -z "$api_key_override" ] || cli_env="AENV_API_KEY=\$($key_cmd) "
+case $url in
+  https:*)
+    cli_flags="$cli_flags --ca-file $ca_file"
+    sdk_ca="
+  export NODE_EXTRA_CA_CERTS=$ca_file SSL_CERT_FILE=$ca_file   # the cluster's CA ('aenv cluster ca' prints it)" ;;
+esac
 if [ "$mode" = systemd ]; then
   manage="systemctl status|restart|stop $unit; logs: journalctl -u $unit"
 else
@@ -396,9 +413,9 @@ aenv is running at $url
   API key:   $key_where
   settings:  $env_file
   manage:    $manage
-  try it:    $bin$cli_flags create base
+  try it:    $cli_env$bin$cli_flags create base
 
 Use the E2B SDK with:
   export E2B_API_URL=$url E2B_SANDBOX_URL=$url
-  export E2B_API_KEY=\$($key_cmd)
+  export E2B_API_KEY=\$($key_cmd)$sdk_ca
 EOF

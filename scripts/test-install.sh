@@ -133,7 +133,7 @@ check "install.sh prints the URL, the key's place and the E2B env lines" \
   sh -c "grep -q 'aenv is running at $url' '$tmp/install1.out' && grep -qF '$key_file' '$tmp/install1.out' &&
     grep -qF 'export E2B_API_URL=$url E2B_SANDBOX_URL=$url' '$tmp/install1.out'"
 
-cli() { "$prefix/bin/aenv" --url "$url" --key "$key" "$@"; }
+cli() { AENV_API_KEY=$key "$prefix/bin/aenv" --url "$url" "$@"; }
 if id=$(cli create base --timeout 120 2>"$tmp/create.err") && [ -n "$id" ]; then
   ok "aenv create prints a sandbox id ($id)"
   out=$(cli exec "$id" -- echo ok 2>&1)

@@ -49,11 +49,11 @@ func TestBadInput(t *testing.T) {
 		})
 	}
 	t.Run("wrong key", func(t *testing.T) {
-		r := (&testEnv{url: e.url, key: "e2b_0000wrong"}).run(t, "", "ls")
+		r := withKey(t, e.url, "e2b_0000wrong").run(t, "", "ls")
 		oneErrorLine(t, r, "401")
 	})
 	t.Run("no server", func(t *testing.T) {
-		r := (&testEnv{url: "http://127.0.0.1:1", key: "k"}).run(t, "", "ls")
+		r := withKey(t, "http://127.0.0.1:1", "k").run(t, "", "ls")
 		oneErrorLine(t, r, "cannot reach the server at http://127.0.0.1:1")
 	})
 	// The real binary prints the same single line and exits non-zero.

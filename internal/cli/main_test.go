@@ -113,6 +113,17 @@ func startServer(t *testing.T) *testEnv {
 	return e
 }
 
+// withKey is a testEnv for the server at url with key, in a file for
+// --key-file.
+func withKey(t *testing.T, url, key string) *testEnv {
+	t.Helper()
+	f := filepath.Join(t.TempDir(), "key")
+	if err := os.WriteFile(f, []byte(key+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return &testEnv{url: url, key: key, keyFile: f}
+}
+
 // aenvBinary builds cmd/aenv once, for the tests that need a real process
 // (a terminal, exit codes as the shell sees them).
 func aenvBinary(t *testing.T) string {
