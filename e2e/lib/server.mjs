@@ -217,6 +217,7 @@ export class TestServer {
     this.proc = undefined
     this.exit = undefined // { code, signal } once exited
     this.sandboxes = new Set()
+    this.envdTokens = []
     this.failed = false
   }
 
@@ -339,6 +340,8 @@ export class TestServer {
   async create(opts = {}) {
     const sbx = await Sandbox.create({ timeoutMs: 300_000, ...opts })
     this.sandboxes.add(sbx.sandboxId)
+    // The envd token must never reach the server's log (cleanup).
+    if (sbx.envdAccessToken) this.envdTokens.push(sbx.envdAccessToken)
     return sbx
   }
 
@@ -427,6 +430,7 @@ export class TestServer {
     } catch (err) {
       problems.push(err.message)
     }
+    problems.push(...this.secretsInLog())
     const mounts = this.tmp ? mountsUnder(this.tmp) : []
     if (mounts.length) {
       problems.push(`mounts left under ${this.tmp} after the server exited:\n${mounts.join('\n')}`)
@@ -460,6 +464,32 @@ export class TestServer {
     } else if (this.tmp) {
       console.error(`# keeping ${this.tmp} for inspection`)
     }
+  }
+
+  /**
+   * The secrets the server's log (at debug level) shows: its API key, the
+   * cluster token, the data key, the CA's key and the envd tokens of the
+   * sandboxes this harness created. Each must never be logged.
+   */
+  secretsInLog() {
+    if (!this.logPath || !fs.existsSync(this.logPath)) return []
+    const log = fs.readFileSync(this.logPath, 'utf8')
+    const secrets = [['the API key', this.apiKey], ...this.envdTokens.map((t) => ['an envd token', t])]
+    const secretsDir = path.join(this.dataDir, 'secrets')
+    for (const [what, file] of [['the cluster token', 'cluster-token'], ['the data key', 'data-key'], ['the CA key', 'ca.key']]) {
+      try {
+        const text = fs.readFileSync(path.join(secretsDir, file), 'utf8')
+        // A PEM key's body, or a key file's lines (a data key file may
+        // hold several keys).
+        for (const line of text.split('\n')) {
+          const v = line.trim()
+          if (v.length >= 16 && !v.startsWith('-----')) secrets.push([what, v])
+        }
+      } catch {
+        // not made by this server
+      }
+    }
+    return secrets.filter(([, v]) => v && v.length >= 16 && log.includes(v)).map(([what]) => `the server's log ${this.logPath} shows ${what}`)
   }
 
   async stop() {
