@@ -62,10 +62,16 @@ type Config struct {
 	EtcdEndpoints []string
 	// EtcdCAFile, EtcdCertFile and EtcdKeyFile are TLS for EtcdEndpoints.
 	EtcdCAFile, EtcdCertFile, EtcdKeyFile string
-	// EtcdClientURLs make the embedded member listen on these loopback
-	// URLs instead of its unix socket (to back up or inspect it with
-	// etcdctl, or to let a second server share it).
+	// EtcdClientURLs make the embedded member listen on these URLs
+	// instead of its unix socket (to back up or inspect it with etcdctl,
+	// to let a second server share it, or nodes reach it): https ones on
+	// any address, served with a certificate of the cluster's CA to
+	// clients with one (client-certificate auth and RBAC); http ones on
+	// loopback only, unless InsecureCluster.
 	EtcdClientURLs []string
+	// InsecureCluster allows etcd over plain http off loopback, to serve
+	// or to reach (a warning at every start).
+	InsecureCluster bool
 	// EgressAllow exempts ranges of the host's own networks, which no
 	// sandbox reaches otherwise (a test network, a service on the LAN
 	// that sandboxes should use).

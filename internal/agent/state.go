@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"path/filepath"
@@ -11,16 +12,28 @@ import (
 	"github.com/aenvhq/aenv/internal/state"
 )
 
+// StateTLS is the TLS of the live state with the cluster's CA (its zero
+// value: the files of Config.EtcdCAFile and the others, or none).
+type StateTLS struct {
+	// Member is the embedded member's, for https EtcdClientURLs.
+	Member *state.MemberTLS
+	// Client is what this process dials etcd with.
+	Client *tls.Config
+}
+
 // OpenState opens the live state: the external etcd cluster, waiting
 // (with backoff, logging why) until it answers, or the embedded member.
-func OpenState(ctx context.Context, cfg Config, log *slog.Logger) (*state.Etcd, error) {
+func OpenState(ctx context.Context, cfg Config, stls StateTLS, log *slog.Logger) (*state.Etcd, error) {
 	start := time.Now()
 	st, err := state.Open(ctx, state.Config{
 		Endpoints: cfg.EtcdEndpoints,
 		CAFile:    cfg.EtcdCAFile, CertFile: cfg.EtcdCertFile, KeyFile: cfg.EtcdKeyFile,
+		ClientTLS:  stls.Client,
 		DataDir:    filepath.Join(cfg.DataDir, "etcd"),
 		SocketDir:  cfg.RunDir,
 		ClientURLs: cfg.EtcdClientURLs,
+		MemberTLS:  stls.Member,
+		Insecure:   cfg.InsecureCluster,
 		Logger:     log,
 	})
 	if err != nil {
@@ -30,7 +43,20 @@ func OpenState(ctx context.Context, cfg Config, log *slog.Logger) (*state.Etcd, 
 		st.Close()
 		return nil, fmt.Errorf("waiting for the state store: %w", err)
 	}
+	if cfg.InsecureCluster {
+		log.Warn("--insecure-cluster: etcd may be served and reached over plain http off loopback, where anyone on the network reads and writes the cluster's state; serve it over https instead")
+	}
 	log.Info("state store ready", "etcd", strings.Join(st.Endpoints(), ","), "embedded", len(cfg.EtcdEndpoints) == 0,
 		"took_ms", time.Since(start).Milliseconds())
 	return st, nil
+}
+
+// HTTPSEndpoints reports whether any of eps is an https URL.
+func HTTPSEndpoints(eps []string) bool {
+	for _, e := range eps {
+		if strings.HasPrefix(e, "https://") {
+			return true
+		}
+	}
+	return false
 }

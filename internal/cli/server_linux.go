@@ -42,6 +42,15 @@ embedded member in <data-dir>/etcd that listens only on a unix socket in
 <run-dir>; --etcd-endpoints uses an external cluster instead (the server
 waits for it, retrying, if it is down at start).
 
+With --etcd-listen https://ADDR:PORT the embedded member serves the network
+over TLS with a certificate of the cluster's CA (<data-dir>/secrets/ca.crt,
+made at the first start), to clients presenting one: etcd's auth is on, and
+a client's user is its certificate's name. Servers are "server:etcd-client"
+(etcd's root role); a node that joins over TLS is "node:<id>", allowed only
+its own registration, and removed with 'aenv node rm'. Nodes joining with
+the old cluster token cannot reach such an etcd. Plain http is for loopback
+only, unless --insecure-cluster.
+
 Stopping the server (SIGTERM, an upgrade, even kill -9) does not stop the
 sandboxes: the next start takes them over, running as they were.
 --drain-on-stop pauses them on SIGTERM instead (a host that is going away),
@@ -126,7 +135,7 @@ and --on-stop=kill kills them.`,
 	f.StringSliceVar(&trustedProxies, "trusted-proxies", nil, "CIDRs of proxies in front of the server whose X-Forwarded-For names the client (for the rate limit)")
 	f.StringVar(&cfg.TLSCert, "tls-cert", "", "TLS certificate file (with --tls-key: serve HTTPS)")
 	f.StringVar(&cfg.TLSKey, "tls-key", "", "TLS private key file")
-	f.StringSliceVar(&cfg.EtcdClientURLs, "etcd-listen", nil, "loopback URLs the embedded etcd listens on instead of its unix socket (e.g. http://127.0.0.1:23790)")
+	f.StringSliceVar(&cfg.EtcdClientURLs, "etcd-listen", nil, "URLs the embedded etcd listens on instead of its unix socket: https://ADDR:PORT (any address; served with a certificate of the cluster's CA, to clients with one: nodes that joined over TLS, each allowed only its own keys) or http on loopback (e.g. http://127.0.0.1:23790)")
 	f.BoolVar(&cfg.AllowInsecureSandboxes, "allow-insecure-sandboxes", false, "create sandboxes without an envd access token when the client sends secure: false (by default every sandbox has one; the SDKs send it)")
 	f.DurationVar(&cfg.PausedRetention, "paused-retention", 0, "delete paused sandboxes (and their snapshots) kept longer than this, e.g. 720h; 0 keeps them until killed")
 	f.DurationVar(&cfg.StoreGCInterval, "store-gc-interval", 0, "how often the elected server deletes what nothing in --store refers to any more (chunks, images of deleted templates); default hourly, negative never")
@@ -172,6 +181,7 @@ func hostFlags(f *pflag.FlagSet, cfg *agent.Config, hs *hostStrings, logLevel *s
 	f.StringVar(&cfg.EtcdCAFile, "etcd-ca", "", "CA certificate to verify --etcd-endpoints")
 	f.StringVar(&cfg.EtcdCertFile, "etcd-cert", "", "client certificate for --etcd-endpoints")
 	f.StringVar(&cfg.EtcdKeyFile, "etcd-key", "", "client key for --etcd-endpoints")
+	f.BoolVar(&cfg.InsecureCluster, "insecure-cluster", false, "allow etcd over plain http off loopback (to serve with --etcd-listen, or to reach): the cluster's state in the clear on the network; warned at every start")
 	f.StringSliceVar(&hs.dns, "dns", nil, "resolvers sandboxes use (IPv4 addresses; default: the host's, from /etc/resolv.conf)")
 	f.StringSliceVar(&hs.egressAllow, "egress-allow", nil, "CIDR of the host's own networks that sandboxes may reach after all (they never reach the host's networks otherwise; the private and special ranges stay blocked)")
 	f.IntVar(&cfg.PidsLimit, "pids-limit", 1024, "host tasks each sandbox may take (plus gVisor's own); each user in it may run two fifths as many processes and threads, as gVisor runs two host tasks per guest process, and past that fork fails with EAGAIN inside (templates may set their own)")
