@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"log/slog"
 	"path/filepath"
@@ -41,6 +42,10 @@ func OpenState(ctx context.Context, cfg Config, stls StateTLS, log *slog.Logger)
 	}
 	if err := st.WaitReady(ctx); err != nil {
 		st.Close()
+		if errors.Is(err, state.ErrDenied) && stls.Client == nil {
+			// An embedded member that served https once keeps its auth.
+			return nil, fmt.Errorf("waiting for the state store: %w (etcd's auth is on, as it is where etcd served https with the cluster's CA: reach it over https, e.g. --etcd-listen https://ADDR:PORT for the embedded member)", err)
+		}
 		return nil, fmt.Errorf("waiting for the state store: %w", err)
 	}
 	if cfg.InsecureCluster {

@@ -97,7 +97,11 @@ func TestEtcdOverTLSJoin(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { srv.Close(context.Background()) }()
+	defer func() {
+		if srv != nil {
+			srv.Close(context.Background())
+		}
+	}()
 	if on, err := srv.state.AuthEnabled(ctx); err != nil || !on {
 		t.Fatalf("etcd auth after the server's start: %v, %v", on, err)
 	}
@@ -194,4 +198,16 @@ func TestEtcdOverTLSJoin(t *testing.T) {
 	if _, err := c.Nodes(ctx); err != nil {
 		t.Fatalf("the restarted server: %v", err)
 	}
+
+	// Without https, the member keeps its auth: the start fails, saying so.
+	if err := srv.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	plain := cfg
+	plain.EtcdClientURLs = nil
+	if srv, err = Start(ctx, plain); err == nil || !errors.Is(err, state.ErrDenied) || !strings.Contains(err.Error(), "https") {
+		t.Fatalf("starting on the unix socket after https: %v, want ErrDenied telling to reach it over https", err)
+	}
+	t.Logf("without https: %v", err)
+	srv = nil
 }
