@@ -282,3 +282,72 @@ func TestEtcdOverTLSWithRBAC(t *testing.T) {
 		t.Errorf("a removed node writing its registration: %v, want ErrDenied", err)
 	}
 }
+
+// TestMemberOverTLS: `aenv etcd --ca-dir` serves its client (and peer)
+// URLs with a certificate of the CA in that directory, which it makes
+// there at the first start: a server's certificate of that CA gets in,
+// a client without one does not.
+func TestMemberOverTLS(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	log := slog.New(slog.DiscardHandler)
+	caDir := t.TempDir()
+	ca, err := BootstrapCA(pki.Files{Dir: caDir}, true, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := fmt.Sprintf("https://127.0.0.1:%d", freePort(t))
+	peer := fmt.Sprintf("https://127.0.0.1:%d", freePort(t))
+	mf := EtcdMemberFiles(caDir)
+	member, err := OpenEtcdTLS(EtcdTLSConfig{CA: ca, Member: &mf, MemberName: "e1", MemberHosts: []string{"127.0.0.1"}, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer member.Close()
+	mctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- state.RunMember(mctx, state.MemberConfig{Name: "e1", DataDir: t.TempDir(), ClientURLs: []string{client}, PeerURLs: []string{peer},
+			TLS: member.MemberTLS(), PeerTLS: member.MemberTLS(), NewCluster: true}, log)
+	}()
+	defer func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("member: %v", err)
+		}
+	}()
+	srvTLS, err := OpenEtcdTLS(EtcdTLSConfig{CA: ca, Client: true, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srvTLS.Close()
+	st, err := state.Open(ctx, state.Config{Endpoints: []string{client}, ClientTLS: srvTLS.ClientTLS(), Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if err := st.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Put(ctx, "k", []byte("v"), state.WriteOptions{}); err != nil {
+		t.Fatalf("a server's certificate writing: %v", err)
+	}
+	anon, err := state.Open(ctx, state.Config{Endpoints: []string{client}, ClientTLS: &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS13},
+		OpTimeout: time.Second, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer anon.Close()
+	if _, err := anon.Get(ctx, "k"); err == nil {
+		t.Fatal("a client without a certificate read a key")
+	}
+	// The member refuses plain http off loopback, and https without TLS.
+	for _, mc := range []state.MemberConfig{
+		{Name: "x", DataDir: t.TempDir(), ClientURLs: []string{"http://10.0.0.5:2379"}, PeerURLs: []string{"http://127.0.0.1:1"}},
+		{Name: "x", DataDir: t.TempDir(), ClientURLs: []string{"https://127.0.0.1:1"}, PeerURLs: []string{"http://127.0.0.1:1"}},
+	} {
+		if err := state.RunMember(ctx, mc, log); err == nil {
+			t.Errorf("member %v: started, want refused", mc.ClientURLs)
+		}
+	}
+}
