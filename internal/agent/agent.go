@@ -67,9 +67,13 @@ func Start(ctx context.Context, cfg Config) (_ *Agent, err error) {
 	}
 	var token string
 	var joined membership.JoinAnswer
+	instance, err := membership.LoadInstance(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
 	if strings.HasPrefix(cfg.Join, "https://") {
 		// The node's certificate is its identity: it holds no cluster token.
-		if joined, a.creds, err = joinTLS(ctx, cfg, log); err != nil {
+		if joined, a.creds, err = joinTLS(ctx, cfg, instance, log); err != nil {
 			return nil, err
 		}
 	} else if token, err = membership.LoadClusterToken(cfg.DataDir, cfg.ClusterToken, false, log); err != nil {
@@ -107,7 +111,14 @@ func Start(ctx context.Context, cfg Config) (_ *Agent, err error) {
 	if len(cfg.EtcdEndpoints) == 0 {
 		return nil, errors.New("starting node: give --join URL (a server of the cluster) or --etcd-endpoints")
 	}
-	if a.state, err = OpenState(ctx, cfg, log); err != nil {
+	var stls StateTLS
+	if a.creds != nil && cfg.EtcdCertFile == "" && HTTPSEndpoints(cfg.EtcdEndpoints) {
+		// The cluster's etcd, served with the cluster's CA: the node's
+		// certificate is its etcd user (membership.NodeUser), which
+		// writes only this node's keys.
+		stls.Client = membership.EtcdClientTLS(a.creds.kp, a.creds.verifier)
+	}
+	if a.state, err = OpenState(ctx, cfg, stls, log); err != nil {
 		return nil, err
 	}
 	if a.creds == nil {
@@ -149,10 +160,6 @@ func Start(ctx context.Context, cfg Config) (_ *Agent, err error) {
 		}
 	}()
 	if err := membership.ClearStopping(ctx, a.state, cfg.NodeID); err != nil {
-		return nil, err
-	}
-	instance, err := membership.LoadInstance(cfg.DataDir)
-	if err != nil {
 		return nil, err
 	}
 	if a.registration, err = membership.RegisterNode(ctx, a.state, membership.TLSReporter(a.host.api, a.advertise, instance, a.creds != nil), log); err != nil {

@@ -62,9 +62,12 @@ type Config struct {
 	EtcdEndpoints []string
 	// EtcdCAFile, EtcdCertFile and EtcdKeyFile are TLS for EtcdEndpoints.
 	EtcdCAFile, EtcdCertFile, EtcdKeyFile string
-	// EtcdClientURLs make the embedded member listen on these loopback
-	// URLs instead of its unix socket (to back up or inspect it with
-	// etcdctl, or to let a second server share it).
+	// EtcdClientURLs make the embedded member listen on these URLs
+	// instead of its unix socket (to back up or inspect it with etcdctl,
+	// to let a second server share it, or nodes reach it): https ones on
+	// any address, served with a certificate of the cluster's CA to
+	// clients with one (client-certificate auth and RBAC); http ones on
+	// loopback only, unless InsecureCluster.
 	EtcdClientURLs []string
 	// EgressAllow exempts ranges of the host's own networks, which no
 	// sandbox reaches otherwise (a test network, a service on the LAN
@@ -147,7 +150,8 @@ type Config struct {
 	Advertise string
 	// InsecureCluster allows cluster traffic in plain HTTP off loopback:
 	// the old join with the cluster token, a node API without TLS, etcd
-	// over http (membership.CheckPlain); it is logged at every start.
+	// over http, served or reached (membership.CheckPlain, state's
+	// Insecure); it is logged at every start.
 	InsecureCluster bool
 	Logger          *slog.Logger
 }

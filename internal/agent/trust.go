@@ -58,6 +58,7 @@ type nodeCreds struct {
 	verifier *pki.Verifier
 	join     string
 	nodeID   string
+	instance string
 	log      *slog.Logger
 	cancel   context.CancelFunc
 	done     chan struct{}
@@ -68,9 +69,9 @@ type nodeCreds struct {
 // the cluster as a join would); otherwise the join token and a
 // certificate request, sent only once the server's certificate chain has
 // verified against the CA hash.
-func joinTLS(ctx context.Context, cfg Config, log *slog.Logger) (membership.JoinAnswer, *nodeCreds, error) {
+func joinTLS(ctx context.Context, cfg Config, instance string, log *slog.Logger) (membership.JoinAnswer, *nodeCreds, error) {
 	c := &nodeCreds{files: pki.Files{Dir: membership.SecretsDir(cfg.DataDir), Name: "node"},
-		join: strings.TrimRight(cfg.Join, "/"), nodeID: cfg.NodeID, log: log}
+		join: strings.TrimRight(cfg.Join, "/"), nodeID: cfg.NodeID, instance: instance, log: log}
 	token := cfg.ClusterToken
 	if token == "" {
 		token = os.Getenv(JoinTokenEnv)
@@ -132,7 +133,7 @@ func (c *nodeCreds) tokenJoin(ctx context.Context, token, hash string) (membersh
 			return nil
 		},
 	}
-	return c.exchange(ctx, tcfg, membership.TLSJoinPath, membership.JoinRequest{Token: token, NodeID: c.nodeID})
+	return c.exchange(ctx, tcfg, membership.TLSJoinPath, membership.JoinRequest{Token: token, NodeID: c.nodeID, Instance: c.instance})
 }
 
 // renew trades the current certificate for a new one.

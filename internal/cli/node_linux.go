@@ -36,7 +36,9 @@ in the clear, and the node serves plain HTTP. Either way the server hands
 over the cluster's etcd endpoints (it must reach its etcd over the
 network: --etcd-endpoints, or --etcd-listen for its embedded member);
 --etcd-endpoints names them directly. Servers reach the node's API and
-its sandboxes at --advertise.
+its sandboxes at --advertise. Over https, the node reaches etcd with its
+certificate, which etcd lets write only this node's registration; plain
+http off loopback is refused unless --insecure-cluster.
 
 The node registers its capacity and usage under a 10 s lease. Stopping it
 (even kill -9) leaves its sandboxes running: restarted within the lease it

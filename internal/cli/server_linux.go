@@ -42,6 +42,15 @@ embedded member in <data-dir>/etcd that listens only on a unix socket in
 <run-dir>; --etcd-endpoints uses an external cluster instead (the server
 waits for it, retrying, if it is down at start).
 
+With --etcd-listen https://ADDR:PORT the embedded member serves the network
+over TLS with a certificate of the cluster's CA (<data-dir>/secrets/ca.crt,
+made at the first start), to clients presenting one: etcd's auth is on, and
+a client's user is its certificate's name. Servers are "server:etcd-client"
+(etcd's root role); a node that joins over TLS is "node:<id>", allowed only
+its own registration, and removed with 'aenv node rm'. Nodes joining with
+the old cluster token cannot reach such an etcd. Plain http is for loopback
+only, unless --insecure-cluster.
+
 Stopping the server (SIGTERM, an upgrade, even kill -9) does not stop the
 sandboxes: the next start takes them over, running as they were.
 --drain-on-stop pauses them on SIGTERM instead (a host that is going away),
@@ -135,7 +144,7 @@ and --on-stop=kill kills them.`,
 	f.StringSliceVar(&trustedProxies, "trusted-proxies", nil, "CIDRs of proxies in front of the server whose X-Forwarded-For names the client (for the rate limit)")
 	f.StringVar(&cfg.TLSCert, "tls-cert", "", "the API's TLS certificate file, with --tls-key (default beyond loopback: a certificate of the cluster's CA for --domain, *.<domain> and this host's names and addresses, renewed in place)")
 	f.StringVar(&cfg.TLSKey, "tls-key", "", "the API's TLS private key file")
-	f.StringSliceVar(&cfg.EtcdClientURLs, "etcd-listen", nil, "loopback URLs the embedded etcd listens on instead of its unix socket (e.g. http://127.0.0.1:23790)")
+	f.StringSliceVar(&cfg.EtcdClientURLs, "etcd-listen", nil, "URLs the embedded etcd listens on instead of its unix socket: https://ADDR:PORT (any address; served with a certificate of the cluster's CA, to clients with one: nodes that joined over TLS, each allowed only its own keys) or http on loopback (e.g. http://127.0.0.1:23790)")
 	f.BoolVar(&cfg.AllowInsecureSandboxes, "allow-insecure-sandboxes", false, "create sandboxes without an envd access token when the client sends secure: false (by default every sandbox has one; the SDKs send it)")
 	f.DurationVar(&cfg.PausedRetention, "paused-retention", 0, "delete paused sandboxes (and their snapshots) kept longer than this, e.g. 720h; 0 keeps them until killed")
 	f.DurationVar(&cfg.StoreGCInterval, "store-gc-interval", 0, "how often the elected server deletes what nothing in --store refers to any more (chunks, images of deleted templates); default hourly, negative never")
@@ -198,7 +207,7 @@ func hostFlags(f *pflag.FlagSet, cfg *agent.Config, hs *hostStrings, logLevel *s
 	f.StringVar(&cfg.RootFS, "rootfs", agent.RootFSImage, "how sandboxes get their template's files: image (its block image, read on demand from --store into the image cache by the node's image server, which outlives restarts), eager (the block image fetched whole first) or dir (the template's tree, copied whole)")
 	f.StringVar(&hs.imageCacheSize, "image-cache-size", "", "bound of this node's image cache in <data-dir>/image-cache, least recently used chunks evicted (bytes, or with K, M, G, T; default: 20% of the disk)")
 	f.DurationVar(&cfg.ImageGrace, "image-grace", blockimage.DefaultGrace, "how long a block image no sandbox uses stays mounted")
-	f.BoolVar(&cfg.InsecureCluster, "insecure-cluster", false, "allow cluster traffic in plain HTTP off loopback: the old join with the cluster token, a node API without TLS, etcd over http (logged as a warning at every start; for a trusted network only)")
+	f.BoolVar(&cfg.InsecureCluster, "insecure-cluster", false, "allow cluster traffic in plain HTTP off loopback: the old join with the cluster token, a node API without TLS, etcd over http, served (--etcd-listen) or reached (logged as a warning at every start; for a trusted network only)")
 	f.StringVar(logLevel, "log-level", "info", "debug, info, warn or error")
 }
 

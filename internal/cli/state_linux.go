@@ -4,15 +4,19 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/aenvhq/aenv/internal/membership"
+	"github.com/aenvhq/aenv/internal/pki"
 	"github.com/aenvhq/aenv/internal/state"
 )
 
@@ -83,6 +87,22 @@ func newStateBackupCmd() *cobra.Command {
 func openServerState(ctx context.Context, dataDir, runDir string, endpoints []string) (*state.Etcd, func(), error) {
 	cfg := state.Config{Endpoints: endpoints, Logger: quietLogger()}
 	cleanup := func() {}
+	if slices.ContainsFunc(endpoints, func(e string) bool { return strings.HasPrefix(e, "https://") }) {
+		// The cluster's etcd over TLS: reached as the servers are, with
+		// a certificate this host's CA files issue (a server's host).
+		ca, err := membership.ReadCAFiles(membership.CAFiles(dataDir))
+		if err == nil && ca == nil {
+			err = fmt.Errorf("no cluster CA in %s", membership.SecretsDir(dataDir))
+		}
+		if err != nil {
+			return nil, nil, fmt.Errorf("reaching etcd over TLS: %w", err)
+		}
+		etls, err := membership.OpenEtcdTLS(membership.EtcdTLSConfig{CA: ca, Client: true, Lifetime: time.Hour, Logger: quietLogger()})
+		if err != nil {
+			return nil, nil, err
+		}
+		cfg.ClientTLS, cleanup = etls.ClientTLS(), etls.Close
+	}
 	if len(endpoints) == 0 {
 		sock := filepath.Join(runDir, state.SocketName)
 		if _, err := os.Stat(sock); err == nil {
@@ -146,7 +166,7 @@ For an external etcd cluster use etcdutl instead.`,
 func newEtcdCmd() *cobra.Command {
 	var mc state.MemberConfig
 	var clientURLs, peerURLs string
-	var logLevel string
+	var logLevel, caDir string
 	cmd := &cobra.Command{
 		Use:   "etcd",
 		Short: "Run an etcd member for an external state cluster",
@@ -154,9 +174,18 @@ func newEtcdCmd() *cobra.Command {
 embedded one, until SIGTERM. Point servers at a cluster of them with
 'aenv server --etcd-endpoints'. Any etcd v3 cluster works as well.
 
+With --ca-dir DIR (ca.crt and ca.key of the cluster's CA: a server's
+<data-dir>/secrets, or made there at the first member's start), https URLs
+are served with a certificate of that CA, renewed in place, and clients and
+peers must present one: servers reach such members at https
+--etcd-endpoints with certificates of their own CA, turn etcd's auth on and
+let each node that joins over TLS write only its own registration. Copy the
+CA to every member's --ca-dir and every server's <data-dir>/secrets before
+starting them. Plain http is for loopback only, unless --insecure-cluster.
+
 Example, one member:
-  aenv etcd --name s1 --data-dir /var/lib/aenv-etcd \
-    --listen-client http://10.0.0.5:2379 --listen-peer http://10.0.0.5:2380 --new`,
+  aenv etcd --name s1 --data-dir /var/lib/aenv-etcd --ca-dir /var/lib/aenv/secrets \
+    --listen-client https://10.0.0.5:2379 --listen-peer https://10.0.0.5:2380 --new`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var level slog.Level
@@ -166,6 +195,17 @@ Example, one member:
 			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 			mc.ClientURLs = strings.Split(clientURLs, ",")
 			mc.PeerURLs = strings.Split(peerURLs, ",")
+			if mc.Insecure {
+				log.Warn("--insecure-cluster: this member may serve plain http off loopback, where anyone on the network reads and writes the cluster's state")
+			}
+			if caDir != "" {
+				etls, err := etcdMemberTLS(caDir, mc, log)
+				if err != nil {
+					return err
+				}
+				defer etls.Close()
+				mc.TLS, mc.PeerTLS = etls.MemberTLS(), etls.MemberTLS()
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, os.Interrupt)
 			defer stop()
 			log.Info("etcd member starting", "name", mc.Name, "client", clientURLs, "peer", peerURLs)
@@ -179,11 +219,31 @@ Example, one member:
 	f.StringVar(&peerURLs, "listen-peer", "", "peer URLs to listen on and advertise (comma-separated, required)")
 	f.StringVar(&mc.InitialCluster, "initial-cluster", "", "name=peerURL,... of every member (default: this member alone)")
 	f.BoolVar(&mc.NewCluster, "new", false, "bootstrap a new cluster (first start of every member)")
+	f.StringVar(&caDir, "ca-dir", "", "directory of the cluster CA's ca.crt and ca.key (made there if missing): serve https URLs with a certificate of it, to clients and peers with one")
+	f.BoolVar(&mc.Insecure, "insecure-cluster", false, "allow plain http URLs off loopback: the cluster's state in the clear on the network")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	for _, name := range []string{"data-dir", "listen-client", "listen-peer"} {
 		cmd.MarkFlagRequired(name)
 	}
 	return cmd
+}
+
+// etcdMemberTLS issues a member its certificate from the CA in caDir
+// (made there if missing), for its client and peer URLs, and renews it.
+func etcdMemberTLS(caDir string, mc state.MemberConfig, log *slog.Logger) (*membership.EtcdTLS, error) {
+	files := pki.Files{Dir: caDir}
+	ca, err := membership.BootstrapCA(files, true, log)
+	if err != nil {
+		return nil, err
+	}
+	var hosts []string
+	for _, s := range append(slices.Clone(mc.ClientURLs), mc.PeerURLs...) {
+		if u, err := url.Parse(s); err == nil && u.Hostname() != "" {
+			hosts = append(hosts, u.Hostname())
+		}
+	}
+	mf := membership.EtcdMemberFiles(caDir)
+	return membership.OpenEtcdTLS(membership.EtcdTLSConfig{CA: ca, Member: &mf, MemberName: mc.Name, MemberHosts: hosts, Logger: log})
 }
 
 // quietLogger logs only errors, for commands whose output is the result.

@@ -46,19 +46,9 @@ var ErrWrongCA = errors.New("wrong cluster CA")
 // (ErrWrongCA).
 func LoadCA(ctx context.Context, st state.Store, keys *sealed.Keyring, dataDir string, log *slog.Logger) (*pki.CA, error) {
 	files := CAFiles(dataDir)
-	var local *pki.CA
-	certPEM, errC := os.ReadFile(files.CAPath())
-	keyPEM, errK := os.ReadFile(files.CAKeyPath())
-	switch {
-	case errC == nil && errK == nil:
-		ca, err := pki.ParseCA(certPEM, keyPEM)
-		if err != nil {
-			return nil, fmt.Errorf("loading the cluster CA from %s: %w", files.Dir, err)
-		}
-		local = ca
-	case errors.Is(errC, os.ErrNotExist) && errors.Is(errK, os.ErrNotExist):
-	default:
-		return nil, fmt.Errorf("loading the cluster CA from %s: %w", files.Dir, errors.Join(errC, errK))
+	local, err := ReadCAFiles(files)
+	if err != nil {
+		return nil, err
 	}
 	for range 3 {
 		e, err := st.Get(ctx, CAKey)
@@ -102,6 +92,47 @@ func LoadCA(ctx context.Context, st state.Store, keys *sealed.Keyring, dataDir s
 		return ca, nil
 	}
 	return nil, errors.New("loading the cluster CA: the record keeps changing")
+}
+
+// ReadCAFiles reads the CA in files (nil, and no error, when neither
+// file exists).
+func ReadCAFiles(files pki.Files) (*pki.CA, error) {
+	certPEM, errC := os.ReadFile(files.CAPath())
+	keyPEM, errK := os.ReadFile(files.CAKeyPath())
+	switch {
+	case errC == nil && errK == nil:
+		ca, err := pki.ParseCA(certPEM, keyPEM)
+		if err != nil {
+			return nil, fmt.Errorf("loading the cluster CA from %s: %w", files.Dir, err)
+		}
+		return ca, nil
+	case errors.Is(errC, os.ErrNotExist) && errors.Is(errK, os.ErrNotExist):
+		return nil, nil
+	}
+	return nil, fmt.Errorf("loading the cluster CA from %s: %w", files.Dir, errors.Join(errC, errK))
+}
+
+// BootstrapCA is the cluster's CA before the state can be read: etcd
+// serves TLS with certificates of it, and the CA's record is in etcd. It
+// is the one in files; when there is none and create is set (the first
+// start of a server whose embedded etcd has no data yet), a new one,
+// stored in files, which LoadCA records in the state once etcd serves.
+func BootstrapCA(files pki.Files, create bool, log *slog.Logger) (*pki.CA, error) {
+	ca, err := ReadCAFiles(files)
+	if err != nil || ca != nil {
+		return ca, err
+	}
+	if !create {
+		return nil, fmt.Errorf("no cluster CA in %s: etcd serves TLS with certificates of the cluster's CA; copy ca.crt and ca.key there from a server of the cluster (<data-dir>/secrets)", files.Dir)
+	}
+	if ca, err = pki.NewCA(time.Now()); err != nil {
+		return nil, err
+	}
+	if err := storeCAFiles(files, ca); err != nil {
+		return nil, err
+	}
+	log.Info("created the cluster's certificate authority", "path", files.CAPath(), "ca_hash", ca.Hash())
+	return ca, nil
 }
 
 func openCA(keys *sealed.Keyring, value []byte) (*pki.CA, error) {

@@ -46,6 +46,17 @@ func LoadInstance(dataDir string) (string, error) {
 	return strings.TrimSpace(string(b)) + "@" + host, nil
 }
 
+// CheckJoinID checks, before a node of instance is given a certificate
+// for id, that no other live instance holds id, as its registration
+// would (claimID): ErrNodeIDTaken names the address that holds it. An
+// unknown instance (an agent too old to send one) is another instance.
+func CheckJoinID(ctx context.Context, st state.Store, id, instance string) error {
+	if instance == "" {
+		instance = "unknown"
+	}
+	return claimID(ctx, st, NodeInfo{ID: id, Instance: instance})
+}
+
 // claimWait bounds how long a registration watches a record of its id
 // left by another instance: a live holder rewrites it every
 // ReportInterval, a dead one's lease ends within nodeLeaseTTL.

@@ -34,6 +34,9 @@ type JoinRequest struct {
 	// Token is a join token (CreateJoinToken).
 	Token  string `json:"token,omitempty"`
 	NodeID string `json:"nodeId,omitempty"`
+	// Instance is the joining node's (LoadInstance): a join for the id
+	// of a live node of another instance is refused.
+	Instance string `json:"instance,omitempty"`
 	// CSR is a PEM certificate request for the node's key, which never
 	// leaves the node.
 	CSR string `json:"csr"`

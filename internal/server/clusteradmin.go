@@ -122,7 +122,7 @@ func (s *Server) revokeJoinToken(w http.ResponseWriter, r *http.Request) {
 }
 
 // removeNode marks a node removed: its certificate is refused by every
-// server from then on, and not renewed.
+// server from then on, and not renewed; its etcd user is deleted.
 func (s *Server) removeNode(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("nodeID")
 	if !nodeIDPattern.MatchString(id) {
@@ -132,6 +132,14 @@ func (s *Server) removeNode(w http.ResponseWriter, r *http.Request) {
 	if err := membership.RemoveNode(r.Context(), s.state, id, time.Now()); err != nil {
 		writeJSONError(w, http.StatusServiceUnavailable, err.Error())
 		return
+	}
+	if s.etcdTLS != nil {
+		// Its certificate, good until it expires, reaches nothing in
+		// etcd from now on.
+		if err := membership.RevokeNode(r.Context(), s.state, id); err != nil {
+			writeJSONError(w, http.StatusServiceUnavailable, err.Error())
+			return
+		}
 	}
 	s.log.Info("removed a node from the cluster", "node_id", id)
 	w.WriteHeader(http.StatusNoContent)

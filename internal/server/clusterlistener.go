@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"regexp"
 	"strings"
 	"time"
@@ -119,8 +120,19 @@ func (s *Server) tlsJoin(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusServiceUnavailable, err.Error())
 		return
 	}
+	// The certificate names the id the node registers under, and with
+	// etcd's RBAC the only registration it may write: a join may not
+	// take the id of a live node of another instance.
+	if err := membership.CheckJoinID(r.Context(), s.state, req.NodeID, req.Instance); errors.Is(err, membership.ErrNodeIDTaken) {
+		s.log.Warn("refused a join for a node id held by another live node", "node_id", req.NodeID, "remote", r.RemoteAddr, "err", err)
+		writeJSONError(w, http.StatusConflict, err.Error())
+		return
+	} else if err != nil {
+		writeJSONError(w, http.StatusServiceUnavailable, err.Error())
+		return
+	}
 	s.log.Info("a node is joining with a join token", "node_id", req.NodeID, "token_id", rec.ID, "remote", r.RemoteAddr)
-	s.answerJoin(w, req.NodeID, req.CSR)
+	s.answerJoin(w, r, req.NodeID, req.CSR)
 }
 
 // renew trades a node's current certificate (presented in the handshake)
@@ -146,16 +158,24 @@ func (s *Server) renew(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusBadRequest, "reading the renewal: "+err.Error())
 		return
 	}
-	s.answerJoin(w, id.Name, req.CSR)
+	s.answerJoin(w, r, id.Name, req.CSR)
 }
 
 // answerJoin issues node id a certificate for csr and answers with it,
-// the CA, and what the old join answers.
-func (s *Server) answerJoin(w http.ResponseWriter, id, csr string) {
+// the CA, and what the old join answers. With RBAC on etcd, the
+// certificate's name is an etcd user, made (or its role set again) first.
+func (s *Server) answerJoin(w http.ResponseWriter, r *http.Request, id, csr string) {
 	eps, err := s.nodeEtcdEndpoints()
 	if err != nil {
 		writeJSONError(w, http.StatusConflict, err.Error())
 		return
+	}
+	if s.etcdTLS != nil {
+		if err := membership.GrantNode(r.Context(), s.state, id); err != nil {
+			s.log.Error("granting a joining node its etcd user", "node_id", id, "err", err)
+			writeJSONError(w, http.StatusServiceUnavailable, err.Error())
+			return
+		}
 	}
 	certPEM, err := s.trust.ca.IssueCSR([]byte(csr), pki.Request{
 		Identity: pki.Identity{Role: pki.RoleNode, Name: id, Nodes: []string{id}},
@@ -170,13 +190,23 @@ func (s *Server) answerJoin(w http.ResponseWriter, id, csr string) {
 		Certificate: string(certPEM), CA: string(s.trust.ca.CertPEM())})
 }
 
-// nodeEtcdEndpoints are the etcd endpoints a node can reach.
+// nodeEtcdEndpoints are the etcd endpoints a node can reach: a member
+// listening on every address is reached at the cluster listener's
+// advertised host.
 func (s *Server) nodeEtcdEndpoints() ([]string, error) {
 	var eps []string
+	advertised, _, _ := net.SplitHostPort(s.clusterAdvertise)
 	for _, e := range s.state.Endpoints() {
-		if !strings.HasPrefix(e, "unix:") {
-			eps = append(eps, e)
+		if strings.HasPrefix(e, "unix:") {
+			continue
 		}
+		if u, err := url.Parse(e); err == nil && advertised != "" {
+			if ip := net.ParseIP(u.Hostname()); ip != nil && ip.IsUnspecified() {
+				u.Host = net.JoinHostPort(advertised, u.Port())
+				e = u.String()
+			}
+		}
+		eps = append(eps, e)
 	}
 	if len(eps) == 0 {
 		return nil, errors.New("this server's etcd listens only on its unix socket; start the server with --etcd-listen URL or --etcd-endpoints so that nodes can reach it")

@@ -28,6 +28,11 @@ func (s *Server) withJoin(h http.Handler) http.Handler {
 func (s *Server) dataKeyText() string { return s.cfg.dataKeys.Text() }
 
 func (s *Server) join(w http.ResponseWriter, r *http.Request) {
+	if s.etcdTLS != nil {
+		// Such a node would have no certificate to reach etcd with.
+		writeJSONError(w, http.StatusConflict, "this cluster's etcd serves TLS with client certificates of the cluster's CA: join over TLS with a join token (aenv cluster join-command)")
+		return
+	}
 	eps, err := s.nodeEtcdEndpoints()
 	w.Header().Set("Content-Type", "application/json")
 	if err != nil {

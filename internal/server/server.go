@@ -130,7 +130,11 @@ type Server struct {
 	nodeTransport http.RoundTripper
 	// trust holds the CA and this server's certificate; the cluster
 	// listener (nil: none) serves joins and the local node over TLS.
-	trust            *trust
+	trust *trust
+	// etcdTLS are the certificates of an etcd served with the cluster's
+	// CA (nil: it is not), which has RBAC: joins grant nodes their etcd
+	// users, removals take them away.
+	etcdTLS          *membership.EtcdTLS
 	clusterListener  net.Listener
 	clusterHTTP      *http.Server
 	clusterAdvertise string
@@ -161,8 +165,18 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 	if s.apiKey, err = loadAPIKey(cfg.DataDir, cfg.APIKey, log); err != nil {
 		return nil, err
 	}
-	if s.state, err = agent.OpenState(ctx, cfg.Config, log); err != nil {
+	if s.etcdTLS, err = openEtcdTLS(cfg, log); err != nil {
 		return nil, err
+	}
+	if s.state, err = agent.OpenState(ctx, cfg.Config, agent.StateTLS{Member: s.etcdTLS.MemberTLS(), Client: s.etcdTLS.ClientTLS()}, log); err != nil {
+		return nil, err
+	}
+	if s.etcdTLS != nil {
+		// Before anything is written: from then on a client's
+		// certificate is its etcd user, and nodes' reach only their keys.
+		if err := s.state.EnableAuth(ctx, membership.EtcdServerUser); err != nil {
+			return nil, err
+		}
 	}
 	if s.token, err = membership.LoadClusterToken(cfg.DataDir, cfg.ClusterToken, true, log); err != nil {
 		return nil, err
@@ -452,6 +466,7 @@ func (s *Server) close(ctx context.Context) error {
 	if s.state != nil {
 		errs = append(errs, s.state.Close())
 	}
+	s.etcdTLS.Close()
 	return errors.Join(errs...)
 }
 

@@ -47,7 +47,9 @@ func startTLSCluster(tb testing.TB, lifetime time.Duration) *tlsCluster {
 	cfg := Config{NoLocalNode: true, Trust: TrustConfig{ClusterListen: "127.0.0.1:0", CertLifetime: lifetime}, Config: agent.Config{
 		Listen: "127.0.0.1:0", DataDir: filepath.Join(tc.dir, "api"), RunDir: filepath.Join(tc.dir, "api-run"),
 		StoreURL: filepath.Join(tc.dir, "shared-store"), BaseRootFS: tc.base,
-		EtcdClientURLs: []string{fmt.Sprintf("http://127.0.0.1:%d", freePort(tb))}, OnStop: cluster.StopKill, Logger: tc.log,
+		// The cluster's etcd over TLS with its CA: nodes that join reach it
+		// with their certificates, as their own etcd users.
+		EtcdClientURLs: []string{fmt.Sprintf("https://127.0.0.1:%d", freePort(tb))}, OnStop: cluster.StopKill, Logger: tc.log,
 	}}
 	var err error
 	if tc.srv, err = Start(context.Background(), cfg); err != nil {

@@ -45,6 +45,10 @@ type Config struct {
 	// CAFile, CertFile and KeyFile are TLS for external endpoints (all
 	// optional; CAFile alone verifies the server only).
 	CAFile, CertFile, KeyFile string
+	// ClientTLS, if set, is the TLS the client dials with instead of the
+	// files: a certificate of the cluster's CA, renewed in place (its
+	// GetClientCertificate is asked at each handshake).
+	ClientTLS *tls.Config
 	// DataDir holds the embedded member's data (callers pass
 	// <data-dir>/etcd).
 	DataDir string
@@ -53,8 +57,16 @@ type Config struct {
 	// on the network can reach the state of a single-host install.
 	SocketDir string
 	// ClientURLs, if set, replace the embedded member's unix socket with
-	// loopback http URLs (e.g. http://127.0.0.1:23790).
+	// these URLs: https ones (any address) with MemberTLS, http ones on
+	// loopback only (e.g. http://127.0.0.1:23790) unless Insecure.
 	ClientURLs []string
+	// MemberTLS is the embedded member's TLS for https ClientURLs; its
+	// clients (this one too: ClientTLS) must present a certificate of its
+	// CA.
+	MemberTLS *MemberTLS
+	// Insecure allows plain http off loopback, to listen on or to dial
+	// (--insecure-cluster).
+	Insecure bool
 	// Prefix namespaces every key (default DefaultPrefix), so several aenv
 	// clusters may share one etcd. Keys under Prefix+"elections/" are the
 	// elections' own.
@@ -119,14 +131,23 @@ func Open(ctx context.Context, cfg Config) (*Etcd, error) {
 	}
 	e := &Etcd{cfg: cfg, log: cfg.Logger, prefix: cfg.Prefix, endpoints: cfg.Endpoints}
 
-	var tlsCfg *tls.Config
+	tlsCfg := cfg.ClientTLS
+	for _, ep := range cfg.Endpoints {
+		// https may verify with the system's roots and present nothing.
+		if err := CheckURL(ep, true, cfg.Insecure); err != nil {
+			return nil, fmt.Errorf("connecting to etcd: %w", err)
+		}
+	}
 	if len(cfg.Endpoints) == 0 {
+		if cfg.MemberTLS != nil && tlsCfg == nil {
+			return nil, errors.New("starting embedded etcd: a member with TLS needs its client's TLS (ClientTLS)")
+		}
 		member, endpoints, err := startEmbedded(ctx, cfg)
 		if err != nil {
 			return nil, err
 		}
 		e.member, e.endpoints = member, endpoints
-	} else if cfg.CAFile != "" || cfg.CertFile != "" || cfg.KeyFile != "" {
+	} else if tlsCfg == nil && (cfg.CAFile != "" || cfg.CertFile != "" || cfg.KeyFile != "") {
 		info := transport.TLSInfo{TrustedCAFile: cfg.CAFile, CertFile: cfg.CertFile, KeyFile: cfg.KeyFile}
 		var err error
 		if tlsCfg, err = info.ClientConfig(); err != nil {
@@ -158,17 +179,21 @@ func Open(ctx context.Context, cfg Config) (*Etcd, error) {
 // or the embedded member's socket (which other clients may Open too).
 func (e *Etcd) Endpoints() []string { return slices.Clone(e.endpoints) }
 
+// HealthKey is the key WaitReady reads (it need not exist): a user that
+// may read it may wait for the store.
+const HealthKey = "health"
+
 // WaitReady blocks until etcd answers a read, retrying with exponential
 // backoff (capped at 10 s) and logging each failure, or until ctx ends.
 func (e *Etcd) WaitReady(ctx context.Context) error {
 	backoff := 500 * time.Millisecond
 	where := strings.Join(e.endpoints, ",")
 	for {
-		_, err := e.Get(ctx, "health")
+		_, err := e.Get(ctx, HealthKey)
 		if err == nil || errors.Is(err, ErrNotFound) {
 			return nil
 		}
-		if errors.Is(err, ErrClosed) {
+		if errors.Is(err, ErrClosed) || errors.Is(err, ErrDenied) {
 			return fmt.Errorf("waiting for etcd at %s: %w", where, err)
 		}
 		if ctx.Err() != nil {
@@ -663,6 +688,12 @@ func classify(err error) error {
 	switch {
 	case errors.Is(err, rpctypes.ErrCompacted):
 		return ErrCompacted
+	case errors.Is(err, rpctypes.ErrPermissionDenied),
+		errors.Is(err, rpctypes.ErrUserEmpty),
+		errors.Is(err, rpctypes.ErrUserNotFound),
+		errors.Is(err, rpctypes.ErrAuthFailed),
+		errors.Is(err, rpctypes.ErrInvalidAuthToken):
+		return ErrDenied
 	case errors.Is(err, context.DeadlineExceeded),
 		errors.Is(err, rpctypes.ErrNoLeader),
 		errors.Is(err, rpctypes.ErrNotCapable),

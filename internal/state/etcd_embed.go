@@ -2,6 +2,7 @@ package state
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -13,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/client/pkg/v3/types"
 	"go.etcd.io/etcd/etcdutl/v3/snapshot"
 	"go.etcd.io/etcd/server/v3/embed"
@@ -45,13 +47,34 @@ const (
 	restoreRevisionBump = 1_000_000_000
 )
 
+// MemberTLS is the TLS an etcd member serves with: its certificate and
+// key, and the CA whose certificates every client (or peer) must present
+// (client-certificate auth: with auth on, etcd takes a client's user name
+// from its certificate's CommonName). etcd reads the certificate's files
+// at every handshake, so a renewal replaces them in place.
+type MemberTLS struct {
+	CertFile, KeyFile, CAFile string
+}
+
+func (t *MemberTLS) info() transport.TLSInfo {
+	return transport.TLSInfo{CertFile: t.CertFile, KeyFile: t.KeyFile, TrustedCAFile: t.CAFile,
+		ClientCertAuth: true, MinVersion: tls.VersionTLS13}
+}
+
 // MemberConfig describes a standalone etcd member: for tests, and for
 // clusters of several hosts.
 type MemberConfig struct {
 	Name    string
 	DataDir string
-	// ClientURLs and PeerURLs are http URLs to listen on and advertise.
+	// ClientURLs and PeerURLs are the URLs to listen on and advertise:
+	// https with TLS (PeerTLS), http on loopback, or http anywhere with
+	// Insecure.
 	ClientURLs, PeerURLs []string
+	// TLS serves the client URLs, PeerTLS the peer URLs (nil: none).
+	TLS, PeerTLS *MemberTLS
+	// Insecure allows http URLs off loopback: state in the clear on the
+	// network (--insecure-cluster).
+	Insecure bool
 	// InitialCluster is "name=peerURL,..." (default: this member alone).
 	InitialCluster string
 	// NewCluster bootstraps a new cluster rather than joining one.
@@ -63,6 +86,16 @@ type MemberConfig struct {
 // an error if the member fails.
 func RunMember(ctx context.Context, mc MemberConfig, log *slog.Logger) error {
 	op := "running etcd member " + mc.Name
+	for _, u := range mc.ClientURLs {
+		if err := CheckURL(u, mc.TLS != nil, mc.Insecure); err != nil {
+			return fmt.Errorf("%s: client URL: %w", op, err)
+		}
+	}
+	for _, u := range mc.PeerURLs {
+		if err := CheckURL(u, mc.PeerTLS != nil, mc.Insecure); err != nil {
+			return fmt.Errorf("%s: peer URL: %w", op, err)
+		}
+	}
 	curls, err := parseURLs(mc.ClientURLs)
 	if err != nil {
 		return fmt.Errorf("%s: client URLs: %w", op, err)
@@ -74,6 +107,12 @@ func RunMember(ctx context.Context, mc MemberConfig, log *slog.Logger) error {
 	c := memberConfig(mc.Name, mc.DataDir, DefaultQuotaBytes, log)
 	c.ListenClientUrls, c.AdvertiseClientUrls = curls, curls
 	c.ListenPeerUrls, c.AdvertisePeerUrls = purls, purls
+	if mc.TLS != nil {
+		c.ClientTLSInfo = mc.TLS.info()
+	}
+	if mc.PeerTLS != nil {
+		c.PeerTLSInfo = mc.PeerTLS.info()
+	}
 	c.InitialCluster = mc.InitialCluster
 	if c.InitialCluster == "" {
 		c.InitialCluster = c.InitialClusterFromName(mc.Name)
@@ -115,8 +154,8 @@ func startEmbedded(ctx context.Context, cfg Config) (*embed.Etcd, []string, erro
 	var endpoints []string
 	if len(cfg.ClientURLs) > 0 {
 		for _, s := range cfg.ClientURLs {
-			if err := checkLoopbackURL(s); err != nil {
-				return nil, nil, fmt.Errorf("%s: %w", op, err)
+			if err := CheckURL(s, cfg.MemberTLS != nil, cfg.Insecure); err != nil {
+				return nil, nil, fmt.Errorf("%s: client URL: %w", op, err)
 			}
 		}
 		endpoints = cfg.ClientURLs
@@ -141,6 +180,9 @@ func startEmbedded(ctx context.Context, cfg Config) (*embed.Etcd, []string, erro
 	c := memberConfig(embeddedName, cfg.DataDir, cfg.QuotaBytes, cfg.Logger)
 	c.ListenClientUrls, c.AdvertiseClientUrls = curls, curls
 	c.ListenPeerUrls, c.AdvertisePeerUrls = nil, purls
+	if cfg.MemberTLS != nil {
+		c.ClientTLSInfo = cfg.MemberTLS.info()
+	}
 	c.InitialCluster = embeddedName + "=" + embeddedPeerURL
 	// A member without peers still waits out an election timeout before
 	// it leads and serves; with no network between members there is no
@@ -238,19 +280,35 @@ func parseURLs(ss []string) ([]url.URL, error) {
 	return us, nil
 }
 
-// checkLoopbackURL keeps an embedded member off the network: its state is
-// only ever meant for this host.
-func checkLoopbackURL(s string) error {
+// CheckURL checks an etcd URL to listen on or dial: the state crosses
+// the network only over TLS. https needs TLS (the member's, or the
+// client's); http is for loopback only, unless insecure
+// (--insecure-cluster); a unix socket is local.
+func CheckURL(s string, tls, insecure bool) error {
 	u, err := url.Parse(s)
 	if err != nil {
-		return fmt.Errorf("parsing client URL %s: %w", s, err)
+		return fmt.Errorf("parsing etcd URL %s: %w", s, err)
 	}
-	host := u.Hostname()
+	switch u.Scheme {
+	case "unix":
+		return nil
+	case "https":
+		if !tls {
+			return fmt.Errorf("etcd URL %s: https without TLS certificates", s)
+		}
+		return nil
+	case "http":
+		if insecure || isLoopback(u.Hostname()) {
+			return nil
+		}
+		return fmt.Errorf("etcd URL %s: plain http off loopback carries the cluster's state in the clear; use https (with the cluster's certificates), or --insecure-cluster", s)
+	}
+	return fmt.Errorf("etcd URL %s: want https, http (loopback) or unix", s)
+}
+
+func isLoopback(host string) bool {
 	ip := net.ParseIP(host)
-	if u.Scheme != "http" || (host != "localhost" && (ip == nil || !ip.IsLoopback())) {
-		return fmt.Errorf("client URL %s: an embedded member listens only on loopback http URLs", s)
-	}
-	return nil
+	return host == "localhost" || (ip != nil && ip.IsLoopback())
 }
 
 // RestoreEmbedded rebuilds an embedded member's DataDir from a Backup.

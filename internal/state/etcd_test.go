@@ -211,3 +211,42 @@ func TestUnavailableAfterMemberStops(t *testing.T) {
 		t.Logf("%s after %s: %v", op.name, took.Round(time.Millisecond), err)
 	}
 }
+
+// TestCheckURL: the state crosses the network only over TLS, unless
+// insecure; loopback http and unix sockets stay local.
+func TestCheckURL(t *testing.T) {
+	for _, c := range []struct {
+		url             string
+		tls, insecure   bool
+		wantErrContains string
+	}{
+		{url: "unix:///run/aenv/etcd.sock"},
+		{url: "http://127.0.0.1:2379"},
+		{url: "http://[::1]:2379"},
+		{url: "http://localhost:2379"},
+		{url: "http://10.0.0.5:2379", wantErrContains: "--insecure-cluster"},
+		{url: "http://0.0.0.0:2379", wantErrContains: "--insecure-cluster"},
+		{url: "http://etcd.example:2379", wantErrContains: "--insecure-cluster"},
+		{url: "http://10.0.0.5:2379", insecure: true},
+		{url: "https://10.0.0.5:2379", tls: true},
+		{url: "https://10.0.0.5:2379", wantErrContains: "without TLS"},
+		{url: "ftp://10.0.0.5:2379", tls: true, insecure: true, wantErrContains: "want https"},
+	} {
+		err := state.CheckURL(c.url, c.tls, c.insecure)
+		switch {
+		case c.wantErrContains == "" && err != nil:
+			t.Errorf("CheckURL(%s, tls %v, insecure %v): %v, want accepted", c.url, c.tls, c.insecure, err)
+		case c.wantErrContains != "" && (err == nil || !strings.Contains(err.Error(), c.wantErrContains)):
+			t.Errorf("CheckURL(%s, tls %v, insecure %v): %v, want an error naming %q", c.url, c.tls, c.insecure, err, c.wantErrContains)
+		}
+	}
+}
+
+// TestExternalHTTPOffLoopbackRefused: a client is not pointed at plain
+// http off loopback unless insecure.
+func TestExternalHTTPOffLoopbackRefused(t *testing.T) {
+	_, err := state.Open(context.Background(), state.Config{Endpoints: []string{"http://10.0.0.5:2379"}, Logger: quiet()})
+	if err == nil || !strings.Contains(err.Error(), "--insecure-cluster") {
+		t.Fatalf("Open at http://10.0.0.5: %v, want refused naming --insecure-cluster", err)
+	}
+}

@@ -47,6 +47,9 @@ var (
 	ErrCompacted = errors.New("state: revision compacted")
 	// ErrClosed: the Store was closed.
 	ErrClosed = errors.New("state: store closed")
+	// ErrDenied: etcd's auth refused the caller (no user, or a user whose
+	// roles do not grant the key); retrying does not help.
+	ErrDenied = errors.New("state: permission denied")
 )
 
 // Entry is one key with its value.
