@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"net/netip"
 	"slices"
 	"testing"
@@ -158,3 +159,31 @@ func TestHostOf(t *testing.T) {
 		}
 	}
 }
+
+// TestRegisterServer: a server's record is in the registry once
+// RegisterServer returns, and gone once it stops (it does not wait out
+// its lease).
+func TestRegisterServer(t *testing.T) {
+	ctx := context.Background()
+	st := state.NewMemory()
+	info := ServerInfo{Name: "host:/var/lib/aenv", Addresses: []string{"203.0.113.5:8000", "203.0.113.5:8443"}}
+	r, err := RegisterServer(ctx, st, info, slogDiscard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := st.Get(ctx, ServerPrefix+info.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := NewMembers()
+	m.Apply(state.Event{Type: state.EventPut, Entry: e})
+	if got := m.Hosts(); !slices.Equal(got, []string{"203.0.113.5"}) {
+		t.Fatalf("the server's record gives the hosts %v", got)
+	}
+	r.Stop()
+	if _, err := st.Get(ctx, ServerPrefix+info.Name); !errors.Is(err, state.ErrNotFound) {
+		t.Fatalf("the record of a stopped server: %v, want gone", err)
+	}
+}
+
+func slogDiscard() *slog.Logger { return slog.New(slog.DiscardHandler) }
