@@ -52,22 +52,24 @@ func NewMembers() *Members {
 // them, as a put) and reports whether Hosts may have changed: a node
 // reporting its usage, as it does every few seconds, changes none.
 func (m *Members) Apply(ev state.Event) bool {
-	before := m.Hosts()
 	key, del := ev.Entry.Key, ev.Type == state.EventDelete
+	var n NodeInfo
+	if id, ok := strings.CutPrefix(key, LivePrefix); ok && !del && json.Unmarshal(ev.Entry.Value, &n) == nil {
+		if h, ok := m.live[id]; ok && h == HostOf(n.Address) {
+			return false // a report: the node is where it was
+		}
+	}
+	before := m.Hosts()
 	switch {
 	case strings.HasPrefix(key, LivePrefix):
 		id := strings.TrimPrefix(key, LivePrefix)
-		var n NodeInfo
 		if del || json.Unmarshal(ev.Entry.Value, &n) != nil {
 			delete(m.live, id)
-		} else if h, ok := m.live[id]; ok && h == HostOf(n.Address) {
-			return false // a report: the node is where it was
 		} else {
 			m.live[id] = HostOf(n.Address)
 		}
 	case strings.HasPrefix(key, KnownPrefix):
 		id := strings.TrimPrefix(key, KnownPrefix)
-		var n NodeInfo
 		if del || json.Unmarshal(ev.Entry.Value, &n) != nil {
 			delete(m.known, id)
 		} else {
