@@ -142,6 +142,7 @@ func Start(ctx context.Context, cfg Config) (_ *Agent, err error) {
 	if a.advertise, err = Advertised(cfg.Advertise, a.listener.Addr()); err != nil {
 		return nil, err
 	}
+	cfg.Cluster = a.state
 	if a.host, err = OpenHost(ctx, cfg, keys.Keys, log); err != nil {
 		return nil, err
 	}

@@ -153,7 +153,12 @@ type Config struct {
 	// over http, served or reached (membership.CheckPlain, state's
 	// Insecure); it is logged at every start.
 	InsecureCluster bool
-	Logger          *slog.Logger
+	// Cluster, when set, is the live state whose members (nodes,
+	// servers, etcd) the host keeps every sandbox off, following them
+	// as they come and go. Start sets it, and so does a server for its
+	// local node; without it only the host's own networks are kept off.
+	Cluster ClusterState
+	Logger  *slog.Logger
 }
 
 // WithDefaults fills in the zero fields of cfg (but Listen, whose default

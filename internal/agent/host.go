@@ -38,6 +38,7 @@ type Host struct {
 	driver         *gvisor.Driver
 	net            *netns.Manager
 	stopWatch      context.CancelFunc
+	members        *memberWatch // nil: not kept off the cluster's members
 	remote         *store.Repository
 	images         *store.Repository
 	imageServer    *blockimage.Client
@@ -125,8 +126,18 @@ func (h *Host) open(ctx context.Context, cfg Config, keys *sealed.Keyring, log *
 	if err != nil {
 		return fmt.Errorf("reading the host's networks: %w", err)
 	}
+	// The members are read before the host's rules are laid, so that
+	// sandboxes an earlier process left running are never without them.
+	var members *memberWatch
+	var memberAddrs []netip.Addr
+	if cfg.Cluster != nil {
+		if members, memberAddrs, err = openMemberWatch(ctx, cfg.Cluster, cfg.EtcdEndpoints, log); err != nil {
+			return err
+		}
+	}
 	h.net, err = netns.NewManager(ctx, netns.Config{
 		HostNetworks: hostNets,
+		ClusterAddrs: memberAddrs,
 		EgressAllow:  cfg.EgressAllow,
 		DNSServers:   dns,
 		RunDir:       filepath.Join(cfg.RunDir, "netns"),
@@ -154,6 +165,11 @@ func (h *Host) open(ctx context.Context, cfg Config, keys *sealed.Keyring, log *
 		}
 	}); err != nil {
 		return err
+	}
+	if members != nil {
+		log.Info("sandboxes are kept off the cluster's members", "addrs", memberAddrs)
+		members.run(watchCtx, memberAddrs, h.net.SetClusterAddrs)
+		h.members = members
 	}
 
 	snapshots, err := snapshot.Open(filepath.Join(cfg.DataDir, "snapshots"), h.remote, keys)
@@ -224,6 +240,9 @@ func (h *Host) Close(ctx context.Context, stop membership.StopMode) error {
 	var errs []error
 	if h.stopWatch != nil {
 		h.stopWatch()
+	}
+	if h.members != nil {
+		h.members.wait()
 	}
 	kept := 0
 	if h.node != nil {

@@ -194,7 +194,7 @@ func hostFlags(f *pflag.FlagSet, cfg *agent.Config, hs *hostStrings, logLevel *s
 	f.StringVar(&cfg.EtcdCertFile, "etcd-cert", "", "client certificate for --etcd-endpoints")
 	f.StringVar(&cfg.EtcdKeyFile, "etcd-key", "", "client key for --etcd-endpoints")
 	f.StringSliceVar(&hs.dns, "dns", nil, "resolvers sandboxes use (IPv4 addresses; default: the host's, from /etc/resolv.conf)")
-	f.StringSliceVar(&hs.egressAllow, "egress-allow", nil, "CIDR of the host's own networks that sandboxes may reach after all (they never reach the host's networks otherwise; the private and special ranges stay blocked)")
+	f.StringSliceVar(&hs.egressAllow, "egress-allow", nil, "CIDR of the host's own networks that sandboxes may reach after all (they never reach the host's networks otherwise; the private and special ranges, and the cluster's members, stay blocked)")
 	f.IntVar(&cfg.PidsLimit, "pids-limit", 1024, "host tasks each sandbox may take (plus gVisor's own); each user in it may run two fifths as many processes and threads, as gVisor runs two host tasks per guest process, and past that fork fails with EAGAIN inside (templates may set their own)")
 	f.IntVar(&cfg.DiskMB, "disk-size", node.DefaultDiskMB, "each sandbox's disk in MiB, unless its template sets one: its files go to a sparse file on the host's disk, and past it writes fail with ENOSPC (-1 keeps files in the sandbox's memory)")
 	f.StringVar(&hs.volumeSize, "volume-size", "10G", "size of a volume created without one (bytes, or with K, M, G, T): an ext4 image, sparse on the host's disk, past which writes fail with ENOSPC (0: plain directories, unbounded)")

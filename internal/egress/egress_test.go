@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -133,6 +134,8 @@ func TestProxy(t *testing.T) {
 		},
 		OnRefused: func(r Refusal) { refused <- r },
 	}
+	var member atomic.Bool // the backend's address is a cluster member's
+	p.Blocked = func(a netip.Addr) bool { return member.Load() && a == dst.Addr() }
 	rules := Rules{AllowDomains: []string{"allowed.test"}, DenyOut: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}}
 	served := make(chan struct{})
 	go func() {
@@ -160,6 +163,16 @@ func TestProxy(t *testing.T) {
 	if r := <-refused; r.Domain != "evil.test" || r.Dst != dst {
 		t.Fatalf("refusal %+v", r)
 	}
+	// An allowed name that resolves to a blocked address (a cluster
+	// member, say) is refused all the same, from the next connection on.
+	member.Store(true)
+	if out, err := get("allowed.test", "/"); err == nil && out != "" {
+		t.Fatalf("an allowed name resolving to a blocked address: %q; want a reset", out)
+	}
+	if r := <-refused; r.Domain != "allowed.test" || !strings.Contains(r.Reason, "no sandbox may reach") {
+		t.Fatalf("refusal %+v", r)
+	}
+	member.Store(false)
 
 	idle, err := net.Dial("tcp4", l.Addr().String())
 	if err != nil {

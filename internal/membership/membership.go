@@ -3,8 +3,10 @@
 // cluster's credentials (the cluster token, the data keys) and their
 // checks against the live state, the join a node agent asks a server
 // for, the node registry's records and the lease that keeps a node in
-// it, and the mark of a node that is stopping. Package cluster reads the
-// registry; the node agent (package agent) writes its own record. Neither
+// it, the servers' records, where the cluster's members are (Members,
+// which nodes keep their sandboxes off), and the mark of a node that is
+// stopping. Package cluster reads the registry; the node agent (package
+// agent) writes its own record. Neither
 // imports the other, as Nomad's client and server share only structs.
 package membership
 

@@ -30,8 +30,9 @@
 //
 // A sandbox can never open connections to another sandbox, to the host's own
 // addresses, to its router, or to private, shared, link-local, loopback and
-// multicast ranges; with AllowInternet it may open connections to anything
-// else. Only the host itself may open connections into a slot (forwarded
+// multicast ranges, nor to the cluster's members (Config.ClusterAddrs,
+// whatever their addresses); with AllowInternet it may open connections to
+// anything else. Only the host itself may open connections into a slot (forwarded
 // traffic from other interfaces into a slot is dropped). Replies always flow.
 //
 // # Lifecycle

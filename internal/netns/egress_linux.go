@@ -112,16 +112,13 @@ func (m *Manager) startProxy(s *Slot, rules egress.Rules) error {
 	p.rules.Store(&rules) // before the first connection can arrive
 	s.proxy = p
 	px := &egress.Proxy{
+		// A name that a domain rule allows may still resolve to a blocked
+		// range or to a cluster member: refused all the same. Read at each
+		// connection, as the host's networks and the cluster change.
 		Blocked: func(a netip.Addr) bool {
 			m.mu.Lock()
-			blocked := m.cfg.blocked() // the host's networks may have changed
-			m.mu.Unlock()
-			for _, b := range blocked {
-				if b.Contains(a) {
-					return true
-				}
-			}
-			return false
+			defer m.mu.Unlock()
+			return m.cfg.refuses(a)
 		},
 		Resolver: m.resolver(),
 		Logger:   m.log.With("slot", s.Name),

@@ -45,6 +45,9 @@ func (m *Manager) Detach(ctx context.Context) error { return nil }
 // SetHostNetworks fails with ErrUnsupported outside Linux.
 func (m *Manager) SetHostNetworks(ps []netip.Prefix) error { return ErrUnsupported }
 
+// SetClusterAddrs fails with ErrUnsupported outside Linux.
+func (m *Manager) SetClusterAddrs(addrs []netip.Addr) error { return ErrUnsupported }
+
 // DetectHostNetworks fails with ErrUnsupported outside Linux.
 func DetectHostNetworks(tag string) ([]netip.Prefix, error) { return nil, ErrUnsupported }
 

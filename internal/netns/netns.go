@@ -74,6 +74,32 @@ func (cfg Config) blocked() []netip.Prefix {
 	return out
 }
 
+// refuses reports whether no sandbox may reach a, whatever its egress
+// options: a is in a blocked range or is a cluster member's (cfg as
+// withDefaults or SetClusterAddrs left it: ClusterAddrs sorted).
+func (cfg Config) refuses(a netip.Addr) bool {
+	a = a.Unmap()
+	for _, b := range cfg.blocked() {
+		if b.Contains(a) {
+			return true
+		}
+	}
+	_, found := slices.BinarySearchFunc(cfg.ClusterAddrs, a, netip.Addr.Compare)
+	return found
+}
+
+// uniqueAddrs returns addrs unmapped, sorted and without repeats.
+func uniqueAddrs(addrs []netip.Addr) []netip.Addr {
+	out := make([]netip.Addr, 0, len(addrs))
+	for _, a := range addrs {
+		if a.IsValid() {
+			out = append(out, a.Unmap())
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return slices.Compact(out)
+}
+
 // covered reports whether p lies wholly inside one of ps.
 func covered(ps []netip.Prefix, p netip.Prefix) bool {
 	for _, q := range ps {
@@ -131,6 +157,13 @@ type Config struct {
 	// them only as its own egress options allow. The always-blocked
 	// ranges stay blocked.
 	EgressAllow []netip.Prefix
+	// ClusterAddrs are the addresses of the cluster's members (servers,
+	// nodes, etcd members): no sandbox may reach them, on any port but
+	// the DNSServers' 53, whatever its egress options, and EgressAllow
+	// does not exempt them (a host the cluster runs on is never a
+	// sandbox's to reach); only IPv4 ones matter, as sandboxes have no
+	// IPv6 route. SetClusterAddrs changes them while the Manager runs.
+	ClusterAddrs []netip.Addr
 	// OnEgressRefused, if set, hears of each connection a slot's egress
 	// proxy refused (by domain); refusals by address are counted instead
 	// (RefusedCount).
@@ -159,6 +192,7 @@ func (cfg Config) withDefaults() (Config, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	cfg.ClusterAddrs = uniqueAddrs(cfg.ClusterAddrs)
 	for _, a := range cfg.DNSServers {
 		if !a.Is4() {
 			return cfg, fmt.Errorf("checking config: DNS server %s is not IPv4", a)

@@ -2,6 +2,7 @@ package netns
 
 import (
 	"net/netip"
+	"slices"
 	"testing"
 )
 
@@ -106,5 +107,30 @@ func TestBlockedPrefixesCoverTheBrief(t *testing.T) {
 	odd, _ := Config{Prefix: netip.MustParsePrefix("198.19.0.0/16")}.withDefaults()
 	if b := odd.blocked(); b[len(b)-1] != odd.Prefix {
 		t.Errorf("a slot prefix outside the blocked ranges is not blocked: %v", b)
+	}
+}
+
+// TestRefusesClusterMembers: a cluster member's address is refused to
+// every sandbox whatever the operator exempted, and only that address.
+func TestRefusesClusterMembers(t *testing.T) {
+	member := netip.MustParseAddr("198.18.7.2")
+	cfg, err := Config{
+		HostNetworks: []netip.Prefix{netip.MustParsePrefix("198.18.7.0/30")},
+		EgressAllow:  []netip.Prefix{netip.MustParsePrefix("198.18.7.0/30")},
+		ClusterAddrs: []netip.Addr{netip.MustParseAddr("203.0.113.9"), netip.MustParseAddr("::ffff:198.18.7.2"), member},
+	}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []netip.Addr{member, netip.MustParseAddr("203.0.113.9")}; !slices.Equal(cfg.ClusterAddrs, want) {
+		t.Fatalf("ClusterAddrs = %v, want %v (unmapped, sorted, once)", cfg.ClusterAddrs, want)
+	}
+	for a, want := range map[string]bool{
+		"198.18.7.2": true, "::ffff:198.18.7.2": true, "203.0.113.9": true, "10.0.0.1": true,
+		"198.18.7.1": false, "203.0.113.10": false, "8.8.8.8": false,
+	} {
+		if got := cfg.refuses(netip.MustParseAddr(a)); got != want {
+			t.Errorf("refuses(%s) = %v, want %v", a, got, want)
+		}
 	}
 }

@@ -41,8 +41,11 @@ const ipsDstNAT = 1 << 5
 //	    iifname "<tag>*" oifname "<tag>*" drop          # slot to slot
 //	    oifname "<tag>*" ct state established,related accept
 //	    oifname "<tag>*" drop                           # only the host opens connections into slots
+//	    iifname "<tag>*" ip daddr <dns> udp/tcp dport 53 accept
+//	    iifname "<tag>*" ip daddr @cluster counter reject  # see addClusterRules
 //	    iifname "<tag>*" ip daddr <blocked> drop }      # defence in depth; routers drop these first
 //	                                                    # (blocked: see blockedPrefixes, plus <prefix>)
+//	  set cluster { type ipv4_addr; elements = { <ClusterAddrs> } }
 //	  chain input { type filter hook input priority filter; policy accept
 //	    iifname "<tag>*" ct state established,related accept
 //	    iifname "<tag>*" drop }                         # slots never reach the host
@@ -90,6 +93,11 @@ func installHostTable(cfg Config) error {
 			dns,
 			verdict(expr.VerdictAccept),
 		)})
+	}
+	// After the resolvers' port 53, as for the blocked ranges: a
+	// resolver the host hands its sandboxes stays their resolver.
+	if err := addClusterRules(c, cfg, t, fwd); err != nil {
+		return fmt.Errorf("installing host nftables table %s: %w", cfg.Tag, err)
 	}
 	for _, p := range cfg.blocked() {
 		c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: cat(

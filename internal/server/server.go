@@ -16,6 +16,7 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -138,6 +139,9 @@ type Server struct {
 	clusterListener  net.Listener
 	clusterHTTP      *http.Server
 	clusterAdvertise string
+	// serverRegistration keeps this server's own record (nil: it has no
+	// address to tell).
+	serverRegistration *membership.Registration
 }
 
 // withDefaults fills in the zero fields of cfg.
@@ -211,6 +215,9 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 		return nil, fmt.Errorf("recording this server's API key: %w", err)
 	}
 	if !cfg.NoLocalNode {
+		// Its sandboxes are kept off the cluster's members, this server
+		// included.
+		cfg.Config.Cluster = s.state
 		if s.host, err = agent.OpenHost(ctx, cfg.Config, cfg.dataKeys, log); err != nil {
 			return nil, err
 		}
@@ -358,6 +365,11 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 			return nil, err
 		}
 	}
+	if info := s.serverInfo(ccfg.Candidate); len(info.Addresses) > 0 {
+		if s.serverRegistration, err = membership.RegisterServer(ctx, s.state, info, log); err != nil {
+			return nil, err
+		}
+	}
 	log.Info("aenv server listening", "addr", s.listener.Addr().String(), "tls", useTLS, "domain", domain, "local_node", s.host != nil)
 	return s, nil
 }
@@ -437,6 +449,9 @@ func (s *Server) close(ctx context.Context) error {
 	} else if s.clusterListener != nil {
 		s.clusterListener.Close()
 	}
+	if s.serverRegistration != nil {
+		s.serverRegistration.Stop()
+	}
 	if s.registration != nil {
 		s.registration.Stop()
 		// A node that keeps its sandboxes for the next start stays
@@ -468,6 +483,27 @@ func (s *Server) close(ctx context.Context) error {
 	}
 	s.etcdTLS.Close()
 	return errors.Join(errs...)
+}
+
+// serverInfo is this server's record in the registry (name is its
+// election candidate): where the others, and sandboxes that must not,
+// reach it. Its API is there when it advertises one or listens on one
+// host; a server listening on every address without --advertise says
+// nothing of it (its local node, registered on its own, may).
+func (s *Server) serverInfo(name string) membership.ServerInfo {
+	info := membership.ServerInfo{Name: name}
+	if a, err := agent.Advertised(s.cfg.Advertise, s.listener.Addr()); err == nil {
+		info.Addresses = append(info.Addresses, a)
+	}
+	if s.clusterAdvertise != "" {
+		info.Addresses = append(info.Addresses, s.clusterAdvertise)
+	}
+	for _, e := range s.state.Endpoints() {
+		if !strings.HasPrefix(e, "unix:") {
+			info.Addresses = append(info.Addresses, e)
+		}
+	}
+	return info
 }
 
 func portOf(a net.Addr) string {

@@ -253,6 +253,27 @@ func (e *Etcd) Stats(ctx context.Context) (Stats, error) {
 	return Stats{}, fmt.Errorf("getting etcd stats: %w", errors.Join(errs...))
 }
 
+// MemberURLs are the client and peer URLs of every member of the etcd
+// cluster, as it lists them: where the cluster's state lives, which
+// sandboxes must never reach.
+func (e *Etcd) MemberURLs(ctx context.Context) ([]string, error) {
+	if e.closed.Load() {
+		return nil, fmt.Errorf("listing etcd members: %w", ErrClosed)
+	}
+	cctx, cancel := context.WithTimeout(ctx, e.cfg.OpTimeout)
+	defer cancel()
+	resp, err := e.client.MemberList(cctx)
+	if err != nil {
+		return nil, e.wrap("listing etcd members", err)
+	}
+	var out []string
+	for _, m := range resp.Members {
+		out = append(out, m.ClientURLs...)
+		out = append(out, m.PeerURLs...)
+	}
+	return out, nil
+}
+
 // Get implements KV with a linearizable read.
 func (e *Etcd) Get(ctx context.Context, key string) (Entry, error) {
 	op := "getting " + key

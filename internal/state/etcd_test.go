@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -149,6 +150,11 @@ func TestEmbeddedClientURLs(t *testing.T) {
 	other := openEtcd(t, state.Config{Endpoints: []string{url}})
 	if _, err := other.Get(ctx, "k"); err != nil {
 		t.Fatal(err)
+	}
+	// And sees it among the members, which nodes keep sandboxes off.
+	urls, err := other.MemberURLs(ctx)
+	if err != nil || !slices.Contains(urls, url) {
+		t.Fatalf("MemberURLs = %v, %v; want %s among them", urls, err, url)
 	}
 }
 
