@@ -9,6 +9,7 @@ import (
 
 	"github.com/aenvhq/aenv/internal/membership"
 	"github.com/aenvhq/aenv/internal/nodeapi/nodetest"
+	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
 	"github.com/aenvhq/aenv/internal/state"
 )
 
@@ -116,4 +117,49 @@ func TestResumeElsewhereWithoutStore(t *testing.T) {
 	if cur, err := c.Get(ctx, sb.ID); err != nil || cur.State != StatePaused {
 		t.Fatalf("after the refused resume: %+v %v; want it paused", cur, err)
 	}
+}
+
+// TestDrainWithoutStore: a node going away with no store the nodes share
+// has its sandboxes moved off it, several at a time, each snapshot relayed
+// to the node that takes it (the template once it is there); none is
+// left paused on the node that leaves, and no copy of a snapshot stays.
+func TestDrainWithoutStore(t *testing.T) {
+	ctx := context.Background()
+	c, _, n1, n2, first := storelessFleet(t)
+	ids := []string{first.ID}
+	if _, err := c.SetDraining(ctx, "n2", true); err != nil {
+		t.Fatal(err)
+	}
+	for range 5 {
+		sb, err := c.Create(ctx, CreateRequest{Spec: Spec{Timeout: time.Hour}, TemplateID: "custom"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, sb.ID)
+	}
+	if _, err := c.SetDraining(ctx, "n2", false); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return c.leading.Load() }, "the cluster to lead")
+	if err := n1.Publish(ctx, &nodev1.Event{Kind: nodev1.Event_KIND_DRAINING}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool {
+		for _, id := range ids {
+			if sb, err := c.Get(ctx, id); err != nil || sb.NodeID != "n2" || !n2.IsRunning(id) {
+				return false
+			}
+		}
+		return true
+	}, "every sandbox of the node going away to run on the other")
+	for _, id := range ids {
+		if sb, err := c.Get(ctx, id); err != nil || sb.State != StateRunning || sb.NodeID != "n2" || n1.IsRunning(id) {
+			t.Fatalf("sandbox %s after the evacuation: %+v %v", id, sb, err)
+		}
+	}
+	if got := n1.Exports(); got != len(ids) {
+		t.Fatalf("%d snapshots exported for %d sandboxes", got, len(ids))
+	}
+	waitFor(t, func() bool { return n1.SnapshotCount() == 0 && n2.SnapshotCount() == 0 },
+		"the migrations' snapshots to be deleted on both nodes")
 }

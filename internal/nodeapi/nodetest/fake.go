@@ -20,6 +20,7 @@ import (
 	"github.com/aenvhq/aenv/internal/nodeapi"
 	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
 	"github.com/aenvhq/aenv/internal/snapshot"
+	"github.com/aenvhq/aenv/internal/transfer"
 )
 
 // FakeTemplate is the template every Fake holds.
@@ -629,6 +630,9 @@ func (n *Fake) ImportSnapshot(ctx context.Context, req *nodev1.ImportSnapshotReq
 		}
 		return out, nil
 	case nodev1.ImportSnapshotRequest_STEP_CHUNK:
+		if !transfer.ValidName(req.File) {
+			return nil, invalid("importing snapshot %s: bad file name %q", id, req.File)
+		}
 		if in == nil {
 			in = map[string][]byte{}
 			n.incoming[id] = in
