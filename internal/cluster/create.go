@@ -99,7 +99,7 @@ func (c *Cluster) create(ctx context.Context, req CreateRequest, id string) (*Sa
 	if req.SnapshotID != "" {
 		wreq.Source, from = &nodev1.CreateRequest_SnapshotId{SnapshotId: req.SnapshotID}, req.SnapshotID
 	}
-	nsb, n, err := c.start(ctx, placement{template: req.TemplateID, memoryMB: req.MemoryMB, cpus: req.CPUCount, only: volumeNode}, wreq)
+	nsb, n, err := c.start(ctx, placement{template: req.TemplateID, memoryMB: req.MemoryMB, cpus: req.CPUCount, only: volumeNode}, wreq, "")
 	if err != nil {
 		if errors.Is(err, nodeapi.ErrNotFound) {
 			return nil, fmt.Errorf("%w: %q", ErrTemplateNotFound, from)
@@ -162,9 +162,11 @@ func (c *Cluster) withinQuota(o Owner, n int) (release func(), err error) {
 const placeAttempts = 3
 
 // start places a sandbox and starts it there, moving on to another node
-// when one refuses for lack of room. The error is in the cluster's
-// classes (classifyNodeError).
-func (c *Cluster) start(ctx context.Context, p placement, req *nodev1.CreateRequest) (*nodev1.Sandbox, nodeapi.Node, error) {
+// when one refuses for lack of room. A sandbox restored from a snapshot
+// that node holder took gets it moved to its node first when no store
+// holds it (bringSnapshot). The error is in the cluster's classes
+// (classifyNodeError).
+func (c *Cluster) start(ctx context.Context, p placement, req *nodev1.CreateRequest, holder string) (*nodev1.Sandbox, nodeapi.Node, error) {
 	var err error
 	for range placeAttempts {
 		n, perr := c.nodes.place(p)
@@ -173,6 +175,11 @@ func (c *Cluster) start(ctx context.Context, p placement, req *nodev1.CreateRequ
 				return nil, nil, err // the last node's own refusal says more
 			}
 			return nil, nil, perr
+		}
+		if snapID := req.GetSnapshotId(); snapID != "" {
+			if err := c.bringSnapshot(ctx, req.SandboxId, snapID, holder, n); err != nil {
+				return nil, nil, err
+			}
 		}
 		var nsb *nodev1.Sandbox
 		nsb, err = n.Create(ctx, req)

@@ -60,7 +60,10 @@ func (c *Cluster) Fork(ctx context.Context, id string, count int, timeout time.D
 	if err != nil {
 		return nil, err
 	}
-	defer c.deleteSnapshotQuietly(snap.Id, "fork snapshot")
+	// The children's nodes may keep copies of it (no store).
+	var copiesMu sync.Mutex
+	copies := []string{r.NodeID}
+	defer func() { c.deleteSnapshotQuietly(snap.Id, "fork snapshot", copies...) }()
 	// Children start beside their source, whose node has the state at
 	// hand; when it is full they go where there is room, restoring from
 	// the store.
@@ -79,11 +82,14 @@ func (c *Cluster) Fork(ctx context.Context, id string, count int, timeout time.D
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			nsb, n, err := c.start(ctx, p, restoreRequest(childIDs[i], snap.Id, &parent.Spec))
+			nsb, n, err := c.start(ctx, p, restoreRequest(childIDs[i], snap.Id, &parent.Spec), parent.NodeID)
 			if err != nil {
 				results[i].Err = err
 				return
 			}
+			copiesMu.Lock()
+			copies = append(copies, n.ID())
+			copiesMu.Unlock()
 			// A child is its parent's spec whole, but for its own timeout.
 			spec := parent.Spec
 			spec.Timeout = timeout

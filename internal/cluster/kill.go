@@ -20,7 +20,7 @@ func (c *Cluster) Kill(ctx context.Context, id string) error {
 		return err
 	}
 	if sb.State == StatePaused {
-		c.deleteSnapshotQuietly(sb.SnapshotID, "paused sandbox's snapshot")
+		c.deleteSnapshotQuietly(sb.SnapshotID, "paused sandbox's snapshot", sb.NodeID)
 		return nil
 	}
 	defer c.gone(id, "")

@@ -79,6 +79,9 @@ func (c *Cluster) Migrate(ctx context.Context, id, target string) (*Migration, e
 	cancelled := ctx
 	ctx = context.WithoutCancel(ctx)
 	req := restoreRequest(id, snap.Id, &r.Spec)
+	// to is where the move went (dest is where the sandbox runs in
+	// the end): it may keep a copy of the snapshot.
+	to := dest.ID()
 	// Its volumes go along (through the store), before it starts there.
 	rerr := cancelled.Err()
 	if rerr == nil {
@@ -87,6 +90,13 @@ func (c *Cluster) Migrate(ctx context.Context, id, target string) (*Migration, e
 	var nsb *nodev1.Sandbox
 	if rerr == nil {
 		rerr = cancelled.Err()
+	}
+	if rerr == nil {
+		// Without a store the snapshot goes from the node that took it.
+		rerr = c.bringSnapshot(cancelled, id, snap.Id, from, dest)
+		if rerr != nil {
+			c.abortImport(ctx, dest, snap.Id)
+		}
 	}
 	if rerr == nil {
 		nsb, rerr = dest.Create(cancelled, req)
@@ -134,7 +144,7 @@ func (c *Cluster) Migrate(ctx context.Context, id, target string) (*Migration, e
 	}
 	// The move's state was never the record's (it ran throughout), so
 	// finishResume has no snapshot to drop: this one is the move's own.
-	c.deleteSnapshotQuietly(snap.Id, "migration snapshot")
+	c.deleteSnapshotQuietly(snap.Id, "migration snapshot", from, to)
 	down := time.Since(start)
 	if undone != nil {
 		c.log.Info("migration called off; the sandbox runs where it was", "sandbox_id", id, "node_id", from, "err", undone)

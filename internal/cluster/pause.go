@@ -131,12 +131,14 @@ func (c *Cluster) resume(ctx context.Context, r record, d time.Duration, opts Co
 	if len(r.Mounts) > 0 {
 		p.only = r.NodeID // where its volumes are
 	}
-	if snap, err := c.GetSnapshotAny(ctx, r.SnapshotID); err == nil {
+	if snap, err := c.snapshotOf(ctx, r.SnapshotID, r.NodeID); err == nil {
 		p.runtime, p.runtimeVersion = snap.Runtime, snap.RuntimeVersion
 	}
 	wreq := restoreRequest(id, r.SnapshotID, &r.Spec)
 	wreq.Reboot = opts.Reboot
-	nsb, n, err := c.start(ctx, p, wreq)
+	// Without a store the snapshot is on the node it was paused on, and
+	// goes from there to another node that resumes it.
+	nsb, n, err := c.start(ctx, p, wreq, r.NodeID)
 	if err != nil {
 		c.release(ctx, id, "resume")
 		return nil, fmt.Errorf("resuming sandbox %s: %w", id, err)
@@ -148,9 +150,9 @@ func (c *Cluster) resume(ctx context.Context, r record, d time.Duration, opts Co
 // finishResume records that paused sandbox id runs again at addr on node
 // n, and drops the pause snapshot it was resumed from.
 func (c *Cluster) finishResume(ctx context.Context, n nodeapi.Node, id string, addr netip.Addr, end time.Time) (*Sandbox, error) {
-	var oldSnap string
+	var oldSnap, oldNode string
 	r, err := c.recs.mutate(ctx, id, func(r *record) error {
-		oldSnap = r.SnapshotID
+		oldSnap, oldNode = r.SnapshotID, r.NodeID
 		r.State = StateRunning
 		r.PausedAt = time.Time{}
 		r.SnapshotID = ""
@@ -168,8 +170,19 @@ func (c *Cluster) finishResume(ctx context.Context, n nodeapi.Node, id string, a
 		return nil, fmt.Errorf("resuming sandbox %s: %w", id, err)
 	}
 	// Removing a large image takes a while; the caller need not wait.
-	c.deleteSnapshotQuietly(oldSnap, "consumed pause snapshot")
+	c.deleteSnapshotQuietly(oldSnap, "consumed pause snapshot", oldNode, n.ID())
 	return &r.Sandbox, nil
+}
+
+// snapshotOf describes snapshot snapID, asking node holder first: without
+// a store the nodes share, only that node has it.
+func (c *Cluster) snapshotOf(ctx context.Context, snapID, holder string) (*snapshot.Snapshot, error) {
+	if n, err := c.nodes.node(holder); err == nil {
+		if w, err := n.GetSnapshot(ctx, &nodev1.GetSnapshotRequest{IdOrName: snapID}); err == nil {
+			return nodeapi.SnapshotFromWire(w), nil
+		}
+	}
+	return c.GetSnapshotAny(ctx, snapID)
 }
 
 // resumeWait bounds how long traffic to a paused sandbox waits for the

@@ -281,7 +281,9 @@ func (c *Cluster) SetTemplatePublic(ctx context.Context, id string, public bool)
 
 // deleteSnapshotQuietly deletes a snapshot nothing needs any more (what
 // names it in the log), in the background: one of the cluster's tasks.
-func (c *Cluster) deleteSnapshotQuietly(id, what string) {
+// holders are nodes that may keep a copy of their own (without a store
+// the nodes share: the node that took it, those it was moved to).
+func (c *Cluster) deleteSnapshotQuietly(id, what string, holders ...string) {
 	if id == "" {
 		return // nothing was consumed (a migration's resume)
 	}
@@ -290,7 +292,7 @@ func (c *Cluster) deleteSnapshotQuietly(id, what string) {
 		// delete was cancelled would stay in the store for good.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		defer cancel()
-		if err := c.deleteSnapshot(ctx, id); err != nil {
+		if err := c.deleteSnapshotOn(ctx, id, holders); err != nil {
 			c.log.Warn("deleting "+what, "snapshot_id", id, "err", err)
 		}
 	}
@@ -311,6 +313,45 @@ func (c *Cluster) deleteSnapshot(ctx context.Context, id string) error {
 		return fmt.Errorf("deleting snapshot %s: %w", id, err)
 	}
 	return nil
+}
+
+// deleteSnapshotOn deletes snapshot id from the store's catalog and from
+// each of holders that has a copy; a holder that is gone or has none is
+// passed over.
+func (c *Cluster) deleteSnapshotOn(ctx context.Context, id string, holders []string) error {
+	if len(holders) == 0 {
+		return c.deleteSnapshot(ctx, id)
+	}
+	first, err := c.nodes.any()
+	if err != nil {
+		return err
+	}
+	nodes := []nodeapi.Node{first}
+	seen := map[string]bool{first.ID(): true}
+	for _, h := range holders {
+		if h == "" || seen[h] {
+			continue
+		}
+		seen[h] = true
+		if n, err := c.nodes.node(h); err == nil {
+			nodes = append(nodes, n) // else its copy went with it
+		}
+	}
+	deleted := false
+	var errs []error
+	for _, n := range nodes {
+		_, err := n.DeleteSnapshot(ctx, &nodev1.DeleteSnapshotRequest{Id: id})
+		switch {
+		case err == nil:
+			deleted = true
+		case !errors.Is(err, nodeapi.ErrNotFound):
+			errs = append(errs, fmt.Errorf("deleting snapshot %s on node %s: %w", id, n.ID(), err))
+		}
+	}
+	if len(errs) == 0 && !deleted {
+		return fmt.Errorf("deleting snapshot %s: %w", id, nodeapi.ErrNotFound)
+	}
+	return errors.Join(errs...)
 }
 
 // snapshots lists the snapshots of the given kinds (all when none).

@@ -216,6 +216,9 @@ type Node struct {
 	bgWork   sync.WaitGroup
 	// hist holds each sandbox's resource samples and log.
 	hist histories
+	// imports orders the steps of each snapshot arriving from another
+	// node (transfer.go).
+	imports imports
 }
 
 // New returns a node; it does not start anything.

@@ -63,6 +63,15 @@ type Node interface {
 	// PutBuildContext), calling fn with each event (progress and log
 	// lines, then the result last) as Build does.
 	Pull(ctx context.Context, req *nodev1.PullRequest, fn func(*nodev1.PullEvent)) error
+	// ExportSnapshot streams a snapshot the node holds (and its
+	// template's files, when asked), calling fn with each part until the
+	// last (nil once it was given), the stream breaks (its error, a
+	// stream cut short being ErrUnavailable) or fn fails (its error).
+	ExportSnapshot(ctx context.Context, req *nodev1.ExportSnapshotRequest, fn func(*nodev1.SnapshotPart) error) error
+	// ImportSnapshot takes one step of a snapshot's import (begin, a
+	// chunk, commit, abort), for what ExportSnapshot streams from another
+	// node.
+	ImportSnapshot(context.Context, *nodev1.ImportSnapshotRequest) (*nodev1.ImportSnapshotResponse, error)
 }
 
 // Code is err's Connect code: CodeUnknown for an error that is not a

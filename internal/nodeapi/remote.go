@@ -142,6 +142,14 @@ func (h *handler) Pull(ctx context.Context, r *nodev1.PullRequest, st *connect.S
 	return err
 }
 
+func (h *handler) ExportSnapshot(ctx context.Context, r *nodev1.ExportSnapshotRequest, st *connect.ServerStream[nodev1.SnapshotPart]) error {
+	return toWire(h.n.ExportSnapshot(ctx, r, st.Send))
+}
+
+func (h *handler) ImportSnapshot(ctx context.Context, r *nodev1.ImportSnapshotRequest) (*nodev1.ImportSnapshotResponse, error) {
+	return served(h.n.ImportSnapshot(ctx, r))
+}
+
 // Remote is the node API of a node agent across the network.
 type Remote struct {
 	id string
@@ -327,4 +335,31 @@ func follow[T any](st *connect.ServerStreamForClient[T], what string, fn func(*T
 		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("the %s's stream ended without its result", what))
 	}
 	return nil
+}
+
+// ExportSnapshot implements Node.
+func (r *Remote) ExportSnapshot(ctx context.Context, q *nodev1.ExportSnapshotRequest, fn func(*nodev1.SnapshotPart) error) error {
+	st, err := r.c.ExportSnapshot(ctx, q)
+	if err != nil {
+		return classify(err)
+	}
+	defer st.Close()
+	for st.Receive() {
+		part := st.Msg()
+		if err := fn(part); err != nil {
+			return err
+		}
+		if part.Last {
+			return nil
+		}
+	}
+	if err := st.Err(); err != nil {
+		return classify(err)
+	}
+	return NewError(connect.CodeUnavailable, fmt.Errorf("exporting snapshot %s: the stream ended before its last part", q.SnapshotId))
+}
+
+// ImportSnapshot implements Node.
+func (r *Remote) ImportSnapshot(ctx context.Context, q *nodev1.ImportSnapshotRequest) (*nodev1.ImportSnapshotResponse, error) {
+	return fromWire(r.c.ImportSnapshot(ctx, q))
 }

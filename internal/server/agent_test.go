@@ -15,6 +15,7 @@ import (
 	"github.com/aenvhq/aenv/internal/client"
 	"github.com/aenvhq/aenv/internal/cluster"
 	"github.com/aenvhq/aenv/internal/membership"
+	"github.com/aenvhq/aenv/internal/nodeapi"
 	"github.com/aenvhq/aenv/internal/testutil"
 )
 
@@ -24,6 +25,24 @@ import (
 // ends.
 func startWithAgent(tb testing.TB, name string, localNode bool) (*Server, *client.Client) {
 	tb.Helper()
+	srv, c, _ := startAgent(tb, name, agentSetup{localNode: localNode})
+	return srv, c
+}
+
+// agentSetup tunes startAgent.
+type agentSetup struct {
+	// localNode has the server run its own node too.
+	localNode bool
+	// noStore leaves the nodes without a store they share.
+	noStore bool
+	// wrapNode wraps the server's calls to the agent (Config.wrapNode).
+	wrapNode func(nodeapi.Node) nodeapi.Node
+}
+
+// startAgent is startWithAgent as setup says, returning the agent too.
+func startAgent(tb testing.TB, name string, setup agentSetup) (*Server, *client.Client, *agent.Agent) {
+	tb.Helper()
+	localNode := setup.localNode
 	testutil.RequireRoot(tb)
 	runsc := testutil.RequireBinary(tb, "runsc", "AENV_RUNSC")
 	base, binDir := os.Getenv("AENV_BASE_ROOTFS"), os.Getenv("AENV_BIN_DIR")
@@ -33,16 +52,20 @@ func startWithAgent(tb testing.TB, name string, localNode bool) (*Server, *clien
 	ctx := context.Background()
 	dir := tb.TempDir()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	store := filepath.Join(dir, "shared-store")
+	if setup.noStore {
+		store = ""
+	}
 	nodeCfg := func(id string) agent.Config {
 		n := tagCounter.Add(1)
 		return agent.Config{
 			Listen: "127.0.0.1:0", NodeID: id, DataDir: filepath.Join(dir, id), RunDir: filepath.Join(dir, id+"-run"),
 			RunscPath: runsc, EnvdPath: filepath.Join(binDir, "envd"), BaseRootFS: base,
 			SandboxCIDR: fmt.Sprintf("10.23%d.0.0/16", 2+n%7), NetnsTag: name + string(rune('a'+n%26)),
-			NetnsPoolSize: 1, StoreURL: filepath.Join(dir, "shared-store"), OnStop: cluster.StopKill, Logger: log,
+			NetnsPoolSize: 1, StoreURL: store, OnStop: cluster.StopKill, Logger: log,
 		}
 	}
-	cfg := Config{Config: nodeCfg(name + "a"), NoLocalNode: !localNode}
+	cfg := Config{Config: nodeCfg(name + "a"), NoLocalNode: !localNode, wrapNode: setup.wrapNode}
 	cfg.EtcdClientURLs = []string{fmt.Sprintf("http://127.0.0.1:%d", freePort(tb))}
 	srv, err := Start(ctx, cfg)
 	if err != nil {
@@ -76,7 +99,7 @@ func startWithAgent(tb testing.TB, name string, localNode bool) (*Server, *clien
 			}
 		}
 		if err == nil && ready == want {
-			return srv, c
+			return srv, c, nodeAgent
 		}
 		if time.Now().After(deadline) {
 			tb.Fatalf("%d nodes are not ready: %+v %v", want, nodes, err)

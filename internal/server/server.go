@@ -88,6 +88,9 @@ type Config struct {
 	// dataKeys are the data keys loaded (agent.Config.DataKeyFile), for
 	// the snapshot catalog and the records.
 	dataKeys *sealed.Keyring
+	// wrapNode, when set, wraps the node API of every node this server
+	// dials: the seam where this package's tests cut a node's streams.
+	wrapNode func(nodeapi.Node) nodeapi.Node
 }
 
 // DefaultListen is where the API listens unless told otherwise: loopback,
@@ -402,7 +405,11 @@ func (s *Server) storeOf() *store.Repository {
 
 // dial reaches a node agent with the cluster token.
 func (s *Server) dial(id, address string) nodeapi.Node {
-	return nodeapi.Dial(id, address, s.trust.roundTripper(id))
+	n := nodeapi.Node(nodeapi.Dial(id, address, s.trust.roundTripper(id)))
+	if s.cfg.wrapNode != nil {
+		n = s.cfg.wrapNode(n)
+	}
+	return n
 }
 
 // Addr returns the address the server listens on.

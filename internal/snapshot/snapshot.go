@@ -464,3 +464,84 @@ type Mount struct {
 	VolumeID string `json:"volumeID"`
 	Path     string `json:"path"`
 }
+
+// incomingSuffix marks the directory of a snapshot arriving from another
+// node (a partial one: Open removes it).
+const incomingSuffix = ".incoming" + partialSuffix
+
+// incomingMaxAge is how long the files of a transfer that nobody goes on
+// with are kept (for a resume after a cut) before Incoming drops them.
+const incomingMaxAge = time.Hour
+
+// Incoming returns the directory where snapshot id's files arrive from
+// another node, keeping what an earlier, cut transfer left there. The
+// leftovers of transfers abandoned for an hour are removed.
+func (c *Catalog) Incoming(id string) (string, error) {
+	if !ValidID(id) {
+		return "", fmt.Errorf("receiving snapshot %q: invalid id", id)
+	}
+	if entries, err := os.ReadDir(c.dir); err == nil {
+		for _, e := range entries {
+			if info, err := e.Info(); err == nil && strings.HasSuffix(e.Name(), incomingSuffix) && time.Since(info.ModTime()) > incomingMaxAge {
+				os.RemoveAll(filepath.Join(c.dir, e.Name()))
+			}
+		}
+	}
+	dir, err := c.IncomingDir(id)
+	if err != nil {
+		return "", err
+	}
+	now := time.Now()
+	os.Chtimes(dir, now, now) // in use: not abandoned
+	return dir, nil
+}
+
+// IncomingDir is Incoming without the sweep: for each chunk of a
+// transfer under way.
+func (c *Catalog) IncomingDir(id string) (string, error) {
+	if !ValidID(id) {
+		return "", fmt.Errorf("receiving snapshot %q: invalid id", id)
+	}
+	dir := filepath.Join(c.dir, id+incomingSuffix)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", fmt.Errorf("receiving snapshot %s: %w", id, err)
+	}
+	return dir, nil
+}
+
+// DropIncoming removes what arrived of snapshot id.
+func (c *Catalog) DropIncoming(id string) {
+	if ValidID(id) {
+		os.RemoveAll(filepath.Join(c.dir, id+incomingSuffix))
+	}
+}
+
+// Install puts snapshot id, whose files (the runtime's image and its
+// metadata, as another node's catalog keeps them) are in dir, in place in
+// one rename. dir must be on the catalog's filesystem (under Incoming's).
+// A snapshot this catalog has already is kept, and dir removed.
+func (c *Catalog) Install(id, dir string) (*Snapshot, error) {
+	b, err := os.ReadFile(filepath.Join(dir, metaFile))
+	if err != nil {
+		return nil, fmt.Errorf("installing snapshot %s: %w", id, err)
+	}
+	s, err := c.decode(b)
+	if err != nil {
+		return nil, fmt.Errorf("installing snapshot %s: its metadata: %w", id, err)
+	}
+	if s.ID != id {
+		return nil, fmt.Errorf("installing snapshot %s: its metadata names %q", id, s.ID)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if local, err := c.read(id); err == nil {
+		os.RemoveAll(dir)
+		return local, nil
+	}
+	final := filepath.Join(c.dir, id)
+	if err := os.Rename(dir, final); err != nil {
+		return nil, fmt.Errorf("installing snapshot %s: %w", id, err)
+	}
+	s.Dir = final
+	return s, nil
+}

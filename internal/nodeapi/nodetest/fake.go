@@ -2,6 +2,9 @@ package nodetest
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
@@ -17,6 +20,7 @@ import (
 	"github.com/aenvhq/aenv/internal/nodeapi"
 	"github.com/aenvhq/aenv/internal/nodeapi/nodev1"
 	"github.com/aenvhq/aenv/internal/snapshot"
+	"github.com/aenvhq/aenv/internal/transfer"
 )
 
 // FakeTemplate is the template every Fake holds.
@@ -51,6 +55,16 @@ type Fake struct {
 	// store holds the snapshots; fakes made by NewFakes share one, as
 	// nodes with a snapshot store do.
 	store *fakeStore
+	// incoming holds the files of snapshots arriving (ImportSnapshot),
+	// by snapshot and file.
+	incoming map[string]map[string][]byte
+	// templates are the templates the node holds besides FakeTemplate
+	// (imported with a snapshot).
+	templates map[string]bool
+	// cutAfter, when positive, cuts the next export's stream after that
+	// many chunks; exports counts ExportSnapshot calls.
+	cutAfter int
+	exports  int
 }
 
 type fakeSandbox struct {
@@ -70,6 +84,7 @@ var _ nodeapi.Node = (*Fake)(nil)
 func NewFake(id string) *Fake {
 	return &Fake{id: id, memoryMB: 4096, cpus: 2, running: map[string]*fakeSandbox{},
 		volumes: map[string]int64{}, store: &fakeStore{snaps: map[string]*snapshot.Snapshot{}},
+		incoming: map[string]map[string][]byte{}, templates: map[string]bool{},
 		events: make(chan *nodev1.Event, 16)}
 }
 
@@ -285,13 +300,16 @@ func (n *Fake) Create(ctx context.Context, req *nodev1.CreateRequest) (*nodev1.S
 	sb := &nodev1.Sandbox{Id: id, TemplateId: FakeTemplate, CpuCount: 2, MemoryMb: 512,
 		StartedAt: timestamppb.Now(), Addr: "10.0.0.1", EnvdVersion: "fake"}
 	env := maps.Clone(req.EnvVars)
-	if tpl := req.GetTemplateId(); req.GetSnapshotId() == "" && tpl != FakeTemplate {
+	if tpl := req.GetTemplateId(); req.GetSnapshotId() == "" && tpl != FakeTemplate && !n.templates[tpl] {
 		return nil, notFound("creating sandbox %s: template %q not found", id, tpl)
 	}
 	if snapID := req.GetSnapshotId(); snapID != "" {
 		snap := n.store.get(snapID)
 		if snap == nil {
 			return nil, notFound("creating sandbox %s: snapshot %q not found", id, snapID)
+		}
+		if snap.TemplateID != "" && snap.TemplateID != FakeTemplate && !n.templates[snap.TemplateID] {
+			return nil, notFound("restoring snapshot %s: template %q not found", snap.ID, snap.TemplateID)
 		}
 		if snap.Kind == snapshot.KindPause && snap.SandboxID != id {
 			return nil, invalid("creating sandbox %s: snapshot %s is the pause of sandbox %s", id, snap.ID, snap.SandboxID)
@@ -308,6 +326,7 @@ func (n *Fake) Create(ctx context.Context, req *nodev1.CreateRequest) (*nodev1.S
 			sb.EnvdAccessToken = ids.New()
 		}
 	} else {
+		sb.TemplateId = req.GetTemplateId()
 		if req.CpuCount > 0 {
 			sb.CpuCount = req.CpuCount
 		}
@@ -510,4 +529,141 @@ func (n *Fake) Build(context.Context, *nodev1.BuildRequest, func(*nodev1.BuildEv
 // Pull is Unimplemented: the fake pulls nothing.
 func (n *Fake) Pull(context.Context, *nodev1.PullRequest, func(*nodev1.PullEvent)) error {
 	return unimplemented("Pull")
+}
+
+// fakeChunk is the size of the fake's export chunks: small, so that a
+// snapshot takes several and a cut can fall between them.
+const fakeChunk = 64
+
+// fakeSnapshotFile is the one file a fake snapshot is exported as: its
+// description.
+const fakeSnapshotFile = "snapshot/meta.json"
+
+// CutExport makes the node's next ExportSnapshot stream break after
+// chunks chunks (as a connection that drops), once.
+func (n *Fake) CutExport(chunks int) {
+	n.mu.Lock()
+	n.cutAfter = chunks
+	n.mu.Unlock()
+}
+
+// Exports counts the ExportSnapshot calls the node answered.
+func (n *Fake) Exports() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.exports
+}
+
+// AddTemplate makes the node hold template id (as one a build made on it).
+func (n *Fake) AddTemplate(id string) {
+	n.mu.Lock()
+	n.templates[id] = true
+	n.mu.Unlock()
+}
+
+// HasTemplate says whether the node holds template id.
+func (n *Fake) HasTemplate(id string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return id == FakeTemplate || n.templates[id]
+}
+
+// ExportSnapshot implements nodeapi.Node: a snapshot travels as its
+// description (JSON), and its template, when asked, as its id.
+func (n *Fake) ExportSnapshot(ctx context.Context, req *nodev1.ExportSnapshotRequest, fn func(*nodev1.SnapshotPart) error) error {
+	s := n.store.get(req.SnapshotId)
+	if s == nil {
+		return notFound("exporting snapshot %q: not found", req.SnapshotId)
+	}
+	n.mu.Lock()
+	n.exports++
+	cut := n.cutAfter
+	n.cutAfter = 0
+	n.mu.Unlock()
+	meta, err := json.Marshal(s)
+	if err != nil {
+		return err
+	}
+	files := map[string][]byte{fakeSnapshotFile: meta}
+	if req.Template {
+		files["template/"+s.TemplateID] = []byte(s.TemplateID)
+	}
+	sent := 0
+	for _, name := range slices.Sorted(maps.Keys(files)) {
+		data := files[name]
+		off := min(req.Offsets[name], int64(len(data)))
+		for pos := off; pos < int64(len(data)); pos += fakeChunk {
+			if cut > 0 && sent == cut {
+				return nodeapi.NewError(connect.CodeUnavailable, fmt.Errorf("exporting snapshot %s: the connection dropped", s.ID))
+			}
+			if err := fn(&nodev1.SnapshotPart{File: name, Offset: pos, Data: data[pos:min(pos+fakeChunk, int64(len(data)))]}); err != nil {
+				return err
+			}
+			sent++
+		}
+		sum := sha256.Sum256(data)
+		if err := fn(&nodev1.SnapshotPart{Done: &nodev1.TransferFile{Name: name, Size: int64(len(data)), Sha256: hex.EncodeToString(sum[:])}}); err != nil {
+			return err
+		}
+	}
+	return fn(&nodev1.SnapshotPart{Last: true})
+}
+
+// ImportSnapshot implements nodeapi.Node over ExportSnapshot's files.
+func (n *Fake) ImportSnapshot(ctx context.Context, req *nodev1.ImportSnapshotRequest) (*nodev1.ImportSnapshotResponse, error) {
+	id := req.SnapshotId
+	if !snapshot.ValidID(id) {
+		return nil, invalid("importing snapshot %q: invalid id", id)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	in := n.incoming[id]
+	switch req.Step {
+	case nodev1.ImportSnapshotRequest_STEP_BEGIN:
+		if n.store.get(id) != nil {
+			return &nodev1.ImportSnapshotResponse{Present: true}, nil
+		}
+		out := &nodev1.ImportSnapshotResponse{Received: map[string]int64{},
+			TemplatePresent: req.TemplateId == "" || req.TemplateId == FakeTemplate || n.templates[req.TemplateId]}
+		for name, data := range in {
+			out.Received[name] = int64(len(data))
+		}
+		return out, nil
+	case nodev1.ImportSnapshotRequest_STEP_CHUNK:
+		if !transfer.ValidName(req.File) {
+			return nil, invalid("importing snapshot %s: bad file name %q", id, req.File)
+		}
+		if in == nil {
+			in = map[string][]byte{}
+			n.incoming[id] = in
+		}
+		if int64(len(in[req.File])) != req.Offset {
+			return nil, invalid("importing snapshot %s: a chunk of %s at %d, and %d bytes are here", id, req.File, req.Offset, len(in[req.File]))
+		}
+		in[req.File] = append(in[req.File], req.Data...)
+	case nodev1.ImportSnapshotRequest_STEP_COMMIT:
+		for _, f := range req.Files {
+			sum := sha256.Sum256(in[f.Name])
+			if int64(len(in[f.Name])) != f.Size || hex.EncodeToString(sum[:]) != f.Sha256 {
+				delete(in, f.Name)
+				return nil, nodeapi.NewError(connect.CodeUnavailable, fmt.Errorf("importing snapshot %s: %s does not match", id, f.Name))
+			}
+		}
+		var s snapshot.Snapshot
+		if err := json.Unmarshal(in[fakeSnapshotFile], &s); err != nil || s.ID != id {
+			return nil, invalid("importing snapshot %s: its description: %v", id, err)
+		}
+		for name := range in {
+			if tpl, ok := strings.CutPrefix(name, "template/"); ok {
+				n.templates[tpl] = true
+			}
+		}
+		n.store.put(&s)
+		delete(n.incoming, id)
+	case nodev1.ImportSnapshotRequest_STEP_ABORT:
+		delete(n.incoming, id)
+	default:
+		return nil, invalid("importing snapshot %s: unknown step %v", id, req.Step)
+	}
+	return &nodev1.ImportSnapshotResponse{}, nil
 }

@@ -66,6 +66,7 @@ func Run(t *testing.T, n nodeapi.Node, opts Options) {
 		{"UnknownSandbox", s.testUnknownSandbox},
 		{"UpdateNetwork", s.testUpdateNetwork},
 		{"Snapshots", s.testSnapshots},
+		{"SnapshotTransfer", s.testSnapshotTransfer},
 		{"Volumes", s.testVolumes},
 		{"Events", s.testEvents},
 	}
@@ -566,4 +567,152 @@ func fromTemplate(id string) *nodev1.CreateRequest_TemplateId {
 
 func fromSnapshot(id string) *nodev1.CreateRequest_SnapshotId {
 	return &nodev1.CreateRequest_SnapshotId{SnapshotId: id}
+}
+
+// testSnapshotTransfer: a snapshot the node exports comes as chunks of
+// files, each then described (size, sha256), and a last part; imported
+// back after it was deleted, in steps (a cut between them keeps what
+// arrived), it is the node's again and starts sandboxes. Chunks out of
+// place, names outside the transfer and files that do not match are
+// refused.
+func (s *suite) testSnapshotTransfer(t *testing.T) {
+	ctx := ctxT(t)
+	begin := func(id string) (*nodev1.ImportSnapshotResponse, error) {
+		return s.n.ImportSnapshot(ctx, &nodev1.ImportSnapshotRequest{SnapshotId: id, Step: nodev1.ImportSnapshotRequest_STEP_BEGIN,
+			TemplateId: s.opts.Template})
+	}
+	if !s.opts.Snapshots {
+		_, err := begin("nodetest-import")
+		wantCode(t, "an import on a node without snapshots", err, connect.CodeUnimplemented)
+		return
+	}
+	err := s.n.ExportSnapshot(ctx, &nodev1.ExportSnapshotRequest{SnapshotId: "nodetest-no-such-snapshot"},
+		func(*nodev1.SnapshotPart) error { return nil })
+	wantCode(t, "exporting an unknown snapshot", err, connect.CodeNotFound)
+
+	sb := s.create(t, &nodev1.CreateRequest{SandboxId: ids.New(), EnvVars: map[string]string{"NODETEST_VAR": "moved"}})
+	snap, err := s.n.Snapshot(ctx, &nodev1.SnapshotRequest{SandboxId: sb.Id, Kind: string(snapshot.KindSnapshot)})
+	if err != nil {
+		t.Fatalf("snapshotting: %v", err)
+	}
+	t.Cleanup(func() { s.n.DeleteSnapshot(context.Background(), &nodev1.DeleteSnapshotRequest{Id: snap.Id}) })
+	type chunk struct {
+		file   string
+		offset int64
+		data   []byte
+	}
+	var chunks []chunk
+	var files []*nodev1.TransferFile
+	last := false
+	err = s.n.ExportSnapshot(ctx, &nodev1.ExportSnapshotRequest{SnapshotId: snap.Id}, func(p *nodev1.SnapshotPart) error {
+		switch {
+		case last:
+			t.Errorf("a part after the last: %+v", p)
+		case p.Last:
+			last = true
+		case p.Done != nil:
+			files = append(files, p.Done)
+		default:
+			chunks = append(chunks, chunk{p.File, p.Offset, slices.Clone(p.Data)})
+		}
+		return nil
+	})
+	if err != nil || !last || len(files) == 0 || len(chunks) == 0 {
+		t.Fatalf("exporting snapshot %s: %d files, %d chunks, last %v, %v", snap.Id, len(files), len(chunks), last, err)
+	}
+	sizes := map[string]int64{}
+	for _, c := range chunks {
+		if c.offset != sizes[c.file] {
+			t.Fatalf("a chunk of %s at %d after %d bytes of it", c.file, c.offset, sizes[c.file])
+		}
+		sizes[c.file] += int64(len(c.data))
+	}
+	for _, f := range files {
+		if !strings.HasPrefix(f.Name, "snapshot/") || sizes[f.Name] != f.Size || len(f.Sha256) != 64 {
+			t.Fatalf("file %+v: %d bytes sent; want a snapshot/ name, its size and a sha256", f, sizes[f.Name])
+		}
+	}
+	if st, err := begin(snap.Id); err != nil || !st.Present {
+		t.Fatalf("beginning the import of a snapshot the node has: %+v %v; want it present", st, err)
+	}
+
+	// Back into the node once it is gone from it: the first chunk, a cut
+	// (a new BEGIN), the rest.
+	if _, err := s.n.DeleteSnapshot(ctx, &nodev1.DeleteSnapshotRequest{Id: snap.Id}); err != nil {
+		t.Fatal(err)
+	}
+	step := func(req *nodev1.ImportSnapshotRequest) error {
+		req.SnapshotId = snap.Id
+		_, err := s.n.ImportSnapshot(ctx, req)
+		return err
+	}
+	chunkReq := func(c chunk) *nodev1.ImportSnapshotRequest {
+		return &nodev1.ImportSnapshotRequest{Step: nodev1.ImportSnapshotRequest_STEP_CHUNK, File: c.file, Offset: c.offset, Data: c.data}
+	}
+	st, err := begin(snap.Id)
+	if err != nil || st.Present || len(st.Received) != 0 || !st.TemplatePresent {
+		t.Fatalf("beginning an import: %+v %v; want nothing received, the template present", st, err)
+	}
+	if err := step(chunkReq(chunks[0])); err != nil {
+		t.Fatal(err)
+	}
+	err = step(&nodev1.ImportSnapshotRequest{Step: nodev1.ImportSnapshotRequest_STEP_CHUNK, File: chunks[0].file,
+		Offset: chunks[0].offset + int64(len(chunks[0].data)) + 1, Data: []byte("x")})
+	wantCode(t, "a chunk past what the node has", err, connect.CodeInvalidArgument)
+	err = step(&nodev1.ImportSnapshotRequest{Step: nodev1.ImportSnapshotRequest_STEP_CHUNK, File: "snapshot/../escape", Data: []byte("x")})
+	wantCode(t, "a chunk named outside the transfer", err, connect.CodeInvalidArgument)
+	err = step(&nodev1.ImportSnapshotRequest{Step: nodev1.ImportSnapshotRequest_STEP_COMMIT, Files: files})
+	wantCode(t, "committing an import cut short", err, connect.CodeUnavailable)
+	st, err = begin(snap.Id)
+	if err != nil || st.Received[chunks[0].file] != int64(len(chunks[0].data)) {
+		t.Fatalf("after a cut the node has %+v (%v); want the first chunk's %d bytes of %s", st.Received, err, len(chunks[0].data), chunks[0].file)
+	}
+	for _, c := range chunks[1:] {
+		if err := step(chunkReq(c)); err != nil {
+			t.Fatalf("importing a chunk of %s at %d: %v", c.file, c.offset, err)
+		}
+	}
+	bad := slices.Clone(files)
+	bad[0] = &nodev1.TransferFile{Name: files[0].Name, Size: files[0].Size, Sha256: strings.Repeat("0", 64)}
+	err = step(&nodev1.ImportSnapshotRequest{Step: nodev1.ImportSnapshotRequest_STEP_COMMIT, Files: bad})
+	wantCode(t, "committing a file whose checksum does not match", err, connect.CodeUnavailable)
+	// The file that did not match is dropped: it goes again.
+	st, err = begin(snap.Id)
+	if err != nil || st.Received[files[0].Name] != 0 {
+		t.Fatalf("after a mismatch the node keeps %+v (%v); want %s dropped", st.Received, err, files[0].Name)
+	}
+	for _, c := range chunks {
+		if c.file == files[0].Name {
+			if err := step(chunkReq(c)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := step(&nodev1.ImportSnapshotRequest{Step: nodev1.ImportSnapshotRequest_STEP_COMMIT, Files: files}); err != nil {
+		t.Fatalf("committing the import: %v", err)
+	}
+	if got, err := s.n.GetSnapshot(ctx, &nodev1.GetSnapshotRequest{IdOrName: snap.Id}); err != nil || got.SandboxId != sb.Id {
+		t.Fatalf("the imported snapshot: %+v %v", got, err)
+	}
+	child := s.create(t, &nodev1.CreateRequest{Source: fromSnapshot(snap.Id)})
+	if got := s.opts.Getenv(t, child, "NODETEST_VAR"); got != "moved" {
+		t.Errorf("a sandbox from the imported snapshot sees NODETEST_VAR=%q, want moved", got)
+	}
+
+	// An abort drops what arrived.
+	if err := step(&nodev1.ImportSnapshotRequest{SnapshotId: "nodetest-import"}); err == nil {
+		t.Error("an import step of no kind was taken")
+	}
+	if _, err := s.n.ImportSnapshot(ctx, &nodev1.ImportSnapshotRequest{SnapshotId: "nodetest-import",
+		Step: nodev1.ImportSnapshotRequest_STEP_CHUNK, File: "snapshot/f", Data: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.n.ImportSnapshot(ctx, &nodev1.ImportSnapshotRequest{SnapshotId: "nodetest-import",
+		Step: nodev1.ImportSnapshotRequest_STEP_ABORT}); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := begin("nodetest-import"); err != nil || len(st.Received) != 0 {
+		t.Fatalf("after an abort the node keeps %+v (%v)", st, err)
+	}
+	s.n.ImportSnapshot(ctx, &nodev1.ImportSnapshotRequest{SnapshotId: "nodetest-import", Step: nodev1.ImportSnapshotRequest_STEP_ABORT})
 }

@@ -29,6 +29,61 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type ImportSnapshotRequest_Step int32
+
+const (
+	ImportSnapshotRequest_STEP_UNSPECIFIED ImportSnapshotRequest_Step = 0
+	ImportSnapshotRequest_STEP_BEGIN       ImportSnapshotRequest_Step = 1
+	ImportSnapshotRequest_STEP_CHUNK       ImportSnapshotRequest_Step = 2
+	ImportSnapshotRequest_STEP_COMMIT      ImportSnapshotRequest_Step = 3
+	ImportSnapshotRequest_STEP_ABORT       ImportSnapshotRequest_Step = 4
+)
+
+// Enum value maps for ImportSnapshotRequest_Step.
+var (
+	ImportSnapshotRequest_Step_name = map[int32]string{
+		0: "STEP_UNSPECIFIED",
+		1: "STEP_BEGIN",
+		2: "STEP_CHUNK",
+		3: "STEP_COMMIT",
+		4: "STEP_ABORT",
+	}
+	ImportSnapshotRequest_Step_value = map[string]int32{
+		"STEP_UNSPECIFIED": 0,
+		"STEP_BEGIN":       1,
+		"STEP_CHUNK":       2,
+		"STEP_COMMIT":      3,
+		"STEP_ABORT":       4,
+	}
+)
+
+func (x ImportSnapshotRequest_Step) Enum() *ImportSnapshotRequest_Step {
+	p := new(ImportSnapshotRequest_Step)
+	*p = x
+	return p
+}
+
+func (x ImportSnapshotRequest_Step) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ImportSnapshotRequest_Step) Descriptor() protoreflect.EnumDescriptor {
+	return file_node_node_proto_enumTypes[0].Descriptor()
+}
+
+func (ImportSnapshotRequest_Step) Type() protoreflect.EnumType {
+	return &file_node_node_proto_enumTypes[0]
+}
+
+func (x ImportSnapshotRequest_Step) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ImportSnapshotRequest_Step.Descriptor instead.
+func (ImportSnapshotRequest_Step) EnumDescriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{3, 0}
+}
+
 type PullRequest_Source int32
 
 const (
@@ -65,11 +120,11 @@ func (x PullRequest_Source) String() string {
 }
 
 func (PullRequest_Source) Descriptor() protoreflect.EnumDescriptor {
-	return file_node_node_proto_enumTypes[0].Descriptor()
+	return file_node_node_proto_enumTypes[1].Descriptor()
 }
 
 func (PullRequest_Source) Type() protoreflect.EnumType {
-	return &file_node_node_proto_enumTypes[0]
+	return &file_node_node_proto_enumTypes[1]
 }
 
 func (x PullRequest_Source) Number() protoreflect.EnumNumber {
@@ -78,7 +133,7 @@ func (x PullRequest_Source) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use PullRequest_Source.Descriptor instead.
 func (PullRequest_Source) EnumDescriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{0, 0}
+	return file_node_node_proto_rawDescGZIP(), []int{5, 0}
 }
 
 type PullResult_ErrorClass int32
@@ -129,11 +184,11 @@ func (x PullResult_ErrorClass) String() string {
 }
 
 func (PullResult_ErrorClass) Descriptor() protoreflect.EnumDescriptor {
-	return file_node_node_proto_enumTypes[1].Descriptor()
+	return file_node_node_proto_enumTypes[2].Descriptor()
 }
 
 func (PullResult_ErrorClass) Type() protoreflect.EnumType {
-	return &file_node_node_proto_enumTypes[1]
+	return &file_node_node_proto_enumTypes[2]
 }
 
 func (x PullResult_ErrorClass) Number() protoreflect.EnumNumber {
@@ -142,7 +197,7 @@ func (x PullResult_ErrorClass) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use PullResult_ErrorClass.Descriptor instead.
 func (PullResult_ErrorClass) EnumDescriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{3, 0}
+	return file_node_node_proto_rawDescGZIP(), []int{8, 0}
 }
 
 type Event_Kind int32
@@ -188,11 +243,11 @@ func (x Event_Kind) String() string {
 }
 
 func (Event_Kind) Descriptor() protoreflect.EnumDescriptor {
-	return file_node_node_proto_enumTypes[2].Descriptor()
+	return file_node_node_proto_enumTypes[3].Descriptor()
 }
 
 func (Event_Kind) Type() protoreflect.EnumType {
-	return &file_node_node_proto_enumTypes[2]
+	return &file_node_node_proto_enumTypes[3]
 }
 
 func (x Event_Kind) Number() protoreflect.EnumNumber {
@@ -201,7 +256,376 @@ func (x Event_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Event_Kind.Descriptor instead.
 func (Event_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{47, 0}
+	return file_node_node_proto_rawDescGZIP(), []int{52, 0}
+}
+
+type ExportSnapshotRequest struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	SnapshotId string                 `protobuf:"bytes,1,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
+	// template asks for the files of the snapshot's template too.
+	Template bool `protobuf:"varint,2,opt,name=template,proto3" json:"template,omitempty"`
+	// offsets are where each file's chunks start: what the receiver has of
+	// it (ImportSnapshotResponse.received).
+	Offsets       map[string]int64 `protobuf:"bytes,3,rep,name=offsets,proto3" json:"offsets,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExportSnapshotRequest) Reset() {
+	*x = ExportSnapshotRequest{}
+	mi := &file_node_node_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExportSnapshotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExportSnapshotRequest) ProtoMessage() {}
+
+func (x *ExportSnapshotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExportSnapshotRequest.ProtoReflect.Descriptor instead.
+func (*ExportSnapshotRequest) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ExportSnapshotRequest) GetSnapshotId() string {
+	if x != nil {
+		return x.SnapshotId
+	}
+	return ""
+}
+
+func (x *ExportSnapshotRequest) GetTemplate() bool {
+	if x != nil {
+		return x.Template
+	}
+	return false
+}
+
+func (x *ExportSnapshotRequest) GetOffsets() map[string]int64 {
+	if x != nil {
+		return x.Offsets
+	}
+	return nil
+}
+
+// TransferFile is one file of a moving snapshot. Its name is "snapshot/"
+// or "template/" and a base name.
+type TransferFile struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Size  int64                  `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	// sha256 is the hex digest of the whole file.
+	Sha256        string `protobuf:"bytes,3,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TransferFile) Reset() {
+	*x = TransferFile{}
+	mi := &file_node_node_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TransferFile) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TransferFile) ProtoMessage() {}
+
+func (x *TransferFile) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TransferFile.ProtoReflect.Descriptor instead.
+func (*TransferFile) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *TransferFile) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *TransferFile) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *TransferFile) GetSha256() string {
+	if x != nil {
+		return x.Sha256
+	}
+	return ""
+}
+
+// SnapshotPart is one message of ExportSnapshot: a chunk of a file, or a
+// file sent whole (done), or the end of the stream (last).
+type SnapshotPart struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	File   string                 `protobuf:"bytes,1,opt,name=file,proto3" json:"file,omitempty"`
+	Offset int64                  `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	Data   []byte                 `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	// done describes a file whose chunks have all been sent.
+	Done *TransferFile `protobuf:"bytes,4,opt,name=done,proto3" json:"done,omitempty"`
+	// last ends the stream: every file was sent.
+	Last          bool `protobuf:"varint,5,opt,name=last,proto3" json:"last,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotPart) Reset() {
+	*x = SnapshotPart{}
+	mi := &file_node_node_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotPart) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotPart) ProtoMessage() {}
+
+func (x *SnapshotPart) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotPart.ProtoReflect.Descriptor instead.
+func (*SnapshotPart) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *SnapshotPart) GetFile() string {
+	if x != nil {
+		return x.File
+	}
+	return ""
+}
+
+func (x *SnapshotPart) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *SnapshotPart) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *SnapshotPart) GetDone() *TransferFile {
+	if x != nil {
+		return x.Done
+	}
+	return nil
+}
+
+func (x *SnapshotPart) GetLast() bool {
+	if x != nil {
+		return x.Last
+	}
+	return false
+}
+
+type ImportSnapshotRequest struct {
+	state      protoimpl.MessageState     `protogen:"open.v1"`
+	SnapshotId string                     `protobuf:"bytes,1,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
+	Step       ImportSnapshotRequest_Step `protobuf:"varint,2,opt,name=step,proto3,enum=aenv.node.v1.ImportSnapshotRequest_Step" json:"step,omitempty"`
+	// template_id (BEGIN) is the snapshot's template: the answer says
+	// whether the node has it.
+	TemplateId string `protobuf:"bytes,3,opt,name=template_id,json=templateId,proto3" json:"template_id,omitempty"`
+	// file, offset and data are a CHUNK: offset must be what the node has
+	// of file.
+	File   string `protobuf:"bytes,4,opt,name=file,proto3" json:"file,omitempty"`
+	Offset int64  `protobuf:"varint,5,opt,name=offset,proto3" json:"offset,omitempty"`
+	Data   []byte `protobuf:"bytes,6,opt,name=data,proto3" json:"data,omitempty"`
+	// files (COMMIT) are every file of the snapshot, as ExportSnapshot
+	// described them.
+	Files         []*TransferFile `protobuf:"bytes,7,rep,name=files,proto3" json:"files,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImportSnapshotRequest) Reset() {
+	*x = ImportSnapshotRequest{}
+	mi := &file_node_node_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImportSnapshotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImportSnapshotRequest) ProtoMessage() {}
+
+func (x *ImportSnapshotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImportSnapshotRequest.ProtoReflect.Descriptor instead.
+func (*ImportSnapshotRequest) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ImportSnapshotRequest) GetSnapshotId() string {
+	if x != nil {
+		return x.SnapshotId
+	}
+	return ""
+}
+
+func (x *ImportSnapshotRequest) GetStep() ImportSnapshotRequest_Step {
+	if x != nil {
+		return x.Step
+	}
+	return ImportSnapshotRequest_STEP_UNSPECIFIED
+}
+
+func (x *ImportSnapshotRequest) GetTemplateId() string {
+	if x != nil {
+		return x.TemplateId
+	}
+	return ""
+}
+
+func (x *ImportSnapshotRequest) GetFile() string {
+	if x != nil {
+		return x.File
+	}
+	return ""
+}
+
+func (x *ImportSnapshotRequest) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *ImportSnapshotRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *ImportSnapshotRequest) GetFiles() []*TransferFile {
+	if x != nil {
+		return x.Files
+	}
+	return nil
+}
+
+type ImportSnapshotResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// present (BEGIN) says the node has the snapshot already (its own, or
+	// in the store it shares): nothing need be sent.
+	Present bool `protobuf:"varint,1,opt,name=present,proto3" json:"present,omitempty"`
+	// template_present (BEGIN) says the node has template_id.
+	TemplatePresent bool `protobuf:"varint,2,opt,name=template_present,json=templatePresent,proto3" json:"template_present,omitempty"`
+	// received (BEGIN) is how much of each file the node has from an
+	// earlier, cut transfer.
+	Received      map[string]int64 `protobuf:"bytes,3,rep,name=received,proto3" json:"received,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImportSnapshotResponse) Reset() {
+	*x = ImportSnapshotResponse{}
+	mi := &file_node_node_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImportSnapshotResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImportSnapshotResponse) ProtoMessage() {}
+
+func (x *ImportSnapshotResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImportSnapshotResponse.ProtoReflect.Descriptor instead.
+func (*ImportSnapshotResponse) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ImportSnapshotResponse) GetPresent() bool {
+	if x != nil {
+		return x.Present
+	}
+	return false
+}
+
+func (x *ImportSnapshotResponse) GetTemplatePresent() bool {
+	if x != nil {
+		return x.TemplatePresent
+	}
+	return false
+}
+
+func (x *ImportSnapshotResponse) GetReceived() map[string]int64 {
+	if x != nil {
+		return x.Received
+	}
+	return nil
 }
 
 type PullRequest struct {
@@ -228,7 +652,7 @@ type PullRequest struct {
 
 func (x *PullRequest) Reset() {
 	*x = PullRequest{}
-	mi := &file_node_node_proto_msgTypes[0]
+	mi := &file_node_node_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -240,7 +664,7 @@ func (x *PullRequest) String() string {
 func (*PullRequest) ProtoMessage() {}
 
 func (x *PullRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[0]
+	mi := &file_node_node_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -253,7 +677,7 @@ func (x *PullRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullRequest.ProtoReflect.Descriptor instead.
 func (*PullRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{0}
+	return file_node_node_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *PullRequest) GetPullId() string {
@@ -318,7 +742,7 @@ type PullEvent struct {
 
 func (x *PullEvent) Reset() {
 	*x = PullEvent{}
-	mi := &file_node_node_proto_msgTypes[1]
+	mi := &file_node_node_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -330,7 +754,7 @@ func (x *PullEvent) String() string {
 func (*PullEvent) ProtoMessage() {}
 
 func (x *PullEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[1]
+	mi := &file_node_node_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -343,7 +767,7 @@ func (x *PullEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullEvent.ProtoReflect.Descriptor instead.
 func (*PullEvent) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{1}
+	return file_node_node_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *PullEvent) GetLines() []string {
@@ -386,7 +810,7 @@ type PullProgress struct {
 
 func (x *PullProgress) Reset() {
 	*x = PullProgress{}
-	mi := &file_node_node_proto_msgTypes[2]
+	mi := &file_node_node_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -398,7 +822,7 @@ func (x *PullProgress) String() string {
 func (*PullProgress) ProtoMessage() {}
 
 func (x *PullProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[2]
+	mi := &file_node_node_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -411,7 +835,7 @@ func (x *PullProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullProgress.ProtoReflect.Descriptor instead.
 func (*PullProgress) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{2}
+	return file_node_node_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *PullProgress) GetLayer() int32 {
@@ -501,7 +925,7 @@ type PullResult struct {
 
 func (x *PullResult) Reset() {
 	*x = PullResult{}
-	mi := &file_node_node_proto_msgTypes[3]
+	mi := &file_node_node_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -513,7 +937,7 @@ func (x *PullResult) String() string {
 func (*PullResult) ProtoMessage() {}
 
 func (x *PullResult) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[3]
+	mi := &file_node_node_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -526,7 +950,7 @@ func (x *PullResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullResult.ProtoReflect.Descriptor instead.
 func (*PullResult) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{3}
+	return file_node_node_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *PullResult) GetError() string {
@@ -594,7 +1018,7 @@ type PutBuildContextRequest struct {
 
 func (x *PutBuildContextRequest) Reset() {
 	*x = PutBuildContextRequest{}
-	mi := &file_node_node_proto_msgTypes[4]
+	mi := &file_node_node_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -606,7 +1030,7 @@ func (x *PutBuildContextRequest) String() string {
 func (*PutBuildContextRequest) ProtoMessage() {}
 
 func (x *PutBuildContextRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[4]
+	mi := &file_node_node_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -619,7 +1043,7 @@ func (x *PutBuildContextRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutBuildContextRequest.ProtoReflect.Descriptor instead.
 func (*PutBuildContextRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{4}
+	return file_node_node_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *PutBuildContextRequest) GetBuildId() string {
@@ -665,7 +1089,7 @@ type PutBuildContextResponse struct {
 
 func (x *PutBuildContextResponse) Reset() {
 	*x = PutBuildContextResponse{}
-	mi := &file_node_node_proto_msgTypes[5]
+	mi := &file_node_node_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -677,7 +1101,7 @@ func (x *PutBuildContextResponse) String() string {
 func (*PutBuildContextResponse) ProtoMessage() {}
 
 func (x *PutBuildContextResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[5]
+	mi := &file_node_node_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -690,7 +1114,7 @@ func (x *PutBuildContextResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutBuildContextResponse.ProtoReflect.Descriptor instead.
 func (*PutBuildContextResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{5}
+	return file_node_node_proto_rawDescGZIP(), []int{10}
 }
 
 // BuildStep is one instruction of a build (buildspec.Step).
@@ -712,7 +1136,7 @@ type BuildStep struct {
 
 func (x *BuildStep) Reset() {
 	*x = BuildStep{}
-	mi := &file_node_node_proto_msgTypes[6]
+	mi := &file_node_node_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -724,7 +1148,7 @@ func (x *BuildStep) String() string {
 func (*BuildStep) ProtoMessage() {}
 
 func (x *BuildStep) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[6]
+	mi := &file_node_node_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -737,7 +1161,7 @@ func (x *BuildStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildStep.ProtoReflect.Descriptor instead.
 func (*BuildStep) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{6}
+	return file_node_node_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *BuildStep) GetKind() string {
@@ -819,7 +1243,7 @@ type BuildTemplate struct {
 
 func (x *BuildTemplate) Reset() {
 	*x = BuildTemplate{}
-	mi := &file_node_node_proto_msgTypes[7]
+	mi := &file_node_node_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -831,7 +1255,7 @@ func (x *BuildTemplate) String() string {
 func (*BuildTemplate) ProtoMessage() {}
 
 func (x *BuildTemplate) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[7]
+	mi := &file_node_node_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -844,7 +1268,7 @@ func (x *BuildTemplate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildTemplate.ProtoReflect.Descriptor instead.
 func (*BuildTemplate) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{7}
+	return file_node_node_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *BuildTemplate) GetId() string {
@@ -921,7 +1345,7 @@ type BuildRequest struct {
 
 func (x *BuildRequest) Reset() {
 	*x = BuildRequest{}
-	mi := &file_node_node_proto_msgTypes[8]
+	mi := &file_node_node_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -933,7 +1357,7 @@ func (x *BuildRequest) String() string {
 func (*BuildRequest) ProtoMessage() {}
 
 func (x *BuildRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[8]
+	mi := &file_node_node_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -946,7 +1370,7 @@ func (x *BuildRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildRequest.ProtoReflect.Descriptor instead.
 func (*BuildRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{8}
+	return file_node_node_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *BuildRequest) GetBuildId() string {
@@ -1052,7 +1476,7 @@ type BuildEvent struct {
 
 func (x *BuildEvent) Reset() {
 	*x = BuildEvent{}
-	mi := &file_node_node_proto_msgTypes[9]
+	mi := &file_node_node_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1064,7 +1488,7 @@ func (x *BuildEvent) String() string {
 func (*BuildEvent) ProtoMessage() {}
 
 func (x *BuildEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[9]
+	mi := &file_node_node_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1077,7 +1501,7 @@ func (x *BuildEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildEvent.ProtoReflect.Descriptor instead.
 func (*BuildEvent) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{9}
+	return file_node_node_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *BuildEvent) GetLines() []string {
@@ -1113,7 +1537,7 @@ type BuildResult struct {
 
 func (x *BuildResult) Reset() {
 	*x = BuildResult{}
-	mi := &file_node_node_proto_msgTypes[10]
+	mi := &file_node_node_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1125,7 +1549,7 @@ func (x *BuildResult) String() string {
 func (*BuildResult) ProtoMessage() {}
 
 func (x *BuildResult) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[10]
+	mi := &file_node_node_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1138,7 +1562,7 @@ func (x *BuildResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildResult.ProtoReflect.Descriptor instead.
 func (*BuildResult) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{10}
+	return file_node_node_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *BuildResult) GetError() string {
@@ -1192,7 +1616,7 @@ type LogsRequest struct {
 
 func (x *LogsRequest) Reset() {
 	*x = LogsRequest{}
-	mi := &file_node_node_proto_msgTypes[11]
+	mi := &file_node_node_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1204,7 +1628,7 @@ func (x *LogsRequest) String() string {
 func (*LogsRequest) ProtoMessage() {}
 
 func (x *LogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[11]
+	mi := &file_node_node_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1217,7 +1641,7 @@ func (x *LogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsRequest.ProtoReflect.Descriptor instead.
 func (*LogsRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{11}
+	return file_node_node_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *LogsRequest) GetSandboxId() string {
@@ -1240,7 +1664,7 @@ type LogEntry struct {
 
 func (x *LogEntry) Reset() {
 	*x = LogEntry{}
-	mi := &file_node_node_proto_msgTypes[12]
+	mi := &file_node_node_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1252,7 +1676,7 @@ func (x *LogEntry) String() string {
 func (*LogEntry) ProtoMessage() {}
 
 func (x *LogEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[12]
+	mi := &file_node_node_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1265,7 +1689,7 @@ func (x *LogEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogEntry.ProtoReflect.Descriptor instead.
 func (*LogEntry) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{12}
+	return file_node_node_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *LogEntry) GetTimestamp() *timestamppb.Timestamp {
@@ -1305,7 +1729,7 @@ type LogsResponse struct {
 
 func (x *LogsResponse) Reset() {
 	*x = LogsResponse{}
-	mi := &file_node_node_proto_msgTypes[13]
+	mi := &file_node_node_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1317,7 +1741,7 @@ func (x *LogsResponse) String() string {
 func (*LogsResponse) ProtoMessage() {}
 
 func (x *LogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[13]
+	mi := &file_node_node_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1330,7 +1754,7 @@ func (x *LogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsResponse.ProtoReflect.Descriptor instead.
 func (*LogsResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{13}
+	return file_node_node_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *LogsResponse) GetEntries() []*LogEntry {
@@ -1349,7 +1773,7 @@ type MetricsRequest struct {
 
 func (x *MetricsRequest) Reset() {
 	*x = MetricsRequest{}
-	mi := &file_node_node_proto_msgTypes[14]
+	mi := &file_node_node_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1361,7 +1785,7 @@ func (x *MetricsRequest) String() string {
 func (*MetricsRequest) ProtoMessage() {}
 
 func (x *MetricsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[14]
+	mi := &file_node_node_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1374,7 +1798,7 @@ func (x *MetricsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricsRequest.ProtoReflect.Descriptor instead.
 func (*MetricsRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{14}
+	return file_node_node_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *MetricsRequest) GetSandboxId() string {
@@ -1399,7 +1823,7 @@ type MetricSample struct {
 
 func (x *MetricSample) Reset() {
 	*x = MetricSample{}
-	mi := &file_node_node_proto_msgTypes[15]
+	mi := &file_node_node_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1411,7 +1835,7 @@ func (x *MetricSample) String() string {
 func (*MetricSample) ProtoMessage() {}
 
 func (x *MetricSample) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[15]
+	mi := &file_node_node_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1424,7 +1848,7 @@ func (x *MetricSample) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricSample.ProtoReflect.Descriptor instead.
 func (*MetricSample) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{15}
+	return file_node_node_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *MetricSample) GetTimestamp() *timestamppb.Timestamp {
@@ -1485,7 +1909,7 @@ type MetricsResponse struct {
 
 func (x *MetricsResponse) Reset() {
 	*x = MetricsResponse{}
-	mi := &file_node_node_proto_msgTypes[16]
+	mi := &file_node_node_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1497,7 +1921,7 @@ func (x *MetricsResponse) String() string {
 func (*MetricsResponse) ProtoMessage() {}
 
 func (x *MetricsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[16]
+	mi := &file_node_node_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1510,7 +1934,7 @@ func (x *MetricsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetricsResponse.ProtoReflect.Descriptor instead.
 func (*MetricsResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{16}
+	return file_node_node_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *MetricsResponse) GetSamples() []*MetricSample {
@@ -1528,7 +1952,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_node_node_proto_msgTypes[17]
+	mi := &file_node_node_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1540,7 +1964,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[17]
+	mi := &file_node_node_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1553,7 +1977,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{17}
+	return file_node_node_proto_rawDescGZIP(), []int{22}
 }
 
 type Resources struct {
@@ -1569,7 +1993,7 @@ type Resources struct {
 
 func (x *Resources) Reset() {
 	*x = Resources{}
-	mi := &file_node_node_proto_msgTypes[18]
+	mi := &file_node_node_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1581,7 +2005,7 @@ func (x *Resources) String() string {
 func (*Resources) ProtoMessage() {}
 
 func (x *Resources) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[18]
+	mi := &file_node_node_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1594,7 +2018,7 @@ func (x *Resources) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resources.ProtoReflect.Descriptor instead.
 func (*Resources) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{18}
+	return file_node_node_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Resources) GetCpuCount() int32 {
@@ -1651,7 +2075,7 @@ type NodeInfo struct {
 
 func (x *NodeInfo) Reset() {
 	*x = NodeInfo{}
-	mi := &file_node_node_proto_msgTypes[19]
+	mi := &file_node_node_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1663,7 +2087,7 @@ func (x *NodeInfo) String() string {
 func (*NodeInfo) ProtoMessage() {}
 
 func (x *NodeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[19]
+	mi := &file_node_node_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1676,7 +2100,7 @@ func (x *NodeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeInfo.ProtoReflect.Descriptor instead.
 func (*NodeInfo) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{19}
+	return file_node_node_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *NodeInfo) GetId() string {
@@ -1796,7 +2220,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_node_node_proto_msgTypes[20]
+	mi := &file_node_node_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1808,7 +2232,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[20]
+	mi := &file_node_node_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1821,7 +2245,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{20}
+	return file_node_node_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CreateRequest) GetSandboxId() string {
@@ -1946,7 +2370,7 @@ type VolumeMount struct {
 
 func (x *VolumeMount) Reset() {
 	*x = VolumeMount{}
-	mi := &file_node_node_proto_msgTypes[21]
+	mi := &file_node_node_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1958,7 +2382,7 @@ func (x *VolumeMount) String() string {
 func (*VolumeMount) ProtoMessage() {}
 
 func (x *VolumeMount) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[21]
+	mi := &file_node_node_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1971,7 +2395,7 @@ func (x *VolumeMount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeMount.ProtoReflect.Descriptor instead.
 func (*VolumeMount) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{21}
+	return file_node_node_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *VolumeMount) GetVolumeId() string {
@@ -2000,7 +2424,7 @@ type CreateVolumeRequest struct {
 
 func (x *CreateVolumeRequest) Reset() {
 	*x = CreateVolumeRequest{}
-	mi := &file_node_node_proto_msgTypes[22]
+	mi := &file_node_node_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2012,7 +2436,7 @@ func (x *CreateVolumeRequest) String() string {
 func (*CreateVolumeRequest) ProtoMessage() {}
 
 func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[22]
+	mi := &file_node_node_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2025,7 +2449,7 @@ func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateVolumeRequest.ProtoReflect.Descriptor instead.
 func (*CreateVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{22}
+	return file_node_node_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *CreateVolumeRequest) GetVolumeId() string {
@@ -2053,7 +2477,7 @@ type CreateVolumeResponse struct {
 
 func (x *CreateVolumeResponse) Reset() {
 	*x = CreateVolumeResponse{}
-	mi := &file_node_node_proto_msgTypes[23]
+	mi := &file_node_node_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2065,7 +2489,7 @@ func (x *CreateVolumeResponse) String() string {
 func (*CreateVolumeResponse) ProtoMessage() {}
 
 func (x *CreateVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[23]
+	mi := &file_node_node_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2078,7 +2502,7 @@ func (x *CreateVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateVolumeResponse.ProtoReflect.Descriptor instead.
 func (*CreateVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{23}
+	return file_node_node_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *CreateVolumeResponse) GetSizeBytes() int64 {
@@ -2097,7 +2521,7 @@ type DeleteVolumeRequest struct {
 
 func (x *DeleteVolumeRequest) Reset() {
 	*x = DeleteVolumeRequest{}
-	mi := &file_node_node_proto_msgTypes[24]
+	mi := &file_node_node_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2109,7 +2533,7 @@ func (x *DeleteVolumeRequest) String() string {
 func (*DeleteVolumeRequest) ProtoMessage() {}
 
 func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[24]
+	mi := &file_node_node_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2122,7 +2546,7 @@ func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeRequest.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{24}
+	return file_node_node_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *DeleteVolumeRequest) GetVolumeId() string {
@@ -2140,7 +2564,7 @@ type DeleteVolumeResponse struct {
 
 func (x *DeleteVolumeResponse) Reset() {
 	*x = DeleteVolumeResponse{}
-	mi := &file_node_node_proto_msgTypes[25]
+	mi := &file_node_node_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2152,7 +2576,7 @@ func (x *DeleteVolumeResponse) String() string {
 func (*DeleteVolumeResponse) ProtoMessage() {}
 
 func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[25]
+	mi := &file_node_node_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2165,7 +2589,7 @@ func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeResponse.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{25}
+	return file_node_node_proto_rawDescGZIP(), []int{30}
 }
 
 type ExportVolumeRequest struct {
@@ -2177,7 +2601,7 @@ type ExportVolumeRequest struct {
 
 func (x *ExportVolumeRequest) Reset() {
 	*x = ExportVolumeRequest{}
-	mi := &file_node_node_proto_msgTypes[26]
+	mi := &file_node_node_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2189,7 +2613,7 @@ func (x *ExportVolumeRequest) String() string {
 func (*ExportVolumeRequest) ProtoMessage() {}
 
 func (x *ExportVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[26]
+	mi := &file_node_node_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2202,7 +2626,7 @@ func (x *ExportVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportVolumeRequest.ProtoReflect.Descriptor instead.
 func (*ExportVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{26}
+	return file_node_node_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ExportVolumeRequest) GetVolumeId() string {
@@ -2221,7 +2645,7 @@ type ExportVolumeResponse struct {
 
 func (x *ExportVolumeResponse) Reset() {
 	*x = ExportVolumeResponse{}
-	mi := &file_node_node_proto_msgTypes[27]
+	mi := &file_node_node_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2233,7 +2657,7 @@ func (x *ExportVolumeResponse) String() string {
 func (*ExportVolumeResponse) ProtoMessage() {}
 
 func (x *ExportVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[27]
+	mi := &file_node_node_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2246,7 +2670,7 @@ func (x *ExportVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportVolumeResponse.ProtoReflect.Descriptor instead.
 func (*ExportVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{27}
+	return file_node_node_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ExportVolumeResponse) GetBytes() int64 {
@@ -2265,7 +2689,7 @@ type ImportVolumeRequest struct {
 
 func (x *ImportVolumeRequest) Reset() {
 	*x = ImportVolumeRequest{}
-	mi := &file_node_node_proto_msgTypes[28]
+	mi := &file_node_node_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2277,7 +2701,7 @@ func (x *ImportVolumeRequest) String() string {
 func (*ImportVolumeRequest) ProtoMessage() {}
 
 func (x *ImportVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[28]
+	mi := &file_node_node_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2290,7 +2714,7 @@ func (x *ImportVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportVolumeRequest.ProtoReflect.Descriptor instead.
 func (*ImportVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{28}
+	return file_node_node_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ImportVolumeRequest) GetVolumeId() string {
@@ -2308,7 +2732,7 @@ type ImportVolumeResponse struct {
 
 func (x *ImportVolumeResponse) Reset() {
 	*x = ImportVolumeResponse{}
-	mi := &file_node_node_proto_msgTypes[29]
+	mi := &file_node_node_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2320,7 +2744,7 @@ func (x *ImportVolumeResponse) String() string {
 func (*ImportVolumeResponse) ProtoMessage() {}
 
 func (x *ImportVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[29]
+	mi := &file_node_node_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2333,7 +2757,7 @@ func (x *ImportVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportVolumeResponse.ProtoReflect.Descriptor instead.
 func (*ImportVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{29}
+	return file_node_node_proto_rawDescGZIP(), []int{34}
 }
 
 type UpdateNetworkRequest struct {
@@ -2348,7 +2772,7 @@ type UpdateNetworkRequest struct {
 
 func (x *UpdateNetworkRequest) Reset() {
 	*x = UpdateNetworkRequest{}
-	mi := &file_node_node_proto_msgTypes[30]
+	mi := &file_node_node_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2360,7 +2784,7 @@ func (x *UpdateNetworkRequest) String() string {
 func (*UpdateNetworkRequest) ProtoMessage() {}
 
 func (x *UpdateNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[30]
+	mi := &file_node_node_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2373,7 +2797,7 @@ func (x *UpdateNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkRequest.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{30}
+	return file_node_node_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *UpdateNetworkRequest) GetSandboxId() string {
@@ -2412,7 +2836,7 @@ type UpdateNetworkResponse struct {
 
 func (x *UpdateNetworkResponse) Reset() {
 	*x = UpdateNetworkResponse{}
-	mi := &file_node_node_proto_msgTypes[31]
+	mi := &file_node_node_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2424,7 +2848,7 @@ func (x *UpdateNetworkResponse) String() string {
 func (*UpdateNetworkResponse) ProtoMessage() {}
 
 func (x *UpdateNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[31]
+	mi := &file_node_node_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2437,7 +2861,7 @@ func (x *UpdateNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkResponse.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{31}
+	return file_node_node_proto_rawDescGZIP(), []int{36}
 }
 
 type Sandbox struct {
@@ -2458,7 +2882,7 @@ type Sandbox struct {
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_node_node_proto_msgTypes[32]
+	mi := &file_node_node_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2470,7 +2894,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[32]
+	mi := &file_node_node_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2483,7 +2907,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{32}
+	return file_node_node_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *Sandbox) GetId() string {
@@ -2558,7 +2982,7 @@ type KillRequest struct {
 
 func (x *KillRequest) Reset() {
 	*x = KillRequest{}
-	mi := &file_node_node_proto_msgTypes[33]
+	mi := &file_node_node_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2570,7 +2994,7 @@ func (x *KillRequest) String() string {
 func (*KillRequest) ProtoMessage() {}
 
 func (x *KillRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[33]
+	mi := &file_node_node_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2583,7 +3007,7 @@ func (x *KillRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillRequest.ProtoReflect.Descriptor instead.
 func (*KillRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{33}
+	return file_node_node_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *KillRequest) GetSandboxId() string {
@@ -2601,7 +3025,7 @@ type KillResponse struct {
 
 func (x *KillResponse) Reset() {
 	*x = KillResponse{}
-	mi := &file_node_node_proto_msgTypes[34]
+	mi := &file_node_node_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2613,7 +3037,7 @@ func (x *KillResponse) String() string {
 func (*KillResponse) ProtoMessage() {}
 
 func (x *KillResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[34]
+	mi := &file_node_node_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2626,7 +3050,7 @@ func (x *KillResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillResponse.ProtoReflect.Descriptor instead.
 func (*KillResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{34}
+	return file_node_node_proto_rawDescGZIP(), []int{39}
 }
 
 type ListRequest struct {
@@ -2637,7 +3061,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_node_node_proto_msgTypes[35]
+	mi := &file_node_node_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2649,7 +3073,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[35]
+	mi := &file_node_node_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2662,7 +3086,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{35}
+	return file_node_node_proto_rawDescGZIP(), []int{40}
 }
 
 type ListResponse struct {
@@ -2674,7 +3098,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_node_node_proto_msgTypes[36]
+	mi := &file_node_node_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2686,7 +3110,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[36]
+	mi := &file_node_node_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2699,7 +3123,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{36}
+	return file_node_node_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -2725,7 +3149,7 @@ type SnapshotRequest struct {
 
 func (x *SnapshotRequest) Reset() {
 	*x = SnapshotRequest{}
-	mi := &file_node_node_proto_msgTypes[37]
+	mi := &file_node_node_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2737,7 +3161,7 @@ func (x *SnapshotRequest) String() string {
 func (*SnapshotRequest) ProtoMessage() {}
 
 func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[37]
+	mi := &file_node_node_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2750,7 +3174,7 @@ func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{37}
+	return file_node_node_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *SnapshotRequest) GetSandboxId() string {
@@ -2812,7 +3236,7 @@ type SnapshotInfo struct {
 
 func (x *SnapshotInfo) Reset() {
 	*x = SnapshotInfo{}
-	mi := &file_node_node_proto_msgTypes[38]
+	mi := &file_node_node_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2824,7 +3248,7 @@ func (x *SnapshotInfo) String() string {
 func (*SnapshotInfo) ProtoMessage() {}
 
 func (x *SnapshotInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[38]
+	mi := &file_node_node_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2837,7 +3261,7 @@ func (x *SnapshotInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotInfo.ProtoReflect.Descriptor instead.
 func (*SnapshotInfo) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{38}
+	return file_node_node_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *SnapshotInfo) GetId() string {
@@ -2947,7 +3371,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_node_node_proto_msgTypes[39]
+	mi := &file_node_node_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2959,7 +3383,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[39]
+	mi := &file_node_node_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2972,7 +3396,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{39}
+	return file_node_node_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *StatsRequest) GetSandboxId() string {
@@ -2995,7 +3419,7 @@ type SandboxStats struct {
 
 func (x *SandboxStats) Reset() {
 	*x = SandboxStats{}
-	mi := &file_node_node_proto_msgTypes[40]
+	mi := &file_node_node_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3007,7 +3431,7 @@ func (x *SandboxStats) String() string {
 func (*SandboxStats) ProtoMessage() {}
 
 func (x *SandboxStats) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[40]
+	mi := &file_node_node_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3020,7 +3444,7 @@ func (x *SandboxStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxStats.ProtoReflect.Descriptor instead.
 func (*SandboxStats) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{40}
+	return file_node_node_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *SandboxStats) GetMemoryBytes() uint64 {
@@ -3053,7 +3477,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_node_node_proto_msgTypes[41]
+	mi := &file_node_node_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3065,7 +3489,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[41]
+	mi := &file_node_node_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3078,7 +3502,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{41}
+	return file_node_node_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ListSnapshotsRequest) GetKinds() []string {
@@ -3097,7 +3521,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_node_node_proto_msgTypes[42]
+	mi := &file_node_node_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3109,7 +3533,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[42]
+	mi := &file_node_node_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3122,7 +3546,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{42}
+	return file_node_node_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*SnapshotInfo {
@@ -3141,7 +3565,7 @@ type GetSnapshotRequest struct {
 
 func (x *GetSnapshotRequest) Reset() {
 	*x = GetSnapshotRequest{}
-	mi := &file_node_node_proto_msgTypes[43]
+	mi := &file_node_node_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3153,7 +3577,7 @@ func (x *GetSnapshotRequest) String() string {
 func (*GetSnapshotRequest) ProtoMessage() {}
 
 func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[43]
+	mi := &file_node_node_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3166,7 +3590,7 @@ func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*GetSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{43}
+	return file_node_node_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *GetSnapshotRequest) GetIdOrName() string {
@@ -3185,7 +3609,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_node_node_proto_msgTypes[44]
+	mi := &file_node_node_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3197,7 +3621,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[44]
+	mi := &file_node_node_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3210,7 +3634,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{44}
+	return file_node_node_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *DeleteSnapshotRequest) GetId() string {
@@ -3228,7 +3652,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_node_node_proto_msgTypes[45]
+	mi := &file_node_node_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3240,7 +3664,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[45]
+	mi := &file_node_node_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3253,7 +3677,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{45}
+	return file_node_node_proto_rawDescGZIP(), []int{50}
 }
 
 type EventsRequest struct {
@@ -3264,7 +3688,7 @@ type EventsRequest struct {
 
 func (x *EventsRequest) Reset() {
 	*x = EventsRequest{}
-	mi := &file_node_node_proto_msgTypes[46]
+	mi := &file_node_node_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3276,7 +3700,7 @@ func (x *EventsRequest) String() string {
 func (*EventsRequest) ProtoMessage() {}
 
 func (x *EventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[46]
+	mi := &file_node_node_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3289,7 +3713,7 @@ func (x *EventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsRequest.ProtoReflect.Descriptor instead.
 func (*EventsRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{46}
+	return file_node_node_proto_rawDescGZIP(), []int{51}
 }
 
 type Event struct {
@@ -3303,7 +3727,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_node_node_proto_msgTypes[47]
+	mi := &file_node_node_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3315,7 +3739,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[47]
+	mi := &file_node_node_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3328,7 +3752,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{47}
+	return file_node_node_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *Event) GetKind() Event_Kind {
@@ -3356,7 +3780,51 @@ var File_node_node_proto protoreflect.FileDescriptor
 
 const file_node_node_proto_rawDesc = "" +
 	"\n" +
-	"\x0fnode/node.proto\x12\faenv.node.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xcc\x02\n" +
+	"\x0fnode/node.proto\x12\faenv.node.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xdc\x01\n" +
+	"\x15ExportSnapshotRequest\x12\x1f\n" +
+	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
+	"snapshotId\x12\x1a\n" +
+	"\btemplate\x18\x02 \x01(\bR\btemplate\x12J\n" +
+	"\aoffsets\x18\x03 \x03(\v20.aenv.node.v1.ExportSnapshotRequest.OffsetsEntryR\aoffsets\x1a:\n" +
+	"\fOffsetsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"N\n" +
+	"\fTransferFile\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04size\x18\x02 \x01(\x03R\x04size\x12\x16\n" +
+	"\x06sha256\x18\x03 \x01(\tR\x06sha256\"\x92\x01\n" +
+	"\fSnapshotPart\x12\x12\n" +
+	"\x04file\x18\x01 \x01(\tR\x04file\x12\x16\n" +
+	"\x06offset\x18\x02 \x01(\x03R\x06offset\x12\x12\n" +
+	"\x04data\x18\x03 \x01(\fR\x04data\x12.\n" +
+	"\x04done\x18\x04 \x01(\v2\x1a.aenv.node.v1.TransferFileR\x04done\x12\x12\n" +
+	"\x04last\x18\x05 \x01(\bR\x04last\"\xe8\x02\n" +
+	"\x15ImportSnapshotRequest\x12\x1f\n" +
+	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
+	"snapshotId\x12<\n" +
+	"\x04step\x18\x02 \x01(\x0e2(.aenv.node.v1.ImportSnapshotRequest.StepR\x04step\x12\x1f\n" +
+	"\vtemplate_id\x18\x03 \x01(\tR\n" +
+	"templateId\x12\x12\n" +
+	"\x04file\x18\x04 \x01(\tR\x04file\x12\x16\n" +
+	"\x06offset\x18\x05 \x01(\x03R\x06offset\x12\x12\n" +
+	"\x04data\x18\x06 \x01(\fR\x04data\x120\n" +
+	"\x05files\x18\a \x03(\v2\x1a.aenv.node.v1.TransferFileR\x05files\"]\n" +
+	"\x04Step\x12\x14\n" +
+	"\x10STEP_UNSPECIFIED\x10\x00\x12\x0e\n" +
+	"\n" +
+	"STEP_BEGIN\x10\x01\x12\x0e\n" +
+	"\n" +
+	"STEP_CHUNK\x10\x02\x12\x0f\n" +
+	"\vSTEP_COMMIT\x10\x03\x12\x0e\n" +
+	"\n" +
+	"STEP_ABORT\x10\x04\"\xea\x01\n" +
+	"\x16ImportSnapshotResponse\x12\x18\n" +
+	"\apresent\x18\x01 \x01(\bR\apresent\x12)\n" +
+	"\x10template_present\x18\x02 \x01(\bR\x0ftemplatePresent\x12N\n" +
+	"\breceived\x18\x03 \x03(\v22.aenv.node.v1.ImportSnapshotResponse.ReceivedEntryR\breceived\x1a;\n" +
+	"\rReceivedEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\xcc\x02\n" +
 	"\vPullRequest\x12\x17\n" +
 	"\apull_id\x18\x01 \x01(\tR\x06pullId\x127\n" +
 	"\btemplate\x18\x02 \x01(\v2\x1b.aenv.node.v1.BuildTemplateR\btemplate\x128\n" +
@@ -3639,7 +4107,7 @@ const file_node_node_proto_rawDesc = "" +
 	"\tKIND_SYNC\x10\x01\x12\x0f\n" +
 	"\vKIND_EXITED\x10\x02\x12\x13\n" +
 	"\x0fKIND_OOM_KILLED\x10\x03\x12\x11\n" +
-	"\rKIND_DRAINING\x10\x042\xea\v\n" +
+	"\rKIND_DRAINING\x10\x042\x9c\r\n" +
 	"\vNodeService\x129\n" +
 	"\x04Info\x12\x19.aenv.node.v1.InfoRequest\x1a\x16.aenv.node.v1.NodeInfo\x12<\n" +
 	"\x06Create\x12\x1b.aenv.node.v1.CreateRequest\x1a\x15.aenv.node.v1.Sandbox\x12=\n" +
@@ -3660,7 +4128,9 @@ const file_node_node_proto_rawDesc = "" +
 	"\rUpdateNetwork\x12\".aenv.node.v1.UpdateNetworkRequest\x1a#.aenv.node.v1.UpdateNetworkResponse\x12^\n" +
 	"\x0fPutBuildContext\x12$.aenv.node.v1.PutBuildContextRequest\x1a%.aenv.node.v1.PutBuildContextResponse\x12?\n" +
 	"\x05Build\x12\x1a.aenv.node.v1.BuildRequest\x1a\x18.aenv.node.v1.BuildEvent0\x01\x12<\n" +
-	"\x04Pull\x12\x19.aenv.node.v1.PullRequest\x1a\x17.aenv.node.v1.PullEvent0\x01B7Z5github.com/aenvhq/aenv/internal/nodeapi/nodev1;nodev1b\x06proto3"
+	"\x04Pull\x12\x19.aenv.node.v1.PullRequest\x1a\x17.aenv.node.v1.PullEvent0\x01\x12S\n" +
+	"\x0eExportSnapshot\x12#.aenv.node.v1.ExportSnapshotRequest\x1a\x1a.aenv.node.v1.SnapshotPart0\x01\x12[\n" +
+	"\x0eImportSnapshot\x12#.aenv.node.v1.ImportSnapshotRequest\x1a$.aenv.node.v1.ImportSnapshotResponseB7Z5github.com/aenvhq/aenv/internal/nodeapi/nodev1;nodev1b\x06proto3"
 
 var (
 	file_node_node_proto_rawDescOnce sync.Once
@@ -3674,136 +4144,153 @@ func file_node_node_proto_rawDescGZIP() []byte {
 	return file_node_node_proto_rawDescData
 }
 
-var file_node_node_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_node_node_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
+var file_node_node_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_node_node_proto_msgTypes = make([]protoimpl.MessageInfo, 58)
 var file_node_node_proto_goTypes = []any{
-	(PullRequest_Source)(0),         // 0: aenv.node.v1.PullRequest.Source
-	(PullResult_ErrorClass)(0),      // 1: aenv.node.v1.PullResult.ErrorClass
-	(Event_Kind)(0),                 // 2: aenv.node.v1.Event.Kind
-	(*PullRequest)(nil),             // 3: aenv.node.v1.PullRequest
-	(*PullEvent)(nil),               // 4: aenv.node.v1.PullEvent
-	(*PullProgress)(nil),            // 5: aenv.node.v1.PullProgress
-	(*PullResult)(nil),              // 6: aenv.node.v1.PullResult
-	(*PutBuildContextRequest)(nil),  // 7: aenv.node.v1.PutBuildContextRequest
-	(*PutBuildContextResponse)(nil), // 8: aenv.node.v1.PutBuildContextResponse
-	(*BuildStep)(nil),               // 9: aenv.node.v1.BuildStep
-	(*BuildTemplate)(nil),           // 10: aenv.node.v1.BuildTemplate
-	(*BuildRequest)(nil),            // 11: aenv.node.v1.BuildRequest
-	(*BuildEvent)(nil),              // 12: aenv.node.v1.BuildEvent
-	(*BuildResult)(nil),             // 13: aenv.node.v1.BuildResult
-	(*LogsRequest)(nil),             // 14: aenv.node.v1.LogsRequest
-	(*LogEntry)(nil),                // 15: aenv.node.v1.LogEntry
-	(*LogsResponse)(nil),            // 16: aenv.node.v1.LogsResponse
-	(*MetricsRequest)(nil),          // 17: aenv.node.v1.MetricsRequest
-	(*MetricSample)(nil),            // 18: aenv.node.v1.MetricSample
-	(*MetricsResponse)(nil),         // 19: aenv.node.v1.MetricsResponse
-	(*InfoRequest)(nil),             // 20: aenv.node.v1.InfoRequest
-	(*Resources)(nil),               // 21: aenv.node.v1.Resources
-	(*NodeInfo)(nil),                // 22: aenv.node.v1.NodeInfo
-	(*CreateRequest)(nil),           // 23: aenv.node.v1.CreateRequest
-	(*VolumeMount)(nil),             // 24: aenv.node.v1.VolumeMount
-	(*CreateVolumeRequest)(nil),     // 25: aenv.node.v1.CreateVolumeRequest
-	(*CreateVolumeResponse)(nil),    // 26: aenv.node.v1.CreateVolumeResponse
-	(*DeleteVolumeRequest)(nil),     // 27: aenv.node.v1.DeleteVolumeRequest
-	(*DeleteVolumeResponse)(nil),    // 28: aenv.node.v1.DeleteVolumeResponse
-	(*ExportVolumeRequest)(nil),     // 29: aenv.node.v1.ExportVolumeRequest
-	(*ExportVolumeResponse)(nil),    // 30: aenv.node.v1.ExportVolumeResponse
-	(*ImportVolumeRequest)(nil),     // 31: aenv.node.v1.ImportVolumeRequest
-	(*ImportVolumeResponse)(nil),    // 32: aenv.node.v1.ImportVolumeResponse
-	(*UpdateNetworkRequest)(nil),    // 33: aenv.node.v1.UpdateNetworkRequest
-	(*UpdateNetworkResponse)(nil),   // 34: aenv.node.v1.UpdateNetworkResponse
-	(*Sandbox)(nil),                 // 35: aenv.node.v1.Sandbox
-	(*KillRequest)(nil),             // 36: aenv.node.v1.KillRequest
-	(*KillResponse)(nil),            // 37: aenv.node.v1.KillResponse
-	(*ListRequest)(nil),             // 38: aenv.node.v1.ListRequest
-	(*ListResponse)(nil),            // 39: aenv.node.v1.ListResponse
-	(*SnapshotRequest)(nil),         // 40: aenv.node.v1.SnapshotRequest
-	(*SnapshotInfo)(nil),            // 41: aenv.node.v1.SnapshotInfo
-	(*StatsRequest)(nil),            // 42: aenv.node.v1.StatsRequest
-	(*SandboxStats)(nil),            // 43: aenv.node.v1.SandboxStats
-	(*ListSnapshotsRequest)(nil),    // 44: aenv.node.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),   // 45: aenv.node.v1.ListSnapshotsResponse
-	(*GetSnapshotRequest)(nil),      // 46: aenv.node.v1.GetSnapshotRequest
-	(*DeleteSnapshotRequest)(nil),   // 47: aenv.node.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil),  // 48: aenv.node.v1.DeleteSnapshotResponse
-	(*EventsRequest)(nil),           // 49: aenv.node.v1.EventsRequest
-	(*Event)(nil),                   // 50: aenv.node.v1.Event
-	nil,                             // 51: aenv.node.v1.BuildRequest.BuildArgsEntry
-	nil,                             // 52: aenv.node.v1.LogEntry.FieldsEntry
-	nil,                             // 53: aenv.node.v1.CreateRequest.EnvVarsEntry
-	(*timestamppb.Timestamp)(nil),   // 54: google.protobuf.Timestamp
+	(ImportSnapshotRequest_Step)(0), // 0: aenv.node.v1.ImportSnapshotRequest.Step
+	(PullRequest_Source)(0),         // 1: aenv.node.v1.PullRequest.Source
+	(PullResult_ErrorClass)(0),      // 2: aenv.node.v1.PullResult.ErrorClass
+	(Event_Kind)(0),                 // 3: aenv.node.v1.Event.Kind
+	(*ExportSnapshotRequest)(nil),   // 4: aenv.node.v1.ExportSnapshotRequest
+	(*TransferFile)(nil),            // 5: aenv.node.v1.TransferFile
+	(*SnapshotPart)(nil),            // 6: aenv.node.v1.SnapshotPart
+	(*ImportSnapshotRequest)(nil),   // 7: aenv.node.v1.ImportSnapshotRequest
+	(*ImportSnapshotResponse)(nil),  // 8: aenv.node.v1.ImportSnapshotResponse
+	(*PullRequest)(nil),             // 9: aenv.node.v1.PullRequest
+	(*PullEvent)(nil),               // 10: aenv.node.v1.PullEvent
+	(*PullProgress)(nil),            // 11: aenv.node.v1.PullProgress
+	(*PullResult)(nil),              // 12: aenv.node.v1.PullResult
+	(*PutBuildContextRequest)(nil),  // 13: aenv.node.v1.PutBuildContextRequest
+	(*PutBuildContextResponse)(nil), // 14: aenv.node.v1.PutBuildContextResponse
+	(*BuildStep)(nil),               // 15: aenv.node.v1.BuildStep
+	(*BuildTemplate)(nil),           // 16: aenv.node.v1.BuildTemplate
+	(*BuildRequest)(nil),            // 17: aenv.node.v1.BuildRequest
+	(*BuildEvent)(nil),              // 18: aenv.node.v1.BuildEvent
+	(*BuildResult)(nil),             // 19: aenv.node.v1.BuildResult
+	(*LogsRequest)(nil),             // 20: aenv.node.v1.LogsRequest
+	(*LogEntry)(nil),                // 21: aenv.node.v1.LogEntry
+	(*LogsResponse)(nil),            // 22: aenv.node.v1.LogsResponse
+	(*MetricsRequest)(nil),          // 23: aenv.node.v1.MetricsRequest
+	(*MetricSample)(nil),            // 24: aenv.node.v1.MetricSample
+	(*MetricsResponse)(nil),         // 25: aenv.node.v1.MetricsResponse
+	(*InfoRequest)(nil),             // 26: aenv.node.v1.InfoRequest
+	(*Resources)(nil),               // 27: aenv.node.v1.Resources
+	(*NodeInfo)(nil),                // 28: aenv.node.v1.NodeInfo
+	(*CreateRequest)(nil),           // 29: aenv.node.v1.CreateRequest
+	(*VolumeMount)(nil),             // 30: aenv.node.v1.VolumeMount
+	(*CreateVolumeRequest)(nil),     // 31: aenv.node.v1.CreateVolumeRequest
+	(*CreateVolumeResponse)(nil),    // 32: aenv.node.v1.CreateVolumeResponse
+	(*DeleteVolumeRequest)(nil),     // 33: aenv.node.v1.DeleteVolumeRequest
+	(*DeleteVolumeResponse)(nil),    // 34: aenv.node.v1.DeleteVolumeResponse
+	(*ExportVolumeRequest)(nil),     // 35: aenv.node.v1.ExportVolumeRequest
+	(*ExportVolumeResponse)(nil),    // 36: aenv.node.v1.ExportVolumeResponse
+	(*ImportVolumeRequest)(nil),     // 37: aenv.node.v1.ImportVolumeRequest
+	(*ImportVolumeResponse)(nil),    // 38: aenv.node.v1.ImportVolumeResponse
+	(*UpdateNetworkRequest)(nil),    // 39: aenv.node.v1.UpdateNetworkRequest
+	(*UpdateNetworkResponse)(nil),   // 40: aenv.node.v1.UpdateNetworkResponse
+	(*Sandbox)(nil),                 // 41: aenv.node.v1.Sandbox
+	(*KillRequest)(nil),             // 42: aenv.node.v1.KillRequest
+	(*KillResponse)(nil),            // 43: aenv.node.v1.KillResponse
+	(*ListRequest)(nil),             // 44: aenv.node.v1.ListRequest
+	(*ListResponse)(nil),            // 45: aenv.node.v1.ListResponse
+	(*SnapshotRequest)(nil),         // 46: aenv.node.v1.SnapshotRequest
+	(*SnapshotInfo)(nil),            // 47: aenv.node.v1.SnapshotInfo
+	(*StatsRequest)(nil),            // 48: aenv.node.v1.StatsRequest
+	(*SandboxStats)(nil),            // 49: aenv.node.v1.SandboxStats
+	(*ListSnapshotsRequest)(nil),    // 50: aenv.node.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),   // 51: aenv.node.v1.ListSnapshotsResponse
+	(*GetSnapshotRequest)(nil),      // 52: aenv.node.v1.GetSnapshotRequest
+	(*DeleteSnapshotRequest)(nil),   // 53: aenv.node.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil),  // 54: aenv.node.v1.DeleteSnapshotResponse
+	(*EventsRequest)(nil),           // 55: aenv.node.v1.EventsRequest
+	(*Event)(nil),                   // 56: aenv.node.v1.Event
+	nil,                             // 57: aenv.node.v1.ExportSnapshotRequest.OffsetsEntry
+	nil,                             // 58: aenv.node.v1.ImportSnapshotResponse.ReceivedEntry
+	nil,                             // 59: aenv.node.v1.BuildRequest.BuildArgsEntry
+	nil,                             // 60: aenv.node.v1.LogEntry.FieldsEntry
+	nil,                             // 61: aenv.node.v1.CreateRequest.EnvVarsEntry
+	(*timestamppb.Timestamp)(nil),   // 62: google.protobuf.Timestamp
 }
 var file_node_node_proto_depIdxs = []int32{
-	10, // 0: aenv.node.v1.PullRequest.template:type_name -> aenv.node.v1.BuildTemplate
-	0,  // 1: aenv.node.v1.PullRequest.source:type_name -> aenv.node.v1.PullRequest.Source
-	5,  // 2: aenv.node.v1.PullEvent.progress:type_name -> aenv.node.v1.PullProgress
-	6,  // 3: aenv.node.v1.PullEvent.result:type_name -> aenv.node.v1.PullResult
-	1,  // 4: aenv.node.v1.PullResult.error_class:type_name -> aenv.node.v1.PullResult.ErrorClass
-	10, // 5: aenv.node.v1.BuildRequest.template:type_name -> aenv.node.v1.BuildTemplate
-	9,  // 6: aenv.node.v1.BuildRequest.pre_args:type_name -> aenv.node.v1.BuildStep
-	9,  // 7: aenv.node.v1.BuildRequest.steps:type_name -> aenv.node.v1.BuildStep
-	51, // 8: aenv.node.v1.BuildRequest.build_args:type_name -> aenv.node.v1.BuildRequest.BuildArgsEntry
-	13, // 9: aenv.node.v1.BuildEvent.result:type_name -> aenv.node.v1.BuildResult
-	54, // 10: aenv.node.v1.LogEntry.timestamp:type_name -> google.protobuf.Timestamp
-	52, // 11: aenv.node.v1.LogEntry.fields:type_name -> aenv.node.v1.LogEntry.FieldsEntry
-	15, // 12: aenv.node.v1.LogsResponse.entries:type_name -> aenv.node.v1.LogEntry
-	54, // 13: aenv.node.v1.MetricSample.timestamp:type_name -> google.protobuf.Timestamp
-	18, // 14: aenv.node.v1.MetricsResponse.samples:type_name -> aenv.node.v1.MetricSample
-	21, // 15: aenv.node.v1.NodeInfo.capacity:type_name -> aenv.node.v1.Resources
-	21, // 16: aenv.node.v1.NodeInfo.usage:type_name -> aenv.node.v1.Resources
-	53, // 17: aenv.node.v1.CreateRequest.env_vars:type_name -> aenv.node.v1.CreateRequest.EnvVarsEntry
-	24, // 18: aenv.node.v1.CreateRequest.mounts:type_name -> aenv.node.v1.VolumeMount
-	54, // 19: aenv.node.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
-	35, // 20: aenv.node.v1.ListResponse.sandboxes:type_name -> aenv.node.v1.Sandbox
-	54, // 21: aenv.node.v1.SnapshotInfo.created_at:type_name -> google.protobuf.Timestamp
-	54, // 22: aenv.node.v1.SandboxStats.since:type_name -> google.protobuf.Timestamp
-	41, // 23: aenv.node.v1.ListSnapshotsResponse.snapshots:type_name -> aenv.node.v1.SnapshotInfo
-	2,  // 24: aenv.node.v1.Event.kind:type_name -> aenv.node.v1.Event.Kind
-	20, // 25: aenv.node.v1.NodeService.Info:input_type -> aenv.node.v1.InfoRequest
-	23, // 26: aenv.node.v1.NodeService.Create:input_type -> aenv.node.v1.CreateRequest
-	36, // 27: aenv.node.v1.NodeService.Kill:input_type -> aenv.node.v1.KillRequest
-	38, // 28: aenv.node.v1.NodeService.List:input_type -> aenv.node.v1.ListRequest
-	40, // 29: aenv.node.v1.NodeService.Snapshot:input_type -> aenv.node.v1.SnapshotRequest
-	42, // 30: aenv.node.v1.NodeService.Stats:input_type -> aenv.node.v1.StatsRequest
-	44, // 31: aenv.node.v1.NodeService.ListSnapshots:input_type -> aenv.node.v1.ListSnapshotsRequest
-	46, // 32: aenv.node.v1.NodeService.GetSnapshot:input_type -> aenv.node.v1.GetSnapshotRequest
-	47, // 33: aenv.node.v1.NodeService.DeleteSnapshot:input_type -> aenv.node.v1.DeleteSnapshotRequest
-	49, // 34: aenv.node.v1.NodeService.Events:input_type -> aenv.node.v1.EventsRequest
-	14, // 35: aenv.node.v1.NodeService.Logs:input_type -> aenv.node.v1.LogsRequest
-	17, // 36: aenv.node.v1.NodeService.Metrics:input_type -> aenv.node.v1.MetricsRequest
-	25, // 37: aenv.node.v1.NodeService.CreateVolume:input_type -> aenv.node.v1.CreateVolumeRequest
-	27, // 38: aenv.node.v1.NodeService.DeleteVolume:input_type -> aenv.node.v1.DeleteVolumeRequest
-	29, // 39: aenv.node.v1.NodeService.ExportVolume:input_type -> aenv.node.v1.ExportVolumeRequest
-	31, // 40: aenv.node.v1.NodeService.ImportVolume:input_type -> aenv.node.v1.ImportVolumeRequest
-	33, // 41: aenv.node.v1.NodeService.UpdateNetwork:input_type -> aenv.node.v1.UpdateNetworkRequest
-	7,  // 42: aenv.node.v1.NodeService.PutBuildContext:input_type -> aenv.node.v1.PutBuildContextRequest
-	11, // 43: aenv.node.v1.NodeService.Build:input_type -> aenv.node.v1.BuildRequest
-	3,  // 44: aenv.node.v1.NodeService.Pull:input_type -> aenv.node.v1.PullRequest
-	22, // 45: aenv.node.v1.NodeService.Info:output_type -> aenv.node.v1.NodeInfo
-	35, // 46: aenv.node.v1.NodeService.Create:output_type -> aenv.node.v1.Sandbox
-	37, // 47: aenv.node.v1.NodeService.Kill:output_type -> aenv.node.v1.KillResponse
-	39, // 48: aenv.node.v1.NodeService.List:output_type -> aenv.node.v1.ListResponse
-	41, // 49: aenv.node.v1.NodeService.Snapshot:output_type -> aenv.node.v1.SnapshotInfo
-	43, // 50: aenv.node.v1.NodeService.Stats:output_type -> aenv.node.v1.SandboxStats
-	45, // 51: aenv.node.v1.NodeService.ListSnapshots:output_type -> aenv.node.v1.ListSnapshotsResponse
-	41, // 52: aenv.node.v1.NodeService.GetSnapshot:output_type -> aenv.node.v1.SnapshotInfo
-	48, // 53: aenv.node.v1.NodeService.DeleteSnapshot:output_type -> aenv.node.v1.DeleteSnapshotResponse
-	50, // 54: aenv.node.v1.NodeService.Events:output_type -> aenv.node.v1.Event
-	16, // 55: aenv.node.v1.NodeService.Logs:output_type -> aenv.node.v1.LogsResponse
-	19, // 56: aenv.node.v1.NodeService.Metrics:output_type -> aenv.node.v1.MetricsResponse
-	26, // 57: aenv.node.v1.NodeService.CreateVolume:output_type -> aenv.node.v1.CreateVolumeResponse
-	28, // 58: aenv.node.v1.NodeService.DeleteVolume:output_type -> aenv.node.v1.DeleteVolumeResponse
-	30, // 59: aenv.node.v1.NodeService.ExportVolume:output_type -> aenv.node.v1.ExportVolumeResponse
-	32, // 60: aenv.node.v1.NodeService.ImportVolume:output_type -> aenv.node.v1.ImportVolumeResponse
-	34, // 61: aenv.node.v1.NodeService.UpdateNetwork:output_type -> aenv.node.v1.UpdateNetworkResponse
-	8,  // 62: aenv.node.v1.NodeService.PutBuildContext:output_type -> aenv.node.v1.PutBuildContextResponse
-	12, // 63: aenv.node.v1.NodeService.Build:output_type -> aenv.node.v1.BuildEvent
-	4,  // 64: aenv.node.v1.NodeService.Pull:output_type -> aenv.node.v1.PullEvent
-	45, // [45:65] is the sub-list for method output_type
-	25, // [25:45] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	57, // 0: aenv.node.v1.ExportSnapshotRequest.offsets:type_name -> aenv.node.v1.ExportSnapshotRequest.OffsetsEntry
+	5,  // 1: aenv.node.v1.SnapshotPart.done:type_name -> aenv.node.v1.TransferFile
+	0,  // 2: aenv.node.v1.ImportSnapshotRequest.step:type_name -> aenv.node.v1.ImportSnapshotRequest.Step
+	5,  // 3: aenv.node.v1.ImportSnapshotRequest.files:type_name -> aenv.node.v1.TransferFile
+	58, // 4: aenv.node.v1.ImportSnapshotResponse.received:type_name -> aenv.node.v1.ImportSnapshotResponse.ReceivedEntry
+	16, // 5: aenv.node.v1.PullRequest.template:type_name -> aenv.node.v1.BuildTemplate
+	1,  // 6: aenv.node.v1.PullRequest.source:type_name -> aenv.node.v1.PullRequest.Source
+	11, // 7: aenv.node.v1.PullEvent.progress:type_name -> aenv.node.v1.PullProgress
+	12, // 8: aenv.node.v1.PullEvent.result:type_name -> aenv.node.v1.PullResult
+	2,  // 9: aenv.node.v1.PullResult.error_class:type_name -> aenv.node.v1.PullResult.ErrorClass
+	16, // 10: aenv.node.v1.BuildRequest.template:type_name -> aenv.node.v1.BuildTemplate
+	15, // 11: aenv.node.v1.BuildRequest.pre_args:type_name -> aenv.node.v1.BuildStep
+	15, // 12: aenv.node.v1.BuildRequest.steps:type_name -> aenv.node.v1.BuildStep
+	59, // 13: aenv.node.v1.BuildRequest.build_args:type_name -> aenv.node.v1.BuildRequest.BuildArgsEntry
+	19, // 14: aenv.node.v1.BuildEvent.result:type_name -> aenv.node.v1.BuildResult
+	62, // 15: aenv.node.v1.LogEntry.timestamp:type_name -> google.protobuf.Timestamp
+	60, // 16: aenv.node.v1.LogEntry.fields:type_name -> aenv.node.v1.LogEntry.FieldsEntry
+	21, // 17: aenv.node.v1.LogsResponse.entries:type_name -> aenv.node.v1.LogEntry
+	62, // 18: aenv.node.v1.MetricSample.timestamp:type_name -> google.protobuf.Timestamp
+	24, // 19: aenv.node.v1.MetricsResponse.samples:type_name -> aenv.node.v1.MetricSample
+	27, // 20: aenv.node.v1.NodeInfo.capacity:type_name -> aenv.node.v1.Resources
+	27, // 21: aenv.node.v1.NodeInfo.usage:type_name -> aenv.node.v1.Resources
+	61, // 22: aenv.node.v1.CreateRequest.env_vars:type_name -> aenv.node.v1.CreateRequest.EnvVarsEntry
+	30, // 23: aenv.node.v1.CreateRequest.mounts:type_name -> aenv.node.v1.VolumeMount
+	62, // 24: aenv.node.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
+	41, // 25: aenv.node.v1.ListResponse.sandboxes:type_name -> aenv.node.v1.Sandbox
+	62, // 26: aenv.node.v1.SnapshotInfo.created_at:type_name -> google.protobuf.Timestamp
+	62, // 27: aenv.node.v1.SandboxStats.since:type_name -> google.protobuf.Timestamp
+	47, // 28: aenv.node.v1.ListSnapshotsResponse.snapshots:type_name -> aenv.node.v1.SnapshotInfo
+	3,  // 29: aenv.node.v1.Event.kind:type_name -> aenv.node.v1.Event.Kind
+	26, // 30: aenv.node.v1.NodeService.Info:input_type -> aenv.node.v1.InfoRequest
+	29, // 31: aenv.node.v1.NodeService.Create:input_type -> aenv.node.v1.CreateRequest
+	42, // 32: aenv.node.v1.NodeService.Kill:input_type -> aenv.node.v1.KillRequest
+	44, // 33: aenv.node.v1.NodeService.List:input_type -> aenv.node.v1.ListRequest
+	46, // 34: aenv.node.v1.NodeService.Snapshot:input_type -> aenv.node.v1.SnapshotRequest
+	48, // 35: aenv.node.v1.NodeService.Stats:input_type -> aenv.node.v1.StatsRequest
+	50, // 36: aenv.node.v1.NodeService.ListSnapshots:input_type -> aenv.node.v1.ListSnapshotsRequest
+	52, // 37: aenv.node.v1.NodeService.GetSnapshot:input_type -> aenv.node.v1.GetSnapshotRequest
+	53, // 38: aenv.node.v1.NodeService.DeleteSnapshot:input_type -> aenv.node.v1.DeleteSnapshotRequest
+	55, // 39: aenv.node.v1.NodeService.Events:input_type -> aenv.node.v1.EventsRequest
+	20, // 40: aenv.node.v1.NodeService.Logs:input_type -> aenv.node.v1.LogsRequest
+	23, // 41: aenv.node.v1.NodeService.Metrics:input_type -> aenv.node.v1.MetricsRequest
+	31, // 42: aenv.node.v1.NodeService.CreateVolume:input_type -> aenv.node.v1.CreateVolumeRequest
+	33, // 43: aenv.node.v1.NodeService.DeleteVolume:input_type -> aenv.node.v1.DeleteVolumeRequest
+	35, // 44: aenv.node.v1.NodeService.ExportVolume:input_type -> aenv.node.v1.ExportVolumeRequest
+	37, // 45: aenv.node.v1.NodeService.ImportVolume:input_type -> aenv.node.v1.ImportVolumeRequest
+	39, // 46: aenv.node.v1.NodeService.UpdateNetwork:input_type -> aenv.node.v1.UpdateNetworkRequest
+	13, // 47: aenv.node.v1.NodeService.PutBuildContext:input_type -> aenv.node.v1.PutBuildContextRequest
+	17, // 48: aenv.node.v1.NodeService.Build:input_type -> aenv.node.v1.BuildRequest
+	9,  // 49: aenv.node.v1.NodeService.Pull:input_type -> aenv.node.v1.PullRequest
+	4,  // 50: aenv.node.v1.NodeService.ExportSnapshot:input_type -> aenv.node.v1.ExportSnapshotRequest
+	7,  // 51: aenv.node.v1.NodeService.ImportSnapshot:input_type -> aenv.node.v1.ImportSnapshotRequest
+	28, // 52: aenv.node.v1.NodeService.Info:output_type -> aenv.node.v1.NodeInfo
+	41, // 53: aenv.node.v1.NodeService.Create:output_type -> aenv.node.v1.Sandbox
+	43, // 54: aenv.node.v1.NodeService.Kill:output_type -> aenv.node.v1.KillResponse
+	45, // 55: aenv.node.v1.NodeService.List:output_type -> aenv.node.v1.ListResponse
+	47, // 56: aenv.node.v1.NodeService.Snapshot:output_type -> aenv.node.v1.SnapshotInfo
+	49, // 57: aenv.node.v1.NodeService.Stats:output_type -> aenv.node.v1.SandboxStats
+	51, // 58: aenv.node.v1.NodeService.ListSnapshots:output_type -> aenv.node.v1.ListSnapshotsResponse
+	47, // 59: aenv.node.v1.NodeService.GetSnapshot:output_type -> aenv.node.v1.SnapshotInfo
+	54, // 60: aenv.node.v1.NodeService.DeleteSnapshot:output_type -> aenv.node.v1.DeleteSnapshotResponse
+	56, // 61: aenv.node.v1.NodeService.Events:output_type -> aenv.node.v1.Event
+	22, // 62: aenv.node.v1.NodeService.Logs:output_type -> aenv.node.v1.LogsResponse
+	25, // 63: aenv.node.v1.NodeService.Metrics:output_type -> aenv.node.v1.MetricsResponse
+	32, // 64: aenv.node.v1.NodeService.CreateVolume:output_type -> aenv.node.v1.CreateVolumeResponse
+	34, // 65: aenv.node.v1.NodeService.DeleteVolume:output_type -> aenv.node.v1.DeleteVolumeResponse
+	36, // 66: aenv.node.v1.NodeService.ExportVolume:output_type -> aenv.node.v1.ExportVolumeResponse
+	38, // 67: aenv.node.v1.NodeService.ImportVolume:output_type -> aenv.node.v1.ImportVolumeResponse
+	40, // 68: aenv.node.v1.NodeService.UpdateNetwork:output_type -> aenv.node.v1.UpdateNetworkResponse
+	14, // 69: aenv.node.v1.NodeService.PutBuildContext:output_type -> aenv.node.v1.PutBuildContextResponse
+	18, // 70: aenv.node.v1.NodeService.Build:output_type -> aenv.node.v1.BuildEvent
+	10, // 71: aenv.node.v1.NodeService.Pull:output_type -> aenv.node.v1.PullEvent
+	6,  // 72: aenv.node.v1.NodeService.ExportSnapshot:output_type -> aenv.node.v1.SnapshotPart
+	8,  // 73: aenv.node.v1.NodeService.ImportSnapshot:output_type -> aenv.node.v1.ImportSnapshotResponse
+	52, // [52:74] is the sub-list for method output_type
+	30, // [30:52] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_node_node_proto_init() }
@@ -3811,7 +4298,7 @@ func file_node_node_proto_init() {
 	if File_node_node_proto != nil {
 		return
 	}
-	file_node_node_proto_msgTypes[20].OneofWrappers = []any{
+	file_node_node_proto_msgTypes[25].OneofWrappers = []any{
 		(*CreateRequest_TemplateId)(nil),
 		(*CreateRequest_SnapshotId)(nil),
 	}
@@ -3820,8 +4307,8 @@ func file_node_node_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_node_node_proto_rawDesc), len(file_node_node_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   51,
+			NumEnums:      4,
+			NumMessages:   58,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -88,6 +88,12 @@ const (
 	NodeServiceBuildProcedure = "/aenv.node.v1.NodeService/Build"
 	// NodeServicePullProcedure is the fully-qualified name of the NodeService's Pull RPC.
 	NodeServicePullProcedure = "/aenv.node.v1.NodeService/Pull"
+	// NodeServiceExportSnapshotProcedure is the fully-qualified name of the NodeService's
+	// ExportSnapshot RPC.
+	NodeServiceExportSnapshotProcedure = "/aenv.node.v1.NodeService/ExportSnapshot"
+	// NodeServiceImportSnapshotProcedure is the fully-qualified name of the NodeService's
+	// ImportSnapshot RPC.
+	NodeServiceImportSnapshotProcedure = "/aenv.node.v1.NodeService/ImportSnapshot"
 )
 
 // NodeServiceClient is a client for the aenv.node.v1.NodeService service.
@@ -151,6 +157,21 @@ type NodeServiceClient interface {
 	// progress and log lines and ends with its result. The pull is
 	// cancelled when the stream ends before the result.
 	Pull(context.Context, *nodev1.PullRequest) (*connect.ServerStreamForClient[nodev1.PullEvent], error)
+	// ExportSnapshot streams a snapshot this node holds, and on request the
+	// template it runs on, to a server that moves it to another node (a
+	// migration, a resume elsewhere) when no store the nodes share holds it:
+	// each file's chunks from the offset the receiver has, then the file's
+	// size and sha256; the stream ends with a part marked last. Nodes accept
+	// no node's certificate, so the server relays: ExportSnapshot from the
+	// node that has it, ImportSnapshot to the one that needs it.
+	ExportSnapshot(context.Context, *nodev1.ExportSnapshotRequest) (*connect.ServerStreamForClient[nodev1.SnapshotPart], error)
+	// ImportSnapshot receives a snapshot ExportSnapshot streams, in steps
+	// (Connect over HTTP/1.1 has no client streams): BEGIN says what the
+	// node has of it already (all of it, or how much of each file, so that
+	// a cut transfer resumes), CHUNKs append to its files, COMMIT checks
+	// them against their sizes and checksums and puts the snapshot (and its
+	// template) in place at once, ABORT drops what was received.
+	ImportSnapshot(context.Context, *nodev1.ImportSnapshotRequest) (*nodev1.ImportSnapshotResponse, error)
 }
 
 // NewNodeServiceClient constructs a client for the aenv.node.v1.NodeService service. By default, it
@@ -284,6 +305,18 @@ func NewNodeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(nodeServiceMethods.ByName("Pull")),
 			connect.WithClientOptions(opts...),
 		),
+		exportSnapshot: connect.NewClient[nodev1.ExportSnapshotRequest, nodev1.SnapshotPart](
+			httpClient,
+			baseURL+NodeServiceExportSnapshotProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("ExportSnapshot")),
+			connect.WithClientOptions(opts...),
+		),
+		importSnapshot: connect.NewClient[nodev1.ImportSnapshotRequest, nodev1.ImportSnapshotResponse](
+			httpClient,
+			baseURL+NodeServiceImportSnapshotProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("ImportSnapshot")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -309,6 +342,8 @@ type nodeServiceClient struct {
 	putBuildContext *connect.Client[nodev1.PutBuildContextRequest, nodev1.PutBuildContextResponse]
 	build           *connect.Client[nodev1.BuildRequest, nodev1.BuildEvent]
 	pull            *connect.Client[nodev1.PullRequest, nodev1.PullEvent]
+	exportSnapshot  *connect.Client[nodev1.ExportSnapshotRequest, nodev1.SnapshotPart]
+	importSnapshot  *connect.Client[nodev1.ImportSnapshotRequest, nodev1.ImportSnapshotResponse]
 }
 
 // Info calls aenv.node.v1.NodeService.Info.
@@ -479,6 +514,20 @@ func (c *nodeServiceClient) Pull(ctx context.Context, req *nodev1.PullRequest) (
 	return c.pull.CallServerStream(ctx, connect.NewRequest(req))
 }
 
+// ExportSnapshot calls aenv.node.v1.NodeService.ExportSnapshot.
+func (c *nodeServiceClient) ExportSnapshot(ctx context.Context, req *nodev1.ExportSnapshotRequest) (*connect.ServerStreamForClient[nodev1.SnapshotPart], error) {
+	return c.exportSnapshot.CallServerStream(ctx, connect.NewRequest(req))
+}
+
+// ImportSnapshot calls aenv.node.v1.NodeService.ImportSnapshot.
+func (c *nodeServiceClient) ImportSnapshot(ctx context.Context, req *nodev1.ImportSnapshotRequest) (*nodev1.ImportSnapshotResponse, error) {
+	response, err := c.importSnapshot.CallUnary(ctx, connect.NewRequest(req))
+	if response != nil {
+		return response.Msg, err
+	}
+	return nil, err
+}
+
 // NodeServiceHandler is an implementation of the aenv.node.v1.NodeService service.
 type NodeServiceHandler interface {
 	// Info describes the node: its id, capacity, usage, runtime and the
@@ -540,6 +589,21 @@ type NodeServiceHandler interface {
 	// progress and log lines and ends with its result. The pull is
 	// cancelled when the stream ends before the result.
 	Pull(context.Context, *nodev1.PullRequest, *connect.ServerStream[nodev1.PullEvent]) error
+	// ExportSnapshot streams a snapshot this node holds, and on request the
+	// template it runs on, to a server that moves it to another node (a
+	// migration, a resume elsewhere) when no store the nodes share holds it:
+	// each file's chunks from the offset the receiver has, then the file's
+	// size and sha256; the stream ends with a part marked last. Nodes accept
+	// no node's certificate, so the server relays: ExportSnapshot from the
+	// node that has it, ImportSnapshot to the one that needs it.
+	ExportSnapshot(context.Context, *nodev1.ExportSnapshotRequest, *connect.ServerStream[nodev1.SnapshotPart]) error
+	// ImportSnapshot receives a snapshot ExportSnapshot streams, in steps
+	// (Connect over HTTP/1.1 has no client streams): BEGIN says what the
+	// node has of it already (all of it, or how much of each file, so that
+	// a cut transfer resumes), CHUNKs append to its files, COMMIT checks
+	// them against their sizes and checksums and puts the snapshot (and its
+	// template) in place at once, ABORT drops what was received.
+	ImportSnapshot(context.Context, *nodev1.ImportSnapshotRequest) (*nodev1.ImportSnapshotResponse, error)
 }
 
 // NewNodeServiceHandler builds an HTTP handler from the service implementation. It returns the path
@@ -669,6 +733,18 @@ func NewNodeServiceHandler(svc NodeServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(nodeServiceMethods.ByName("Pull")),
 		connect.WithHandlerOptions(opts...),
 	)
+	nodeServiceExportSnapshotHandler := connect.NewServerStreamHandlerSimple(
+		NodeServiceExportSnapshotProcedure,
+		svc.ExportSnapshot,
+		connect.WithSchema(nodeServiceMethods.ByName("ExportSnapshot")),
+		connect.WithHandlerOptions(opts...),
+	)
+	nodeServiceImportSnapshotHandler := connect.NewUnaryHandlerSimple(
+		NodeServiceImportSnapshotProcedure,
+		svc.ImportSnapshot,
+		connect.WithSchema(nodeServiceMethods.ByName("ImportSnapshot")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/aenv.node.v1.NodeService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case NodeServiceInfoProcedure:
@@ -711,6 +787,10 @@ func NewNodeServiceHandler(svc NodeServiceHandler, opts ...connect.HandlerOption
 			nodeServiceBuildHandler.ServeHTTP(w, r)
 		case NodeServicePullProcedure:
 			nodeServicePullHandler.ServeHTTP(w, r)
+		case NodeServiceExportSnapshotProcedure:
+			nodeServiceExportSnapshotHandler.ServeHTTP(w, r)
+		case NodeServiceImportSnapshotProcedure:
+			nodeServiceImportSnapshotHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -798,4 +878,12 @@ func (UnimplementedNodeServiceHandler) Build(context.Context, *nodev1.BuildReque
 
 func (UnimplementedNodeServiceHandler) Pull(context.Context, *nodev1.PullRequest, *connect.ServerStream[nodev1.PullEvent]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("aenv.node.v1.NodeService.Pull is not implemented"))
+}
+
+func (UnimplementedNodeServiceHandler) ExportSnapshot(context.Context, *nodev1.ExportSnapshotRequest, *connect.ServerStream[nodev1.SnapshotPart]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("aenv.node.v1.NodeService.ExportSnapshot is not implemented"))
+}
+
+func (UnimplementedNodeServiceHandler) ImportSnapshot(context.Context, *nodev1.ImportSnapshotRequest) (*nodev1.ImportSnapshotResponse, error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("aenv.node.v1.NodeService.ImportSnapshot is not implemented"))
 }
