@@ -51,20 +51,25 @@ func NodeUser(id string) string {
 //   - its live record (under its lease: renewing and revoking the lease
 //     need write on it too), its known record and its drain mark:
 //     read and write, the key alone;
-//   - its live record as a prefix: read, as claimID lists and watches it
-//     so; that reads the records of ids that begin with its own too,
-//     which hold nothing secret (addresses and capacities).
+//   - the registry of members (MemberPrefixes: live and known nodes,
+//     removed nodes, servers): read, as prefixes, to keep the sandboxes
+//     off every member's address (agent's member watch) and to claim its
+//     id (claimID); those records hold addresses and capacities, nothing
+//     secret.
 //
 // A lease is granted to any authenticated user.
 func NodePermissions(id string) []state.Permission {
-	return []state.Permission{
+	perms := []state.Permission{
 		{Key: state.HealthKey},
 		{Key: DataKeyCheckKey},
 		{Key: LivePrefix + id, Write: true},
-		{Key: LivePrefix + id, Prefix: true},
 		{Key: KnownPrefix + id, Write: true},
 		{Key: DrainPrefix + id, Write: true},
 	}
+	for _, p := range MemberPrefixes {
+		perms = append(perms, state.Permission{Key: p, Prefix: true})
+	}
+	return perms
 }
 
 // EtcdUsers manages the users of an etcd with auth on (state.Etcd).

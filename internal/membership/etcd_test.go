@@ -44,19 +44,20 @@ func TestNodePermissions(t *testing.T) {
 		{DrainPrefix + "n1", true, true},
 		{state.HealthKey, true, false},
 		{DataKeyCheckKey, true, false},
-		// ids that begin with n1: their records read (claimID's prefix),
-		// never written.
+		// Other nodes' registrations: read (the member watch keeps
+		// sandboxes off their addresses), never written.
 		{LivePrefix + "n10", true, false},
-		{KnownPrefix + "n10", false, false},
+		{KnownPrefix + "n10", true, false},
 		{DrainPrefix + "n10", false, false},
-		{LivePrefix + "n2", false, false},
-		{KnownPrefix + "n2", false, false},
+		{LivePrefix + "n2", true, false},
+		{KnownPrefix + "n2", true, false},
 		{DrainPrefix + "n2", false, false},
+		{ServerPrefix + "s1", true, false},
 		{"apikeys/k1", false, false},
 		{CAKey, false, false},
 		{tokenKey, false, false},
 		{JoinTokenPrefix + "x", false, false},
-		{RemovedPrefix + "n1", false, false},
+		{RemovedPrefix + "n1", true, false},
 		{"sandboxes/s1", false, false},
 		{"elections/deadlines/1", false, false},
 	} {

@@ -15,8 +15,15 @@ const clusterSet = "cluster"
 // clusterSetOf is the host table's cluster set, as a handle for
 // updates.
 func clusterSetOf(t *nftables.Table) *nftables.Set {
-	return &nftables.Set{Table: t, Name: clusterSet, KeyType: nftables.TypeIPAddr}
+	return &nftables.Set{Table: t, Name: clusterSet, KeyType: nftables.TypeIPAddr, ID: clusterSetID}
 }
+
+// clusterSetID names the cluster set within the batch that adds it and
+// the rules that look it up. It is given, not left to nftables: the
+// library numbers sets from a package counter without a lock, which two
+// nodes in one process (tests; a server's local node beside another)
+// race on. It is the only set of its batch, so any number will do.
+const clusterSetID = 1
 
 // clusterElements are the set's elements for addrs: their IPv4 ones.
 func clusterElements(addrs []netip.Addr) []nftables.SetElement {

@@ -139,7 +139,10 @@ func (p *peerHost) startEtcd(t *testing.T) string {
 	clientURL := "http://" + netip.AddrPortFrom(p.etcdAddr, 2379).String()
 	cmd := exec.Command("ip", "netns", "exec", p.name, filepath.Join(binDir, "aenv"), "etcd", "--name", "peer",
 		"--data-dir", filepath.Join(dir, "etcd"), "--listen-client", clientURL,
-		"--listen-peer", "http://"+netip.AddrPortFrom(p.etcdAddr, 2380).String(), "--new", "--log-level", "warn")
+		"--listen-peer", "http://"+netip.AddrPortFrom(p.etcdAddr, 2380).String(), "--new", "--log-level", "warn",
+		// A target for the sandbox to be refused, not the cluster's state:
+		// plain http on the peer's address is what it takes.
+		"--insecure-cluster")
 	logf, err := os.Create(filepath.Join(dir, "etcd.log"))
 	if err != nil {
 		t.Fatal(err)
@@ -206,6 +209,7 @@ func TestSandboxesNeverReachTheCluster(t *testing.T) {
 	peer.listen(t, nodeAddr)
 	srv, c, _ := startServerWith(t, func(cfg *Config) {
 		cfg.EtcdEndpoints = []string{etcdURL}
+		cfg.InsecureCluster = true // the peer's etcd is plain http
 		cfg.EgressAllow = []netip.Prefix{peer.prefix}
 		cfg.WarmPoolSize = 0
 	})
