@@ -4,7 +4,7 @@ BASE_ROOTFS ?= $(CACHE)/base-rootfs
 CODE_INTERPRETER_ROOTFS ?= $(CACHE)/code-interpreter-rootfs
 GO ?= go
 
-.PHONY: build deps base code-interpreter bench-interpreter test test-go test-e2e test-e2e-python test-install test-fuzz lint clean bench-cluster bench-migrate cross release
+.PHONY: build console-assets deps base code-interpreter bench-interpreter test test-go test-e2e test-e2e-python test-install test-fuzz lint clean bench-cluster bench-migrate cross release
 
 build:
 	$(GO) build -o bin/aenv ./cmd/aenv
@@ -13,6 +13,19 @@ build:
 
 deps:
 	scripts/install-deps.sh
+
+# The web console's third-party files (uPlot), from npm at the versions
+# internal/console/web/package-lock.json pins, copied into the embedded
+# assets. The copies are committed, so `go build` needs no npm; run this
+# after changing a version there.
+CONSOLE_WEB = internal/console/web
+CONSOLE_VENDOR = internal/console/assets/vendor
+console-assets:
+	cd $(CONSOLE_WEB) && npm ci --ignore-scripts --no-audit --no-fund
+	rm -rf $(CONSOLE_VENDOR) && mkdir -p $(CONSOLE_VENDOR)/uplot
+	cp $(CONSOLE_WEB)/node_modules/uplot/dist/uPlot.esm.js $(CONSOLE_WEB)/node_modules/uplot/dist/uPlot.min.css \
+		$(CONSOLE_WEB)/node_modules/uplot/LICENSE $(CONSOLE_VENDOR)/uplot/
+	@echo "$(CONSOLE_VENDOR): uplot $$(node -p 'require("./$(CONSOLE_WEB)/node_modules/uplot/package.json").version')"
 
 # The CLI alone, for the machines people drive a cluster from: the
 # client commands build for every target (the host's commands, which run

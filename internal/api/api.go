@@ -293,6 +293,9 @@ type keyContext struct{}
 // in constant time so that it cannot be guessed byte by byte from
 // response timings; stored keys are found by their hash.
 func (s *Handler) lookupKey(r *http.Request) (apikeys.Key, bool) {
+	if k, ok := r.Context().Value(sessionContext{}).(apikeys.Key); ok {
+		return k, true
+	}
 	key := requestKey(r)
 	if key == "" {
 		return apikeys.Key{}, false
@@ -304,6 +307,19 @@ func (s *Handler) lookupKey(r *http.Request) (apikeys.Key, bool) {
 		return s.cfg.Keys.Lookup(key)
 	}
 	return apikeys.Key{}, false
+}
+
+// sessionContext carries the key of a session checked in front of the
+// API (WithCaller).
+type sessionContext struct{}
+
+// WithCaller returns r authenticated as key k, as though it had presented
+// it: every route then applies k's team and admin rules, exactly as for
+// the key itself. It is for the web console's sessions, which the server
+// wiring checks (cookie, expiry, CSRF token, the key not revoked) before
+// the API sees the request; a request's own X-API-KEY is not consulted.
+func WithCaller(r *http.Request, k apikeys.Key) *http.Request {
+	return r.WithContext(context.WithValue(r.Context(), sessionContext{}, k))
 }
 
 // auth demands a valid API key and hands it to next in the context.

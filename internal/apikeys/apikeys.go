@@ -185,6 +185,16 @@ func (s *Keys) Lookup(key string) (Key, bool) {
 	return k, ok
 }
 
+// LookupHash returns the key whose SHA-256 (hex, as Key.SHA256) is sum,
+// if the cluster still has it: for sessions that name a key without
+// holding it (the web console's), which a revocation ends.
+func (s *Keys) LookupHash(sum string) (Key, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	k, ok := s.byHash[sum]
+	return k, ok
+}
+
 // Ensure records key (a server's own, from its data directory) as an
 // admin key of a team of its own, if it is not yet: every server of the
 // cluster then accepts it. A key once recorded this way and revoked since

@@ -18,7 +18,7 @@ var nodeSide = []string{"internal/node", "internal/runtime", "internal/netns", "
 
 // controlPlane is what decides where sandboxes run and serves clients;
 // the node agent never links it.
-var controlPlane = []string{"internal/cluster", "internal/api", "internal/server", "internal/cli"}
+var controlPlane = []string{"internal/cluster", "internal/api", "internal/console", "internal/server", "internal/cli"}
 
 // depRule says that root, built for goos (empty: this host's), must not
 // reach any of forbidden through its imports, direct or not (non-test
@@ -50,6 +50,8 @@ var depRules = []depRule{
 		why: "the control plane lists templates with it; block images are made node-side (template/erofs)"},
 	{root: "internal/api", forbidden: nodeSide,
 		why: "the API serves clients through the cluster; builds and pulls run on nodes"},
+	{root: "internal/console", forbidden: append(append([]string{}, nodeSide...), "internal/api", "internal/cluster"),
+		why: "the web console's pages call the REST API over HTTP; its session layer needs only the keys and the data key"},
 	// The CLI's client side is what builds off Linux: on Linux the host's
 	// commands (server, node, etcd, image-server) link everything.
 	{root: "cmd/aenv", goos: "darwin", forbidden: append(append([]string{}, nodeSide...), "internal/cluster", "internal/api", "internal/server", "internal/template", "internal/image", "internal/build", "internal/state"),

@@ -25,6 +25,7 @@ import (
 	"github.com/aenvhq/aenv/internal/apikeys"
 	"github.com/aenvhq/aenv/internal/buildjob"
 	"github.com/aenvhq/aenv/internal/cluster"
+	"github.com/aenvhq/aenv/internal/console"
 	"github.com/aenvhq/aenv/internal/membership"
 	"github.com/aenvhq/aenv/internal/nodeapi"
 	"github.com/aenvhq/aenv/internal/proxy"
@@ -315,6 +316,7 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 	s.api = api.New(acfg)
 	s.stopSweep = sweepBuildFiles(s.api, log)
 	handler := s.withClusterAdmin(s.withJoin(s.withNode(s.api)))
+	handler = withConsole(handler, s.keys, cfg.dataKeys, console.Config{Logger: log})
 	s.http = &http.Server{
 		Handler:           handler,
 		ReadHeaderTimeout: 10 * time.Second,

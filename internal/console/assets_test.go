@@ -1,0 +1,158 @@
+package console
+
+import (
+	"io/fs"
+	"net/http"
+	"net/http/httptest"
+	"path"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// TestAssetsServed: /console serves the page and its files with their
+// content types and the headers that keep them to this origin; unknown
+// paths and directories are 404s, and nothing but GET is taken.
+func TestAssetsServed(t *testing.T) {
+	f := newFixture(t)
+	if res := f.do(httptest.NewRequest(http.MethodGet, "/console", nil)); res.StatusCode != http.StatusMovedPermanently || res.Header.Get("Location") != "/console/" {
+		t.Fatalf("GET /console: %d to %q, want a redirect to /console/", res.StatusCode, res.Header.Get("Location"))
+	}
+	for p, want := range map[string]string{
+		"/console/":                           "text/html; charset=utf-8",
+		"/console/js/app.js":                  "text/javascript; charset=utf-8",
+		"/console/js/pages/sandbox.js":        "text/javascript; charset=utf-8",
+		"/console/console.css":                "text/css; charset=utf-8",
+		"/console/vendor/uplot/uPlot.esm.js":  "text/javascript; charset=utf-8",
+		"/console/vendor/uplot/uPlot.min.css": "text/css; charset=utf-8",
+	} {
+		res := f.do(httptest.NewRequest(http.MethodGet, p, nil))
+		if res.StatusCode != http.StatusOK || res.Header.Get("Content-Type") != want {
+			t.Errorf("GET %s: %d %q, want 200 %q", p, res.StatusCode, res.Header.Get("Content-Type"), want)
+			continue
+		}
+		csp := res.Header.Get("Content-Security-Policy")
+		if !strings.Contains(csp, "script-src 'self'") || !strings.Contains(csp, "connect-src 'self'") || !strings.Contains(csp, "frame-ancestors 'none'") {
+			t.Errorf("GET %s: Content-Security-Policy %q, want scripts and connections from this origin only, no framing", p, csp)
+		}
+		if res.Header.Get("X-Content-Type-Options") != "nosniff" || res.Header.Get("ETag") == "" {
+			t.Errorf("GET %s: headers %v, want nosniff and an ETag", p, res.Header)
+		}
+		if f.next.called {
+			t.Errorf("GET %s went to the API", p)
+		}
+		// Revalidation.
+		r := httptest.NewRequest(http.MethodGet, p, nil)
+		r.Header.Set("If-None-Match", res.Header.Get("ETag"))
+		if res := f.do(r); res.StatusCode != http.StatusNotModified {
+			t.Errorf("GET %s with its ETag: %d, want 304", p, res.StatusCode)
+		}
+	}
+	for _, p := range []string{"/console/nope.js", "/console/js/", "/console/index.html", "/console/../session.go", "/console/vendor/"} {
+		if res := f.do(httptest.NewRequest(http.MethodGet, p, nil)); res.StatusCode != http.StatusNotFound && res.StatusCode != http.StatusMovedPermanently {
+			t.Errorf("GET %s: %d, want 404", p, res.StatusCode)
+		}
+	}
+	if res := f.do(httptest.NewRequest(http.MethodPost, "/console/js/app.js", nil)); res.StatusCode != http.StatusMethodNotAllowed {
+		t.Errorf("POST to an asset: %d, want 405", res.StatusCode)
+	}
+}
+
+// loadPattern is a load of something from another origin: an import, a
+// stylesheet or script, a url() in CSS, a fetch or a socket.
+var loadPattern = regexp.MustCompile(`(?i)((\bimport\s*\(\s*|\bimport\s+|\bfrom\s+)['"]|\burl\(\s*['"]?|\b(src|href|action)\s*=\s*['"]?|\bfetch\(\s*['"` + "`" + `]|@import\s+(url\()?['"]?|(WebSocket|EventSource)\(\s*['"])\s*(https?:|wss?:)?//`)
+
+// TestAssetsLoadNothingFromElsewhere: no file of the console loads
+// anything from another origin (the page works offline, no CDN), our own
+// files name no external URL at all, and every file a page or module
+// refers to is embedded.
+func TestAssetsLoadNothingFromElsewhere(t *testing.T) {
+	files := Assets()
+	n := 0
+	err := fs.WalkDir(files, ".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := fs.ReadFile(files, p)
+		if err != nil {
+			return err
+		}
+		text := string(b)
+		n++
+		if m := loadPattern.FindString(text); m != "" {
+			t.Errorf("%s loads from elsewhere: %q", p, m)
+		}
+		if !strings.HasPrefix(p, "vendor/") && (strings.Contains(text, "http://") || strings.Contains(text, "https://")) {
+			t.Errorf("%s names an external URL", p)
+		}
+		if strings.Contains(text, "localStorage") || strings.Contains(text, "sessionStorage") || strings.Contains(text, "document.cookie") {
+			if !strings.HasPrefix(p, "vendor/") {
+				t.Errorf("%s uses the page's storage: the key and session stay out of it", p)
+			}
+		}
+		for _, ref := range references(p, text) {
+			if _, err := fs.Stat(files, ref); err != nil {
+				t.Errorf("%s refers to %s, which is not embedded", p, ref)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n < 10 {
+		t.Fatalf("only %d files embedded", n)
+	}
+}
+
+var (
+	importRef = regexp.MustCompile(`(?m)^\s*import\s+(?:[^'"]*\sfrom\s+)?['"]([^'"]+)['"]`)
+	htmlRef   = regexp.MustCompile(`(?:src|href)="([^"#:]+)"`)
+)
+
+// references are the embedded paths file p's imports, scripts and
+// stylesheets name.
+func references(p, text string) []string {
+	var refs []string
+	var matches [][]string
+	switch path.Ext(p) {
+	case ".js":
+		if strings.HasPrefix(p, "vendor/") {
+			return nil
+		}
+		matches = importRef.FindAllStringSubmatch(text, -1)
+	case ".html":
+		matches = htmlRef.FindAllStringSubmatch(text, -1)
+	}
+	for _, m := range matches {
+		refs = append(refs, path.Join(path.Dir(p), m[1]))
+	}
+	return refs
+}
+
+// TestLoadPattern: the pattern finds external loads and passes comments'
+// links, so that TestAssetsLoadNothingFromElsewhere can fail.
+func TestLoadPattern(t *testing.T) {
+	for _, s := range []string{
+		`import x from "https://cdn.test/x.js"`,
+		`<script src="https://cdn.test/x.js">`,
+		`<link href="//cdn.test/x.css">`,
+		`background: url(https://cdn.test/a.png)`,
+		`fetch("https://evil.test/")`,
+		`@import "https://cdn.test/x.css";`,
+	} {
+		if !loadPattern.MatchString(s) {
+			t.Errorf("%q is not found as a load", s)
+		}
+	}
+	for _, s := range []string{
+		`// see https://github.com/leeoniya/uPlot`,
+		`// adapted from https://stackoverflow.com/questions/1`,
+		`import uPlot from '../../vendor/uplot/uPlot.esm.js';`,
+		`<link rel="stylesheet" href="console.css">`,
+	} {
+		if loadPattern.MatchString(s) {
+			t.Errorf("%q is taken for an external load", s)
+		}
+	}
+}
