@@ -20,6 +20,10 @@
 #
 #   export E2B_API_URL=http://localhost:8000 E2B_SANDBOX_URL=http://localhost:8000
 #   export E2B_API_KEY=$(docker exec CONTAINER cat /var/lib/aenv/secrets/api-key)
+#
+# The Helm chart (deploy/helm/aenv) runs every part of a cluster from this
+# image: `aenv server --local-node=false`, `aenv node`, `aenv etcd`, and a
+# Job that keeps the nodes' join token (wget, below, writes it to a Secret).
 
 ARG GO_VERSION=1.26
 
@@ -41,7 +45,7 @@ RUN CGO_ENABLED=0 GOBIN=/out go install gvisor.dev/gvisor/runsc@${RUNSC_VERSION}
 FROM debian:bookworm-slim
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      iproute2 nftables debootstrap ca-certificates e2fsprogs \
+      iproute2 nftables debootstrap ca-certificates e2fsprogs wget \
  && rm -rf /var/lib/apt/lists/*
 # envd beside aenv: that is where the server looks for it.
 COPY --from=build /out/aenv /out/envd /usr/local/bin/

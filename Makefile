@@ -4,7 +4,7 @@ BASE_ROOTFS ?= $(CACHE)/base-rootfs
 CODE_INTERPRETER_ROOTFS ?= $(CACHE)/code-interpreter-rootfs
 GO ?= go
 
-.PHONY: build console-assets deps base code-interpreter bench-interpreter test test-go test-e2e test-e2e-python test-install test-fuzz lint clean bench-cluster bench-migrate cross release
+.PHONY: build console-assets deps base code-interpreter bench-interpreter test test-go test-e2e test-e2e-python test-install test-fuzz lint clean bench-cluster bench-migrate cross release manifests check-manifests
 
 build:
 	$(GO) build -o bin/aenv ./cmd/aenv
@@ -71,6 +71,48 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 
+# Helm from its module: the first run builds it (minutes), later ones are
+# cached. It does not touch go.mod.
+HELM ?= $(GO) run helm.sh/helm/v3/cmd/helm@v3.22.0
+CHART = deploy/helm/aenv
+
+# helm_render VALUES... DIR renders the chart as release aenv in namespace
+# aenv, one file per template, into DIR.
+define helm_render
+	@rm -rf "$(2)" && mkdir -p "$(2)" && tmp=$$(mktemp -d) && \
+	$(HELM) template aenv $(CHART) --namespace aenv $(1) --output-dir "$$tmp" >/dev/null && \
+	for f in "$$tmp"/aenv/templates/*.yaml; do \
+		{ echo "# Rendered from $(CHART) by make manifests: change the chart, then run it again."; cat "$$f"; } > "$(2)/$${f##*/}"; \
+	done; rc=$$?; rm -rf "$$tmp"; exit $$rc
+endef
+
+# deploy/kubernetes/*.yaml, the plain manifests, from the chart with
+# deploy/helm/kubernetes-values.yaml. deploy's Go tests (make test-go) decode
+# them strictly and check what they must hold.
+manifests:
+	$(call helm_render,-f deploy/helm/kubernetes-values.yaml,$(CURDIR)/.manifests.new)
+	@rm -f deploy/kubernetes/*.yaml
+	@mv .manifests.new/*.yaml deploy/kubernetes/ && rmdir .manifests.new && ls deploy/kubernetes
+
+# helm lint; the committed manifests equal to a fresh render; the chart
+# rendered with its other value sets (deploy/helm/aenv/ci: an external
+# etcd, S3 and cert-manager) and all of them decoded strictly against the
+# Kubernetes API types. Outside `make lint`: helm's first build takes
+# minutes.
+check-manifests:
+	$(HELM) lint $(CHART)
+	@for v in $(CHART)/ci/*-values.yaml; do $(HELM) lint $(CHART) -f "$$v" --quiet || exit 1; done
+	$(call helm_render,-f deploy/helm/kubernetes-values.yaml,$(CURDIR)/.manifests.check/default)
+	@for f in .manifests.check/default/*.yaml; do cmp -s "$$f" "deploy/kubernetes/$${f##*/}" || { echo "deploy/kubernetes/$${f##*/} differs from a fresh render: make manifests"; exit 1; }; done
+	@n=$$(ls deploy/kubernetes/*.yaml | wc -l); m=$$(ls .manifests.check/default/*.yaml | wc -l); \
+		[ "$$n" = "$$m" ] || { echo "deploy/kubernetes holds $$n manifests, a fresh render $$m: make manifests"; exit 1; }
+	$(call helm_render,,$(CURDIR)/.manifests.check/chart-defaults)
+	$(call helm_render,-f $(CHART)/ci/external-etcd-values.yaml,$(CURDIR)/.manifests.check/external-etcd)
+	$(call helm_render,-f $(CHART)/ci/s3-values.yaml,$(CURDIR)/.manifests.check/s3)
+	AENV_RENDERED_DIRS=$(CURDIR)/.manifests.check/chart-defaults:$(CURDIR)/.manifests.check/external-etcd:$(CURDIR)/.manifests.check/s3 \
+		$(GO) test -count=1 -run 'TestNoSecretOnACommandLine|TestResourceRequests|TestContainerFlags|TestRenderedDecode' ./deploy/
+	@rm -rf .manifests.check
+
 # Privileged tests fail instead of skipping when AENV_REQUIRE_PRIVILEGED=1.
 # The placement simulation runs scaled down under -race, where timings mean
 # nothing; the second run is it at full scale (1,000 nodes, 100,000
@@ -132,4 +174,4 @@ bench-interpreter: build base code-interpreter
 		node bench/interpreter.mjs
 
 clean:
-	rm -rf bin dist
+	rm -rf bin dist .manifests.new .manifests.check
