@@ -128,7 +128,7 @@ export class TestCluster {
       '--data-dir', path.join(this.tmp, `etcd${i}`),
       '--listen-client', `http://${this.subnet}.1:${ports[i]}`,
       '--listen-peer', `http://127.0.0.1:${ports[3 + i]}`,
-      '--initial-cluster', peers, '--new', '--log-level', 'warn'], path.join(this.tmp, `etcd${i}.log`)))
+      '--initial-cluster', peers, '--new', '--log-level', 'warn', '--insecure-cluster'], path.join(this.tmp, `etcd${i}.log`)))
     this.etcdEndpoints = [0, 1, 2].map((i) => `http://${this.subnet}.1:${ports[i]}`)
     for (const m of this.etcd) m.start()
 
