@@ -207,7 +207,7 @@ func TestSandboxesNeverReachTheCluster(t *testing.T) {
 	srv, c, _ := startServerWith(t, func(cfg *Config) {
 		cfg.EtcdEndpoints = []string{etcdURL}
 		cfg.EgressAllow = []netip.Prefix{peer.prefix}
-		cfg.WarmPoolSize = 0
+		cfg.WarmPoolMemory = -1
 	})
 	ctx := context.Background()
 
