@@ -58,8 +58,9 @@ type Config struct {
 	// node's memory, at most 1 GiB; negative: no pool.
 	WarmPoolMemory int64
 	// WarmPoolFloor is how many base (and code-interpreter) sandboxes
-	// are kept prestarted whatever the demand, within WarmPoolMemory.
-	WarmPoolFloor int
+	// are kept prestarted whatever the demand, within WarmPoolMemory;
+	// WarmPoolMax bounds each template's pool (0: only the memory does).
+	WarmPoolFloor, WarmPoolMax int
 	// NetnsTag names this server's nftables tables and host interfaces, so
 	// that several servers can share a host.
 	NetnsTag string

@@ -209,6 +209,7 @@ func (h *Host) open(ctx context.Context, cfg Config, keys *sealed.Keyring, log *
 		// most creates ask for.
 		WarmPoolMemory: cfg.WarmPoolMemory,
 		WarmPoolFloor:  cfg.WarmPoolFloor,
+		WarmPoolMax:    cfg.WarmPoolMax,
 		WarmTemplates:  warmTemplates(cfg),
 		StateDir:       filepath.Join(cfg.RunDir, "node"),
 		Capacity:       cfg.Capacity,

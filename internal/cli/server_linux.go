@@ -189,6 +189,7 @@ func hostFlags(f *pflag.FlagSet, cfg *agent.Config, hs *hostStrings, logLevel *s
 	f.StringVar(&hs.storeSecretKeyFile, "store-secret-key-file", "", "file holding the S3 secret key (default: AWS_SECRET_ACCESS_KEY and the AWS default chain)")
 	secretFlag(f, "store-secret-key")
 	f.StringVar(&hs.warmPoolMemory, "warm-pool-memory", "", "host memory the warm pool's prestarted sandboxes may take, by what they use (bytes, or with K, M, G, T; default: 5% of --capacity-memory, at most 1G; 0 disables the pool): each template's (and snapshot's) pool is sized to its largest burst of creates within 10 s over the last 5 minutes, refilled one boot at a time while the host is idle, and shrunk under memory pressure")
+	f.IntVar(&cfg.WarmPoolMax, "warm-pool-max", 0, "most sandboxes kept prestarted of any one template or snapshot, whatever its demand (0: only --warm-pool-memory bounds it)")
 	f.IntVar(&cfg.WarmPoolFloor, "warm-pool", 1, "base (and code-interpreter) sandboxes kept prestarted even without recent creates, within --warm-pool-memory (the pool grows past it with demand; 0: no floor)")
 	f.StringVar(&cfg.NetnsTag, "netns-tag", "aenv", "names this node's nftables tables and host interfaces (lower-case letters; distinct per server or node on one host)")
 	f.StringSliceVar(&cfg.EtcdEndpoints, "etcd-endpoints", nil, "external etcd cluster for the live state (URL[,URL...]; a server's default is an embedded member in <data-dir>/etcd; a node needs these or --join)")

@@ -128,6 +128,9 @@ type Config struct {
 	// demand, so that a node's first creates are served warm too.
 	WarmPoolFloor int
 	WarmTemplates []string
+	// WarmPoolMax bounds each template's (and snapshot's) pool, floors
+	// included; 0: only WarmPoolMemory does.
+	WarmPoolMax int
 	// Capacity is what the node may hand out (zero fields: the host's).
 	Capacity Capacity
 	// PidsLimit bounds each sandbox's host tasks (runtime.Spec's field),
@@ -273,7 +276,8 @@ func New(cfg Config) (*Node, error) {
 	if clock == nil {
 		clock = time.Now
 	}
-	n.pool = newWarmPool(n, warmPoolBudget(cfg), cfg.WarmPoolFloor, cfg.WarmTemplates, clock)
+	n.pool = newWarmPool(n, poolSizing{budget: warmPoolBudget(cfg), floor: cfg.WarmPoolFloor, ceiling: cfg.WarmPoolMax,
+		floors: cfg.WarmTemplates}, clock)
 	// Both goroutines are the node's: Close ends them and waits.
 	if en, ok := cfg.Runtime.(runtime.ExitNotifier); ok {
 		n.bgWork.Add(1)

@@ -98,7 +98,9 @@ type warmPool struct {
 	// each.
 	floors []string
 	floor  int
-	now    func() time.Time
+	// ceiling bounds each key's pool (0: only the budget does).
+	ceiling int
+	now     func() time.Time
 
 	mu      sync.Mutex
 	ready   map[PoolKey][]*pooled
@@ -126,8 +128,18 @@ type PoolCounts struct {
 	Warm, Cold uint64
 }
 
-func newWarmPool(n *Node, budget int64, floor int, floors []string, now func() time.Time) *warmPool {
-	p := &warmPool{n: n, budget: max(budget, 0), floor: max(floor, 0), floors: floors, now: now,
+// poolSizing is how a node's warm pool is sized (see Config).
+type poolSizing struct {
+	// budget is the host memory the pool may hold, in bytes (0: no pool).
+	budget int64
+	// floor prestarted sandboxes of each of floors are kept whatever the
+	// demand; ceiling bounds each key's pool (0: only budget does).
+	floor, ceiling int
+	floors         []string
+}
+
+func newWarmPool(n *Node, sz poolSizing, now func() time.Time) *warmPool {
+	p := &warmPool{n: n, budget: max(sz.budget, 0), floor: max(sz.floor, 0), ceiling: max(sz.ceiling, 0), floors: sz.floors, now: now,
 		ready: map[PoolKey][]*pooled{}, demand: newDemand(), targets: map[PoolKey]int{},
 		cost: map[PoolKey]int64{}, retryAt: map[PoolKey]time.Time{}, served: map[PoolKey]*PoolCounts{},
 		kick: make(chan struct{}, 1), done: make(chan struct{})}
@@ -442,7 +454,7 @@ func (p *warmPool) sizeLocked(now time.Time, overBytes int64) {
 			return
 		}
 		seen[k] = true
-		w := poolWant{Key: k, Peak: p.demand.peak(k, now), Floor: floor, CostBytes: p.costLocked(k)}
+		w := poolWant{Key: k, Peak: p.demand.peak(k, now), Floor: floor, Ceiling: p.ceiling, CostBytes: p.costLocked(k)}
 		wants = append(wants, w)
 		held += int64(len(p.ready[k])) * w.CostBytes
 	}

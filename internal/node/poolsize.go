@@ -102,8 +102,9 @@ func (d *demand) forget(key PoolKey) { delete(d.seconds, key) }
 type poolWant struct {
 	Key PoolKey
 	// Peak is the key's recent burst (demand.peak), Floor what it keeps
-	// prestarted whatever the demand (the base template's --warm-pool).
-	Peak, Floor int
+	// prestarted whatever the demand (the base template's --warm-pool),
+	// Ceiling the most it may keep (0: no bound but the budget's).
+	Peak, Floor, Ceiling int
 	// CostBytes is the host memory one prestarted sandbox of the key
 	// takes: measured on the ones it has, else an estimate.
 	CostBytes int64
@@ -116,7 +117,8 @@ type poolWant struct {
 // cheaper one may still grow. With the host's memory above the node's
 // high-water mark by overBytes, the budget is cut to what the pool holds
 // now (heldBytes) less that excess, so that the pool gives back at most
-// what the host is short of, floors included.
+// what the host is short of, floors included. A ceiling bounds a key's
+// floor and peak alike.
 func poolTargets(wants []poolWant, budgetBytes, heldBytes, overBytes int64) map[PoolKey]int {
 	if overBytes > 0 {
 		budgetBytes = min(budgetBytes, heldBytes-overBytes)
@@ -124,6 +126,12 @@ func poolTargets(wants []poolWant, budgetBytes, heldBytes, overBytes int64) map[
 	targets := make(map[PoolKey]int, len(wants))
 	left := budgetBytes
 	fits := func(w poolWant) bool { return w.CostBytes <= left }
+	wants = slices.Clone(wants)
+	for i, w := range wants {
+		if w.Ceiling > 0 {
+			wants[i].Floor, wants[i].Peak = min(w.Floor, w.Ceiling), min(w.Peak, w.Ceiling)
+		}
+	}
 	for _, w := range wants {
 		targets[w.Key] = 0
 		for targets[w.Key] < w.Floor && fits(w) {
@@ -131,7 +139,7 @@ func poolTargets(wants []poolWant, budgetBytes, heldBytes, overBytes int64) map[
 			left -= w.CostBytes
 		}
 	}
-	open := slices.Clone(wants)
+	open := wants
 	for {
 		best := -1
 		for i, w := range open {

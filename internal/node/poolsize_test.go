@@ -86,6 +86,8 @@ func TestPoolTargets(t *testing.T) {
 			400 * mib, 0, 0, map[PoolKey]int{base: 5, big: 5}},
 		{"CheaperFitsWhereDearerDoesNot", []poolWant{{Key: big, Peak: 10, CostBytes: 300 * mib}, {Key: small, Peak: 10, CostBytes: 20 * mib}},
 			400 * mib, 0, 0, map[PoolKey]int{big: 1, small: 5}},
+		{"Ceiling", []poolWant{{Key: base, Floor: 3, Peak: 10, Ceiling: 2, CostBytes: 40 * mib}, {Key: big, Peak: 4, Ceiling: 6, CostBytes: 40 * mib}},
+			1024 * mib, 0, 0, map[PoolKey]int{base: 2, big: 4}},
 		{"NoBudget", []poolWant{{Key: base, Floor: 2, Peak: 5, CostBytes: 40 * mib}},
 			0, 0, 0, map[PoolKey]int{base: 0}},
 		// Holding 5 x 40 MiB with the host 90 MiB short: 110 MiB left,
