@@ -51,8 +51,16 @@ type Config struct {
 	// StoreAccessKey and StoreSecretKey are S3 credentials; empty uses the
 	// AWS defaults (AWS_ACCESS_KEY_ID, ...).
 	StoreAccessKey, StoreSecretKey string
-	// WarmPoolSize is how many base sandboxes are kept prestarted.
-	WarmPoolSize int
+	// WarmPoolMemory is the host memory in bytes the warm pool's
+	// prestarted sandboxes may take (what they use): each template's
+	// (and user snapshot's) pool is sized to its recent peak burst of
+	// creates within it (node.Config.WarmPoolMemory). 0: 5% of the
+	// node's memory, at most 1 GiB; negative: no pool.
+	WarmPoolMemory int64
+	// WarmPoolFloor is how many base (and code-interpreter) sandboxes
+	// are kept prestarted whatever the demand, within WarmPoolMemory;
+	// WarmPoolMax bounds each template's pool (0: only the memory does).
+	WarmPoolFloor, WarmPoolMax int
 	// NetnsTag names this server's nftables tables and host interfaces, so
 	// that several servers can share a host.
 	NetnsTag string

@@ -207,14 +207,16 @@ func (h *Host) open(ctx context.Context, cfg Config, keys *sealed.Keyring, log *
 		BuildWithoutNetwork: cfg.BuildWithoutNetwork,
 		// Keep base sandboxes prestarted: the E2B default template is what
 		// most creates ask for.
-		WarmPoolSize:  cfg.WarmPoolSize,
-		WarmTemplates: warmTemplates(cfg),
-		StateDir:      filepath.Join(cfg.RunDir, "node"),
-		Capacity:      cfg.Capacity,
-		PidsLimit:     cfg.PidsLimit,
-		DiskMB:        cfg.DiskMB,
-		VolumeSize:    cfg.VolumeSize,
-		Logger:        log,
+		WarmPoolMemory: cfg.WarmPoolMemory,
+		WarmPoolFloor:  cfg.WarmPoolFloor,
+		WarmPoolMax:    cfg.WarmPoolMax,
+		WarmTemplates:  warmTemplates(cfg),
+		StateDir:       filepath.Join(cfg.RunDir, "node"),
+		Capacity:       cfg.Capacity,
+		PidsLimit:      cfg.PidsLimit,
+		DiskMB:         cfg.DiskMB,
+		VolumeSize:     cfg.VolumeSize,
+		Logger:         log,
 	})
 	if err != nil {
 		return err
@@ -231,7 +233,9 @@ func (h *Host) open(ctx context.Context, cfg Config, keys *sealed.Keyring, log *
 // Close stops the node: its sandboxes are killed with StopKill, else they
 // keep running, with their network slots and the host rules that isolate
 // them, for the next process to take over (pausing them first is the
-// cluster's).
+// cluster's). The warm pool's prestarted sandboxes are killed either way
+// (a pool is a cache, which nothing would take over), and the image
+// server stops unless a sandbox kept runs on one of its images.
 func (h *Host) Close(ctx context.Context, stop membership.StopMode) error {
 	mode := node.KeepSandboxes
 	if stop == membership.StopKill {
@@ -245,9 +249,10 @@ func (h *Host) Close(ctx context.Context, stop membership.StopMode) error {
 		h.members.wait()
 	}
 	kept := 0
+	var keptImages []string
 	if h.node != nil {
 		errs = append(errs, h.node.Close(ctx, mode))
-		kept = len(h.node.List())
+		kept, keptImages = len(h.node.List()), h.node.RootImages()
 	}
 	if h.net != nil {
 		if kept > 0 {
@@ -265,9 +270,11 @@ func (h *Host) Close(ctx context.Context, stop membership.StopMode) error {
 	if h.images != nil {
 		errs = append(errs, h.images.Close())
 	}
-	// With no sandbox left the image server has nothing to serve; else it
-	// serves them on for the next process.
-	if h.imageServer != nil && kept == 0 {
+	// With no sandbox left on a block image (the pool's are gone, and
+	// sandboxes of templates kept as directories hold none of its mounts)
+	// the image server has nothing to serve; else it serves them on for
+	// the next process.
+	if h.imageServer != nil && len(keptImages) == 0 {
 		if err := h.imageServer.Stop(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("stopping the image server: %w", err))
 		}
@@ -277,7 +284,7 @@ func (h *Host) Close(ctx context.Context, stop membership.StopMode) error {
 		errs = append(errs, h.volumes.UnmountAll())
 	}
 	if kept > 0 {
-		h.log.Info("running sandboxes keep running for the next start", "count", kept)
+		h.log.Info("running sandboxes keep running for the next start", "count", kept, "block_images", len(keptImages))
 	}
 	return errors.Join(errs...)
 }

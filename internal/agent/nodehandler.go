@@ -42,11 +42,11 @@ func (h *Host) newNodeMux(log *slog.Logger) http.Handler {
 	// Servers forward volumes' data plane here (after checking the
 	// volume's token): the files are this node's.
 	mux.Handle("/volumecontent/", h.volumes.Content())
-	if h.imageServer != nil {
-		// The node's own figures (its block images), for the cluster
-		// token's holders: a monitoring system scrapes each node.
-		mux.Handle("GET /metrics", promhttp.HandlerFor(h.imageServer, promhttp.HandlerOpts{}))
-	}
+	// The node's own figures (its warm pool, its block images), for the
+	// cluster token's holders: a monitoring system scrapes each node. A
+	// part that cannot be read (the image server restarting) leaves the
+	// rest served.
+	mux.Handle("GET /metrics", promhttp.HandlerFor(h.Metrics(), promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
 	mux.Handle("/", prx)
 	return mux
 }

@@ -37,7 +37,7 @@ const MaxUploadBytes = 4 << 30
 // Config wires the API.
 type Config struct {
 	// Metrics, when set, adds to what /metrics serves (the local node's
-	// image server's figures).
+	// warm pool and image server's figures).
 	Metrics   prometheus.Gatherer
 	Cluster   *cluster.Cluster
 	Templates *template.Catalog

@@ -48,18 +48,18 @@ func startServerWith(t *testing.T, mod func(*server.Config)) (url, key, dataDir 
 		level = slog.LevelDebug
 	}
 	cfg := server.Config{Config: agent.Config{
-		Listen:        "127.0.0.1:0",
-		DataDir:       filepath.Join(dir, "data"),
-		RunDir:        filepath.Join(dir, "run"),
-		RunscPath:     runsc,
-		EnvdPath:      filepath.Join(binDir, "envd"),
-		BaseRootFS:    base,
-		SandboxCIDR:   "10.237.0.0/16",
-		NetnsTag:      "bldt",
-		NetnsPoolSize: 1,
-		WarmPoolSize:  0,
-		OnStop:        cluster.StopKill,
-		Logger:        slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
+		Listen:         "127.0.0.1:0",
+		DataDir:        filepath.Join(dir, "data"),
+		RunDir:         filepath.Join(dir, "run"),
+		RunscPath:      runsc,
+		EnvdPath:       filepath.Join(binDir, "envd"),
+		BaseRootFS:     base,
+		SandboxCIDR:    "10.237.0.0/16",
+		NetnsTag:       "bldt",
+		NetnsPoolSize:  1,
+		WarmPoolMemory: -1,
+		OnStop:         cluster.StopKill,
+		Logger:         slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
 	}}
 	if mod != nil {
 		mod(&cfg)

@@ -16,7 +16,7 @@ import (
 // metricsHandler serves GET /metrics (behind the API key) in Prometheus'
 // text format: the server process's own figures (goroutines, memory, open
 // files: what a soak test watches for leaks), the sandboxes by state, and
-// Config.Metrics (the local node's block images).
+// Config.Metrics (the local node's warm pool and block images).
 // The registry is this server's, not the library's global one.
 func (s *Handler) metricsHandler() http.Handler {
 	reg := prometheus.NewRegistry()

@@ -100,7 +100,7 @@ func startServer(t *testing.T) *testEnv {
 			SandboxCIDR:   "10.252.0.0/16",
 			NetnsTag:      "clit",
 			NetnsPoolSize: 2,
-			WarmPoolSize:  1,
+			WarmPoolFloor: 1,
 			OnStop:        membership.StopKill,
 			Logger:        slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
 		}})

@@ -13,9 +13,10 @@ func newNodesCmd(g *globals) *cobra.Command {
 		Use:   "nodes",
 		Short: "List the cluster's nodes",
 		Long: `List the hosts that run sandboxes, with their state (ready, draining, or
-lost when a node stopped reporting), capacity, usage and sandbox count.`,
-	}, (*client.Client).Nodes, "ID\tSTATE\tSANDBOXES\tCPUS\tMEMORY\tCOMMITTED\tUSED\tRUNTIME", func(n client.Node) string {
-		return fmt.Sprintf("%s\t%s\t%d\t%d\t%dMiB\t%dMiB\t%dMiB\t%s %s", n.ID, n.State, n.Sandboxes,
+lost when a node stopped reporting), capacity, usage, sandbox count and
+the sandboxes its warm pool holds prestarted (counted in COMMITTED).`,
+	}, (*client.Client).Nodes, "ID\tSTATE\tSANDBOXES\tPOOLED\tCPUS\tMEMORY\tCOMMITTED\tUSED\tRUNTIME", func(n client.Node) string {
+		return fmt.Sprintf("%s\t%s\t%d\t%d\t%d\t%dMiB\t%dMiB\t%dMiB\t%s %s", n.ID, n.State, n.Sandboxes, n.Pooled,
 			n.Capacity.CPUCount, n.Capacity.MemoryMB, n.Usage.CommittedMemoryMB, n.Usage.MemoryMB, n.Runtime, n.RuntimeVersion)
 	})
 }

@@ -169,6 +169,7 @@ type hostStrings struct {
 	egressAllow, dns []string
 	imageCacheSize   string
 	volumeSize       string
+	warmPoolMemory   string
 	// storeSecretKeyFile holds the S3 secret key.
 	storeSecretKeyFile string
 }
@@ -187,7 +188,9 @@ func hostFlags(f *pflag.FlagSet, cfg *agent.Config, hs *hostStrings, logLevel *s
 	f.StringVar(&cfg.StoreAccessKey, "store-access-key", "", "S3 access key (default: AWS_ACCESS_KEY_ID and the AWS default chain)")
 	f.StringVar(&hs.storeSecretKeyFile, "store-secret-key-file", "", "file holding the S3 secret key (default: AWS_SECRET_ACCESS_KEY and the AWS default chain)")
 	secretFlag(f, "store-secret-key")
-	f.IntVar(&cfg.WarmPoolSize, "warm-pool", 2, "base sandboxes kept prestarted so that creates skip the boot (0 disables; each costs ~40 MiB)")
+	f.StringVar(&hs.warmPoolMemory, "warm-pool-memory", "", "host memory the warm pool's prestarted sandboxes may take, by what they use (bytes, or with K, M, G, T; default: 5% of --capacity-memory, at most 1G; 0 disables the pool): each template's (and snapshot's) pool is sized to its largest burst of creates within 10 s over the last 5 minutes, refilled one boot at a time while the host is idle, and shrunk under memory pressure")
+	f.IntVar(&cfg.WarmPoolMax, "warm-pool-max", 0, "most sandboxes kept prestarted of any one template or snapshot, whatever its demand (0: only --warm-pool-memory bounds it)")
+	f.IntVar(&cfg.WarmPoolFloor, "warm-pool", 1, "base (and code-interpreter) sandboxes kept prestarted even without recent creates, within --warm-pool-memory (the pool grows past it with demand; 0: no floor)")
 	f.StringVar(&cfg.NetnsTag, "netns-tag", "aenv", "names this node's nftables tables and host interfaces (lower-case letters; distinct per server or node on one host)")
 	f.StringSliceVar(&cfg.EtcdEndpoints, "etcd-endpoints", nil, "external etcd cluster for the live state (URL[,URL...]; a server's default is an embedded member in <data-dir>/etcd; a node needs these or --join)")
 	f.StringVar(&cfg.EtcdCAFile, "etcd-ca", "", "CA certificate to verify --etcd-endpoints")
@@ -238,6 +241,15 @@ func hostSettings(cfg *agent.Config, hs hostStrings, logLevel string) error {
 	}
 	if cfg.VolumeSize = n; n == 0 {
 		cfg.VolumeSize = -1
+	}
+	if hs.warmPoolMemory != "" {
+		n, err := parseBytes(hs.warmPoolMemory)
+		if err != nil {
+			return fmt.Errorf("--warm-pool-memory: %w", err)
+		}
+		if cfg.WarmPoolMemory = n; n == 0 {
+			cfg.WarmPoolMemory = -1
+		}
 	}
 	if hs.storeSecretKeyFile != "" {
 		if cfg.StoreSecretKey, err = readSecretFile("--store-secret-key-file", hs.storeSecretKeyFile); err != nil {

@@ -10,16 +10,30 @@ import (
 
 // Node is the server's description of a node.
 type Node struct {
-	ID             string    `json:"id"`
-	Address        string    `json:"address,omitempty"`
-	State          string    `json:"state"`
-	Capacity       NodeUsage `json:"capacity"`
-	Usage          NodeUsage `json:"usage"`
-	Sandboxes      int       `json:"sandboxes"`
-	Runtime        string    `json:"runtime"`
-	RuntimeVersion string    `json:"runtimeVersion,omitempty"`
-	Version        string    `json:"version,omitempty"`
-	UpdatedAt      time.Time `json:"updatedAt"`
+	ID        string    `json:"id"`
+	Address   string    `json:"address,omitempty"`
+	State     string    `json:"state"`
+	Capacity  NodeUsage `json:"capacity"`
+	Usage     NodeUsage `json:"usage"`
+	Sandboxes int       `json:"sandboxes"`
+	// Pooled counts the sandboxes its warm pool holds prestarted, Pool
+	// each template's (or snapshot's) share.
+	Pooled         int         `json:"pooled"`
+	Pool           []PoolEntry `json:"pool,omitempty"`
+	Runtime        string      `json:"runtime"`
+	RuntimeVersion string      `json:"runtimeVersion,omitempty"`
+	Version        string      `json:"version,omitempty"`
+	UpdatedAt      time.Time   `json:"updatedAt"`
+}
+
+// PoolEntry is a node's warm pool of one template or snapshot.
+type PoolEntry struct {
+	TemplateID string `json:"templateID,omitempty"`
+	SnapshotID string `json:"snapshotID,omitempty"`
+	// Ready is how many it holds prestarted, Target how many it is sized
+	// to from recent demand.
+	Ready  int `json:"ready"`
+	Target int `json:"target"`
 }
 
 // NodeUsage is an amount of a node's resources.

@@ -99,7 +99,13 @@ func (c *Cluster) create(ctx context.Context, req CreateRequest, id string) (*Sa
 	if req.SnapshotID != "" {
 		wreq.Source, from = &nodev1.CreateRequest_SnapshotId{SnapshotId: req.SnapshotID}, req.SnapshotID
 	}
-	nsb, n, err := c.start(ctx, placement{template: req.TemplateID, memoryMB: req.MemoryMB, cpus: req.CPUCount, only: volumeNode}, wreq, "")
+	p := placement{template: req.TemplateID, memoryMB: req.MemoryMB, cpus: req.CPUCount, only: volumeNode}
+	if id == "" && len(mounts) == 0 && req.CPUCount == 0 && req.MemoryMB == 0 {
+		// What a node's warm pool can serve (it holds its templates'
+		// default resources, and its sandboxes come with their own ids).
+		p.pool = poolKey(req.TemplateID, req.SnapshotID)
+	}
+	nsb, n, err := c.start(ctx, p, wreq, "")
 	if err != nil {
 		if errors.Is(err, nodeapi.ErrNotFound) {
 			return nil, fmt.Errorf("%w: %q", ErrTemplateNotFound, from)

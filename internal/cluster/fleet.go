@@ -71,6 +71,10 @@ type member struct {
 	// report it lapses at placedUntil.
 	placedMB    int
 	placedUntil time.Time
+	// poolTaken counts, by pool key, the creates this server placed on
+	// it since its last report that its warm pool may have served: the
+	// rest of a burst goes where prestarted sandboxes are left.
+	poolTaken map[string]int
 	// inPlaced: it is in the fleet's placed.
 	inPlaced bool
 	// cand is the member as placement sees it (nil: to build again), at
@@ -196,7 +200,7 @@ func (f *fleet) liveLocked(id string, n NodeInfo) {
 	}
 	// The report counts what was placed before it (or nearly: a create
 	// that ends as the node reports counts from its next report on).
-	m.info, m.live, m.lostAt, m.placedMB = n, true, time.Time{}, 0
+	m.info, m.live, m.lostAt, m.placedMB, m.poolTaken = n, true, time.Time{}, 0, nil
 	f.changedLocked(m)
 	if m.api == nil && n.Address != "" && f.dial != nil {
 		m.api = f.dial(id, n.Address)
@@ -413,6 +417,9 @@ type placement struct {
 	// prefer is tried first if it can take the sandbox (where a paused
 	// sandbox's image or a fork's source already is).
 	prefer string
+	// pool is its key in the nodes' warm pools (poolKey; empty: no
+	// prestarted sandbox fits it), whose holders come first.
+	pool string
 	// exclude lists nodes already tried.
 	exclude []string
 	// only, when set, is the one node allowed.
@@ -430,7 +437,32 @@ func (p placement) describe() string {
 // toRequest is p as the placement package takes it.
 func (p placement) toRequest() sched.Request {
 	return sched.Request{Template: p.template, MemoryMB: p.memoryMB, CPUs: p.cpus, Runtime: p.runtime,
-		RuntimeVersion: p.runtimeVersion, Prefer: p.prefer, Exclude: p.exclude, Only: p.only}
+		RuntimeVersion: p.runtimeVersion, Prefer: p.prefer, Pool: p.pool, Exclude: p.exclude, Only: p.only}
+}
+
+// poolKey is the key of a template's (or snapshot's) prestarted
+// sandboxes in placement's view of the nodes' warm pools.
+func poolKey(templateID, snapshotID string) string {
+	if snapshotID != "" {
+		return "s/" + snapshotID
+	}
+	return "t/" + templateID
+}
+
+// pooled is what m's warm pool holds for placement, by poolKey, less what
+// this server placed on it since its report (nil: nothing).
+func (m *member) pooled() map[string]int {
+	var out map[string]int
+	for _, e := range m.info.Pool {
+		k := poolKey(e.TemplateID, e.SnapshotID)
+		if left := e.Ready - m.poolTaken[k]; left > 0 {
+			if out == nil {
+				out = map[string]int{}
+			}
+			out[k] = left
+		}
+	}
+	return out
 }
 
 // candidate is member id as placement sees it: its report, with what was
@@ -452,7 +484,8 @@ func (m *member) candidate(id string, draining bool) *sched.Node {
 		// does not report: the node applies it, and placement moves on to
 		// another node when it refuses.
 		Load:    capacity.Load{CommittedMB: n.Usage.CommittedMemoryMB + m.placedMB, MemoryUsed: used, DiskUsed: -1},
-		Runtime: n.Runtime, RuntimeVersion: n.RuntimeVersion, Templates: n.Templates, Draining: draining,
+		Runtime: n.Runtime, RuntimeVersion: n.RuntimeVersion, Templates: n.Templates, Pooled: m.pooled(),
+		Draining: draining,
 	}
 	return m.cand
 }
@@ -504,7 +537,7 @@ func (f *fleet) lapseLocked(now time.Time) {
 		case m.placedMB == 0: // reported since
 			m.inPlaced = false
 		case now.After(m.placedUntil):
-			m.placedMB, m.inPlaced = 0, false
+			m.placedMB, m.inPlaced, m.poolTaken = 0, false, nil
 			f.changedLocked(m)
 		default:
 			keep = append(keep, m)
@@ -595,6 +628,12 @@ func (f *fleet) place(p placement) (nodeapi.Node, error) {
 
 		f.mu.Lock()
 		if m := f.members[n.ID]; m != nil && m.live && m.api != nil {
+			if req.Pool != "" && n.Pooled[req.Pool] > 0 {
+				if m.poolTaken == nil {
+					m.poolTaken = map[string]int{}
+				}
+				m.poolTaken[req.Pool]++
+			}
 			f.placedLocked(m, req.Memory())
 			f.mu.Unlock()
 			return m.api, nil

@@ -109,6 +109,39 @@ func TestPlacement(t *testing.T) {
 	}
 }
 
+// TestPlacementPrefersWarm: creates go to the node whose warm pool holds
+// their template prestarted, as many as it holds, before its next report
+// says so; then by headroom again.
+func TestPlacementPrefersWarm(t *testing.T) {
+	st := state.NewMemory()
+	n1, n2, n3 := nodetest.NewFake("n1"), nodetest.NewFake("n2"), nodetest.NewFake("n3")
+	n2.SetPooled(4)
+	c, _ := remoteFleet(t, st, n1, n2, n3)
+	for i := range 4 {
+		if sb := create(t, c, time.Hour); sb.NodeID != "n2" {
+			t.Fatalf("create %d: placed on %s, want n2, which holds base prestarted", i, sb.NodeID)
+		}
+	}
+	c.nodes.mu.Lock()
+	var left map[string]int
+	for _, n := range c.nodes.candidatesLocked() {
+		if n.ID == "n2" {
+			left = n.Pooled
+		}
+	}
+	c.nodes.mu.Unlock()
+	if len(left) != 0 {
+		t.Errorf("n2's pool as placement sees it after four creates: %v, want none left", left)
+	}
+	per := map[string]int{}
+	for range 12 {
+		per[create(t, c, time.Hour).NodeID]++
+	}
+	if per["n1"] == 0 || per["n3"] == 0 {
+		t.Errorf("creates once n2's pool is taken: %v, want them spread", per)
+	}
+}
+
 // TestNodeLost: when a node's lease goes, its running sandboxes are
 // reported lost (404 with the reason) and its paused ones resume on
 // another node; a sandbox that exits on its own is forgotten with the

@@ -55,6 +55,11 @@ type NodeInfo struct {
 	Capacity  NodeUsage `json:"capacity"`
 	Usage     NodeUsage `json:"usage"`
 	Sandboxes int       `json:"sandboxes"`
+	// Pooled counts the sandboxes its warm pool holds prestarted (their
+	// memory is in Usage's committed), Pool each template's or
+	// snapshot's share.
+	Pooled int         `json:"pooled"`
+	Pool   []PoolEntry `json:"pool,omitempty"`
 	// Runtime and RuntimeVersion name the driver; snapshots restore only
 	// where they match.
 	Runtime        string `json:"runtime"`
@@ -74,13 +79,32 @@ type NodeInfo struct {
 	UpdatedAt    time.Time `json:"updatedAt"`
 }
 
+// PoolEntry is a node's warm pool of one template or snapshot (exactly
+// one of the two is set).
+type PoolEntry struct {
+	TemplateID string `json:"templateID,omitempty"`
+	SnapshotID string `json:"snapshotID,omitempty"`
+	// Ready is how many prestarted sandboxes it holds; Target how many it
+	// is sized to, from its recent peak burst of creates.
+	Ready  int `json:"ready"`
+	Target int `json:"target"`
+}
+
 // InfoFromWire is a node's description as the node API reports it.
 func InfoFromWire(w *nodev1.NodeInfo) NodeInfo {
 	res := func(r *nodev1.Resources) NodeUsage {
 		return NodeUsage{CPUCount: int(r.GetCpuCount()), MemoryMB: int(r.GetMemoryMb()),
 			CommittedMemoryMB: int(r.GetCommittedMemoryMb()), DiskMB: int(r.GetDiskMb())}
 	}
+	var pool []PoolEntry
+	pooled := 0
+	for _, e := range w.Pool {
+		pool = append(pool, PoolEntry{TemplateID: e.TemplateId, SnapshotID: e.SnapshotId, Ready: int(e.Ready), Target: int(e.Target)})
+		pooled += int(e.Ready)
+	}
 	return NodeInfo{
+		Pooled:           pooled,
+		Pool:             pool,
 		ID:               w.Id,
 		Capacity:         res(w.Capacity),
 		Usage:            res(w.Usage),

@@ -2,6 +2,7 @@ package netns
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -19,7 +20,7 @@ import (
 // cover when the host sits on public or unusual addresses. Interfaces
 // and routes of network slots (names starting with tag) are left out.
 func DetectHostNetworks(tag string) ([]netip.Prefix, error) {
-	links, err := netlink.LinkList()
+	links, err := linkList()
 	if err != nil {
 		return nil, fmt.Errorf("listing interfaces: %w", err)
 	}
@@ -127,4 +128,17 @@ func (m *Manager) SetHostNetworks(ps []netip.Prefix) error {
 	}
 	m.log.Info("sandboxes are kept off the host's networks", "networks", ps)
 	return nil
+}
+
+// linkList lists the host's interfaces, again when the kernel says links
+// changed during the dump (netlink.ErrDumpInterrupted: the list may miss
+// some), as they do while namespaces of slots being reaped are freed.
+func linkList() ([]netlink.Link, error) {
+	for attempt := 1; ; attempt++ {
+		links, err := netlink.LinkList()
+		if !errors.Is(err, netlink.ErrDumpInterrupted) || attempt == 5 {
+			return links, err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }

@@ -75,7 +75,7 @@ func reap(ctx context.Context, cfg Config, keep bool) (kept []*Slot, _ error) {
 	}
 	// With their routers' files gone, the kernel is already deleting these
 	// links as it frees the namespaces; a link vanishing under us is fine.
-	all, err := netlink.LinkList()
+	all, err := linkList()
 	if err != nil {
 		errs = append(errs, fmt.Errorf("listing interfaces: %w", err))
 	}

@@ -3,6 +3,7 @@ package node
 import (
 	"errors"
 	goruntime "runtime"
+	"sync"
 
 	"github.com/prometheus/procfs"
 	"golang.org/x/sys/unix"
@@ -89,13 +90,59 @@ func hostMemory() (total, available uint64, err error) {
 	return *mi.MemTotalBytes, *mi.MemAvailableBytes, nil
 }
 
-// memoryUsed is the fraction of the host's memory in use, or -1.
-func memoryUsed() float64 {
+// hostLoad is what the node reads of its host's load: admission its
+// memory, the warm pool's refill its memory and CPUs. Tests replace it.
+type hostLoad interface {
+	// memory is the host's memory in bytes and the fraction of it in use
+	// (-1: unknown).
+	memory() (totalBytes uint64, used float64)
+	// cpuBusy is the fraction of the host's CPU time spent busy since the
+	// previous call (-1: unknown, as on the first call).
+	cpuBusy() float64
+}
+
+// procLoad reads the host's load from /proc.
+type procLoad struct {
+	mu              sync.Mutex
+	busy, total     float64 // CPU seconds, as of the previous call
+	haveCPUBaseline bool
+}
+
+func (*procLoad) memory() (uint64, float64) {
 	total, avail, err := hostMemory()
-	if err != nil || avail > total {
+	if err != nil || avail > total || total == 0 {
+		return total, -1
+	}
+	return total, float64(total-avail) / float64(total)
+}
+
+func (l *procLoad) cpuBusy() float64 {
+	fs, err := procfs.NewDefaultFS()
+	if err != nil {
 		return -1
 	}
-	return float64(total-avail) / float64(total)
+	st, err := fs.Stat()
+	if err != nil {
+		return -1
+	}
+	c := st.CPUTotal
+	idle := c.Idle + c.Iowait
+	total := idle + c.User + c.Nice + c.System + c.IRQ + c.SoftIRQ + c.Steal
+	busy := total - idle
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	prevBusy, prevTotal, had := l.busy, l.total, l.haveCPUBaseline
+	l.busy, l.total, l.haveCPUBaseline = busy, total, true
+	if !had || total <= prevTotal {
+		return -1
+	}
+	return (busy - prevBusy) / (total - prevTotal)
+}
+
+// memoryUsed is the fraction of the host's memory in use, or -1.
+func (n *Node) memoryUsed() float64 {
+	_, used := n.load.memory()
+	return used
 }
 
 func hostCPUs() int { return goruntime.NumCPU() }
@@ -121,8 +168,9 @@ type Stats struct {
 	// are configured with; UsedMemoryMB the host's memory really in use,
 	// of HostMemoryMB.
 	CommittedMB, UsedMemoryMB, HostMemoryMB int
-	// Sandboxes counts the running sandboxes handed out.
-	Sandboxes int
+	// Sandboxes counts the running sandboxes handed out, Pooled the
+	// warm pool's prestarted ones (see WarmPool).
+	Sandboxes, Pooled int
 	// DiskMB and DiskUsedMB are the size and use of the disk the
 	// sandboxes' files go to.
 	DiskMB, DiskUsedMB int
@@ -133,9 +181,10 @@ type Stats struct {
 // Stats reads the node's capacity and usage.
 func (n *Node) Stats() Stats {
 	poolMB := n.pool.memoryMB()
-	st := Stats{Capacity: n.cfg.Capacity, Runtime: n.cfg.Runtime.Name()}
-	if total, avail, err := hostMemory(); err == nil && avail <= total {
-		st.UsedMemoryMB, st.HostMemoryMB = int((total-avail)>>20), int(total>>20)
+	pooled := len(n.pool.list())
+	st := Stats{Capacity: n.cfg.Capacity, Runtime: n.cfg.Runtime.Name(), Pooled: pooled}
+	if total, used := n.load.memory(); used >= 0 {
+		st.UsedMemoryMB, st.HostMemoryMB = int(used*float64(total))>>20, int(total>>20)
 	}
 	if total, free, err := diskSpace(n.cfg.StateDir); err == nil && free <= total {
 		st.DiskMB, st.DiskUsedMB = int(total>>20), int((total-free)>>20)

@@ -93,6 +93,10 @@ type fakeRuntime struct {
 	failCreate, noEnvd, failInit bool
 	// adopted are the sandboxes Recover took over since the last restart.
 	adopted []string
+	// gate, when set, holds every create until it is closed; inFlight
+	// counts the creates under way, maxInFlight the most at once.
+	gate                  chan struct{}
+	inFlight, maxInFlight int
 }
 
 var (
@@ -121,7 +125,19 @@ func (r *fakeRuntime) Exits() <-chan runtime.Exit         { return r.exits }
 
 func (r *fakeRuntime) Create(ctx context.Context, spec runtime.Spec) error {
 	r.mu.Lock()
+	gate := r.gate
+	r.inFlight++
+	r.maxInFlight = max(r.maxInFlight, r.inFlight)
+	r.mu.Unlock()
+	if gate != nil {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+		}
+	}
+	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.inFlight--
 	if r.failCreate {
 		return errors.New("fake runtime: create failed on purpose")
 	}
@@ -370,6 +386,64 @@ func (p *fakeRootFS) heldCount() int {
 	return len(p.held)
 }
 
+// fakeLoad is the host's load as a test sets it: by default 1 GiB, a
+// tenth of it used, CPUs idle.
+type fakeLoad struct {
+	mu    sync.Mutex
+	total uint64
+	used  float64
+	busy  float64
+	// perSandbox, when set, adds to used what the sandboxes take.
+	perSandbox func() float64
+	// cpuReads counts cpuBusy calls.
+	cpuReads int
+}
+
+func newFakeLoad() *fakeLoad { return &fakeLoad{total: 1 << 30, used: 0.1} }
+
+func (l *fakeLoad) memory() (uint64, float64) {
+	l.mu.Lock()
+	total, used, per := l.total, l.used, l.perSandbox
+	l.mu.Unlock()
+	if per != nil {
+		used += per()
+	}
+	return total, used
+}
+
+func (l *fakeLoad) cpuBusy() float64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.cpuReads++
+	return l.busy
+}
+
+func (l *fakeLoad) set(fn func(l *fakeLoad)) {
+	l.mu.Lock()
+	fn(l)
+	l.mu.Unlock()
+}
+
+// fakeClock is a time the test moves.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{t: time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)} }
+
+func (c *fakeClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
 // testTemplate is the template the tests' sandboxes run.
 const testTemplate = "tiny"
 
@@ -382,6 +456,8 @@ type host struct {
 	rootfs   *fakeRootFS
 	tpls     *template.Catalog
 	stateDir string
+	load     *fakeLoad
+	clock    *fakeClock
 }
 
 func newHost(t *testing.T) *host {
@@ -395,19 +471,21 @@ func newHost(t *testing.T) *host {
 		t.Fatal(err)
 	}
 	return &host{t: t, rt: newFakeRuntime(t), net: newFakeNetwork(), rootfs: &fakeRootFS{held: map[string]bool{}},
-		tpls: tpls, stateDir: filepath.Join(root, "state")}
+		tpls: tpls, stateDir: filepath.Join(root, "state"), load: newFakeLoad(), clock: newFakeClock()}
 }
 
 // config is a node of h: 2 CPUs and 1 GiB without overcommit, whatever
-// the host's memory and disk really hold (the tests are about the rule's
-// use, not this machine).
+// the host's memory, CPUs and disk really hold (the tests are about the
+// rule's use, not this machine), and no warm pool.
 func (h *host) config() Config {
 	return Config{
 		ID: "n1", Runtime: h.rt, Network: h.net, Templates: h.tpls, RootFS: h.rootfs,
 		EnvdPath: "/nonexistent/envd", EnvdVersion: "test", StateDir: h.stateDir,
 		ReadyTimeout: 2 * time.Second, DiskMB: -1,
-		Capacity: Capacity{MemoryMB: 1024, CPUCount: 2, MemoryOvercommit: 1, MemoryHighWater: 1, DiskHighWater: 1},
-		Logger:   slog.New(slog.DiscardHandler),
+		Capacity:       Capacity{MemoryMB: 1024, CPUCount: 2, MemoryOvercommit: 1, MemoryHighWater: 1, DiskHighWater: 1},
+		Logger:         slog.New(slog.DiscardHandler),
+		WarmPoolMemory: -1,
+		load:           h.load, clock: h.clock.now,
 	}
 }
 

@@ -25,6 +25,7 @@ import (
 
 	"golang.org/x/sync/singleflight"
 
+	"github.com/aenvhq/aenv/internal/capacity"
 	"github.com/aenvhq/aenv/internal/ids"
 	"github.com/aenvhq/aenv/internal/netns"
 	"github.com/aenvhq/aenv/internal/runtime"
@@ -114,11 +115,22 @@ type Config struct {
 	BuildWithoutNetwork bool
 	// ReadyTimeout bounds the wait for envd after start; 0 means 15s.
 	ReadyTimeout time.Duration
-	// WarmPoolSize is how many prestarted sandboxes of each of
-	// WarmTemplates the node keeps ready (with the template's default
-	// resources); 0 disables the pool.
-	WarmPoolSize  int
+	// WarmPoolMemory is the host memory, in bytes, the warm pool's
+	// prestarted sandboxes may take together (what they really use, not
+	// what they are configured with): the pool of each template (and
+	// user snapshot) created from is sized to its recent peak burst of
+	// creates within it. 0 means DefaultWarmPoolMemoryShare of
+	// Capacity.MemoryMB, at most DefaultWarmPoolMemoryMax; negative
+	// disables the pool.
+	WarmPoolMemory int64
+	// WarmPoolFloor is how many prestarted sandboxes of each of
+	// WarmTemplates the pool keeps (within WarmPoolMemory) whatever the
+	// demand, so that a node's first creates are served warm too.
+	WarmPoolFloor int
 	WarmTemplates []string
+	// WarmPoolMax bounds each template's (and snapshot's) pool, floors
+	// included; 0: only WarmPoolMemory does.
+	WarmPoolMax int
 	// Capacity is what the node may hand out (zero fields: the host's).
 	Capacity Capacity
 	// PidsLimit bounds each sandbox's host tasks (runtime.Spec's field),
@@ -135,6 +147,11 @@ type Config struct {
 	StateDir string
 	// Logger receives the node's logs.
 	Logger *slog.Logger
+
+	// load and clock stand in for the host's load and the time in tests
+	// (nil: /proc, and time.Now).
+	load  hostLoad
+	clock func() time.Time
 }
 
 // CreateRequest describes a sandbox to start.
@@ -195,8 +212,9 @@ type Sandbox struct {
 
 // Node runs sandboxes on this host. It is safe for concurrent use.
 type Node struct {
-	cfg Config
-	log *slog.Logger
+	cfg  Config
+	log  *slog.Logger
+	load hostLoad
 
 	mu        sync.Mutex
 	sandboxes map[string]*Sandbox
@@ -250,7 +268,16 @@ func New(cfg Config) (*Node, error) {
 		ready:     make(map[string]*snapshot.Snapshot),
 	}
 	n.bg, n.bgCancel = context.WithCancel(context.Background())
-	n.pool = newWarmPool(n, cfg.WarmPoolSize, cfg.WarmTemplates)
+	n.load = cfg.load
+	if n.load == nil {
+		n.load = &procLoad{}
+	}
+	clock := cfg.clock
+	if clock == nil {
+		clock = time.Now
+	}
+	n.pool = newWarmPool(n, poolSizing{budget: warmPoolBudget(cfg), floor: cfg.WarmPoolFloor, ceiling: cfg.WarmPoolMax,
+		floors: cfg.WarmTemplates}, clock)
 	// Both goroutines are the node's: Close ends them and waits.
 	if en, ok := cfg.Runtime.(runtime.ExitNotifier); ok {
 		n.bgWork.Add(1)
@@ -265,6 +292,18 @@ func New(cfg Config) (*Node, error) {
 		n.sampleLoop()
 	}()
 	return n, nil
+}
+
+// warmPoolBudget is the warm pool's budget of host memory in bytes (0:
+// none) for cfg, whose capacity has its defaults.
+func warmPoolBudget(cfg Config) int64 {
+	switch {
+	case cfg.WarmPoolMemory < 0:
+		return 0
+	case cfg.WarmPoolMemory > 0:
+		return cfg.WarmPoolMemory
+	}
+	return min(int64(DefaultWarmPoolMemoryShare*float64(cfg.Capacity.MemoryMB))<<20, DefaultWarmPoolMemoryMax)
 }
 
 // Exit is a sandbox that died on its own.
@@ -348,6 +387,24 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) 
 		if err != nil {
 			return nil, fmt.Errorf("restoring sandbox from snapshot %s: %w", req.SnapshotID, err)
 		}
+		if snapshotPoolable(snap, req) {
+			start := time.Now()
+			if sb := n.pool.take(PoolKey{SnapshotID: snap.ID}, snap.ID); sb != nil {
+				err := n.activateRestored(ctx, sb, req)
+				if err == nil {
+					n.log.Info("sandbox restored", "sandbox_id", sb.ID, "snapshot_id", snap.ID, "warm", true,
+						"total_ms", time.Since(start).Milliseconds())
+					n.logEvent(sb.ID, "info", "sandbox restored", "snapshot_id", snap.ID, "kind", string(snap.Kind),
+						"prestarted", "true", "took_ms", strconv.FormatInt(time.Since(start).Milliseconds(), 10))
+					return sb, nil
+				}
+				if ctx.Err() != nil {
+					return nil, err
+				}
+				n.pool.untake(PoolKey{SnapshotID: snap.ID})
+				n.log.Warn("prestarted sandbox unusable; restoring a fresh one", "sandbox_id", sb.ID, "err", err)
+			}
+		}
 		return n.restore(ctx, snap, req)
 	}
 	// The templates this host holds are looked up first (a directory
@@ -364,8 +421,14 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) 
 	if len(req.Mounts) > 0 && n.hasService(tpl) {
 		return nil, fmt.Errorf("creating sandbox: %w: volumes cannot be mounted into sandboxes of a template with a start command (%s) yet; they start from a snapshot saved without them", ErrUnsupported, tpl.ID)
 	}
-	// Prestarted sandboxes cannot gain mounts: those creates boot fresh.
-	if sb := n.poolTake(tpl, req); sb != nil {
+	// Prestarted sandboxes cannot gain mounts nor change size: those
+	// creates boot fresh.
+	key := PoolKey{TemplateID: tpl.ID}
+	var sb *Sandbox
+	if poolable(tpl, req) {
+		sb = n.pool.take(key, templateVersion(tpl))
+	}
+	if sb != nil {
 		err := n.activate(ctx, sb, tpl, req)
 		if err == nil {
 			n.log.Info("sandbox created", "sandbox_id", sb.ID, "template_id", tpl.ID, "warm", true,
@@ -379,15 +442,15 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) 
 		}
 		// A prestarted sandbox that went bad while it waited (activate
 		// destroyed it) must not fail the user's create: boot a fresh one.
+		n.pool.untake(key)
 		n.log.Warn("prestarted sandbox unusable; booting a fresh one", "sandbox_id", sb.ID, "err", err)
 	}
 	id := req.SandboxID
 	if id == "" {
 		id = NewID()
 	}
-	var sb *Sandbox
 	if n.hasService(tpl) {
-		sb, err = n.bootService(ctx, id, tpl, req.Network)
+		sb, err = n.bootService(ctx, id, tpl, bootOptions{Network: req.Network})
 	} else {
 		sb, err = n.boot(ctx, id, tpl, bootOptions{CPUCount: req.CPUCount, MemoryMB: req.MemoryMB, Network: req.Network, Mounts: req.Mounts})
 	}
@@ -414,6 +477,9 @@ type bootOptions struct {
 	DiskMB   int
 	// Mounts are volumes to bind read-write.
 	Mounts []snapshot.Mount
+	// ForPool boots a sandbox for the warm pool: one that never makes
+	// room for itself by evicting prestarted ones.
+	ForPool bool
 }
 
 // boot starts a sandbox of tpl and waits for its envd; the sandbox is not
@@ -421,26 +487,15 @@ type bootOptions struct {
 func (n *Node) boot(ctx context.Context, id string, tpl *template.Template, opts bootOptions) (sb *Sandbox, err error) {
 	log := n.log.With("sandbox_id", id)
 	memMB, cpus := pick(opts.MemoryMB, tpl.MemoryMB), pick(opts.CPUCount, tpl.CPUCount)
-	poolMB := n.pool.memoryMB()
-	used := memoryUsed()
-	diskUsed := diskUsed(n.cfg.StateDir)
-	n.mu.Lock()
-	_, running := n.sandboxes[id]
-	_, creating := n.pending[id]
-	if running || creating {
-		n.mu.Unlock()
-		return nil, fmt.Errorf("creating sandbox %s: %w", id, ErrExists)
+	if err := n.admitBoot(id, memMB, cpus, opts.ForPool); err != nil {
+		return nil, err
 	}
-	if err := admit(n.cfg.Capacity, memMB, cpus, n.committedMBLocked(poolMB), used, diskUsed); err != nil {
-		n.mu.Unlock()
-		return nil, fmt.Errorf("creating sandbox %s: %w", id, err)
-	}
-	n.pending[id] = memMB
-	n.mu.Unlock()
+	// A booted sandbox stays pending (its memory counted) until it is
+	// registered, pooled or destroyed.
 	defer func() {
-		n.mu.Lock()
-		delete(n.pending, id)
-		n.mu.Unlock()
+		if err != nil {
+			n.unpend(id)
+		}
 	}()
 
 	start := time.Now()
@@ -522,6 +577,57 @@ func (n *Node) boot(ctx context.Context, id string, tpl *template.Template, opts
 	return sb, nil
 }
 
+// unpend ends the count of a boot of id as pending (the sandbox it made
+// is counted elsewhere now, or gone), and wakes the warm pool, which
+// refills only while nothing boots.
+func (n *Node) unpend(id string) {
+	n.mu.Lock()
+	delete(n.pending, id)
+	n.mu.Unlock()
+	n.pool.poke()
+}
+
+// admitBoot admits a boot of memMB and cpus under id, counting it as
+// pending. A boot that does not fit beside the warm pool's prestarted
+// sandboxes kills some to make room (unless it is the pool's own): a
+// cache does not refuse the work it is there for.
+func (n *Node) admitBoot(id string, memMB, cpus int, forPool bool) error {
+	used := n.memoryUsed()
+	disk := diskUsed(n.cfg.StateDir)
+	for evicted := false; ; evicted = true {
+		poolMB := n.pool.memoryMB()
+		n.mu.Lock()
+		_, running := n.sandboxes[id]
+		_, creating := n.pending[id]
+		if running || (creating && !evicted) {
+			n.mu.Unlock()
+			return fmt.Errorf("creating sandbox %s: %w", id, ErrExists)
+		}
+		// After an eviction, its own reservation is in the count.
+		delete(n.pending, id)
+		committed := n.committedMBLocked(poolMB)
+		err := admit(n.cfg.Capacity, memMB, cpus, committed, used, disk)
+		if err == nil {
+			n.pending[id] = memMB
+			n.mu.Unlock()
+			return nil
+		}
+		short := -n.cfg.Capacity.HeadroomMB(capacity.Request{MemoryMB: memMB, CPUs: cpus}, capacity.Load{CommittedMB: committed})
+		if forPool || evicted || !errors.Is(err, ErrNoCapacity) || short <= 0 || short > poolMB {
+			n.mu.Unlock()
+			if !forPool && poolMB > 0 && errors.Is(err, ErrNoCapacity) {
+				n.pool.poke() // under memory pressure it shrinks
+			}
+			return fmt.Errorf("creating sandbox %s: %w", id, err)
+		}
+		// The room it makes is its own: reserved, the refill neither
+		// boots nor is admitted into it meanwhile.
+		n.pending[id] = memMB
+		n.mu.Unlock()
+		n.pool.evict(short)
+	}
+}
+
 // activate hands a booted sandbox to its user: egress rules, envd's
 // environment, user and token, then registration. A failure destroys sb.
 func (n *Node) activate(ctx context.Context, sb *Sandbox, tpl *template.Template, req CreateRequest) (err error) {
@@ -545,6 +651,33 @@ func (n *Node) activate(ctx context.Context, sb *Sandbox, tpl *template.Template
 	sb.envVars = req.EnvVars
 	if err := newEnvdClient(sb.Addr, "").init(ctx, initFor(tpl, req.EnvVars, sb.EnvdAccessToken)); err != nil {
 		return fmt.Errorf("creating sandbox %s: initialising envd: %w", sb.ID, err)
+	}
+	n.register(ctx, sb)
+	return nil
+}
+
+// activateRestored hands a prestarted sandbox restored from a user
+// snapshot to its user: the create's egress rules, and a token of its own
+// (its siblings from the same snapshot must not share one), then
+// registration. A failure destroys sb.
+func (n *Node) activateRestored(ctx context.Context, sb *Sandbox, req CreateRequest) (err error) {
+	defer func() {
+		if err != nil {
+			n.destroy(context.WithoutCancel(ctx), sb)
+		}
+	}()
+	if !sb.egress.Equal(req.Network) {
+		if err := n.cfg.Network.UpdateEgress(ctx, sb.slot, req.Network); err != nil {
+			return fmt.Errorf("creating sandbox %s: setting egress rules: %w", sb.ID, err)
+		}
+		sb.egress = req.Network
+	}
+	if old := sb.EnvdAccessToken; old != "" {
+		fresh := randomToken()
+		if err := newEnvdClient(sb.Addr, old).init(ctx, initRequest{AccessToken: fresh, Timestamp: time.Now().UTC()}); err != nil {
+			return fmt.Errorf("creating sandbox %s: giving it its own envd token: %w", sb.ID, err)
+		}
+		sb.EnvdAccessToken = fresh
 	}
 	n.register(ctx, sb)
 	return nil
@@ -583,7 +716,9 @@ func (n *Node) register(ctx context.Context, sb *Sandbox) {
 	}
 	n.mu.Lock()
 	n.sandboxes[sb.ID] = sb
+	delete(n.pending, sb.ID)
 	n.mu.Unlock()
+	n.pool.poke()
 	// Its history starts with its first moment, not 5 s later.
 	n.sample(ctx, sb)
 }
@@ -602,6 +737,7 @@ func (n *Node) destroy(ctx context.Context, sb *Sandbox) error {
 	if err := n.cfg.RootFS.Release(ctx, sb.ID); err != nil {
 		errs = append(errs, err)
 	}
+	n.unpend(sb.ID) // a boot that went no further
 	return errors.Join(errs...)
 }
 

@@ -170,7 +170,7 @@ func TestAdmission(t *testing.T) {
 func TestWarmPool(t *testing.T) {
 	h := newHost(t)
 	cfg := h.config()
-	cfg.WarmPoolSize, cfg.WarmTemplates = 2, []string{testTemplate}
+	cfg.WarmPoolFloor, cfg.WarmTemplates, cfg.WarmPoolMemory = 2, []string{testTemplate}, 1<<30
 	cfg.Capacity.MemoryMB = 4096
 	n, _ := h.start(cfg)
 	ctx := context.Background()

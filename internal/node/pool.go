@@ -1,29 +1,119 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/aenvhq/aenv/internal/netns"
+	"github.com/aenvhq/aenv/internal/snapshot"
 	"github.com/aenvhq/aenv/internal/template"
 )
 
-// warmPool keeps sandboxes booted ahead of demand, so that a create only
-// has to initialise envd (milliseconds) instead of booting (a runsc start
-// is ~170 ms here). Prestarted sandboxes run the template's default
-// resources with internet access on; a create that asks for other
-// resources boots fresh. One background goroutine refills the pool, one
-// sandbox at a time, so refills do not crowd out users' work.
-type warmPool struct {
-	n         *Node
-	size      int
-	templates []string
+// PoolKey names what a prestarted sandbox starts from: a template, or a
+// user snapshot that creates use as a template. Exactly one is set.
+type PoolKey struct {
+	TemplateID, SnapshotID string
+}
 
-	mu    sync.Mutex
-	ready map[string][]*Sandbox // by template id
+func (k PoolKey) String() string {
+	if k.SnapshotID != "" {
+		return "snapshot " + k.SnapshotID
+	}
+	return "template " + k.TemplateID
+}
+
+// The warm pool's pace. The refill boots one sandbox at a time, and none
+// while a create is being admitted or booted (on a small host a refill
+// during a burst slows the burst's own boots more than the pool can help
+// it), while the host's CPUs are busy with running work, or while its
+// memory is near the node's high-water mark.
+const (
+	// poolTick is how often the pool sizes itself unpoked (a create, a
+	// take and the end of a boot poke it).
+	poolTick = time.Second
+	// poolCPUBusy: no refill while the host's CPUs were busier than this
+	// since the pool last looked.
+	poolCPUBusy = 0.8
+	// poolMemoryMargin: no refill while the host's memory use is within
+	// this fraction of the node's high-water mark (above it the pool
+	// shrinks), so that the pool does not boot into its own shrinking.
+	poolMemoryMargin = 0.05
+	// poolRetry is how long a key whose boot failed waits to be tried
+	// again.
+	poolRetry = 5 * time.Second
+	// poolMeasureEvery is how often the prestarted sandboxes' memory is
+	// read (a cgroup file each).
+	poolMeasureEvery = 10 * time.Second
+	// defaultPooledBytes is the host memory a prestarted sandbox is taken
+	// to cost before one of its key was measured: an idle base sandbox
+	// takes 20 to 40 MiB here.
+	defaultPooledBytes = 40 << 20
+	// DefaultWarmPoolMemoryMax bounds the default budget (Config.
+	// WarmPoolMemory), which is otherwise DefaultWarmPoolMemoryShare of
+	// the node's memory.
+	DefaultWarmPoolMemoryMax = 1 << 30
+	// DefaultWarmPoolMemoryShare is the share of the node's memory the
+	// default budget is.
+	DefaultWarmPoolMemoryShare = 0.05
+)
+
+// pooled is one prestarted sandbox.
+type pooled struct {
+	sb *Sandbox
+	// version is what it was booted from (templateVersion), so that a
+	// template rebuilt since does not hand out its old tree.
+	version string
+	// memBytes is the host memory it was last measured to take (0: not
+	// yet).
+	memBytes int64
+}
+
+// warmPool keeps sandboxes booted ahead of demand, so that a create only
+// binds one (egress, envd's environment and token, registration: a few
+// milliseconds) instead of booting one (a runsc start is ~170 ms here,
+// and a burst's boots queue on the CPUs). Each key's pool is sized from
+// its recent demand (poolsize.go) within a budget of host memory, and
+// keys listed with a floor keep that many whatever the demand. One
+// goroutine sizes the pool: it kills what is past a key's target at once
+// and boots what is short one sandbox at a time, when the host can spare
+// it. Prestarted sandboxes count toward the node's admission as running
+// ones do; a create that does not fit because of them makes room by
+// killing some (evict).
+//
+// A template's prestarted sandboxes run its default resources with
+// internet access on (what nearly every create asks for); a snapshot's
+// run with egress closed until they are taken, as their processes are
+// some user's.
+type warmPool struct {
+	n *Node
+	// budget is the host memory, in bytes, the pool may hold (0: none:
+	// the pool is off).
+	budget int64
+	// floors are the templates kept prestarted whatever the demand, floor
+	// each.
+	floors []string
+	floor  int
+	// ceiling bounds each key's pool (0: only the budget does).
+	ceiling int
+	now     func() time.Time
+
+	mu      sync.Mutex
+	ready   map[PoolKey][]*pooled
+	demand  *demand
+	targets map[PoolKey]int
+	// cost is each key's last measured memory per sandbox.
+	cost map[PoolKey]int64
+	// retryAt holds keys whose boot failed, until when they wait.
+	retryAt map[PoolKey]time.Time
+	// served counts creates of each key, warm or not (for /metrics).
+	served map[PoolKey]*PoolCounts
+	// measuredAt is when the prestarted sandboxes' memory was last read.
+	measuredAt time.Time
 
 	kick   chan struct{}
 	ctx    context.Context
@@ -32,23 +122,41 @@ type warmPool struct {
 	done   chan struct{}
 }
 
-func newWarmPool(n *Node, size int, templates []string) *warmPool {
-	p := &warmPool{n: n, size: size, templates: templates, ready: map[string][]*Sandbox{},
+// PoolCounts are the creates of one key since the node started.
+type PoolCounts struct {
+	// Warm were served by a prestarted sandbox, Cold booted one.
+	Warm, Cold uint64
+}
+
+// poolSizing is how a node's warm pool is sized (see Config).
+type poolSizing struct {
+	// budget is the host memory the pool may hold, in bytes (0: no pool).
+	budget int64
+	// floor prestarted sandboxes of each of floors are kept whatever the
+	// demand; ceiling bounds each key's pool (0: only budget does).
+	floor, ceiling int
+	floors         []string
+}
+
+func newWarmPool(n *Node, sz poolSizing, now func() time.Time) *warmPool {
+	p := &warmPool{n: n, budget: max(sz.budget, 0), floor: max(sz.floor, 0), ceiling: max(sz.ceiling, 0), floors: sz.floors, now: now,
+		ready: map[PoolKey][]*pooled{}, demand: newDemand(), targets: map[PoolKey]int{},
+		cost: map[PoolKey]int64{}, retryAt: map[PoolKey]time.Time{}, served: map[PoolKey]*PoolCounts{},
 		kick: make(chan struct{}, 1), done: make(chan struct{})}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	return p
 }
 
-// start begins prestarting sandboxes. It waits for the node's Start: a
-// refill running while Start recovers an earlier process's sandboxes
-// would look like one of them.
+// start begins sizing the pool. It waits for the node's Start: a refill
+// running while Start recovers an earlier process's sandboxes would look
+// like one of them.
 func (p *warmPool) start() {
 	p.once.Do(func() {
-		if p.size <= 0 || len(p.templates) == 0 {
+		if p.budget <= 0 {
 			close(p.done)
 			return
 		}
-		go p.refill(p.ctx)
+		go p.run(p.ctx)
 		p.poke()
 	})
 }
@@ -60,23 +168,82 @@ func (p *warmPool) poke() {
 	}
 }
 
-// take returns a prestarted sandbox fitting req, or nil.
-func (p *warmPool) take(tpl *template.Template, req CreateRequest) *Sandbox {
-	if req.SandboxID != "" ||
-		(req.CPUCount != 0 && req.CPUCount != tpl.CPUCount) ||
-		(req.MemoryMB != 0 && req.MemoryMB != tpl.MemoryMB) {
+// poolable says whether a create of tpl as req could be served by a
+// prestarted sandbox: one that names no id (a prestarted sandbox has its
+// own), mounts nothing and takes the template's resources.
+func poolable(tpl *template.Template, req CreateRequest) bool {
+	return req.SandboxID == "" && len(req.Mounts) == 0 &&
+		(req.CPUCount == 0 || req.CPUCount == tpl.CPUCount) &&
+		(req.MemoryMB == 0 || req.MemoryMB == tpl.MemoryMB)
+}
+
+// snapshotPoolable says the same of a create from snap: only a user
+// snapshot used as a template, restored whole, without volumes.
+func snapshotPoolable(snap *snapshot.Snapshot, req CreateRequest) bool {
+	return snap.Kind == snapshot.KindSnapshot && req.SandboxID == "" && !req.Reboot && !snap.FilesOnly &&
+		len(snap.Mounts) == 0 && len(req.Mounts) == 0
+}
+
+// templateVersion tells a template's builds apart.
+func templateVersion(tpl *template.Template) string {
+	return fmt.Sprintf("%d\x00%s\x00%s", tpl.CreatedAt.UnixNano(), tpl.BlockImage, tpl.RootFS)
+}
+
+// take counts a create of key and returns a prestarted sandbox of it
+// booted from version, or nil; a stale one (its template rebuilt since)
+// is killed.
+func (p *warmPool) take(key PoolKey, version string) *Sandbox {
+	if p.budget <= 0 {
 		return nil
 	}
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	list := p.ready[tpl.ID]
-	if len(list) == 0 {
-		return nil
+	p.demand.record(key, p.now())
+	c := p.served[key]
+	if c == nil {
+		c = &PoolCounts{}
+		p.served[key] = c
 	}
-	sb := list[0]
-	p.ready[tpl.ID] = list[1:]
+	var got *Sandbox
+	var stale []*pooled
+	list := p.ready[key]
+	for len(list) > 0 && got == nil {
+		e := list[0]
+		list = list[1:]
+		if e.version == version {
+			got = e.sb
+		} else {
+			stale = append(stale, e)
+		}
+	}
+	p.setReadyLocked(key, list)
+	if got != nil {
+		c.Warm++
+	} else {
+		c.Cold++
+	}
+	p.mu.Unlock()
 	p.poke()
-	return sb
+	p.destroyAll(stale)
+	return got
+}
+
+// untake is a create that took nothing after all (its sandbox went bad,
+// and it booted one), so that it counts as cold.
+func (p *warmPool) untake(key PoolKey) {
+	p.mu.Lock()
+	if c := p.served[key]; c != nil && c.Warm > 0 {
+		c.Warm--
+		c.Cold++
+	}
+	p.mu.Unlock()
+}
+
+func (p *warmPool) setReadyLocked(key PoolKey, list []*pooled) {
+	if len(list) == 0 {
+		delete(p.ready, key)
+		return
+	}
+	p.ready[key] = list
 }
 
 // memoryMB is the memory the prestarted sandboxes are configured with.
@@ -85,8 +252,8 @@ func (p *warmPool) memoryMB() int {
 	defer p.mu.Unlock()
 	total := 0
 	for _, list := range p.ready {
-		for _, sb := range list {
-			total += sb.MemoryMB
+		for _, e := range list {
+			total += e.sb.MemoryMB
 		}
 	}
 	return total
@@ -98,7 +265,9 @@ func (p *warmPool) list() []*Sandbox {
 	defer p.mu.Unlock()
 	var out []*Sandbox
 	for _, l := range p.ready {
-		out = append(out, l...)
+		for _, e := range l {
+			out = append(out, e.sb)
+		}
 	}
 	return out
 }
@@ -108,83 +277,312 @@ func (p *warmPool) list() []*Sandbox {
 func (p *warmPool) remove(id string) *Sandbox {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for tpl, list := range p.ready {
-		for i, sb := range list {
-			if sb.ID == id {
-				p.ready[tpl] = slices.Delete(list, i, i+1)
+	for key, list := range p.ready {
+		for i, e := range list {
+			if e.sb.ID == id {
+				p.setReadyLocked(key, slices.Delete(list, i, i+1))
 				p.poke()
-				return sb
+				return e.sb
 			}
 		}
 	}
 	return nil
 }
 
-func (p *warmPool) refill(ctx context.Context) {
+// forget drops key (its template or snapshot is gone): its demand, and
+// its prestarted sandboxes, which it kills.
+func (p *warmPool) forget(key PoolKey) {
+	p.mu.Lock()
+	list := p.ready[key]
+	delete(p.ready, key)
+	delete(p.targets, key)
+	p.demand.forget(key)
+	p.mu.Unlock()
+	p.destroyAll(list)
+}
+
+// destroyAll kills prestarted sandboxes no longer in the pool.
+func (p *warmPool) destroyAll(list []*pooled) {
+	for _, e := range list {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		if err := p.n.destroy(ctx, e.sb); err != nil {
+			p.n.log.Warn("killing a prestarted sandbox", "sandbox_id", e.sb.ID, "err", err)
+		}
+		cancel()
+	}
+}
+
+// evict kills prestarted sandboxes configured with at least needMB
+// together, if the pool holds that many, so that a create that does not
+// fit beside them can: the keys least in demand first, the youngest
+// sandbox of a key first. It returns the MiB freed.
+func (p *warmPool) evict(needMB int) int {
+	p.mu.Lock()
+	now := p.now()
+	keys := make([]PoolKey, 0, len(p.ready))
+	for k := range p.ready {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b PoolKey) int {
+		return cmp.Or(cmp.Compare(p.demand.peak(a, now), p.demand.peak(b, now)), cmp.Compare(a.String(), b.String()))
+	})
+	var victims []*pooled
+	freed := 0
+	for _, k := range keys {
+		list := p.ready[k]
+		for freed < needMB && len(list) > 0 {
+			e := list[len(list)-1]
+			list = list[:len(list)-1]
+			victims = append(victims, e)
+			freed += e.sb.MemoryMB
+		}
+		p.setReadyLocked(k, list)
+	}
+	p.mu.Unlock()
+	if len(victims) > 0 {
+		p.n.log.Info("prestarted sandboxes killed to make room for a create", "count", len(victims), "freed_mb", freed)
+	}
+	p.destroyAll(victims)
+	return freed
+}
+
+// run sizes the pool until ctx ends: on every poke and tick it shrinks
+// what is past its targets and then boots, one at a time, what is short,
+// while the host can spare it.
+func (p *warmPool) run(ctx context.Context) {
 	defer close(p.done)
+	t := time.NewTicker(poolTick)
+	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-p.kick:
+		case <-t.C:
 		}
-		for _, id := range p.templates {
-			for ctx.Err() == nil {
-				p.mu.Lock()
-				have := len(p.ready[id])
-				p.mu.Unlock()
-				if have >= p.size {
-					break
-				}
-				// Boot only while no create is booting: on a small host a
-				// refill during a burst slows the burst's own boots more
-				// than the pool can help it.
-				if !p.waitIdle(ctx) {
-					return
-				}
-				tpl, err := p.n.cfg.Templates.GetLocal(id)
-				if err == nil {
-					var sb *Sandbox
-					if p.n.hasService(tpl) {
-						sb, err = p.n.bootService(ctx, NewID(), tpl, netns.SlotOptions{AllowInternet: true})
-					} else {
-						sb, err = p.n.boot(ctx, NewID(), tpl, bootOptions{Network: netns.SlotOptions{AllowInternet: true}})
-					}
-					if err == nil {
-						p.mu.Lock()
-						p.ready[id] = append(p.ready[id], sb)
-						p.mu.Unlock()
-						continue
-					}
-				}
-				if ctx.Err() == nil && p.n.bg.Err() == nil {
-					p.n.log.Warn("prestarting a sandbox failed; retrying in 5s", "template_id", id, "err", err)
-					select {
-					case <-ctx.Done():
-					case <-time.After(5 * time.Second):
-					}
-				}
-			}
+		for ctx.Err() == nil && p.step(ctx) {
 		}
 	}
 }
 
-// waitIdle waits until no sandbox is booting on the node; false if ctx
-// ended first.
-func (p *warmPool) waitIdle(ctx context.Context) bool {
-	for {
-		p.n.mu.Lock()
-		busy := len(p.n.pending)
-		p.n.mu.Unlock()
-		if busy == 0 {
-			return true
-		}
-		select {
-		case <-ctx.Done():
-			return false
-		case <-time.After(20 * time.Millisecond):
+// step sizes the pool once: it kills what is past the targets, and boots
+// one sandbox where one is short, if the host can spare it. It says
+// whether it booted one (and so should look again at once).
+func (p *warmPool) step(ctx context.Context) bool {
+	total, used := p.n.load.memory()
+	busy := p.n.load.cpuBusy()
+	hw := p.n.cfg.Capacity.MemoryHighWater
+	var over int64
+	if used > hw && total > 0 {
+		over = int64((used - hw) * float64(total))
+	}
+	p.measure(ctx)
+	now := p.now()
+
+	p.mu.Lock()
+	p.sizeLocked(now, over)
+	var surplus []*pooled
+	for key, list := range p.ready {
+		if t := p.targets[key]; len(list) > t {
+			surplus = append(surplus, list[t:]...)
+			p.setReadyLocked(key, list[:t])
 		}
 	}
+	key, short := p.neediestLocked(now)
+	p.mu.Unlock()
+	if len(surplus) > 0 {
+		p.n.log.Debug("prestarted sandboxes past the pool's targets killed", "count", len(surplus), "memory_over_bytes", over)
+		p.destroyAll(surplus)
+	}
+	if !short || !p.hostIdle(used, busy) {
+		return false
+	}
+	e, err := p.boot(ctx, key)
+	if err != nil {
+		if ctx.Err() != nil || p.n.bg.Err() != nil {
+			return false
+		}
+		p.mu.Lock()
+		p.retryAt[key] = now.Add(poolRetry)
+		p.mu.Unlock()
+		switch {
+		case errors.Is(err, template.ErrNotFound), errors.Is(err, snapshot.ErrNotFound):
+			p.forget(key)
+		case errors.Is(err, ErrNoCapacity):
+			p.n.log.Debug("prestarting a sandbox: no room", "pool_key", key.String(), "err", err)
+		default:
+			p.n.log.Warn("prestarting a sandbox failed; retrying later", "pool_key", key.String(), "err", err, "retry_in", poolRetry)
+		}
+		return false
+	}
+	p.mu.Lock()
+	// Closed meanwhile (close has taken the list), or no longer wanted.
+	unwanted := p.ctx.Err() != nil || len(p.ready[key]) >= p.targets[key]
+	if !unwanted {
+		p.ready[key] = append(p.ready[key], e)
+		if e.memBytes > 0 {
+			p.cost[key] = e.memBytes
+		}
+		delete(p.retryAt, key)
+	}
+	p.mu.Unlock()
+	if unwanted {
+		p.destroyAll([]*pooled{e})
+		return false
+	}
+	p.n.unpend(e.sb.ID) // counted in the pool now
+	return true
+}
+
+// hostIdle says whether the host can spare a boot: no create being
+// admitted or booted, CPUs not busy, memory clear of the high-water mark.
+func (p *warmPool) hostIdle(memUsed, cpuBusy float64) bool {
+	p.n.mu.Lock()
+	busy := len(p.n.pending)
+	p.n.mu.Unlock()
+	return busy == 0 && cpuBusy <= poolCPUBusy && memUsed <= p.n.cfg.Capacity.MemoryHighWater-poolMemoryMargin
+}
+
+// sizeLocked recomputes the targets as of now, with the host's memory
+// overBytes above its high-water mark.
+func (p *warmPool) sizeLocked(now time.Time, overBytes int64) {
+	seen := map[PoolKey]bool{}
+	var wants []poolWant
+	var held int64
+	add := func(k PoolKey, floor int) {
+		if seen[k] {
+			return
+		}
+		seen[k] = true
+		w := poolWant{Key: k, Peak: p.demand.peak(k, now), Floor: floor, Ceiling: p.ceiling, CostBytes: p.costLocked(k)}
+		wants = append(wants, w)
+		held += int64(len(p.ready[k])) * w.CostBytes
+	}
+	for _, id := range p.floors {
+		add(PoolKey{TemplateID: id}, p.floor)
+	}
+	var rest []PoolKey
+	for _, k := range p.demand.keys(now) {
+		rest = append(rest, k)
+	}
+	for k := range p.ready {
+		rest = append(rest, k)
+	}
+	slices.SortFunc(rest, func(a, b PoolKey) int { return cmp.Compare(a.String(), b.String()) })
+	for _, k := range rest {
+		add(k, 0)
+	}
+	p.targets = poolTargets(wants, p.budget, held, overBytes)
+}
+
+// costLocked is the host memory one prestarted sandbox of key takes: the
+// mean of its measured ones, else the last measured, else an estimate.
+func (p *warmPool) costLocked(key PoolKey) int64 {
+	var sum, n int64
+	for _, e := range p.ready[key] {
+		if e.memBytes > 0 {
+			sum += e.memBytes
+			n++
+		}
+	}
+	if n > 0 {
+		return sum / n
+	}
+	if c := p.cost[key]; c > 0 {
+		return c
+	}
+	return defaultPooledBytes
+}
+
+// neediestLocked is the key furthest below its target that is not
+// waiting to retry, if any.
+func (p *warmPool) neediestLocked(now time.Time) (PoolKey, bool) {
+	var best PoolKey
+	gap := 0
+	for k, t := range p.targets {
+		if now.Before(p.retryAt[k]) {
+			continue
+		}
+		if g := t - len(p.ready[k]); g > gap || (g == gap && g > 0 && k.String() < best.String()) {
+			best, gap = k, g
+		}
+	}
+	return best, gap > 0
+}
+
+// measure reads the prestarted sandboxes' memory, every poolMeasureEvery.
+func (p *warmPool) measure(ctx context.Context) {
+	p.mu.Lock()
+	if p.now().Sub(p.measuredAt) < poolMeasureEvery {
+		p.mu.Unlock()
+		return
+	}
+	p.measuredAt = p.now()
+	var all []*pooled
+	for _, l := range p.ready {
+		all = append(all, l...)
+	}
+	p.mu.Unlock()
+	for _, e := range all {
+		if st, err := p.n.cfg.Runtime.Stats(ctx, e.sb.ID); err == nil && st.MemoryBytes > 0 {
+			p.mu.Lock()
+			e.memBytes = int64(st.MemoryBytes)
+			p.mu.Unlock()
+		}
+	}
+}
+
+// boot prestarts one sandbox of key.
+func (p *warmPool) boot(ctx context.Context, key PoolKey) (*pooled, error) {
+	n := p.n
+	var e *pooled
+	if key.SnapshotID != "" {
+		if n.cfg.Snapshots == nil {
+			return nil, fmt.Errorf("prestarting from snapshot %s: %w", key.SnapshotID, snapshot.ErrNotFound)
+		}
+		snap, err := n.cfg.Snapshots.Fetch(ctx, key.SnapshotID)
+		if err != nil {
+			return nil, fmt.Errorf("prestarting from snapshot %s: %w", key.SnapshotID, err)
+		}
+		if err := n.CanRestore(snap); err != nil {
+			return nil, err
+		}
+		tpl, id, err := n.restoreTarget(ctx, snap, CreateRequest{})
+		if err != nil {
+			return nil, err
+		}
+		// Its processes are a user's: no egress until a create says.
+		sb, err := n.boot(ctx, id, tpl, bootOptions{CPUCount: snap.CPUCount, MemoryMB: snap.MemoryMB,
+			ImageDir: snap.Dir, DiskMB: snap.WritableMB, ForPool: true})
+		if err != nil {
+			return nil, fmt.Errorf("prestarting from snapshot %s: %w", key.SnapshotID, err)
+		}
+		sb.EnvdAccessToken = snap.EnvdAccessToken
+		e = &pooled{sb: sb, version: snap.ID}
+	} else {
+		tpl, err := n.cfg.Templates.GetLocal(key.TemplateID)
+		if errors.Is(err, template.ErrNotFound) {
+			tpl, err = n.template(ctx, key.TemplateID)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("prestarting a sandbox of %s: %w", key.TemplateID, err)
+		}
+		opts := bootOptions{Network: netns.SlotOptions{AllowInternet: true}, ForPool: true}
+		var sb *Sandbox
+		if n.hasService(tpl) {
+			sb, err = n.bootService(ctx, NewID(), tpl, opts)
+		} else {
+			sb, err = n.boot(ctx, NewID(), tpl, opts)
+		}
+		if err != nil {
+			return nil, err
+		}
+		e = &pooled{sb: sb, version: templateVersion(tpl)}
+	}
+	if st, err := n.cfg.Runtime.Stats(ctx, e.sb.ID); err == nil {
+		e.memBytes = int64(st.MemoryBytes)
+	}
+	return e, nil
 }
 
 // close stops refilling and kills every prestarted sandbox.
@@ -193,23 +591,65 @@ func (p *warmPool) close(ctx context.Context) error {
 	p.once.Do(func() { close(p.done) })
 	<-p.done
 	p.mu.Lock()
-	var all []*Sandbox
+	var all []*pooled
 	for _, list := range p.ready {
 		all = append(all, list...)
 	}
-	p.ready = map[string][]*Sandbox{}
+	p.ready = map[PoolKey][]*pooled{}
 	p.mu.Unlock()
 	var errs []error
-	for _, sb := range all {
-		errs = append(errs, p.n.destroy(ctx, sb))
+	for _, e := range all {
+		errs = append(errs, p.n.destroy(ctx, e.sb))
 	}
 	return errors.Join(errs...)
 }
 
-// poolTake is the warm pool's sandbox for req, unless req mounts volumes.
-func (n *Node) poolTake(tpl *template.Template, req CreateRequest) *Sandbox {
-	if len(req.Mounts) > 0 {
-		return nil
+// PoolStatus is one key's warm pool.
+type PoolStatus struct {
+	Key PoolKey
+	// Ready is how many prestarted sandboxes it has, Target how many it is
+	// sized to, Peak its recent burst of creates.
+	Ready, Target, Peak int
+	// MemoryBytes is the host memory its prestarted sandboxes take (as
+	// last measured, or estimated).
+	MemoryBytes int64
+	// Served counts its creates since the node started.
+	Served PoolCounts
+}
+
+// WarmPool is the node's warm pool: its budget, and each key it holds,
+// sizes or served.
+type WarmPool struct {
+	// BudgetBytes is the host memory the pool may hold (0: it is off).
+	BudgetBytes int64
+	Keys        []PoolStatus
+}
+
+// WarmPool describes the warm pool, its keys in order.
+func (n *Node) WarmPool() WarmPool {
+	p := n.pool
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.now()
+	keys := map[PoolKey]bool{}
+	for k := range p.ready {
+		keys[k] = true
 	}
-	return n.pool.take(tpl, req)
+	for k := range p.targets {
+		keys[k] = true
+	}
+	for k := range p.served {
+		keys[k] = true
+	}
+	out := WarmPool{BudgetBytes: p.budget}
+	for k := range keys {
+		st := PoolStatus{Key: k, Ready: len(p.ready[k]), Target: p.targets[k], Peak: p.demand.peak(k, now)}
+		st.MemoryBytes = int64(st.Ready) * p.costLocked(k)
+		if c := p.served[k]; c != nil {
+			st.Served = *c
+		}
+		out.Keys = append(out.Keys, st)
+	}
+	slices.SortFunc(out.Keys, func(a, b PoolStatus) int { return cmp.Compare(a.Key.String(), b.Key.String()) })
+	return out
 }

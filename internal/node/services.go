@@ -184,15 +184,17 @@ func (n *Node) StartService(ctx context.Context, idOrAlias string, out io.Writer
 	return nil
 }
 
-// bootService boots a sandbox of tpl from its ready snapshot; like boot,
-// it is not yet initialised nor registered.
-func (n *Node) bootService(ctx context.Context, id string, tpl *template.Template, network netns.SlotOptions) (*Sandbox, error) {
+// bootService boots a sandbox of tpl from its ready snapshot, with the
+// network and for whom opts say (its size and state are the snapshot's);
+// like boot, it is not yet initialised nor registered.
+func (n *Node) bootService(ctx context.Context, id string, tpl *template.Template, opts bootOptions) (*Sandbox, error) {
 	snap, err := n.readySnapshot(ctx, tpl)
 	if err != nil {
 		return nil, err
 	}
 	sb, err := n.boot(ctx, id, tpl, bootOptions{
-		CPUCount: snap.CPUCount, MemoryMB: snap.MemoryMB, Network: network, ImageDir: snap.Dir, DiskMB: snap.WritableMB,
+		CPUCount: snap.CPUCount, MemoryMB: snap.MemoryMB, Network: opts.Network, ImageDir: snap.Dir, DiskMB: snap.WritableMB,
+		ForPool: opts.ForPool,
 	})
 	if err != nil {
 		return nil, err

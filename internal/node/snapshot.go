@@ -219,7 +219,12 @@ func (n *Node) DeleteSnapshot(ctx context.Context, id string) error {
 	if n.cfg.Snapshots == nil {
 		return fmt.Errorf("deleting snapshot %q: %w", id, snapshot.ErrNotFound)
 	}
-	return n.cfg.Snapshots.Delete(ctx, id)
+	if err := n.cfg.Snapshots.Delete(ctx, id); err != nil {
+		return err
+	}
+	// Its prestarted sandboxes are of a snapshot nobody may use now.
+	n.pool.forget(PoolKey{SnapshotID: id})
+	return nil
 }
 
 func (n *Node) unregister(id string) {

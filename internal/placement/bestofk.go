@@ -6,8 +6,8 @@ import (
 )
 
 // BestOfK is the power of K choices: among the nodes Filter keeps (the
-// preferred one first, if it is there), K drawn at random, the one with
-// the most Headroom wins. Two choices spread load nearly as well as
+// preferred one first, if it is there, then the Warm ones), K drawn at
+// random, the one with the most Headroom wins. Two choices spread load nearly as well as
 // scanning every node, at a cost that does not grow with the cluster, and
 // servers placing at once rarely pick the same node; more choices crowd
 // onto the emptiest nodes.
@@ -39,7 +39,7 @@ func (b *BestOfK) Place(req Request, nodes []*Node) (*Node, error) {
 	if n := preferred(req, fits); n != nil {
 		return n, nil
 	}
-	return b.pick(req, fits), nil
+	return b.pick(req, Warm(req, fits)), nil
 }
 
 // pick draws k of fits (with replacement; fits is not empty) and returns

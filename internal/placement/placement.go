@@ -2,7 +2,9 @@
 // Filter keeps the nodes that may take it (the request's constraints, then
 // each node's own admission rule from internal/capacity), a score ranks
 // them (Headroom), and an Algorithm picks one. BestOfK is the first
-// Algorithm.
+// Algorithm. Among the nodes that may take it, those with a prestarted
+// sandbox of what it starts from in their warm pool come first (Warm): a
+// create there skips the boot.
 //
 // It is pure: it decides from the snapshot of nodes it is handed, and
 // reads no clock, store or network, so that it is tested and measured
@@ -32,6 +34,10 @@ type Node struct {
 	Runtime, RuntimeVersion string
 	// Templates are the templates it holds (ids and aliases).
 	Templates []string
+	// Pooled counts the prestarted sandboxes its warm pool holds, by
+	// Request.Pool key (what was placed on it since its report taken
+	// off).
+	Pooled map[string]int
 	// Draining nodes take no new sandboxes.
 	Draining bool
 }
@@ -49,6 +55,10 @@ type Request struct {
 	// Prefer is taken first if it can take the sandbox (where a paused
 	// sandbox's image or a fork's source already is).
 	Prefer string
+	// Pool, when set, is the key of what the sandbox starts from in the
+	// nodes' warm pools (Node.Pooled): nodes holding one come before the
+	// others.
+	Pool string
 	// Exclude lists nodes already tried.
 	Exclude []string
 	// Only, when set, is the one node allowed.
@@ -185,6 +195,25 @@ func Filter(req Request, nodes []*Node) ([]*Node, error) {
 // taking it. More is better: sandboxes spread by memory.
 func Headroom(req Request, n *Node) int {
 	return n.Rule.WithDefaults().HeadroomMB(req.capacity(), n.Load)
+}
+
+// Warm is the part of fits whose warm pools hold a sandbox for req, or
+// fits itself when none does (or req names no pool). It compacts fits in
+// place when it keeps part of it.
+func Warm(req Request, fits []*Node) []*Node {
+	if req.Pool == "" {
+		return fits
+	}
+	warm := 0
+	for _, n := range fits {
+		if n.Pooled[req.Pool] > 0 {
+			warm++
+		}
+	}
+	if warm == 0 || warm == len(fits) {
+		return fits
+	}
+	return slices.DeleteFunc(fits, func(n *Node) bool { return n.Pooled[req.Pool] <= 0 })
 }
 
 // preferred is req.Prefer among fits, if there.

@@ -156,6 +156,45 @@ func TestPreferred(t *testing.T) {
 	}
 }
 
+// TestWarm: among the nodes that may take a sandbox, those with one of
+// its pool key prestarted win over emptier ones without, a preferred node
+// still comes first, and a warm node that cannot take it is not chosen.
+func TestWarm(t *testing.T) {
+	b := NewBestOfK(DefaultK, rand.New(rand.NewPCG(3, 4)))
+	warm := node("warm", 12000)
+	warm.Pooled = map[string]int{"t/base": 2, "s/snap": 0}
+	other := node("other", 8000)
+	other.Pooled = map[string]int{"t/code": 1}
+	nodes := []*Node{node("empty1", 0), warm, node("empty2", 0), other}
+	for range 50 {
+		if n, err := b.Place(Request{Template: "base", Pool: "t/base"}, slices.Clone(nodes)); err != nil || n.ID != "warm" {
+			t.Fatalf("a create of base: placed on %v, %v; want the node with base prestarted", n, err)
+		}
+		if n, err := b.Place(Request{Template: "base", Pool: "t/code"}, slices.Clone(nodes)); err != nil || n.ID != "other" {
+			t.Fatalf("a create of code: placed on %v, %v; want other", n, err)
+		}
+		if n, err := b.Place(Request{Template: "base", Pool: "t/base", Prefer: "empty2"}, slices.Clone(nodes)); err != nil || n.ID != "empty2" {
+			t.Fatalf("a create of base preferring empty2: placed on %v, %v", n, err)
+		}
+		// None prestarted: any of them, by headroom, as without a pool.
+		if _, err := b.Place(Request{Template: "base", Pool: "s/snap"}, slices.Clone(nodes)); err != nil {
+			t.Fatalf("a create of a key nobody holds: %v", err)
+		}
+	}
+	fits := []*Node{node("a", 0), warm}
+	if got := Warm(Request{Pool: "t/base"}, fits); len(got) != 1 || got[0] != warm {
+		t.Errorf("Warm = %v, want [warm]", ids(got))
+	}
+	if got := Warm(Request{}, []*Node{node("a", 0), warm}); len(got) != 2 {
+		t.Errorf("Warm without a pool key = %v, want both", ids(got))
+	}
+	full := node("full", 16384)
+	full.Pooled = map[string]int{"t/base": 5}
+	if n, err := b.Place(Request{Template: "base", Pool: "t/base"}, []*Node{full, node("a", 0)}); err != nil || n.ID != "a" {
+		t.Fatalf("a full node with base prestarted: placed on %v, %v; want a", n, err)
+	}
+}
+
 // TestBestOfK: each choice is the one with the most headroom of K drawn
 // from the seeded source, the first drawn on a tie, and the same seed
 // makes the same choices.

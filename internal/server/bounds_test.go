@@ -24,7 +24,7 @@ const pumpDrainTimeoutForTest = 1500 * time.Millisecond
 // the host at its cap, and the logs call still answers. Deleting the
 // volume leaves no image or mount.
 func TestSandboxWritesAreBounded(t *testing.T) {
-	srv, c, _ := startServerWith(t, func(cfg *Config) { cfg.WarmPoolSize = 0 })
+	srv, c, _ := startServerWith(t, func(cfg *Config) { cfg.WarmPoolMemory = -1 })
 	ctx := context.Background()
 	small, err := c.CreateVolume(ctx, "small", client.VolumeOptions{SizeMB: 64})
 	if err != nil || small.SizeMB != 64 {

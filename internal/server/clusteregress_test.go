@@ -211,7 +211,7 @@ func TestSandboxesNeverReachTheCluster(t *testing.T) {
 		cfg.EtcdEndpoints = []string{etcdURL}
 		cfg.InsecureCluster = true // the peer's etcd is plain http
 		cfg.EgressAllow = []netip.Prefix{peer.prefix}
-		cfg.WarmPoolSize = 0
+		cfg.WarmPoolMemory = -1
 	})
 	ctx := context.Background()
 

@@ -77,7 +77,7 @@ func launchServerProc(dataDir, runDir string, extra ...string) (*serverProc, err
 	args := append([]string{"server",
 		"--listen", addr, "--data-dir", dataDir, "--run-dir", runDir,
 		"--base-rootfs", os.Getenv("AENV_BASE_ROOTFS"), "--netns-tag", "crasht",
-		"--sandbox-cidr", "10.238.0.0/16", "--warm-pool", "0", "--log-level", "debug"}, extra...)
+		"--sandbox-cidr", "10.238.0.0/16", "--warm-pool-memory", "0", "--log-level", "debug"}, extra...)
 	cmd := exec.Command(filepath.Join(os.Getenv("AENV_BIN_DIR"), "aenv"), args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	started := time.Now()

@@ -21,7 +21,7 @@ func BenchmarkDiskLayout(b *testing.B) {
 		diskMB int
 	}{{"memory", -1}, {"disk", 0}} {
 		b.Run(layout.name, func(b *testing.B) {
-			_, c, _ := startServerWith(b, func(cfg *Config) { cfg.WarmPoolSize = 0; cfg.DiskMB = layout.diskMB })
+			_, c, _ := startServerWith(b, func(cfg *Config) { cfg.WarmPoolMemory = -1; cfg.DiskMB = layout.diskMB })
 			ctx := context.Background()
 			var create, snap, pause, resume []time.Duration
 			for b.Loop() {

@@ -33,7 +33,7 @@ func egressRules(t *testing.T, srv *Server, id string) string {
 // TestEgressSurvivesPauseAndFork: a sandbox created without internet access
 // gets none back when it is resumed or forked.
 func TestEgressSurvivesPauseAndFork(t *testing.T) {
-	srv, c, url := startServerWith(t, func(cfg *Config) { cfg.WarmPoolSize = 0 })
+	srv, c, url := startServerWith(t, func(cfg *Config) { cfg.WarmPoolMemory = -1 })
 	ctx := context.Background()
 	status, b := doRequest(t, srv, "POST", url+"/v2/sandboxes", `{"timeout": 120, "allow_internet_access": false}`)
 	if status != 201 {

@@ -22,7 +22,7 @@ import (
 func TestForkBombHostBound(t *testing.T) {
 	const limit = 256
 	srv, c, _ := startServerWith(t, func(cfg *Config) {
-		cfg.WarmPoolSize = 0
+		cfg.WarmPoolMemory = -1
 		cfg.PidsLimit = limit
 	})
 	ctx := context.Background()

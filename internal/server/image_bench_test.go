@@ -129,7 +129,7 @@ func BenchmarkImageStart(b *testing.B) {
 	node := func(s storeSpec, rootfs string) (*Server, *client.Client) {
 		srv, c, _ := startServerWith(b, func(cfg *Config) {
 			cfg.StoreURL, cfg.StoreAccessKey, cfg.StoreSecretKey = s.url, s.keys[0], s.keys[1]
-			cfg.RootFS, cfg.WarmPoolSize = rootfs, 0
+			cfg.RootFS, cfg.WarmPoolMemory = rootfs, -1
 			cfg.Logger = slog.New(slog.DiscardHandler)
 		})
 		return srv, c
@@ -164,7 +164,7 @@ func BenchmarkImageStart(b *testing.B) {
 	}
 	// The baseline: the tree on the node that built the template.
 	srv, c, _ := startServerWith(b, func(cfg *Config) {
-		cfg.RootFS, cfg.WarmPoolSize = agent.RootFSDir, 0
+		cfg.RootFS, cfg.WarmPoolMemory = agent.RootFSDir, -1
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	})
 	copyTemplate(b, filepath.Join(tmp, "publisher-"+stores[0].name), srv.cfg.DataDir, tpl.ID)

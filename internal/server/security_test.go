@@ -68,7 +68,7 @@ except urllib.error.HTTPError as e:
 // Retry-After and the reason, and fits again once another one is gone.
 func TestAdmission(t *testing.T) {
 	_, c, _ := startServerWith(t, func(cfg *Config) {
-		cfg.WarmPoolSize = 0
+		cfg.WarmPoolMemory = -1
 		cfg.Capacity = node.Capacity{MemoryMB: 2048, CPUCount: 2, MemoryOvercommit: 1}
 	})
 	ctx := context.Background()
@@ -103,7 +103,7 @@ func TestAdmission(t *testing.T) {
 // another sandbox keeps answering meanwhile.
 func TestForkBombContained(t *testing.T) {
 	_, c, _ := startServerWith(t, func(cfg *Config) {
-		cfg.WarmPoolSize = 0
+		cfg.WarmPoolMemory = -1
 		cfg.PidsLimit = 64
 	})
 	ctx := context.Background()
@@ -174,7 +174,7 @@ for _ in range(50):
 // ended, and for a day its id answers 404 saying it ran out of memory and
 // how much it had.
 func TestOutOfMemorySaidPlainly(t *testing.T) {
-	_, c, _ := startServerWith(t, func(cfg *Config) { cfg.WarmPoolSize = 0 })
+	_, c, _ := startServerWith(t, func(cfg *Config) { cfg.WarmPoolMemory = -1 })
 	ctx := context.Background()
 	sb := mustCreate(t, c, client.CreateOptions{Timeout: 120, MemoryMB: 256})
 	// The command dies with the sandbox, and its stream says why.
@@ -234,7 +234,7 @@ func mustCreate(t testing.TB, c *client.Client, opts client.CreateOptions) *clie
 // gets 429 past it, and again room once one of its sandboxes ends; a
 // plain key cannot manage keys or nodes; a revoked key is refused.
 func TestKeysAndQuotas(t *testing.T) {
-	srv, admin, _ := startServerWith(t, func(cfg *Config) { cfg.WarmPoolSize = 0 })
+	srv, admin, _ := startServerWith(t, func(cfg *Config) { cfg.WarmPoolMemory = -1 })
 	ctx := context.Background()
 	url := "http://" + srv.Addr().String()
 	k, err := admin.CreateKey(ctx, "trainer", client.KeyOptions{MaxSandboxes: 1})
@@ -279,7 +279,7 @@ func TestKeysAndQuotas(t *testing.T) {
 // shows it, a write past it fails with ENOSPC for the writer, the sandbox
 // and its memory are untouched, and pause and resume keep the files.
 func TestDiskFull(t *testing.T) {
-	_, c, _ := startServerWith(t, func(cfg *Config) { cfg.WarmPoolSize = 0; cfg.DiskMB = 1024 })
+	_, c, _ := startServerWith(t, func(cfg *Config) { cfg.WarmPoolMemory = -1; cfg.DiskMB = 1024 })
 	ctx := context.Background()
 	sb := mustCreate(t, c, client.CreateOptions{Timeout: 300, MemoryMB: 512})
 	if out := runOut(t, c, sb.SandboxID, "df -m / | tail -1 | awk '{print $2}'"); out != "1024" {

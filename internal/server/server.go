@@ -291,8 +291,8 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 		AllowInsecure:  cfg.AllowInsecureSandboxes,
 		Logger:         log,
 	}
-	if s.host != nil && s.host.ImageServer() != nil {
-		acfg.Metrics = s.host.ImageServer()
+	if s.host != nil {
+		acfg.Metrics = s.host.Metrics()
 	}
 	// Builds run on a node and publish there: their templates reach
 	// this server's clients with a local node, or through a store the

@@ -59,7 +59,10 @@ func startServerWith(t testing.TB, adjust func(*Config)) (*Server, *client.Clien
 		SandboxCIDR:   fmt.Sprintf("10.23%d.0.0/16", 2+n%7),
 		NetnsTag:      "srvt" + string(rune('a'+n%26)),
 		NetnsPoolSize: 2,
-		WarmPoolSize:  2,
+		WarmPoolFloor: 2,
+		// Room for a few prestarted sandboxes past the floor, not for
+		// every burst a test makes: the suite shares two cores.
+		WarmPoolMemory: 256 << 20,
 		// Sandboxes must not outlive the test.
 		OnStop: cluster.StopKill,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
@@ -324,7 +327,9 @@ func countHost(t *testing.T, srv *Server) hostCounts {
 }
 
 func TestKillLeavesNothingBehind(t *testing.T) {
-	srv, c, _ := startServer(t)
+	// The pool at its floor whatever the demand: what it holds is in the
+	// baseline.
+	srv, c, _ := startServerWith(t, func(cfg *Config) { cfg.WarmPoolMax = cfg.WarmPoolFloor })
 	ctx := context.Background()
 	// One cycle first, so that one-off set-up (runsc's shared state, the
 	// netns pool refill) is in the baseline.

@@ -88,7 +88,7 @@ func buildTemplate(t *testing.T, base, key, name, marker string) (tplID, buildID
 // route must refuse. A route the test does not know how to exercise fails
 // it: a new route cannot skip the check.
 func TestRoutesCheckTeams(t *testing.T) {
-	srv, admin, base := startServerWith(t, func(cfg *Config) { cfg.WarmPoolSize = 0 })
+	srv, admin, base := startServerWith(t, func(cfg *Config) { cfg.WarmPoolMemory = -1 })
 	ctx := context.Background()
 	alphaKey := teamKey(t, admin, "a", "alpha")
 	betaKey := teamKey(t, admin, "b", "beta")

@@ -121,6 +121,12 @@ func (l *Local) Info(ctx context.Context, _ *nodev1.InfoRequest) (*nodev1.NodeIn
 		HostMemoryMb:     int32(st.HostMemoryMB),
 		Images:           l.n.RootImages(),
 	}
+	for _, k := range l.n.WarmPool().Keys {
+		if k.Ready > 0 || k.Target > 0 {
+			info.Pool = append(info.Pool, &nodev1.PoolEntry{TemplateId: k.Key.TemplateID, SnapshotId: k.Key.SnapshotID,
+				Ready: int32(k.Ready), Target: int32(k.Target)})
+		}
+	}
 	if l.opts.Templates != nil {
 		if ts, err := l.opts.Templates.ListLocal(); err == nil {
 			for _, t := range ts {

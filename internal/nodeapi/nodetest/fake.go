@@ -65,6 +65,9 @@ type Fake struct {
 	// many chunks; exports counts ExportSnapshot calls.
 	cutAfter int
 	exports  int
+	// pooled is what its warm pool holds of FakeTemplate; a create of it
+	// that names no id takes one (SetPooled).
+	pooled int
 }
 
 type fakeSandbox struct {
@@ -113,6 +116,14 @@ func (n *Fake) SetMemoryMB(mb int) {
 func (n *Fake) SetFull(full bool) {
 	n.mu.Lock()
 	n.full = full
+	n.mu.Unlock()
+}
+
+// SetPooled makes the node report n sandboxes of FakeTemplate prestarted
+// in its warm pool; each create of it that names no id takes one.
+func (n *Fake) SetPooled(count int) {
+	n.mu.Lock()
+	n.pooled = count
 	n.mu.Unlock()
 }
 
@@ -254,9 +265,13 @@ func (n *Fake) Info(context.Context, *nodev1.InfoRequest) (*nodev1.NodeInfo, err
 	for _, sb := range n.running {
 		committed += int(sb.wire.MemoryMb)
 	}
-	return &nodev1.NodeInfo{Id: n.id, Capacity: &nodev1.Resources{CpuCount: int32(n.cpus), MemoryMb: int32(n.memoryMB)},
+	info := &nodev1.NodeInfo{Id: n.id, Capacity: &nodev1.Resources{CpuCount: int32(n.cpus), MemoryMb: int32(n.memoryMB)},
 		Usage: &nodev1.Resources{CommittedMemoryMb: int32(committed)}, Runtime: "fake",
-		Sandboxes: int32(len(n.running)), Templates: []string{FakeTemplate}}, nil
+		Sandboxes: int32(len(n.running)), Templates: []string{FakeTemplate}}
+	if n.pooled > 0 {
+		info.Pool = []*nodev1.PoolEntry{{TemplateId: FakeTemplate, Ready: int32(n.pooled), Target: int32(n.pooled)}}
+	}
+	return info, nil
 }
 
 // Create implements nodeapi.Node.
@@ -283,6 +298,9 @@ func (n *Fake) Create(ctx context.Context, req *nodev1.CreateRequest) (*nodev1.S
 	id := req.SandboxId
 	if id == "" {
 		id = ids.New()
+		if req.GetTemplateId() == FakeTemplate && n.pooled > 0 {
+			n.pooled--
+		}
 	} else if !ids.Valid(id) {
 		return nil, invalid("creating sandbox: malformed id %q", id)
 	}

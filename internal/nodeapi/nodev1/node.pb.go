@@ -256,7 +256,7 @@ func (x Event_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Event_Kind.Descriptor instead.
 func (Event_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{52, 0}
+	return file_node_node_proto_rawDescGZIP(), []int{53, 0}
 }
 
 type ExportSnapshotRequest struct {
@@ -2068,7 +2068,11 @@ type NodeInfo struct {
 	HostMemoryMb int32 `protobuf:"varint,11,opt,name=host_memory_mb,json=hostMemoryMb,proto3" json:"host_memory_mb,omitempty"`
 	// images are the block images the node's sandboxes run on: the store
 	// keeps them while any does.
-	Images        []string `protobuf:"bytes,12,rep,name=images,proto3" json:"images,omitempty"`
+	Images []string `protobuf:"bytes,12,rep,name=images,proto3" json:"images,omitempty"`
+	// pool is the node's warm pool: what it holds prestarted of each
+	// template or snapshot (a create of one takes one at once), which the
+	// scheduler prefers. Its sandboxes' memory is in usage's committed.
+	Pool          []*PoolEntry `protobuf:"bytes,13,rep,name=pool,proto3" json:"pool,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2187,6 +2191,85 @@ func (x *NodeInfo) GetImages() []string {
 	return nil
 }
 
+func (x *NodeInfo) GetPool() []*PoolEntry {
+	if x != nil {
+		return x.Pool
+	}
+	return nil
+}
+
+// PoolEntry is a node's warm pool of one template or snapshot.
+type PoolEntry struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Exactly one of template_id and snapshot_id is set.
+	TemplateId string `protobuf:"bytes,1,opt,name=template_id,json=templateId,proto3" json:"template_id,omitempty"`
+	SnapshotId string `protobuf:"bytes,2,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
+	// ready is how many prestarted sandboxes it holds, target how many it
+	// is sized to (its recent peak burst of creates, within the budget).
+	Ready         int32 `protobuf:"varint,3,opt,name=ready,proto3" json:"ready,omitempty"`
+	Target        int32 `protobuf:"varint,4,opt,name=target,proto3" json:"target,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PoolEntry) Reset() {
+	*x = PoolEntry{}
+	mi := &file_node_node_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PoolEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PoolEntry) ProtoMessage() {}
+
+func (x *PoolEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PoolEntry.ProtoReflect.Descriptor instead.
+func (*PoolEntry) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *PoolEntry) GetTemplateId() string {
+	if x != nil {
+		return x.TemplateId
+	}
+	return ""
+}
+
+func (x *PoolEntry) GetSnapshotId() string {
+	if x != nil {
+		return x.SnapshotId
+	}
+	return ""
+}
+
+func (x *PoolEntry) GetReady() int32 {
+	if x != nil {
+		return x.Ready
+	}
+	return 0
+}
+
+func (x *PoolEntry) GetTarget() int32 {
+	if x != nil {
+		return x.Target
+	}
+	return 0
+}
+
 type CreateRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// sandbox_id is the new sandbox's id; empty lets the node choose.
@@ -2220,7 +2303,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_node_node_proto_msgTypes[25]
+	mi := &file_node_node_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2232,7 +2315,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[25]
+	mi := &file_node_node_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2245,7 +2328,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{25}
+	return file_node_node_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *CreateRequest) GetSandboxId() string {
@@ -2370,7 +2453,7 @@ type VolumeMount struct {
 
 func (x *VolumeMount) Reset() {
 	*x = VolumeMount{}
-	mi := &file_node_node_proto_msgTypes[26]
+	mi := &file_node_node_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2382,7 +2465,7 @@ func (x *VolumeMount) String() string {
 func (*VolumeMount) ProtoMessage() {}
 
 func (x *VolumeMount) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[26]
+	mi := &file_node_node_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2395,7 +2478,7 @@ func (x *VolumeMount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeMount.ProtoReflect.Descriptor instead.
 func (*VolumeMount) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{26}
+	return file_node_node_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *VolumeMount) GetVolumeId() string {
@@ -2424,7 +2507,7 @@ type CreateVolumeRequest struct {
 
 func (x *CreateVolumeRequest) Reset() {
 	*x = CreateVolumeRequest{}
-	mi := &file_node_node_proto_msgTypes[27]
+	mi := &file_node_node_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2436,7 +2519,7 @@ func (x *CreateVolumeRequest) String() string {
 func (*CreateVolumeRequest) ProtoMessage() {}
 
 func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[27]
+	mi := &file_node_node_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2449,7 +2532,7 @@ func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateVolumeRequest.ProtoReflect.Descriptor instead.
 func (*CreateVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{27}
+	return file_node_node_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *CreateVolumeRequest) GetVolumeId() string {
@@ -2477,7 +2560,7 @@ type CreateVolumeResponse struct {
 
 func (x *CreateVolumeResponse) Reset() {
 	*x = CreateVolumeResponse{}
-	mi := &file_node_node_proto_msgTypes[28]
+	mi := &file_node_node_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2489,7 +2572,7 @@ func (x *CreateVolumeResponse) String() string {
 func (*CreateVolumeResponse) ProtoMessage() {}
 
 func (x *CreateVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[28]
+	mi := &file_node_node_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2502,7 +2585,7 @@ func (x *CreateVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateVolumeResponse.ProtoReflect.Descriptor instead.
 func (*CreateVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{28}
+	return file_node_node_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *CreateVolumeResponse) GetSizeBytes() int64 {
@@ -2521,7 +2604,7 @@ type DeleteVolumeRequest struct {
 
 func (x *DeleteVolumeRequest) Reset() {
 	*x = DeleteVolumeRequest{}
-	mi := &file_node_node_proto_msgTypes[29]
+	mi := &file_node_node_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2533,7 +2616,7 @@ func (x *DeleteVolumeRequest) String() string {
 func (*DeleteVolumeRequest) ProtoMessage() {}
 
 func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[29]
+	mi := &file_node_node_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2546,7 +2629,7 @@ func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeRequest.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{29}
+	return file_node_node_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *DeleteVolumeRequest) GetVolumeId() string {
@@ -2564,7 +2647,7 @@ type DeleteVolumeResponse struct {
 
 func (x *DeleteVolumeResponse) Reset() {
 	*x = DeleteVolumeResponse{}
-	mi := &file_node_node_proto_msgTypes[30]
+	mi := &file_node_node_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2576,7 +2659,7 @@ func (x *DeleteVolumeResponse) String() string {
 func (*DeleteVolumeResponse) ProtoMessage() {}
 
 func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[30]
+	mi := &file_node_node_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2589,7 +2672,7 @@ func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeResponse.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{30}
+	return file_node_node_proto_rawDescGZIP(), []int{31}
 }
 
 type ExportVolumeRequest struct {
@@ -2601,7 +2684,7 @@ type ExportVolumeRequest struct {
 
 func (x *ExportVolumeRequest) Reset() {
 	*x = ExportVolumeRequest{}
-	mi := &file_node_node_proto_msgTypes[31]
+	mi := &file_node_node_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2613,7 +2696,7 @@ func (x *ExportVolumeRequest) String() string {
 func (*ExportVolumeRequest) ProtoMessage() {}
 
 func (x *ExportVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[31]
+	mi := &file_node_node_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2626,7 +2709,7 @@ func (x *ExportVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportVolumeRequest.ProtoReflect.Descriptor instead.
 func (*ExportVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{31}
+	return file_node_node_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ExportVolumeRequest) GetVolumeId() string {
@@ -2645,7 +2728,7 @@ type ExportVolumeResponse struct {
 
 func (x *ExportVolumeResponse) Reset() {
 	*x = ExportVolumeResponse{}
-	mi := &file_node_node_proto_msgTypes[32]
+	mi := &file_node_node_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2657,7 +2740,7 @@ func (x *ExportVolumeResponse) String() string {
 func (*ExportVolumeResponse) ProtoMessage() {}
 
 func (x *ExportVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[32]
+	mi := &file_node_node_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2670,7 +2753,7 @@ func (x *ExportVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportVolumeResponse.ProtoReflect.Descriptor instead.
 func (*ExportVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{32}
+	return file_node_node_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ExportVolumeResponse) GetBytes() int64 {
@@ -2689,7 +2772,7 @@ type ImportVolumeRequest struct {
 
 func (x *ImportVolumeRequest) Reset() {
 	*x = ImportVolumeRequest{}
-	mi := &file_node_node_proto_msgTypes[33]
+	mi := &file_node_node_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2701,7 +2784,7 @@ func (x *ImportVolumeRequest) String() string {
 func (*ImportVolumeRequest) ProtoMessage() {}
 
 func (x *ImportVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[33]
+	mi := &file_node_node_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2714,7 +2797,7 @@ func (x *ImportVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportVolumeRequest.ProtoReflect.Descriptor instead.
 func (*ImportVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{33}
+	return file_node_node_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ImportVolumeRequest) GetVolumeId() string {
@@ -2732,7 +2815,7 @@ type ImportVolumeResponse struct {
 
 func (x *ImportVolumeResponse) Reset() {
 	*x = ImportVolumeResponse{}
-	mi := &file_node_node_proto_msgTypes[34]
+	mi := &file_node_node_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2744,7 +2827,7 @@ func (x *ImportVolumeResponse) String() string {
 func (*ImportVolumeResponse) ProtoMessage() {}
 
 func (x *ImportVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[34]
+	mi := &file_node_node_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2757,7 +2840,7 @@ func (x *ImportVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportVolumeResponse.ProtoReflect.Descriptor instead.
 func (*ImportVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{34}
+	return file_node_node_proto_rawDescGZIP(), []int{35}
 }
 
 type UpdateNetworkRequest struct {
@@ -2772,7 +2855,7 @@ type UpdateNetworkRequest struct {
 
 func (x *UpdateNetworkRequest) Reset() {
 	*x = UpdateNetworkRequest{}
-	mi := &file_node_node_proto_msgTypes[35]
+	mi := &file_node_node_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2784,7 +2867,7 @@ func (x *UpdateNetworkRequest) String() string {
 func (*UpdateNetworkRequest) ProtoMessage() {}
 
 func (x *UpdateNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[35]
+	mi := &file_node_node_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2797,7 +2880,7 @@ func (x *UpdateNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkRequest.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{35}
+	return file_node_node_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *UpdateNetworkRequest) GetSandboxId() string {
@@ -2836,7 +2919,7 @@ type UpdateNetworkResponse struct {
 
 func (x *UpdateNetworkResponse) Reset() {
 	*x = UpdateNetworkResponse{}
-	mi := &file_node_node_proto_msgTypes[36]
+	mi := &file_node_node_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2848,7 +2931,7 @@ func (x *UpdateNetworkResponse) String() string {
 func (*UpdateNetworkResponse) ProtoMessage() {}
 
 func (x *UpdateNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[36]
+	mi := &file_node_node_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2861,7 +2944,7 @@ func (x *UpdateNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkResponse.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{36}
+	return file_node_node_proto_rawDescGZIP(), []int{37}
 }
 
 type Sandbox struct {
@@ -2882,7 +2965,7 @@ type Sandbox struct {
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_node_node_proto_msgTypes[37]
+	mi := &file_node_node_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2894,7 +2977,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[37]
+	mi := &file_node_node_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2907,7 +2990,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{37}
+	return file_node_node_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *Sandbox) GetId() string {
@@ -2982,7 +3065,7 @@ type KillRequest struct {
 
 func (x *KillRequest) Reset() {
 	*x = KillRequest{}
-	mi := &file_node_node_proto_msgTypes[38]
+	mi := &file_node_node_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2994,7 +3077,7 @@ func (x *KillRequest) String() string {
 func (*KillRequest) ProtoMessage() {}
 
 func (x *KillRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[38]
+	mi := &file_node_node_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3007,7 +3090,7 @@ func (x *KillRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillRequest.ProtoReflect.Descriptor instead.
 func (*KillRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{38}
+	return file_node_node_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *KillRequest) GetSandboxId() string {
@@ -3025,7 +3108,7 @@ type KillResponse struct {
 
 func (x *KillResponse) Reset() {
 	*x = KillResponse{}
-	mi := &file_node_node_proto_msgTypes[39]
+	mi := &file_node_node_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3037,7 +3120,7 @@ func (x *KillResponse) String() string {
 func (*KillResponse) ProtoMessage() {}
 
 func (x *KillResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[39]
+	mi := &file_node_node_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3050,7 +3133,7 @@ func (x *KillResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillResponse.ProtoReflect.Descriptor instead.
 func (*KillResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{39}
+	return file_node_node_proto_rawDescGZIP(), []int{40}
 }
 
 type ListRequest struct {
@@ -3061,7 +3144,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_node_node_proto_msgTypes[40]
+	mi := &file_node_node_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3073,7 +3156,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[40]
+	mi := &file_node_node_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3086,7 +3169,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{40}
+	return file_node_node_proto_rawDescGZIP(), []int{41}
 }
 
 type ListResponse struct {
@@ -3098,7 +3181,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_node_node_proto_msgTypes[41]
+	mi := &file_node_node_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3110,7 +3193,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[41]
+	mi := &file_node_node_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3123,7 +3206,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{41}
+	return file_node_node_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -3149,7 +3232,7 @@ type SnapshotRequest struct {
 
 func (x *SnapshotRequest) Reset() {
 	*x = SnapshotRequest{}
-	mi := &file_node_node_proto_msgTypes[42]
+	mi := &file_node_node_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3161,7 +3244,7 @@ func (x *SnapshotRequest) String() string {
 func (*SnapshotRequest) ProtoMessage() {}
 
 func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[42]
+	mi := &file_node_node_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3174,7 +3257,7 @@ func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{42}
+	return file_node_node_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *SnapshotRequest) GetSandboxId() string {
@@ -3236,7 +3319,7 @@ type SnapshotInfo struct {
 
 func (x *SnapshotInfo) Reset() {
 	*x = SnapshotInfo{}
-	mi := &file_node_node_proto_msgTypes[43]
+	mi := &file_node_node_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3248,7 +3331,7 @@ func (x *SnapshotInfo) String() string {
 func (*SnapshotInfo) ProtoMessage() {}
 
 func (x *SnapshotInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[43]
+	mi := &file_node_node_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3261,7 +3344,7 @@ func (x *SnapshotInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotInfo.ProtoReflect.Descriptor instead.
 func (*SnapshotInfo) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{43}
+	return file_node_node_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *SnapshotInfo) GetId() string {
@@ -3371,7 +3454,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_node_node_proto_msgTypes[44]
+	mi := &file_node_node_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3383,7 +3466,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[44]
+	mi := &file_node_node_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3396,7 +3479,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{44}
+	return file_node_node_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *StatsRequest) GetSandboxId() string {
@@ -3419,7 +3502,7 @@ type SandboxStats struct {
 
 func (x *SandboxStats) Reset() {
 	*x = SandboxStats{}
-	mi := &file_node_node_proto_msgTypes[45]
+	mi := &file_node_node_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3431,7 +3514,7 @@ func (x *SandboxStats) String() string {
 func (*SandboxStats) ProtoMessage() {}
 
 func (x *SandboxStats) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[45]
+	mi := &file_node_node_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3444,7 +3527,7 @@ func (x *SandboxStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxStats.ProtoReflect.Descriptor instead.
 func (*SandboxStats) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{45}
+	return file_node_node_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *SandboxStats) GetMemoryBytes() uint64 {
@@ -3477,7 +3560,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_node_node_proto_msgTypes[46]
+	mi := &file_node_node_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3489,7 +3572,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[46]
+	mi := &file_node_node_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3502,7 +3585,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{46}
+	return file_node_node_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ListSnapshotsRequest) GetKinds() []string {
@@ -3521,7 +3604,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_node_node_proto_msgTypes[47]
+	mi := &file_node_node_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3533,7 +3616,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[47]
+	mi := &file_node_node_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3546,7 +3629,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{47}
+	return file_node_node_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*SnapshotInfo {
@@ -3565,7 +3648,7 @@ type GetSnapshotRequest struct {
 
 func (x *GetSnapshotRequest) Reset() {
 	*x = GetSnapshotRequest{}
-	mi := &file_node_node_proto_msgTypes[48]
+	mi := &file_node_node_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3577,7 +3660,7 @@ func (x *GetSnapshotRequest) String() string {
 func (*GetSnapshotRequest) ProtoMessage() {}
 
 func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[48]
+	mi := &file_node_node_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3590,7 +3673,7 @@ func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*GetSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{48}
+	return file_node_node_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *GetSnapshotRequest) GetIdOrName() string {
@@ -3609,7 +3692,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_node_node_proto_msgTypes[49]
+	mi := &file_node_node_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3621,7 +3704,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[49]
+	mi := &file_node_node_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3634,7 +3717,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{49}
+	return file_node_node_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *DeleteSnapshotRequest) GetId() string {
@@ -3652,7 +3735,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_node_node_proto_msgTypes[50]
+	mi := &file_node_node_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3664,7 +3747,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[50]
+	mi := &file_node_node_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3677,7 +3760,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{50}
+	return file_node_node_proto_rawDescGZIP(), []int{51}
 }
 
 type EventsRequest struct {
@@ -3688,7 +3771,7 @@ type EventsRequest struct {
 
 func (x *EventsRequest) Reset() {
 	*x = EventsRequest{}
-	mi := &file_node_node_proto_msgTypes[51]
+	mi := &file_node_node_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3700,7 +3783,7 @@ func (x *EventsRequest) String() string {
 func (*EventsRequest) ProtoMessage() {}
 
 func (x *EventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[51]
+	mi := &file_node_node_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3713,7 +3796,7 @@ func (x *EventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsRequest.ProtoReflect.Descriptor instead.
 func (*EventsRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{51}
+	return file_node_node_proto_rawDescGZIP(), []int{52}
 }
 
 type Event struct {
@@ -3727,7 +3810,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_node_node_proto_msgTypes[52]
+	mi := &file_node_node_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3739,7 +3822,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[52]
+	mi := &file_node_node_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3752,7 +3835,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{52}
+	return file_node_node_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *Event) GetKind() Event_Kind {
@@ -3969,7 +4052,7 @@ const file_node_node_proto_rawDesc = "" +
 	"\tcpu_count\x18\x01 \x01(\x05R\bcpuCount\x12\x1b\n" +
 	"\tmemory_mb\x18\x02 \x01(\x05R\bmemoryMb\x12.\n" +
 	"\x13committed_memory_mb\x18\x03 \x01(\x05R\x11committedMemoryMb\x12\x17\n" +
-	"\adisk_mb\x18\x04 \x01(\x05R\x06diskMb\"\xae\x03\n" +
+	"\adisk_mb\x18\x04 \x01(\x05R\x06diskMb\"\xdb\x03\n" +
 	"\bNodeInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x123\n" +
 	"\bcapacity\x18\x02 \x01(\v2\x17.aenv.node.v1.ResourcesR\bcapacity\x12-\n" +
@@ -3983,7 +4066,15 @@ const file_node_node_proto_rawDesc = "" +
 	"\x11memory_high_water\x18\n" +
 	" \x01(\x01R\x0fmemoryHighWater\x12$\n" +
 	"\x0ehost_memory_mb\x18\v \x01(\x05R\fhostMemoryMb\x12\x16\n" +
-	"\x06images\x18\f \x03(\tR\x06images\"\xfb\x03\n" +
+	"\x06images\x18\f \x03(\tR\x06images\x12+\n" +
+	"\x04pool\x18\r \x03(\v2\x17.aenv.node.v1.PoolEntryR\x04pool\"{\n" +
+	"\tPoolEntry\x12\x1f\n" +
+	"\vtemplate_id\x18\x01 \x01(\tR\n" +
+	"templateId\x12\x1f\n" +
+	"\vsnapshot_id\x18\x02 \x01(\tR\n" +
+	"snapshotId\x12\x14\n" +
+	"\x05ready\x18\x03 \x01(\x05R\x05ready\x12\x16\n" +
+	"\x06target\x18\x04 \x01(\x05R\x06target\"\xfb\x03\n" +
 	"\rCreateRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12!\n" +
@@ -4145,7 +4236,7 @@ func file_node_node_proto_rawDescGZIP() []byte {
 }
 
 var file_node_node_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_node_node_proto_msgTypes = make([]protoimpl.MessageInfo, 58)
+var file_node_node_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
 var file_node_node_proto_goTypes = []any{
 	(ImportSnapshotRequest_Step)(0), // 0: aenv.node.v1.ImportSnapshotRequest.Step
 	(PullRequest_Source)(0),         // 1: aenv.node.v1.PullRequest.Source
@@ -4176,47 +4267,48 @@ var file_node_node_proto_goTypes = []any{
 	(*InfoRequest)(nil),             // 26: aenv.node.v1.InfoRequest
 	(*Resources)(nil),               // 27: aenv.node.v1.Resources
 	(*NodeInfo)(nil),                // 28: aenv.node.v1.NodeInfo
-	(*CreateRequest)(nil),           // 29: aenv.node.v1.CreateRequest
-	(*VolumeMount)(nil),             // 30: aenv.node.v1.VolumeMount
-	(*CreateVolumeRequest)(nil),     // 31: aenv.node.v1.CreateVolumeRequest
-	(*CreateVolumeResponse)(nil),    // 32: aenv.node.v1.CreateVolumeResponse
-	(*DeleteVolumeRequest)(nil),     // 33: aenv.node.v1.DeleteVolumeRequest
-	(*DeleteVolumeResponse)(nil),    // 34: aenv.node.v1.DeleteVolumeResponse
-	(*ExportVolumeRequest)(nil),     // 35: aenv.node.v1.ExportVolumeRequest
-	(*ExportVolumeResponse)(nil),    // 36: aenv.node.v1.ExportVolumeResponse
-	(*ImportVolumeRequest)(nil),     // 37: aenv.node.v1.ImportVolumeRequest
-	(*ImportVolumeResponse)(nil),    // 38: aenv.node.v1.ImportVolumeResponse
-	(*UpdateNetworkRequest)(nil),    // 39: aenv.node.v1.UpdateNetworkRequest
-	(*UpdateNetworkResponse)(nil),   // 40: aenv.node.v1.UpdateNetworkResponse
-	(*Sandbox)(nil),                 // 41: aenv.node.v1.Sandbox
-	(*KillRequest)(nil),             // 42: aenv.node.v1.KillRequest
-	(*KillResponse)(nil),            // 43: aenv.node.v1.KillResponse
-	(*ListRequest)(nil),             // 44: aenv.node.v1.ListRequest
-	(*ListResponse)(nil),            // 45: aenv.node.v1.ListResponse
-	(*SnapshotRequest)(nil),         // 46: aenv.node.v1.SnapshotRequest
-	(*SnapshotInfo)(nil),            // 47: aenv.node.v1.SnapshotInfo
-	(*StatsRequest)(nil),            // 48: aenv.node.v1.StatsRequest
-	(*SandboxStats)(nil),            // 49: aenv.node.v1.SandboxStats
-	(*ListSnapshotsRequest)(nil),    // 50: aenv.node.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),   // 51: aenv.node.v1.ListSnapshotsResponse
-	(*GetSnapshotRequest)(nil),      // 52: aenv.node.v1.GetSnapshotRequest
-	(*DeleteSnapshotRequest)(nil),   // 53: aenv.node.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil),  // 54: aenv.node.v1.DeleteSnapshotResponse
-	(*EventsRequest)(nil),           // 55: aenv.node.v1.EventsRequest
-	(*Event)(nil),                   // 56: aenv.node.v1.Event
-	nil,                             // 57: aenv.node.v1.ExportSnapshotRequest.OffsetsEntry
-	nil,                             // 58: aenv.node.v1.ImportSnapshotResponse.ReceivedEntry
-	nil,                             // 59: aenv.node.v1.BuildRequest.BuildArgsEntry
-	nil,                             // 60: aenv.node.v1.LogEntry.FieldsEntry
-	nil,                             // 61: aenv.node.v1.CreateRequest.EnvVarsEntry
-	(*timestamppb.Timestamp)(nil),   // 62: google.protobuf.Timestamp
+	(*PoolEntry)(nil),               // 29: aenv.node.v1.PoolEntry
+	(*CreateRequest)(nil),           // 30: aenv.node.v1.CreateRequest
+	(*VolumeMount)(nil),             // 31: aenv.node.v1.VolumeMount
+	(*CreateVolumeRequest)(nil),     // 32: aenv.node.v1.CreateVolumeRequest
+	(*CreateVolumeResponse)(nil),    // 33: aenv.node.v1.CreateVolumeResponse
+	(*DeleteVolumeRequest)(nil),     // 34: aenv.node.v1.DeleteVolumeRequest
+	(*DeleteVolumeResponse)(nil),    // 35: aenv.node.v1.DeleteVolumeResponse
+	(*ExportVolumeRequest)(nil),     // 36: aenv.node.v1.ExportVolumeRequest
+	(*ExportVolumeResponse)(nil),    // 37: aenv.node.v1.ExportVolumeResponse
+	(*ImportVolumeRequest)(nil),     // 38: aenv.node.v1.ImportVolumeRequest
+	(*ImportVolumeResponse)(nil),    // 39: aenv.node.v1.ImportVolumeResponse
+	(*UpdateNetworkRequest)(nil),    // 40: aenv.node.v1.UpdateNetworkRequest
+	(*UpdateNetworkResponse)(nil),   // 41: aenv.node.v1.UpdateNetworkResponse
+	(*Sandbox)(nil),                 // 42: aenv.node.v1.Sandbox
+	(*KillRequest)(nil),             // 43: aenv.node.v1.KillRequest
+	(*KillResponse)(nil),            // 44: aenv.node.v1.KillResponse
+	(*ListRequest)(nil),             // 45: aenv.node.v1.ListRequest
+	(*ListResponse)(nil),            // 46: aenv.node.v1.ListResponse
+	(*SnapshotRequest)(nil),         // 47: aenv.node.v1.SnapshotRequest
+	(*SnapshotInfo)(nil),            // 48: aenv.node.v1.SnapshotInfo
+	(*StatsRequest)(nil),            // 49: aenv.node.v1.StatsRequest
+	(*SandboxStats)(nil),            // 50: aenv.node.v1.SandboxStats
+	(*ListSnapshotsRequest)(nil),    // 51: aenv.node.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),   // 52: aenv.node.v1.ListSnapshotsResponse
+	(*GetSnapshotRequest)(nil),      // 53: aenv.node.v1.GetSnapshotRequest
+	(*DeleteSnapshotRequest)(nil),   // 54: aenv.node.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil),  // 55: aenv.node.v1.DeleteSnapshotResponse
+	(*EventsRequest)(nil),           // 56: aenv.node.v1.EventsRequest
+	(*Event)(nil),                   // 57: aenv.node.v1.Event
+	nil,                             // 58: aenv.node.v1.ExportSnapshotRequest.OffsetsEntry
+	nil,                             // 59: aenv.node.v1.ImportSnapshotResponse.ReceivedEntry
+	nil,                             // 60: aenv.node.v1.BuildRequest.BuildArgsEntry
+	nil,                             // 61: aenv.node.v1.LogEntry.FieldsEntry
+	nil,                             // 62: aenv.node.v1.CreateRequest.EnvVarsEntry
+	(*timestamppb.Timestamp)(nil),   // 63: google.protobuf.Timestamp
 }
 var file_node_node_proto_depIdxs = []int32{
-	57, // 0: aenv.node.v1.ExportSnapshotRequest.offsets:type_name -> aenv.node.v1.ExportSnapshotRequest.OffsetsEntry
+	58, // 0: aenv.node.v1.ExportSnapshotRequest.offsets:type_name -> aenv.node.v1.ExportSnapshotRequest.OffsetsEntry
 	5,  // 1: aenv.node.v1.SnapshotPart.done:type_name -> aenv.node.v1.TransferFile
 	0,  // 2: aenv.node.v1.ImportSnapshotRequest.step:type_name -> aenv.node.v1.ImportSnapshotRequest.Step
 	5,  // 3: aenv.node.v1.ImportSnapshotRequest.files:type_name -> aenv.node.v1.TransferFile
-	58, // 4: aenv.node.v1.ImportSnapshotResponse.received:type_name -> aenv.node.v1.ImportSnapshotResponse.ReceivedEntry
+	59, // 4: aenv.node.v1.ImportSnapshotResponse.received:type_name -> aenv.node.v1.ImportSnapshotResponse.ReceivedEntry
 	16, // 5: aenv.node.v1.PullRequest.template:type_name -> aenv.node.v1.BuildTemplate
 	1,  // 6: aenv.node.v1.PullRequest.source:type_name -> aenv.node.v1.PullRequest.Source
 	11, // 7: aenv.node.v1.PullEvent.progress:type_name -> aenv.node.v1.PullProgress
@@ -4225,72 +4317,73 @@ var file_node_node_proto_depIdxs = []int32{
 	16, // 10: aenv.node.v1.BuildRequest.template:type_name -> aenv.node.v1.BuildTemplate
 	15, // 11: aenv.node.v1.BuildRequest.pre_args:type_name -> aenv.node.v1.BuildStep
 	15, // 12: aenv.node.v1.BuildRequest.steps:type_name -> aenv.node.v1.BuildStep
-	59, // 13: aenv.node.v1.BuildRequest.build_args:type_name -> aenv.node.v1.BuildRequest.BuildArgsEntry
+	60, // 13: aenv.node.v1.BuildRequest.build_args:type_name -> aenv.node.v1.BuildRequest.BuildArgsEntry
 	19, // 14: aenv.node.v1.BuildEvent.result:type_name -> aenv.node.v1.BuildResult
-	62, // 15: aenv.node.v1.LogEntry.timestamp:type_name -> google.protobuf.Timestamp
-	60, // 16: aenv.node.v1.LogEntry.fields:type_name -> aenv.node.v1.LogEntry.FieldsEntry
+	63, // 15: aenv.node.v1.LogEntry.timestamp:type_name -> google.protobuf.Timestamp
+	61, // 16: aenv.node.v1.LogEntry.fields:type_name -> aenv.node.v1.LogEntry.FieldsEntry
 	21, // 17: aenv.node.v1.LogsResponse.entries:type_name -> aenv.node.v1.LogEntry
-	62, // 18: aenv.node.v1.MetricSample.timestamp:type_name -> google.protobuf.Timestamp
+	63, // 18: aenv.node.v1.MetricSample.timestamp:type_name -> google.protobuf.Timestamp
 	24, // 19: aenv.node.v1.MetricsResponse.samples:type_name -> aenv.node.v1.MetricSample
 	27, // 20: aenv.node.v1.NodeInfo.capacity:type_name -> aenv.node.v1.Resources
 	27, // 21: aenv.node.v1.NodeInfo.usage:type_name -> aenv.node.v1.Resources
-	61, // 22: aenv.node.v1.CreateRequest.env_vars:type_name -> aenv.node.v1.CreateRequest.EnvVarsEntry
-	30, // 23: aenv.node.v1.CreateRequest.mounts:type_name -> aenv.node.v1.VolumeMount
-	62, // 24: aenv.node.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
-	41, // 25: aenv.node.v1.ListResponse.sandboxes:type_name -> aenv.node.v1.Sandbox
-	62, // 26: aenv.node.v1.SnapshotInfo.created_at:type_name -> google.protobuf.Timestamp
-	62, // 27: aenv.node.v1.SandboxStats.since:type_name -> google.protobuf.Timestamp
-	47, // 28: aenv.node.v1.ListSnapshotsResponse.snapshots:type_name -> aenv.node.v1.SnapshotInfo
-	3,  // 29: aenv.node.v1.Event.kind:type_name -> aenv.node.v1.Event.Kind
-	26, // 30: aenv.node.v1.NodeService.Info:input_type -> aenv.node.v1.InfoRequest
-	29, // 31: aenv.node.v1.NodeService.Create:input_type -> aenv.node.v1.CreateRequest
-	42, // 32: aenv.node.v1.NodeService.Kill:input_type -> aenv.node.v1.KillRequest
-	44, // 33: aenv.node.v1.NodeService.List:input_type -> aenv.node.v1.ListRequest
-	46, // 34: aenv.node.v1.NodeService.Snapshot:input_type -> aenv.node.v1.SnapshotRequest
-	48, // 35: aenv.node.v1.NodeService.Stats:input_type -> aenv.node.v1.StatsRequest
-	50, // 36: aenv.node.v1.NodeService.ListSnapshots:input_type -> aenv.node.v1.ListSnapshotsRequest
-	52, // 37: aenv.node.v1.NodeService.GetSnapshot:input_type -> aenv.node.v1.GetSnapshotRequest
-	53, // 38: aenv.node.v1.NodeService.DeleteSnapshot:input_type -> aenv.node.v1.DeleteSnapshotRequest
-	55, // 39: aenv.node.v1.NodeService.Events:input_type -> aenv.node.v1.EventsRequest
-	20, // 40: aenv.node.v1.NodeService.Logs:input_type -> aenv.node.v1.LogsRequest
-	23, // 41: aenv.node.v1.NodeService.Metrics:input_type -> aenv.node.v1.MetricsRequest
-	31, // 42: aenv.node.v1.NodeService.CreateVolume:input_type -> aenv.node.v1.CreateVolumeRequest
-	33, // 43: aenv.node.v1.NodeService.DeleteVolume:input_type -> aenv.node.v1.DeleteVolumeRequest
-	35, // 44: aenv.node.v1.NodeService.ExportVolume:input_type -> aenv.node.v1.ExportVolumeRequest
-	37, // 45: aenv.node.v1.NodeService.ImportVolume:input_type -> aenv.node.v1.ImportVolumeRequest
-	39, // 46: aenv.node.v1.NodeService.UpdateNetwork:input_type -> aenv.node.v1.UpdateNetworkRequest
-	13, // 47: aenv.node.v1.NodeService.PutBuildContext:input_type -> aenv.node.v1.PutBuildContextRequest
-	17, // 48: aenv.node.v1.NodeService.Build:input_type -> aenv.node.v1.BuildRequest
-	9,  // 49: aenv.node.v1.NodeService.Pull:input_type -> aenv.node.v1.PullRequest
-	4,  // 50: aenv.node.v1.NodeService.ExportSnapshot:input_type -> aenv.node.v1.ExportSnapshotRequest
-	7,  // 51: aenv.node.v1.NodeService.ImportSnapshot:input_type -> aenv.node.v1.ImportSnapshotRequest
-	28, // 52: aenv.node.v1.NodeService.Info:output_type -> aenv.node.v1.NodeInfo
-	41, // 53: aenv.node.v1.NodeService.Create:output_type -> aenv.node.v1.Sandbox
-	43, // 54: aenv.node.v1.NodeService.Kill:output_type -> aenv.node.v1.KillResponse
-	45, // 55: aenv.node.v1.NodeService.List:output_type -> aenv.node.v1.ListResponse
-	47, // 56: aenv.node.v1.NodeService.Snapshot:output_type -> aenv.node.v1.SnapshotInfo
-	49, // 57: aenv.node.v1.NodeService.Stats:output_type -> aenv.node.v1.SandboxStats
-	51, // 58: aenv.node.v1.NodeService.ListSnapshots:output_type -> aenv.node.v1.ListSnapshotsResponse
-	47, // 59: aenv.node.v1.NodeService.GetSnapshot:output_type -> aenv.node.v1.SnapshotInfo
-	54, // 60: aenv.node.v1.NodeService.DeleteSnapshot:output_type -> aenv.node.v1.DeleteSnapshotResponse
-	56, // 61: aenv.node.v1.NodeService.Events:output_type -> aenv.node.v1.Event
-	22, // 62: aenv.node.v1.NodeService.Logs:output_type -> aenv.node.v1.LogsResponse
-	25, // 63: aenv.node.v1.NodeService.Metrics:output_type -> aenv.node.v1.MetricsResponse
-	32, // 64: aenv.node.v1.NodeService.CreateVolume:output_type -> aenv.node.v1.CreateVolumeResponse
-	34, // 65: aenv.node.v1.NodeService.DeleteVolume:output_type -> aenv.node.v1.DeleteVolumeResponse
-	36, // 66: aenv.node.v1.NodeService.ExportVolume:output_type -> aenv.node.v1.ExportVolumeResponse
-	38, // 67: aenv.node.v1.NodeService.ImportVolume:output_type -> aenv.node.v1.ImportVolumeResponse
-	40, // 68: aenv.node.v1.NodeService.UpdateNetwork:output_type -> aenv.node.v1.UpdateNetworkResponse
-	14, // 69: aenv.node.v1.NodeService.PutBuildContext:output_type -> aenv.node.v1.PutBuildContextResponse
-	18, // 70: aenv.node.v1.NodeService.Build:output_type -> aenv.node.v1.BuildEvent
-	10, // 71: aenv.node.v1.NodeService.Pull:output_type -> aenv.node.v1.PullEvent
-	6,  // 72: aenv.node.v1.NodeService.ExportSnapshot:output_type -> aenv.node.v1.SnapshotPart
-	8,  // 73: aenv.node.v1.NodeService.ImportSnapshot:output_type -> aenv.node.v1.ImportSnapshotResponse
-	52, // [52:74] is the sub-list for method output_type
-	30, // [30:52] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	29, // 22: aenv.node.v1.NodeInfo.pool:type_name -> aenv.node.v1.PoolEntry
+	62, // 23: aenv.node.v1.CreateRequest.env_vars:type_name -> aenv.node.v1.CreateRequest.EnvVarsEntry
+	31, // 24: aenv.node.v1.CreateRequest.mounts:type_name -> aenv.node.v1.VolumeMount
+	63, // 25: aenv.node.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
+	42, // 26: aenv.node.v1.ListResponse.sandboxes:type_name -> aenv.node.v1.Sandbox
+	63, // 27: aenv.node.v1.SnapshotInfo.created_at:type_name -> google.protobuf.Timestamp
+	63, // 28: aenv.node.v1.SandboxStats.since:type_name -> google.protobuf.Timestamp
+	48, // 29: aenv.node.v1.ListSnapshotsResponse.snapshots:type_name -> aenv.node.v1.SnapshotInfo
+	3,  // 30: aenv.node.v1.Event.kind:type_name -> aenv.node.v1.Event.Kind
+	26, // 31: aenv.node.v1.NodeService.Info:input_type -> aenv.node.v1.InfoRequest
+	30, // 32: aenv.node.v1.NodeService.Create:input_type -> aenv.node.v1.CreateRequest
+	43, // 33: aenv.node.v1.NodeService.Kill:input_type -> aenv.node.v1.KillRequest
+	45, // 34: aenv.node.v1.NodeService.List:input_type -> aenv.node.v1.ListRequest
+	47, // 35: aenv.node.v1.NodeService.Snapshot:input_type -> aenv.node.v1.SnapshotRequest
+	49, // 36: aenv.node.v1.NodeService.Stats:input_type -> aenv.node.v1.StatsRequest
+	51, // 37: aenv.node.v1.NodeService.ListSnapshots:input_type -> aenv.node.v1.ListSnapshotsRequest
+	53, // 38: aenv.node.v1.NodeService.GetSnapshot:input_type -> aenv.node.v1.GetSnapshotRequest
+	54, // 39: aenv.node.v1.NodeService.DeleteSnapshot:input_type -> aenv.node.v1.DeleteSnapshotRequest
+	56, // 40: aenv.node.v1.NodeService.Events:input_type -> aenv.node.v1.EventsRequest
+	20, // 41: aenv.node.v1.NodeService.Logs:input_type -> aenv.node.v1.LogsRequest
+	23, // 42: aenv.node.v1.NodeService.Metrics:input_type -> aenv.node.v1.MetricsRequest
+	32, // 43: aenv.node.v1.NodeService.CreateVolume:input_type -> aenv.node.v1.CreateVolumeRequest
+	34, // 44: aenv.node.v1.NodeService.DeleteVolume:input_type -> aenv.node.v1.DeleteVolumeRequest
+	36, // 45: aenv.node.v1.NodeService.ExportVolume:input_type -> aenv.node.v1.ExportVolumeRequest
+	38, // 46: aenv.node.v1.NodeService.ImportVolume:input_type -> aenv.node.v1.ImportVolumeRequest
+	40, // 47: aenv.node.v1.NodeService.UpdateNetwork:input_type -> aenv.node.v1.UpdateNetworkRequest
+	13, // 48: aenv.node.v1.NodeService.PutBuildContext:input_type -> aenv.node.v1.PutBuildContextRequest
+	17, // 49: aenv.node.v1.NodeService.Build:input_type -> aenv.node.v1.BuildRequest
+	9,  // 50: aenv.node.v1.NodeService.Pull:input_type -> aenv.node.v1.PullRequest
+	4,  // 51: aenv.node.v1.NodeService.ExportSnapshot:input_type -> aenv.node.v1.ExportSnapshotRequest
+	7,  // 52: aenv.node.v1.NodeService.ImportSnapshot:input_type -> aenv.node.v1.ImportSnapshotRequest
+	28, // 53: aenv.node.v1.NodeService.Info:output_type -> aenv.node.v1.NodeInfo
+	42, // 54: aenv.node.v1.NodeService.Create:output_type -> aenv.node.v1.Sandbox
+	44, // 55: aenv.node.v1.NodeService.Kill:output_type -> aenv.node.v1.KillResponse
+	46, // 56: aenv.node.v1.NodeService.List:output_type -> aenv.node.v1.ListResponse
+	48, // 57: aenv.node.v1.NodeService.Snapshot:output_type -> aenv.node.v1.SnapshotInfo
+	50, // 58: aenv.node.v1.NodeService.Stats:output_type -> aenv.node.v1.SandboxStats
+	52, // 59: aenv.node.v1.NodeService.ListSnapshots:output_type -> aenv.node.v1.ListSnapshotsResponse
+	48, // 60: aenv.node.v1.NodeService.GetSnapshot:output_type -> aenv.node.v1.SnapshotInfo
+	55, // 61: aenv.node.v1.NodeService.DeleteSnapshot:output_type -> aenv.node.v1.DeleteSnapshotResponse
+	57, // 62: aenv.node.v1.NodeService.Events:output_type -> aenv.node.v1.Event
+	22, // 63: aenv.node.v1.NodeService.Logs:output_type -> aenv.node.v1.LogsResponse
+	25, // 64: aenv.node.v1.NodeService.Metrics:output_type -> aenv.node.v1.MetricsResponse
+	33, // 65: aenv.node.v1.NodeService.CreateVolume:output_type -> aenv.node.v1.CreateVolumeResponse
+	35, // 66: aenv.node.v1.NodeService.DeleteVolume:output_type -> aenv.node.v1.DeleteVolumeResponse
+	37, // 67: aenv.node.v1.NodeService.ExportVolume:output_type -> aenv.node.v1.ExportVolumeResponse
+	39, // 68: aenv.node.v1.NodeService.ImportVolume:output_type -> aenv.node.v1.ImportVolumeResponse
+	41, // 69: aenv.node.v1.NodeService.UpdateNetwork:output_type -> aenv.node.v1.UpdateNetworkResponse
+	14, // 70: aenv.node.v1.NodeService.PutBuildContext:output_type -> aenv.node.v1.PutBuildContextResponse
+	18, // 71: aenv.node.v1.NodeService.Build:output_type -> aenv.node.v1.BuildEvent
+	10, // 72: aenv.node.v1.NodeService.Pull:output_type -> aenv.node.v1.PullEvent
+	6,  // 73: aenv.node.v1.NodeService.ExportSnapshot:output_type -> aenv.node.v1.SnapshotPart
+	8,  // 74: aenv.node.v1.NodeService.ImportSnapshot:output_type -> aenv.node.v1.ImportSnapshotResponse
+	53, // [53:75] is the sub-list for method output_type
+	31, // [31:53] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_node_node_proto_init() }
@@ -4298,7 +4391,7 @@ func file_node_node_proto_init() {
 	if File_node_node_proto != nil {
 		return
 	}
-	file_node_node_proto_msgTypes[25].OneofWrappers = []any{
+	file_node_node_proto_msgTypes[26].OneofWrappers = []any{
 		(*CreateRequest_TemplateId)(nil),
 		(*CreateRequest_SnapshotId)(nil),
 	}
@@ -4308,7 +4401,7 @@ func file_node_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_node_node_proto_rawDesc), len(file_node_node_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   58,
+			NumMessages:   59,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

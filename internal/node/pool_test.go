@@ -1,0 +1,290 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+)
+
+// poolConfig is h's node with a warm pool of budget bytes, floor
+// prestarted sandboxes of the test template, and room for 16 sandboxes.
+func poolConfig(h *host, budget int64, floor int) Config {
+	cfg := h.config()
+	cfg.WarmPoolMemory, cfg.WarmPoolFloor, cfg.WarmTemplates = budget, floor, []string{testTemplate}
+	cfg.Capacity.MemoryMB = 16 * 256
+	return cfg
+}
+
+func poolReady(n *Node) int { return len(n.pool.list()) }
+
+func poolStatus(t *testing.T, n *Node, key PoolKey) PoolStatus {
+	t.Helper()
+	for _, st := range n.WarmPool().Keys {
+		if st.Key == key {
+			return st
+		}
+	}
+	return PoolStatus{Key: key}
+}
+
+// TestWarmPoolFollowsDemand: a template without a floor has no pool until
+// creates come; a burst of creates sizes its pool to the burst, so that
+// the next burst is served warm; once nobody has created it for the
+// window, its pool goes.
+func TestWarmPoolFollowsDemand(t *testing.T) {
+	h := newHost(t)
+	n, _ := h.start(poolConfig(h, 1<<30, 0))
+	ctx := context.Background()
+	key := PoolKey{TemplateID: testTemplate}
+	n.pool.poke()
+	time.Sleep(100 * time.Millisecond)
+	if got := h.rt.createCount(); got != 0 {
+		t.Fatalf("%d sandboxes prestarted without demand or floor", got)
+	}
+
+	// Three creates at once, held in the runtime until all three boot.
+	gate := make(chan struct{})
+	h.rt.set(func(r *fakeRuntime) { r.gate = gate })
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := n.Create(ctx, CreateRequest{TemplateID: testTemplate}); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	waitFor(t, func() bool { h.rt.mu.Lock(); defer h.rt.mu.Unlock(); return h.rt.inFlight == 3 }, "the burst to boot")
+	h.rt.set(func(r *fakeRuntime) { r.gate = nil })
+	close(gate)
+	wg.Wait()
+	if st := poolStatus(t, n, key); st.Served.Cold != 3 || st.Served.Warm != 0 || st.Peak != 3 {
+		t.Errorf("after a cold burst of 3: %+v", st)
+	}
+	waitFor(t, func() bool { return poolReady(n) == 3 }, "the pool to grow to the burst")
+
+	h.clock.advance(time.Minute)
+	prestarted := map[string]bool{}
+	for _, sb := range n.pool.list() {
+		prestarted[sb.ID] = true
+	}
+	for range 3 {
+		sb, err := n.Create(ctx, CreateRequest{TemplateID: testTemplate})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !prestarted[sb.ID] {
+			t.Errorf("the second burst booted %s instead of taking a prestarted one", sb.ID)
+		}
+	}
+	if st := poolStatus(t, n, key); st.Served.Warm != 3 || st.Peak != 3 || st.Target != 3 {
+		t.Errorf("after a warm burst of 3: %+v", st)
+	}
+	waitFor(t, func() bool { return poolReady(n) == 3 }, "the pool to refill")
+
+	// Nobody creates it for the window: its pool is killed, the users'
+	// sandboxes stay.
+	h.clock.advance(demandWindow)
+	n.pool.poke()
+	waitFor(t, func() bool { return poolReady(n) == 0 }, "the unused template's pool to go")
+	if got := len(h.rt.ids()); got != 6 {
+		t.Errorf("the runtime runs %d sandboxes, want the 6 created", got)
+	}
+	if st := poolStatus(t, n, key); st.Target != 0 || st.Peak != 0 {
+		t.Errorf("the unused template's pool: %+v", st)
+	}
+}
+
+// TestWarmPoolRefillPace: the refill boots one sandbox at a time, none
+// while a create is booting, none while the host's CPUs are busy, and
+// none while its memory is near the high-water mark.
+func TestWarmPoolRefillPace(t *testing.T) {
+	h := newHost(t)
+	cfg := poolConfig(h, 1<<30, 3)
+	cfg.Capacity.MemoryHighWater = 0.9
+	gate := make(chan struct{})
+	h.rt.set(func(r *fakeRuntime) { r.gate = gate })
+	n, _ := h.start(cfg)
+	ctx := context.Background()
+	waitFor(t, func() bool { h.rt.mu.Lock(); defer h.rt.mu.Unlock(); return h.rt.inFlight == 1 }, "the first refill boot")
+	time.Sleep(100 * time.Millisecond)
+	h.rt.set(func(r *fakeRuntime) { r.gate = nil })
+	close(gate)
+	waitFor(t, func() bool { return poolReady(n) == 3 }, "the pool to fill")
+	h.rt.mu.Lock()
+	most := h.rt.maxInFlight
+	h.rt.mu.Unlock()
+	if most != 1 {
+		t.Errorf("%d refill boots at once, want 1", most)
+	}
+
+	// A create that boots holds the refill until it is done.
+	gate = make(chan struct{})
+	h.rt.set(func(r *fakeRuntime) { r.gate = gate })
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if _, err := n.Create(ctx, CreateRequest{TemplateID: testTemplate, MemoryMB: 128}); err != nil {
+			t.Errorf("the booting create: %v", err)
+		}
+	}()
+	waitFor(t, func() bool { h.rt.mu.Lock(); defer h.rt.mu.Unlock(); return h.rt.inFlight == 1 }, "the create to boot")
+	if _, err := n.Create(ctx, CreateRequest{TemplateID: testTemplate}); err != nil { // takes one: the pool is short
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond) // a tick and more
+	h.rt.mu.Lock()
+	inFlight := h.rt.inFlight
+	h.rt.mu.Unlock()
+	if inFlight != 1 || poolReady(n) != 2 {
+		t.Errorf("while a create boots: %d boots under way, %d prestarted; want the create's only, and 2", inFlight, poolReady(n))
+	}
+	h.rt.set(func(r *fakeRuntime) { r.gate = nil })
+	close(gate)
+	wg.Wait()
+	waitFor(t, func() bool { return poolReady(n) == 3 }, "the refill once the create is done")
+
+	for _, tc := range []struct {
+		what string
+		busy func(l *fakeLoad)
+	}{
+		{"the CPUs are busy", func(l *fakeLoad) { l.busy = 0.95 }},
+		{"memory is near the high-water mark", func(l *fakeLoad) { l.used = 0.88 }},
+	} {
+		h.load.set(tc.busy)
+		creates := h.rt.createCount()
+		if _, err := n.Create(ctx, CreateRequest{TemplateID: testTemplate}); err != nil {
+			t.Fatal(err)
+		}
+		h.load.set(func(l *fakeLoad) { l.cpuReads = 0 })
+		time.Sleep(1500 * time.Millisecond)
+		h.load.mu.Lock()
+		looked := h.load.cpuReads
+		h.load.mu.Unlock()
+		if looked == 0 {
+			t.Fatalf("while %s: the pool did not look in %v", tc.what, 1500*time.Millisecond)
+		}
+		if got := h.rt.createCount(); got != creates || poolReady(n) != 2 {
+			t.Errorf("while %s: %d boots, %d prestarted; want none, and 2", tc.what, got-creates, poolReady(n))
+		}
+		h.load.set(func(l *fakeLoad) { l.busy, l.used = 0.1, 0.1 })
+		waitFor(t, func() bool { return poolReady(n) == 3 }, "the refill once "+tc.what+" no more")
+	}
+}
+
+// TestWarmPoolShrinksUnderPressure: with the host's memory past the
+// high-water mark the pool gives back what the host is short of, floors
+// included, and refills once it is not.
+func TestWarmPoolShrinksUnderPressure(t *testing.T) {
+	h := newHost(t)
+	cfg := poolConfig(h, 1<<30, 3)
+	cfg.Capacity.MemoryHighWater = 0.9
+	// The host has 4 GiB, and each fake sandbox takes 64 MiB (1/64 of it)
+	// beside what the test says the rest of the host uses.
+	h.load.set(func(l *fakeLoad) {
+		l.total = 4 << 30
+		l.perSandbox = func() float64 { return float64(len(h.rt.ids())) / 64 }
+	})
+	n, _ := h.start(cfg)
+	waitFor(t, func() bool { return poolReady(n) == 3 }, "the floor")
+	// At 88% and three sandboxes' 4.7%, the host is 110 MiB past the
+	// 90% mark: the pool keeps what fits in the 82 MiB it may still
+	// hold (one), and then, at 89.6%, holds on without refilling.
+	h.load.set(func(l *fakeLoad) { l.used = 0.88 })
+	waitFor(t, func() bool { return poolReady(n) == 1 }, "the pool to shrink to one")
+	time.Sleep(1200 * time.Millisecond)
+	if got := poolReady(n); got != 1 {
+		t.Errorf("%d prestarted after more ticks at 89.6%%, want 1", got)
+	}
+	h.load.set(func(l *fakeLoad) { l.used = 0.95 })
+	waitFor(t, func() bool { return poolReady(n) == 0 }, "the pool to empty")
+	if len(h.rt.ids()) != 0 {
+		t.Errorf("the runtime still runs %v", h.rt.ids())
+	}
+	h.load.set(func(l *fakeLoad) { l.used = 0.5 })
+	waitFor(t, func() bool { return poolReady(n) == 3 }, "the refill once the pressure is gone")
+}
+
+// TestWarmPoolAdmission: prestarted sandboxes count toward the node's
+// admission and its reports; a create that does not fit beside them
+// kills as many as it needs, and one that would not fit without them
+// either kills none.
+func TestWarmPoolAdmission(t *testing.T) {
+	h := newHost(t)
+	cfg := poolConfig(h, 1<<30, 2)
+	cfg.Capacity.MemoryMB = 1024 // four sandboxes of 256 MiB, no overcommit
+	n, _ := h.start(cfg)
+	ctx := context.Background()
+	waitFor(t, func() bool { return poolReady(n) == 2 }, "the floor")
+	if st := n.Stats(); st.CommittedMB != 512 || st.Pooled != 2 || st.Sandboxes != 0 {
+		t.Errorf("with two prestarted: %+v", st)
+	}
+	var users []string
+	for range 2 {
+		sb, err := n.Create(ctx, CreateRequest{TemplateID: testTemplate})
+		if err != nil {
+			t.Fatal(err)
+		}
+		users = append(users, sb.ID)
+	}
+	waitFor(t, func() bool { return poolReady(n) == 2 }, "the refill")
+	if st := n.Stats(); st.CommittedMB != 1024 || st.Pooled != 2 || st.Sandboxes != 2 {
+		t.Errorf("full with two users' and two prestarted: %+v", st)
+	}
+	// Another size: not a prestarted one's; it fits by killing one.
+	sb, err := n.Create(ctx, CreateRequest{TemplateID: testTemplate, CPUCount: 2})
+	if err != nil {
+		t.Fatalf("a create that fits once a prestarted sandbox goes: %v", err)
+	}
+	users = append(users, sb.ID)
+	if got := poolReady(n); got != 1 {
+		t.Errorf("%d prestarted after the create that needed room, want 1", got)
+	}
+	if _, err := n.Create(ctx, CreateRequest{TemplateID: testTemplate, MemoryMB: 512}); !errors.Is(err, ErrNoCapacity) {
+		t.Errorf("512 MiB with 256 held by the pool: %v, want ErrNoCapacity", err)
+	}
+	if got := poolReady(n); got != 1 {
+		t.Errorf("%d prestarted after a create that could not fit anyway, want 1 (none killed for nothing)", got)
+	}
+	time.Sleep(1200 * time.Millisecond)
+	if got, st := poolReady(n), n.Stats(); got != 1 || st.CommittedMB != 1024 {
+		t.Errorf("the full node's pool: %d prestarted, %d MiB committed; want 1 and 1024 (the refill admitted as any boot)", got, st.CommittedMB)
+	}
+	if err := n.Kill(ctx, users[0]); err != nil {
+		t.Fatal(err)
+	}
+	h.clock.advance(poolRetry) // the refill refused waits that long
+	waitFor(t, func() bool { return poolReady(n) == 2 }, "the refill once there is room")
+	if !slices.Contains(h.rt.ids(), users[1]) || !slices.Contains(h.rt.ids(), users[2]) {
+		t.Errorf("a user's sandbox was killed for the pool: the runtime runs %v", h.rt.ids())
+	}
+}
+
+// TestWarmPoolClosedKeepingSandboxes: a node closed keeping its
+// sandboxes for the next process still kills its prestarted ones: a pool
+// is a cache, and nothing would take them over.
+func TestWarmPoolClosedKeepingSandboxes(t *testing.T) {
+	h := newHost(t)
+	n, _ := h.start(poolConfig(h, 1<<30, 2))
+	ctx := context.Background()
+	waitFor(t, func() bool { return poolReady(n) == 2 }, "the floor")
+	sb, err := n.Create(ctx, CreateRequest{TemplateID: testTemplate})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return poolReady(n) == 2 }, "the refill")
+	if err := n.Close(ctx, KeepSandboxes); err != nil {
+		t.Fatal(err)
+	}
+	if ids := h.rt.ids(); !slices.Equal(ids, []string{sb.ID}) {
+		t.Errorf("after a close that keeps sandboxes the runtime runs %v, want the user's %s only", ids, sb.ID)
+	}
+	if got := h.net.heldCount(); got != 1 {
+		t.Errorf("%d slots held, want the user's", got)
+	}
+}
