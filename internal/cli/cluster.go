@@ -25,9 +25,10 @@ admin key, such as a server's own (<data-dir>/secrets/api-key).`,
 	}
 	var ttl time.Duration
 	var description string
+	var asServer bool
 	join := &cobra.Command{
 		Use:   "join-command",
-		Short: "Make a join token and print the command that joins a node with it",
+		Short: "Make a join token and print the command that joins a node (or a server) with it",
 		Long: `Make a join token (valid for --ttl) and print the whole command that joins a
 node with it:
 
@@ -35,14 +36,28 @@ node with it:
 
 The server is the one this command talks to, at its cluster listener
 (--cluster-listen, --cluster-advertise). Anyone holding the token may join
-a node until it expires or is revoked ('aenv cluster tokens revoke ID').`,
+a node until it expires or is revoked ('aenv cluster tokens revoke ID').
+
+With --server the token joins another API server instead:
+
+  aenv server --join https://SERVER:8443 --token TOKEN --ca-hash sha256:...
+
+A joining server is handed what every server holds, over TLS checked
+against the CA hash: the cluster's etcd endpoints, the data key, the
+cluster token and the CA with its key (every server signs certificates).
+Keep such a token as you would the CA's key. A node's token joins no
+server, and a server's token no node.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := g.client()
 			if err != nil {
 				return err
 			}
-			jc, err := c.CreateJoinToken(cmd.Context(), ttl, description)
+			create := c.CreateJoinToken
+			if asServer {
+				create = c.CreateServerJoinToken
+			}
+			jc, err := create(cmd.Context(), ttl, description)
 			if err != nil {
 				return err
 			}
@@ -53,11 +68,12 @@ a node until it expires or is revoked ('aenv cluster tokens revoke ID').`,
 	}
 	join.Flags().DurationVar(&ttl, "ttl", time.Hour, "how long the join token is valid (at most 168h)")
 	join.Flags().StringVar(&description, "description", "", "what the token is for, shown by 'aenv cluster tokens ls'")
+	join.Flags().BoolVar(&asServer, "server", false, "make a token that joins an API server ('aenv server --join'), handed the CA's key and the data key, instead of a node")
 
 	tokens := &cobra.Command{Use: "tokens", Short: "List or revoke join tokens", Args: cobra.ArbitraryArgs, RunE: groupRun}
 	ls := listCmd(g, &cobra.Command{Use: "ls", Aliases: []string{"list"}, Short: "List the join tokens not yet expired"},
-		(*client.Client).JoinTokens, "ID\tEXPIRES\tCREATED\tDESCRIPTION", func(t client.JoinToken) string {
-			return fmt.Sprintf("%s\t%s\t%s\t%s", t.ID, t.ExpiresAt.Local().Format("2006-01-02 15:04:05"),
+		(*client.Client).JoinTokens, "ID\tROLE\tEXPIRES\tCREATED\tDESCRIPTION", func(t client.JoinToken) string {
+			return fmt.Sprintf("%s\t%s\t%s\t%s\t%s", t.ID, t.Role, t.ExpiresAt.Local().Format("2006-01-02 15:04:05"),
 				t.CreatedAt.Local().Format("2006-01-02 15:04:05"), t.Description)
 		})
 	revoke := &cobra.Command{
