@@ -2,13 +2,15 @@ package cli
 
 import (
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/aenvhq/aenv/internal/client"
+	"github.com/aenvhq/aenv/internal/membership"
 	"github.com/aenvhq/aenv/internal/pki"
 )
 
@@ -100,8 +102,8 @@ server, and a server's token no node.`,
 // newClusterCACmd prints the cluster CA's certificate from a server's data
 // directory, for the clients of an API that serves a certificate of it.
 func newClusterCACmd() *cobra.Command {
-	var dataDir string
-	var hash bool
+	var dataDir, caDir string
+	var hash, create bool
 	cmd := &cobra.Command{
 		Use:   "ca",
 		Short: "Print the cluster's CA certificate, which clients check the API's certificate against",
@@ -115,10 +117,24 @@ func newClusterCACmd() *cobra.Command {
   SSL_CERT_FILE=aenv-ca.crt python3 agent.py                # the E2B Python SDK
 
 The certificate is public; the CA's key (ca.key beside it) is not printed.
---hash prints its hash instead, the --ca-hash of a join command.`,
+--hash prints its hash instead, the --ca-hash of a join command.
+
+--init makes the CA in --ca-dir first, unless it holds one: for a cluster
+whose etcd members (aenv etcd --ca-dir) and first server start at once,
+each given a copy of ca.crt and ca.key, which would otherwise each make
+their own.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			path := pki.Files{Dir: filepath.Join(dataDir, "secrets")}.CAPath()
+			dir := caDir
+			if dir == "" {
+				dir = membership.SecretsDir(dataDir)
+			}
+			if create {
+				if _, err := membership.BootstrapCA(pki.Files{Dir: dir}, true, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+					return err
+				}
+			}
+			path := pki.Files{Dir: dir}.CAPath()
 			b, err := os.ReadFile(path)
 			if err != nil {
 				return fmt.Errorf("reading the cluster's CA: %w (is --data-dir a server's data directory?)", err)
@@ -137,6 +153,8 @@ The certificate is public; the CA's key (ca.key beside it) is not printed.
 	}
 	cmd.Flags().StringVar(&dataDir, "data-dir", defaultDataDir, "the server's data directory")
 	cmd.Flags().BoolVar(&hash, "hash", false, "print the CA's hash (sha256:...) instead of its certificate")
+	cmd.Flags().StringVar(&caDir, "ca-dir", "", "the directory of the CA's ca.crt and ca.key (default: <data-dir>/secrets)")
+	cmd.Flags().BoolVar(&create, "init", false, "make the CA (ca.crt, ca.key, mode 0600) in --ca-dir if it holds none")
 	return cmd
 }
 
