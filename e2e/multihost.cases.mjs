@@ -1,10 +1,15 @@
-// Many hosts on one machine, through the e2b SDK: a 3-member etcd, two API
-// servers without local nodes and three node agents, each in its own
+// Many hosts on one machine, through the e2b SDK, over TLS: a 3-member
+// etcd (client and peer TLS), two API servers without local nodes serving
+// HTTPS (the second joined with `aenv server --join`) and three node
+// agents joined with `aenv cluster join-command`'s lines, each in its own
 // network namespace. Sandboxes spread over the nodes and answer through
 // either server; a node killed with -9 has its running sandboxes reported
 // lost and its paused one resumed elsewhere; an etcd member or an API
 // server going away changes nothing; a node restarted within its lease
-// keeps its sandboxes.
+// keeps its sandboxes. A cluster of the old kind (plain, the cluster
+// token) still works beside it; and the capture of the whole run holds
+// none of the TLS cluster's secrets. Run through multihost.test.mjs, which
+// makes the CA this process trusts.
 
 import assert from 'node:assert/strict'
 import { execFileSync } from 'node:child_process'
@@ -184,7 +189,7 @@ cl.test('migrate: a sandbox with a running counter continues on another node, sa
 cl.test('a node stopping with --on-stop=drain: the cluster moves its sandboxes away, running', async () => {
   const idx = 2
   await cl.nodes[idx].kill('SIGKILL')
-  const draining = cl.nodeProc(3, ['--join', `http://10.250.7.1:${cl.servers[0].port}`], { onStop: 'drain' })
+  const draining = cl.nodeProc(3, { onStop: 'drain' })
   cl.nodes[idx] = draining
   draining.start()
   await cl.waitNodeUp(draining)
@@ -219,7 +224,7 @@ cl.test('a node stopping with --on-stop=drain: the cluster moves its sandboxes a
     cl.sandboxes.delete(sbx.sandboxId)
   }
   // Back as it was, for the tests after this one.
-  cl.nodes[idx] = cl.nodeProc(3, ['--join', `http://10.250.7.1:${cl.servers[0].port}`])
+  cl.nodes[idx] = cl.nodeProc(3)
   cl.nodes[idx].start()
   await cl.waitNodeUp(cl.nodes[idx])
   await cl.waitNodes(['zqmhn3'])
@@ -230,15 +235,15 @@ cl.test('API keys live in the cluster: a key made on one server works on the oth
   const made = await cl.api('POST', '/keys', { body: { name: 'e2e', maxSandboxes: 1 }, server: cl.servers[0] })
   assert.equal(made.status, 201, made.text)
   const key = made.json.key
-  const asUser = (server) => rawRequest({ port: server.port, path: '/v2/sandboxes', headers: { 'X-API-KEY': key } })
+  cl.secret('the API key made', key)
+  const asUser = (server) => cl.api('GET', '/v2/sandboxes', { server, headers: { 'X-API-KEY': key } })
   await waitFor(async () => (await asUser(cl.servers[1])).status === 200, { timeoutMs: 5000, what: 'the other server to accept the key' })
-  const sbx = await Sandbox.create({ ...cl.via(1), apiKey: key })
-  cl.sandboxes.add(sbx.sandboxId)
+  const sbx = cl.track(await Sandbox.create({ ...cl.via(1), apiKey: key }))
   // Each server counts a key's sandboxes from its own copy of the records,
   // which follows the other servers' writes milliseconds later.
   await waitFor(async () => (await cl.api('GET', `/sandboxes/${sbx.sandboxId}`, { server: cl.servers[0] })).status === 200,
     { timeoutMs: 5000, what: 'the other server to see the sandbox' })
-  const over = await rawRequest({ port: cl.servers[0].port, method: 'POST', path: '/sandboxes', headers: { 'X-API-KEY': key }, body: { templateID: 'base' } })
+  const over = await cl.api('POST', '/sandboxes', { server: cl.servers[0], headers: { 'X-API-KEY': key }, body: { templateID: 'base' } })
   assert.equal(over.status, 429, `a create past the key's quota of 1: ${over.status} ${over.text}`)
   await sbx.kill()
   cl.sandboxes.delete(sbx.sandboxId)
@@ -286,15 +291,7 @@ cl.test('a volume lives on one node: its sandboxes go there, and either server r
   assert.equal(await Volume.destroy(vol.volumeId, cl.via(0)), true)
 })
 
-cl.test('bad input: a wrong cluster token, an unknown node, a create no node can take', async () => {
-  const intruder = cl.nodeProc(3, ['--join', `http://10.250.7.1:${cl.servers[1].port}`], { token: 'not-the-cluster-token-at-all' })
-  intruder.args[intruder.args.indexOf('--node-id') + 1] = 'intruder'
-  intruder.start()
-  const exit = await intruder.exited
-  assert.notEqual(exit.code, 0)
-  assert.match(intruder.tail(), /wrong or missing cluster token/)
-  assert.match(cl.servers[1].tail(200), /refused a request with a wrong or missing cluster token/)
-
+cl.test('bad input: an unknown node, a create no node can take', async () => {
   const unknown = await cl.api('GET', '/nodes/nosuchnode')
   assert.equal(unknown.status, 404)
 
@@ -312,4 +309,42 @@ cl.test('bad input: a wrong cluster token, an unknown node, a create no node can
   } finally {
     for (const n of ['zqmhn1', 'zqmhn2', 'zqmhn3']) await cl.api('DELETE', `/nodes/${n}/drain`)
   }
+})
+
+cl.test('the old join with the cluster token (--insecure-cluster): a plain cluster beside works, and a wrong token is refused', async () => {
+  const { server, node } = await cl.legacy()
+  const plain = { apiUrl: server.url, sandboxUrl: server.url, apiKey: cl.legacyApiKey }
+  const nodes = () => rawRequest({ host: server.host, port: server.port, path: '/nodes', headers: { 'X-API-KEY': cl.legacyApiKey } })
+  await waitFor(async () => (await nodes()).json?.some((n) => n.id === node.id && n.state === 'ready'),
+    { timeoutMs: 30_000, what: 'the node joined with the cluster token to be ready' })
+  const sbx = await Sandbox.create({ ...plain, timeoutMs: 600_000 })
+  try {
+    assert.equal((await sbx.commands.run('echo plain')).stdout.trim(), 'plain')
+  } finally {
+    await sbx.kill()
+  }
+  assert.match(server.tail(400), /--insecure-cluster/, 'the plain cluster started without warning')
+
+  const intruder = cl.legacyNode({ token: 'not-the-cluster-token-at-all', id: 'intruder' })
+  intruder.start()
+  const exit = await intruder.exited
+  assert.notEqual(exit.code, 0)
+  assert.match(intruder.tail(), /wrong or missing cluster token/)
+  assert.match(server.tail(200), /refused a request with a wrong or missing cluster token/)
+  await node.kill('SIGTERM')
+  await server.kill('SIGTERM')
+})
+
+// Last: the capture covers every case before it.
+cl.test('the capture of the run holds none of the TLS cluster\'s secrets, and the plain cluster\'s token', async () => {
+  const { bytes, found } = await cl.capturedSecrets()
+  const secrets = [...cl.secrets.keys()]
+  assert.ok(bytes.length > 1 << 20, `only ${bytes.length} bytes were captured`)
+  // The control: what crossed in the clear is found, so an absence means
+  // something.
+  assert.ok(bytes.includes(Buffer.from(cl.legacyToken)), 'the plain cluster\'s token, sent in the clear, is not in the capture')
+  assert.ok(bytes.includes(Buffer.from(cl.legacyApiKey)), 'the plain cluster\'s API key, sent in the clear, is not in the capture')
+  assert.ok(secrets.filter((w) => w.startsWith('join token')).length >= 4, `join tokens checked: ${secrets}`)
+  assert.ok(secrets.filter((w) => w.startsWith('the envd access token')).length >= 30, `access tokens checked: ${secrets.length}`)
+  assert.deepEqual(found, [], `secrets seen on the network in the clear (${cl.pcap})`)
 })
