@@ -51,20 +51,26 @@ func NodeUser(id string) string {
 //   - its live record (under its lease: renewing and revoking the lease
 //     need write on it too), its known record and its drain mark:
 //     read and write, the key alone;
-//   - its live record as a prefix: read, as claimID lists and watches it
-//     so; that reads the records of ids that begin with its own too,
-//     which hold nothing secret (addresses and capacities).
+//   - the cluster's members (MemberPrefixes: the nodes' live and known
+//     records, the removals, the servers' records): read, as the node
+//     keeps its sandboxes off them (agent's memberWatch lists and
+//     watches them) and claimID lists the live records; these hold
+//     nothing secret (addresses, capacities, times).
 //
-// A lease is granted to any authenticated user.
+// A lease is granted to any authenticated user, and etcd's member list
+// read by any.
 func NodePermissions(id string) []state.Permission {
-	return []state.Permission{
+	perms := []state.Permission{
 		{Key: state.HealthKey},
 		{Key: DataKeyCheckKey},
 		{Key: LivePrefix + id, Write: true},
-		{Key: LivePrefix + id, Prefix: true},
 		{Key: KnownPrefix + id, Write: true},
 		{Key: DrainPrefix + id, Write: true},
 	}
+	for _, p := range MemberPrefixes {
+		perms = append(perms, state.Permission{Key: p, Prefix: true})
+	}
+	return perms
 }
 
 // EtcdUsers manages the users of an etcd with auth on (state.Etcd).
