@@ -22,6 +22,7 @@
 
 import { execFileSync, spawn } from 'node:child_process'
 import crypto from 'node:crypto'
+import dgram from 'node:dgram'
 import fs from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
@@ -241,7 +242,7 @@ export class TestCluster {
     this.capture = new Proc('tcpdump', [], path.join(this.tmp, 'tcpdump.log'))
     this.capture.start = function () {
       const fd = fs.openSync(this.logPath, 'a')
-      this.proc = spawn('tcpdump', ['-i', 'any', '-U', '-s', '0', '-n', '-w', this.pcapPath, 'net', this.net], { stdio: ['ignore', fd, fd] })
+      this.proc = spawn('tcpdump', ['-i', 'any', '-U', '-B', '16384', '-s', '0', '-n', '-w', this.pcapPath, 'net', this.net], { stdio: ['ignore', fd, fd] })
       fs.closeSync(fd)
       this.exited = new Promise((resolve) => this.proc.once('exit', (code, signal) => resolve((this.exit = { code, signal }))))
     }
@@ -257,14 +258,30 @@ export class TestCluster {
   }
 
   /**
-   * Stops the capture and returns, for each secret recorded, whether its
-   * bytes appear in the pcap, with how many bytes were captured. The raw
-   * file is searched: over plain HTTP/1.1 a header's value appears
-   * verbatim (a secret split across two segments could be missed, which
-   * the control secret of legacy() would show as flakiness, not hide).
+   * Stops the capture and returns its bytes, and which of the secrets
+   * recorded appear in them. tcpdump may lag behind the traffic, and
+   * stopping it drops what it has not written yet: a marker datagram is
+   * sent, and it is stopped once the marker is in the file, so that all
+   * before it is. The raw file is searched: over plain HTTP/1.1 a
+   * header's value appears verbatim (a secret split across two segments
+   * could be missed, which the control of legacy() would show as
+   * flakiness, not hide). Packets the kernel dropped fail the capture.
    */
   async capturedSecrets() {
+    const marker = Buffer.from(`aenv-capture-marker-${crypto.randomBytes(8).toString('hex')}`)
+    const sock = dgram.createSocket('udp4')
+    await new Promise((resolve, reject) => sock.send(marker, 9, `${this.subnet}.1`, (err) => (err ? reject(err) : resolve())))
+    sock.close()
+    const deadline = Date.now() + 60_000
+    while (!fs.readFileSync(this.pcap).includes(marker)) {
+      if (this.capture.exit) throw new Error(`tcpdump exited during the run (${JSON.stringify(this.capture.exit)}): ${this.capture.tail()}`)
+      if (Date.now() > deadline) throw new Error(`tcpdump did not write the marker within 60 s: ${this.capture.tail()}`)
+      await sleep(100)
+    }
     await this.capture.kill('SIGINT')
+    const dropped = this.capture.tail(5).match(/(\d+) packets? dropped by kernel/)
+    if (!dropped) throw new Error(`tcpdump did not tell what it dropped: ${this.capture.tail()}`)
+    if (Number(dropped[1]) !== 0) throw new Error(`tcpdump: the kernel dropped ${dropped[1]} packets, which may have held a secret`)
     const bytes = fs.readFileSync(this.pcap)
     const found = []
     for (const [what, value] of this.secrets) if (bytes.includes(Buffer.from(value))) found.push(what)
