@@ -1,16 +1,15 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/aenvhq/aenv/internal/client"
-	"github.com/aenvhq/aenv/internal/membership"
 	"github.com/aenvhq/aenv/internal/pki"
 )
 
@@ -127,10 +126,10 @@ their own.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			dir := caDir
 			if dir == "" {
-				dir = membership.SecretsDir(dataDir)
+				dir = filepath.Join(dataDir, "secrets")
 			}
 			if create {
-				if _, err := membership.BootstrapCA(pki.Files{Dir: dir}, true, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+				if err := initCA(pki.Files{Dir: dir}); err != nil {
 					return err
 				}
 			}
@@ -178,4 +177,30 @@ are reported lost. A host joins again only with a new join token.`,
 			return nil
 		},
 	}
+}
+
+// initCA makes a CA in files unless they hold one (both files, or
+// neither: one alone is an error). It is pki's alone, as this CLI links
+// nothing of the state on a laptop; a server's membership.BootstrapCA
+// makes the same files.
+func initCA(files pki.Files) error {
+	_, errC := os.Stat(files.CAPath())
+	_, errK := os.Stat(files.CAKeyPath())
+	switch {
+	case errC == nil && errK == nil:
+		return nil
+	case !errors.Is(errC, os.ErrNotExist) || !errors.Is(errK, os.ErrNotExist):
+		return fmt.Errorf("making the cluster's CA in %s: one of ca.crt and ca.key is there without the other (%v, %v)", files.Dir, errC, errK)
+	}
+	ca, err := pki.NewCA(time.Now())
+	if err != nil {
+		return fmt.Errorf("making the cluster's CA in %s: %w", files.Dir, err)
+	}
+	if err := pki.WriteSecret(files.CAKeyPath(), ca.KeyPEM()); err != nil {
+		return fmt.Errorf("making the cluster's CA in %s: %w", files.Dir, err)
+	}
+	if err := pki.WriteSecret(files.CAPath(), ca.CertPEM()); err != nil {
+		return fmt.Errorf("making the cluster's CA in %s: %w", files.Dir, err)
+	}
+	return nil
 }
