@@ -14,6 +14,9 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 pkgs=(debootstrap iproute2 util-linux nftables e2fsprogs ca-certificates curl procps psmisc busybox-static python3-ipykernel python3-matplotlib erofs-utils fuse3)
+# The multihost e2e suite captures the cluster's traffic (tcpdump) to check no
+# secret crosses the network in the clear.
+pkgs+=(tcpdump)
 # The Python e2e suite (e2e/python) runs the E2B Python SDK from
 # ../shared/python-e2b with Debian's Python: the SDK's dependencies that
 # Debian ships come from here.

@@ -92,7 +92,7 @@ async function findFreePort(start) {
  * (no URL normalisation) and lets us set Host.
  * Returns { status, headers, body (Buffer), text, json (or undefined) }.
  */
-export function rawRequest({ port, method = 'GET', path: reqPath = '/', headers = {}, body, timeoutMs = 30_000, ca }) {
+export function rawRequest({ host = '127.0.0.1', port, method = 'GET', path: reqPath = '/', headers = {}, body, timeoutMs = 30_000, ca }) {
   return new Promise((resolve, reject) => {
     let responded = false
     const hdrs = { ...headers }
@@ -104,7 +104,7 @@ export function rawRequest({ port, method = 'GET', path: reqPath = '/', headers 
     }
     // ca: the server speaks https, with a certificate of that CA.
     const req = (ca ? https : http).request(
-      { host: '127.0.0.1', port, method, path: reqPath, headers: hdrs, agent: false, setHost: !Object.keys(hdrs).some((h) => h.toLowerCase() === 'host'), ...(ca ? { ca } : {}) },
+      { host, port, method, path: reqPath, headers: hdrs, agent: false, setHost: !Object.keys(hdrs).some((h) => h.toLowerCase() === 'host'), ...(ca ? { ca } : {}) },
       (res) => {
         responded = true
         const chunks = []

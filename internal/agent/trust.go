@@ -117,22 +117,7 @@ func joinTLS(ctx context.Context, cfg Config, instance string, log *slog.Logger)
 // node's certificate, over TLS to a server whose chain holds the CA of
 // hash (nothing is sent before that is checked).
 func (c *nodeCreds) tokenJoin(ctx context.Context, token, hash string) (membership.JoinAnswer, error) {
-	tcfg := &tls.Config{
-		MinVersion: tls.VersionTLS13,
-		// Verified below against the pinned CA hash, not a host name.
-		InsecureSkipVerify: true,
-		VerifyConnection: func(cs tls.ConnectionState) error {
-			v, _, id, err := pki.PinnedVerifier(cs.PeerCertificates, hash, time.Now())
-			if err != nil {
-				return err
-			}
-			if id.Role != pki.RoleServer {
-				return fmt.Errorf("%w: %s is not a server's certificate", pki.ErrUntrusted, id.CommonName())
-			}
-			c.verifier = v
-			return nil
-		},
-	}
+	tcfg := pki.PinnedConfig(hash, pki.RoleServer, func(v *pki.Verifier) { c.verifier = v })
 	return c.exchange(ctx, tcfg, membership.TLSJoinPath, membership.JoinRequest{Token: token, NodeID: c.nodeID, Instance: c.instance})
 }
 

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -25,9 +26,10 @@ admin key, such as a server's own (<data-dir>/secrets/api-key).`,
 	}
 	var ttl time.Duration
 	var description string
+	var asServer bool
 	join := &cobra.Command{
 		Use:   "join-command",
-		Short: "Make a join token and print the command that joins a node with it",
+		Short: "Make a join token and print the command that joins a node (or a server) with it",
 		Long: `Make a join token (valid for --ttl) and print the whole command that joins a
 node with it:
 
@@ -35,14 +37,28 @@ node with it:
 
 The server is the one this command talks to, at its cluster listener
 (--cluster-listen, --cluster-advertise). Anyone holding the token may join
-a node until it expires or is revoked ('aenv cluster tokens revoke ID').`,
+a node until it expires or is revoked ('aenv cluster tokens revoke ID').
+
+With --server the token joins another API server instead:
+
+  aenv server --join https://SERVER:8443 --token TOKEN --ca-hash sha256:...
+
+A joining server is handed what every server holds, over TLS checked
+against the CA hash: the cluster's etcd endpoints, the data key, the
+cluster token and the CA with its key (every server signs certificates).
+Keep such a token as you would the CA's key. A node's token joins no
+server, and a server's token no node.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := g.client()
 			if err != nil {
 				return err
 			}
-			jc, err := c.CreateJoinToken(cmd.Context(), ttl, description)
+			create := c.CreateJoinToken
+			if asServer {
+				create = c.CreateServerJoinToken
+			}
+			jc, err := create(cmd.Context(), ttl, description)
 			if err != nil {
 				return err
 			}
@@ -53,11 +69,12 @@ a node until it expires or is revoked ('aenv cluster tokens revoke ID').`,
 	}
 	join.Flags().DurationVar(&ttl, "ttl", time.Hour, "how long the join token is valid (at most 168h)")
 	join.Flags().StringVar(&description, "description", "", "what the token is for, shown by 'aenv cluster tokens ls'")
+	join.Flags().BoolVar(&asServer, "server", false, "make a token that joins an API server ('aenv server --join'), handed the CA's key and the data key, instead of a node")
 
 	tokens := &cobra.Command{Use: "tokens", Short: "List or revoke join tokens", Args: cobra.ArbitraryArgs, RunE: groupRun}
 	ls := listCmd(g, &cobra.Command{Use: "ls", Aliases: []string{"list"}, Short: "List the join tokens not yet expired"},
-		(*client.Client).JoinTokens, "ID\tEXPIRES\tCREATED\tDESCRIPTION", func(t client.JoinToken) string {
-			return fmt.Sprintf("%s\t%s\t%s\t%s", t.ID, t.ExpiresAt.Local().Format("2006-01-02 15:04:05"),
+		(*client.Client).JoinTokens, "ID\tROLE\tEXPIRES\tCREATED\tDESCRIPTION", func(t client.JoinToken) string {
+			return fmt.Sprintf("%s\t%s\t%s\t%s\t%s", t.ID, t.Role, t.ExpiresAt.Local().Format("2006-01-02 15:04:05"),
 				t.CreatedAt.Local().Format("2006-01-02 15:04:05"), t.Description)
 		})
 	revoke := &cobra.Command{
@@ -84,8 +101,8 @@ a node until it expires or is revoked ('aenv cluster tokens revoke ID').`,
 // newClusterCACmd prints the cluster CA's certificate from a server's data
 // directory, for the clients of an API that serves a certificate of it.
 func newClusterCACmd() *cobra.Command {
-	var dataDir string
-	var hash bool
+	var dataDir, caDir string
+	var hash, create bool
 	cmd := &cobra.Command{
 		Use:   "ca",
 		Short: "Print the cluster's CA certificate, which clients check the API's certificate against",
@@ -99,10 +116,24 @@ func newClusterCACmd() *cobra.Command {
   SSL_CERT_FILE=aenv-ca.crt python3 agent.py                # the E2B Python SDK
 
 The certificate is public; the CA's key (ca.key beside it) is not printed.
---hash prints its hash instead, the --ca-hash of a join command.`,
+--hash prints its hash instead, the --ca-hash of a join command.
+
+--init makes the CA in --ca-dir first, unless it holds one: for a cluster
+whose etcd members (aenv etcd --ca-dir) and first server start at once,
+each given a copy of ca.crt and ca.key, which would otherwise each make
+their own.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			path := pki.Files{Dir: filepath.Join(dataDir, "secrets")}.CAPath()
+			dir := caDir
+			if dir == "" {
+				dir = filepath.Join(dataDir, "secrets")
+			}
+			if create {
+				if err := initCA(pki.Files{Dir: dir}); err != nil {
+					return err
+				}
+			}
+			path := pki.Files{Dir: dir}.CAPath()
 			b, err := os.ReadFile(path)
 			if err != nil {
 				return fmt.Errorf("reading the cluster's CA: %w (is --data-dir a server's data directory?)", err)
@@ -121,6 +152,8 @@ The certificate is public; the CA's key (ca.key beside it) is not printed.
 	}
 	cmd.Flags().StringVar(&dataDir, "data-dir", defaultDataDir, "the server's data directory")
 	cmd.Flags().BoolVar(&hash, "hash", false, "print the CA's hash (sha256:...) instead of its certificate")
+	cmd.Flags().StringVar(&caDir, "ca-dir", "", "the directory of the CA's ca.crt and ca.key (default: <data-dir>/secrets)")
+	cmd.Flags().BoolVar(&create, "init", false, "make the CA (ca.crt, ca.key, mode 0600) in --ca-dir if it holds none")
 	return cmd
 }
 
@@ -144,4 +177,30 @@ are reported lost. A host joins again only with a new join token.`,
 			return nil
 		},
 	}
+}
+
+// initCA makes a CA in files unless they hold one (both files, or
+// neither: one alone is an error). It is pki's alone, as this CLI links
+// nothing of the state on a laptop; a server's membership.BootstrapCA
+// makes the same files.
+func initCA(files pki.Files) error {
+	_, errC := os.Stat(files.CAPath())
+	_, errK := os.Stat(files.CAKeyPath())
+	switch {
+	case errC == nil && errK == nil:
+		return nil
+	case !errors.Is(errC, os.ErrNotExist) || !errors.Is(errK, os.ErrNotExist):
+		return fmt.Errorf("making the cluster's CA in %s: one of ca.crt and ca.key is there without the other (%v, %v)", files.Dir, errC, errK)
+	}
+	ca, err := pki.NewCA(time.Now())
+	if err != nil {
+		return fmt.Errorf("making the cluster's CA in %s: %w", files.Dir, err)
+	}
+	if err := pki.WriteSecret(files.CAKeyPath(), ca.KeyPEM()); err != nil {
+		return fmt.Errorf("making the cluster's CA in %s: %w", files.Dir, err)
+	}
+	if err := pki.WriteSecret(files.CAPath(), ca.CertPEM()); err != nil {
+		return fmt.Errorf("making the cluster's CA in %s: %w", files.Dir, err)
+	}
+	return nil
 }

@@ -21,7 +21,8 @@ func newStateRotateDataKeyCmd() *cobra.Command {
 		Short: "Seal the cluster's secrets at rest with a new data key",
 		Long: `Make a new data key, put it first in the data key file (the old keys stay
 after it, so that what they sealed still opens: snapshots taken before),
-and rewrite every sandbox and volume record in etcd sealed with it. Servers
+and rewrite every sandbox and volume record in etcd, and the cluster CA's
+key, sealed with it. Servers
 and node agents reading that file pick the new key up when they first meet
 a value sealed with it; copy the file to the other hosts of the cluster
 (servers and node agents that read it) right away, as they cannot read the
@@ -72,7 +73,11 @@ once no snapshot from before the rotation is left.`,
 				return fmt.Errorf("rotating the data key (the new key %s is in %s; run the command again): %w", next.ID, keyFile, err)
 			}
 			out := cmd.OutOrStdout()
-			fmt.Fprintf(out, "data key rotated: new key %s sealed %d sandbox records and %d volumes\n", next.ID, n.Sandboxes, n.Volumes)
+			ca := ""
+			if n.CA > 0 {
+				ca = " and the cluster CA's key"
+			}
+			fmt.Fprintf(out, "data key rotated: new key %s sealed %d sandbox records, %d volumes%s\n", next.ID, n.Sandboxes, n.Volumes, ca)
 			fmt.Fprintf(out, "%s holds it first, then the older keys %s (still needed for snapshots sealed before)\n",
 				keyFile, strings.Join(ring.IDs()[1:], ", "))
 			fmt.Fprintf(out, "copy %s to the cluster's other servers and node agents that read it\n", keyFile)

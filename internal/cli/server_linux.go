@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -26,7 +27,7 @@ func newServerCmd() *cobra.Command {
 	var drain, cleanup, localNode bool
 	var trustedProxies []string
 	var hs hostStrings
-	var buildNetwork, buildDisk, maxImageSize, clusterTokenFile string
+	var buildNetwork, buildDisk, maxImageSize, clusterTokenFile, joinTokenFile string
 	cmd := &cobra.Command{
 		Use:   "server",
 		Short: "Run the aenv server (API, proxy and a local node)",
@@ -50,6 +51,17 @@ a client's user is its certificate's name. Servers are "server:etcd-client"
 its own registration, and removed with 'aenv node rm'. Nodes joining with
 the old cluster token cannot reach such an etcd. Plain http is for loopback
 only, unless --insecure-cluster.
+
+Another API server joins the cluster with the line 'aenv cluster join-command
+--server' prints on a server of it:
+
+  aenv server --join https://SERVER:8443 --token TOKEN --ca-hash sha256:...
+
+It checks the server's certificate against --ca-hash before it sends the
+token, and is handed the cluster's etcd endpoints, data key, cluster token
+and CA (with its key: every server signs certificates), which it keeps in
+<data-dir>/secrets; it uses the cluster's etcd (no embedded member), and a
+restart needs no token.
 
 Stopping the server (SIGTERM, an upgrade, even kill -9) does not stop the
 sandboxes: the next start takes them over, running as they were.
@@ -86,6 +98,15 @@ and --on-stop=kill kills them.`,
 				if cfg.ClusterToken, err = readSecretFile("--cluster-token-file", clusterTokenFile); err != nil {
 					return err
 				}
+			}
+			if joinTokenFile != "" {
+				var err error
+				if cfg.JoinToken, err = readSecretFile("--token-file", joinTokenFile); err != nil {
+					return err
+				}
+			}
+			if cfg.JoinToken != "" && cfg.Join == "" {
+				return &usageError{cmd: cmd, err: errors.New("--token and --token-file are a join token, for --join")}
 			}
 			if drain {
 				onStop = "pause"
@@ -128,6 +149,10 @@ and --on-stop=kill kills them.`,
 	f.BoolVar(&localNode, "local-node", true, "run a node in this process (the single-host setup); false makes a pure API server for the nodes that join (aenv node)")
 	f.StringVar(&clusterTokenFile, "cluster-token-file", "", "file holding the token servers and nodes joined the old way (plain HTTP) authenticate each other with (default: $AENV_CLUSTER_TOKEN, else <data-dir>/secrets/cluster-token, generated on first start)")
 	secretFlag(f, "cluster-token")
+	f.StringVar(&cfg.Join, "join", "", "join the cluster of the server at this cluster listener, https://SERVER:8443, with a join token of the server role ('aenv cluster join-command --server' prints the command): its etcd, data key and CA are handed over")
+	f.StringVar(&cfg.JoinToken, "token", "", "with --join: the join token, short-lived (default: --token-file, else $AENV_JOIN_TOKEN)")
+	f.StringVar(&joinTokenFile, "token-file", "", "with --join: file holding the join token")
+	f.StringVar(&cfg.CAHash, "ca-hash", "", "with --join: the cluster CA's hash (sha256:...) the server joined must prove it holds")
 	f.StringVar(&cfg.Listen, "listen", server.DefaultListen, "address of the API and sandbox proxy: plain HTTP on loopback; beyond it (e.g. :8000) HTTPS, with --tls-cert/--tls-key or a certificate of the cluster's CA ('aenv cluster ca' prints the CA for clients)")
 	f.BoolVar(&cfg.InsecureHTTP, "insecure-http", false, "serve the API in plain HTTP beyond loopback too (API keys and sandbox traffic in the clear; for a TLS proxy in front on a trusted network)")
 	f.BoolVar(&cfg.HTTPS, "https", false, "serve HTTPS on loopback too")

@@ -8,11 +8,12 @@ import (
 	"time"
 )
 
-// JoinCommand is a new join token and the command that joins a node with
-// it.
+// JoinCommand is a new join token and the command that joins a node (or
+// an API server, Role "server") with it.
 type JoinCommand struct {
 	Token     string    `json:"token"`
 	ID        string    `json:"id"`
+	Role      string    `json:"role"`
 	ExpiresAt time.Time `json:"expiresAt"`
 	CAHash    string    `json:"caHash"`
 	URL       string    `json:"url"`
@@ -22,6 +23,7 @@ type JoinCommand struct {
 // JoinToken is a join token as listed (without its secret).
 type JoinToken struct {
 	ID          string    `json:"id"`
+	Role        string    `json:"role"`
 	Description string    `json:"description,omitempty"`
 	CreatedAt   time.Time `json:"createdAt"`
 	ExpiresAt   time.Time `json:"expiresAt"`
@@ -30,8 +32,19 @@ type JoinToken struct {
 // CreateJoinToken makes a join token valid for ttl (0: the server's
 // default, an hour) and returns the join command (an admin key's call).
 func (c *Client) CreateJoinToken(ctx context.Context, ttl time.Duration, description string) (*JoinCommand, error) {
+	return c.createJoinToken(ctx, ttl, description, "node")
+}
+
+// CreateServerJoinToken makes a join token that joins an API server
+// (`aenv server --join`), which is handed the cluster's CA and data key:
+// a node's token does not join a server.
+func (c *Client) CreateServerJoinToken(ctx context.Context, ttl time.Duration, description string) (*JoinCommand, error) {
+	return c.createJoinToken(ctx, ttl, description, "server")
+}
+
+func (c *Client) createJoinToken(ctx context.Context, ttl time.Duration, description, role string) (*JoinCommand, error) {
 	var out JoinCommand
-	body := map[string]any{"ttlSeconds": int(ttl / time.Second), "description": description}
+	body := map[string]any{"ttlSeconds": int(ttl / time.Second), "description": description, "role": role}
 	if err := c.do(ctx, http.MethodPost, "/cluster/join-tokens", body, &out); err != nil {
 		return nil, fmt.Errorf("creating a join token: %w", err)
 	}

@@ -13,11 +13,14 @@ import (
 // Resealed counts what ResealState rewrote.
 type Resealed struct {
 	Sandboxes, Volumes int
+	// CA is 1 when the cluster CA's key was sealed again (0: the
+	// cluster has no CA record yet).
+	CA int
 }
 
 // ResealState rewrites every secret the store holds (the tokens of
-// sandbox and volume records, the data key check) sealed with keys'
-// current key, so that older keys can be retired. It opens them with any
+// sandbox and volume records, the cluster CA's key, the data key check)
+// sealed with keys' current key, so that older keys can be retired. It opens them with any
 // of keys; each write is a compare-and-swap, retried on a concurrent
 // change, so that running servers may go on meanwhile.
 func ResealState(ctx context.Context, st state.Store, keys *sealed.Keyring) (Resealed, error) {
@@ -42,6 +45,15 @@ func ResealState(ctx context.Context, st state.Store, keys *sealed.Keyring) (Res
 	if err != nil {
 		return n, err
 	}
+	// The CA's key too: a server holding only the new key (one that
+	// joins, or every one once an old key is retired) opens it.
+	err = reseal(ctx, st, membership.CAKey, func(e state.Entry) ([]byte, error) {
+		return membership.ResealCA(keys, e.Value)
+	}, &n.CA)
+	if err != nil {
+		return n, err
+	}
+	// The check last: a process it lets in opens everything before it.
 	var checks int
 	err = reseal(ctx, st, membership.DataKeyCheckKey, func(e state.Entry) ([]byte, error) {
 		return membership.ResealDataKeyCheck(keys, e.Value)

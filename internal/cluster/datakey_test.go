@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
+	"log/slog"
 	"strings"
 	"testing"
 
@@ -70,8 +72,8 @@ func TestRecordsSealTokens(t *testing.T) {
 }
 
 // TestResealState: after a rotation every stored secret is sealed with
-// the new key (also those stored in clear before sealing), and the new
-// key alone opens them all.
+// the new key (also those stored in clear before sealing), the cluster
+// CA's key included, and the new key alone opens them all.
 func TestResealState(t *testing.T) {
 	ctx := context.Background()
 	st := state.NewMemory()
@@ -89,9 +91,13 @@ func TestResealState(t *testing.T) {
 	st.Put(ctx, sandboxKey("c"), plain, state.WriteOptions{})
 	vb, _ := encodeVolume(keyring(t, old), &Volume{ID: "v", Token: "tok-v"})
 	st.Put(ctx, volumePrefix+"v", vb, state.WriteOptions{})
+	ca, err := membership.LoadCA(ctx, st, keyring(t, old), t.TempDir(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	n, err := ResealState(ctx, st, keyring(t, next, old))
-	if err != nil || n.Sandboxes != 3 || n.Volumes != 1 {
+	if err != nil || n.Sandboxes != 3 || n.Volumes != 1 || n.CA != 1 {
 		t.Fatalf("reseal: %+v %v", n, err)
 	}
 	only := keyring(t, next)
@@ -107,5 +113,11 @@ func TestResealState(t *testing.T) {
 	}
 	if err := membership.CheckDataKey(ctx, st, only, false); err != nil {
 		t.Fatalf("check with the new key alone: %v", err)
+	}
+	// A server with the new key alone and no CA files of its own takes
+	// the cluster's CA from the state.
+	back, err := membership.LoadCA(ctx, st, only, t.TempDir(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil || back.Hash() != ca.Hash() {
+		t.Fatalf("the CA with the new key alone: %v", err)
 	}
 }

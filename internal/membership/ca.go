@@ -168,3 +168,16 @@ func ResealCA(keys *sealed.Keyring, value []byte) ([]byte, error) {
 	rec.Key = keys.Seal(keyPEM, CAKey)
 	return json.Marshal(rec)
 }
+
+// StoreCAFiles writes the CA of certPEM and keyPEM (a server's join
+// answer) to files, after checking they are one CA.
+func StoreCAFiles(files pki.Files, certPEM, keyPEM []byte) (*pki.CA, error) {
+	ca, err := pki.ParseCA(certPEM, keyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("storing the cluster CA in %s: %w", files.Dir, err)
+	}
+	if err := storeCAFiles(files, ca); err != nil {
+		return nil, fmt.Errorf("storing the cluster CA in %s: %w", files.Dir, err)
+	}
+	return ca, nil
+}

@@ -51,13 +51,14 @@ func NodeUser(id string) string {
 //   - its live record (under its lease: renewing and revoking the lease
 //     need write on it too), its known record and its drain mark:
 //     read and write, the key alone;
-//   - the registry of members (MemberPrefixes: live and known nodes,
-//     removed nodes, servers): read, as prefixes, to keep the sandboxes
-//     off every member's address (agent's member watch) and to claim its
-//     id (claimID); those records hold addresses and capacities, nothing
-//     secret.
+//   - the cluster's members (MemberPrefixes: the nodes' live and known
+//     records, the removals, the servers' records): read, as the node
+//     keeps its sandboxes off them (agent's memberWatch lists and
+//     watches them) and claimID lists the live records; these hold
+//     nothing secret (addresses, capacities, times).
 //
-// A lease is granted to any authenticated user.
+// A lease is granted to any authenticated user, and etcd's member list
+// read by any.
 func NodePermissions(id string) []state.Permission {
 	perms := []state.Permission{
 		{Key: state.HealthKey},

@@ -32,7 +32,8 @@ func permits(perms []state.Permission, key string, write bool) bool {
 }
 
 // TestNodePermissions: a node writes its own registration, known record
-// and drain mark and nothing else, and reads no secret of the cluster.
+// and drain mark and nothing else, reads where the cluster's members are,
+// and reads no secret of the cluster.
 func TestNodePermissions(t *testing.T) {
 	perms := NodePermissions("n1")
 	for _, c := range []struct {
@@ -44,7 +45,7 @@ func TestNodePermissions(t *testing.T) {
 		{DrainPrefix + "n1", true, true},
 		{state.HealthKey, true, false},
 		{DataKeyCheckKey, true, false},
-		// Other nodes' registrations: read (the member watch keeps
+		// The other members' records: read (the node keeps its
 		// sandboxes off their addresses), never written.
 		{LivePrefix + "n10", true, false},
 		{KnownPrefix + "n10", true, false},
@@ -53,6 +54,7 @@ func TestNodePermissions(t *testing.T) {
 		{KnownPrefix + "n2", true, false},
 		{DrainPrefix + "n2", false, false},
 		{ServerPrefix + "s1", true, false},
+		{RemovedPrefix + "n2", true, false},
 		{"apikeys/k1", false, false},
 		{CAKey, false, false},
 		{tokenKey, false, false},
@@ -232,6 +234,22 @@ func TestEtcdOverTLSWithRBAC(t *testing.T) {
 	}
 	if err := MarkStopping(ctx, node, "n1"); err != nil {
 		t.Fatalf("node marking itself stopping: %v", err)
+	}
+	// Where the cluster's members are, as the node's sandboxes are kept
+	// off them (agent's memberWatch): every prefix, listed and watched.
+	if _, err := srv.Put(ctx, ServerPrefix+"s1", []byte(`{"hosts":["10.0.0.9"]}`), state.WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range MemberPrefixes {
+		if _, _, err := node.List(ctx, p); err != nil {
+			t.Errorf("node n1 listing the members under %s: %v", p, err)
+		}
+	}
+	if ents, _, err := node.List(ctx, ServerPrefix); err != nil || len(ents) != 1 {
+		t.Errorf("node n1 listing the servers: %d, %v", len(ents), err)
+	}
+	if urls, err := node.MemberURLs(ctx); err != nil || len(urls) == 0 {
+		t.Errorf("node n1 listing etcd's members: %v, %v", urls, err)
 	}
 	reg.Stop()
 	if err := DeregisterNode(ctx, node, "n1"); err != nil {

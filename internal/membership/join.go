@@ -41,3 +41,31 @@ type JoinRequest struct {
 	// leaves the node.
 	CSR string `json:"csr"`
 }
+
+// ServerJoinPath is the route, on a server's cluster listener, where an
+// API server trades a join token of JoinServer's role for what every
+// server of the cluster holds (ServerJoinAnswer): `aenv server --join`.
+const ServerJoinPath = "/cluster/server-join"
+
+// ServerJoinRequest is what a server sends to ServerJoinPath.
+type ServerJoinRequest struct {
+	// Token is a join token of JoinServer's role.
+	Token string `json:"token"`
+}
+
+// ServerJoinAnswer is what ServerJoinPath returns: the secrets every
+// server of the cluster holds, as every server signs certificates and
+// seals records. It is sent only over the cluster listener's TLS, which
+// the joining server checked against the CA hash it was given; a node's
+// join (JoinAnswer) never carries the CA's key.
+type ServerJoinAnswer struct {
+	EtcdEndpoints []string `json:"etcdEndpoints"`
+	// DataKey is the cluster's data keys (sealed.ParseKeys' form).
+	DataKey string `json:"dataKey"`
+	// CA and CAKey are the cluster CA's certificate and key (PEM).
+	CA    string `json:"ca"`
+	CAKey string `json:"caKey"`
+	// ClusterToken is the token servers and the nodes that joined the old
+	// way authenticate each other with.
+	ClusterToken string `json:"clusterToken"`
+}

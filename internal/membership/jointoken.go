@@ -38,22 +38,56 @@ var joinTokenPattern = regexp.MustCompile(`^([a-z0-9]{6})\.([a-z0-9]{16})$`)
 type JoinTokenRecord struct {
 	ID string `json:"id"`
 	// SecretSHA256 is the hex SHA-256 of the secret.
-	SecretSHA256 string    `json:"secretSha256"`
-	Description  string    `json:"description,omitempty"`
-	CreatedAt    time.Time `json:"createdAt"`
-	ExpiresAt    time.Time `json:"expiresAt"`
+	SecretSHA256 string `json:"secretSha256"`
+	Description  string `json:"description,omitempty"`
+	// Role is what the token joins: JoinNode (also a record without
+	// one, from before servers joined) or JoinServer.
+	Role      JoinRole  `json:"role,omitempty"`
+	CreatedAt time.Time `json:"createdAt"`
+	ExpiresAt time.Time `json:"expiresAt"`
 }
 
-// CreateJoinToken makes a join token valid for ttl (0:
-// DefaultJoinTokenTTL) and returns it whole: the only time its secret is
-// seen.
-func CreateJoinToken(ctx context.Context, st state.Store, ttl time.Duration, description string, now time.Time) (string, JoinTokenRecord, error) {
+// JoinRole is what a join token joins. A server's join is handed the
+// CA's key and the data key; a node's only its own certificate. A token
+// joins only its role, so that a node's token, the one handed out most
+// often, never yields the CA's key.
+type JoinRole string
+
+const (
+	// JoinNode tokens join node agents (`aenv node --join`).
+	JoinNode JoinRole = "node"
+	// JoinServer tokens join API servers (`aenv server --join`).
+	JoinServer JoinRole = "server"
+)
+
+// ErrJoinTokenRole: a valid join token given for the other role's join.
+var ErrJoinTokenRole = errors.New("join token of another role")
+
+// JoinTokenSpec is what a new join token is: its life (0:
+// DefaultJoinTokenTTL), its description and its role ("": JoinNode).
+type JoinTokenSpec struct {
+	TTL         time.Duration
+	Description string
+	Role        JoinRole
+}
+
+// CreateJoinToken makes a join token of spec and returns it whole: the
+// only time its secret is seen.
+func CreateJoinToken(ctx context.Context, st state.Store, spec JoinTokenSpec, now time.Time) (string, JoinTokenRecord, error) {
+	ttl := spec.TTL
 	if ttl <= 0 {
 		ttl = DefaultJoinTokenTTL
 	}
+	role := spec.Role
+	if role == "" {
+		role = JoinNode
+	}
+	if role != JoinNode && role != JoinServer {
+		return "", JoinTokenRecord{}, fmt.Errorf("creating a join token: unknown role %q", role)
+	}
 	for range 5 {
 		id, secret := randomToken(6), randomToken(16)
-		rec := JoinTokenRecord{ID: id, SecretSHA256: secretHash(secret), Description: description,
+		rec := JoinTokenRecord{ID: id, SecretSHA256: secretHash(secret), Description: spec.Description, Role: role,
 			CreatedAt: now.UTC(), ExpiresAt: now.Add(ttl).UTC()}
 		b, _ := json.Marshal(rec)
 		_, err := st.Create(ctx, JoinTokenPrefix+id, b, state.WriteOptions{})
@@ -68,10 +102,11 @@ func CreateJoinToken(ctx context.Context, st state.Store, ttl time.Duration, des
 	return "", JoinTokenRecord{}, errors.New("creating a join token: no free id")
 }
 
-// CheckJoinToken accepts token if it is the cluster's, unrevoked and
-// unexpired at now; otherwise ErrInvalidJoinToken, wrapped with the
-// reason for the log.
-func CheckJoinToken(ctx context.Context, st state.Store, token string, now time.Time) (JoinTokenRecord, error) {
+// CheckJoinToken accepts token for a join of role if it is the
+// cluster's, unrevoked and unexpired at now; otherwise
+// ErrInvalidJoinToken, wrapped with the reason for the log. A valid token
+// of the other role is ErrJoinTokenRole.
+func CheckJoinToken(ctx context.Context, st state.Store, token string, role JoinRole, now time.Time) (JoinTokenRecord, error) {
 	m := joinTokenPattern.FindStringSubmatch(strings.TrimSpace(token))
 	if m == nil {
 		return JoinTokenRecord{}, fmt.Errorf("%w: not of the form <6 characters>.<16 characters>", ErrInvalidJoinToken)
@@ -92,6 +127,12 @@ func CheckJoinToken(ctx context.Context, st state.Store, token string, now time.
 	}
 	if !now.Before(rec.ExpiresAt) {
 		return JoinTokenRecord{}, fmt.Errorf("%w: token %s expired at %s", ErrInvalidJoinToken, m[1], rec.ExpiresAt.Format(time.RFC3339))
+	}
+	if rec.Role == "" {
+		rec.Role = JoinNode
+	}
+	if rec.Role != role {
+		return JoinTokenRecord{}, fmt.Errorf("%w: token %s joins a %s, not a %s", ErrJoinTokenRole, m[1], rec.Role, role)
 	}
 	return rec, nil
 }

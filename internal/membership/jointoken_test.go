@@ -21,7 +21,7 @@ func TestJoinTokens(t *testing.T) {
 	ctx := context.Background()
 	st := state.NewMemory()
 	now := time.Now()
-	tok, rec, err := CreateJoinToken(ctx, st, time.Hour, "test", now)
+	tok, rec, err := CreateJoinToken(ctx, st, JoinTokenSpec{TTL: time.Hour, Description: "test"}, now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,8 +32,29 @@ func TestJoinTokens(t *testing.T) {
 	if len(ents) != 1 || strings.Contains(string(ents[0].Value), strings.TrimPrefix(tok, rec.ID+".")) {
 		t.Fatalf("stored: %s", ents[0].Value)
 	}
-	if _, err := CheckJoinToken(ctx, st, tok, now.Add(59*time.Minute)); err != nil {
+	if _, err := CheckJoinToken(ctx, st, tok, JoinNode, now.Add(59*time.Minute)); err != nil {
 		t.Fatalf("a valid token: %v", err)
+	}
+	// A node's token joins no server (a server's join is handed the CA's
+	// key), and a server's no node.
+	if _, err := CheckJoinToken(ctx, st, tok, JoinServer, now); !errors.Is(err, ErrJoinTokenRole) {
+		t.Fatalf("a node's token for a server's join: %v, want ErrJoinTokenRole", err)
+	}
+	stok, srec, err := CreateJoinToken(ctx, st, JoinTokenSpec{Role: JoinServer}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := CheckJoinToken(ctx, st, stok, JoinServer, now); err != nil || got.Role != JoinServer {
+		t.Fatalf("a server's token for a server's join: %+v %v", got, err)
+	}
+	if _, err := CheckJoinToken(ctx, st, stok, JoinNode, now); !errors.Is(err, ErrJoinTokenRole) {
+		t.Fatalf("a server's token for a node's join: %v, want ErrJoinTokenRole", err)
+	}
+	if err := RevokeJoinToken(ctx, st, srec.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := CreateJoinToken(ctx, st, JoinTokenSpec{Role: "admin"}, now); err == nil {
+		t.Fatal("a token of an unknown role was made")
 	}
 	for name, c := range map[string]struct {
 		tok string
@@ -44,7 +65,7 @@ func TestJoinTokens(t *testing.T) {
 		"malformed": {"aenvct_0123456789abcdef0123", now},
 		"unknown":   {"zzzzzz.0123456789abcdef", now},
 	} {
-		if _, err := CheckJoinToken(ctx, st, c.tok, c.at); !errors.Is(err, ErrInvalidJoinToken) {
+		if _, err := CheckJoinToken(ctx, st, c.tok, JoinNode, c.at); !errors.Is(err, ErrInvalidJoinToken) {
 			t.Errorf("%s token: %v, want ErrInvalidJoinToken", name, err)
 		}
 	}
@@ -55,14 +76,14 @@ func TestJoinTokens(t *testing.T) {
 	if err := RevokeJoinToken(ctx, st, rec.ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := CheckJoinToken(ctx, st, tok, now); !errors.Is(err, ErrInvalidJoinToken) {
+	if _, err := CheckJoinToken(ctx, st, tok, JoinNode, now); !errors.Is(err, ErrInvalidJoinToken) {
 		t.Fatalf("a revoked token: %v, want ErrInvalidJoinToken", err)
 	}
 	if err := RevokeJoinToken(ctx, st, rec.ID); !errors.Is(err, state.ErrNotFound) {
 		t.Fatalf("revoking again: %v, want ErrNotFound", err)
 	}
 	// Expired tokens leave the list, and the state.
-	if _, _, err := CreateJoinToken(ctx, st, time.Minute, "", now); err != nil {
+	if _, _, err := CreateJoinToken(ctx, st, JoinTokenSpec{TTL: time.Minute}, now); err != nil {
 		t.Fatal(err)
 	}
 	if list, _ := ListJoinTokens(ctx, st, now.Add(2*time.Minute)); len(list) != 0 {

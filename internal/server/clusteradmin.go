@@ -14,12 +14,14 @@ import (
 )
 
 // JoinCommand is the answer to POST /cluster/join-tokens: a new join
-// token and the command that joins a node with it.
+// token and the command that joins a node (or, of the server role, an
+// API server) with it.
 type JoinCommand struct {
-	Token     string    `json:"token"`
-	ID        string    `json:"id"`
-	ExpiresAt time.Time `json:"expiresAt"`
-	CAHash    string    `json:"caHash"`
+	Token     string              `json:"token"`
+	ID        string              `json:"id"`
+	Role      membership.JoinRole `json:"role"`
+	ExpiresAt time.Time           `json:"expiresAt"`
+	CAHash    string              `json:"caHash"`
 	// URL is the cluster listener nodes join at.
 	URL     string `json:"url"`
 	Command string `json:"command"`
@@ -49,6 +51,9 @@ func (s *Server) createJoinToken(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		TTLSeconds  int    `json:"ttlSeconds"`
 		Description string `json:"description"`
+		// Role is what the token joins: "node" (the default) or
+		// "server".
+		Role membership.JoinRole `json:"role"`
 	}
 	if r.ContentLength != 0 {
 		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4<<10)).Decode(&req); err != nil {
@@ -58,6 +63,13 @@ func (s *Server) createJoinToken(w http.ResponseWriter, r *http.Request) {
 	}
 	if req.TTLSeconds < 0 || req.TTLSeconds > 7*24*3600 {
 		writeJSONError(w, http.StatusBadRequest, "ttlSeconds must be between 1 s and 7 days (0: 1 hour)")
+		return
+	}
+	if req.Role == "" {
+		req.Role = membership.JoinNode
+	}
+	if req.Role != membership.JoinNode && req.Role != membership.JoinServer {
+		writeJSONError(w, http.StatusBadRequest, fmt.Sprintf("role must be %q or %q, not %q", membership.JoinNode, membership.JoinServer, req.Role))
 		return
 	}
 	if s.clusterListener == nil {
@@ -74,15 +86,16 @@ func (s *Server) createJoinToken(w http.ResponseWriter, r *http.Request) {
 		}
 		addr = net.JoinHostPort(host, portOf(s.clusterListener.Addr()))
 	}
-	tok, rec, err := membership.CreateJoinToken(r.Context(), s.state, time.Duration(req.TTLSeconds)*time.Second, req.Description, time.Now())
+	tok, rec, err := membership.CreateJoinToken(r.Context(), s.state, membership.JoinTokenSpec{
+		TTL: time.Duration(req.TTLSeconds) * time.Second, Description: req.Description, Role: req.Role}, time.Now())
 	if err != nil {
 		writeJSONError(w, http.StatusServiceUnavailable, err.Error())
 		return
 	}
 	url := "https://" + addr
-	out := JoinCommand{Token: tok, ID: rec.ID, ExpiresAt: rec.ExpiresAt, CAHash: s.trust.ca.Hash(), URL: url,
-		Command: fmt.Sprintf("aenv node --join %s --token %s --ca-hash %s", url, tok, s.trust.ca.Hash())}
-	s.log.Info("created a join token", "token_id", rec.ID, "expires", rec.ExpiresAt)
+	out := JoinCommand{Token: tok, ID: rec.ID, Role: rec.Role, ExpiresAt: rec.ExpiresAt, CAHash: s.trust.ca.Hash(), URL: url,
+		Command: fmt.Sprintf("aenv %s --join %s --token %s --ca-hash %s", rec.Role, url, tok, s.trust.ca.Hash())}
+	s.log.Info("created a join token", "token_id", rec.ID, "role", rec.Role, "expires", rec.ExpiresAt)
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusCreated)
 	_ = json.NewEncoder(w).Encode(out)
@@ -95,14 +108,19 @@ func (s *Server) listJoinTokens(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	type listed struct {
-		ID          string    `json:"id"`
-		Description string    `json:"description,omitempty"`
-		CreatedAt   time.Time `json:"createdAt"`
-		ExpiresAt   time.Time `json:"expiresAt"`
+		ID          string              `json:"id"`
+		Role        membership.JoinRole `json:"role"`
+		Description string              `json:"description,omitempty"`
+		CreatedAt   time.Time           `json:"createdAt"`
+		ExpiresAt   time.Time           `json:"expiresAt"`
 	}
 	out := []listed{}
 	for _, r := range recs {
-		out = append(out, listed{ID: r.ID, Description: r.Description, CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt})
+		role := r.Role
+		if role == "" {
+			role = membership.JoinNode
+		}
+		out = append(out, listed{ID: r.ID, Role: role, Description: r.Description, CreatedAt: r.CreatedAt, ExpiresAt: r.ExpiresAt})
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(out)

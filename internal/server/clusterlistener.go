@@ -59,6 +59,9 @@ func (s *Server) startClusterListener(addr string) error {
 				case membership.RenewPath:
 					s.renew(w, r)
 					return
+				case membership.ServerJoinPath:
+					s.serverJoin(w, r)
+					return
 				}
 			}
 			node.ServeHTTP(w, r)
@@ -110,7 +113,12 @@ func (s *Server) tlsJoin(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusBadRequest, fmt.Sprintf("invalid node id %q: ids match %s", req.NodeID, nodeIDPattern))
 		return
 	}
-	rec, err := membership.CheckJoinToken(r.Context(), s.state, req.Token, time.Now())
+	rec, err := membership.CheckJoinToken(r.Context(), s.state, req.Token, membership.JoinNode, time.Now())
+	if errors.Is(err, membership.ErrJoinTokenRole) {
+		s.log.Warn("refused a node's join with a server's join token", "node_id", req.NodeID, "remote", r.RemoteAddr, "err", err)
+		writeJSONError(w, http.StatusForbidden, "this join token joins an API server (aenv server --join), not a node: make a node's with 'aenv cluster join-command'")
+		return
+	}
 	if errors.Is(err, membership.ErrInvalidJoinToken) {
 		s.log.Warn("refused a join", "node_id", req.NodeID, "remote", r.RemoteAddr, "err", err)
 		writeJSONError(w, http.StatusUnauthorized, "invalid, expired or revoked join token")

@@ -86,6 +86,10 @@ type Config struct {
 	NoLocalNode bool
 	// Trust is the cluster listener and the certificates' lifetime.
 	Trust TrustConfig
+	// JoinToken is the join token (of the server role) a server given
+	// agent.Config.Join (https, with CAHash) joins the cluster with
+	// (default: $AENV_JOIN_TOKEN); a restart after the join needs none.
+	JoinToken string
 	// dataKeys are the data keys loaded (agent.Config.DataKeyFile), for
 	// the snapshot catalog and the records.
 	dataKeys *sealed.Keyring
@@ -172,6 +176,12 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 
 	if s.apiKey, err = loadAPIKey(cfg.DataDir, cfg.APIKey, log); err != nil {
 		return nil, err
+	}
+	if cfg.Join != "" {
+		if err := joinAsServer(ctx, &cfg, log); err != nil {
+			return nil, err
+		}
+		s.cfg = cfg
 	}
 	if s.etcdTLS, err = openEtcdTLS(cfg, log); err != nil {
 		return nil, err
