@@ -64,6 +64,9 @@ func TestTemplateReachesNodeFromStore(t *testing.T) {
 		RunscPath: runsc, EnvdPath: filepath.Join(binDir, "envd"), BaseRootFS: base,
 		SandboxCIDR: fmt.Sprintf("10.23%d.0.0/16", 2+n%7), NetnsTag: "mnodet" + string(rune('a'+n%26)),
 		NetnsPoolSize: 1, StoreURL: shared, OnStop: cluster.StopKill, Logger: log,
+		// No warm pool: the burst of creates below would teach it
+		// tinyshared, and its pooled sandbox would hold the image too.
+		WarmPoolMemory: -1,
 	}
 	nodeAgent, err := agent.Start(context.Background(), nodeCfg)
 	if err != nil {
