@@ -33,7 +33,7 @@ func newBenchCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure sandbox latency against bare runsc",
-		Long: `Measure a running server (--url, --key), then the same work with bare runsc
+		Long: `Measure a running server (--url, --key-file), then the same work with bare runsc
 on this host, on the template's root filesystem and with the server's runsc
 flags, and print both with their ratio. Run it as root on the server's host,
 with the server idle.
@@ -47,7 +47,7 @@ command), create from a snapshot, and fork of 1, 4 and 16 children; then
 what pausing --pause-count sandboxes frees, read from /proc/meminfo and the
 sandboxes' memory cgroups under --cgroup-parent (the server's --netns-tag).
 Its aenv and bare samples alternate, so that both see the same load on the
-host. It makes the snapshot requests itself, so it takes the key from --key,
+host. It makes the snapshot requests itself, so it takes the key from --key-file,
 AENV_API_KEY, E2B_API_KEY or the local server's key file, not from 'aenv auth'.
 
 The soak suite (not part of all) runs --soak-cycles create/exec/kill cycles,

@@ -25,7 +25,7 @@ func newBuildCmd(g *globals) *cobra.Command {
 		Short: "Make a template from a Dockerfile",
 		Long: `Make the server build the template NAME from a Dockerfile. The build
 context (--context, default the Dockerfile's directory) is uploaded, so the
-server may be on another host: only --url and --key are needed.
+server may be on another host: only --url and a key (--key-file) are needed.
 
 Supported: one FROM, then RUN (shell and JSON form), ENV, ARG (with
 defaults and --build-arg), WORKDIR, USER, COPY (--chown; sources from the

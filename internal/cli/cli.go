@@ -88,7 +88,7 @@ func RunWith(ctx context.Context, args []string, o Options) (int, error) {
 			err = unknownCommand(root, m[1])
 		}
 		if client.IsStatus(err, http.StatusUnauthorized) {
-			err = fmt.Errorf("%w; check --key, AENV_API_KEY or run 'aenv auth'", err)
+			err = fmt.Errorf("%w; check --key-file, AENV_API_KEY or run 'aenv auth'", err)
 		}
 		return 1, oneLine(err)
 	}
@@ -109,7 +109,7 @@ Start a server with 'aenv server', then create sandboxes and run commands in
 them with this CLI or with the unmodified E2B SDKs (set E2B_API_URL,
 E2B_SANDBOX_URL and E2B_API_KEY to the server's URL and key).
 
-The server and key come from, in order: --url/--key, AENV_API_URL and
+The server and key come from, in order: --url/--key-file, AENV_API_URL and
 AENV_API_KEY, E2B_API_URL and E2B_API_KEY, the file 'aenv auth' writes
 (~/.config/aenv/credentials; its key only goes to its own URL), the local
 server's key file (` + localKeyFile + `), and ` + defaultURL + `.`,

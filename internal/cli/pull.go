@@ -40,7 +40,7 @@ An index resolves to its linux/amd64 image. The image must have a shell
 (/bin/sh); the template gets the user 'user' (uid 1000) if it lacks one.
 A pull that fails or is interrupted leaves no template behind, and an
 existing template of the same name stays until the new one is complete.
-The template id is printed on stdout. Only --url and --key are needed: the
+The template id is printed on stdout. Only --url and a key (--key-file) are needed: the
 server may be on another host.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
