@@ -3,10 +3,8 @@ package membership
 import (
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"net/url"
-	"strings"
 )
 
 // ErrPlainRefused is the error of cluster traffic that would cross a
@@ -33,23 +31,13 @@ func CheckPlain(what, target, instead string, insecure bool) error {
 // loopback address or localhost. A host:port with no host (":8100")
 // listens on every address, so it is not.
 func IsLocal(target string) bool {
-	host := target
-	if strings.Contains(target, "://") {
-		u, err := url.Parse(target)
-		if err != nil {
-			return false
-		}
-		if u.Scheme == "unix" || u.Scheme == "unixs" {
-			return true
-		}
-		host = u.Host
+	if u, err := url.Parse(target); err == nil && (u.Scheme == "unix" || u.Scheme == "unixs") {
+		return true
 	}
-	if h, _, err := net.SplitHostPort(host); err == nil {
-		host = h
-	}
+	host := HostOf(target)
 	if host == "localhost" {
 		return true
 	}
-	a, err := netip.ParseAddr(strings.Trim(host, "[]"))
+	a, err := netip.ParseAddr(host)
 	return err == nil && a.IsLoopback()
 }

@@ -637,11 +637,8 @@ func (n *Node) activate(ctx context.Context, sb *Sandbox, tpl *template.Template
 		}
 	}()
 	// Prestarted sandboxes were booted with the pool's egress rules.
-	if !sb.egress.Equal(req.Network) {
-		if err := n.cfg.Network.UpdateEgress(ctx, sb.slot, req.Network); err != nil {
-			return fmt.Errorf("creating sandbox %s: setting egress rules: %w", sb.ID, err)
-		}
-		sb.egress = req.Network
+	if err := n.applyEgress(ctx, sb, req.Network); err != nil {
+		return err
 	}
 	if req.Secure {
 		sb.EnvdAccessToken = randomToken()
@@ -656,6 +653,19 @@ func (n *Node) activate(ctx context.Context, sb *Sandbox, tpl *template.Template
 	return nil
 }
 
+// applyEgress gives a prestarted sandbox the create's egress rules where
+// they differ from those it was booted with.
+func (n *Node) applyEgress(ctx context.Context, sb *Sandbox, rules netns.SlotOptions) error {
+	if sb.egress.Equal(rules) {
+		return nil
+	}
+	if err := n.cfg.Network.UpdateEgress(ctx, sb.slot, rules); err != nil {
+		return fmt.Errorf("creating sandbox %s: setting egress rules: %w", sb.ID, err)
+	}
+	sb.egress = rules
+	return nil
+}
+
 // activateRestored hands a prestarted sandbox restored from a user
 // snapshot to its user: the create's egress rules, and a token of its own
 // (its siblings from the same snapshot must not share one), then
@@ -666,11 +676,8 @@ func (n *Node) activateRestored(ctx context.Context, sb *Sandbox, req CreateRequ
 			n.destroy(context.WithoutCancel(ctx), sb)
 		}
 	}()
-	if !sb.egress.Equal(req.Network) {
-		if err := n.cfg.Network.UpdateEgress(ctx, sb.slot, req.Network); err != nil {
-			return fmt.Errorf("creating sandbox %s: setting egress rules: %w", sb.ID, err)
-		}
-		sb.egress = req.Network
+	if err := n.applyEgress(ctx, sb, req.Network); err != nil {
+		return err
 	}
 	if old := sb.EnvdAccessToken; old != "" {
 		fresh := randomToken()

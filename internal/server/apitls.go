@@ -6,7 +6,6 @@ import (
 	"net"
 	"os"
 	"slices"
-	"strings"
 
 	"github.com/aenvhq/aenv/internal/membership"
 	"github.com/aenvhq/aenv/internal/pki"
@@ -60,12 +59,12 @@ func apiHosts(listen net.Addr, domain, advertise, hostname string) []string {
 			hosts = append(hosts, h)
 		}
 	}
-	if d := hostOnly(domain); d != "" {
+	if d := membership.HostOf(domain); d != "" {
 		add(d)
 		add("*." + d)
 	}
 	add(hostname)
-	add(hostOnly(advertise))
+	add(membership.HostOf(advertise))
 	ip := listenIP(listen)
 	if ip != nil && !ip.IsUnspecified() {
 		add(ip.String())
@@ -77,14 +76,6 @@ func apiHosts(listen net.Addr, domain, advertise, hostname string) []string {
 		}
 	}
 	return hosts
-}
-
-// hostOnly is the host of host[:port] ("" for none).
-func hostOnly(hostport string) string {
-	if h, _, err := net.SplitHostPort(hostport); err == nil {
-		return h
-	}
-	return strings.Trim(hostport, "[]")
 }
 
 func listenIP(a net.Addr) net.IP {

@@ -83,16 +83,22 @@ func tlsJoinAs(t *testing.T, url, token, id, instance string) (int, membership.J
 // refused (such a node has no certificate for etcd). Once the node is
 // removed, its certificate reaches nothing in etcd. The server starts
 // again on the same data (its CA from its files, etcd's auth on).
+// pureTLSEtcdConfig is a pure API server's, its data in dir/<data> and
+// dir/<run>, the store in dir/store, its embedded etcd serving etcdURL.
+func pureTLSEtcdConfig(dir, data, run, etcdURL string, log *slog.Logger) Config {
+	return Config{NoLocalNode: true, Trust: TrustConfig{ClusterListen: "127.0.0.1:0"}, Config: agent.Config{
+		Listen: "127.0.0.1:0", DataDir: filepath.Join(dir, data), RunDir: filepath.Join(dir, run),
+		StoreURL: filepath.Join(dir, "store"), EtcdClientURLs: []string{etcdURL}, OnStop: cluster.StopKill, Logger: log,
+	}}
+}
+
 func TestEtcdOverTLSJoin(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	dir := t.TempDir()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	etcdURL := fmt.Sprintf("https://127.0.0.1:%d", freePort(t))
-	cfg := Config{NoLocalNode: true, Trust: TrustConfig{ClusterListen: "127.0.0.1:0"}, Config: agent.Config{
-		Listen: "127.0.0.1:0", DataDir: filepath.Join(dir, "api"), RunDir: filepath.Join(dir, "run"),
-		StoreURL: filepath.Join(dir, "store"), EtcdClientURLs: []string{etcdURL}, OnStop: cluster.StopKill, Logger: log,
-	}}
+	cfg := pureTLSEtcdConfig(dir, "api", "run", etcdURL, log)
 	srv, err := Start(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)

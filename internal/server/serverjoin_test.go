@@ -32,10 +32,7 @@ func TestServerJoin(t *testing.T) {
 	dir := t.TempDir()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	etcdURL := fmt.Sprintf("https://127.0.0.1:%d", freePort(t))
-	cfgA := Config{NoLocalNode: true, Trust: TrustConfig{ClusterListen: "127.0.0.1:0"}, Config: agent.Config{
-		Listen: "127.0.0.1:0", DataDir: filepath.Join(dir, "a"), RunDir: filepath.Join(dir, "a-run"),
-		StoreURL: filepath.Join(dir, "store"), EtcdClientURLs: []string{etcdURL}, OnStop: cluster.StopKill, Logger: log,
-	}}
+	cfgA := pureTLSEtcdConfig(dir, "a", "a-run", etcdURL, log)
 	a, err := Start(ctx, cfgA)
 	if err != nil {
 		t.Fatal(err)
