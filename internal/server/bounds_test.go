@@ -68,7 +68,9 @@ func TestSandboxWritesAreBounded(t *testing.T) {
 		}
 		total += fi.Size()
 	}
-	if total < 8<<20 {
+	// Just after a rotation the two files hold the cap less at most one
+	// cut line (64 KiB): envd.log.1 stopped short of the line that rotated.
+	if total < 8<<20-64<<10 {
 		t.Fatalf("envd's log holds %d bytes after 5 s of zeros: nothing was written?", total)
 	}
 	// envd lives on, its log of processes still read.
