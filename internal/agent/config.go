@@ -77,6 +77,20 @@ type Config struct {
 	// clients with one (client-certificate auth and RBAC); http ones on
 	// loopback only, unless InsecureCluster.
 	EtcdClientURLs []string
+	// EtcdPeerURLs make the embedded member one of several: it listens
+	// for its peers there (https with the cluster's CA, or http on
+	// loopback), and so other servers may join its cluster each with a
+	// member of their own (`aenv server --join` with these too): three
+	// servers make a cluster that outlives any one of them without an
+	// external etcd. EtcdClientURLs must then name addresses its peers
+	// and the nodes reach.
+	EtcdPeerURLs []string
+	// EtcdName names the embedded member among its peers (default: the
+	// first server's "aenv"; a joining server's hostname).
+	EtcdName string
+	// EtcdInitialCluster is the etcd cluster a joining server's member
+	// first starts in ("name=peerURL,..."), as its join is answered.
+	EtcdInitialCluster string
 	// EgressAllow exempts ranges of the host's own networks, which no
 	// sandbox reaches otherwise (a test network, a service on the LAN
 	// that sandboxes should use).

@@ -33,9 +33,10 @@ func OpenState(ctx context.Context, cfg Config, stls StateTLS, log *slog.Logger)
 		DataDir:    filepath.Join(cfg.DataDir, "etcd"),
 		SocketDir:  cfg.RunDir,
 		ClientURLs: cfg.EtcdClientURLs,
-		MemberTLS:  stls.Member,
-		Insecure:   cfg.InsecureCluster,
-		Logger:     log,
+		PeerURLs:   cfg.EtcdPeerURLs, MemberName: cfg.EtcdName, InitialCluster: cfg.EtcdInitialCluster,
+		MemberTLS: stls.Member,
+		Insecure:  cfg.InsecureCluster,
+		Logger:    log,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("opening the state store: %w", err)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -94,7 +95,54 @@ server, and a server's token no node.`,
 		},
 	}
 	tokens.AddCommand(ls, revoke)
-	cmd.AddCommand(join, tokens, newClusterCACmd())
+	cmd.AddCommand(join, tokens, newClusterCACmd(), newClusterEtcdCmd(g))
+	return cmd
+}
+
+// newClusterEtcdCmd lists and removes the members of the cluster's etcd.
+func newClusterEtcdCmd(g *globals) *cobra.Command {
+	cmd := listCmd(g, &cobra.Command{
+		Use:   "etcd",
+		Short: "List the members of the cluster's etcd, and its leader",
+		Long: `List the members of the cluster's etcd: the servers' embedded members
+(--etcd-peer-listen; a server joins with one of its own) or an external
+cluster's. A member added by a join shows as a learner until it has caught
+up and is promoted, and as not started until it first runs.
+
+'aenv cluster etcd remove NAME' removes a member whose server is gone for
+good: while it is a member it counts against the quorum (of three, two must
+run). Its server cannot start on its data again; it joins afresh.`,
+	}, (*client.Client).EtcdMembers, "NAME\tID\tSTATE\tLEADER\tPEER URLS\tCLIENT URLS", func(m client.EtcdMember) string {
+		st := "voter"
+		switch {
+		case !m.Started:
+			st = "not started"
+		case m.Learner:
+			st = "learner"
+		}
+		leader := ""
+		if m.Leader {
+			leader = "*"
+		}
+		return fmt.Sprintf("%s\t%x\t%s\t%s\t%s\t%s", m.Name, m.ID, st, leader, strings.Join(m.PeerURLs, ","), strings.Join(m.ClientURLs, ","))
+	})
+	remove := &cobra.Command{
+		Use:   "remove NAME",
+		Short: "Remove a member (by name or hex id) of the cluster's etcd whose server is gone for good",
+		Args:  needArgs("NAME"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			if err := c.RemoveEtcdMember(cmd.Context(), args[0]); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "removed etcd member %s\n", args[0])
+			return nil
+		},
+	}
+	cmd.AddCommand(remove)
 	return cmd
 }
 

@@ -63,6 +63,19 @@ and CA (with its key: every server signs certificates), which it keeps in
 <data-dir>/secrets; it uses the cluster's etcd (no embedded member), and a
 restart needs no token.
 
+Three servers may hold the state themselves, each running a member of one
+embedded etcd cluster, which keeps serving while any two of them run. The
+first listens for peers, and each other server joins with a member of its
+own (it is added as a learner, and promoted once it has caught up):
+
+  aenv server --etcd-listen https://10.0.0.1:2379 --etcd-peer-listen https://10.0.0.1:2380
+  aenv server --join https://10.0.0.1:8443 --token TOKEN --ca-hash sha256:... \
+    --etcd-listen https://10.0.0.2:2379 --etcd-peer-listen https://10.0.0.2:2380
+
+'aenv cluster etcd' lists the members and the leader; 'aenv cluster etcd
+remove NAME' removes a server's member gone for good (while it stays a
+member, it counts against the quorum).
+
 Stopping the server (SIGTERM, an upgrade, even kill -9) does not stop the
 sandboxes: the next start takes them over, running as they were.
 --drain-on-stop pauses them on SIGTERM instead (a host that is going away),
@@ -170,6 +183,8 @@ and --on-stop=kill kills them.`,
 	f.StringVar(&cfg.TLSCert, "tls-cert", "", "the API's TLS certificate file, with --tls-key (default beyond loopback: a certificate of the cluster's CA for --domain, *.<domain> and this host's names and addresses, renewed in place)")
 	f.StringVar(&cfg.TLSKey, "tls-key", "", "the API's TLS private key file")
 	f.StringSliceVar(&cfg.EtcdClientURLs, "etcd-listen", nil, "URLs the embedded etcd listens on instead of its unix socket: https://ADDR:PORT (any address; served with a certificate of the cluster's CA, to clients with one: nodes that joined over TLS, each allowed only its own keys) or http on loopback (e.g. http://127.0.0.1:23790)")
+	f.StringSliceVar(&cfg.EtcdPeerURLs, "etcd-peer-listen", nil, "URL the embedded etcd listens on for its peers, https://ADDR:PORT (with --etcd-listen at an address they reach): other servers may then join its cluster each with a member of their own (--join with these flags too), three of them a state that outlives any one server")
+	f.StringVar(&cfg.EtcdName, "etcd-name", "", "the embedded etcd member's name among its peers, unique in the cluster (default: \"aenv\" for the first server, the hostname for one that joins)")
 	f.BoolVar(&cfg.AllowInsecureSandboxes, "allow-insecure-sandboxes", false, "create sandboxes without an envd access token when the client sends secure: false (by default every sandbox has one; the SDKs send it)")
 	f.DurationVar(&cfg.PausedRetention, "paused-retention", 0, "delete paused sandboxes (and their snapshots) kept longer than this, e.g. 720h; 0 keeps them until killed")
 	f.DurationVar(&cfg.StoreGCInterval, "store-gc-interval", 0, "how often the elected server deletes what nothing in --store refers to any more (chunks, images of deleted templates); default hourly, negative never")

@@ -76,3 +76,34 @@ func (c *Client) RemoveNode(ctx context.Context, id string) error {
 	}
 	return nil
 }
+
+// EtcdMember is a member of the cluster's etcd, as GET /cluster/etcd lists
+// them.
+type EtcdMember struct {
+	ID         uint64   `json:"id"`
+	Name       string   `json:"name"`
+	Started    bool     `json:"started"`
+	PeerURLs   []string `json:"peerURLs"`
+	ClientURLs []string `json:"clientURLs"`
+	Learner    bool     `json:"learner"`
+	Leader     bool     `json:"leader"`
+}
+
+// EtcdMembers lists the members of the cluster's etcd (an admin key's
+// call).
+func (c *Client) EtcdMembers(ctx context.Context) ([]EtcdMember, error) {
+	out := []EtcdMember{}
+	if err := c.do(ctx, http.MethodGet, "/cluster/etcd", nil, &out); err != nil {
+		return nil, fmt.Errorf("listing etcd members: %w", err)
+	}
+	return out, nil
+}
+
+// RemoveEtcdMember removes the etcd member called name (or of that hex
+// id): a server gone for good.
+func (c *Client) RemoveEtcdMember(ctx context.Context, name string) error {
+	if err := c.do(ctx, http.MethodDelete, "/cluster/etcd/"+url.PathEscape(name), nil, nil); err != nil {
+		return fmt.Errorf("removing etcd member %s: %w", name, err)
+	}
+	return nil
+}

@@ -51,6 +51,11 @@ const ServerJoinPath = "/cluster/server-join"
 type ServerJoinRequest struct {
 	// Token is a join token of JoinServer's role.
 	Token string `json:"token"`
+	// EtcdName and EtcdPeerURLs, if set, ask for the joining server to
+	// be added to the cluster's etcd as a member of that name, at those
+	// peer URLs (ServerJoinAnswer.EtcdInitialCluster).
+	EtcdName     string   `json:"etcdName,omitempty"`
+	EtcdPeerURLs []string `json:"etcdPeerURLs,omitempty"`
 }
 
 // ServerJoinAnswer is what ServerJoinPath returns: the secrets every
@@ -60,6 +65,9 @@ type ServerJoinRequest struct {
 // join (JoinAnswer) never carries the CA's key.
 type ServerJoinAnswer struct {
 	EtcdEndpoints []string `json:"etcdEndpoints"`
+	// EtcdInitialCluster is the etcd cluster the joining server's member
+	// starts in, this member included (when the request asked for one).
+	EtcdInitialCluster string `json:"etcdInitialCluster,omitempty"`
 	// DataKey is the cluster's data keys (sealed.ParseKeys' form).
 	DataKey string `json:"dataKey"`
 	// CA and CAKey are the cluster CA's certificate and key (PEM).

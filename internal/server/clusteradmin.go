@@ -29,13 +29,16 @@ type JoinCommand struct {
 
 // withClusterAdmin serves, in front of h, the admin routes of the
 // cluster's membership: join tokens (`aenv cluster join-command`,
-// `aenv cluster tokens`) and node removal (`aenv node rm`).
+// `aenv cluster tokens`), node removal (`aenv node rm`) and the etcd
+// cluster's members (`aenv cluster etcd`).
 func (s *Server) withClusterAdmin(h http.Handler) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("POST /cluster/join-tokens", s.api.AdminOnly(http.HandlerFunc(s.createJoinToken)))
 	mux.Handle("GET /cluster/join-tokens", s.api.AdminOnly(http.HandlerFunc(s.listJoinTokens)))
 	mux.Handle("DELETE /cluster/join-tokens/{id}", s.api.AdminOnly(http.HandlerFunc(s.revokeJoinToken)))
 	mux.Handle("DELETE /nodes/{nodeID}", s.api.AdminOnly(http.HandlerFunc(s.removeNode)))
+	mux.Handle("GET /cluster/etcd", s.api.AdminOnly(http.HandlerFunc(s.listEtcdMembers)))
+	mux.Handle("DELETE /cluster/etcd/{member}", s.api.AdminOnly(http.HandlerFunc(s.removeEtcdMember)))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if _, _, sandbox := proxy.Match(r); !sandbox {
 			if _, pattern := mux.Handler(r); pattern != "" {
@@ -161,4 +164,34 @@ func (s *Server) removeNode(w http.ResponseWriter, r *http.Request) {
 	}
 	s.log.Info("removed a node from the cluster", "node_id", id)
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// listEtcdMembers answers the etcd cluster's members, with its leader.
+func (s *Server) listEtcdMembers(w http.ResponseWriter, r *http.Request) {
+	ms, err := s.state.Members(r.Context())
+	if err != nil {
+		writeJSONError(w, http.StatusServiceUnavailable, err.Error())
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(ms)
+}
+
+// removeEtcdMember removes a member (by name or hex id) of the etcd
+// cluster: a server gone for good, which would otherwise count against
+// the quorum. Its server can no longer start on its data.
+func (s *Server) removeEtcdMember(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("member")
+	err := s.state.RemoveMember(r.Context(), name)
+	switch {
+	case errors.Is(err, state.ErrNotFound):
+		writeJSONError(w, http.StatusNotFound, fmt.Sprintf("etcd member %s not found", name))
+	case errors.Is(err, state.ErrLastMember):
+		writeJSONError(w, http.StatusConflict, err.Error())
+	case err != nil:
+		writeJSONError(w, http.StatusServiceUnavailable, err.Error())
+	default:
+		s.log.Warn("removed a member of the cluster's etcd", "member", name)
+		w.WriteHeader(http.StatusNoContent)
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/aenvhq/aenv/internal/agent"
 	"github.com/aenvhq/aenv/internal/membership"
@@ -57,10 +58,15 @@ func openEtcdTLS(cfg Config, log *slog.Logger) (*membership.EtcdTLS, error) {
 	ecfg := membership.EtcdTLSConfig{CA: ca, Client: true, Lifetime: cfg.Trust.CertLifetime, Logger: log}
 	if embedded {
 		mf := membership.EtcdMemberFiles(membership.SecretsDir(cfg.DataDir))
-		ecfg.Member, ecfg.MemberName = &mf, "aenv"
+		ecfg.Member, ecfg.MemberName = &mf, cfg.EtcdName
+		if ecfg.MemberName == "" {
+			ecfg.MemberName = "aenv"
+		}
 		hostname, _ := os.Hostname()
 		ecfg.MemberHosts = append(ecfg.MemberHosts, hostname)
-		for _, s := range cfg.EtcdClientURLs {
+		// Its peers check the host names of its peer URLs as clients
+		// check its client URLs'.
+		for _, s := range append(slices.Clone(cfg.EtcdClientURLs), cfg.EtcdPeerURLs...) {
 			if u, err := url.Parse(s); err == nil && u.Hostname() != "" {
 				if ip := net.ParseIP(u.Hostname()); ip == nil || !ip.IsUnspecified() {
 					ecfg.MemberHosts = append(ecfg.MemberHosts, u.Hostname())

@@ -19,6 +19,7 @@ import (
 	"github.com/aenvhq/aenv/internal/membership"
 	"github.com/aenvhq/aenv/internal/pki"
 	"github.com/aenvhq/aenv/internal/sealed"
+	"github.com/aenvhq/aenv/internal/state"
 )
 
 // A second API server joins the cluster as kubeadm's control plane does:
@@ -40,6 +41,12 @@ type joinedRecord struct {
 	URL           string   `json:"url"`
 	CAHash        string   `json:"caHash"`
 	EtcdEndpoints []string `json:"etcdEndpoints"`
+	// EtcdName and EtcdInitialCluster are set for a server that runs a
+	// member of the cluster's etcd: the cluster its member first starts
+	// in, kept so that a start after a crash before the member had any
+	// data joins that cluster again rather than making one of its own.
+	EtcdName           string `json:"etcdName,omitempty"`
+	EtcdInitialCluster string `json:"etcdInitialCluster,omitempty"`
 }
 
 // serverJoin trades a join token of the server role for a
@@ -74,11 +81,27 @@ func (s *Server) serverJoin(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusConflict, err.Error())
 		return
 	}
-	s.log.Info("an API server is joining with a join token: it is handed the CA and the data key", "token_id", rec.ID, "remote", r.RemoteAddr)
+	var initial string
+	if len(req.EtcdPeerURLs) > 0 {
+		if s.etcdTLS == nil {
+			writeJSONError(w, http.StatusConflict, "this cluster's etcd does not serve TLS with the cluster's CA, which a member's peers authenticate each other with: join without --etcd-peer-listen")
+			return
+		}
+		initial, err = s.state.AddMember(r.Context(), req.EtcdName, req.EtcdPeerURLs)
+		switch {
+		case errors.Is(err, state.ErrMemberExists) || errors.Is(err, state.ErrNoPeers):
+			writeJSONError(w, http.StatusConflict, err.Error())
+			return
+		case err != nil:
+			writeJSONError(w, http.StatusServiceUnavailable, err.Error())
+			return
+		}
+	}
+	s.log.Info("an API server is joining with a join token: it is handed the CA and the data key", "token_id", rec.ID, "remote", r.RemoteAddr, "etcd_member", req.EtcdName)
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	_ = json.NewEncoder(w).Encode(membership.ServerJoinAnswer{
-		EtcdEndpoints: eps, DataKey: s.dataKeyText(), ClusterToken: s.token,
+		EtcdEndpoints: eps, EtcdInitialCluster: initial, DataKey: s.dataKeyText(), ClusterToken: s.token,
 		CA: string(s.trust.ca.CertPEM()), CAKey: string(s.trust.ca.KeyPEM()),
 	})
 }
@@ -91,8 +114,15 @@ func joinAsServer(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	if !strings.HasPrefix(cfg.Join, "https://") {
 		return fail(errors.New("--join must be a server's cluster listener, https://SERVER:8443 ('aenv cluster join-command --server' prints the command)"))
 	}
-	if len(cfg.EtcdClientURLs) > 0 {
-		return fail(errors.New("a joined server uses the cluster's etcd: --etcd-listen does not go with --join"))
+	member := len(cfg.EtcdPeerURLs) > 0
+	if len(cfg.EtcdClientURLs) > 0 && !member {
+		return fail(errors.New("a joined server uses the cluster's etcd: --etcd-listen goes with --join only with --etcd-peer-listen, for a member of the cluster's etcd"))
+	}
+	if member && (len(cfg.EtcdClientURLs) == 0 || len(cfg.EtcdEndpoints) > 0) {
+		return fail(errors.New("a server that joins with a member of the cluster's etcd (--etcd-peer-listen) serves its clients at --etcd-listen, and uses no --etcd-endpoints"))
+	}
+	if member && cfg.EtcdName == "" {
+		cfg.EtcdName, _ = os.Hostname()
 	}
 	files := membership.CAFiles(cfg.DataDir)
 	local, err := membership.ReadCAFiles(files)
@@ -108,7 +138,14 @@ func joinAsServer(ctx context.Context, cfg *Config, log *slog.Logger) error {
 		if err := json.Unmarshal(b, &rec); err != nil || len(rec.EtcdEndpoints) == 0 {
 			return fail(fmt.Errorf("reading %s: %v", joinedFile(cfg.DataDir), err))
 		}
-		if len(cfg.EtcdEndpoints) == 0 {
+		switch {
+		case rec.EtcdInitialCluster != "" && !member:
+			return fail(fmt.Errorf("this server runs member %q of the cluster's etcd: start it with --etcd-listen and --etcd-peer-listen, as it joined (or remove the member with 'aenv cluster etcd remove %s' on another server, and join again with a fresh --data-dir)", rec.EtcdName, rec.EtcdName))
+		case rec.EtcdInitialCluster != "":
+			cfg.EtcdName, cfg.EtcdInitialCluster = rec.EtcdName, rec.EtcdInitialCluster
+		case member:
+			return fail(errors.New("this server joined using the cluster's etcd, without a member of its own: start it without --etcd-listen and --etcd-peer-listen, or join with a fresh --data-dir"))
+		case len(cfg.EtcdEndpoints) == 0:
 			cfg.EtcdEndpoints = rec.EtcdEndpoints
 		}
 		log.Info("this server joined the cluster before; starting with what it was handed", "ca_hash", local.Hash(), "etcd", cfg.EtcdEndpoints)
@@ -127,12 +164,19 @@ func joinAsServer(ctx context.Context, cfg *Config, log *slog.Logger) error {
 		return fail(errors.New("give --ca-hash sha256:... ('aenv cluster join-command --server' prints it): without it the server cannot be told from an impostor, and it is handed the CA's key"))
 	}
 	var pinned *pki.Verifier
-	ans, err := postServerJoin(ctx, cfg.Join, pki.PinnedConfig(cfg.CAHash, pki.RoleServer, func(v *pki.Verifier) { pinned = v }), token)
+	req := membership.ServerJoinRequest{Token: token}
+	if member {
+		req.EtcdName, req.EtcdPeerURLs = cfg.EtcdName, cfg.EtcdPeerURLs
+	}
+	ans, err := postServerJoin(ctx, cfg.Join, pki.PinnedConfig(cfg.CAHash, pki.RoleServer, func(v *pki.Verifier) { pinned = v }), req)
 	if err != nil {
 		return fail(err)
 	}
 	if len(ans.EtcdEndpoints) == 0 {
 		return fail(errors.New("the answer names no etcd endpoints"))
+	}
+	if member && ans.EtcdInitialCluster == "" {
+		return fail(errors.New("the answer does not add this server's etcd member (is the server older?)"))
 	}
 	if _, err := sealed.ParseKeys(ans.DataKey); err != nil {
 		return fail(fmt.Errorf("the data key handed over: %w", err))
@@ -169,14 +213,18 @@ func joinAsServer(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	if _, err := membership.StoreCAFiles(files, []byte(ans.CA), []byte(ans.CAKey)); err != nil {
 		return fail(err)
 	}
-	rec, _ := json.Marshal(joinedRecord{URL: cfg.Join, CAHash: ca.Hash(), EtcdEndpoints: ans.EtcdEndpoints})
+	jr := joinedRecord{URL: cfg.Join, CAHash: ca.Hash(), EtcdEndpoints: ans.EtcdEndpoints}
+	if member {
+		jr.EtcdName, jr.EtcdInitialCluster = cfg.EtcdName, ans.EtcdInitialCluster
+		cfg.EtcdInitialCluster = ans.EtcdInitialCluster
+	} else if len(cfg.EtcdEndpoints) == 0 {
+		cfg.EtcdEndpoints = ans.EtcdEndpoints
+	}
+	rec, _ := json.Marshal(jr)
 	if err := pki.WriteSecret(joinedFile(cfg.DataDir), rec); err != nil {
 		return fail(err)
 	}
-	if len(cfg.EtcdEndpoints) == 0 {
-		cfg.EtcdEndpoints = ans.EtcdEndpoints
-	}
-	log.Info("joined the cluster as a server: its CA, data key and cluster token are in the data directory", "ca_hash", ca.Hash(), "etcd", cfg.EtcdEndpoints)
+	log.Info("joined the cluster as a server: its CA, data key and cluster token are in the data directory", "ca_hash", ca.Hash(), "etcd", ans.EtcdEndpoints, "etcd_member", jr.EtcdName)
 	return nil
 }
 
@@ -207,9 +255,9 @@ func sameKeys(a, b string) bool {
 
 // postServerJoin sends the join token to url's ServerJoinPath over a
 // connection of tcfg (which checks the server before anything is sent).
-func postServerJoin(ctx context.Context, url string, tcfg *tls.Config, token string) (membership.ServerJoinAnswer, error) {
+func postServerJoin(ctx context.Context, url string, tcfg *tls.Config, jr membership.ServerJoinRequest) (membership.ServerJoinAnswer, error) {
 	var ans membership.ServerJoinAnswer
-	body, _ := json.Marshal(membership.ServerJoinRequest{Token: token})
+	body, _ := json.Marshal(jr)
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(url, "/")+membership.ServerJoinPath, bytes.NewReader(body))

@@ -148,3 +148,143 @@ func TestServerJoin(t *testing.T) {
 		t.Fatalf("the restarted joined server: %v", err)
 	}
 }
+
+// TestServersRunEtcdMembers: three API servers hold the cluster's state
+// themselves, each a member of one embedded etcd over TLS with the
+// cluster's CA (no external etcd). The second and third join with
+// `join-command --server`'s token and a member of their own; with the
+// first server stopped, a key made on the second works on the third, and
+// the first, started again, has it too. A member name the cluster has is
+// a 409; a joined member restarted without its peer listener is refused
+// with what to do.
+func TestServersRunEtcdMembers(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	url := func() string { return fmt.Sprintf("https://127.0.0.1:%d", freePort(t)) }
+	cfgA := pureTLSEtcdConfig(dir, "a", "a-run", url(), log)
+	cfgA.EtcdPeerURLs = []string{url()}
+	a, err := Start(ctx, cfgA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if a != nil {
+			a.Close(context.Background())
+		}
+	}()
+	admin := a.APIKey()
+	on := func(s *Server) *client.Client { return client.New("http://"+s.Addr().String(), admin) }
+	sjc, err := on(a).CreateServerJoinToken(ctx, time.Hour, "members")
+	if err != nil {
+		t.Fatal(err)
+	}
+	joiner := func(name string) Config {
+		return Config{NoLocalNode: true, JoinToken: sjc.Token, Trust: TrustConfig{ClusterListen: "127.0.0.1:0"}, Config: agent.Config{
+			Listen: "127.0.0.1:0", DataDir: filepath.Join(dir, name), RunDir: filepath.Join(dir, name+"-run"),
+			Join: sjc.URL, CAHash: sjc.CAHash, StoreURL: filepath.Join(dir, "store"), OnStop: cluster.StopKill, Logger: log,
+			EtcdClientURLs: []string{url()}, EtcdPeerURLs: []string{url()}, EtcdName: name,
+		}}
+	}
+	cfgB, cfgC := joiner("b"), joiner("c")
+	b, err := Start(ctx, cfgB)
+	if err != nil {
+		t.Fatalf("joining with a member of the cluster's etcd: %v", err)
+	}
+	defer func() {
+		if b != nil {
+			b.Close(context.Background())
+		}
+	}()
+	c, err := Start(ctx, cfgC)
+	if err != nil {
+		t.Fatalf("joining the third member: %v", err)
+	}
+	defer func() {
+		if c != nil {
+			c.Close(context.Background())
+		}
+	}()
+	ms, err := c.state.Members(ctx)
+	if err != nil || len(ms) != 3 {
+		t.Fatalf("etcd members: %+v %v", ms, err)
+	}
+	for _, m := range ms {
+		if m.Learner || !m.Started {
+			t.Fatalf("member %+v is not a started voter", m)
+		}
+	}
+	if eps := c.state.Endpoints(); len(eps) != 3 || eps[0] != cfgC.EtcdClientURLs[0] {
+		t.Fatalf("c reaches etcd at %v: want its own member first, then the others", eps)
+	}
+
+	// A name the cluster has: 409, and nothing of the cluster's written.
+	dup := joiner("b")
+	dup.DataDir, dup.RunDir = filepath.Join(dir, "dup"), filepath.Join(dir, "dup-run")
+	if _, err := Start(ctx, dup); err == nil || !strings.Contains(err.Error(), "409") || !strings.Contains(err.Error(), "another name") {
+		t.Fatalf("joining under a member name the cluster has: %v, want a 409", err)
+	}
+
+	// The first server stops: two of three members hold the state.
+	if err := a.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	a = nil
+	k, err := on(b).CreateKey(ctx, "while a is down", client.KeyOptions{})
+	if err != nil {
+		t.Fatalf("making a key with the first server down: %v", err)
+	}
+	if err := client.New("http://"+c.Addr().String(), k.Key).CheckKey(ctx); err != nil {
+		t.Fatalf("the key made on b, on c: %v", err)
+	}
+	if a, err = Start(ctx, cfgA); err != nil {
+		t.Fatalf("the first server starting again: %v", err)
+	}
+	if err := client.New("http://"+a.Addr().String(), k.Key).CheckKey(ctx); err != nil {
+		t.Fatalf("the key made while it was down, on the first server: %v", err)
+	}
+
+	// A joined member restarts from its data, with no token; without its
+	// peer listener it is refused, naming the flags.
+	if err := b.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	noPeers := cfgB
+	noPeers.EtcdClientURLs, noPeers.EtcdPeerURLs = nil, nil
+	if _, err := Start(ctx, noPeers); err == nil || !strings.Contains(err.Error(), "--etcd-peer-listen") {
+		t.Fatalf("a member's server restarted without its peer listener: %v", err)
+	}
+	cfgB.JoinToken = ""
+	if b, err = Start(ctx, cfgB); err != nil {
+		t.Fatalf("the second server starting again: %v", err)
+	}
+	listed, err := on(b).EtcdMembers(ctx)
+	leaders := 0
+	for _, m := range listed {
+		if m.Leader {
+			leaders++
+		}
+	}
+	if err != nil || len(listed) != 3 || leaders != 1 {
+		t.Fatalf("GET /cluster/etcd: %+v %v, want 3 members, one the leader", listed, err)
+	}
+
+	// c goes for good: removed, it no longer counts against the quorum.
+	if err := c.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c = nil
+	if err := on(a).RemoveEtcdMember(ctx, "c"); err != nil {
+		t.Fatal(err)
+	}
+	if err := on(a).RemoveEtcdMember(ctx, "c"); !isStatus(err, 404) {
+		t.Fatalf("removing a member removed: %v, want 404", err)
+	}
+	if listed, err := on(a).EtcdMembers(ctx); err != nil || len(listed) != 2 {
+		t.Fatalf("members after removing c: %+v %v", listed, err)
+	}
+	if _, err := on(a).CreateKey(ctx, "on two members", client.KeyOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}

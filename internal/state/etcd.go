@@ -64,6 +64,21 @@ type Config struct {
 	// clients (this one too: ClientTLS) must present a certificate of its
 	// CA.
 	MemberTLS *MemberTLS
+	// PeerURLs, if set, make the embedded member one of several (servers
+	// each running one: a cluster that outlives any one server without
+	// an external etcd): it listens for its peers there, with MemberTLS,
+	// and advertises them with its ClientURLs, which must then name
+	// addresses its peers and the nodes reach. Empty: a member alone,
+	// with no peer listener.
+	PeerURLs []string
+	// MemberName names the embedded member among its peers (default
+	// "aenv", the first member's).
+	MemberName string
+	// InitialCluster is, for a member's first start in a cluster that
+	// exists, "name=peerURL,..." of every member, this one included, as
+	// AddMember answers. Empty: a new cluster of this member (or a member
+	// with data, which holds its cluster's membership).
+	InitialCluster string
 	// Insecure allows plain http off loopback, to listen on or to dial
 	// (--insecure-cluster).
 	Insecure bool

@@ -177,19 +177,28 @@ func startEmbedded(ctx context.Context, cfg Config) (*embed.Etcd, []string, erro
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", op, err)
 	}
-	c := memberConfig(embeddedName, cfg.DataDir, cfg.QuotaBytes, cfg.Logger)
+	name := cfg.MemberName
+	if name == "" {
+		name = embeddedName
+	}
+	c := memberConfig(name, cfg.DataDir, cfg.QuotaBytes, cfg.Logger)
 	c.ListenClientUrls, c.AdvertiseClientUrls = curls, curls
 	c.ListenPeerUrls, c.AdvertisePeerUrls = nil, purls
 	if cfg.MemberTLS != nil {
 		c.ClientTLSInfo = cfg.MemberTLS.info()
 	}
-	c.InitialCluster = embeddedName + "=" + embeddedPeerURL
+	c.InitialCluster = name + "=" + embeddedPeerURL
 	// A member without peers still waits out an election timeout before
 	// it leads and serves; with no network between members there is no
 	// jitter to allow for, so a short one shortens every server start.
 	c.TickMs, c.ElectionMs = 10, 100
 	c.InitialClusterToken = embeddedToken
 	c.ClusterState = embed.ClusterStateFlagNew
+	if len(cfg.PeerURLs) > 0 {
+		if err := peerConfig(c, cfg, endpoints); err != nil {
+			return nil, nil, fmt.Errorf("%s: %w", op, err)
+		}
+	}
 
 	m, err := embed.StartEtcd(c)
 	if err != nil {
@@ -199,7 +208,13 @@ func startEmbedded(ctx context.Context, cfg Config) (*embed.Etcd, []string, erro
 	defer timer.Stop()
 	select {
 	case <-m.Server.ReadyNotify():
-		return m, endpoints, nil
+		if len(cfg.PeerURLs) == 0 {
+			return m, endpoints, nil
+		}
+		if endpoints, err = settleMember(ctx, m, cfg, endpoints); err == nil {
+			return m, endpoints, nil
+		}
+		err = fmt.Errorf("%s: %w", op, err)
 	case err = <-m.Err():
 		err = fmt.Errorf("%s: %w", op, err)
 	case <-timer.C:
