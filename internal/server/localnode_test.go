@@ -3,7 +3,10 @@ package server
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -19,7 +22,8 @@ import (
 
 // TestEveryServerReachesEverySandbox: in a cluster of a server with a
 // local node, a node agent and a pure API server, every sandbox answers
-// commands and file transfers through every server. The local node is
+// commands, file transfers and a program on a port of its user's through
+// every server. The local node is
 // registered at the server's address (it listens on one), and the other
 // servers reach it there with the cluster token: before it was, a
 // sandbox on a server's own node answered through that server only.
@@ -64,8 +68,19 @@ func TestEveryServerReachesEverySandbox(t *testing.T) {
 	if len(onNode) < 2 {
 		t.Fatalf("eight sandboxes all went to one node: %v", onNode)
 	}
+	// A program of the user's on a port of each sandbox.
+	for _, id := range onNode {
+		runOut(t, c, id, "mkdir -p /tmp/www && echo port of "+id+" > /tmp/www/who.txt && cd /tmp/www && setsid python3 -m http.server 8080 >/dev/null 2>&1 < /dev/null &")
+	}
 	for nodeID, id := range onNode {
 		for name, via := range map[string]*client.Client{"the server with the node": c, "the pure API server": viaPure} {
+			addr := srv.Addr().String()
+			if via == viaPure {
+				addr = pure.Addr().String()
+			}
+			if got := userPortGet(t, addr, id, 8080, "/who.txt"); got != "port of "+id+"\n" {
+				t.Fatalf("port 8080 of sandbox %s on node %s through %s: %q", id, nodeID, name, got)
+			}
 			var out bytes.Buffer
 			rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 			code, err := via.Run(rctx, id, "echo reached", client.RunOptions{Stdout: &out, AccessToken: tokens[id]})
@@ -113,4 +128,33 @@ func hasNode(nodes []client.Node, id, address string) bool {
 		}
 	}
 	return false
+}
+
+// userPortGet GETs path from port of sandbox id through the API server at
+// addr (its sandbox host name, as getHost(port) gives), retrying while the
+// program starts.
+func userPortGet(t *testing.T, addr, id string, port int, path string) string {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	var last string
+	for time.Now().Before(deadline) {
+		req, err := http.NewRequest(http.MethodGet, "http://"+addr+path, nil)
+		must(t, err)
+		_, hostPort, _ := net.SplitHostPort(addr)
+		req.Host = fmt.Sprintf("%d-%s.localhost:%s", port, id, hostPort)
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return string(b)
+			}
+			last = fmt.Sprintf("%d %s", resp.StatusCode, b)
+		} else {
+			last = err.Error()
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	t.Fatalf("GET %s from port %d of sandbox %s through %s: %s", path, port, id, addr, last)
+	return ""
 }
