@@ -3,6 +3,7 @@ package template
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -155,12 +156,44 @@ func buildDebian(ctx context.Context, dest string, packages, extra []string, opt
 			return err
 		}
 	}
+	if err := quickProfile(tmp); err != nil {
+		os.RemoveAll(tmp)
+		return err
+	}
 	os.RemoveAll(filepath.Join(tmp, "var/lib/apt/lists"))
 	if err := os.RemoveAll(dest); err != nil {
 		return err
 	}
 	if err := os.Rename(tmp, dest); err != nil {
 		return err
+	}
+	return nil
+}
+
+// profileUID is how Debian's /etc/profile asks for the user's id, and
+// profileQuickUID the same from bash's own EUID, with id(1) left for the
+// shells without it (dash).
+const (
+	profileUID      = `"$(id -u)"`
+	profileQuickUID = `"${EUID:-$(id -u)}"`
+)
+
+// quickProfile makes root's /etc/profile ask bash for the user's id rather
+// than run id(1). Every command the SDKs run is a login shell (`bash -l
+// -c`), which reads /etc/profile: Debian's forks and execs `id` for it,
+// which under gVisor was half of a command's round trip
+// (BenchmarkRoundTrip in internal/server: 48.6 ms, 22.7 ms without).
+func quickProfile(root string) error {
+	p := filepath.Join(root, "etc/profile")
+	b, err := os.ReadFile(p)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("reading the tree's /etc/profile: %w", err)
+	}
+	if err := os.WriteFile(p, []byte(strings.ReplaceAll(string(b), profileUID, profileQuickUID)), 0o644); err != nil {
+		return fmt.Errorf("writing the tree's /etc/profile: %w", err)
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package template
 import (
 	"bufio"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -96,6 +97,62 @@ func TestBuiltBase(t *testing.T) {
 	if _, err := os.Stat(root + ".building"); err == nil {
 		t.Fatal("a half-built tree was left beside the base rootfs")
 	}
+	// A login shell reads /etc/profile for every command: it must not
+	// run id(1) under bash.
+	profile, err := os.ReadFile(filepath.Join(root, "etc/profile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(strings.ReplaceAll(string(profile), profileQuickUID, ""), "$(id -u)") {
+		t.Fatalf("the base's /etc/profile runs id(1) for bash (built before quickProfile? remove the cache and make base):\n%s", profile)
+	}
+}
+
+// TestQuickProfile: the rewritten profile sets root's PATH and a user's
+// alike under bash (from EUID, running no id) and under dash (from id).
+func TestQuickProfile(t *testing.T) {
+	root := t.TempDir()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.MkdirAll(filepath.Join(root, "etc"), 0o755))
+	debian := `if [ "$(id -u)" -eq 0 ]; then
+  PATH="/usr/sbin:/usr/bin"
+else
+  PATH="/usr/bin"
+fi
+export PATH
+`
+	must(os.WriteFile(filepath.Join(root, "etc/profile"), []byte(debian), 0o644))
+	must(quickProfile(root))
+	must(quickProfile(root)) // twice: the same
+	got, err := os.ReadFile(filepath.Join(root, "etc/profile"))
+	must(err)
+	if want := strings.Replace(debian, profileUID, profileQuickUID, 1); string(got) != want {
+		t.Fatalf("rewritten profile:\n%s\nwant:\n%s", got, want)
+	}
+	want := "/usr/bin"
+	if os.Geteuid() == 0 {
+		want = "/usr/sbin:/usr/bin"
+	}
+	for _, sh := range []string{"bash", "sh"} {
+		// id is off the PATH: bash must not need it, dash must find it.
+		script := `. ` + filepath.Join(root, "etc/profile") + `; echo "$PATH"`
+		env := []string{"PATH=/nonexistent"}
+		if sh == "sh" {
+			env = []string{"PATH=/usr/bin:/bin"}
+		}
+		cmd := exec.Command("/bin/"+sh, "-c", script)
+		cmd.Env = env
+		out, err := cmd.CombinedOutput()
+		if err != nil || strings.TrimSpace(string(out)) != want {
+			t.Fatalf("%s reading the profile: %q %v, want PATH %s", sh, out, err, want)
+		}
+	}
+	must(quickProfile(t.TempDir())) // no /etc/profile: nothing to do
 }
 
 func TestAptMirror(t *testing.T) {
