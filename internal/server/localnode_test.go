@@ -5,9 +5,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -23,9 +23,9 @@ import (
 // TestEveryServerReachesEverySandbox: in a cluster of a server with a
 // local node, a node agent and a pure API server, every sandbox answers
 // commands, file transfers and a program on a port of its user's through
-// every server. The local node is
-// registered at the server's address (it listens on one), and the other
-// servers reach it there with the cluster token: before it was, a
+// every server. The local node is registered at the server's address (it
+// listens on one), and the other servers reach it there with the cluster
+// token: before it was, a
 // sandbox on a server's own node answered through that server only.
 func TestEveryServerReachesEverySandbox(t *testing.T) {
 	srv, c := startWithAgent(t, "mixed", true)
