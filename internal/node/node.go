@@ -221,7 +221,12 @@ type Node struct {
 	// pending holds ids being created, so that a concurrent create or kill
 	// of the same id sees it, with the memory (MiB) admitted for each.
 	pending map[string]int
-	onExit  func(Exit)
+	// releasing holds the sandboxes a pause stopped whose processes,
+	// network and root filesystem are still being released: a pause
+	// answers once the state is saved, and a boot of the same id (its
+	// resume) waits for the release to end.
+	releasing map[string]chan struct{}
+	onExit    func(Exit)
 	pool    *warmPool
 	// readying starts each template's service once at a time; ready
 	// holds the snapshots of started services by name.
@@ -265,6 +270,7 @@ func New(cfg Config) (*Node, error) {
 		log:       cfg.Logger.With("node_id", cfg.ID),
 		sandboxes: make(map[string]*Sandbox),
 		pending:   make(map[string]int),
+		releasing: make(map[string]chan struct{}),
 		ready:     make(map[string]*snapshot.Snapshot),
 	}
 	n.bg, n.bgCancel = context.WithCancel(context.Background())
@@ -486,6 +492,9 @@ type bootOptions struct {
 // yet initialised nor registered. On error nothing is left behind.
 func (n *Node) boot(ctx context.Context, id string, tpl *template.Template, opts bootOptions) (sb *Sandbox, err error) {
 	log := n.log.With("sandbox_id", id)
+	if err := n.awaitRelease(ctx, id); err != nil {
+		return nil, fmt.Errorf("creating sandbox %s: %w", id, err)
+	}
 	memMB, cpus := pick(opts.MemoryMB, tpl.MemoryMB), pick(opts.CPUCount, tpl.CPUCount)
 	if err := n.admitBoot(id, memMB, cpus, opts.ForPool); err != nil {
 		return nil, err
@@ -523,6 +532,7 @@ func (n *Node) boot(ctx context.Context, id string, tpl *template.Template, opts
 	}
 	rollback.Push("releasing network", func(ctx context.Context) error { return n.cfg.Network.Release(ctx, slot) })
 	sb.slot, sb.Addr, sb.egress = slot, slot.HostAddr, opts.Network
+	netDone := time.Now()
 
 	binds, err := n.toolBinds(tpl)
 	if err != nil {
@@ -539,6 +549,7 @@ func (n *Node) boot(ctx context.Context, id string, tpl *template.Template, opts
 	}
 	rollback.Push("releasing the root filesystem", func(ctx context.Context) error { return n.cfg.RootFS.Release(ctx, id) })
 	sb.RootImage = tpl.BlockImage
+	prepared := time.Now()
 	spec := runtime.Spec{
 		Binds:      binds,
 		ID:         id,
@@ -572,7 +583,8 @@ func (n *Node) boot(ctx context.Context, id string, tpl *template.Template, opts
 		return nil, fmt.Errorf("creating sandbox %s: waiting for envd: %w", id, err)
 	}
 	log.Debug("sandbox booted", "template_id", tpl.ID, "addr", sb.Addr,
-		"runtime_ms", started.Sub(start).Milliseconds(),
+		"network_ms", netDone.Sub(start).Milliseconds(), "rootfs_ms", prepared.Sub(netDone).Milliseconds(),
+		"runtime_ms", started.Sub(prepared).Milliseconds(),
 		"envd_ready_ms", time.Since(started).Milliseconds())
 	return sb, nil
 }
@@ -735,17 +747,63 @@ func (n *Node) destroy(ctx context.Context, sb *Sandbox) error {
 	n.removeRecord(sb.ID)
 	n.keepEnvdEvents(sb.ID)
 	var errs []error
+	start := time.Now()
 	if err := n.cfg.Runtime.Kill(ctx, sb.ID); err != nil && !errors.Is(err, runtime.ErrNotFound) {
 		errs = append(errs, err)
 	}
+	killed := time.Now()
 	if err := n.cfg.Network.Release(ctx, sb.slot); err != nil {
 		errs = append(errs, err)
 	}
+	released := time.Now()
 	if err := n.cfg.RootFS.Release(ctx, sb.ID); err != nil {
 		errs = append(errs, err)
 	}
+	n.log.Debug("sandbox destroyed", "sandbox_id", sb.ID, "runtime_ms", killed.Sub(start).Milliseconds(),
+		"network_ms", released.Sub(killed).Milliseconds(), "rootfs_ms", time.Since(released).Milliseconds())
 	n.unpend(sb.ID) // a boot that went no further
 	return errors.Join(errs...)
+}
+
+// releaseLater destroys sb, stopped and unregistered, in the background:
+// what is left of a paused sandbox (a runsc delete, its network and root
+// filesystem) is a third of a pause's time, which its caller need not
+// wait for. Close waits for it.
+func (n *Node) releaseLater(sb *Sandbox) {
+	done := make(chan struct{})
+	n.mu.Lock()
+	n.releasing[sb.ID] = done
+	n.mu.Unlock()
+	n.bgWork.Add(1)
+	go func() {
+		defer n.bgWork.Done()
+		start := time.Now()
+		if err := n.destroy(context.Background(), sb); err != nil {
+			n.log.Warn("releasing paused sandbox", "sandbox_id", sb.ID, "err", err)
+		}
+		n.log.Debug("paused sandbox released", "sandbox_id", sb.ID, "took_ms", time.Since(start).Milliseconds())
+		n.mu.Lock()
+		delete(n.releasing, sb.ID)
+		n.mu.Unlock()
+		close(done)
+	}()
+}
+
+// awaitRelease waits until sandbox id, if a pause is releasing it, is
+// gone: its id, address and runsc container are free again.
+func (n *Node) awaitRelease(ctx context.Context, id string) error {
+	n.mu.Lock()
+	done := n.releasing[id]
+	n.mu.Unlock()
+	if done == nil {
+		return nil
+	}
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("waiting for the paused sandbox's release: %w", ctx.Err())
+	}
 }
 
 // template resolves a template this host may lack: its description, when

@@ -107,9 +107,7 @@ func (n *Node) snapshotSandbox(ctx context.Context, sb *Sandbox, opts SnapshotOp
 	}
 	if opts.Stop {
 		n.unregister(id)
-		if err := n.destroy(context.WithoutCancel(ctx), sb); err != nil {
-			n.log.Warn("releasing paused sandbox", "sandbox_id", id, "err", err)
-		}
+		n.releaseLater(sb)
 		if opts.Kind != snapshot.KindTemplate {
 			n.logEvent(id, "info", "sandbox stopped: its state is saved")
 			n.historyEnded(id)
