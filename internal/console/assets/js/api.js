@@ -42,6 +42,9 @@ export async function apiWithHeaders(method, path, body) {
   return { data: await (type.includes('json') ? res.json() : res.text()), headers: res.headers };
 }
 
+/** The session's CSRF token, for what cannot carry a header (a WebSocket's URL). */
+export function csrf() { return csrfToken; }
+
 /** The current session ({key, csrfToken, expiresAt}), or null. */
 export async function currentSession() {
   try {
