@@ -1,12 +1,13 @@
 // One sandbox: what it is, its CPU, memory and disk over its life (GET
 // /sandboxes/{id}/metrics), its log with follow and search (GET
-// /v2/sandboxes/{id}/logs), the actions on it, and a terminal in it
-// (terminal.js).
+// /v2/sandboxes/{id}/logs), the actions on it, a terminal in it
+// (terminal.js) and its files (files.js).
 
 import uPlot from '../../vendor/uplot/uPlot.esm.js';
 import { api, APIError } from '../api.js';
 import { h, replace, heading, fmtAge, fmtBytes, fmtTime, run, toast } from '../ui.js';
 import { terminalCard } from './terminal.js';
+import { filesCard } from './files.js';
 
 const every = 3000;
 const MiB = 1024 * 1024;
@@ -18,9 +19,10 @@ export function render(main, _ctx, id) {
     h('h2', { id: 'sb-charts-h' }, 'Usage'));
   const logs = h('section', { class: 'card', 'aria-labelledby': 'sb-logs-h' });
   const term = terminalCard(id);
+  const files = filesCard(id);
   main.append(
     h('p', { class: 'crumbs' }, h('a', { href: '#/sandboxes' }, 'Sandboxes'), ' / ', id),
-    heading(`Sandbox ${id}`), info, actions, term.section, charts, logs);
+    heading(`Sandbox ${id}`), info, actions, term.section, files.section, charts, logs);
 
   let stopped = false;
   let sb = null;
@@ -39,6 +41,7 @@ export function render(main, _ctx, id) {
         replace(info, h('h2', { id: 'sb-info-h' }, 'Gone'), h('p', {}, 'This sandbox has ended (or your key may not see it).'));
         actions.hidden = true;
         term.setState('gone');
+        files.setState('gone');
         return false;
       }
       toast(e.message, 'error');
@@ -69,6 +72,7 @@ export function render(main, _ctx, id) {
       b.disabled = !b.dataset.when.split(' ').includes(sb.state);
     }
     term.setState(sb.state);
+    files.setState(sb.state);
   }
 
   // --- actions ----------------------------------------------------------
