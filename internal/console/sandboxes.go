@@ -8,6 +8,7 @@ import (
 	"mime"
 	"net/http"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -51,7 +52,7 @@ func (c *Console) sandboxRoutes(next http.Handler) http.Handler {
 			writeError(w, http.StatusNotFound, "no console route "+r.URL.Path)
 			return
 		}
-		if !strings.Contains(allow, r.Method) {
+		if !slices.Contains(strings.Split(allow, ", "), r.Method) {
 			w.Header().Set("Allow", allow)
 			writeError(w, http.StatusMethodNotAllowed, r.URL.Path+" takes "+allow)
 			return
