@@ -14,18 +14,24 @@ build:
 deps:
 	scripts/install-deps.sh
 
-# The web console's third-party files (uPlot), from npm at the versions
-# internal/console/web/package-lock.json pins, copied into the embedded
-# assets. The copies are committed, so `go build` needs no npm; run this
-# after changing a version there.
+# The web console's third-party files (uPlot; xterm.js and its fit
+# addon), from npm at the versions internal/console/web/package-lock.json
+# pins, copied into the embedded assets as the ES modules and styles the
+# packages ship. The copies are committed, so `go build` needs no npm;
+# run this after changing a version there.
 CONSOLE_WEB = internal/console/web
 CONSOLE_VENDOR = internal/console/assets/vendor
+CONSOLE_NM = $(CONSOLE_WEB)/node_modules
 console-assets:
 	cd $(CONSOLE_WEB) && npm ci --ignore-scripts --no-audit --no-fund
-	rm -rf $(CONSOLE_VENDOR) && mkdir -p $(CONSOLE_VENDOR)/uplot
-	cp $(CONSOLE_WEB)/node_modules/uplot/dist/uPlot.esm.js $(CONSOLE_WEB)/node_modules/uplot/dist/uPlot.min.css \
-		$(CONSOLE_WEB)/node_modules/uplot/LICENSE $(CONSOLE_VENDOR)/uplot/
-	@echo "$(CONSOLE_VENDOR): uplot $$(node -p 'require("./$(CONSOLE_WEB)/node_modules/uplot/package.json").version')"
+	rm -rf $(CONSOLE_VENDOR) && mkdir -p $(CONSOLE_VENDOR)/uplot $(CONSOLE_VENDOR)/xterm $(CONSOLE_VENDOR)/xterm-addon-fit
+	cp $(CONSOLE_NM)/uplot/dist/uPlot.esm.js $(CONSOLE_NM)/uplot/dist/uPlot.min.css \
+		$(CONSOLE_NM)/uplot/LICENSE $(CONSOLE_VENDOR)/uplot/
+	cp $(CONSOLE_NM)/@xterm/xterm/lib/xterm.mjs $(CONSOLE_NM)/@xterm/xterm/css/xterm.css \
+		$(CONSOLE_NM)/@xterm/xterm/LICENSE $(CONSOLE_VENDOR)/xterm/
+	cp $(CONSOLE_NM)/@xterm/addon-fit/lib/addon-fit.mjs $(CONSOLE_NM)/@xterm/addon-fit/LICENSE $(CONSOLE_VENDOR)/xterm-addon-fit/
+	@for p in uplot @xterm/xterm @xterm/addon-fit; do \
+		echo "$(CONSOLE_VENDOR): $$p $$(node -p "require('./$(CONSOLE_NM)/$$p/package.json').version")"; done
 
 # The CLI alone, for the machines people drive a cluster from: the
 # client commands build for every target (the host's commands, which run

@@ -1,7 +1,8 @@
 // Package client talks to an aenv server the way the E2B SDKs do: REST for
 // the control plane and envd's Connect protocol (JSON codec) through the
-// server's proxy for commands. The CLI and the benchmark use it; nothing in
-// the server imports it.
+// server's proxy for commands. The CLI and the benchmark use it, and so
+// does the web console, which calls its own server's handler in process
+// (NewWithTransport); nothing else in the server imports it.
 package client
 
 import (
@@ -66,6 +67,17 @@ func NewWithCA(baseURL, apiKey string, caPEM []byte) (*Client, error) {
 		apiKey:  apiKey,
 		http:    &http.Client{Transport: tr},
 	}, nil
+}
+
+// NewWithTransport is New over rt instead of the network: the web
+// console hands it one that calls the server's own handler in process.
+func NewWithTransport(baseURL, apiKey string, rt http.RoundTripper) *Client {
+	return &Client{
+		tokens:  &sync.Map{},
+		baseURL: strings.TrimRight(baseURL, "/"),
+		apiKey:  apiKey,
+		http:    &http.Client{Transport: rt},
+	}
 }
 
 // APIError is an error the server answered with.

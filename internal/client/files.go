@@ -6,6 +6,12 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/aenvhq/aenv/internal/envd/spec/filesystem"
+	"github.com/aenvhq/aenv/internal/envd/spec/filesystem/filesystemconnect"
 )
 
 // envdPort is the port envd listens on inside every sandbox.
@@ -85,4 +91,51 @@ func (c *Client) Download(ctx context.Context, id, remote string, opts FileOptio
 		return nil, 0, fmt.Errorf("downloading %s from %s: %w", remote, id, apiErrorFrom(resp))
 	}
 	return resp.Body, resp.ContentLength, nil
+}
+
+// Entry is a file, directory or symlink in a sandbox, as ListDir finds it.
+type Entry struct {
+	Name string `json:"name"`
+	// Path is absolute.
+	Path string `json:"path"`
+	// Type is "file", "dir" or "symlink" ("" for anything else).
+	Type string `json:"type"`
+	Size int64  `json:"size"`
+	// Permissions are as ls writes them: "-rw-r--r--".
+	Permissions   string    `json:"permissions,omitempty"`
+	Owner         string    `json:"owner,omitempty"`
+	Group         string    `json:"group,omitempty"`
+	ModifiedTime  time.Time `json:"modifiedTime,omitzero"`
+	SymlinkTarget string    `json:"symlinkTarget,omitempty"`
+}
+
+var entryTypes = map[filesystem.FileType]string{
+	filesystem.FileType_FILE_TYPE_FILE:      "file",
+	filesystem.FileType_FILE_TYPE_DIRECTORY: "dir",
+	filesystem.FileType_FILE_TYPE_SYMLINK:   "symlink",
+}
+
+// ListDir lists the directory remote in sandbox id (one level), through
+// envd's filesystem service; a relative remote is from the user's home.
+func (c *Client) ListDir(ctx context.Context, id, remote string, opts FileOptions) ([]Entry, error) {
+	ropts := RunOptions{User: opts.User, AccessToken: c.token(id, opts.AccessToken)}
+	svc := filesystemconnect.NewFilesystemClient(c.http, c.baseURL,
+		connect.WithProtoJSON(),
+		connect.WithInterceptors(headerInterceptor(id, ropts)))
+	res, err := svc.ListDir(ctx, connect.NewRequest(&filesystem.ListDirRequest{Path: remote, Depth: 1}))
+	if err != nil {
+		return nil, fmt.Errorf("listing %s in %s: %w", remote, id, err)
+	}
+	out := make([]Entry, 0, len(res.Msg.GetEntries()))
+	for _, e := range res.Msg.GetEntries() {
+		ent := Entry{
+			Name: e.GetName(), Path: e.GetPath(), Type: entryTypes[e.GetType()], Size: e.GetSize(),
+			Permissions: e.GetPermissions(), Owner: e.GetOwner(), Group: e.GetGroup(), SymlinkTarget: e.GetSymlinkTarget(),
+		}
+		if t := e.GetModifiedTime(); t != nil {
+			ent.ModifiedTime = t.AsTime()
+		}
+		out = append(out, ent)
+	}
+	return out, nil
 }

@@ -1,9 +1,11 @@
 package console
 
 import (
+	"encoding/json"
 	"io/fs"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path"
 	"regexp"
 	"strings"
@@ -25,6 +27,12 @@ func TestAssetsServed(t *testing.T) {
 		"/console/console.css":                "text/css; charset=utf-8",
 		"/console/vendor/uplot/uPlot.esm.js":  "text/javascript; charset=utf-8",
 		"/console/vendor/uplot/uPlot.min.css": "text/css; charset=utf-8",
+		"/console/js/pages/terminal.js":       "text/javascript; charset=utf-8",
+		"/console/js/inline-styles.js":        "text/javascript; charset=utf-8",
+		// Module scripts must be served as JavaScript, .mjs included.
+		"/console/vendor/xterm/xterm.mjs":               "text/javascript; charset=utf-8",
+		"/console/vendor/xterm/xterm.css":               "text/css; charset=utf-8",
+		"/console/vendor/xterm-addon-fit/addon-fit.mjs": "text/javascript; charset=utf-8",
 	} {
 		res := f.do(httptest.NewRequest(http.MethodGet, p, nil))
 		if res.StatusCode != http.StatusOK || res.Header.Get("Content-Type") != want {
@@ -155,4 +163,64 @@ func TestLoadPattern(t *testing.T) {
 			t.Errorf("%q is taken for an external load", s)
 		}
 	}
+}
+
+// TestVendoredPackages: every package web/package.json names is copied
+// into assets/vendor with its licence, its files there are the ones the
+// pages load, and the lockfile names no registry (integrity hashes pin
+// the packages; where they come from is npm's configuration).
+func TestVendoredPackages(t *testing.T) {
+	files := Assets()
+	pkg, err := os.ReadFile("web/package.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var manifest struct{ Dependencies map[string]string }
+	if err := json.Unmarshal(pkg, &manifest); err != nil {
+		t.Fatal(err)
+	}
+	dirs := map[string]string{"uplot": "uplot", "@xterm/xterm": "xterm", "@xterm/addon-fit": "xterm-addon-fit"}
+	for name := range manifest.Dependencies {
+		dir, ok := dirs[name]
+		if !ok {
+			t.Errorf("web/package.json names %s, which this test does not know: add where `make console-assets` copies it", name)
+			continue
+		}
+		if _, err := fs.Stat(files, "vendor/"+dir+"/LICENSE"); err != nil {
+			t.Errorf("%s: no licence in vendor/%s", name, dir)
+		}
+	}
+	lock, err := os.ReadFile("web/package-lock.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(lock), `"resolved"`) {
+		t.Error("web/package-lock.json records where packages were fetched from: install with --omit-lockfile-registry-resolved")
+	}
+	// What the pages refer to, against what is vendored.
+	referred := map[string]bool{}
+	_ = fs.WalkDir(files, ".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || strings.HasPrefix(p, "vendor/") {
+			return err
+		}
+		b, _ := fs.ReadFile(files, p)
+		for _, ref := range references(p, string(b)) {
+			referred[ref] = true
+		}
+		return nil
+	})
+	for _, p := range []string{
+		"vendor/uplot/uPlot.esm.js", "vendor/uplot/uPlot.min.css",
+		"vendor/xterm/xterm.mjs", "vendor/xterm/xterm.css", "vendor/xterm-addon-fit/addon-fit.mjs",
+	} {
+		if !referred[p] {
+			t.Errorf("no page loads %s", p)
+		}
+	}
+	_ = fs.WalkDir(files, "vendor", func(p string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && path.Base(p) != "LICENSE" && !referred[p] {
+			t.Errorf("%s is vendored but no page loads it", p)
+		}
+		return err
+	})
 }

@@ -3,11 +3,15 @@
 // time), and the session layer that lets a browser call the API with an
 // HttpOnly cookie instead of holding an API key.
 //
-// The console's pages call the same REST routes the SDKs and the CLI do;
-// this package adds no route of its own beyond the session. A signed-in
-// browser's requests reach the API as though they carried the key itself
-// (Config.Authenticate), so every team and admin rule of the API applies
-// unchanged: what a key may not see, the console does not show.
+// The console's pages call the same REST routes the SDKs and the CLI do.
+// A signed-in browser's requests reach the API as though they carried the
+// key itself (Config.Authenticate), so every team and admin rule of the
+// API applies unchanged: what a key may not see, the console does not
+// show. The console's own routes, beyond the session, are those that go
+// to a sandbox's envd (a terminal, files): they call the API and its
+// proxy in process with the CLI's client, as the session's key, so the
+// same rules hold there, and the sandbox's envd token stays on the
+// server.
 //
 // A session is a cookie sealed with the cluster's data key, naming the
 // key (by id and hash, never the key itself), an expiry and a CSRF token:
@@ -17,7 +21,7 @@
 // can read), or they are refused with 403.
 //
 // Only the server wiring (package server) imports it; it links nothing of
-// the node side.
+// the node side (the client it uses speaks HTTP to the API).
 package console
 
 import (
@@ -93,6 +97,10 @@ func New(cfg Config) *Console {
 //   - /console and below: the page, its assets, and /console/session
 //     (POST signs in, GET tells who is signed in and the CSRF token,
 //     DELETE signs out);
+//   - /console/api/sandboxes/{id}/: what the page does in a sandbox
+//     through envd, whose token the page never holds: terminal (a
+//     WebSocket to a shell on a PTY), files (a directory's listing) and
+//     files/content (download, and upload with the CSRF token);
 //   - GET / from a browser (Accept: text/html, no API key): a redirect to
 //     the console; API clients' requests to / are next's as before;
 //   - a request with a session cookie and no API key of its own: next's,
@@ -101,12 +109,17 @@ func New(cfg Config) *Console {
 //
 // The session cookie is taken out of every request that goes to next.
 func (c *Console) Wrap(next http.Handler) http.Handler {
+	sandboxes := c.sandboxRoutes(next)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if c.cfg.IsSandboxTraffic != nil && c.cfg.IsSandboxTraffic(r) {
 			next.ServeHTTP(w, withoutSessionCookie(r))
 			return
 		}
 		switch {
+		case strings.HasPrefix(r.URL.Path, apiPath):
+			setPageHeaders(w.Header())
+			sandboxes.ServeHTTP(w, r)
+			return
 		case r.URL.Path == Path || strings.HasPrefix(r.URL.Path, Path+"/"):
 			c.serveConsole(w, r)
 			return
@@ -169,9 +182,12 @@ func (c *Console) serveConsole(w http.ResponseWriter, r *http.Request) {
 
 // setPageHeaders keeps the console's pages to their own origin: scripts,
 // styles and connections only from it (no CDN could be used by mistake),
-// never framed, no referrer sent.
+// never framed, no referrer sent. Inline style attributes are allowed,
+// not <style> elements: the terminal (xterm.js) colours 24-bit cells with
+// them, and an attribute can neither run script nor load anything beyond
+// what img-src and font-src allow.
 func setPageHeaders(h http.Header) {
-	h.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; font-src 'self'; connect-src 'self'; manifest-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+	h.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; style-src-attr 'unsafe-inline'; img-src 'self' data:; font-src 'self'; connect-src 'self'; manifest-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("X-Frame-Options", "DENY")
 	h.Set("Referrer-Policy", "no-referrer")

@@ -42,6 +42,26 @@ export async function apiWithHeaders(method, path, body) {
   return { data: await (type.includes('json') ? res.json() : res.text()), headers: res.headers };
 }
 
+/** Sends bytes (a File or Blob) as a request's body, CSRF token included. */
+export async function sendBytes(method, path, blob) {
+  const res = await fetch(path, {
+    method,
+    headers: { Accept: 'application/json', 'Content-Type': 'application/octet-stream', 'X-CSRF-Token': csrfToken },
+    credentials: 'same-origin',
+    cache: 'no-store',
+    body: blob,
+  });
+  if (!res.ok) {
+    let message = res.statusText;
+    try { message = (await res.json()).message || message; } catch { /* not JSON */ }
+    if (res.status === 401) onSignedOut();
+    throw new APIError(res.status, message);
+  }
+}
+
+/** The session's CSRF token, for what cannot carry a header (a WebSocket's URL). */
+export function csrf() { return csrfToken; }
+
 /** The current session ({key, csrfToken, expiresAt}), or null. */
 export async function currentSession() {
   try {

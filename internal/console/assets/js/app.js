@@ -7,6 +7,7 @@ import * as sandboxes from './pages/sandboxes.js';
 import * as sandbox from './pages/sandbox.js';
 import * as templates from './pages/templates.js';
 import * as snapshots from './pages/snapshots.js';
+import * as volumes from './pages/volumes.js';
 import * as nodes from './pages/nodes.js';
 import * as keys from './pages/keys.js';
 import * as teams from './pages/teams.js';
@@ -20,6 +21,7 @@ const routes = [
   [/^\/sandboxes\/([a-z0-9]+)$/, sandbox, false],
   [/^\/templates$/, templates, false],
   [/^\/snapshots$/, snapshots, false],
+  [/^\/volumes$/, volumes, false],
   [/^\/nodes$/, nodes, true],
   [/^\/keys$/, keys, true],
   [/^\/teams$/, teams, true],

@@ -1,5 +1,5 @@
-// The cluster's nodes (admin keys only): capacity against use, and drain
-// and undrain.
+// The cluster's nodes (admin keys only): capacity against use, the
+// sandboxes their warm pools hold prestarted, and drain and undrain.
 
 import { api } from '../api.js';
 import { h, replace, heading, meter, sizeMeters, fmtAge, run, poll } from '../ui.js';
@@ -13,7 +13,7 @@ export function render(main) {
     const list = await api('GET', '/nodes');
     list.sort((a, b) => a.id.localeCompare(b.id));
     // Redrawn only when something changed, so that focus stays put.
-    const sig = JSON.stringify(list.map(n => [n.id, n.state, n.capacity, n.usage, n.sandboxes, n.version]));
+    const sig = JSON.stringify(list.map(n => [n.id, n.state, n.capacity, n.usage, n.sandboxes, n.version, n.pooled, n.pool]));
     if (sig === drawn && body.querySelector('.node')) return;
     drawn = sig;
     const focused = document.activeElement && document.activeElement.dataset.node;
@@ -40,10 +40,22 @@ export function render(main) {
         h('span', { class: 'badge', 'data-state': n.state }, n.state),
         b),
       h('p', { class: 'sub' }, [n.address || 'in-process', `${n.runtime}${n.runtimeVersion ? ' ' + n.runtimeVersion : ''}`, n.version ? `aenv ${n.version}` : null,
-        `${n.sandboxes} sandboxes`, `reported ${fmtAge(n.updatedAt)} ago`].filter(Boolean).join(' · ')),
+        `${n.sandboxes} sandboxes`, `${n.pooled || 0} pooled`, `reported ${fmtAge(n.updatedAt)} ago`].filter(Boolean).join(' · ')),
       meter('CPU', use.cpuCount || 0, cap.cpuCount || 0, v => `${v} vCPU`),
       meter('Memory', use.memoryMB || 0, cap.memoryMB || 0, v => `${v} MiB`),
-      cap.diskMB ? meter('Disk', use.diskMB || 0, cap.diskMB, v => `${v} MiB`) : null);
+      cap.diskMB ? meter('Disk', use.diskMB || 0, cap.diskMB, v => `${v} MiB`) : null,
+      poolList(n));
+  }
+
+  // poolList is what the node's warm pool holds, by template or snapshot.
+  function poolList(n) {
+    const pool = (n.pool || []).filter(p => p.ready || p.target);
+    if (!pool.length) return h('p', { class: 'sub' }, 'Warm pool: empty.');
+    return h('div', {},
+      h('h3', { class: 'pool-h' }, 'Warm pool'),
+      h('ul', { class: 'pool' }, pool.map(p => h('li', {},
+        p.snapshotID ? `snapshot ${p.snapshotID}` : `template ${p.templateID}`,
+        `: ${p.ready} ready of ${p.target} wanted`))));
   }
 
   return poll(load, 5000);

@@ -1,10 +1,13 @@
 // One sandbox: what it is, its CPU, memory and disk over its life (GET
 // /sandboxes/{id}/metrics), its log with follow and search (GET
-// /v2/sandboxes/{id}/logs), and the actions on it.
+// /v2/sandboxes/{id}/logs), the actions on it, a terminal in it
+// (terminal.js) and its files (files.js).
 
 import uPlot from '../../vendor/uplot/uPlot.esm.js';
 import { api, APIError } from '../api.js';
 import { h, replace, heading, fmtAge, fmtBytes, fmtTime, run, toast } from '../ui.js';
+import { terminalCard } from './terminal.js';
+import { filesCard } from './files.js';
 
 const every = 3000;
 const MiB = 1024 * 1024;
@@ -15,9 +18,11 @@ export function render(main, _ctx, id) {
   const charts = h('section', { class: 'card', 'aria-labelledby': 'sb-charts-h' },
     h('h2', { id: 'sb-charts-h' }, 'Usage'));
   const logs = h('section', { class: 'card', 'aria-labelledby': 'sb-logs-h' });
+  const term = terminalCard(id);
+  const files = filesCard(id);
   main.append(
     h('p', { class: 'crumbs' }, h('a', { href: '#/sandboxes' }, 'Sandboxes'), ' / ', id),
-    heading(`Sandbox ${id}`), info, actions, charts, logs);
+    heading(`Sandbox ${id}`), info, actions, term.section, files.section, charts, logs);
 
   let stopped = false;
   let sb = null;
@@ -35,6 +40,8 @@ export function render(main, _ctx, id) {
         sb = null;
         replace(info, h('h2', { id: 'sb-info-h' }, 'Gone'), h('p', {}, 'This sandbox has ended (or your key may not see it).'));
         actions.hidden = true;
+        term.setState('gone');
+        files.setState('gone');
         return false;
       }
       toast(e.message, 'error');
@@ -64,6 +71,8 @@ export function render(main, _ctx, id) {
     for (const b of actions.querySelectorAll('[data-when]')) {
       b.disabled = !b.dataset.when.split(' ').includes(sb.state);
     }
+    term.setState(sb.state);
+    files.setState(sb.state);
   }
 
   // --- actions ----------------------------------------------------------
@@ -243,6 +252,7 @@ export function render(main, _ctx, id) {
     clearTimeout(logTimer);
     resize.disconnect();
     plots.forEach(p => p && p.destroy());
+    term.stop();
   };
 }
 
