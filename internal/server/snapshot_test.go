@@ -80,8 +80,20 @@ func TestPauseResume(t *testing.T) {
 	if status, body := rawRequest(t, srv, "POST", url+"/sandboxes/"+id+"/pause", ""); status != 204 {
 		t.Fatalf("pause: %d %v", status, body)
 	}
+	// The pause answers once the state is saved; what ran it is released
+	// right after.
+	released := time.Now().Add(5 * time.Second)
+	for sandboxProcs(id) != 0 && time.Now().Before(released) {
+		time.Sleep(20 * time.Millisecond)
+	}
 	if n := sandboxProcs(id); n != 0 {
 		t.Fatalf("%d host processes still run paused sandbox %s", n, id)
+	}
+	for time.Now().Before(released) {
+		if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/memory", srv.cfg.NetnsTag, id)); os.IsNotExist(err) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 	if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/memory", srv.cfg.NetnsTag, id)); !os.IsNotExist(err) {
 		t.Fatalf("paused sandbox still has a memory cgroup: %v", err)
