@@ -197,6 +197,8 @@ type hostStrings struct {
 	warmPoolMemory   string
 	// storeSecretKeyFile holds the S3 secret key.
 	storeSecretKeyFile string
+	// pprofListen is where Go's profiles are served (empty: nowhere).
+	pprofListen string
 }
 
 func hostFlags(f *pflag.FlagSet, cfg *agent.Config, hs *hostStrings, logLevel *string) {
@@ -237,6 +239,7 @@ func hostFlags(f *pflag.FlagSet, cfg *agent.Config, hs *hostStrings, logLevel *s
 	f.DurationVar(&cfg.ImageGrace, "image-grace", blockimage.DefaultGrace, "how long a block image no sandbox uses stays mounted")
 	f.BoolVar(&cfg.InsecureCluster, "insecure-cluster", false, "allow cluster traffic in plain HTTP off loopback: the old join with the cluster token, a node API without TLS, etcd over http, served (--etcd-listen) or reached (logged as a warning at every start; for a trusted network only)")
 	f.StringVar(logLevel, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&hs.pprofListen, "pprof-listen", "", "loopback address to serve Go's profiles at (/debug/pprof/; e.g. 127.0.0.1:6060), for finding what a long run keeps in memory; empty: none")
 }
 
 // hostSettings applies what hostFlags parsed that needs parsing.
@@ -281,8 +284,10 @@ func hostSettings(cfg *agent.Config, hs hostStrings, logLevel string) error {
 			return err
 		}
 	}
-	cfg.EgressAllow, err = parsePrefixes("--egress-allow", hs.egressAllow)
-	return err
+	if cfg.EgressAllow, err = parsePrefixes("--egress-allow", hs.egressAllow); err != nil {
+		return err
+	}
+	return servePprof(hs.pprofListen, cfg.Logger)
 }
 
 // parsePrefixes parses the CIDRs given to flag.
