@@ -38,7 +38,8 @@ type EndedHistory struct {
 	// DefaultEndedHistoryRetention).
 	Retention time.Duration
 	// MaxBytes bounds all of them, MaxTeamBytes those of one team, in
-	// compressed bytes; the oldest go first. 0: DefaultEndedHistoryBytes,
+	// bytes compressed and, on disk, rounded up to whole 4 KiB blocks;
+	// the oldest go first. 0: DefaultEndedHistoryBytes,
 	// and a quarter of MaxBytes for a team.
 	MaxBytes, MaxTeamBytes int64
 }
@@ -167,7 +168,7 @@ func (s *endedStore) load() error {
 				os.Remove(filepath.Join(s.cfg.Dir, d.Name(), f.Name()))
 				continue
 			}
-			found = append(found, &endedEntry{id: id, team: string(team), ended: fi.ModTime(), size: fi.Size()})
+			found = append(found, &endedEntry{id: id, team: string(team), ended: fi.ModTime(), size: diskSize(fi.Size())})
 		}
 	}
 	slices.SortFunc(found, func(a, b *endedEntry) int { return a.ended.Compare(b.ended) })
@@ -217,8 +218,11 @@ func (s *endedStore) put(r *endedRecord) error {
 	e := &endedEntry{id: r.ID, team: r.Team, ended: r.Ended, size: int64(buf.Len())}
 	if s.cfg.Dir == "" {
 		e.data = buf.Bytes()
-	} else if err := s.write(e, buf.Bytes()); err != nil {
-		return fmt.Errorf("keeping the history of sandbox %s: %w", r.ID, err)
+	} else {
+		e.size = diskSize(e.size)
+		if err := s.write(e, buf.Bytes()); err != nil {
+			return fmt.Errorf("keeping the history of sandbox %s: %w", r.ID, err)
+		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -361,3 +365,10 @@ func (s *endedStore) usage(team string) (all, ofTeam int64, count int) {
 func fileName(id string) bool {
 	return id != "" && id != "." && id != ".." && filepath.Base(id) == id && !strings.ContainsAny(id, `/\`)
 }
+
+// diskBlock is what a small file takes on the disk at least: a sandbox
+// of an RL run leaves a history of less than a KiB, which the bounds
+// count as the block it takes.
+const diskBlock = 4 << 10
+
+func diskSize(n int64) int64 { return (n + diskBlock - 1) / diskBlock * diskBlock }
