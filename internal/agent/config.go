@@ -61,6 +61,12 @@ type Config struct {
 	// are kept prestarted whatever the demand, within WarmPoolMemory;
 	// WarmPoolMax bounds each template's pool (0: only the memory does).
 	WarmPoolFloor, WarmPoolMax int
+	// EndedHistoryBytes bounds the logs and metrics the node keeps of
+	// sandboxes that ended (in <data-dir>/ended-history), and
+	// EndedHistoryTeamBytes those of one team; EndedHistoryRetention is
+	// how long they are kept. Zero: node.EndedHistory's defaults.
+	EndedHistoryBytes, EndedHistoryTeamBytes int64
+	EndedHistoryRetention                    time.Duration
 	// NetnsTag names this server's nftables tables and host interfaces, so
 	// that several servers can share a host.
 	NetnsTag string

@@ -212,11 +212,13 @@ func (h *Host) open(ctx context.Context, cfg Config, keys *sealed.Keyring, log *
 		WarmPoolMax:    cfg.WarmPoolMax,
 		WarmTemplates:  warmTemplates(cfg),
 		StateDir:       filepath.Join(cfg.RunDir, "node"),
-		Capacity:       cfg.Capacity,
-		PidsLimit:      cfg.PidsLimit,
-		DiskMB:         cfg.DiskMB,
-		VolumeSize:     cfg.VolumeSize,
-		Logger:         log,
+		EndedHistory: node.EndedHistory{Dir: filepath.Join(cfg.DataDir, "ended-history"),
+			Retention: cfg.EndedHistoryRetention, MaxBytes: cfg.EndedHistoryBytes, MaxTeamBytes: cfg.EndedHistoryTeamBytes},
+		Capacity:   cfg.Capacity,
+		PidsLimit:  cfg.PidsLimit,
+		DiskMB:     cfg.DiskMB,
+		VolumeSize: cfg.VolumeSize,
+		Logger:     log,
 	})
 	if err != nil {
 		return err

@@ -20,28 +20,58 @@ type SoakAPI interface {
 
 var _ SoakAPI = (*client.Client)(nil)
 
-// soakSeries are the server's own figures a leak shows in.
-var soakSeries = []struct{ series, what string }{
-	{"process_resident_memory_bytes", "resident memory (bytes)"},
-	{"go_memstats_heap_inuse_bytes", "Go heap in use (bytes)"},
-	{"go_goroutines", "goroutines"},
-	{"process_open_fds", "open file descriptors"},
+// soakSeries are the server's own figures a leak shows in, with the
+// column each has in the table.
+var soakSeries = []struct{ series, column string }{
+	{"go_gc_heap_live_bytes", "LIVE HEAP"},
+	{"go_memstats_heap_inuse_bytes", "HEAP IN USE"},
+	{"process_resident_memory_bytes", "RSS"},
+	{"go_goroutines", "GOROUTINES"},
+	{"process_open_fds", "FDS"},
+}
+
+// SoakRound is one round of a soak run and the server's figures after it.
+type SoakRound struct {
+	Cycles, Failed int
+	Took           time.Duration
+	// End is the server's figures after the round, by series.
+	End map[string]float64
 }
 
 // SoakResult is what a soak run saw.
 type SoakResult struct {
-	Cycles, Failed int
-	Took           time.Duration
-	// Start and End are the server's figures before and after, by series.
-	Start, End map[string]float64
+	// Cycles is the cycles of each round.
+	Cycles int
+	// Start is the server's figures before the first round, by series.
+	Start  map[string]float64
+	Rounds []SoakRound
 }
 
-// Soak runs cycles create/exec/kill cycles, concurrency at a time, and
-// reads the server's figures before and after (after a pause for the
-// server to settle), so that a leak per sandbox shows as growth.
-func Soak(ctx context.Context, api SoakAPI, template string, cycles, concurrency int, progress io.Writer) (*SoakResult, error) {
+// SoakOptions say how long a soak runs.
+type SoakOptions struct {
+	// Cycles are the create/exec/kill cycles of each round, Concurrency
+	// of them at a time.
+	Cycles, Rounds, Concurrency int
+	// Settle is how long the server is left alone before its figures are
+	// read, for the kills' last clean-up (0: 2 s).
+	Settle time.Duration
+}
+
+// Soak runs opts.Rounds rounds of create/exec/kill cycles and reads the server's figures before the first round and after
+// each (after a pause for the server to settle). A leak per sandbox shows
+// as growth that goes on round after round; the first round may grow
+// while caches and pools fill.
+func Soak(ctx context.Context, api SoakAPI, template string, opts SoakOptions, progress io.Writer) (*SoakResult, error) {
+	cycles, rounds := opts.Cycles, max(opts.Rounds, 1)
+	if opts.Settle == 0 {
+		opts.Settle = 2 * time.Second
+	}
 	settle := func() (map[string]float64, error) {
-		time.Sleep(2 * time.Second)
+		select {
+		case <-time.After(opts.Settle):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
 		return api.Metrics(ctx)
 	}
 	start, err := settle()
@@ -49,7 +79,26 @@ func Soak(ctx context.Context, api SoakAPI, template string, cycles, concurrency
 		return nil, err
 	}
 	res := &SoakResult{Cycles: cycles, Start: start}
-	var failed, done atomic.Int64
+	for r := range rounds {
+		round := soakRound(ctx, api, template, cycles, opts.Concurrency, func(n int) {
+			if progress != nil && n%50 == 0 {
+				fmt.Fprintf(progress, "\rsoak: round %d/%d, %d/%d cycles", r+1, rounds, n, cycles)
+			}
+		})
+		if round.End, err = settle(); err != nil {
+			return res, err
+		}
+		res.Rounds = append(res.Rounds, round)
+	}
+	if progress != nil {
+		fmt.Fprintln(progress)
+	}
+	return res, ctx.Err()
+}
+
+// soakRound runs cycles cycles, concurrency at a time.
+func soakRound(ctx context.Context, api SoakAPI, template string, cycles, concurrency int, done func(int)) SoakRound {
+	var failed, n atomic.Int64
 	work := make(chan struct{})
 	var wg sync.WaitGroup
 	began := time.Now()
@@ -59,28 +108,21 @@ func Soak(ctx context.Context, api SoakAPI, template string, cycles, concurrency
 				if err := soakCycle(ctx, api, template); err != nil {
 					failed.Add(1)
 				}
-				if n := done.Add(1); progress != nil && n%50 == 0 {
-					fmt.Fprintf(progress, "\rsoak: %d/%d cycles", n, cycles)
-				}
+				done(int(n.Add(1)))
 			}
 		})
 	}
+feed:
 	for range cycles {
 		select {
 		case work <- struct{}{}:
 		case <-ctx.Done():
+			break feed
 		}
 	}
 	close(work)
 	wg.Wait()
-	if progress != nil {
-		fmt.Fprintln(progress)
-	}
-	res.Took, res.Failed = time.Since(began), int(failed.Load())
-	if res.End, err = settle(); err != nil {
-		return nil, err
-	}
-	return res, ctx.Err()
+	return SoakRound{Cycles: cycles, Failed: int(failed.Load()), Took: time.Since(began)}
 }
 
 func soakCycle(ctx context.Context, api SoakAPI, template string) error {
@@ -98,24 +140,61 @@ func soakCycle(ctx context.Context, api SoakAPI, template string) error {
 	return err
 }
 
-// WriteTable prints the figures side by side with their change; growth
-// of more than 10% is marked.
+// WriteTable prints the server's figures before the first round and after
+// each, one row a round, memory in MiB, with the change of the live heap
+// from the round before; a round whose live heap grew by more than
+// 2 MiB (the bound per thousand cycles a server flat under churn keeps) is
+// marked.
 func (r *SoakResult) WriteTable(w io.Writer) error {
-	fmt.Fprintf(w, "soak: %d create/exec/kill cycles in %s (%.1f/s), %d failed\n\n",
-		r.Cycles, r.Took.Round(time.Second), float64(r.Cycles)/r.Took.Seconds(), r.Failed)
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "SERVER\tSTART\tEND\tCHANGE\t")
+	cycles, failed := 0, 0
+	var took time.Duration
+	for _, rd := range r.Rounds {
+		cycles, failed, took = cycles+rd.Cycles, failed+rd.Failed, took+rd.Took
+	}
+	rate := 0.0
+	if took > 0 {
+		rate = float64(cycles) / took.Seconds()
+	}
+	fmt.Fprintf(w, "soak: %d rounds of %d create/exec/kill cycles in %s (%.1f/s), %d failed\n\n",
+		len(r.Rounds), r.Cycles, took.Round(time.Second), rate, failed)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprint(tw, "ROUND\tCYCLES\tFAILED\tTOOK\t")
 	for _, s := range soakSeries {
-		a, b := r.Start[s.series], r.End[s.series]
+		fmt.Fprintf(tw, "%s\t", s.column)
+	}
+	fmt.Fprint(tw, "LIVE HEAP CHANGE\t\t\n")
+	row := func(name string, rd *SoakRound, figs, prev map[string]float64) {
+		if rd == nil {
+			fmt.Fprintf(tw, "%s\t-\t-\t-\t", name)
+		} else {
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t", name, rd.Cycles, rd.Failed, rd.Took.Round(100*time.Millisecond))
+		}
+		for _, s := range soakSeries {
+			v, ok := figs[s.series]
+			switch {
+			case !ok:
+				fmt.Fprint(tw, "-\t")
+			case s.column == "GOROUTINES" || s.column == "FDS":
+				fmt.Fprintf(tw, "%.0f\t", v)
+			default:
+				fmt.Fprintf(tw, "%.1f MiB\t", v/(1<<20))
+			}
+		}
 		change, mark := "-", ""
-		if a > 0 {
-			pct := 100 * (b - a) / a
-			change = fmt.Sprintf("%+.1f%%", pct)
-			if pct > 10 {
+		if a, ok := prev[soakSeries[0].series]; ok && rd != nil {
+			d := figs[soakSeries[0].series] - a
+			change = fmt.Sprintf("%+.1f MiB", d/(1<<20))
+			if perK := d / float64(max(rd.Cycles, 1)) * 1000; perK > 2<<20 {
 				mark = "grew"
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%s\t%s\n", s.what, a, b, change, mark)
+		fmt.Fprintf(tw, "%s\t%s\t\n", change, mark)
+	}
+	row("start", nil, r.Start, nil)
+	prev := r.Start
+	for i := range r.Rounds {
+		row(fmt.Sprint(i+1), &r.Rounds[i], r.Rounds[i].End, prev)
+		prev = r.Rounds[i].End
 	}
 	return tw.Flush()
 }

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/aenvhq/aenv/internal/client"
 )
@@ -38,24 +39,40 @@ func (a *leakyAPI) Kill(ctx context.Context, id string) error {
 func (a *leakyAPI) Metrics(ctx context.Context) (map[string]float64, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return map[string]float64{"go_goroutines": float64(100 + a.created), "process_open_fds": 50}, nil
+	// The heap grows by 4 KiB a sandbox: 4 MiB a thousand.
+	return map[string]float64{"go_goroutines": float64(100 + a.created), "process_open_fds": 50,
+		"go_gc_heap_live_bytes": float64(16<<20 + a.created*4<<10)}, nil
 }
 
-func TestSoakReportsGrowth(t *testing.T) {
+func TestSoakReportsGrowthPerRound(t *testing.T) {
 	api := &leakyAPI{}
-	res, err := Soak(context.Background(), api, "base", 40, 4, nil)
+	res, err := Soak(context.Background(), api, "base", SoakOptions{Cycles: 40, Rounds: 3, Concurrency: 4, Settle: time.Millisecond}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if api.created != 40 || api.killed != 40 || res.Failed != 0 {
-		t.Fatalf("ran %d creates and %d kills (%d failed), want 40 each", api.created, api.killed, res.Failed)
+	if api.created != 120 || api.killed != 120 || len(res.Rounds) != 3 {
+		t.Fatalf("ran %d creates and %d kills in %d rounds, want 120 each in 3", api.created, api.killed, len(res.Rounds))
+	}
+	for i, rd := range res.Rounds {
+		if rd.Failed != 0 || rd.Cycles != 40 {
+			t.Fatalf("round %d: %d of %d cycles failed", i+1, rd.Failed, rd.Cycles)
+		}
+		if got := rd.End["go_goroutines"]; got != float64(100+40*(i+1)) {
+			t.Fatalf("round %d ended with %v goroutines, want %d", i+1, got, 100+40*(i+1))
+		}
 	}
 	var out strings.Builder
-	res.WriteTable(&out)
-	if !strings.Contains(out.String(), "goroutines") || !strings.Contains(out.String(), "+40.0%") || !strings.Contains(out.String(), "grew") {
-		t.Fatalf("the table does not show the goroutines' growth:\n%s", out.String())
+	if err := res.WriteTable(&out); err != nil {
+		t.Fatal(err)
 	}
-	if strings.Count(out.String(), "grew") != 1 {
-		t.Fatalf("only the goroutines grew:\n%s", out.String())
+	table := out.String()
+	// 40 cycles of 4 KiB: 0.16 MiB a round, 3.9 MiB per thousand cycles.
+	if strings.Count(table, "+0.2 MiB") != 3 || strings.Count(table, "grew") != 3 {
+		t.Fatalf("the table does not show the live heap's growth in each round:\n%s", table)
+	}
+	for _, want := range []string{"LIVE HEAP", "RSS", "start", "16.0 MiB", "16.5 MiB", "220"} {
+		if !strings.Contains(table, want) {
+			t.Fatalf("the table lacks %q:\n%s", want, table)
+		}
 	}
 }

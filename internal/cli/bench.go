@@ -29,7 +29,7 @@ const (
 func newBenchCmd() *cobra.Command {
 	var opts bench.Options
 	var output, suite string
-	var soakCycles, batchSize int
+	var soakCycles, soakRounds, batchSize int
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure sandbox latency against bare runsc",
@@ -50,10 +50,11 @@ Its aenv and bare samples alternate, so that both see the same load on the
 host. It makes the snapshot requests itself, so it takes the key from --key-file,
 AENV_API_KEY, E2B_API_KEY or the local server's key file, not from 'aenv auth'.
 
-The soak suite (not part of all) runs --soak-cycles create/exec/kill cycles,
---concurrency at a time, and prints the server's resident memory, Go heap,
-goroutines and open files (from its /metrics) before and after: a leak per
-sandbox shows as growth.
+The soak suite (not part of all) runs --soak-rounds rounds of --soak-cycles
+create/exec/kill cycles, --concurrency at a time, and prints the server's
+live Go heap (at its last GC), heap in use, resident memory, goroutines and
+open files (from its /metrics) before the first round and after each: a
+leak per sandbox shows as growth that goes on round after round.
 
 The batch suite (not part of all) times, --iterations rounds, one batch
 create of --batch-size sandboxes (POST /sandboxes/batch) against as many
@@ -91,7 +92,8 @@ single creates at once, until all are ready, alternately.`,
 				if isTerminal(cmd.ErrOrStderr()) {
 					progress = cmd.ErrOrStderr()
 				}
-				res, err := bench.Soak(cmd.Context(), c, opts.Template, soakCycles, opts.Concurrency, progress)
+				res, err := bench.Soak(cmd.Context(), c, opts.Template,
+					bench.SoakOptions{Cycles: soakCycles, Rounds: soakRounds, Concurrency: opts.Concurrency}, progress)
 				if err != nil {
 					return err
 				}
@@ -166,6 +168,7 @@ single creates at once, until all are ready, alternately.`,
 	f.StringVar(&suite, "suite", suiteAll, "what to measure: create, snapshot, all, or soak or batch (not in all)")
 	f.IntVar(&batchSize, "batch-size", 16, "sandboxes per batch of the batch suite")
 	f.IntVar(&soakCycles, "soak-cycles", 1000, "create/exec/kill cycles of the soak suite (--concurrency at a time)")
+	f.IntVar(&soakRounds, "soak-rounds", 5, "rounds of --soak-cycles the soak suite runs, reading the server's heap and RSS after each")
 	f.IntVarP(&opts.Iterations, "iterations", "n", bench.DefaultIterations, "samples per operation of the create suite")
 	f.IntVar(&opts.Concurrency, "concurrency", bench.DefaultConcurrency, "sandboxes started at once in the concurrent measurement")
 	f.IntVar(&opts.SnapshotIterations, "snapshot-iterations", bench.DefaultSnapshotIterations, "samples per operation of the snapshot suite (forks of 4 and 16 take fewer)")

@@ -210,8 +210,12 @@ type hostStrings struct {
 	imageCacheSize   string
 	volumeSize       string
 	warmPoolMemory   string
+	// endedHistoryBytes and endedHistoryTeamBytes are sizes.
+	endedHistoryBytes, endedHistoryTeamBytes string
 	// storeSecretKeyFile holds the S3 secret key.
 	storeSecretKeyFile string
+	// pprofListen is where Go's profiles are served (empty: nowhere).
+	pprofListen string
 }
 
 func hostFlags(f *pflag.FlagSet, cfg *agent.Config, hs *hostStrings, logLevel *string) {
@@ -231,6 +235,9 @@ func hostFlags(f *pflag.FlagSet, cfg *agent.Config, hs *hostStrings, logLevel *s
 	f.StringVar(&hs.warmPoolMemory, "warm-pool-memory", "", "host memory the warm pool's prestarted sandboxes may take, by what they use (bytes, or with K, M, G, T; default: 5% of --capacity-memory, at most 1G; 0 disables the pool): each template's (and snapshot's) pool is sized to its largest burst of creates within 10 s over the last 5 minutes, refilled one boot at a time while the host is idle, and shrunk under memory pressure")
 	f.IntVar(&cfg.WarmPoolMax, "warm-pool-max", 0, "most sandboxes kept prestarted of any one template or snapshot, whatever its demand (0: only --warm-pool-memory bounds it)")
 	f.IntVar(&cfg.WarmPoolFloor, "warm-pool", 1, "base (and code-interpreter) sandboxes kept prestarted even without recent creates, within --warm-pool-memory (the pool grows past it with demand; 0: no floor)")
+	f.StringVar(&hs.endedHistoryBytes, "ended-history-bytes", "512M", "what this node keeps of the logs and metrics of sandboxes that ended, compressed, in <data-dir>/ended-history (bytes, or with K, M, G, T): the oldest go first past it, and each at --ended-history-retention")
+	f.StringVar(&hs.endedHistoryTeamBytes, "ended-history-team-bytes", "", "the share of --ended-history-bytes one team's ended sandboxes may take (default: a quarter of it)")
+	f.DurationVar(&cfg.EndedHistoryRetention, "ended-history-retention", node.DefaultEndedHistoryRetention, "how long the logs and metrics of a sandbox that ended are kept on the node that ran it")
 	f.StringVar(&cfg.NetnsTag, "netns-tag", "aenv", "names this node's nftables tables and host interfaces (lower-case letters; distinct per server or node on one host)")
 	f.StringSliceVar(&cfg.EtcdEndpoints, "etcd-endpoints", nil, "external etcd cluster for the live state (URL[,URL...]; a server's default is an embedded member in <data-dir>/etcd; a node needs these or --join)")
 	f.StringVar(&cfg.EtcdCAFile, "etcd-ca", "", "CA certificate to verify --etcd-endpoints")
@@ -252,6 +259,7 @@ func hostFlags(f *pflag.FlagSet, cfg *agent.Config, hs *hostStrings, logLevel *s
 	f.DurationVar(&cfg.ImageGrace, "image-grace", blockimage.DefaultGrace, "how long a block image no sandbox uses stays mounted")
 	f.BoolVar(&cfg.InsecureCluster, "insecure-cluster", false, "allow cluster traffic in plain HTTP off loopback: the old join with the cluster token, a node API without TLS, etcd over http, served (--etcd-listen) or reached (logged as a warning at every start; for a trusted network only)")
 	f.StringVar(logLevel, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&hs.pprofListen, "pprof-listen", "", "loopback address to serve Go's profiles at (/debug/pprof/; e.g. 127.0.0.1:6060), for finding what a long run keeps in memory; empty: none")
 }
 
 // hostSettings applies what hostFlags parsed that needs parsing.
@@ -291,13 +299,29 @@ func hostSettings(cfg *agent.Config, hs hostStrings, logLevel string) error {
 			cfg.WarmPoolMemory = -1
 		}
 	}
+	for _, f := range []struct {
+		name, val string
+		dst       *int64
+	}{{"--ended-history-bytes", hs.endedHistoryBytes, &cfg.EndedHistoryBytes},
+		{"--ended-history-team-bytes", hs.endedHistoryTeamBytes, &cfg.EndedHistoryTeamBytes}} {
+		if f.val == "" {
+			continue
+		}
+		n, err := parseBytes(f.val)
+		if err != nil || n == 0 {
+			return fmt.Errorf("%s: %q is not a size above 0 (bytes, or with K, M, G, T)", f.name, f.val)
+		}
+		*f.dst = n
+	}
 	if hs.storeSecretKeyFile != "" {
 		if cfg.StoreSecretKey, err = readSecretFile("--store-secret-key-file", hs.storeSecretKeyFile); err != nil {
 			return err
 		}
 	}
-	cfg.EgressAllow, err = parsePrefixes("--egress-allow", hs.egressAllow)
-	return err
+	if cfg.EgressAllow, err = parsePrefixes("--egress-allow", hs.egressAllow); err != nil {
+		return err
+	}
+	return servePprof(hs.pprofListen, cfg.Logger)
 }
 
 // parsePrefixes parses the CIDRs given to flag.

@@ -63,6 +63,9 @@ func Open(ctx context.Context, cfg Config) (*Cluster, error) {
 		cfg.TickInterval = 250 * time.Millisecond
 	}
 	c := &Cluster{cfg: cfg, log: cfg.Logger, recs: newRecords(cfg.State, cfg.DataKeys), expiring: map[string]bool{}, starting: map[string]int{}}
+	if cfg.KilledRetention > 0 {
+		c.recs.killedTTL = cfg.KilledRetention
+	}
 	c.nodes = newFleet(cfg.State, cfg.Local, cfg.Dial, cfg.Logger)
 	c.nodes.onEvent = c.nodeEvent
 	if err := c.migrateLegacy(ctx); err != nil {

@@ -94,6 +94,7 @@ func (c *Cluster) create(ctx context.Context, req CreateRequest, id string) (*Sa
 		EnvVars:       req.EnvVars,
 		AllowInternet: req.AllowInternet,
 		Secure:        req.Secure,
+		TeamId:        req.Owner.Team,
 	}
 	from := req.TemplateID
 	if req.SnapshotID != "" {
@@ -118,12 +119,13 @@ func (c *Cluster) create(ctx context.Context, req CreateRequest, id string) (*Sa
 		keyID: req.Owner.KeyID, team: req.Owner.Team})
 }
 
-// restoreRequest asks a node to restore sandbox id from snapshot snapID
-// with spec's network: what a resume, a fork's child and a migration
-// start from (the rest of the sandbox is in the snapshot).
-func restoreRequest(id, snapID string, spec *Spec) *nodev1.CreateRequest {
+// restoreRequest asks a node to restore sandbox id, of team, from snapshot
+// snapID with spec's network: what a resume, a fork's child and a
+// migration start from (the rest of the sandbox is in the snapshot).
+func restoreRequest(id, team, snapID string, spec *Spec) *nodev1.CreateRequest {
 	return &nodev1.CreateRequest{
 		SandboxId:     id,
+		TeamId:        team,
 		Source:        &nodev1.CreateRequest_SnapshotId{SnapshotId: snapID},
 		AllowInternet: spec.AllowInternet,
 		AllowOut:      spec.Network.AllowOut,

@@ -167,7 +167,7 @@ func (c *Cluster) sweepTombstones(ctx context.Context) {
 	}
 	for _, e := range entries {
 		var t tombstone
-		if json.Unmarshal(e.Value, &t) == nil && time.Since(t.At) < tombstoneTTL {
+		if json.Unmarshal(e.Value, &t) == nil && !t.expired(time.Now()) {
 			continue
 		}
 		if err := c.cfg.State.Delete(ctx, e.Key, e.Revision); err != nil {

@@ -82,7 +82,7 @@ func (c *Cluster) Fork(ctx context.Context, id string, count int, timeout time.D
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			nsb, n, err := c.start(ctx, p, restoreRequest(childIDs[i], snap.Id, &parent.Spec), parent.NodeID)
+			nsb, n, err := c.start(ctx, p, restoreRequest(childIDs[i], parent.TeamID(), snap.Id, &parent.Spec), parent.NodeID)
 			if err != nil {
 				results[i].Err = err
 				return

@@ -78,7 +78,7 @@ func (c *Cluster) Migrate(ctx context.Context, id, target string) (*Migration, e
 	// stops at the first step ctx has ended by.
 	cancelled := ctx
 	ctx = context.WithoutCancel(ctx)
-	req := restoreRequest(id, snap.Id, &r.Spec)
+	req := restoreRequest(id, r.TeamID(), snap.Id, &r.Spec)
 	// to is where the move went (dest is where the sandbox runs in
 	// the end): it may keep a copy of the snapshot.
 	to := dest.ID()

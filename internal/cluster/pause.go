@@ -134,7 +134,7 @@ func (c *Cluster) resume(ctx context.Context, r record, d time.Duration, opts Co
 	if snap, err := c.snapshotOf(ctx, r.SnapshotID, r.NodeID); err == nil {
 		p.runtime, p.runtimeVersion = snap.Runtime, snap.RuntimeVersion
 	}
-	wreq := restoreRequest(id, r.SnapshotID, &r.Spec)
+	wreq := restoreRequest(id, r.TeamID(), r.SnapshotID, &r.Spec)
 	wreq.Reboot = opts.Reboot
 	// Without a store the snapshot is on the node it was paused on, and
 	// goes from there to another node that resumes it.

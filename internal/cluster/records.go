@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/aenvhq/aenv/internal/node"
 	"github.com/aenvhq/aenv/internal/sealed"
 	"github.com/aenvhq/aenv/internal/state"
 )
@@ -156,6 +157,17 @@ type tombstone struct {
 	Reason string    `json:"reason"`
 	Team   string    `json:"team,omitempty"`
 	At     time.Time `json:"at"`
+	// Until is when it goes (zero, in tombstones from before it: At
+	// plus tombstoneTTL).
+	Until time.Time `json:"until,omitzero"`
+}
+
+// expired reports whether t is past its time at now.
+func (t *tombstone) expired(now time.Time) bool {
+	if t.Until.IsZero() {
+		return now.Sub(t.At) > tombstoneTTL
+	}
+	return now.After(t.Until)
 }
 
 func sandboxKey(id string) string   { return sandboxPrefix + id }
@@ -189,13 +201,16 @@ type records struct {
 	swept time.Time
 	// unknown are the ids lookup found no record of, a moment ago.
 	unknown *unknownIDs
+	// killedTTL is how long a killed sandbox's tombstone is kept.
+	killedTTL time.Duration
 }
 
 // goneFor is far beyond any watch delay.
 const goneFor = time.Minute
 
 func newRecords(st state.Store, keys *sealed.Keyring) *records {
-	return &records{st: st, keys: keys, m: map[string]*cached{}, gone: map[string]time.Time{}, unknown: newUnknownIDs(maxUnknown)}
+	return &records{st: st, keys: keys, m: map[string]*cached{}, gone: map[string]time.Time{}, unknown: newUnknownIDs(maxUnknown),
+		killedTTL: node.DefaultEndedHistoryRetention}
 }
 
 // encodeRecord stores r with its tokens sealed with the data key, each
@@ -499,7 +514,15 @@ func (rs *records) removeIf(ctx context.Context, id, reason string, cond func(*r
 		switch {
 		case err == nil:
 			rs.drop(id)
-			b, _ := json.Marshal(tombstone{Reason: reason, Team: r.TeamID(), At: time.Now().UTC()})
+			// A kill's tombstone only says whose the logs are, and goes
+			// with them: an RL run's churn must not keep a key in etcd (and
+			// its index in the heap) per sandbox for a day.
+			now := time.Now().UTC()
+			ttl := tombstoneTTL
+			if reason == "" {
+				ttl = rs.killedTTL
+			}
+			b, _ := json.Marshal(tombstone{Reason: reason, Team: r.TeamID(), At: now, Until: now.Add(ttl)})
 			if _, err := rs.st.Put(ctx, tombstoneKey(id), b, state.WriteOptions{}); err != nil {
 				return true, fmt.Errorf("recording why %s is gone: %w", id, err)
 			}
@@ -523,7 +546,7 @@ func (rs *records) whyGone(ctx context.Context, id string) (tombstone, bool) {
 		return tombstone{}, false
 	}
 	var t tombstone
-	if json.Unmarshal(e.Value, &t) != nil || time.Since(t.At) > tombstoneTTL {
+	if json.Unmarshal(e.Value, &t) != nil || t.expired(time.Now()) {
 		return tombstone{}, false
 	}
 	return t, true

@@ -96,6 +96,11 @@ type Config struct {
 	// kept: past it the elected server deletes it and its snapshot, with
 	// a log line. Zero keeps paused sandboxes until they are killed.
 	PausedRetention time.Duration
+	// KilledRetention is how long a killed sandbox's tombstone (whose its
+	// logs and metrics are) is kept: as long as the nodes keep its
+	// history (0: node.DefaultEndedHistoryRetention). A sandbox that died
+	// or was lost keeps its reason for tombstoneTTL.
+	KilledRetention time.Duration
 	// State holds the records; required.
 	State state.Store
 	// OnGone, if set, is called after a sandbox is killed, paused, moved

@@ -28,6 +28,19 @@ type envdCursor struct {
 	last     time.Time
 }
 
+// keep takes back events kept of an earlier run of the sandbox here
+// (oldest first): a log read afresh from its start takes only later ones.
+func (c *envdCursor) keep(events []LogEntry) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, e := range events {
+		c.events.add(e, maxLogEntries)
+		if e.At.After(c.last) {
+			c.last = e.At
+		}
+	}
+}
+
 // headBytes is how much of a file's start tells it from another: envd's
 // lines start with a time to the nanosecond.
 const headBytes = 64

@@ -77,7 +77,7 @@ func (n *Node) restoreFiles(ctx context.Context, snap *snapshot.Snapshot, req Cr
 	if err := n.putFiles(ctx, sb, filepath.Join(snap.Dir, snapshot.FilesFile)); err != nil {
 		return nil, fmt.Errorf("restoring snapshot %s: %w", snap.ID, err)
 	}
-	n.register(ctx, sb)
+	n.register(ctx, sb, req.TeamID)
 	n.logEvent(id, "info", "sandbox booted afresh with its saved files", "snapshot_id", snap.ID,
 		"took_ms", strconv.FormatInt(time.Since(start).Milliseconds(), 10))
 	n.log.Info("sandbox restored from its files", "sandbox_id", id, "snapshot_id", snap.ID, "total_ms", time.Since(start).Milliseconds())

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sort"
 	"strconv"
 	"strings"
@@ -14,8 +15,10 @@ import (
 	"github.com/aenvhq/aenv/internal/runtime"
 )
 
-// What a node keeps of each sandbox's past, in memory: bounded per sandbox,
-// and dropped HistoryRetention after the sandbox left the node.
+// What a node keeps of each running sandbox's past, in memory: bounded per
+// sandbox. Once the sandbox leaves the node, its history goes to the
+// node's endedStore (on disk), bounded by time and bytes, per node and per
+// team.
 const (
 	// SampleEvery is how often sandboxes' resource use is sampled.
 	SampleEvery = 5 * time.Second
@@ -27,8 +30,11 @@ const (
 	// maxLogEntries bounds a sandbox's own log (lifecycle events; envd's
 	// process events come from envd's log while the sandbox runs).
 	maxLogEntries = 1000
-	// HistoryRetention is how long a sandbox's history outlives it here.
-	HistoryRetention = time.Hour
+	// orphanAfter is how long a history may go without its sandbox
+	// running here, nor ended, before it is taken for ended: an event
+	// recorded as the sandbox went (a sample racing its kill) must not
+	// stay in the heap for good.
+	orphanAfter = time.Minute
 )
 
 // Sample is one reading of a sandbox's resource use.
@@ -54,6 +60,12 @@ type history struct {
 	logs         ring[LogEntry]
 	taken        int
 	ended        time.Time
+	// team owns the sandbox: its ended history counts toward the team's
+	// bound.
+	team string
+	// missing is since when the sandbox has been neither running here nor
+	// ended (zero: it runs).
+	missing time.Time
 	// cpuAt and cpuNanos are the previous CPU reading.
 	cpuAt    time.Time
 	cpuNanos uint64
@@ -72,9 +84,8 @@ type ring[T any] struct {
 }
 
 func (r *ring[T]) add(v T, capacity int) {
-	if r.items == nil {
-		r.items = make([]T, 0, min(capacity, 64))
-	}
+	// The slice grows as items come (most sandboxes of an RL run live
+	// seconds: a few samples and lines), up to capacity.
 	if len(r.items) < capacity {
 		r.items = append(r.items, v)
 		return
@@ -92,22 +103,57 @@ func (r *ring[T]) all() []T {
 	return append(append([]T(nil), r.items[r.next:]...), r.items[:r.next]...)
 }
 
-// histories holds the node's sandbox histories.
+// histories holds the node's sandbox histories: those of its running
+// sandboxes in memory, those of sandboxes that left in ended.
 type histories struct {
 	mu sync.Mutex
 	by map[string]*history
+	// ended is not guarded by mu.
+	ended *endedStore
+	log   *slog.Logger
 }
 
+// get returns sandbox id's history in memory, taking back what ended keeps
+// of it (a sandbox resumed where it ran before, or an event that came
+// after it ended). Called with h.mu held.
 func (h *histories) get(id string) *history {
 	if h.by == nil {
 		h.by = map[string]*history{}
 	}
 	x := h.by[id]
-	if x == nil {
-		x = &history{}
-		h.by[id] = x
+	if x != nil {
+		return x
+	}
+	x = &history{}
+	h.by[id] = x
+	if !h.ended.has(id) {
+		return x
+	}
+	r, ok, err := h.ended.get(id)
+	if err != nil {
+		h.log.Warn("taking back an ended sandbox's history", "sandbox_id", id, "err", err)
+	}
+	if ok {
+		x.team = r.Team
+		for _, v := range r.Fine {
+			x.fine.add(v, fineSamples)
+		}
+		for _, v := range r.Coarse {
+			x.coarse.add(v, coarseSamples)
+		}
+		for _, v := range r.Logs {
+			x.logs.add(v, maxLogEntries)
+		}
+		x.envd.keep(r.Envd)
+		x.taken = len(r.Fine)
 	}
 	return x
+}
+
+// record is what is kept of h once sandbox id ended at. Called with the
+// histories' mu held.
+func (h *history) record(id string, at time.Time) *endedRecord {
+	return &endedRecord{ID: id, Team: h.team, Ended: at, Fine: h.fine.all(), Coarse: h.coarse.all(), Logs: h.logs.all()}
 }
 
 // logEvent records something that happened to sandbox id.
@@ -124,22 +170,48 @@ func (n *Node) logEvent(id, level, msg string, kv ...string) {
 	n.hist.mu.Unlock()
 }
 
-// historyStarted marks sandbox id as running here (again, for a paused
-// sandbox restored where it ran before).
-func (n *Node) historyStarted(id string) {
+// historyStarted marks sandbox id, of team, as running here (again, for a
+// paused sandbox restored where it ran before: its history goes on).
+func (n *Node) historyStarted(id, team string) {
 	n.hist.mu.Lock()
-	n.hist.get(id).ended = time.Time{}
+	h := n.hist.get(id)
+	h.ended, h.missing, h.team = time.Time{}, time.Time{}, team
 	n.hist.mu.Unlock()
+	n.hist.ended.remove(id)
 }
 
-// historyEnded marks sandbox id as gone from this node (its history stays for
-// HistoryRetention).
+// historyEnded marks sandbox id as gone from this node: its history moves
+// from the heap to the ended store, which keeps it within its bounds.
 func (n *Node) historyEnded(id string) {
 	n.hist.mu.Lock()
-	if h := n.hist.by[id]; h != nil {
-		h.ended = time.Now()
+	h := n.hist.by[id]
+	if h == nil {
+		n.hist.mu.Unlock()
+		return
+	}
+	h.ended = time.Now()
+	r := h.record(id, h.ended)
+	n.hist.mu.Unlock()
+	// envd's events have a lock of their own (reading the log takes a
+	// while); the last of them were read as the sandbox went.
+	r.Envd = h.envd.advance(nil)
+	err := n.hist.ended.put(r)
+	if err != nil {
+		// Lost rather than kept in the heap, which is what the store
+		// bounds.
+		n.log.Warn("keeping an ended sandbox's history; it is dropped", "sandbox_id", id, "err", err)
+	}
+	n.hist.mu.Lock()
+	// Readers found it in memory until now; a sandbox started here again
+	// meanwhile keeps it there.
+	again := n.hist.by[id] != h || h.ended.IsZero()
+	if !again {
+		delete(n.hist.by, id)
 	}
 	n.hist.mu.Unlock()
+	if again {
+		n.hist.ended.remove(id)
+	}
 }
 
 // sampleLoop samples every running sandbox every SampleEvery until the
@@ -158,16 +230,38 @@ func (n *Node) sampleLoop() {
 }
 
 func (n *Node) sampleAll(ctx context.Context) {
-	for _, sb := range n.List() {
+	running := n.List()
+	for _, sb := range running {
 		n.sample(ctx, sb)
 	}
+	n.sweepHistories(running, time.Now())
+}
+
+// sweepHistories ends the histories in memory of sandboxes that have not
+// run here for orphanAfter (running are those that do), and drops the
+// ended ones past their retention.
+func (n *Node) sweepHistories(running []*Sandbox, now time.Time) {
+	live := make(map[string]bool, len(running))
+	for _, sb := range running {
+		live[sb.ID] = true
+	}
+	var orphans []string
 	n.hist.mu.Lock()
 	for id, h := range n.hist.by {
-		if !h.ended.IsZero() && time.Since(h.ended) > HistoryRetention {
-			delete(n.hist.by, id)
+		switch {
+		case live[id] || !h.ended.IsZero():
+			h.missing = time.Time{}
+		case h.missing.IsZero():
+			h.missing = now
+		case now.Sub(h.missing) > orphanAfter:
+			orphans = append(orphans, id)
 		}
 	}
 	n.hist.mu.Unlock()
+	for _, id := range orphans {
+		n.historyEnded(id)
+	}
+	n.hist.ended.sweep()
 }
 
 // sample reads sb's resource use into its history.
@@ -186,6 +280,9 @@ func (n *Node) sample(ctx context.Context, sb *Sandbox) {
 	now := time.Now().UTC()
 	n.hist.mu.Lock()
 	h := n.hist.get(sb.ID)
+	if h.team == "" {
+		h.team = sb.Team // a sandbox taken over after a restart
+	}
 	s := Sample{At: now, CPUCount: sb.CPUCount, MemUsed: st.MemoryBytes, MemTotal: uint64(sb.MemoryMB) << 20,
 		DiskUsed: st.DiskBytes, DiskTotal: uint64(max(sb.DiskMB, 0)) << 20}
 	if !h.cpuAt.IsZero() && st.CPUUsageNanos >= h.cpuNanos && sb.CPUCount > 0 {
@@ -213,17 +310,27 @@ func (n *Node) sample(ctx context.Context, sb *Sandbox) {
 // Metrics returns sandbox id's samples, oldest first.
 func (n *Node) Metrics(id string) ([]Sample, error) {
 	n.hist.mu.Lock()
-	defer n.hist.mu.Unlock()
 	h := n.hist.by[id]
+	var fine, coarse []Sample
+	if h != nil {
+		fine, coarse = h.fine.all(), h.coarse.all()
+	}
+	n.hist.mu.Unlock()
 	if h == nil {
-		if _, err := n.Get(id); err != nil {
+		r, ok, err := n.hist.ended.get(id)
+		if err != nil {
 			return nil, err
 		}
-		return nil, nil
+		if !ok {
+			if _, err := n.Get(id); err != nil {
+				return nil, err
+			}
+			return nil, nil
+		}
+		fine, coarse = r.Fine, r.Coarse
 	}
-	fine := h.fine.all()
 	var out []Sample
-	for _, s := range h.coarse.all() {
+	for _, s := range coarse {
 		if len(fine) == 0 || s.At.Before(fine[0].At) {
 			out = append(out, s)
 		}
@@ -244,6 +351,15 @@ func (n *Node) Logs(id string) ([]LogEntry, error) {
 	}
 	n.hist.mu.Unlock()
 	if h == nil {
+		r, ok, err := n.hist.ended.get(id)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			out = append(r.Logs, r.Envd...)
+			sort.SliceStable(out, func(i, j int) bool { return out[i].At.Before(out[j].At) })
+			return out, nil
+		}
 		if _, err := n.Get(id); err != nil {
 			return nil, err
 		}

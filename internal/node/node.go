@@ -140,6 +140,9 @@ type Config struct {
 	// host's disk, sparse), unless its template sets its own; 0 means
 	// 10 GiB, and a negative value keeps writes in memory.
 	DiskMB int
+	// EndedHistory bounds what the node keeps of the sandboxes that left
+	// it (their logs and metrics), and says where.
+	EndedHistory EndedHistory
 	// StateDir keeps a small local record of each sandbox handed out, so
 	// that a restarted node takes its running sandboxes over (Recover);
 	// empty keeps none. It belongs in the run directory: its records mean
@@ -179,6 +182,9 @@ type CreateRequest struct {
 	// Reboot, with SnapshotID, boots afresh with the snapshot's files
 	// instead of restoring its memory.
 	Reboot bool
+	// TeamID owns the sandbox: its history, once it ended, counts toward
+	// the team's share of what the node keeps.
+	TeamID string
 }
 
 // Sandbox is what a node knows of a sandbox it runs.
@@ -190,6 +196,8 @@ type Sandbox struct {
 	DiskMB          int
 	EnvdVersion     string
 	EnvdAccessToken string
+	// Team owns it (empty: a sandbox of no team, or prestarted).
+	Team string
 	// Mounts are the volumes mounted into it.
 	Mounts []snapshot.Mount
 	// RootImage is the block image its root filesystem is on (empty: the
@@ -273,6 +281,11 @@ func New(cfg Config) (*Node, error) {
 		releasing: make(map[string]chan struct{}),
 		ready:     make(map[string]*snapshot.Snapshot),
 	}
+	ended, err := newEndedStore(cfg.EndedHistory, n.log, time.Now)
+	if err != nil {
+		return nil, err
+	}
+	n.hist.ended, n.hist.log = ended, n.log
 	n.bg, n.bgCancel = context.WithCancel(context.Background())
 	n.load = cfg.load
 	if n.load == nil {
@@ -661,7 +674,7 @@ func (n *Node) activate(ctx context.Context, sb *Sandbox, tpl *template.Template
 	if err := newEnvdClient(sb.Addr, "").init(ctx, initFor(tpl, req.EnvVars, sb.EnvdAccessToken)); err != nil {
 		return fmt.Errorf("creating sandbox %s: initialising envd: %w", sb.ID, err)
 	}
-	n.register(ctx, sb)
+	n.register(ctx, sb, req.TeamID)
 	return nil
 }
 
@@ -698,7 +711,7 @@ func (n *Node) activateRestored(ctx context.Context, sb *Sandbox, req CreateRequ
 		}
 		sb.EnvdAccessToken = fresh
 	}
-	n.register(ctx, sb)
+	n.register(ctx, sb, req.TeamID)
 	return nil
 }
 
@@ -720,15 +733,16 @@ func initFor(tpl *template.Template, env map[string]string, token string) initRe
 	return ireq
 }
 
-// register makes sb visible, starting its CPU accounting now (a prestarted
-// sandbox's boot is not its user's).
-func (n *Node) register(ctx context.Context, sb *Sandbox) {
+// register makes sb, of team, visible, starting its CPU accounting now (a
+// prestarted sandbox's boot is not its user's).
+func (n *Node) register(ctx context.Context, sb *Sandbox, team string) {
+	sb.Team = team
 	sb.StartedAt = time.Now().UTC()
 	sb.cpuAt = sb.StartedAt
 	if st, err := n.cfg.Runtime.Stats(ctx, sb.ID); err == nil {
 		sb.cpuBase = st.CPUUsageNanos
 	}
-	n.historyStarted(sb.ID)
+	n.historyStarted(sb.ID, team)
 	if err := n.saveRecord(sb); err != nil {
 		// The sandbox works; only a restart of this process would lose it.
 		n.log.Warn("keeping local record", "sandbox_id", sb.ID, "err", err)

@@ -33,6 +33,7 @@ type localRecord struct {
 	Slot            string            `json:"slot"`
 	Egress          netns.SlotOptions `json:"egress"`
 	RootImage       string            `json:"rootImage,omitempty"`
+	Team            string            `json:"team,omitempty"`
 }
 
 // recordTokenAAD binds a sealed token to its sandbox's record, so that it
@@ -57,7 +58,7 @@ func (n *Node) saveRecord(sb *Sandbox) error {
 		ID: sb.ID, TemplateID: sb.TemplateID, CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB,
 		DiskMB: sb.DiskMB, EnvdVersion: sb.EnvdVersion, EnvdAccessToken: token,
 		Addr: sb.Addr, StartedAt: sb.StartedAt, Slot: sb.slot.Name, Egress: sb.egress,
-		RootImage: sb.RootImage,
+		RootImage: sb.RootImage, Team: sb.Team,
 	}
 	b, err := json.Marshal(rec)
 	if err != nil {
@@ -194,7 +195,7 @@ func (n *Node) recoverOne(ctx context.Context, rec runtime.Recoverer, id string)
 		ID: lr.ID, TemplateID: lr.TemplateID, CPUCount: lr.CPUCount, MemoryMB: lr.MemoryMB,
 		DiskMB: lr.DiskMB, EnvdVersion: lr.EnvdVersion, EnvdAccessToken: token,
 		Addr: slot.HostAddr, StartedAt: lr.StartedAt, slot: slot, egress: lr.Egress,
-		RootImage: lr.RootImage,
+		RootImage: lr.RootImage, Team: lr.Team,
 	}
 	sb.cpuAt = time.Now()
 	if st, err := n.cfg.Runtime.Stats(ctx, id); err == nil {

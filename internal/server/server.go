@@ -256,6 +256,7 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 		OnGone:          prx.Forget,
 		LegacyStateDir:  cfg.DataDir,
 		PausedRetention: cfg.PausedRetention,
+		KilledRetention: cfg.EndedHistoryRetention,
 		TeamLimits:      api.TeamLimits(s.keys),
 		// One server per data directory on a host: its restarted self has
 		// the same name, whatever port it listens on.

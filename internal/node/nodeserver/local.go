@@ -160,6 +160,7 @@ func (l *Local) Create(ctx context.Context, req *nodev1.CreateRequest) (*nodev1.
 		Secure:     req.Secure,
 		Mounts:     mountsFromWire(req.Mounts),
 		Reboot:     req.Reboot,
+		TeamID:     req.TeamId,
 	})
 	if err != nil {
 		return nil, wireError(err)

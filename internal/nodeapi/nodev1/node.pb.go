@@ -2296,7 +2296,10 @@ type CreateRequest struct {
 	Mounts []*VolumeMount `protobuf:"bytes,10,rep,name=mounts,proto3" json:"mounts,omitempty"`
 	// reboot, with snapshot_id, boots the sandbox afresh with the
 	// snapshot's files instead of restoring its memory.
-	Reboot        bool `protobuf:"varint,11,opt,name=reboot,proto3" json:"reboot,omitempty"`
+	Reboot bool `protobuf:"varint,11,opt,name=reboot,proto3" json:"reboot,omitempty"`
+	// team_id owns the sandbox: what the node keeps of it after it ended
+	// (its log and metrics history) is bounded per team as well as per node.
+	TeamId        string `protobuf:"bytes,13,opt,name=team_id,json=teamId,proto3" json:"team_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2424,6 +2427,13 @@ func (x *CreateRequest) GetReboot() bool {
 		return x.Reboot
 	}
 	return false
+}
+
+func (x *CreateRequest) GetTeamId() string {
+	if x != nil {
+		return x.TeamId
+	}
+	return ""
 }
 
 type isCreateRequest_Source interface {
@@ -4074,7 +4084,7 @@ const file_node_node_proto_rawDesc = "" +
 	"\vsnapshot_id\x18\x02 \x01(\tR\n" +
 	"snapshotId\x12\x14\n" +
 	"\x05ready\x18\x03 \x01(\x05R\x05ready\x12\x16\n" +
-	"\x06target\x18\x04 \x01(\x05R\x06target\"\xfb\x03\n" +
+	"\x06target\x18\x04 \x01(\x05R\x06target\"\x94\x04\n" +
 	"\rCreateRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12!\n" +
@@ -4091,7 +4101,8 @@ const file_node_node_proto_rawDesc = "" +
 	"\x06secure\x18\t \x01(\bR\x06secure\x121\n" +
 	"\x06mounts\x18\n" +
 	" \x03(\v2\x19.aenv.node.v1.VolumeMountR\x06mounts\x12\x16\n" +
-	"\x06reboot\x18\v \x01(\bR\x06reboot\x1a:\n" +
+	"\x06reboot\x18\v \x01(\bR\x06reboot\x12\x17\n" +
+	"\ateam_id\x18\r \x01(\tR\x06teamId\x1a:\n" +
 	"\fEnvVarsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\b\n" +
