@@ -235,7 +235,7 @@ type Node struct {
 	// resume) waits for the release to end.
 	releasing map[string]chan struct{}
 	onExit    func(Exit)
-	pool    *warmPool
+	pool      *warmPool
 	// readying starts each template's service once at a time; ready
 	// holds the snapshots of started services by name.
 	readying singleflight.Group
