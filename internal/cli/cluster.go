@@ -95,7 +95,11 @@ server, and a server's token no node.`,
 		},
 	}
 	tokens.AddCommand(ls, revoke)
-	cmd.AddCommand(join, tokens, newClusterCACmd(), newClusterEtcdCmd(g))
+	servers := listCmd(g, &cobra.Command{Use: "servers", Short: "List the API servers running now"},
+		(*client.Client).Servers, "NAME\tADDRESSES", func(s client.Server) string {
+			return fmt.Sprintf("%s\t%s", s.Name, strings.Join(s.Addresses, ","))
+		})
+	cmd.AddCommand(join, tokens, servers, newClusterCACmd(), newClusterEtcdCmd(g))
 	return cmd
 }
 
@@ -124,7 +128,7 @@ run). Its server cannot start on its data again; it joins afresh.`,
 		if m.Leader {
 			leader = "*"
 		}
-		return fmt.Sprintf("%s\t%x\t%s\t%s\t%s\t%s", m.Name, m.ID, st, leader, strings.Join(m.PeerURLs, ","), strings.Join(m.ClientURLs, ","))
+		return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s", m.Name, m.ID, st, leader, strings.Join(m.PeerURLs, ","), strings.Join(m.ClientURLs, ","))
 	})
 	remove := &cobra.Command{
 		Use:   "remove NAME",

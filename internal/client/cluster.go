@@ -80,7 +80,8 @@ func (c *Client) RemoveNode(ctx context.Context, id string) error {
 // EtcdMember is a member of the cluster's etcd, as GET /cluster/etcd lists
 // them.
 type EtcdMember struct {
-	ID         uint64   `json:"id"`
+	// ID is the member's etcd id, in hex.
+	ID         string   `json:"id"`
 	Name       string   `json:"name"`
 	Started    bool     `json:"started"`
 	PeerURLs   []string `json:"peerURLs"`
@@ -106,4 +107,20 @@ func (c *Client) RemoveEtcdMember(ctx context.Context, name string) error {
 		return fmt.Errorf("removing etcd member %s: %w", name, err)
 	}
 	return nil
+}
+
+// Server is an API server of the cluster, as GET /cluster/servers lists
+// them.
+type Server struct {
+	Name      string   `json:"name"`
+	Addresses []string `json:"addresses,omitempty"`
+}
+
+// Servers lists the API servers running now (an admin key's call).
+func (c *Client) Servers(ctx context.Context) ([]Server, error) {
+	out := []Server{}
+	if err := c.do(ctx, http.MethodGet, "/cluster/servers", nil, &out); err != nil {
+		return nil, fmt.Errorf("listing servers: %w", err)
+	}
+	return out, nil
 }

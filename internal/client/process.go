@@ -162,6 +162,11 @@ func (p *Process) Wait() (ExitStatus, error) {
 					st.Status = end.GetError()
 				}
 			}
+			// envd ends the stream right after: read to its end, so that
+			// the connection (and the proxy's, through to the sandbox's
+			// node) is kept for the next call rather than cut here.
+			for p.stream.Receive() {
+			}
 			return st, nil
 		}
 	}

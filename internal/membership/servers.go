@@ -81,3 +81,20 @@ func RegisterServer(ctx context.Context, st state.Store, info ServerInfo, log *s
 	}()
 	return r, nil
 }
+
+// ListServers lists the API servers running now, by name.
+func ListServers(ctx context.Context, st state.Store) ([]ServerInfo, error) {
+	entries, _, err := st.List(ctx, ServerPrefix)
+	if err != nil {
+		return nil, fmt.Errorf("listing servers: %w", err)
+	}
+	out := make([]ServerInfo, 0, len(entries))
+	for _, e := range entries {
+		var info ServerInfo
+		if err := json.Unmarshal(e.Value, &info); err != nil {
+			continue // not ours to read; the registry's writers are servers
+		}
+		out = append(out, info)
+	}
+	return out, nil
+}

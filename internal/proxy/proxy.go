@@ -338,7 +338,14 @@ type connectStream struct {
 	left int
 	hdr  []byte
 	tail *bytes.Reader
+	// inEnd is set while the envelope passed is the end of the stream;
+	// ended once it has passed whole.
+	inEnd, ended bool
 }
+
+// drainWait bounds the wait for the body's end after Connect's end of
+// stream (the chunked encoding's last chunk, which follows at once).
+const drainWait = 100 * time.Millisecond
 
 func (c *connectStream) Read(b []byte) (int, error) {
 	if c.tail != nil {
@@ -346,6 +353,20 @@ func (c *connectStream) Read(b []byte) (int, error) {
 	}
 	n, err := c.body.Read(b)
 	c.follow(b[:n])
+	if err == nil && c.ended {
+		// The stream is over: read the body's end before the client has
+		// the last message. A client stops reading there and closes its
+		// connection, which cancels this request; the connection to the
+		// sandbox (or its node: a TLS handshake) would then be dropped
+		// rather than kept for the next stream.
+		timer := time.AfterFunc(drainWait, func() { c.body.Close() })
+		_, derr := io.Copy(io.Discard, io.LimitReader(c.body, 4<<10))
+		timer.Stop()
+		if derr == nil {
+			err = io.EOF
+		}
+		return n, err
+	}
 	if err == nil || err == io.EOF {
 		return n, err
 	}
@@ -367,6 +388,7 @@ func (c *connectStream) follow(b []byte) {
 			k := min(c.left, len(b))
 			c.left -= k
 			b = b[k:]
+			c.ended = c.inEnd && c.left == 0
 			continue
 		}
 		need := 5 - len(c.hdr)
@@ -375,6 +397,8 @@ func (c *connectStream) follow(b []byte) {
 		b = b[k:]
 		if len(c.hdr) == 5 {
 			c.left = int(binary.BigEndian.Uint32(c.hdr[1:5]))
+			c.inEnd = c.hdr[0]&0x02 != 0
+			c.ended = c.inEnd && c.left == 0
 			c.hdr = c.hdr[:0]
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -269,5 +270,69 @@ func TestUnreachableNode(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(b), "node n2 is lost") || resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("a sandbox on an unreachable node: %d %s (Retry-After %q), want 503 naming the node", resp.StatusCode, b, resp.Header.Get("Retry-After"))
+	}
+}
+
+// TestStreamsKeepTheirConnection: a client that stops reading at a
+// Connect stream's end and closes its connection (as Connect's clients
+// do) leaves the proxy's connection to the sandbox, or to the node that
+// runs it, for the next stream: to a node, each new one would cost a TLS
+// handshake.
+func TestStreamsKeepTheirConnection(t *testing.T) {
+	data := []byte(`{"event":{"data":{"stdout":"aGk="}}}`)
+	end := []byte(`{}`)
+	body := append(append([]byte{0, 0, 0, 0, byte(len(data))}, data...), append([]byte{2, 0, 0, 0, byte(len(end))}, end...)...)
+	counted := func(h http.Handler) (*httptest.Server, *atomic.Int64) {
+		var n atomic.Int64
+		s := httptest.NewUnstartedServer(h)
+		s.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+			if st == http.StateNew {
+				n.Add(1)
+			}
+		}
+		s.Start()
+		return s, &n
+	}
+	backend, backendConns := counted(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/connect+json")
+		w.Write(body)
+		w.(http.Flusher).Flush()
+		// The body's end comes after a while: a client has the whole
+		// stream, and has gone, before it.
+		time.Sleep(30 * time.Millisecond)
+	}))
+	defer backend.Close()
+	_, port, _ := net.SplitHostPort(backend.Listener.Addr().String())
+	const token = "cluster-token-for-tests"
+	log := slog.New(slog.DiscardHandler)
+	nodeSide, nodeConns := counted(nodeapi.RequireToken(token, log, New(resolver{"sb1": netip.MustParseAddr("127.0.0.1")}, nil, log)))
+	defer nodeSide.Close()
+	front := httptest.NewServer(New(viaResolver{strings.TrimPrefix(nodeSide.URL, "http://")}, http.Header{nodeapi.TokenHeader: {token}}, log))
+	defer front.Close()
+	for i := range 5 {
+		// The request body as Connect's client sends it: streamed, of no
+		// stated length, closed once the request message is written.
+		pr, pw := io.Pipe()
+		go func() { pw.Write([]byte{0, 0, 0, 0, 2, '{', '}'}); pw.Close() }()
+		req, _ := http.NewRequest("POST", front.URL+"/process.Process/Start", pr)
+		req.Host = port + "-sb1.localhost"
+		req.Header.Set("Content-Type", "application/connect+json")
+		// A fresh client each time: the front connection closes with the
+		// body, before its end was read.
+		c := &http.Client{Transport: &http.Transport{}}
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, len(body))
+		if _, err := io.ReadFull(resp.Body, got); err != nil || !bytes.Equal(got, body) {
+			t.Fatalf("stream %d: %q %v", i, got, err)
+		}
+		resp.Body.Close()
+		c.CloseIdleConnections()
+	}
+	if n, m := nodeConns.Load(), backendConns.Load(); n != 1 || m != 1 {
+		t.Fatalf("5 streams took %d connections to the node and %d to the sandbox, want 1 each", n, m)
 	}
 }

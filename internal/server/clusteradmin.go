@@ -38,6 +38,7 @@ func (s *Server) withClusterAdmin(h http.Handler) http.Handler {
 	mux.Handle("DELETE /cluster/join-tokens/{id}", s.api.AdminOnly(http.HandlerFunc(s.revokeJoinToken)))
 	mux.Handle("DELETE /nodes/{nodeID}", s.api.AdminOnly(http.HandlerFunc(s.removeNode)))
 	mux.Handle("GET /cluster/etcd", s.api.AdminOnly(http.HandlerFunc(s.listEtcdMembers)))
+	mux.Handle("GET /cluster/servers", s.api.AdminOnly(http.HandlerFunc(s.listServers)))
 	mux.Handle("DELETE /cluster/etcd/{member}", s.api.AdminOnly(http.HandlerFunc(s.removeEtcdMember)))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if _, _, sandbox := proxy.Match(r); !sandbox {
@@ -194,4 +195,16 @@ func (s *Server) removeEtcdMember(w http.ResponseWriter, r *http.Request) {
 		s.log.Warn("removed a member of the cluster's etcd", "member", name)
 		w.WriteHeader(http.StatusNoContent)
 	}
+}
+
+// listServers answers the API servers running now (the registry the
+// nodes keep their sandboxes off).
+func (s *Server) listServers(w http.ResponseWriter, r *http.Request) {
+	servers, err := membership.ListServers(r.Context(), s.state)
+	if err != nil {
+		writeJSONError(w, http.StatusServiceUnavailable, err.Error())
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(servers)
 }

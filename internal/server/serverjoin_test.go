@@ -269,6 +269,9 @@ func TestServersRunEtcdMembers(t *testing.T) {
 	if err != nil || len(listed) != 3 || leaders != 1 {
 		t.Fatalf("GET /cluster/etcd: %+v %v, want 3 members, one the leader", listed, err)
 	}
+	if servers, err := on(c).Servers(ctx); err != nil || len(servers) != 3 {
+		t.Fatalf("GET /cluster/servers: %+v %v, want the 3 servers", servers, err)
+	}
 
 	// c goes for good: removed, it no longer counts against the quorum.
 	if err := c.Close(ctx); err != nil {

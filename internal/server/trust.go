@@ -66,6 +66,9 @@ type trust struct {
 	// joins counts the TLS join requests served (for tests: a join that
 	// failed its CA check sent none).
 	joins atomic.Int64
+	// dials counts the TLS connections made to nodes (for benchmarks: a
+	// hop that reuses its connections makes few).
+	dials atomic.Int64
 
 	// bg is the renewals' context, cancelled at close; renewals are
 	// the goroutines renewing this server's certificates.
@@ -197,6 +200,7 @@ func (t *trust) dialNode(ctx context.Context, id, address string) (net.Conn, err
 		NetDialer: &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 5 * time.Second},
 		Config:    pki.ClientConfig(t.kp, t.verifier, t.acceptNode(id)),
 	}
+	t.dials.Add(1)
 	c, err := d.DialContext(ctx, "tcp", address)
 	if err != nil {
 		return nil, fmt.Errorf("dialling node %s at %s over TLS: %w", id, address, err)

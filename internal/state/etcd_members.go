@@ -43,8 +43,11 @@ const promoteTimeout = 2 * time.Minute
 
 // Member is one member of the etcd cluster, as it lists them.
 type Member struct {
-	ID   uint64 `json:"id"`
-	Name string `json:"name"`
+	// ID is the member's etcd id; HexID the same as etcd prints it (and
+	// as JSON carries it: no float64 holds every uint64).
+	ID    uint64 `json:"-"`
+	HexID string `json:"id"`
+	Name  string `json:"name"`
 	// Started is false for a member added that has not yet started.
 	Started    bool     `json:"started"`
 	PeerURLs   []string `json:"peerURLs"`
@@ -207,7 +210,7 @@ func (e *Etcd) Members(ctx context.Context) ([]Member, error) {
 	}
 	out := make([]Member, 0, len(resp.Members))
 	for _, m := range resp.Members {
-		out = append(out, Member{ID: m.ID, Name: m.Name, Started: m.Name != "", PeerURLs: m.PeerURLs,
+		out = append(out, Member{ID: m.ID, HexID: fmt.Sprintf("%x", m.ID), Name: m.Name, Started: m.Name != "", PeerURLs: m.PeerURLs,
 			ClientURLs: m.ClientURLs, Learner: m.IsLearner, Leader: m.ID == leader && leader != 0})
 	}
 	return out, nil
@@ -302,7 +305,7 @@ func (e *Etcd) RemoveMember(ctx context.Context, name string) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", op, err)
 	}
-	i := slices.IndexFunc(members, func(m Member) bool { return m.Name == name || fmt.Sprintf("%x", m.ID) == name })
+	i := slices.IndexFunc(members, func(m Member) bool { return m.Name == name || m.HexID == name })
 	if i < 0 {
 		return fmt.Errorf("%s: %w", op, ErrNotFound)
 	}

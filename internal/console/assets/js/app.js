@@ -9,6 +9,7 @@ import * as templates from './pages/templates.js';
 import * as snapshots from './pages/snapshots.js';
 import * as volumes from './pages/volumes.js';
 import * as nodes from './pages/nodes.js';
+import * as cluster from './pages/cluster.js';
 import * as keys from './pages/keys.js';
 import * as teams from './pages/teams.js';
 
@@ -23,6 +24,7 @@ const routes = [
   [/^\/snapshots$/, snapshots, false],
   [/^\/volumes$/, volumes, false],
   [/^\/nodes$/, nodes, true],
+  [/^\/cluster$/, cluster, true],
   [/^\/keys$/, keys, true],
   [/^\/teams$/, teams, true],
 ];
