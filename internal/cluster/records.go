@@ -11,7 +11,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/aenvhq/aenv/internal/node"
 	"github.com/aenvhq/aenv/internal/sealed"
 	"github.com/aenvhq/aenv/internal/state"
 )
@@ -205,12 +204,18 @@ type records struct {
 	killedTTL time.Duration
 }
 
+// DefaultKilledRetention is how long a killed sandbox's tombstone is kept
+// unless Config.KilledRetention says: as long as a node keeps an ended
+// sandbox's history by default (node.DefaultEndedHistoryRetention, which
+// this package cannot import: it reaches nodes only through their API).
+const DefaultKilledRetention = time.Hour
+
 // goneFor is far beyond any watch delay.
 const goneFor = time.Minute
 
 func newRecords(st state.Store, keys *sealed.Keyring) *records {
 	return &records{st: st, keys: keys, m: map[string]*cached{}, gone: map[string]time.Time{}, unknown: newUnknownIDs(maxUnknown),
-		killedTTL: node.DefaultEndedHistoryRetention}
+		killedTTL: DefaultKilledRetention}
 }
 
 // encodeRecord stores r with its tokens sealed with the data key, each

@@ -98,7 +98,7 @@ type Config struct {
 	PausedRetention time.Duration
 	// KilledRetention is how long a killed sandbox's tombstone (whose its
 	// logs and metrics are) is kept: as long as the nodes keep its
-	// history (0: node.DefaultEndedHistoryRetention). A sandbox that died
+	// history (0: DefaultKilledRetention). A sandbox that died
 	// or was lost keeps its reason for tombstoneTTL.
 	KilledRetention time.Duration
 	// State holds the records; required.
