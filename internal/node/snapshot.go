@@ -107,6 +107,9 @@ func (n *Node) snapshotSandbox(ctx context.Context, sb *Sandbox, opts SnapshotOp
 	}
 	if opts.Stop {
 		n.unregister(id)
+		// envd's last events join the history before it leaves the heap;
+		// what ran the sandbox is released after.
+		n.keepEnvdEvents(id)
 		n.releaseLater(sb)
 		if opts.Kind != snapshot.KindTemplate {
 			n.logEvent(id, "info", "sandbox stopped: its state is saved")
