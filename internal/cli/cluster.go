@@ -17,11 +17,12 @@ import (
 func newClusterCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "cluster",
-		Short: "Manage how hosts join the cluster",
-		Long: `Manage how hosts join the cluster: join tokens, short-lived and revocable,
-that a node trades (once it has checked the server's certificate against
-the CA hash) for a certificate of the cluster's CA. These commands need an
-admin key, such as a server's own (<data-dir>/secrets/api-key).`,
+		Short: "Manage the cluster: how hosts join it, its CA, servers and etcd members",
+		Long: `Manage the cluster: join tokens, short-lived and revocable, that a node
+trades (once it has checked the server's certificate against the CA hash)
+for a certificate of the cluster's CA; the CA itself; the API servers
+running; and the members of its etcd. These commands need an admin key,
+such as a server's own (<data-dir>/secrets/api-key).`,
 		Args: cobra.ArbitraryArgs,
 		RunE: groupRun,
 	}
