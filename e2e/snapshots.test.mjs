@@ -82,7 +82,9 @@ srv.test('pause releases the sandbox; connect resumes it with files, processes a
     assert.ok(before > 0)
 
     assert.equal(await sbx.pause(), true)
-    assert.equal(hostProcesses(sbx.sandboxId), 0, 'a paused sandbox keeps no host process')
+    // The pause answers once the state is saved; what ran the sandbox is
+    // released right after.
+    await waitFor(() => hostProcesses(sbx.sandboxId) === 0, { timeoutMs: 5_000, intervalMs: 20, what: 'a paused sandbox to keep no host process' })
     const info = await Sandbox.getInfo(sbx.sandboxId)
     assert.equal(info.state, 'paused')
     const paused = await Sandbox.list({ query: { state: ['paused'] } }).nextItems()
