@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"os"
@@ -28,7 +29,7 @@ const (
 
 func newBenchCmd() *cobra.Command {
 	var opts bench.Options
-	var output, suite string
+	var output, suite, reportDir string
 	var soakCycles, soakRounds, batchSize int
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -63,6 +64,9 @@ single creates at once, until all are ready, alternately.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "table" && output != "json" {
 				return fmt.Errorf("unknown --output %q (table or json)", output)
+			}
+			if reportDir != "" && (suite == suiteBatch || suite == suiteSoak) {
+				return fmt.Errorf("--report writes the create and snapshot suites' report, not the %s suite's", suite)
 			}
 			if suite == suiteBatch {
 				c, err := globalsOf(cmd).client()
@@ -158,6 +162,12 @@ single creates at once, until all are ready, alternately.`,
 				}
 				report.AddSnapshot(opts, res)
 			}
+			if reportDir != "" {
+				if err := writeBenchReport(reportDir, report); err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.ErrOrStderr(), "report written to %s (bench.json, bench.txt, bench.svg)\n", reportDir)
+			}
 			if output == "json" {
 				return report.WriteJSON(cmd.OutOrStdout())
 			}
@@ -180,7 +190,32 @@ single creates at once, until all are ready, alternately.`,
 	f.StringVar(&opts.RootFS, "rootfs", firstNonEmpty(os.Getenv("AENV_BASE_ROOTFS"), defaultBaseRootFS),
 		"the template's root filesystem, for the bare baseline (env AENV_BASE_ROOTFS)")
 	f.StringVarP(&output, "output", "o", "table", "table or json")
+	f.StringVar(&reportDir, "report", "", "also write the create and snapshot suites' report into this directory: bench.json, bench.txt (the table) and bench.svg (a chart of each operation's p50 against bare runsc's)")
 	return cmd
+}
+
+// writeBenchReport writes r into dir as JSON, a table and a chart, each
+// file whole or not at all.
+func writeBenchReport(dir string, r bench.Report) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("writing the bench report: %w", err)
+	}
+	for name, write := range map[string]func(io.Writer) error{
+		"bench.json": r.WriteJSON, "bench.txt": r.WriteTable, "bench.svg": r.WriteSVG,
+	} {
+		var b bytes.Buffer
+		if err := write(&b); err != nil {
+			return fmt.Errorf("writing the bench report's %s: %w", name, err)
+		}
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path+".tmp", b.Bytes(), 0o644); err != nil {
+			return fmt.Errorf("writing the bench report: %w", err)
+		}
+		if err := os.Rename(path+".tmp", path); err != nil {
+			return fmt.Errorf("writing the bench report: %w", err)
+		}
+	}
+	return nil
 }
 
 // benchSuites parses --suite.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/url"
 	"os"
 	"os/signal"
@@ -166,7 +167,7 @@ For an external etcd cluster use etcdutl instead.`,
 func newEtcdCmd() *cobra.Command {
 	var mc state.MemberConfig
 	var clientURLs, peerURLs string
-	var logLevel, caDir string
+	var logLevel, caDir, advClient, advPeer string
 	cmd := &cobra.Command{
 		Use:   "etcd",
 		Short: "Run an etcd member for an external state cluster",
@@ -183,6 +184,11 @@ let each node that joins over TLS write only its own registration. Copy the
 CA to every member's --ca-dir and every server's <data-dir>/secrets before
 starting them. Plain http is for loopback only, unless --insecure-cluster.
 
+A member reached by a name that outlives its address (a StatefulSet's pod)
+listens on every address and advertises the name: --listen-client
+https://0.0.0.0:2379 --advertise-client https://NAME:2379, the same for
+peers, with --initial-cluster naming the peers by name.
+
 Example, one member:
   aenv etcd --name s1 --data-dir /var/lib/aenv-etcd --ca-dir /var/lib/aenv/secrets \
     --listen-client https://10.0.0.5:2379 --listen-peer https://10.0.0.5:2380 --new`,
@@ -195,6 +201,12 @@ Example, one member:
 			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 			mc.ClientURLs = strings.Split(clientURLs, ",")
 			mc.PeerURLs = strings.Split(peerURLs, ",")
+			if advClient != "" {
+				mc.AdvertiseClientURLs = strings.Split(advClient, ",")
+			}
+			if advPeer != "" {
+				mc.AdvertisePeerURLs = strings.Split(advPeer, ",")
+			}
 			if mc.Insecure {
 				log.Warn("--insecure-cluster: this member may serve plain http off loopback, where anyone on the network reads and writes the cluster's state")
 			}
@@ -217,6 +229,8 @@ Example, one member:
 	f.StringVar(&mc.DataDir, "data-dir", "", "the member's data directory (required)")
 	f.StringVar(&clientURLs, "listen-client", "", "client URLs to listen on and advertise (comma-separated, required)")
 	f.StringVar(&peerURLs, "listen-peer", "", "peer URLs to listen on and advertise (comma-separated, required)")
+	f.StringVar(&advClient, "advertise-client", "", "client URLs to advertise instead of --listen-client's (comma-separated): a name clients reach when the member listens on every address or on an address that changes (a pod's)")
+	f.StringVar(&advPeer, "advertise-peer", "", "peer URLs to advertise instead of --listen-peer's (comma-separated; they must be the ones --initial-cluster names)")
 	f.StringVar(&mc.InitialCluster, "initial-cluster", "", "name=peerURL,... of every member (default: this member alone)")
 	f.BoolVar(&mc.NewCluster, "new", false, "bootstrap a new cluster (first start of every member)")
 	f.StringVar(&caDir, "ca-dir", "", "directory of the cluster CA's ca.crt and ca.key (made there if missing): serve https URLs with a certificate of it, to clients and peers with one")
@@ -237,10 +251,16 @@ func etcdMemberTLS(caDir string, mc state.MemberConfig, log *slog.Logger) (*memb
 		return nil, err
 	}
 	var hosts []string
-	for _, s := range append(slices.Clone(mc.ClientURLs), mc.PeerURLs...) {
-		if u, err := url.Parse(s); err == nil && u.Hostname() != "" {
-			hosts = append(hosts, u.Hostname())
+	all := slices.Concat(mc.ClientURLs, mc.PeerURLs, mc.AdvertiseClientURLs, mc.AdvertisePeerURLs)
+	for _, s := range all {
+		u, err := url.Parse(s)
+		if err != nil || u.Hostname() == "" {
+			continue
 		}
+		if ip := net.ParseIP(u.Hostname()); ip != nil && ip.IsUnspecified() {
+			continue // listening everywhere: no name of its own
+		}
+		hosts = append(hosts, u.Hostname())
 	}
 	mf := membership.EtcdMemberFiles(caDir)
 	return membership.OpenEtcdTLS(membership.EtcdTLSConfig{CA: ca, Member: &mf, MemberName: mc.Name, MemberHosts: hosts, Logger: log})

@@ -70,6 +70,11 @@ type MemberConfig struct {
 	// https with TLS (PeerTLS), http on loopback, or http anywhere with
 	// Insecure.
 	ClientURLs, PeerURLs []string
+	// AdvertiseClientURLs and AdvertisePeerURLs, if set, are advertised
+	// instead: where clients and peers reach a member that listens on
+	// every address, or on one that changes (a pod's IP) while its name
+	// does not.
+	AdvertiseClientURLs, AdvertisePeerURLs []string
 	// TLS serves the client URLs, PeerTLS the peer URLs (nil: none).
 	TLS, PeerTLS *MemberTLS
 	// Insecure allows http URLs off loopback: state in the clear on the
@@ -96,17 +101,35 @@ func RunMember(ctx context.Context, mc MemberConfig, log *slog.Logger) error {
 			return fmt.Errorf("%s: peer URL: %w", op, err)
 		}
 	}
-	curls, err := parseURLs(mc.ClientURLs)
-	if err != nil {
-		return fmt.Errorf("%s: client URLs: %w", op, err)
+	for _, u := range append(slices.Clone(mc.AdvertiseClientURLs), mc.AdvertisePeerURLs...) {
+		if err := CheckURL(u, mc.TLS != nil, mc.Insecure); err != nil {
+			return fmt.Errorf("%s: advertised URL: %w", op, err)
+		}
+		if pu, err := url.Parse(u); err == nil {
+			if ip := net.ParseIP(pu.Hostname()); ip != nil && ip.IsUnspecified() {
+				return fmt.Errorf("%s: advertised URL %s: name an address others reach, not %s", op, u, pu.Hostname())
+			}
+		}
 	}
-	purls, err := parseURLs(mc.PeerURLs)
-	if err != nil {
-		return fmt.Errorf("%s: peer URLs: %w", op, err)
+	var curls, purls, acurls, apurls []url.URL
+	for _, l := range []struct {
+		what string
+		in   []string
+		out  *[]url.URL
+	}{
+		{"client URLs", mc.ClientURLs, &curls}, {"peer URLs", mc.PeerURLs, &purls},
+		{"advertised client URLs", orDefault(mc.AdvertiseClientURLs, mc.ClientURLs), &acurls},
+		{"advertised peer URLs", orDefault(mc.AdvertisePeerURLs, mc.PeerURLs), &apurls},
+	} {
+		us, err := parseURLs(l.in)
+		if err != nil {
+			return fmt.Errorf("%s: %s: %w", op, l.what, err)
+		}
+		*l.out = us
 	}
 	c := memberConfig(mc.Name, mc.DataDir, DefaultQuotaBytes, log)
-	c.ListenClientUrls, c.AdvertiseClientUrls = curls, curls
-	c.ListenPeerUrls, c.AdvertisePeerUrls = purls, purls
+	c.ListenClientUrls, c.AdvertiseClientUrls = curls, acurls
+	c.ListenPeerUrls, c.AdvertisePeerUrls = purls, apurls
 	if mc.TLS != nil {
 		c.ClientTLSInfo = mc.TLS.info()
 	}
@@ -142,6 +165,13 @@ func RunMember(ctx context.Context, mc MemberConfig, log *slog.Logger) error {
 	case <-m.Server.StopNotify():
 		return fmt.Errorf("%s: member stopped", op)
 	}
+}
+
+func orDefault(urls, def []string) []string {
+	if len(urls) > 0 {
+		return urls
+	}
+	return def
 }
 
 // startEmbedded starts the one member of a single-host cluster and

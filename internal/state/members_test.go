@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -124,5 +125,39 @@ func TestEmbeddedMembers(t *testing.T) {
 	}
 	if _, err := b.e.Put(ctx, "k", []byte("two"), state.WriteOptions{}); err != nil {
 		t.Fatalf("writing on two members: %v", err)
+	}
+}
+
+// TestMemberAdvertises: a standalone member advertises the URLs it is
+// told to, not those it listens on (a pod listening on its IP, reached
+// by a name that outlives the IP); an unspecified address is no URL to
+// advertise.
+func TestMemberAdvertises(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cport, pport := freePort(t), freePort(t)
+	mc := state.MemberConfig{Name: "m", DataDir: t.TempDir(), NewCluster: true,
+		ClientURLs: []string{fmt.Sprintf("http://127.0.0.1:%d", cport)}, PeerURLs: []string{fmt.Sprintf("http://127.0.0.1:%d", pport)},
+		AdvertiseClientURLs: []string{fmt.Sprintf("http://localhost:%d", cport)}, AdvertisePeerURLs: []string{fmt.Sprintf("http://localhost:%d", pport)},
+	}
+	mc.InitialCluster = "m=" + mc.AdvertisePeerURLs[0]
+	bad := mc
+	bad.AdvertiseClientURLs = []string{fmt.Sprintf("http://0.0.0.0:%d", cport)}
+	if err := state.RunMember(ctx, bad, quiet()); err == nil || !strings.Contains(err.Error(), "0.0.0.0") {
+		t.Fatalf("advertising 0.0.0.0: %v", err)
+	}
+	mctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- state.RunMember(mctx, mc, quiet()) }()
+	defer func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	e := openEtcd(t, state.Config{Endpoints: mc.ClientURLs})
+	ms, err := e.Members(ctx)
+	if err != nil || len(ms) != 1 || !slices.Equal(ms[0].ClientURLs, mc.AdvertiseClientURLs) || !slices.Equal(ms[0].PeerURLs, mc.AdvertisePeerURLs) {
+		t.Fatalf("the member lists itself as %+v (%v), want the advertised URLs %v %v", ms, err, mc.AdvertiseClientURLs, mc.AdvertisePeerURLs)
 	}
 }
