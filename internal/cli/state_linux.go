@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -250,18 +248,7 @@ func etcdMemberTLS(caDir string, mc state.MemberConfig, log *slog.Logger) (*memb
 	if err != nil {
 		return nil, err
 	}
-	var hosts []string
-	all := slices.Concat(mc.ClientURLs, mc.PeerURLs, mc.AdvertiseClientURLs, mc.AdvertisePeerURLs)
-	for _, s := range all {
-		u, err := url.Parse(s)
-		if err != nil || u.Hostname() == "" {
-			continue
-		}
-		if ip := net.ParseIP(u.Hostname()); ip != nil && ip.IsUnspecified() {
-			continue // listening everywhere: no name of its own
-		}
-		hosts = append(hosts, u.Hostname())
-	}
+	hosts := state.URLHosts(slices.Concat(mc.ClientURLs, mc.PeerURLs, mc.AdvertiseClientURLs, mc.AdvertisePeerURLs))
 	mf := membership.EtcdMemberFiles(caDir)
 	return membership.OpenEtcdTLS(membership.EtcdTLSConfig{CA: ca, Member: &mf, MemberName: mc.Name, MemberHosts: hosts, Logger: log})
 }

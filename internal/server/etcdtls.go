@@ -5,13 +5,13 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
 
 	"github.com/aenvhq/aenv/internal/agent"
 	"github.com/aenvhq/aenv/internal/membership"
+	"github.com/aenvhq/aenv/internal/state"
 )
 
 // etcdWithClusterCA reports whether this server's etcd serves TLS with
@@ -66,13 +66,7 @@ func openEtcdTLS(cfg Config, log *slog.Logger) (*membership.EtcdTLS, error) {
 		ecfg.MemberHosts = append(ecfg.MemberHosts, hostname)
 		// Its peers check the host names of its peer URLs as clients
 		// check its client URLs'.
-		for _, s := range append(slices.Clone(cfg.EtcdClientURLs), cfg.EtcdPeerURLs...) {
-			if u, err := url.Parse(s); err == nil && u.Hostname() != "" {
-				if ip := net.ParseIP(u.Hostname()); ip == nil || !ip.IsUnspecified() {
-					ecfg.MemberHosts = append(ecfg.MemberHosts, u.Hostname())
-				}
-			}
-		}
+		ecfg.MemberHosts = append(ecfg.MemberHosts, state.URLHosts(slices.Concat(cfg.EtcdClientURLs, cfg.EtcdPeerURLs))...)
 		for _, a := range []string{cfg.Trust.ClusterAdvertise, cfg.Advertise} {
 			if h, _, err := net.SplitHostPort(a); err == nil && h != "" {
 				ecfg.MemberHosts = append(ecfg.MemberHosts, h)

@@ -105,10 +105,8 @@ func RunMember(ctx context.Context, mc MemberConfig, log *slog.Logger) error {
 		if err := CheckURL(u, mc.TLS != nil, mc.Insecure); err != nil {
 			return fmt.Errorf("%s: advertised URL: %w", op, err)
 		}
-		if pu, err := url.Parse(u); err == nil {
-			if ip := net.ParseIP(pu.Hostname()); ip != nil && ip.IsUnspecified() {
-				return fmt.Errorf("%s: advertised URL %s: name an address others reach, not %s", op, u, pu.Hostname())
-			}
+		if pu, err := url.Parse(u); err == nil && unspecified(pu.Hostname()) {
+			return fmt.Errorf("%s: advertised URL %s: name an address others reach, not %s", op, u, pu.Hostname())
 		}
 	}
 	var curls, purls, acurls, apurls []url.URL
@@ -165,6 +163,26 @@ func RunMember(ctx context.Context, mc MemberConfig, log *slog.Logger) error {
 	case <-m.Server.StopNotify():
 		return fmt.Errorf("%s: member stopped", op)
 	}
+}
+
+// URLHosts are the host names and addresses urls name, for a member's
+// certificate: an unspecified address (listening everywhere) names no
+// host of its own, and an unparsable URL none at all.
+func URLHosts(urls []string) []string {
+	var hosts []string
+	for _, s := range urls {
+		if u, err := url.Parse(s); err == nil && u.Hostname() != "" && !unspecified(u.Hostname()) {
+			hosts = append(hosts, u.Hostname())
+		}
+	}
+	return hosts
+}
+
+// unspecified reports whether host is 0.0.0.0 or ::, which no peer or
+// client can be sent to.
+func unspecified(host string) bool {
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsUnspecified()
 }
 
 func orDefault(urls, def []string) []string {

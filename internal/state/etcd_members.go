@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/url"
 	"slices"
 	"strings"
@@ -74,7 +73,7 @@ func peerConfig(c *embed.Config, cfg Config, clientURLs []string) error {
 		if err != nil || u.Scheme == "unix" {
 			return fmt.Errorf("etcd URL %s: a member with peers serves its clients on the network, at an address they reach: give --etcd-listen too", s)
 		}
-		if ip := net.ParseIP(u.Hostname()); ip != nil && ip.IsUnspecified() {
+		if unspecified(u.Hostname()) {
 			return fmt.Errorf("etcd URL %s: a member with peers advertises its URLs, so they must name an address others reach, not %s", s, u.Hostname())
 		}
 	}
