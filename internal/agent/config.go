@@ -67,6 +67,9 @@ type Config struct {
 	// how long they are kept. Zero: node.EndedHistory's defaults.
 	EndedHistoryBytes, EndedHistoryTeamBytes int64
 	EndedHistoryRetention                    time.Duration
+	// Idle says when the node reports its sandboxes idle, for the
+	// cluster to pause them until their next request (node.Config.Idle).
+	Idle node.IdlePolicy
 	// NetnsTag names this server's nftables tables and host interfaces, so
 	// that several servers can share a host.
 	NetnsTag string

@@ -214,6 +214,7 @@ func (h *Host) open(ctx context.Context, cfg Config, keys *sealed.Keyring, log *
 		StateDir:       filepath.Join(cfg.RunDir, "node"),
 		EndedHistory: node.EndedHistory{Dir: filepath.Join(cfg.DataDir, "ended-history"),
 			Retention: cfg.EndedHistoryRetention, MaxBytes: cfg.EndedHistoryBytes, MaxTeamBytes: cfg.EndedHistoryTeamBytes},
+		Idle:       cfg.Idle,
 		Capacity:   cfg.Capacity,
 		PidsLimit:  cfg.PidsLimit,
 		DiskMB:     cfg.DiskMB,

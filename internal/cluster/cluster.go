@@ -105,6 +105,13 @@ func (c *Cluster) nodeEvent(nodeID string, ev *nodev1.Event) {
 				c.nodes.endEvacuation(nodeID)
 			}
 		}
+	case nodev1.Event_KIND_IDLE:
+		// Every server hears it; the leader pauses, as it ends timed-out
+		// sandboxes, at most expiryWorkers at once with those: the node
+		// reports a sandbox again while it stays idle.
+		if c.leading.Load() {
+			c.beginEnding(ev.SandboxId, func(ctx context.Context) { c.pauseIdle(ctx, nodeID, ev.SandboxId, ev.Reason) })
+		}
 	case nodev1.Event_KIND_SYNC:
 		if c.cfg.Local == nil || nodeID != c.cfg.Local.ID() {
 			c.bg.Go(func(context.Context) { c.syncNode(nodeID) })

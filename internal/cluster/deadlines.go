@@ -85,7 +85,9 @@ func (c *Cluster) leadOnce(ctx context.Context) error {
 		case <-tick.C:
 		}
 		c.expireDue(ctx)
-		c.reclaimPaused(ctx)
+		paused := c.List(ListFilter{States: []State{StatePaused}})
+		c.expireIdlePaused(ctx, paused)
+		c.reclaimPaused(ctx, paused)
 		if time.Since(lastOrphans) > orphansEvery {
 			lastOrphans = time.Now()
 			c.loseOrphanedRecords(ctx)
@@ -107,32 +109,89 @@ const expiryWorkers = 8
 // many as expiryWorkers allows alongside those still being ended.
 func (c *Cluster) expireDue(ctx context.Context) {
 	for _, id := range c.recs.due(time.Now()) {
-		c.mu.Lock()
-		busy, full := c.expiring[id], len(c.expiring) >= expiryWorkers
-		if !busy && !full {
-			c.expiring[id] = true
-		}
-		c.mu.Unlock()
-		if full {
+		if !c.beginEnding(id, func(ctx context.Context) { c.expire(ctx, id) }) {
 			return
 		}
-		if busy {
+	}
+}
+
+// beginEnding runs end (a pause or kill of sandbox id) in the background
+// unless one is under way for id already, or expiryWorkers are; it
+// reports false when no more can start now.
+func (c *Cluster) beginEnding(id string, end func(context.Context)) bool {
+	c.mu.Lock()
+	busy, full := c.expiring[id], len(c.expiring) >= expiryWorkers
+	if !busy && !full {
+		c.expiring[id] = true
+	}
+	c.mu.Unlock()
+	if full {
+		return false
+	}
+	if busy {
+		return true
+	}
+	done := func() {
+		c.mu.Lock()
+		delete(c.expiring, id)
+		c.mu.Unlock()
+	}
+	started := c.bg.Go(func(ctx context.Context) {
+		defer done()
+		// Once begun, a pause or kill finishes even if this server
+		// stops leading meanwhile (Close waits for it).
+		end(context.WithoutCancel(ctx))
+	})
+	if !started {
+		done()
+	}
+	return started
+}
+
+// pauseIdle pauses sandbox id, which node nodeID reports idle for reason,
+// if it still runs there: its next request resumes it.
+func (c *Cluster) pauseIdle(ctx context.Context, nodeID, id, reason string) {
+	sb, err := c.Get(ctx, id)
+	if err != nil || sb.State != StateRunning || sb.NodeID != nodeID {
+		return
+	}
+	err = c.PauseWith(ctx, id, PauseOptions{Idle: true})
+	switch {
+	case err == nil:
+		c.log.Info("idle sandbox paused; its next request resumes it", "sandbox_id", id, "node_id", nodeID, "reason", reason)
+	case errors.Is(err, ErrNotFound), errors.Is(err, ErrConflict):
+		// Gone, or busy with another operation: not idle after all.
+	default:
+		c.log.Warn("pausing an idle sandbox", "sandbox_id", id, "node_id", nodeID, "reason", reason, "err", err)
+	}
+}
+
+// expireIdlePaused ends the sandboxes paused for being idle whose deadline
+// passed while they were: as the timeout would have ended them running,
+// one that asked to pause on timeout stays paused as its owner's (its
+// traffic resumes it only if it asked for that), the others are killed.
+func (c *Cluster) expireIdlePaused(ctx context.Context, paused []*Sandbox) {
+	now := time.Now()
+	for _, sb := range paused {
+		if !sb.IdlePaused || now.Before(sb.EndAt) {
 			continue
 		}
-		done := func() {
-			c.mu.Lock()
-			delete(c.expiring, id)
-			c.mu.Unlock()
+		if sb.AutoPause {
+			_, err := c.recs.mutate(ctx, sb.ID, func(r *record) error {
+				if r.State != StatePaused || r.Op != "" {
+					return ErrConflict
+				}
+				r.IdlePaused = false
+				return nil
+			})
+			if err == nil {
+				c.log.Info("idle-paused sandbox timed out; it stays paused", "sandbox_id", sb.ID)
+			}
+			continue
 		}
-		started := c.bg.Go(func(context.Context) {
-			defer done()
-			// Once begun, a pause or kill finishes even if this server
-			// stops leading meanwhile (Close waits for it).
-			c.expire(context.WithoutCancel(ctx), id)
-		})
-		if !started {
-			done()
-			return
+		c.log.Info("idle-paused sandbox timed out", "sandbox_id", sb.ID)
+		if err := c.Kill(ctx, sb.ID); err != nil && !errors.Is(err, ErrNotFound) {
+			c.log.Warn("killing a timed-out idle-paused sandbox", "sandbox_id", sb.ID, "err", err)
 		}
 	}
 }
@@ -178,12 +237,12 @@ func (c *Cluster) sweepTombstones(ctx context.Context) {
 
 // reclaimPaused deletes the paused sandboxes kept past the retention,
 // with their snapshots.
-func (c *Cluster) reclaimPaused(ctx context.Context) {
+func (c *Cluster) reclaimPaused(ctx context.Context, paused []*Sandbox) {
 	keep := c.cfg.PausedRetention
 	if keep <= 0 {
 		return
 	}
-	for _, sb := range c.List(ListFilter{States: []State{StatePaused}}) {
+	for _, sb := range paused {
 		if sb.PausedAt.IsZero() || time.Since(sb.PausedAt) < keep {
 			continue
 		}

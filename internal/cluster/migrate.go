@@ -130,7 +130,7 @@ func (c *Cluster) Migrate(ctx context.Context, id, target string) (*Migration, e
 		}
 		if berr != nil {
 			c.log.Error("migrating sandbox failed; it stays paused", "sandbox_id", id, "err", berr)
-			if err := c.finishPause(ctx, id, snap.Id); err != nil {
+			if err := c.finishPause(ctx, id, snap.Id, false); err != nil {
 				return nil, err
 			}
 			return nil, fmt.Errorf("migrating sandbox %s: restoring it on node %s: %w (it is paused; connect resumes it)",

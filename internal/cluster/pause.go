@@ -23,6 +23,9 @@ type PauseOptions struct {
 	// FilesOnly keeps the sandbox's files, not its memory (E2B's pause
 	// with memory: false): its resume boots afresh with them.
 	FilesOnly bool
+	// Idle: the platform pauses it for being idle, not its owner (see
+	// Sandbox.IdlePaused).
+	Idle bool
 }
 
 // PauseWith is Pause with options.
@@ -44,7 +47,7 @@ func (c *Cluster) PauseWith(ctx context.Context, id string, opts PauseOptions) e
 	}
 	c.gone(id, "")
 	c.nodes.left(r.NodeID, r.MemoryMB)
-	return c.finishPause(context.WithoutCancel(ctx), id, snap.Id)
+	return c.finishPause(context.WithoutCancel(ctx), id, snap.Id, opts.Idle)
 }
 
 // snapshotOn asks node nodeID to snapshot a sandbox.
@@ -60,13 +63,15 @@ func (c *Cluster) snapshotOn(ctx context.Context, nodeID string, req *nodev1.Sna
 	return snap, nil
 }
 
-// finishPause records that sandbox id is paused in snapshot snapID. A
-// sandbox killed meanwhile takes its snapshot with it.
-func (c *Cluster) finishPause(ctx context.Context, id, snapID string) error {
+// finishPause records that sandbox id is paused in snapshot snapID (for
+// being idle, if idle). A sandbox killed meanwhile takes its snapshot with
+// it.
+func (c *Cluster) finishPause(ctx context.Context, id, snapID string, idle bool) error {
 	_, err := c.recs.mutate(ctx, id, func(r *record) error {
 		r.State = StatePaused
 		r.SnapshotID = snapID
 		r.PausedAt = time.Now().UTC()
+		r.IdlePaused = idle
 		r.Addr = netip.Addr{}
 		r.clearOp()
 		return nil
@@ -155,6 +160,7 @@ func (c *Cluster) finishResume(ctx context.Context, n nodeapi.Node, id string, a
 		oldSnap, oldNode = r.SnapshotID, r.NodeID
 		r.State = StateRunning
 		r.PausedAt = time.Time{}
+		r.IdlePaused = false
 		r.SnapshotID = ""
 		r.Addr = addr
 		r.EndAt = end
@@ -191,8 +197,9 @@ const resumeWait = time.Minute
 
 // AutoResume resumes paused sandbox id for traffic that reached it, if it
 // asked for that (lifecycle.autoResume), with the timeout it was created
-// with; a resume already under way (another request's) is waited for. It
-// reports whether the sandbox runs now.
+// with, or if it was paused for being idle, with the deadline it had; a
+// resume already under way (another request's) is waited for. It reports
+// whether the sandbox runs now.
 func (c *Cluster) AutoResume(ctx context.Context, id string) (bool, error) {
 	deadline := time.Now().Add(resumeWait)
 	for {
@@ -203,11 +210,18 @@ func (c *Cluster) AutoResume(ctx context.Context, id string) (bool, error) {
 		if sb.State == StateRunning && sb.Addr.IsValid() {
 			return true, nil
 		}
-		if !sb.AutoResume {
-			return false, nil
-		}
 		timeout := sb.Timeout
-		if timeout <= 0 || timeout > c.cfg.Limits.MaxTimeout {
+		switch {
+		case sb.IdlePaused:
+			// Its owner did not pause it: the pause must not have
+			// moved its deadline. One that passed meanwhile is the
+			// leader's to end (expireIdlePaused).
+			if timeout = time.Until(sb.EndAt); timeout <= 0 {
+				return false, nil
+			}
+		case !sb.AutoResume:
+			return false, nil
+		case timeout <= 0 || timeout > c.cfg.Limits.MaxTimeout:
 			timeout = 5 * time.Minute
 		}
 		_, _, err = c.Connect(ctx, id, timeout)

@@ -71,6 +71,7 @@ type storedRecord struct {
 	Addr               netip.Addr        `json:"addr,omitzero"`
 	SnapshotID         string            `json:"snapshotID,omitempty"`
 	PausedAt           time.Time         `json:"pausedAt,omitzero"`
+	IdlePaused         bool              `json:"idlePaused,omitempty"`
 	AllowInternet      bool              `json:"allowInternet,omitempty"`
 	AllowOut           []string          `json:"allowOut,omitempty"`
 	DenyOut            []string          `json:"denyOut,omitempty"`
@@ -103,7 +104,7 @@ func toStored(r *record) storedRecord {
 		CPUCount: r.CPUCount, MemoryMB: r.MemoryMB, DiskMB: r.DiskMB,
 		EnvdVersion: r.EnvdVersion, EnvdAccessToken: r.EnvdAccessToken,
 		AutoPause: r.AutoPause, AutoPauseFilesOnly: r.AutoPauseFilesOnly, AutoResume: r.AutoResume,
-		Timeout: r.Timeout, Addr: r.Addr, SnapshotID: r.SnapshotID, PausedAt: r.PausedAt,
+		Timeout: r.Timeout, Addr: r.Addr, SnapshotID: r.SnapshotID, PausedAt: r.PausedAt, IdlePaused: r.IdlePaused,
 		AllowInternet: r.AllowInternet, AllowOut: r.Network.AllowOut, DenyOut: r.Network.DenyOut,
 		MaskRequestHost: r.Network.MaskRequestHost, KeyID: r.KeyID, Team: r.Team,
 		TrafficAccessToken: r.TrafficAccessToken, Secure: r.Secure, PrivateTraffic: r.PrivateTraffic,
@@ -128,7 +129,7 @@ func fromStored(s *storedRecord) record {
 		ID: s.ID, TemplateID: s.TemplateID, Alias: s.Alias, NodeID: s.NodeID, State: s.State,
 		StartedAt: s.StartedAt, EndAt: s.EndAt, DiskMB: s.DiskMB,
 		EnvdVersion: s.EnvdVersion, EnvdAccessToken: s.EnvdAccessToken,
-		Addr: s.Addr, SnapshotID: s.SnapshotID, PausedAt: s.PausedAt,
+		Addr: s.Addr, SnapshotID: s.SnapshotID, PausedAt: s.PausedAt, IdlePaused: s.IdlePaused,
 		KeyID: s.KeyID, Team: s.Team, TrafficAccessToken: s.TrafficAccessToken,
 	}, Op: s.Op, OpSince: s.OpSince}
 	for _, m := range s.Mounts {

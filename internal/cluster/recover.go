@@ -65,7 +65,7 @@ func (c *Cluster) reconcile(ctx context.Context, n nodeapi.Node) error {
 		case r.State == StateRunning && r.Op == "pause":
 			if snap := c.pauseSnapshotOf(ctx, r.ID); snap != "" {
 				c.log.Info("finishing a pause cut short by a restart", "sandbox_id", r.ID, "snapshot_id", snap)
-				errs = append(errs, c.finishPause(ctx, r.ID, snap))
+				errs = append(errs, c.finishPause(ctx, r.ID, snap, false))
 				continue
 			}
 			errs = append(errs, c.lose(ctx, r, "the server stopped while pausing it, before its state was saved"))

@@ -193,6 +193,10 @@ type Sandbox struct {
 	SnapshotID string
 	// PausedAt is when it was paused (zero while it runs).
 	PausedAt time.Time
+	// IdlePaused: the platform paused it for being idle (the node's idle
+	// policy), not its owner; its next request resumes it, whatever its
+	// AutoResume, with the deadline it had.
+	IdlePaused bool
 	// KeyID is the API key that created it (for the key's quota).
 	KeyID string
 	// Team owns it (TeamID says whose a record from before teams is).

@@ -220,3 +220,21 @@ func nsInUse(path string) (bool, error) {
 func ipNet(p netip.Prefix) *net.IPNet {
 	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), 32)}
 }
+
+// PacketCount is how many packets have crossed slot s's host-side
+// interface, both ways: everything the sandbox sends or receives (the
+// host's requests to it, its replies, its egress) passes there, so an
+// unchanged count means no traffic at all. The counter is the kernel's,
+// read through netlink rather than /sys/class/net, which shows the
+// network namespace sysfs was mounted in, not the caller's.
+func (m *Manager) PacketCount(s *Slot) (uint64, error) {
+	l, err := netlink.LinkByName(s.hostIf)
+	if err != nil {
+		return 0, fmt.Errorf("reading the packet count of slot %s: %w", s.Name, err)
+	}
+	st := l.Attrs().Statistics
+	if st == nil {
+		return 0, fmt.Errorf("reading the packet count of slot %s: the kernel gave no statistics", s.Name)
+	}
+	return st.RxPackets + st.TxPackets, nil
+}

@@ -97,6 +97,8 @@ type fakeRuntime struct {
 	// counts the creates under way, maxInFlight the most at once.
 	gate                  chan struct{}
 	inFlight, maxInFlight int
+	// cpu is CPU time each sandbox used, on top of a constant start.
+	cpu map[string]time.Duration
 }
 
 var (
@@ -177,7 +179,7 @@ func (r *fakeRuntime) Stats(ctx context.Context, id string) (runtime.Stats, erro
 	if _, ok := r.running[id]; !ok {
 		return runtime.Stats{}, runtime.ErrNotFound
 	}
-	return runtime.Stats{CPUUsageNanos: 1e6, MemoryBytes: 64 << 20}, nil
+	return runtime.Stats{CPUUsageNanos: 1e6 + uint64(r.cpu[id]), MemoryBytes: 64 << 20}, nil
 }
 
 func (r *fakeRuntime) Leftovers(ctx context.Context) ([]string, error) {
@@ -248,6 +250,8 @@ type fakeNetwork struct {
 	adopted map[string]bool
 	// leftoversReleased counts ReleaseLeftovers calls.
 	leftoversReleased int
+	// packets are the slots' packet counts (PacketCount), by name.
+	packets map[string]uint64
 }
 
 func newFakeNetwork() *fakeNetwork {
@@ -255,6 +259,13 @@ func newFakeNetwork() *fakeNetwork {
 	// host answers at envd's port there.
 	return &fakeNetwork{base: [2]byte{byte(100 + rand.IntN(100)), byte(rand.IntN(250))},
 		held: map[string]*netns.Slot{}, egress: map[string]netns.SlotOptions{}, adopted: map[string]bool{}}
+}
+
+// PacketCount is netns.Manager's.
+func (f *fakeNetwork) PacketCount(s *netns.Slot) (uint64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.packets[s.Name], nil
 }
 
 func (f *fakeNetwork) Acquire(ctx context.Context, opts netns.SlotOptions) (*netns.Slot, error) {

@@ -72,6 +72,9 @@ type history struct {
 	// refused is the router's count of refused packets at the last
 	// sample.
 	refused uint64
+	// active is when the sandbox was last seen in use, for the idle
+	// policy.
+	active activity
 	// envd is how far envd's log has been read, and its events.
 	envd envdCursor
 }
@@ -176,6 +179,7 @@ func (n *Node) historyStarted(id, team string) {
 	n.hist.mu.Lock()
 	h := n.hist.get(id)
 	h.ended, h.missing, h.team = time.Time{}, time.Time{}, team
+	h.active.restart(time.Now())
 	n.hist.mu.Unlock()
 	n.hist.ended.remove(id)
 }
@@ -234,6 +238,7 @@ func (n *Node) sampleAll(ctx context.Context) {
 	for _, sb := range running {
 		n.sample(ctx, sb)
 	}
+	n.reportIdle(running, time.Now())
 	n.sweepHistories(running, time.Now())
 }
 
@@ -277,6 +282,7 @@ func (n *Node) sample(ctx context.Context, sb *Sandbox) {
 	if counts && sb.slot != nil {
 		refused, _ = rc.RefusedCount(sb.slot)
 	}
+	packets, packetsOK := n.packetCount(sb)
 	now := time.Now().UTC()
 	n.hist.mu.Lock()
 	h := n.hist.get(sb.ID)
@@ -285,10 +291,12 @@ func (n *Node) sample(ctx context.Context, sb *Sandbox) {
 	}
 	s := Sample{At: now, CPUCount: sb.CPUCount, MemUsed: st.MemoryBytes, MemTotal: uint64(sb.MemoryMB) << 20,
 		DiskUsed: st.DiskBytes, DiskTotal: uint64(max(sb.DiskMB, 0)) << 20}
-	if !h.cpuAt.IsZero() && st.CPUUsageNanos >= h.cpuNanos && sb.CPUCount > 0 {
+	cpuKnown := !h.cpuAt.IsZero() && st.CPUUsageNanos >= h.cpuNanos && sb.CPUCount > 0
+	if cpuKnown {
 		el := now.Sub(h.cpuAt)
 		s.CPUUsedPct = min(100, 100*float64(st.CPUUsageNanos-h.cpuNanos)/float64(el.Nanoseconds())/float64(sb.CPUCount))
 	}
+	h.active.observe(now, packets, packetsOK, s.CPUUsedPct, cpuKnown, n.cfg.Idle.busyPercent())
 	h.cpuAt, h.cpuNanos = now, st.CPUUsageNanos
 	h.fine.add(s, fineSamples)
 	if h.taken%coarseEvery == 0 {

@@ -143,6 +143,9 @@ type Config struct {
 	// EndedHistory bounds what the node keeps of the sandboxes that left
 	// it (their logs and metrics), and says where.
 	EndedHistory EndedHistory
+	// Idle says when the node reports its sandboxes idle (OnIdle), for
+	// the cluster to pause them; the zero value reports none.
+	Idle IdlePolicy
 	// StateDir keeps a small local record of each sandbox handed out, so
 	// that a restarted node takes its running sandboxes over (Recover);
 	// empty keeps none. It belongs in the run directory: its records mean
@@ -235,6 +238,7 @@ type Node struct {
 	// resume) waits for the release to end.
 	releasing map[string]chan struct{}
 	onExit    func(Exit)
+	onIdle    func(Idle)
 	pool      *warmPool
 	// readying starts each template's service once at a time; ready
 	// holds the snapshots of started services by name.

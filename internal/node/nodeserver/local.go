@@ -57,7 +57,7 @@ type subscriber struct {
 	ch chan *nodev1.Event
 }
 
-// NewLocal serves n's node API. It takes over n's exit reports.
+// NewLocal serves n's node API. It takes over n's exit and idle reports.
 func NewLocal(n *node.Node, opts LocalOptions) *Local {
 	l := &Local{n: n, opts: opts, pulls: newPuller(opts.Pulls), subs: map[*subscriber]struct{}{}}
 	n.OnExit(func(ex node.Exit) {
@@ -72,6 +72,9 @@ func NewLocal(n *node.Node, opts LocalOptions) *Local {
 			kind = nodev1.Event_KIND_OOM_KILLED
 		}
 		l.Publish(&nodev1.Event{Kind: kind, SandboxId: ex.ID, Reason: ex.Reason})
+	})
+	n.OnIdle(func(i node.Idle) {
+		l.Publish(&nodev1.Event{Kind: nodev1.Event_KIND_IDLE, SandboxId: i.ID, Reason: i.Reason})
 	})
 	return l
 }

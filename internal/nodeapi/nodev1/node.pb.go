@@ -212,6 +212,11 @@ const (
 	Event_KIND_OOM_KILLED Event_Kind = 3
 	// DRAINING: the node stops taking new sandboxes.
 	Event_KIND_DRAINING Event_Kind = 4
+	// IDLE: a sandbox has had no traffic and next to no CPU for the
+	// node's idle period, or is the idlest while the host's memory is
+	// short (reason says which): the cluster may pause it, and its next
+	// request resumes it. Repeated while it stays so.
+	Event_KIND_IDLE Event_Kind = 5
 )
 
 // Enum value maps for Event_Kind.
@@ -222,6 +227,7 @@ var (
 		2: "KIND_EXITED",
 		3: "KIND_OOM_KILLED",
 		4: "KIND_DRAINING",
+		5: "KIND_IDLE",
 	}
 	Event_Kind_value = map[string]int32{
 		"KIND_UNSPECIFIED": 0,
@@ -229,6 +235,7 @@ var (
 		"KIND_EXITED":      2,
 		"KIND_OOM_KILLED":  3,
 		"KIND_DRAINING":    4,
+		"KIND_IDLE":        5,
 	}
 )
 
@@ -4198,18 +4205,19 @@ const file_node_node_proto_rawDesc = "" +
 	"\x15DeleteSnapshotRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x18\n" +
 	"\x16DeleteSnapshotResponse\"\x0f\n" +
-	"\rEventsRequest\"\xd2\x01\n" +
+	"\rEventsRequest\"\xe1\x01\n" +
 	"\x05Event\x12,\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x18.aenv.node.v1.Event.KindR\x04kind\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"d\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"s\n" +
 	"\x04Kind\x12\x14\n" +
 	"\x10KIND_UNSPECIFIED\x10\x00\x12\r\n" +
 	"\tKIND_SYNC\x10\x01\x12\x0f\n" +
 	"\vKIND_EXITED\x10\x02\x12\x13\n" +
 	"\x0fKIND_OOM_KILLED\x10\x03\x12\x11\n" +
-	"\rKIND_DRAINING\x10\x042\x9c\r\n" +
+	"\rKIND_DRAINING\x10\x04\x12\r\n" +
+	"\tKIND_IDLE\x10\x052\x9c\r\n" +
 	"\vNodeService\x129\n" +
 	"\x04Info\x12\x19.aenv.node.v1.InfoRequest\x1a\x16.aenv.node.v1.NodeInfo\x12<\n" +
 	"\x06Create\x12\x1b.aenv.node.v1.CreateRequest\x1a\x15.aenv.node.v1.Sandbox\x12=\n" +
