@@ -17,6 +17,8 @@ pkgs=(debootstrap iproute2 util-linux nftables e2fsprogs ca-certificates curl pr
 # The multihost e2e suite captures the cluster's traffic (tcpdump) to check no
 # secret crosses the network in the clear.
 pkgs+=(tcpdump)
+# The web console's e2e suite (e2e/console.test.mjs) drives Debian's chromium, headless.
+pkgs+=(chromium)
 # The Python e2e suite (e2e/python) runs the E2B Python SDK from
 # ../shared/python-e2b with Debian's Python: the SDK's dependencies that
 # Debian ships come from here.

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -28,7 +29,6 @@ func TestAssetsServed(t *testing.T) {
 		"/console/vendor/uplot/uPlot.esm.js":  "text/javascript; charset=utf-8",
 		"/console/vendor/uplot/uPlot.min.css": "text/css; charset=utf-8",
 		"/console/js/pages/terminal.js":       "text/javascript; charset=utf-8",
-		"/console/js/inline-styles.js":        "text/javascript; charset=utf-8",
 		// Module scripts must be served as JavaScript, .mjs included.
 		"/console/vendor/xterm/xterm.mjs":               "text/javascript; charset=utf-8",
 		"/console/vendor/xterm/xterm.css":               "text/css; charset=utf-8",
@@ -223,4 +223,48 @@ func TestVendoredPackages(t *testing.T) {
 		}
 		return err
 	})
+}
+
+// TestPagePolicy: the console's Content-Security-Policy lets the terminal
+// style itself inline and nothing else loosen: scripts from this origin
+// only (no inline script, no eval), every load from this origin only (so
+// inline CSS cannot carry anything away), no framing.
+func TestPagePolicy(t *testing.T) {
+	f := newFixture(t)
+	res := f.do(httptest.NewRequest(http.MethodGet, "/console/", nil))
+	policy := map[string]string{}
+	for _, d := range strings.Split(res.Header.Get("Content-Security-Policy"), ";") {
+		name, value, _ := strings.Cut(strings.TrimSpace(d), " ")
+		if name != "" {
+			policy[name] = value
+		}
+	}
+	for name, want := range map[string]string{
+		"default-src":     "'none'",
+		"script-src":      "'self'",
+		"style-src":       "'self' 'unsafe-inline'",
+		"img-src":         "'self' data:",
+		"font-src":        "'self'",
+		"connect-src":     "'self'",
+		"base-uri":        "'none'",
+		"form-action":     "'self'",
+		"frame-ancestors": "'none'",
+	} {
+		if got, ok := policy[name]; !ok || got != want {
+			t.Errorf("%s %q, want %q (policy %q)", name, got, want, res.Header.Get("Content-Security-Policy"))
+		}
+	}
+	for name, value := range policy {
+		if strings.Contains(value, "'unsafe-inline'") && name != "style-src" {
+			t.Errorf("%s allows inline content: %q", name, value)
+		}
+		for _, loose := range []string{"'unsafe-eval'", "'unsafe-hashes'", "'wasm-unsafe-eval'", "*", "http:", "https:", "ws:", "wss:", "blob:"} {
+			if slices.Contains(strings.Fields(value), loose) {
+				t.Errorf("%s allows %s: %q", name, loose, value)
+			}
+		}
+		if strings.HasPrefix(name, "script-src") && name != "script-src" {
+			t.Errorf("%s %q: scripts have one directive, script-src 'self'", name, value)
+		}
+	}
 }

@@ -180,14 +180,26 @@ func (c *Console) serveConsole(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// setPageHeaders keeps the console's pages to their own origin: scripts,
-// styles and connections only from it (no CDN could be used by mistake),
-// never framed, no referrer sent. Inline style attributes are allowed,
-// not <style> elements: the terminal (xterm.js) colours 24-bit cells with
-// them, and an attribute can neither run script nor load anything beyond
-// what img-src and font-src allow.
+// pagePolicy is the console's Content-Security-Policy: everything from
+// its own origin only (no CDN could be used by mistake), never framed.
+//
+// Scripts are 'self' alone: no inline script, no eval, which is what
+// keeps an injected string from running. Styles are 'self' and
+// 'unsafe-inline', for the terminal: xterm.js writes its cell sizes and
+// theme into <style> elements it makes and colours 24-bit cells with style
+// attributes. Neither a hash (the text depends on the font as measured in
+// the browser) nor a nonce (xterm.js has no way to be given one) can name
+// them, and a policy that refuses them leaves a violation in the console
+// for each and a terminal drawn wrong. Inline CSS runs no script; what it
+// could do with injected markup, load URLs that carry the page's text
+// away, img-src, font-src and connect-src hold to this origin, and the
+// pages set whatever the API says as text, never as markup.
+const pagePolicy = "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; font-src 'self'; connect-src 'self'; manifest-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+
+// setPageHeaders keeps the console's pages to their own origin
+// (pagePolicy), unframed, sending no referrer.
 func setPageHeaders(h http.Header) {
-	h.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; style-src-attr 'unsafe-inline'; img-src 'self' data:; font-src 'self'; connect-src 'self'; manifest-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+	h.Set("Content-Security-Policy", pagePolicy)
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("X-Frame-Options", "DENY")
 	h.Set("Referrer-Policy", "no-referrer")

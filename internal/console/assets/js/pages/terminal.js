@@ -8,7 +8,6 @@ import { Terminal } from '../../vendor/xterm/xterm.mjs';
 import { FitAddon } from '../../vendor/xterm-addon-fit/addon-fit.mjs';
 import { csrf } from '../api.js';
 import { h } from '../ui.js';
-import { mirrorInlineStyles } from '../inline-styles.js';
 
 /**
  * The terminal card for sandbox id: {section, setState(state), stop()}.
@@ -36,7 +35,6 @@ export function terminalCard(id) {
     if (session) return;
     const box = h('div', { class: 'term', role: 'region', 'aria-label': `Terminal of sandbox ${id}` });
     holder.replaceChildren(box);
-    const unmirror = mirrorInlineStyles(box);
     const term = new Terminal({
       cursorBlink: true,
       scrollback: 5000,
@@ -91,7 +89,7 @@ export function terminalCard(id) {
     const resize = new ResizeObserver(() => { try { fit.fit(); } catch { /* hidden */ } });
     resize.observe(box);
 
-    session = { ws, term, resize, unmirror };
+    session = { ws, term, resize };
     status.textContent = 'Connecting…';
     openButton.disabled = true;
     closeButton.disabled = false;
@@ -101,18 +99,17 @@ export function terminalCard(id) {
   // copied) unless clear.
   function finish(clear) {
     if (!session) return;
-    const { ws, term, resize, unmirror } = session;
+    const { ws, term, resize } = session;
     session = null;
     resize.disconnect();
     if (ws.readyState === WebSocket.OPEN || ws.readyState === WebSocket.CONNECTING) ws.close(1000, 'closed from the page');
     if (clear) {
       dropLeftover();
       term.dispose();
-      unmirror();
       holder.replaceChildren();
       status.textContent = 'Not connected.';
     } else {
-      leftover = () => { term.dispose(); unmirror(); };
+      leftover = () => term.dispose();
     }
     openButton.disabled = !running;
     closeButton.disabled = true;
