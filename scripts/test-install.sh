@@ -377,7 +377,8 @@ if [ "$node_ok" = 1 ]; then
   npid1=$(node_pid)
 
   # Uninstalling the node: it leaves the cluster, and nothing of it stays.
-  if node_uninstall >"$tmp/node-uninstall.out" 2>&1; then ok "uninstall.sh --node exits 0"; else fail "uninstall.sh --node exits 0" "$(cat "$tmp/node-uninstall.out")"; fi
+  # Without --node or --prefix: the unit tells both.
+  if "$here/scripts/uninstall.sh" --unit-name "$nunit" >"$tmp/node-uninstall.out" 2>&1; then ok "uninstall.sh --node exits 0"; else fail "uninstall.sh --node exits 0" "$(cat "$tmp/node-uninstall.out")"; fi
   check "the node agent has stopped" sh -c "! kill -0 $npid1 2>/dev/null || grep -q '^State:.*Z' /proc/$npid1/status"
   check "the node left the cluster (aenv nodes lists it lost)" node_gone
   check "node pid file, unit and binaries are gone" \

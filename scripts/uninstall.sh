@@ -42,6 +42,7 @@ unit=""
 node=0
 purge=0
 keep_runsc=0
+left_running=""
 
 die() { echo "uninstall: $*" >&2; exit 1; }
 say() { echo "uninstall: $*"; }
@@ -100,7 +101,7 @@ what=server
 [ "$node" = 0 ] || what="node agent"
 
 if [ -z "$prefix" ] && [ -f "$unit_file" ]; then
-  prefix=$(sed -n 's|^ExecStart=\(/.*\)/bin/aenv \(server\|node\) .*|\1|p' "$unit_file" | tail -1)
+  prefix=$(sed -n 's#^ExecStart=\(/.*\)/bin/aenv \(server\|node\) .*#\1#p' "$unit_file" | tail -1)
 fi
 prefix=${prefix:-${PREFIX:-/usr/local}}
 
@@ -170,7 +171,8 @@ if [ -f "$pid_file" ]; then
       kill -KILL "$pid" 2>/dev/null || true
     fi
   elif [ -n "$pid" ] && alive "$pid"; then
-    say "$pid_file names pid $pid, which is not $prefix/bin/aenv: leaving it alone"
+    say "$pid_file names pid $pid, which is not $prefix/bin/aenv: leaving it alone (give --prefix if it is this $what)"
+    left_running=$pid
   fi
   rm -f "$pid_file"
 fi
@@ -236,8 +238,13 @@ if [ "$purge" = 1 ]; then
   if [ -n "$base" ] && [[ $base != "$data_dir"/* ]] && [ -e "$base" ]; then
     say "keeping $base (the base template, outside $data_dir): remove it yourself if nothing else uses it"
   fi
-  rmtree "$data_dir"
-  rmtree "$run_dir"
+  if [ -n "$left_running" ]; then
+    # Its data may be a running service's: never pull it from under it.
+    say "not removing $data_dir and $run_dir: pid $left_running, named by the pid file, still runs"
+  else
+    rmtree "$data_dir"
+    rmtree "$run_dir"
+  fi
   [ -e "$log_file" ] && rm -f "$log_file" && say "removed $log_file"
   if [ "$keep_runsc" = 0 ] && [ -e /usr/local/bin/runsc ]; then
     rm -f /usr/local/bin/runsc
