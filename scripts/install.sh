@@ -28,8 +28,9 @@ for a cluster's servers, the same way: aenv-node.service and
 joined the cluster (registered with it: `aenv nodes` on a server lists it
 ready). `aenv cluster join-command` on a server prints the line
 `aenv node --join URL --token TOKEN --ca-hash HASH`: give install.sh --node
-what follows `aenv node`. The server must let nodes reach its etcd
-(--etcd-listen https://ADDR:2379 in its --server-opts, or --etcd-endpoints).
+what follows `aenv node`. Nodes must reach the server's cluster listener
+and its etcd: give the server --cluster-advertise ADDR:8443 and
+--etcd-listen https://ADDR:2379 (or --etcd-endpoints) in its --server-opts.
 
 Options:
   --prefix DIR        install binaries into DIR/bin (default: $PREFIX or /usr/local)
