@@ -64,13 +64,20 @@ type nodeCreds struct {
 	done     chan struct{}
 }
 
+// NodeFiles are where a node that joined over https keeps its
+// certificate and key: <data-dir>/secrets/node.crt and node.key, beside
+// the cluster's ca.crt.
+func NodeFiles(dataDir string) pki.Files {
+	return pki.Files{Dir: membership.SecretsDir(dataDir), Name: "node"}
+}
+
 // joinTLS is a node's join at an https server URL: with a certificate
 // from an earlier join that is still good, a renewal (the server tells it
 // the cluster as a join would); otherwise the join token and a
 // certificate request, sent only once the server's certificate chain has
 // verified against the CA hash.
 func joinTLS(ctx context.Context, cfg Config, instance string, log *slog.Logger) (membership.JoinAnswer, *nodeCreds, error) {
-	c := &nodeCreds{files: pki.Files{Dir: membership.SecretsDir(cfg.DataDir), Name: "node"},
+	c := &nodeCreds{files: NodeFiles(cfg.DataDir),
 		join: strings.TrimRight(cfg.Join, "/"), nodeID: cfg.NodeID, instance: instance, log: log}
 	token := cfg.ClusterToken
 	if token == "" {

@@ -3,6 +3,8 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"strings"
 	"time"
 
@@ -16,6 +18,7 @@ import (
 func nodeAgent(cmd *cobra.Command) {
 	var cfg agent.Config
 	var logLevel, onStop, tokenFile string
+	var cleanup bool
 	var hs hostStrings
 	cmd.Long = `Run a node agent: this host runs sandboxes for the cluster's API servers.
 
@@ -44,7 +47,13 @@ The node registers its capacity and usage under a 10 s lease. Stopping it
 (even kill -9) leaves its sandboxes running: restarted within the lease it
 takes them over; later, the cluster has reported them lost and the node
 removes them. --on-stop=drain has the cluster move them to other nodes on
-SIGTERM first. Needs root.`
+SIGTERM first. Needs root.
+
+With an https --join, a --token-file that does not exist (any more) is no
+error once the node holds a certificate from an earlier join: it renews
+that one, so the token's file may go after the first start (as
+scripts/install.sh --node removes it). --cleanup kills what a stopped
+node with the same settings left running, for uninstalling.`
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		if err := hostSettings(&cfg, hs, logLevel); err != nil {
 			return err
@@ -52,10 +61,24 @@ SIGTERM first. Needs root.`
 		if cmd.Flags().Changed("token") && !strings.HasPrefix(cfg.Join, "https://") {
 			return &usageError{cmd: cmd, err: errors.New("--token without an https --join would be the cluster token, a long-lived secret, on the command line, where every user of this host can read it (ps): use --token-file FILE or $AENV_CLUSTER_TOKEN, or join over https with a join token ('aenv cluster join-command' prints the command)")}
 		}
+		if cleanup {
+			// Before the token: a node being removed needs none.
+			if err := agent.Cleanup(cmd.Context(), cfg); err != nil {
+				return err
+			}
+			cfg.Logger.Info("removed the sandboxes and network slots a stopped node left", "run_dir", cfg.RunDir)
+			return nil
+		}
 		if tokenFile != "" {
 			var err error
 			if cfg.ClusterToken, err = readSecretFile("--token-file", tokenFile); err != nil {
-				return err
+				if !errors.Is(err, fs.ErrNotExist) || !strings.HasPrefix(cfg.Join, "https://") || !exists(agent.NodeFiles(cfg.DataDir).CertPath()) {
+					return err
+				}
+				// A join token is needed once: the node renews the
+				// certificate it was given with the one it holds.
+				cfg.ClusterToken = ""
+				cfg.Logger.Info("the join token's file is gone; renewing this node's certificate instead", "token_file", tokenFile)
 			}
 		}
 		stopTimeout := 30 * time.Second
@@ -87,5 +110,12 @@ SIGTERM first. Needs root.`
 	f.StringVar(&tokenFile, "token-file", "", "file holding the join token (https --join) or the cluster token (the old http join, or --etcd-endpoints; default: $AENV_CLUSTER_TOKEN, else <data-dir>/secrets/cluster-token)")
 	f.StringVar(&cfg.CAHash, "ca-hash", "", "the cluster CA's hash (sha256:...) the server of an https --join must prove it holds")
 	f.StringVar(&cfg.NodeID, "node-id", "", "this node's id (default: the hostname)")
+	f.BoolVar(&cleanup, "cleanup", false, "do not run: kill every sandbox a stopped node with these settings left running, remove its network slots, and exit (for uninstalling)")
 	f.StringVar(&onStop, "on-stop", "keep", "what stopping the node does with running sandboxes: keep (a restart takes them over), drain (the cluster moves them to other nodes, live, or pauses them into the store; for a host going away) or kill")
+}
+
+// exists reports whether path names a file of any kind.
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
