@@ -74,10 +74,15 @@ func OpenHost(ctx context.Context, cfg Config, keys *sealed.Keyring, log *slog.L
 	if err != nil {
 		return nil, err
 	}
-	h.api = nodeserver.NewLocal(h.node, nodeserver.LocalOptions{
+	opts := nodeserver.LocalOptions{
 		Templates: h.templates, RuntimeVersion: h.runtimeVersion, Version: envd.Version,
 		Builds: builds, Pulls: pulls,
-	})
+	}
+	if h.imageServer != nil {
+		// On the heartbeat's Info: the node's record carries its cache.
+		opts.ImageCache = h.imageServer.CacheStats
+	}
+	h.api = nodeserver.NewLocal(h.node, opts)
 	return h, nil
 }
 

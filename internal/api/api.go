@@ -102,6 +102,8 @@ type Handler struct {
 	routeList []Route
 	// builds runs template builds and keeps their uploads.
 	builds *builds
+	// counts are what /metrics says of the API's own work.
+	counts *apiMetrics
 }
 
 // New builds the API handler.
@@ -115,12 +117,13 @@ func New(cfg Config) *Handler {
 	if cfg.UploadTimeout <= 0 {
 		cfg.UploadTimeout = time.Hour
 	}
-	s := &Handler{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux()}
+	s := &Handler{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), counts: newAPIMetrics()}
 	s.routes()
 	s.api = s.mux
 	if cfg.RateLimit > 0 {
 		s.api = newRateLimiter(cfg.RateLimit, max(cfg.RateBurst, 1)).limit(s.mux, s.clientKey)
 	}
+	s.api = s.countRequests(s.api)
 	if cfg.Proxy != nil {
 		s.proxy = s.guardProxy(cfg.Proxy)
 	}

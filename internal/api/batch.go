@@ -185,7 +185,7 @@ func (s *Handler) runBatch(ctx context.Context, req cluster.CreateRequest, count
 			one := req
 			one.Metadata = maps.Clone(req.Metadata)
 			one.EnvVars = maps.Clone(req.EnvVars)
-			sb, err := s.cfg.Cluster.Create(ctx, one)
+			sb, err := s.create(ctx, one)
 			report(i, sb, err)
 		}()
 	}

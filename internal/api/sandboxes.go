@@ -159,7 +159,7 @@ func (s *Handler) createSandbox(defaultTimeout time.Duration) http.HandlerFunc {
 			return
 		}
 		req.IdempotencyKey = idem
-		sb, err := s.cfg.Cluster.Create(r.Context(), req)
+		sb, err := s.create(r.Context(), req)
 		if err != nil {
 			s.writeClusterError(w, r, err)
 			return

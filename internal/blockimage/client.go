@@ -116,6 +116,22 @@ func (c *Client) Info(ctx context.Context) (Info, error) {
 	return info, err
 }
 
+// errNoCacheStats: the image server answers without its cache's figures
+// (one of an aenv that did not report them).
+var errNoCacheStats = errors.New("the image server reports no cache figures")
+
+// CacheStats asks the server for its cache's figures.
+func (c *Client) CacheStats(ctx context.Context) (CacheStats, error) {
+	info, err := c.Info(ctx)
+	if err != nil {
+		return CacheStats{}, err
+	}
+	if info.Cache == nil {
+		return CacheStats{}, errNoCacheStats
+	}
+	return *info.Cache, nil
+}
+
 // Acquire mounts src (if the node has not yet) for holder and returns its
 // root filesystem's directory.
 func (c *Client) Acquire(ctx context.Context, src Source, holder string) (string, error) {

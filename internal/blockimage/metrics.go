@@ -37,6 +37,51 @@ func (s *Server) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector.
 func (s *Server) Collect(ch chan<- prometheus.Metric) {
+	by, mounted, cs := s.figures()
+	for t, c := range by {
+		ch <- prometheus.MustNewConstMetric(fetchedDesc, prometheus.CounterValue, float64(c.fetchedBytes), t)
+		ch <- prometheus.MustNewConstMetric(hitsDesc, prometheus.CounterValue, float64(c.hits), t)
+		ch <- prometheus.MustNewConstMetric(missesDesc, prometheus.CounterValue, float64(c.misses), t)
+	}
+	ch <- prometheus.MustNewConstMetric(evictionsDesc, prometheus.CounterValue, float64(cs.Evictions))
+	ch <- prometheus.MustNewConstMetric(cacheBytesDesc, prometheus.GaugeValue, float64(cs.Bytes))
+	ch <- prometheus.MustNewConstMetric(cacheMaxDesc, prometheus.GaugeValue, float64(cs.MaxBytes))
+	ch <- prometheus.MustNewConstMetric(mountedDesc, prometheus.GaugeValue, float64(mounted))
+}
+
+// CacheStats is the node's image cache as a whole, as GET /v1/info
+// reports it for the node's record: the figures of /metrics, summed over
+// templates.
+type CacheStats struct {
+	// Bytes is what the cache holds, within MaxBytes (--image-cache-size).
+	Bytes    int64 `json:"bytes"`
+	MaxBytes int64 `json:"maxBytes"`
+	// Hits and Misses count the images' chunk reads the cache served or
+	// not (then fetched from the store) since the server started, those
+	// of images since released included; Evictions the chunks dropped to
+	// stay within MaxBytes.
+	Hits      int64 `json:"hits"`
+	Misses    int64 `json:"misses"`
+	Evictions int64 `json:"evictions"`
+	// Mounted counts the images mounted now.
+	Mounted int `json:"mounted"`
+}
+
+// CacheStats sums the server's figures for the node's report.
+func (s *Server) CacheStats() CacheStats {
+	by, mounted, cs := s.figures()
+	out := CacheStats{Bytes: cs.Bytes, MaxBytes: cs.MaxBytes, Evictions: cs.Evictions, Mounted: mounted}
+	for _, c := range by {
+		out.Hits += c.hits
+		out.Misses += c.misses
+	}
+	return out
+}
+
+// figures are the server's counters by template (mounted images' and
+// released ones'), how many images are mounted, and its chunk cache's
+// figures.
+func (s *Server) figures() (map[string]imageCounters, int, store.CacheStats) {
 	s.mu.Lock()
 	by := map[string]imageCounters{}
 	for t, c := range s.released {
@@ -55,17 +100,9 @@ func (s *Server) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	s.mu.Unlock()
-	for t, c := range by {
-		ch <- prometheus.MustNewConstMetric(fetchedDesc, prometheus.CounterValue, float64(c.fetchedBytes), t)
-		ch <- prometheus.MustNewConstMetric(hitsDesc, prometheus.CounterValue, float64(c.hits), t)
-		ch <- prometheus.MustNewConstMetric(missesDesc, prometheus.CounterValue, float64(c.misses), t)
-	}
 	var cs store.CacheStats
 	if s.cfg.Store != nil {
 		cs = s.cfg.Store.CacheStats()
 	}
-	ch <- prometheus.MustNewConstMetric(evictionsDesc, prometheus.CounterValue, float64(cs.Evictions))
-	ch <- prometheus.MustNewConstMetric(cacheBytesDesc, prometheus.GaugeValue, float64(cs.Bytes))
-	ch <- prometheus.MustNewConstMetric(cacheMaxDesc, prometheus.GaugeValue, float64(cs.MaxBytes))
-	ch <- prometheus.MustNewConstMetric(mountedDesc, prometheus.GaugeValue, float64(mounted))
+	return by, mounted, cs
 }

@@ -370,6 +370,16 @@ func TestServerCacheBound(t *testing.T) {
 		if cs.Evictions == 0 {
 			t.Fatal("a cache smaller than the image evicted nothing")
 		}
+		// What the node's report takes: the cache's figures, and its
+		// images' reads summed.
+		var reads int64
+		for _, img := range s.Images() {
+			reads += img.Hits + img.Misses
+		}
+		if got := s.CacheStats(); got.MaxBytes != bound || got.Bytes > bound || got.Evictions < cs.Evictions ||
+			got.Mounted != 1 || got.Misses == 0 || got.Hits+got.Misses != reads {
+			t.Fatalf("cache stats %+v; want bound %d, %d evictions or more, one image mounted, %d reads", got, bound, cs.Evictions, reads)
+		}
 	})
 }
 

@@ -18,7 +18,7 @@ import (
 // the node is its only client, on the same host, so nothing more is
 // needed (the socket is the node's, mode 0600).
 //
-//	GET  /v1/info      pid, version and the images mounted
+//	GET  /v1/info      pid, version, the images mounted and the cache
 //	POST /v1/acquire   {source, holder} → {dir}
 //	POST /v1/release   {holder}
 //	POST /v1/sync      {live: [holder]} → {released}
@@ -30,6 +30,9 @@ type Info struct {
 	PID     int           `json:"pid"`
 	Version string        `json:"version"`
 	Images  []ImageStatus `json:"images"`
+	// Cache is the node's image cache as a whole (nil from an image
+	// server of an aenv that did not report it).
+	Cache *CacheStats `json:"cache,omitempty"`
 }
 
 type acquireRequest struct {
@@ -136,7 +139,8 @@ func (s *Server) handler(shutdown chan<- struct{}) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /v1/info", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, Info{PID: os.Getpid(), Version: Version, Images: s.Images()})
+		cache := s.CacheStats()
+		writeJSON(w, http.StatusOK, Info{PID: os.Getpid(), Version: Version, Images: s.Images(), Cache: &cache})
 	})
 	mux.HandleFunc("POST /v1/acquire", func(w http.ResponseWriter, r *http.Request) {
 		var req acquireRequest

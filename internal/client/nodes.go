@@ -23,7 +23,22 @@ type Node struct {
 	Runtime        string      `json:"runtime"`
 	RuntimeVersion string      `json:"runtimeVersion,omitempty"`
 	Version        string      `json:"version,omitempty"`
-	UpdatedAt      time.Time   `json:"updatedAt"`
+	// ImageCache is its block image cache (nil: it serves no block
+	// images, or its last report lacked the figures).
+	ImageCache *ImageCache `json:"imageCache,omitempty"`
+	UpdatedAt  time.Time   `json:"updatedAt"`
+}
+
+// ImageCache is a node's cache of block image chunks: what it holds of
+// its bound, and its reads since its image server started.
+type ImageCache struct {
+	Bytes     int64 `json:"bytes"`
+	MaxBytes  int64 `json:"maxBytes"`
+	Hits      int64 `json:"hits"`
+	Misses    int64 `json:"misses"`
+	Evictions int64 `json:"evictions"`
+	// Mounted counts the images mounted on the node.
+	Mounted int `json:"mounted"`
 }
 
 // PoolEntry is a node's warm pool of one template or snapshot.
@@ -36,7 +51,8 @@ type PoolEntry struct {
 	Target int `json:"target"`
 }
 
-// NodeUsage is an amount of a node's resources.
+// NodeUsage is an amount of a node's resources (in usage, CPUCount is
+// the vCPUs its sandboxes are configured with).
 type NodeUsage struct {
 	CPUCount          int `json:"cpuCount"`
 	MemoryMB          int `json:"memoryMB"`

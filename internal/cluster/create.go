@@ -198,6 +198,7 @@ func (c *Cluster) start(ctx context.Context, p placement, req *nodev1.CreateRequ
 		if !errors.Is(err, ErrNoCapacity) || ctx.Err() != nil {
 			return nil, nil, err
 		}
+		c.nodes.refusals.add(RefusedByNode)
 		c.log.Info("node full; placing on another", "node_id", n.ID(), "err", err)
 		p.exclude = append(p.exclude, n.ID())
 		p.prefer = ""

@@ -54,6 +54,8 @@ type fleet struct {
 	lapse  time.Time
 	// evacuating are the nodes whose sandboxes are being moved away.
 	evacuating map[string]bool
+	// refusals counts the placements refused (PlacementRefusals).
+	refusals refusalCounts
 }
 
 // member is one node as the fleet knows it.
@@ -608,6 +610,7 @@ func (f *fleet) place(p placement) (nodeapi.Node, error) {
 		if p.only != "" {
 			if m, ok := f.members[p.only]; !ok || !m.live {
 				f.mu.Unlock()
+				f.refusals.add(string(sched.CauseNoNode))
 				return nil, fmt.Errorf("%w: node %s is not ready", ErrNotFound, p.only)
 			}
 		}
@@ -616,9 +619,12 @@ func (f *fleet) place(p placement) (nodeapi.Node, error) {
 
 		n, err := f.alg.Place(req, nodes)
 		var r *sched.Refusal
+		if errors.As(err, &r) {
+			f.refusals.add(string(r.Cause))
+		}
 		switch {
 		case err == nil:
-		case errors.As(err, &r) && errors.Is(r.Kind, sched.ErrTooLarge):
+		case r != nil && errors.Is(r.Kind, sched.ErrTooLarge):
 			return nil, fmt.Errorf("%w: %s", ErrInvalid, r.Reason)
 		case r != nil:
 			return nil, fmt.Errorf("%w: %s", ErrNoCapacity, r.Reason)
@@ -640,5 +646,6 @@ func (f *fleet) place(p placement) (nodeapi.Node, error) {
 		}
 		f.mu.Unlock()
 	}
+	f.refusals.add(RefusedNodeLeft)
 	return nil, fmt.Errorf("%w: the nodes chosen left while the sandbox was placed", ErrNoCapacity)
 }

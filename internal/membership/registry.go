@@ -75,8 +75,25 @@ type NodeInfo struct {
 	MemoryHighWater  float64 `json:"memoryHighWater,omitempty"`
 	// HostMemoryMB is the host's physical memory, of which Usage.MemoryMB
 	// is really in use (Capacity may offer less).
-	HostMemoryMB int       `json:"hostMemoryMB,omitempty"`
-	UpdatedAt    time.Time `json:"updatedAt"`
+	HostMemoryMB int `json:"hostMemoryMB,omitempty"`
+	// ImageCache is the node's block image cache as its last report had
+	// it (nil: the node serves no block images, or its image server did
+	// not answer that report).
+	ImageCache *ImageCache `json:"imageCache,omitempty"`
+	UpdatedAt  time.Time   `json:"updatedAt"`
+}
+
+// ImageCache is a node's cache of block image chunks: what it holds
+// against its bound, and its reads since its image server started (a hit
+// ratio is Hits / (Hits + Misses)).
+type ImageCache struct {
+	Bytes     int64 `json:"bytes"`
+	MaxBytes  int64 `json:"maxBytes"`
+	Hits      int64 `json:"hits"`
+	Misses    int64 `json:"misses"`
+	Evictions int64 `json:"evictions"`
+	// Mounted counts the images mounted on the node.
+	Mounted int `json:"mounted"`
 }
 
 // PoolEntry is a node's warm pool of one template or snapshot (exactly
@@ -102,7 +119,13 @@ func InfoFromWire(w *nodev1.NodeInfo) NodeInfo {
 		pool = append(pool, PoolEntry{TemplateID: e.TemplateId, SnapshotID: e.SnapshotId, Ready: int(e.Ready), Target: int(e.Target)})
 		pooled += int(e.Ready)
 	}
+	var cache *ImageCache
+	if c := w.ImageCache; c != nil {
+		cache = &ImageCache{Bytes: int64(c.Bytes), MaxBytes: int64(c.MaxBytes), Hits: int64(c.Hits), Misses: int64(c.Misses),
+			Evictions: int64(c.Evictions), Mounted: int(c.Mounted)}
+	}
 	return NodeInfo{
+		ImageCache:       cache,
 		Pooled:           pooled,
 		Pool:             pool,
 		ID:               w.Id,
@@ -153,7 +176,7 @@ type NodeUsage struct {
 	CPUCount int `json:"cpuCount"`
 	MemoryMB int `json:"memoryMB"`
 	// CommittedMemoryMB is the memory sandboxes are configured with
-	// (usage only).
+	// (usage only); in usage, CPUCount is their vCPUs.
 	CommittedMemoryMB int `json:"committedMemoryMB,omitempty"`
 	DiskMB            int `json:"diskMB,omitempty"`
 }

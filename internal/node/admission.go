@@ -168,6 +168,9 @@ type Stats struct {
 	// are configured with; UsedMemoryMB the host's memory really in use,
 	// of HostMemoryMB.
 	CommittedMB, UsedMemoryMB, HostMemoryMB int
+	// CommittedCPUs are the vCPUs its sandboxes are configured with,
+	// prestarted ones included, as CommittedMB counts their memory.
+	CommittedCPUs int
 	// Sandboxes counts the running sandboxes handed out, Pooled the
 	// warm pool's prestarted ones (see WarmPool).
 	Sandboxes, Pooled int
@@ -181,8 +184,11 @@ type Stats struct {
 // Stats reads the node's capacity and usage.
 func (n *Node) Stats() Stats {
 	poolMB := n.pool.memoryMB()
-	pooled := len(n.pool.list())
-	st := Stats{Capacity: n.cfg.Capacity, Runtime: n.cfg.Runtime.Name(), Pooled: pooled}
+	pool := n.pool.list()
+	st := Stats{Capacity: n.cfg.Capacity, Runtime: n.cfg.Runtime.Name(), Pooled: len(pool)}
+	for _, sb := range pool {
+		st.CommittedCPUs += sb.CPUCount
+	}
 	if total, used := n.load.memory(); used >= 0 {
 		st.UsedMemoryMB, st.HostMemoryMB = int(used*float64(total))>>20, int(total>>20)
 	}
@@ -192,6 +198,9 @@ func (n *Node) Stats() Stats {
 	n.mu.Lock()
 	st.CommittedMB = n.committedMBLocked(poolMB)
 	st.Sandboxes = len(n.sandboxes)
+	for _, sb := range n.sandboxes {
+		st.CommittedCPUs += sb.CPUCount
+	}
 	n.mu.Unlock()
 	return st
 }

@@ -106,6 +106,18 @@ func (r *ring[T]) all() []T {
 	return append(append([]T(nil), r.items[r.next:]...), r.items[:r.next]...)
 }
 
+// last returns the newest item, false if there is none.
+func (r *ring[T]) last() (T, bool) {
+	var zero T
+	switch {
+	case len(r.items) == 0:
+		return zero, false
+	case !r.full:
+		return r.items[len(r.items)-1], true
+	}
+	return r.items[(r.next+len(r.items)-1)%len(r.items)], true
+}
+
 // histories holds the node's sandbox histories: those of its running
 // sandboxes in memory, those of sandboxes that left in ended.
 type histories struct {
@@ -313,6 +325,25 @@ func (n *Node) sample(ctx context.Context, sb *Sandbox) {
 			Fields: map[string]string{"packets": strconv.FormatUint(delta, 10)}}, maxLogEntries)
 	}
 	n.hist.mu.Unlock()
+}
+
+// LastSamples returns the last sample of each sandbox that runs here and
+// was sampled: what a scrape of the cluster's per-sandbox gauges reads,
+// so that it costs no runtime call. The histories of sandboxes gone are
+// not in it.
+func (n *Node) LastSamples() map[string]Sample {
+	n.hist.mu.Lock()
+	defer n.hist.mu.Unlock()
+	out := make(map[string]Sample, len(n.hist.by))
+	for id, h := range n.hist.by {
+		if !h.ended.IsZero() {
+			continue
+		}
+		if s, ok := h.fine.last(); ok {
+			out[id] = s
+		}
+	}
+	return out
 }
 
 // Metrics returns sandbox id's samples, oldest first.

@@ -18,10 +18,19 @@ func TestRingKeepsTheLast(t *testing.T) {
 	if len(got) != 4 || got[0] != 6 || got[3] != 9 {
 		t.Fatalf("ring holds %v; want [6 7 8 9]", got)
 	}
+	if last, ok := r.last(); !ok || last != 9 {
+		t.Fatalf("the last of a full ring: %d %v; want 9", last, ok)
+	}
 	var short ring[int]
+	if _, ok := short.last(); ok {
+		t.Fatal("an empty ring has a last item")
+	}
 	short.add(1, 4)
 	if got := short.all(); len(got) != 1 || got[0] != 1 {
 		t.Fatalf("ring holds %v; want [1]", got)
+	}
+	if last, ok := short.last(); !ok || last != 1 {
+		t.Fatalf("the last of a ring of one: %d %v; want 1", last, ok)
 	}
 }
 
@@ -125,5 +134,26 @@ func TestEnvdCursor(t *testing.T) {
 	// The sandbox gone: what was read stays.
 	if got := c.advance(nil); len(got) != 7 {
 		t.Fatalf("with no file: %d events", len(got))
+	}
+}
+
+// TestLastSamples: a running sandbox has its last sample (its first is
+// taken as it starts); one killed has none.
+func TestLastSamples(t *testing.T) {
+	h := newHost(t)
+	n, _ := h.start(h.config())
+	ctx := t.Context()
+	for _, id := range []string{"kept", "killed"} {
+		if _, err := n.Create(ctx, CreateRequest{SandboxID: id, TemplateID: testTemplate}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := n.Kill(ctx, "killed"); err != nil {
+		t.Fatal(err)
+	}
+	got := n.LastSamples()
+	s, ok := got["kept"]
+	if len(got) != 1 || !ok || s.MemUsed != 64<<20 || s.MemTotal != 256<<20 || s.CPUCount != 1 {
+		t.Fatalf("last samples %+v; want the running sandbox's only, with the runtime's 64 MiB of its 256", got)
 	}
 }

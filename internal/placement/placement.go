@@ -89,10 +89,36 @@ var (
 	ErrTooLarge = errors.New("too large")
 )
 
+// Cause is why no node could take a sandbox, as a word of a fixed set:
+// what a count of refusals is labelled with (Refusal.Reason says more,
+// for people).
+type Cause string
+
+// Causes of a Refusal.
+const (
+	// CauseDraining: every node that could take it is draining (or the
+	// one it must go to is).
+	CauseDraining Cause = "draining"
+	// CauseRuntime: no ready node runs the runtime its saved state needs.
+	CauseRuntime Cause = "runtime"
+	// CauseNoNode: no node is ready.
+	CauseNoNode Cause = "no_node"
+	// CauseTooLarge: it is larger than every node.
+	CauseTooLarge Cause = "too_large"
+	// CauseNoRoom: the nodes are full (memory committed, host memory
+	// above its high-water mark, disk full).
+	CauseNoRoom Cause = "no_room"
+)
+
+// Causes lists every Cause.
+var Causes = []Cause{CauseDraining, CauseRuntime, CauseNoNode, CauseTooLarge, CauseNoRoom}
+
 // Refusal is why no node can take a sandbox.
 type Refusal struct {
 	// Kind is ErrNoCapacity or ErrTooLarge.
 	Kind error
+	// Cause is the reason's class.
+	Cause Cause
 	// Reason says what ran out, for people.
 	Reason string
 }
@@ -102,8 +128,8 @@ func (r *Refusal) Error() string { return r.Kind.Error() + ": " + r.Reason }
 // Unwrap makes errors.Is see the Kind.
 func (r *Refusal) Unwrap() error { return r.Kind }
 
-func refuse(kind error, format string, args ...any) *Refusal {
-	return &Refusal{Kind: kind, Reason: fmt.Sprintf(format, args...)}
+func refuse(kind error, cause Cause, format string, args ...any) *Refusal {
+	return &Refusal{Kind: kind, Cause: cause, Reason: fmt.Sprintf(format, args...)}
 }
 
 // Algorithm picks the node for a sandbox from a snapshot of the nodes, or
@@ -172,22 +198,22 @@ func Filter(req Request, nodes []*Node) ([]*Node, error) {
 	if req.Only != "" {
 		for _, n := range nodes {
 			if n.ID == req.Only && n.Draining {
-				return nil, refuse(ErrNoCapacity, "node %s is draining", req.Only)
+				return nil, refuse(ErrNoCapacity, CauseDraining, "node %s is draining", req.Only)
 			}
 		}
 	}
 	switch {
 	case ready == 0 && draining > 0:
-		return nil, refuse(ErrNoCapacity, "every node is draining (%d)", draining)
+		return nil, refuse(ErrNoCapacity, CauseDraining, "every node is draining (%d)", draining)
 	case ready == 0 && req.Runtime != "":
-		return nil, refuse(ErrNoCapacity, "no ready node runs %s %s, which saved this sandbox", req.Runtime, req.RuntimeVersion)
+		return nil, refuse(ErrNoCapacity, CauseRuntime, "no ready node runs %s %s, which saved this sandbox", req.Runtime, req.RuntimeVersion)
 	case ready == 0:
-		return nil, refuse(ErrNoCapacity, "no node is ready")
+		return nil, refuse(ErrNoCapacity, CauseNoNode, "no node is ready")
 	case tooSmall == ready:
-		return nil, refuse(ErrTooLarge, "the sandbox (%d MiB, %d CPUs) is larger than every node (the largest has %d MiB, %d CPUs)",
+		return nil, refuse(ErrTooLarge, CauseTooLarge, "the sandbox (%d MiB, %d CPUs) is larger than every node (the largest has %d MiB, %d CPUs)",
 			creq.MemoryMB, creq.CPUs, largestMB, largestCPU)
 	}
-	return nil, refuse(ErrNoCapacity, "no node has room for %d MiB more (%d full, %d above their memory high-water mark; %s)",
+	return nil, refuse(ErrNoCapacity, CauseNoRoom, "no node has room for %d MiB more (%d full, %d above their memory high-water mark; %s)",
 		creq.MemoryMB, full, hot, why)
 }
 

@@ -66,8 +66,8 @@ func TestFilter(t *testing.T) {
 	}
 }
 
-// TestFilterRefusals: when no node may take the sandbox the refusal's kind
-// and reason say why.
+// TestFilterRefusals: when no node may take the sandbox the refusal's
+// kind, cause and reason say why.
 func TestFilterRefusals(t *testing.T) {
 	drained := node("drained", 0)
 	drained.Draining = true
@@ -82,27 +82,35 @@ func TestFilterRefusals(t *testing.T) {
 		req   Request
 		nodes []*Node
 		kind  error
+		cause Cause
 		says  string
 	}{
-		{"no node", Request{}, nil, ErrNoCapacity, "no node is ready"},
-		{"every node draining", Request{}, []*Node{drained, drained}, ErrNoCapacity, "every node is draining (2)"},
-		{"the only node draining", Request{Only: "drained"}, []*Node{node("a", 0), drained}, ErrNoCapacity, "node drained is draining"},
-		{"the only node unknown", Request{Only: "nosuch"}, []*Node{node("a", 0)}, ErrNoCapacity, "no node is ready"},
-		{"no runtime", Request{Runtime: "gvisor", RuntimeVersion: "2"}, []*Node{node("a", 0)}, ErrNoCapacity, "no ready node runs gvisor 2"},
-		{"larger than every node's memory", Request{MemoryMB: 8192}, []*Node{node("a", 0), small}, ErrTooLarge,
+		{"no node", Request{}, nil, ErrNoCapacity, CauseNoNode, "no node is ready"},
+		{"every node draining", Request{}, []*Node{drained, drained}, ErrNoCapacity, CauseDraining, "every node is draining (2)"},
+		{"the only node draining", Request{Only: "drained"}, []*Node{node("a", 0), drained}, ErrNoCapacity, CauseDraining, "node drained is draining"},
+		{"the only node unknown", Request{Only: "nosuch"}, []*Node{node("a", 0)}, ErrNoCapacity, CauseNoNode, "no node is ready"},
+		{"no runtime", Request{Runtime: "gvisor", RuntimeVersion: "2"}, []*Node{node("a", 0)}, ErrNoCapacity, CauseRuntime, "no ready node runs gvisor 2"},
+		{"larger than every node's memory", Request{MemoryMB: 8192}, []*Node{node("a", 0), small}, ErrTooLarge, CauseTooLarge,
 			"the sandbox (8192 MiB, 0 CPUs) is larger than every node (the largest has 4096 MiB, 2 CPUs)"},
-		{"more CPUs than every node", Request{CPUs: 4}, []*Node{small}, ErrTooLarge, "larger than every node"},
-		{"full", Request{}, []*Node{full}, ErrNoCapacity, "no node has room for 512 MiB more (1 full, 0 above their memory high-water mark; node full has 16384 of 16384 MiB committed)"},
-		{"hot", Request{}, []*Node{hot}, ErrNoCapacity, "0 full, 1 above their memory high-water mark; node hot's host memory is 95% used"},
-		{"too large here, full there", Request{CPUs: 2}, []*Node{small, full}, ErrNoCapacity, "1 full"},
-		{"excluded", Request{Exclude: []string{"a"}}, []*Node{node("a", 0)}, ErrNoCapacity, "no node is ready"},
+		{"more CPUs than every node", Request{CPUs: 4}, []*Node{small}, ErrTooLarge, CauseTooLarge, "larger than every node"},
+		{"full", Request{}, []*Node{full}, ErrNoCapacity, CauseNoRoom, "no node has room for 512 MiB more (1 full, 0 above their memory high-water mark; node full has 16384 of 16384 MiB committed)"},
+		{"hot", Request{}, []*Node{hot}, ErrNoCapacity, CauseNoRoom, "0 full, 1 above their memory high-water mark; node hot's host memory is 95% used"},
+		{"too large here, full there", Request{CPUs: 2}, []*Node{small, full}, ErrNoCapacity, CauseNoRoom, "1 full"},
+		{"excluded", Request{Exclude: []string{"a"}}, []*Node{node("a", 0)}, ErrNoCapacity, CauseNoNode, "no node is ready"},
 	} {
 		fits, err := Filter(tc.req, tc.nodes)
 		var r *Refusal
-		if fits != nil || !errors.As(err, &r) || !errors.Is(err, tc.kind) || !strings.Contains(r.Reason, tc.says) {
-			t.Errorf("%s: Filter = %v, %v; want %v saying %q", tc.name, ids(fits), err, tc.kind, tc.says)
+		if fits != nil || !errors.As(err, &r) || !errors.Is(err, tc.kind) || r.Cause != tc.cause || !strings.Contains(r.Reason, tc.says) {
+			t.Errorf("%s: Filter = %v, %v (cause %q); want %v (%s) saying %q", tc.name, ids(fits), err, causeOf(r), tc.kind, tc.cause, tc.says)
 		}
 	}
+}
+
+func causeOf(r *Refusal) Cause {
+	if r == nil {
+		return ""
+	}
+	return r.Cause
 }
 
 // TestAdmissionDefaults: a node that reports no fractions is held to the

@@ -153,6 +153,7 @@ func TestTemplateReachesNodeFromStore(t *testing.T) {
 	if info, _ = nodeAgent.Host().ImageServer().Info(ctx); len(info.Images) != 1 || len(info.Images[0].Holders) != 8 {
 		t.Fatalf("images the node serves to 8 sandboxes: %+v", info.Images)
 	}
+	clusterFigures(t, c, sb.SandboxID)
 	// A volume at a path the read-only image lacks: its mount point is
 	// added over the image for that sandbox alone.
 	if _, err := c.CreateVolume(ctx, "lazyvol", client.VolumeOptions{}); err != nil {
@@ -266,6 +267,53 @@ func mountCount(t testing.TB, dir, fstype string) int {
 		}
 	}
 	return n
+}
+
+// clusterFigures: the node's heartbeat carries its image cache to the
+// registry, which the API server (no node of its own) answers GET /nodes
+// and /metrics with, beside running sandbox id's last sample, which it
+// asks the node for at the scrape.
+func clusterFigures(t *testing.T, c *client.Client, id string) {
+	t.Helper()
+	ctx := context.Background()
+	// A report since the eight sandboxes started: their vCPUs in it.
+	var cache *client.ImageCache
+	cpus := 0
+	for deadline := time.Now().Add(15 * time.Second); cache == nil || cache.Mounted != 1 || cpus < 8; time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the node's record has image cache %+v and %d vCPUs committed after 15 s, want its one image mounted and 8", cache, cpus)
+		}
+		nodes, err := c.Nodes(ctx)
+		must(t, err)
+		for _, n := range nodes {
+			if n.ID == "storenode" {
+				cache, cpus = n.ImageCache, n.Usage.CPUCount
+			}
+		}
+	}
+	if cache.MaxBytes <= 0 || cache.Bytes <= 0 || cache.Bytes > cache.MaxBytes || cache.Misses <= 0 {
+		t.Fatalf("the node's image cache as GET /nodes has it: %+v; want chunks held within a bound, and the misses that fetched them", cache)
+	}
+	t.Logf("the node's image cache as its record has it: %+v", *cache)
+	m, err := c.Metrics(ctx)
+	must(t, err)
+	for series, ok := range map[string]bool{
+		`aenv_node_image_cache_bytes{node="storenode"}`: m[`aenv_node_image_cache_bytes{node="storenode"}`] > 0,
+		`aenv_node_images_mounted{node="storenode"}`:    m[`aenv_node_images_mounted{node="storenode"}`] == 1,
+		`aenv_node_cpus_committed{node="storenode"}`:    m[`aenv_node_cpus_committed{node="storenode"}`] >= 8,
+		"aenv_sandbox_memory_used_bytes of " + id:       m[`aenv_sandbox_memory_used_bytes{node="storenode",sandbox_id="`+id+`",template="tinyshared"}`] > 0,
+		"aenv_sandbox_memory_limit_bytes of " + id:      m[`aenv_sandbox_memory_limit_bytes{node="storenode",sandbox_id="`+id+`",template="tinyshared"}`] == 256<<20,
+	} {
+		if !ok {
+			var have []string
+			for k := range m {
+				if strings.HasPrefix(k, "aenv_node_") || strings.HasPrefix(k, "aenv_sandbox_") {
+					have = append(have, k)
+				}
+			}
+			t.Errorf("the API server's /metrics: %s is missing or wrong; it has %v", series, have)
+		}
+	}
 }
 
 // nodeMetrics reads a node agent's /metrics with the cluster token.

@@ -11,10 +11,12 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/aenvhq/aenv/internal/blockimage"
 	"github.com/aenvhq/aenv/internal/ids"
 	"github.com/aenvhq/aenv/internal/netns"
 	"github.com/aenvhq/aenv/internal/node"
@@ -49,7 +51,16 @@ type LocalOptions struct {
 	Builds *BuildConfig
 	// Pulls, when set, lets the node pull templates (Pull).
 	Pulls *PullConfig
+	// ImageCache, when set, reads the node's block image cache (its image
+	// server's figures) for Info; nil for a node that serves no block
+	// images.
+	ImageCache func(ctx context.Context) (blockimage.CacheStats, error)
 }
+
+// imageCacheTimeout bounds reading the image cache's figures for Info,
+// which the node's heartbeat calls: an image server slow to answer costs
+// the report its cache figures, not its renewal.
+const imageCacheTimeout = time.Second
 
 var _ nodeapi.Node = (*Local)(nil)
 
@@ -113,8 +124,8 @@ func (l *Local) Info(ctx context.Context, _ *nodev1.InfoRequest) (*nodev1.NodeIn
 		Id: l.n.ID(),
 		Capacity: &nodev1.Resources{CpuCount: int32(st.Capacity.CPUCount), MemoryMb: int32(st.Capacity.MemoryMB),
 			DiskMb: int32(st.DiskMB)},
-		Usage: &nodev1.Resources{MemoryMb: int32(st.UsedMemoryMB), CommittedMemoryMb: int32(st.CommittedMB),
-			DiskMb: int32(st.DiskUsedMB)},
+		Usage: &nodev1.Resources{CpuCount: int32(st.CommittedCPUs), MemoryMb: int32(st.UsedMemoryMB),
+			CommittedMemoryMb: int32(st.CommittedMB), DiskMb: int32(st.DiskUsedMB)},
 		Sandboxes:        int32(st.Sandboxes),
 		Runtime:          st.Runtime,
 		RuntimeVersion:   l.opts.RuntimeVersion,
@@ -128,6 +139,16 @@ func (l *Local) Info(ctx context.Context, _ *nodev1.InfoRequest) (*nodev1.NodeIn
 		if k.Ready > 0 || k.Target > 0 {
 			info.Pool = append(info.Pool, &nodev1.PoolEntry{TemplateId: k.Key.TemplateID, SnapshotId: k.Key.SnapshotID,
 				Ready: int32(k.Ready), Target: int32(k.Target)})
+		}
+	}
+	if l.opts.ImageCache != nil {
+		cctx, cancel := context.WithTimeout(ctx, imageCacheTimeout)
+		cs, err := l.opts.ImageCache(cctx)
+		cancel()
+		if err == nil {
+			info.ImageCache = &nodev1.ImageCache{Bytes: uint64(max(cs.Bytes, 0)), MaxBytes: uint64(max(cs.MaxBytes, 0)),
+				Hits: uint64(max(cs.Hits, 0)), Misses: uint64(max(cs.Misses, 0)), Evictions: uint64(max(cs.Evictions, 0)),
+				Mounted: int32(cs.Mounted)}
 		}
 	}
 	if l.opts.Templates != nil {
@@ -180,10 +201,18 @@ func (l *Local) Kill(ctx context.Context, req *nodev1.KillRequest) (*nodev1.Kill
 }
 
 // List implements nodeapi.Node.
-func (l *Local) List(ctx context.Context, _ *nodev1.ListRequest) (*nodev1.ListResponse, error) {
+func (l *Local) List(ctx context.Context, req *nodev1.ListRequest) (*nodev1.ListResponse, error) {
 	out := &nodev1.ListResponse{}
+	var last map[string]node.Sample
+	if req.GetUsage() {
+		last = l.n.LastSamples()
+	}
 	for _, sb := range l.n.List() {
-		out.Sandboxes = append(out.Sandboxes, sandboxToWire(sb))
+		w := sandboxToWire(sb)
+		if s, ok := last[sb.ID]; ok {
+			w.Usage = sampleToWire(s)
+		}
+		out.Sandboxes = append(out.Sandboxes, w)
 	}
 	return out, nil
 }
@@ -334,10 +363,14 @@ func (l *Local) Metrics(ctx context.Context, req *nodev1.MetricsRequest) (*nodev
 	}
 	out := &nodev1.MetricsResponse{}
 	for _, s := range samples {
-		out.Samples = append(out.Samples, &nodev1.MetricSample{Timestamp: timestamppb.New(s.At), CpuUsedPct: s.CPUUsedPct,
-			CpuCount: int32(s.CPUCount), MemUsed: s.MemUsed, MemTotal: s.MemTotal, DiskUsed: s.DiskUsed, DiskTotal: s.DiskTotal})
+		out.Samples = append(out.Samples, sampleToWire(s))
 	}
 	return out, nil
+}
+
+func sampleToWire(s node.Sample) *nodev1.MetricSample {
+	return &nodev1.MetricSample{Timestamp: timestamppb.New(s.At), CpuUsedPct: s.CPUUsedPct,
+		CpuCount: int32(s.CPUCount), MemUsed: s.MemUsed, MemTotal: s.MemTotal, DiskUsed: s.DiskUsed, DiskTotal: s.DiskTotal}
 }
 
 // subscriberBuffer is how many events a slow subscriber may fall behind.

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/aenvhq/aenv/internal/ids"
@@ -68,6 +69,9 @@ type Fake struct {
 	// pooled is what its warm pool holds of FakeTemplate; a create of it
 	// that names no id takes one (SetPooled).
 	pooled int
+	// imageCache is what Info reports of its block image cache (nil: it
+	// serves none).
+	imageCache *nodev1.ImageCache
 }
 
 type fakeSandbox struct {
@@ -126,6 +130,17 @@ func (n *Fake) SetPooled(count int) {
 	n.pooled = count
 	n.mu.Unlock()
 }
+
+// SetImageCache makes Info report c as the node's block image cache.
+func (n *Fake) SetImageCache(c *nodev1.ImageCache) {
+	n.mu.Lock()
+	n.imageCache = c
+	n.mu.Unlock()
+}
+
+// FakeMemUsed is the memory each of a Fake's sandboxes uses, as List
+// with usage reports it.
+const FakeMemUsed = 64 << 20
 
 // SetDelay makes each create take d (starts that overlap in time).
 func (n *Fake) SetDelay(d time.Duration) {
@@ -261,13 +276,14 @@ func (n *Fake) ID() string { return n.id }
 func (n *Fake) Info(context.Context, *nodev1.InfoRequest) (*nodev1.NodeInfo, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	committed := 0
+	committed, cpus := 0, 0
 	for _, sb := range n.running {
 		committed += int(sb.wire.MemoryMb)
+		cpus += int(sb.wire.CpuCount)
 	}
 	info := &nodev1.NodeInfo{Id: n.id, Capacity: &nodev1.Resources{CpuCount: int32(n.cpus), MemoryMb: int32(n.memoryMB)},
-		Usage: &nodev1.Resources{CommittedMemoryMb: int32(committed)}, Runtime: "fake",
-		Sandboxes: int32(len(n.running)), Templates: []string{FakeTemplate}}
+		Usage: &nodev1.Resources{CpuCount: int32(cpus), CommittedMemoryMb: int32(committed)}, Runtime: "fake",
+		Sandboxes: int32(len(n.running)), Templates: []string{FakeTemplate}, ImageCache: n.imageCache}
 	if n.pooled > 0 {
 		info.Pool = []*nodev1.PoolEntry{{TemplateId: FakeTemplate, Ready: int32(n.pooled), Target: int32(n.pooled)}}
 	}
@@ -372,13 +388,20 @@ func (n *Fake) Kill(ctx context.Context, req *nodev1.KillRequest) (*nodev1.KillR
 }
 
 // List implements nodeapi.Node.
-func (n *Fake) List(context.Context, *nodev1.ListRequest) (*nodev1.ListResponse, error) {
+func (n *Fake) List(_ context.Context, req *nodev1.ListRequest) (*nodev1.ListResponse, error) {
 	n.lists.Add(1)
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	out := &nodev1.ListResponse{}
 	for _, sb := range n.running {
-		out.Sandboxes = append(out.Sandboxes, sb.wire)
+		w := sb.wire
+		if req.GetUsage() {
+			// Each sandbox half busy, using FakeMemUsed of its memory.
+			w = proto.CloneOf(w)
+			w.Usage = &nodev1.MetricSample{Timestamp: timestamppb.Now(), CpuUsedPct: 50, CpuCount: w.CpuCount,
+				MemUsed: FakeMemUsed, MemTotal: uint64(w.MemoryMb) << 20, DiskTotal: uint64(w.DiskMb) << 20}
+		}
+		out.Sandboxes = append(out.Sandboxes, w)
 	}
 	slices.SortFunc(out.Sandboxes, func(a, b *nodev1.Sandbox) int { return strings.Compare(a.Id, b.Id) })
 	return out, nil

@@ -133,6 +133,22 @@ func (s *suite) listed(t *testing.T, id string) *nodev1.Sandbox {
 	return nil
 }
 
+// listedUsage is the last sample of sandbox id a List with usage
+// reports, nil if none.
+func (s *suite) listedUsage(t *testing.T, id string) *nodev1.MetricSample {
+	t.Helper()
+	l, err := s.n.List(ctxT(t), &nodev1.ListRequest{Usage: true})
+	if err != nil {
+		t.Fatalf("listing with usage: %v", err)
+	}
+	for _, sb := range l.Sandboxes {
+		if sb.Id == id {
+			return sb.Usage
+		}
+	}
+	return nil
+}
+
 func (s *suite) testInfo(t *testing.T) {
 	info, err := s.n.Info(ctxT(t), &nodev1.InfoRequest{})
 	if err != nil {
@@ -183,6 +199,13 @@ func (s *suite) testCreate(t *testing.T) {
 	if l.CpuCount != sb.CpuCount || l.MemoryMb != sb.MemoryMb || l.EnvdAccessToken != sb.EnvdAccessToken || l.Addr != sb.Addr || l.TemplateId != sb.TemplateId {
 		t.Errorf("listed as %+v, created as %+v", l, sb)
 	}
+	if l.Usage != nil {
+		t.Errorf("a list that did not ask for usage carries it: %v", l.Usage)
+	}
+	// Its first sample is taken as it starts.
+	if u := s.listedUsage(t, id); u == nil || u.CpuCount != 1 || u.MemTotal != 256<<20 || u.MemUsed == 0 || u.Timestamp == nil {
+		t.Errorf("its usage as a list with usage has it: %v; want a sample of 1 CPU and 256 MiB, some used", u)
+	}
 	plain := s.create(t, &nodev1.CreateRequest{})
 	if plain.Id == "" || plain.Id == id || plain.EnvdAccessToken != "" {
 		t.Errorf("a create without id or secure: %+v; want an id of its own and no token", plain)
@@ -191,9 +214,10 @@ func (s *suite) testCreate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if after.Sandboxes < before.Sandboxes+2 || after.Usage.GetCommittedMemoryMb() < before.Usage.GetCommittedMemoryMb()+256 {
-		t.Errorf("Info before two creates: %d sandboxes, %d MiB committed; after: %d, %d", before.Sandboxes,
-			before.Usage.GetCommittedMemoryMb(), after.Sandboxes, after.Usage.GetCommittedMemoryMb())
+	if after.Sandboxes < before.Sandboxes+2 || after.Usage.GetCommittedMemoryMb() < before.Usage.GetCommittedMemoryMb()+256 ||
+		after.Usage.GetCpuCount() < before.Usage.GetCpuCount()+1 {
+		t.Errorf("Info before two creates: %d sandboxes, %d MiB and %d CPUs committed; after: %d, %d, %d", before.Sandboxes,
+			before.Usage.GetCommittedMemoryMb(), before.Usage.GetCpuCount(), after.Sandboxes, after.Usage.GetCommittedMemoryMb(), after.Usage.GetCpuCount())
 	}
 	st, err := s.n.Stats(ctx, &nodev1.StatsRequest{SandboxId: id})
 	if err != nil {

@@ -263,7 +263,7 @@ func (x Event_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Event_Kind.Descriptor instead.
 func (Event_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{53, 0}
+	return file_node_node_proto_rawDescGZIP(), []int{54, 0}
 }
 
 type ExportSnapshotRequest struct {
@@ -1988,9 +1988,11 @@ func (*InfoRequest) Descriptor() ([]byte, []int) {
 }
 
 type Resources struct {
-	state    protoimpl.MessageState `protogen:"open.v1"`
-	CpuCount int32                  `protobuf:"varint,1,opt,name=cpu_count,json=cpuCount,proto3" json:"cpu_count,omitempty"`
-	MemoryMb int32                  `protobuf:"varint,2,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// cpu_count is, in usage, the vCPUs the node's sandboxes are
+	// configured with.
+	CpuCount int32 `protobuf:"varint,1,opt,name=cpu_count,json=cpuCount,proto3" json:"cpu_count,omitempty"`
+	MemoryMb int32 `protobuf:"varint,2,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
 	// committed_memory_mb is what sandboxes are configured with (usage only).
 	CommittedMemoryMb int32 `protobuf:"varint,3,opt,name=committed_memory_mb,json=committedMemoryMb,proto3" json:"committed_memory_mb,omitempty"`
 	DiskMb            int32 `protobuf:"varint,4,opt,name=disk_mb,json=diskMb,proto3" json:"disk_mb,omitempty"`
@@ -2079,7 +2081,11 @@ type NodeInfo struct {
 	// pool is the node's warm pool: what it holds prestarted of each
 	// template or snapshot (a create of one takes one at once), which the
 	// scheduler prefers. Its sandboxes' memory is in usage's committed.
-	Pool          []*PoolEntry `protobuf:"bytes,13,rep,name=pool,proto3" json:"pool,omitempty"`
+	Pool []*PoolEntry `protobuf:"bytes,13,rep,name=pool,proto3" json:"pool,omitempty"`
+	// image_cache is the node's block image cache as its image server last
+	// counted it; unset on a node that serves no block images (--rootfs
+	// dir) or whose image server did not answer.
+	ImageCache    *ImageCache `protobuf:"bytes,14,opt,name=image_cache,json=imageCache,proto3" json:"image_cache,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2205,6 +2211,101 @@ func (x *NodeInfo) GetPool() []*PoolEntry {
 	return nil
 }
 
+func (x *NodeInfo) GetImageCache() *ImageCache {
+	if x != nil {
+		return x.ImageCache
+	}
+	return nil
+}
+
+// ImageCache is a node's cache of block image chunks: what it holds
+// against its bound, and how its reads went since its image server
+// started (hits and misses are cumulative, over every template).
+type ImageCache struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Bytes     uint64                 `protobuf:"varint,1,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	MaxBytes  uint64                 `protobuf:"varint,2,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	Hits      uint64                 `protobuf:"varint,3,opt,name=hits,proto3" json:"hits,omitempty"`
+	Misses    uint64                 `protobuf:"varint,4,opt,name=misses,proto3" json:"misses,omitempty"`
+	Evictions uint64                 `protobuf:"varint,5,opt,name=evictions,proto3" json:"evictions,omitempty"`
+	// mounted counts the images mounted on the node.
+	Mounted       int32 `protobuf:"varint,6,opt,name=mounted,proto3" json:"mounted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImageCache) Reset() {
+	*x = ImageCache{}
+	mi := &file_node_node_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImageCache) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImageCache) ProtoMessage() {}
+
+func (x *ImageCache) ProtoReflect() protoreflect.Message {
+	mi := &file_node_node_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImageCache.ProtoReflect.Descriptor instead.
+func (*ImageCache) Descriptor() ([]byte, []int) {
+	return file_node_node_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *ImageCache) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *ImageCache) GetMaxBytes() uint64 {
+	if x != nil {
+		return x.MaxBytes
+	}
+	return 0
+}
+
+func (x *ImageCache) GetHits() uint64 {
+	if x != nil {
+		return x.Hits
+	}
+	return 0
+}
+
+func (x *ImageCache) GetMisses() uint64 {
+	if x != nil {
+		return x.Misses
+	}
+	return 0
+}
+
+func (x *ImageCache) GetEvictions() uint64 {
+	if x != nil {
+		return x.Evictions
+	}
+	return 0
+}
+
+func (x *ImageCache) GetMounted() int32 {
+	if x != nil {
+		return x.Mounted
+	}
+	return 0
+}
+
 // PoolEntry is a node's warm pool of one template or snapshot.
 type PoolEntry struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2221,7 +2322,7 @@ type PoolEntry struct {
 
 func (x *PoolEntry) Reset() {
 	*x = PoolEntry{}
-	mi := &file_node_node_proto_msgTypes[25]
+	mi := &file_node_node_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2233,7 +2334,7 @@ func (x *PoolEntry) String() string {
 func (*PoolEntry) ProtoMessage() {}
 
 func (x *PoolEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[25]
+	mi := &file_node_node_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2246,7 +2347,7 @@ func (x *PoolEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolEntry.ProtoReflect.Descriptor instead.
 func (*PoolEntry) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{25}
+	return file_node_node_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *PoolEntry) GetTemplateId() string {
@@ -2313,7 +2414,7 @@ type CreateRequest struct {
 
 func (x *CreateRequest) Reset() {
 	*x = CreateRequest{}
-	mi := &file_node_node_proto_msgTypes[26]
+	mi := &file_node_node_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2325,7 +2426,7 @@ func (x *CreateRequest) String() string {
 func (*CreateRequest) ProtoMessage() {}
 
 func (x *CreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[26]
+	mi := &file_node_node_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2338,7 +2439,7 @@ func (x *CreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRequest.ProtoReflect.Descriptor instead.
 func (*CreateRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{26}
+	return file_node_node_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *CreateRequest) GetSandboxId() string {
@@ -2470,7 +2571,7 @@ type VolumeMount struct {
 
 func (x *VolumeMount) Reset() {
 	*x = VolumeMount{}
-	mi := &file_node_node_proto_msgTypes[27]
+	mi := &file_node_node_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2482,7 +2583,7 @@ func (x *VolumeMount) String() string {
 func (*VolumeMount) ProtoMessage() {}
 
 func (x *VolumeMount) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[27]
+	mi := &file_node_node_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2495,7 +2596,7 @@ func (x *VolumeMount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeMount.ProtoReflect.Descriptor instead.
 func (*VolumeMount) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{27}
+	return file_node_node_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *VolumeMount) GetVolumeId() string {
@@ -2524,7 +2625,7 @@ type CreateVolumeRequest struct {
 
 func (x *CreateVolumeRequest) Reset() {
 	*x = CreateVolumeRequest{}
-	mi := &file_node_node_proto_msgTypes[28]
+	mi := &file_node_node_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2536,7 +2637,7 @@ func (x *CreateVolumeRequest) String() string {
 func (*CreateVolumeRequest) ProtoMessage() {}
 
 func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[28]
+	mi := &file_node_node_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2549,7 +2650,7 @@ func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateVolumeRequest.ProtoReflect.Descriptor instead.
 func (*CreateVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{28}
+	return file_node_node_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *CreateVolumeRequest) GetVolumeId() string {
@@ -2577,7 +2678,7 @@ type CreateVolumeResponse struct {
 
 func (x *CreateVolumeResponse) Reset() {
 	*x = CreateVolumeResponse{}
-	mi := &file_node_node_proto_msgTypes[29]
+	mi := &file_node_node_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2589,7 +2690,7 @@ func (x *CreateVolumeResponse) String() string {
 func (*CreateVolumeResponse) ProtoMessage() {}
 
 func (x *CreateVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[29]
+	mi := &file_node_node_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2602,7 +2703,7 @@ func (x *CreateVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateVolumeResponse.ProtoReflect.Descriptor instead.
 func (*CreateVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{29}
+	return file_node_node_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *CreateVolumeResponse) GetSizeBytes() int64 {
@@ -2621,7 +2722,7 @@ type DeleteVolumeRequest struct {
 
 func (x *DeleteVolumeRequest) Reset() {
 	*x = DeleteVolumeRequest{}
-	mi := &file_node_node_proto_msgTypes[30]
+	mi := &file_node_node_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2633,7 +2734,7 @@ func (x *DeleteVolumeRequest) String() string {
 func (*DeleteVolumeRequest) ProtoMessage() {}
 
 func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[30]
+	mi := &file_node_node_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2646,7 +2747,7 @@ func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeRequest.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{30}
+	return file_node_node_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *DeleteVolumeRequest) GetVolumeId() string {
@@ -2664,7 +2765,7 @@ type DeleteVolumeResponse struct {
 
 func (x *DeleteVolumeResponse) Reset() {
 	*x = DeleteVolumeResponse{}
-	mi := &file_node_node_proto_msgTypes[31]
+	mi := &file_node_node_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2676,7 +2777,7 @@ func (x *DeleteVolumeResponse) String() string {
 func (*DeleteVolumeResponse) ProtoMessage() {}
 
 func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[31]
+	mi := &file_node_node_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2689,7 +2790,7 @@ func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeResponse.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{31}
+	return file_node_node_proto_rawDescGZIP(), []int{32}
 }
 
 type ExportVolumeRequest struct {
@@ -2701,7 +2802,7 @@ type ExportVolumeRequest struct {
 
 func (x *ExportVolumeRequest) Reset() {
 	*x = ExportVolumeRequest{}
-	mi := &file_node_node_proto_msgTypes[32]
+	mi := &file_node_node_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2713,7 +2814,7 @@ func (x *ExportVolumeRequest) String() string {
 func (*ExportVolumeRequest) ProtoMessage() {}
 
 func (x *ExportVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[32]
+	mi := &file_node_node_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2726,7 +2827,7 @@ func (x *ExportVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportVolumeRequest.ProtoReflect.Descriptor instead.
 func (*ExportVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{32}
+	return file_node_node_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ExportVolumeRequest) GetVolumeId() string {
@@ -2745,7 +2846,7 @@ type ExportVolumeResponse struct {
 
 func (x *ExportVolumeResponse) Reset() {
 	*x = ExportVolumeResponse{}
-	mi := &file_node_node_proto_msgTypes[33]
+	mi := &file_node_node_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2757,7 +2858,7 @@ func (x *ExportVolumeResponse) String() string {
 func (*ExportVolumeResponse) ProtoMessage() {}
 
 func (x *ExportVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[33]
+	mi := &file_node_node_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2770,7 +2871,7 @@ func (x *ExportVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportVolumeResponse.ProtoReflect.Descriptor instead.
 func (*ExportVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{33}
+	return file_node_node_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ExportVolumeResponse) GetBytes() int64 {
@@ -2789,7 +2890,7 @@ type ImportVolumeRequest struct {
 
 func (x *ImportVolumeRequest) Reset() {
 	*x = ImportVolumeRequest{}
-	mi := &file_node_node_proto_msgTypes[34]
+	mi := &file_node_node_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2801,7 +2902,7 @@ func (x *ImportVolumeRequest) String() string {
 func (*ImportVolumeRequest) ProtoMessage() {}
 
 func (x *ImportVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[34]
+	mi := &file_node_node_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2814,7 +2915,7 @@ func (x *ImportVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportVolumeRequest.ProtoReflect.Descriptor instead.
 func (*ImportVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{34}
+	return file_node_node_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ImportVolumeRequest) GetVolumeId() string {
@@ -2832,7 +2933,7 @@ type ImportVolumeResponse struct {
 
 func (x *ImportVolumeResponse) Reset() {
 	*x = ImportVolumeResponse{}
-	mi := &file_node_node_proto_msgTypes[35]
+	mi := &file_node_node_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2844,7 +2945,7 @@ func (x *ImportVolumeResponse) String() string {
 func (*ImportVolumeResponse) ProtoMessage() {}
 
 func (x *ImportVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[35]
+	mi := &file_node_node_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2857,7 +2958,7 @@ func (x *ImportVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportVolumeResponse.ProtoReflect.Descriptor instead.
 func (*ImportVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{35}
+	return file_node_node_proto_rawDescGZIP(), []int{36}
 }
 
 type UpdateNetworkRequest struct {
@@ -2872,7 +2973,7 @@ type UpdateNetworkRequest struct {
 
 func (x *UpdateNetworkRequest) Reset() {
 	*x = UpdateNetworkRequest{}
-	mi := &file_node_node_proto_msgTypes[36]
+	mi := &file_node_node_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2884,7 +2985,7 @@ func (x *UpdateNetworkRequest) String() string {
 func (*UpdateNetworkRequest) ProtoMessage() {}
 
 func (x *UpdateNetworkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[36]
+	mi := &file_node_node_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2897,7 +2998,7 @@ func (x *UpdateNetworkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkRequest.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{36}
+	return file_node_node_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *UpdateNetworkRequest) GetSandboxId() string {
@@ -2936,7 +3037,7 @@ type UpdateNetworkResponse struct {
 
 func (x *UpdateNetworkResponse) Reset() {
 	*x = UpdateNetworkResponse{}
-	mi := &file_node_node_proto_msgTypes[37]
+	mi := &file_node_node_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2948,7 +3049,7 @@ func (x *UpdateNetworkResponse) String() string {
 func (*UpdateNetworkResponse) ProtoMessage() {}
 
 func (x *UpdateNetworkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[37]
+	mi := &file_node_node_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2961,7 +3062,7 @@ func (x *UpdateNetworkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateNetworkResponse.ProtoReflect.Descriptor instead.
 func (*UpdateNetworkResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{37}
+	return file_node_node_proto_rawDescGZIP(), []int{38}
 }
 
 type Sandbox struct {
@@ -2974,15 +3075,18 @@ type Sandbox struct {
 	EnvdVersion     string                 `protobuf:"bytes,6,opt,name=envd_version,json=envdVersion,proto3" json:"envd_version,omitempty"`
 	EnvdAccessToken string                 `protobuf:"bytes,7,opt,name=envd_access_token,json=envdAccessToken,proto3" json:"envd_access_token,omitempty"`
 	// addr is where the sandbox's ports are reached from its node.
-	Addr          string                 `protobuf:"bytes,8,opt,name=addr,proto3" json:"addr,omitempty"`
-	StartedAt     *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	Addr      string                 `protobuf:"bytes,8,opt,name=addr,proto3" json:"addr,omitempty"`
+	StartedAt *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	// usage is its last resource sample (the node samples every 5 s), set
+	// only in a List that asks for it and once one was taken.
+	Usage         *MetricSample `protobuf:"bytes,10,opt,name=usage,proto3" json:"usage,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_node_node_proto_msgTypes[38]
+	mi := &file_node_node_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2994,7 +3098,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[38]
+	mi := &file_node_node_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3007,7 +3111,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{38}
+	return file_node_node_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *Sandbox) GetId() string {
@@ -3073,6 +3177,13 @@ func (x *Sandbox) GetStartedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Sandbox) GetUsage() *MetricSample {
+	if x != nil {
+		return x.Usage
+	}
+	return nil
+}
+
 type KillRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
@@ -3082,7 +3193,7 @@ type KillRequest struct {
 
 func (x *KillRequest) Reset() {
 	*x = KillRequest{}
-	mi := &file_node_node_proto_msgTypes[39]
+	mi := &file_node_node_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3094,7 +3205,7 @@ func (x *KillRequest) String() string {
 func (*KillRequest) ProtoMessage() {}
 
 func (x *KillRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[39]
+	mi := &file_node_node_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3107,7 +3218,7 @@ func (x *KillRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillRequest.ProtoReflect.Descriptor instead.
 func (*KillRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{39}
+	return file_node_node_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *KillRequest) GetSandboxId() string {
@@ -3125,7 +3236,7 @@ type KillResponse struct {
 
 func (x *KillResponse) Reset() {
 	*x = KillResponse{}
-	mi := &file_node_node_proto_msgTypes[40]
+	mi := &file_node_node_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3137,7 +3248,7 @@ func (x *KillResponse) String() string {
 func (*KillResponse) ProtoMessage() {}
 
 func (x *KillResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[40]
+	mi := &file_node_node_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3150,18 +3261,20 @@ func (x *KillResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KillResponse.ProtoReflect.Descriptor instead.
 func (*KillResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{40}
+	return file_node_node_proto_rawDescGZIP(), []int{41}
 }
 
 type ListRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// usage asks for each sandbox's last resource sample (Sandbox.usage).
+	Usage         bool `protobuf:"varint,1,opt,name=usage,proto3" json:"usage,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_node_node_proto_msgTypes[41]
+	mi := &file_node_node_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3173,7 +3286,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[41]
+	mi := &file_node_node_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3186,7 +3299,14 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{41}
+	return file_node_node_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *ListRequest) GetUsage() bool {
+	if x != nil {
+		return x.Usage
+	}
+	return false
 }
 
 type ListResponse struct {
@@ -3198,7 +3318,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_node_node_proto_msgTypes[42]
+	mi := &file_node_node_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3210,7 +3330,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[42]
+	mi := &file_node_node_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3223,7 +3343,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{42}
+	return file_node_node_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -3249,7 +3369,7 @@ type SnapshotRequest struct {
 
 func (x *SnapshotRequest) Reset() {
 	*x = SnapshotRequest{}
-	mi := &file_node_node_proto_msgTypes[43]
+	mi := &file_node_node_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3261,7 +3381,7 @@ func (x *SnapshotRequest) String() string {
 func (*SnapshotRequest) ProtoMessage() {}
 
 func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[43]
+	mi := &file_node_node_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3274,7 +3394,7 @@ func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{43}
+	return file_node_node_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *SnapshotRequest) GetSandboxId() string {
@@ -3336,7 +3456,7 @@ type SnapshotInfo struct {
 
 func (x *SnapshotInfo) Reset() {
 	*x = SnapshotInfo{}
-	mi := &file_node_node_proto_msgTypes[44]
+	mi := &file_node_node_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3348,7 +3468,7 @@ func (x *SnapshotInfo) String() string {
 func (*SnapshotInfo) ProtoMessage() {}
 
 func (x *SnapshotInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[44]
+	mi := &file_node_node_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3361,7 +3481,7 @@ func (x *SnapshotInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotInfo.ProtoReflect.Descriptor instead.
 func (*SnapshotInfo) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{44}
+	return file_node_node_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *SnapshotInfo) GetId() string {
@@ -3471,7 +3591,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_node_node_proto_msgTypes[45]
+	mi := &file_node_node_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3483,7 +3603,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[45]
+	mi := &file_node_node_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3496,7 +3616,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{45}
+	return file_node_node_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *StatsRequest) GetSandboxId() string {
@@ -3519,7 +3639,7 @@ type SandboxStats struct {
 
 func (x *SandboxStats) Reset() {
 	*x = SandboxStats{}
-	mi := &file_node_node_proto_msgTypes[46]
+	mi := &file_node_node_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3531,7 +3651,7 @@ func (x *SandboxStats) String() string {
 func (*SandboxStats) ProtoMessage() {}
 
 func (x *SandboxStats) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[46]
+	mi := &file_node_node_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3544,7 +3664,7 @@ func (x *SandboxStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxStats.ProtoReflect.Descriptor instead.
 func (*SandboxStats) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{46}
+	return file_node_node_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *SandboxStats) GetMemoryBytes() uint64 {
@@ -3577,7 +3697,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_node_node_proto_msgTypes[47]
+	mi := &file_node_node_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3589,7 +3709,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[47]
+	mi := &file_node_node_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3602,7 +3722,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{47}
+	return file_node_node_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ListSnapshotsRequest) GetKinds() []string {
@@ -3621,7 +3741,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_node_node_proto_msgTypes[48]
+	mi := &file_node_node_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3633,7 +3753,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[48]
+	mi := &file_node_node_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3646,7 +3766,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{48}
+	return file_node_node_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*SnapshotInfo {
@@ -3665,7 +3785,7 @@ type GetSnapshotRequest struct {
 
 func (x *GetSnapshotRequest) Reset() {
 	*x = GetSnapshotRequest{}
-	mi := &file_node_node_proto_msgTypes[49]
+	mi := &file_node_node_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3677,7 +3797,7 @@ func (x *GetSnapshotRequest) String() string {
 func (*GetSnapshotRequest) ProtoMessage() {}
 
 func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[49]
+	mi := &file_node_node_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3690,7 +3810,7 @@ func (x *GetSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*GetSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{49}
+	return file_node_node_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *GetSnapshotRequest) GetIdOrName() string {
@@ -3709,7 +3829,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_node_node_proto_msgTypes[50]
+	mi := &file_node_node_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3721,7 +3841,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[50]
+	mi := &file_node_node_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3734,7 +3854,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{50}
+	return file_node_node_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *DeleteSnapshotRequest) GetId() string {
@@ -3752,7 +3872,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_node_node_proto_msgTypes[51]
+	mi := &file_node_node_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3764,7 +3884,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[51]
+	mi := &file_node_node_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3777,7 +3897,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{51}
+	return file_node_node_proto_rawDescGZIP(), []int{52}
 }
 
 type EventsRequest struct {
@@ -3788,7 +3908,7 @@ type EventsRequest struct {
 
 func (x *EventsRequest) Reset() {
 	*x = EventsRequest{}
-	mi := &file_node_node_proto_msgTypes[52]
+	mi := &file_node_node_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3800,7 +3920,7 @@ func (x *EventsRequest) String() string {
 func (*EventsRequest) ProtoMessage() {}
 
 func (x *EventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[52]
+	mi := &file_node_node_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3813,7 +3933,7 @@ func (x *EventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventsRequest.ProtoReflect.Descriptor instead.
 func (*EventsRequest) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{52}
+	return file_node_node_proto_rawDescGZIP(), []int{53}
 }
 
 type Event struct {
@@ -3827,7 +3947,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_node_node_proto_msgTypes[53]
+	mi := &file_node_node_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3839,7 +3959,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_node_node_proto_msgTypes[53]
+	mi := &file_node_node_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3852,7 +3972,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_node_node_proto_rawDescGZIP(), []int{53}
+	return file_node_node_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *Event) GetKind() Event_Kind {
@@ -4069,7 +4189,7 @@ const file_node_node_proto_rawDesc = "" +
 	"\tcpu_count\x18\x01 \x01(\x05R\bcpuCount\x12\x1b\n" +
 	"\tmemory_mb\x18\x02 \x01(\x05R\bmemoryMb\x12.\n" +
 	"\x13committed_memory_mb\x18\x03 \x01(\x05R\x11committedMemoryMb\x12\x17\n" +
-	"\adisk_mb\x18\x04 \x01(\x05R\x06diskMb\"\xdb\x03\n" +
+	"\adisk_mb\x18\x04 \x01(\x05R\x06diskMb\"\x96\x04\n" +
 	"\bNodeInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x123\n" +
 	"\bcapacity\x18\x02 \x01(\v2\x17.aenv.node.v1.ResourcesR\bcapacity\x12-\n" +
@@ -4084,7 +4204,17 @@ const file_node_node_proto_rawDesc = "" +
 	" \x01(\x01R\x0fmemoryHighWater\x12$\n" +
 	"\x0ehost_memory_mb\x18\v \x01(\x05R\fhostMemoryMb\x12\x16\n" +
 	"\x06images\x18\f \x03(\tR\x06images\x12+\n" +
-	"\x04pool\x18\r \x03(\v2\x17.aenv.node.v1.PoolEntryR\x04pool\"{\n" +
+	"\x04pool\x18\r \x03(\v2\x17.aenv.node.v1.PoolEntryR\x04pool\x129\n" +
+	"\vimage_cache\x18\x0e \x01(\v2\x18.aenv.node.v1.ImageCacheR\n" +
+	"imageCache\"\xa3\x01\n" +
+	"\n" +
+	"ImageCache\x12\x14\n" +
+	"\x05bytes\x18\x01 \x01(\x04R\x05bytes\x12\x1b\n" +
+	"\tmax_bytes\x18\x02 \x01(\x04R\bmaxBytes\x12\x12\n" +
+	"\x04hits\x18\x03 \x01(\x04R\x04hits\x12\x16\n" +
+	"\x06misses\x18\x04 \x01(\x04R\x06misses\x12\x1c\n" +
+	"\tevictions\x18\x05 \x01(\x04R\tevictions\x12\x18\n" +
+	"\amounted\x18\x06 \x01(\x05R\amounted\"{\n" +
 	"\tPoolEntry\x12\x1f\n" +
 	"\vtemplate_id\x18\x01 \x01(\tR\n" +
 	"templateId\x12\x1f\n" +
@@ -4140,7 +4270,7 @@ const file_node_node_proto_rawDesc = "" +
 	"\x0eallow_internet\x18\x02 \x01(\bR\rallowInternet\x12\x1b\n" +
 	"\tallow_out\x18\x03 \x03(\tR\ballowOut\x12\x19\n" +
 	"\bdeny_out\x18\x04 \x03(\tR\adenyOut\"\x17\n" +
-	"\x15UpdateNetworkResponse\"\xab\x02\n" +
+	"\x15UpdateNetworkResponse\"\xdd\x02\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1f\n" +
 	"\vtemplate_id\x18\x02 \x01(\tR\n" +
@@ -4152,12 +4282,15 @@ const file_node_node_proto_rawDesc = "" +
 	"\x11envd_access_token\x18\a \x01(\tR\x0fenvdAccessToken\x12\x12\n" +
 	"\x04addr\x18\b \x01(\tR\x04addr\x129\n" +
 	"\n" +
-	"started_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\",\n" +
+	"started_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x120\n" +
+	"\x05usage\x18\n" +
+	" \x01(\v2\x1a.aenv.node.v1.MetricSampleR\x05usage\",\n" +
 	"\vKillRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"\x0e\n" +
-	"\fKillResponse\"\r\n" +
-	"\vListRequest\"C\n" +
+	"\fKillResponse\"#\n" +
+	"\vListRequest\x12\x14\n" +
+	"\x05usage\x18\x01 \x01(\bR\x05usage\"C\n" +
 	"\fListResponse\x123\n" +
 	"\tsandboxes\x18\x01 \x03(\v2\x15.aenv.node.v1.SandboxR\tsandboxes\"\x8d\x01\n" +
 	"\x0fSnapshotRequest\x12\x1d\n" +
@@ -4255,7 +4388,7 @@ func file_node_node_proto_rawDescGZIP() []byte {
 }
 
 var file_node_node_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_node_node_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
+var file_node_node_proto_msgTypes = make([]protoimpl.MessageInfo, 60)
 var file_node_node_proto_goTypes = []any{
 	(ImportSnapshotRequest_Step)(0), // 0: aenv.node.v1.ImportSnapshotRequest.Step
 	(PullRequest_Source)(0),         // 1: aenv.node.v1.PullRequest.Source
@@ -4286,48 +4419,49 @@ var file_node_node_proto_goTypes = []any{
 	(*InfoRequest)(nil),             // 26: aenv.node.v1.InfoRequest
 	(*Resources)(nil),               // 27: aenv.node.v1.Resources
 	(*NodeInfo)(nil),                // 28: aenv.node.v1.NodeInfo
-	(*PoolEntry)(nil),               // 29: aenv.node.v1.PoolEntry
-	(*CreateRequest)(nil),           // 30: aenv.node.v1.CreateRequest
-	(*VolumeMount)(nil),             // 31: aenv.node.v1.VolumeMount
-	(*CreateVolumeRequest)(nil),     // 32: aenv.node.v1.CreateVolumeRequest
-	(*CreateVolumeResponse)(nil),    // 33: aenv.node.v1.CreateVolumeResponse
-	(*DeleteVolumeRequest)(nil),     // 34: aenv.node.v1.DeleteVolumeRequest
-	(*DeleteVolumeResponse)(nil),    // 35: aenv.node.v1.DeleteVolumeResponse
-	(*ExportVolumeRequest)(nil),     // 36: aenv.node.v1.ExportVolumeRequest
-	(*ExportVolumeResponse)(nil),    // 37: aenv.node.v1.ExportVolumeResponse
-	(*ImportVolumeRequest)(nil),     // 38: aenv.node.v1.ImportVolumeRequest
-	(*ImportVolumeResponse)(nil),    // 39: aenv.node.v1.ImportVolumeResponse
-	(*UpdateNetworkRequest)(nil),    // 40: aenv.node.v1.UpdateNetworkRequest
-	(*UpdateNetworkResponse)(nil),   // 41: aenv.node.v1.UpdateNetworkResponse
-	(*Sandbox)(nil),                 // 42: aenv.node.v1.Sandbox
-	(*KillRequest)(nil),             // 43: aenv.node.v1.KillRequest
-	(*KillResponse)(nil),            // 44: aenv.node.v1.KillResponse
-	(*ListRequest)(nil),             // 45: aenv.node.v1.ListRequest
-	(*ListResponse)(nil),            // 46: aenv.node.v1.ListResponse
-	(*SnapshotRequest)(nil),         // 47: aenv.node.v1.SnapshotRequest
-	(*SnapshotInfo)(nil),            // 48: aenv.node.v1.SnapshotInfo
-	(*StatsRequest)(nil),            // 49: aenv.node.v1.StatsRequest
-	(*SandboxStats)(nil),            // 50: aenv.node.v1.SandboxStats
-	(*ListSnapshotsRequest)(nil),    // 51: aenv.node.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),   // 52: aenv.node.v1.ListSnapshotsResponse
-	(*GetSnapshotRequest)(nil),      // 53: aenv.node.v1.GetSnapshotRequest
-	(*DeleteSnapshotRequest)(nil),   // 54: aenv.node.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil),  // 55: aenv.node.v1.DeleteSnapshotResponse
-	(*EventsRequest)(nil),           // 56: aenv.node.v1.EventsRequest
-	(*Event)(nil),                   // 57: aenv.node.v1.Event
-	nil,                             // 58: aenv.node.v1.ExportSnapshotRequest.OffsetsEntry
-	nil,                             // 59: aenv.node.v1.ImportSnapshotResponse.ReceivedEntry
-	nil,                             // 60: aenv.node.v1.BuildRequest.BuildArgsEntry
-	nil,                             // 61: aenv.node.v1.LogEntry.FieldsEntry
-	nil,                             // 62: aenv.node.v1.CreateRequest.EnvVarsEntry
-	(*timestamppb.Timestamp)(nil),   // 63: google.protobuf.Timestamp
+	(*ImageCache)(nil),              // 29: aenv.node.v1.ImageCache
+	(*PoolEntry)(nil),               // 30: aenv.node.v1.PoolEntry
+	(*CreateRequest)(nil),           // 31: aenv.node.v1.CreateRequest
+	(*VolumeMount)(nil),             // 32: aenv.node.v1.VolumeMount
+	(*CreateVolumeRequest)(nil),     // 33: aenv.node.v1.CreateVolumeRequest
+	(*CreateVolumeResponse)(nil),    // 34: aenv.node.v1.CreateVolumeResponse
+	(*DeleteVolumeRequest)(nil),     // 35: aenv.node.v1.DeleteVolumeRequest
+	(*DeleteVolumeResponse)(nil),    // 36: aenv.node.v1.DeleteVolumeResponse
+	(*ExportVolumeRequest)(nil),     // 37: aenv.node.v1.ExportVolumeRequest
+	(*ExportVolumeResponse)(nil),    // 38: aenv.node.v1.ExportVolumeResponse
+	(*ImportVolumeRequest)(nil),     // 39: aenv.node.v1.ImportVolumeRequest
+	(*ImportVolumeResponse)(nil),    // 40: aenv.node.v1.ImportVolumeResponse
+	(*UpdateNetworkRequest)(nil),    // 41: aenv.node.v1.UpdateNetworkRequest
+	(*UpdateNetworkResponse)(nil),   // 42: aenv.node.v1.UpdateNetworkResponse
+	(*Sandbox)(nil),                 // 43: aenv.node.v1.Sandbox
+	(*KillRequest)(nil),             // 44: aenv.node.v1.KillRequest
+	(*KillResponse)(nil),            // 45: aenv.node.v1.KillResponse
+	(*ListRequest)(nil),             // 46: aenv.node.v1.ListRequest
+	(*ListResponse)(nil),            // 47: aenv.node.v1.ListResponse
+	(*SnapshotRequest)(nil),         // 48: aenv.node.v1.SnapshotRequest
+	(*SnapshotInfo)(nil),            // 49: aenv.node.v1.SnapshotInfo
+	(*StatsRequest)(nil),            // 50: aenv.node.v1.StatsRequest
+	(*SandboxStats)(nil),            // 51: aenv.node.v1.SandboxStats
+	(*ListSnapshotsRequest)(nil),    // 52: aenv.node.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),   // 53: aenv.node.v1.ListSnapshotsResponse
+	(*GetSnapshotRequest)(nil),      // 54: aenv.node.v1.GetSnapshotRequest
+	(*DeleteSnapshotRequest)(nil),   // 55: aenv.node.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil),  // 56: aenv.node.v1.DeleteSnapshotResponse
+	(*EventsRequest)(nil),           // 57: aenv.node.v1.EventsRequest
+	(*Event)(nil),                   // 58: aenv.node.v1.Event
+	nil,                             // 59: aenv.node.v1.ExportSnapshotRequest.OffsetsEntry
+	nil,                             // 60: aenv.node.v1.ImportSnapshotResponse.ReceivedEntry
+	nil,                             // 61: aenv.node.v1.BuildRequest.BuildArgsEntry
+	nil,                             // 62: aenv.node.v1.LogEntry.FieldsEntry
+	nil,                             // 63: aenv.node.v1.CreateRequest.EnvVarsEntry
+	(*timestamppb.Timestamp)(nil),   // 64: google.protobuf.Timestamp
 }
 var file_node_node_proto_depIdxs = []int32{
-	58, // 0: aenv.node.v1.ExportSnapshotRequest.offsets:type_name -> aenv.node.v1.ExportSnapshotRequest.OffsetsEntry
+	59, // 0: aenv.node.v1.ExportSnapshotRequest.offsets:type_name -> aenv.node.v1.ExportSnapshotRequest.OffsetsEntry
 	5,  // 1: aenv.node.v1.SnapshotPart.done:type_name -> aenv.node.v1.TransferFile
 	0,  // 2: aenv.node.v1.ImportSnapshotRequest.step:type_name -> aenv.node.v1.ImportSnapshotRequest.Step
 	5,  // 3: aenv.node.v1.ImportSnapshotRequest.files:type_name -> aenv.node.v1.TransferFile
-	59, // 4: aenv.node.v1.ImportSnapshotResponse.received:type_name -> aenv.node.v1.ImportSnapshotResponse.ReceivedEntry
+	60, // 4: aenv.node.v1.ImportSnapshotResponse.received:type_name -> aenv.node.v1.ImportSnapshotResponse.ReceivedEntry
 	16, // 5: aenv.node.v1.PullRequest.template:type_name -> aenv.node.v1.BuildTemplate
 	1,  // 6: aenv.node.v1.PullRequest.source:type_name -> aenv.node.v1.PullRequest.Source
 	11, // 7: aenv.node.v1.PullEvent.progress:type_name -> aenv.node.v1.PullProgress
@@ -4336,73 +4470,75 @@ var file_node_node_proto_depIdxs = []int32{
 	16, // 10: aenv.node.v1.BuildRequest.template:type_name -> aenv.node.v1.BuildTemplate
 	15, // 11: aenv.node.v1.BuildRequest.pre_args:type_name -> aenv.node.v1.BuildStep
 	15, // 12: aenv.node.v1.BuildRequest.steps:type_name -> aenv.node.v1.BuildStep
-	60, // 13: aenv.node.v1.BuildRequest.build_args:type_name -> aenv.node.v1.BuildRequest.BuildArgsEntry
+	61, // 13: aenv.node.v1.BuildRequest.build_args:type_name -> aenv.node.v1.BuildRequest.BuildArgsEntry
 	19, // 14: aenv.node.v1.BuildEvent.result:type_name -> aenv.node.v1.BuildResult
-	63, // 15: aenv.node.v1.LogEntry.timestamp:type_name -> google.protobuf.Timestamp
-	61, // 16: aenv.node.v1.LogEntry.fields:type_name -> aenv.node.v1.LogEntry.FieldsEntry
+	64, // 15: aenv.node.v1.LogEntry.timestamp:type_name -> google.protobuf.Timestamp
+	62, // 16: aenv.node.v1.LogEntry.fields:type_name -> aenv.node.v1.LogEntry.FieldsEntry
 	21, // 17: aenv.node.v1.LogsResponse.entries:type_name -> aenv.node.v1.LogEntry
-	63, // 18: aenv.node.v1.MetricSample.timestamp:type_name -> google.protobuf.Timestamp
+	64, // 18: aenv.node.v1.MetricSample.timestamp:type_name -> google.protobuf.Timestamp
 	24, // 19: aenv.node.v1.MetricsResponse.samples:type_name -> aenv.node.v1.MetricSample
 	27, // 20: aenv.node.v1.NodeInfo.capacity:type_name -> aenv.node.v1.Resources
 	27, // 21: aenv.node.v1.NodeInfo.usage:type_name -> aenv.node.v1.Resources
-	29, // 22: aenv.node.v1.NodeInfo.pool:type_name -> aenv.node.v1.PoolEntry
-	62, // 23: aenv.node.v1.CreateRequest.env_vars:type_name -> aenv.node.v1.CreateRequest.EnvVarsEntry
-	31, // 24: aenv.node.v1.CreateRequest.mounts:type_name -> aenv.node.v1.VolumeMount
-	63, // 25: aenv.node.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
-	42, // 26: aenv.node.v1.ListResponse.sandboxes:type_name -> aenv.node.v1.Sandbox
-	63, // 27: aenv.node.v1.SnapshotInfo.created_at:type_name -> google.protobuf.Timestamp
-	63, // 28: aenv.node.v1.SandboxStats.since:type_name -> google.protobuf.Timestamp
-	48, // 29: aenv.node.v1.ListSnapshotsResponse.snapshots:type_name -> aenv.node.v1.SnapshotInfo
-	3,  // 30: aenv.node.v1.Event.kind:type_name -> aenv.node.v1.Event.Kind
-	26, // 31: aenv.node.v1.NodeService.Info:input_type -> aenv.node.v1.InfoRequest
-	30, // 32: aenv.node.v1.NodeService.Create:input_type -> aenv.node.v1.CreateRequest
-	43, // 33: aenv.node.v1.NodeService.Kill:input_type -> aenv.node.v1.KillRequest
-	45, // 34: aenv.node.v1.NodeService.List:input_type -> aenv.node.v1.ListRequest
-	47, // 35: aenv.node.v1.NodeService.Snapshot:input_type -> aenv.node.v1.SnapshotRequest
-	49, // 36: aenv.node.v1.NodeService.Stats:input_type -> aenv.node.v1.StatsRequest
-	51, // 37: aenv.node.v1.NodeService.ListSnapshots:input_type -> aenv.node.v1.ListSnapshotsRequest
-	53, // 38: aenv.node.v1.NodeService.GetSnapshot:input_type -> aenv.node.v1.GetSnapshotRequest
-	54, // 39: aenv.node.v1.NodeService.DeleteSnapshot:input_type -> aenv.node.v1.DeleteSnapshotRequest
-	56, // 40: aenv.node.v1.NodeService.Events:input_type -> aenv.node.v1.EventsRequest
-	20, // 41: aenv.node.v1.NodeService.Logs:input_type -> aenv.node.v1.LogsRequest
-	23, // 42: aenv.node.v1.NodeService.Metrics:input_type -> aenv.node.v1.MetricsRequest
-	32, // 43: aenv.node.v1.NodeService.CreateVolume:input_type -> aenv.node.v1.CreateVolumeRequest
-	34, // 44: aenv.node.v1.NodeService.DeleteVolume:input_type -> aenv.node.v1.DeleteVolumeRequest
-	36, // 45: aenv.node.v1.NodeService.ExportVolume:input_type -> aenv.node.v1.ExportVolumeRequest
-	38, // 46: aenv.node.v1.NodeService.ImportVolume:input_type -> aenv.node.v1.ImportVolumeRequest
-	40, // 47: aenv.node.v1.NodeService.UpdateNetwork:input_type -> aenv.node.v1.UpdateNetworkRequest
-	13, // 48: aenv.node.v1.NodeService.PutBuildContext:input_type -> aenv.node.v1.PutBuildContextRequest
-	17, // 49: aenv.node.v1.NodeService.Build:input_type -> aenv.node.v1.BuildRequest
-	9,  // 50: aenv.node.v1.NodeService.Pull:input_type -> aenv.node.v1.PullRequest
-	4,  // 51: aenv.node.v1.NodeService.ExportSnapshot:input_type -> aenv.node.v1.ExportSnapshotRequest
-	7,  // 52: aenv.node.v1.NodeService.ImportSnapshot:input_type -> aenv.node.v1.ImportSnapshotRequest
-	28, // 53: aenv.node.v1.NodeService.Info:output_type -> aenv.node.v1.NodeInfo
-	42, // 54: aenv.node.v1.NodeService.Create:output_type -> aenv.node.v1.Sandbox
-	44, // 55: aenv.node.v1.NodeService.Kill:output_type -> aenv.node.v1.KillResponse
-	46, // 56: aenv.node.v1.NodeService.List:output_type -> aenv.node.v1.ListResponse
-	48, // 57: aenv.node.v1.NodeService.Snapshot:output_type -> aenv.node.v1.SnapshotInfo
-	50, // 58: aenv.node.v1.NodeService.Stats:output_type -> aenv.node.v1.SandboxStats
-	52, // 59: aenv.node.v1.NodeService.ListSnapshots:output_type -> aenv.node.v1.ListSnapshotsResponse
-	48, // 60: aenv.node.v1.NodeService.GetSnapshot:output_type -> aenv.node.v1.SnapshotInfo
-	55, // 61: aenv.node.v1.NodeService.DeleteSnapshot:output_type -> aenv.node.v1.DeleteSnapshotResponse
-	57, // 62: aenv.node.v1.NodeService.Events:output_type -> aenv.node.v1.Event
-	22, // 63: aenv.node.v1.NodeService.Logs:output_type -> aenv.node.v1.LogsResponse
-	25, // 64: aenv.node.v1.NodeService.Metrics:output_type -> aenv.node.v1.MetricsResponse
-	33, // 65: aenv.node.v1.NodeService.CreateVolume:output_type -> aenv.node.v1.CreateVolumeResponse
-	35, // 66: aenv.node.v1.NodeService.DeleteVolume:output_type -> aenv.node.v1.DeleteVolumeResponse
-	37, // 67: aenv.node.v1.NodeService.ExportVolume:output_type -> aenv.node.v1.ExportVolumeResponse
-	39, // 68: aenv.node.v1.NodeService.ImportVolume:output_type -> aenv.node.v1.ImportVolumeResponse
-	41, // 69: aenv.node.v1.NodeService.UpdateNetwork:output_type -> aenv.node.v1.UpdateNetworkResponse
-	14, // 70: aenv.node.v1.NodeService.PutBuildContext:output_type -> aenv.node.v1.PutBuildContextResponse
-	18, // 71: aenv.node.v1.NodeService.Build:output_type -> aenv.node.v1.BuildEvent
-	10, // 72: aenv.node.v1.NodeService.Pull:output_type -> aenv.node.v1.PullEvent
-	6,  // 73: aenv.node.v1.NodeService.ExportSnapshot:output_type -> aenv.node.v1.SnapshotPart
-	8,  // 74: aenv.node.v1.NodeService.ImportSnapshot:output_type -> aenv.node.v1.ImportSnapshotResponse
-	53, // [53:75] is the sub-list for method output_type
-	31, // [31:53] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	30, // 22: aenv.node.v1.NodeInfo.pool:type_name -> aenv.node.v1.PoolEntry
+	29, // 23: aenv.node.v1.NodeInfo.image_cache:type_name -> aenv.node.v1.ImageCache
+	63, // 24: aenv.node.v1.CreateRequest.env_vars:type_name -> aenv.node.v1.CreateRequest.EnvVarsEntry
+	32, // 25: aenv.node.v1.CreateRequest.mounts:type_name -> aenv.node.v1.VolumeMount
+	64, // 26: aenv.node.v1.Sandbox.started_at:type_name -> google.protobuf.Timestamp
+	24, // 27: aenv.node.v1.Sandbox.usage:type_name -> aenv.node.v1.MetricSample
+	43, // 28: aenv.node.v1.ListResponse.sandboxes:type_name -> aenv.node.v1.Sandbox
+	64, // 29: aenv.node.v1.SnapshotInfo.created_at:type_name -> google.protobuf.Timestamp
+	64, // 30: aenv.node.v1.SandboxStats.since:type_name -> google.protobuf.Timestamp
+	49, // 31: aenv.node.v1.ListSnapshotsResponse.snapshots:type_name -> aenv.node.v1.SnapshotInfo
+	3,  // 32: aenv.node.v1.Event.kind:type_name -> aenv.node.v1.Event.Kind
+	26, // 33: aenv.node.v1.NodeService.Info:input_type -> aenv.node.v1.InfoRequest
+	31, // 34: aenv.node.v1.NodeService.Create:input_type -> aenv.node.v1.CreateRequest
+	44, // 35: aenv.node.v1.NodeService.Kill:input_type -> aenv.node.v1.KillRequest
+	46, // 36: aenv.node.v1.NodeService.List:input_type -> aenv.node.v1.ListRequest
+	48, // 37: aenv.node.v1.NodeService.Snapshot:input_type -> aenv.node.v1.SnapshotRequest
+	50, // 38: aenv.node.v1.NodeService.Stats:input_type -> aenv.node.v1.StatsRequest
+	52, // 39: aenv.node.v1.NodeService.ListSnapshots:input_type -> aenv.node.v1.ListSnapshotsRequest
+	54, // 40: aenv.node.v1.NodeService.GetSnapshot:input_type -> aenv.node.v1.GetSnapshotRequest
+	55, // 41: aenv.node.v1.NodeService.DeleteSnapshot:input_type -> aenv.node.v1.DeleteSnapshotRequest
+	57, // 42: aenv.node.v1.NodeService.Events:input_type -> aenv.node.v1.EventsRequest
+	20, // 43: aenv.node.v1.NodeService.Logs:input_type -> aenv.node.v1.LogsRequest
+	23, // 44: aenv.node.v1.NodeService.Metrics:input_type -> aenv.node.v1.MetricsRequest
+	33, // 45: aenv.node.v1.NodeService.CreateVolume:input_type -> aenv.node.v1.CreateVolumeRequest
+	35, // 46: aenv.node.v1.NodeService.DeleteVolume:input_type -> aenv.node.v1.DeleteVolumeRequest
+	37, // 47: aenv.node.v1.NodeService.ExportVolume:input_type -> aenv.node.v1.ExportVolumeRequest
+	39, // 48: aenv.node.v1.NodeService.ImportVolume:input_type -> aenv.node.v1.ImportVolumeRequest
+	41, // 49: aenv.node.v1.NodeService.UpdateNetwork:input_type -> aenv.node.v1.UpdateNetworkRequest
+	13, // 50: aenv.node.v1.NodeService.PutBuildContext:input_type -> aenv.node.v1.PutBuildContextRequest
+	17, // 51: aenv.node.v1.NodeService.Build:input_type -> aenv.node.v1.BuildRequest
+	9,  // 52: aenv.node.v1.NodeService.Pull:input_type -> aenv.node.v1.PullRequest
+	4,  // 53: aenv.node.v1.NodeService.ExportSnapshot:input_type -> aenv.node.v1.ExportSnapshotRequest
+	7,  // 54: aenv.node.v1.NodeService.ImportSnapshot:input_type -> aenv.node.v1.ImportSnapshotRequest
+	28, // 55: aenv.node.v1.NodeService.Info:output_type -> aenv.node.v1.NodeInfo
+	43, // 56: aenv.node.v1.NodeService.Create:output_type -> aenv.node.v1.Sandbox
+	45, // 57: aenv.node.v1.NodeService.Kill:output_type -> aenv.node.v1.KillResponse
+	47, // 58: aenv.node.v1.NodeService.List:output_type -> aenv.node.v1.ListResponse
+	49, // 59: aenv.node.v1.NodeService.Snapshot:output_type -> aenv.node.v1.SnapshotInfo
+	51, // 60: aenv.node.v1.NodeService.Stats:output_type -> aenv.node.v1.SandboxStats
+	53, // 61: aenv.node.v1.NodeService.ListSnapshots:output_type -> aenv.node.v1.ListSnapshotsResponse
+	49, // 62: aenv.node.v1.NodeService.GetSnapshot:output_type -> aenv.node.v1.SnapshotInfo
+	56, // 63: aenv.node.v1.NodeService.DeleteSnapshot:output_type -> aenv.node.v1.DeleteSnapshotResponse
+	58, // 64: aenv.node.v1.NodeService.Events:output_type -> aenv.node.v1.Event
+	22, // 65: aenv.node.v1.NodeService.Logs:output_type -> aenv.node.v1.LogsResponse
+	25, // 66: aenv.node.v1.NodeService.Metrics:output_type -> aenv.node.v1.MetricsResponse
+	34, // 67: aenv.node.v1.NodeService.CreateVolume:output_type -> aenv.node.v1.CreateVolumeResponse
+	36, // 68: aenv.node.v1.NodeService.DeleteVolume:output_type -> aenv.node.v1.DeleteVolumeResponse
+	38, // 69: aenv.node.v1.NodeService.ExportVolume:output_type -> aenv.node.v1.ExportVolumeResponse
+	40, // 70: aenv.node.v1.NodeService.ImportVolume:output_type -> aenv.node.v1.ImportVolumeResponse
+	42, // 71: aenv.node.v1.NodeService.UpdateNetwork:output_type -> aenv.node.v1.UpdateNetworkResponse
+	14, // 72: aenv.node.v1.NodeService.PutBuildContext:output_type -> aenv.node.v1.PutBuildContextResponse
+	18, // 73: aenv.node.v1.NodeService.Build:output_type -> aenv.node.v1.BuildEvent
+	10, // 74: aenv.node.v1.NodeService.Pull:output_type -> aenv.node.v1.PullEvent
+	6,  // 75: aenv.node.v1.NodeService.ExportSnapshot:output_type -> aenv.node.v1.SnapshotPart
+	8,  // 76: aenv.node.v1.NodeService.ImportSnapshot:output_type -> aenv.node.v1.ImportSnapshotResponse
+	55, // [55:77] is the sub-list for method output_type
+	33, // [33:55] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_node_node_proto_init() }
@@ -4410,7 +4546,7 @@ func file_node_node_proto_init() {
 	if File_node_node_proto != nil {
 		return
 	}
-	file_node_node_proto_msgTypes[26].OneofWrappers = []any{
+	file_node_node_proto_msgTypes[27].OneofWrappers = []any{
 		(*CreateRequest_TemplateId)(nil),
 		(*CreateRequest_SnapshotId)(nil),
 	}
@@ -4420,7 +4556,7 @@ func file_node_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_node_node_proto_rawDesc), len(file_node_node_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   59,
+			NumMessages:   60,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,8 +1,9 @@
 // The cluster's health (admin keys only): the members of its etcd and
-// which leads, the API servers running, and the nodes' state at a glance.
+// which leads, the API servers running, and the nodes' state at a glance,
+// with each node's block image cache as its last report had it.
 
 import { api } from '../api.js';
-import { h, replace, heading, table, fmtAge, poll } from '../ui.js';
+import { h, replace, heading, table, fmtAge, fmtBytes, fmtPct, poll } from '../ui.js';
 
 export function render(main) {
   const etcd = h('section', { 'aria-labelledby': 'cl-etcd-h' }, h('h2', { id: 'cl-etcd-h' }, 'etcd members'), h('p', { class: 'status' }, 'Loading…'));
@@ -20,6 +21,23 @@ export function render(main) {
       body = h('p', { class: 'error' }, e.message);
     }
     replace(section, section.firstChild, body);
+  }
+
+  // A node's image cache: bytes held of its bound, images mounted, and
+  // the share of chunk reads it served since its image server started.
+  // A node without one (templates as directories, or an image server
+  // that did not answer its last report) shows a dash.
+  function cacheUse(n) {
+    const c = n.imageCache;
+    if (!c) return '–';
+    const pct = c.maxBytes > 0 ? ` (${fmtPct((100 * c.bytes) / c.maxBytes)})` : '';
+    return `${fmtBytes(c.bytes)} of ${fmtBytes(c.maxBytes)}${pct}`;
+  }
+
+  function hitRatio(n) {
+    const c = n.imageCache;
+    const reads = c ? c.hits + c.misses : 0;
+    return reads > 0 ? fmtPct((100 * c.hits) / reads) : '–';
   }
 
   function state(m) {
@@ -59,6 +77,9 @@ export function render(main) {
           { label: 'State', cell: n => h('span', { class: 'badge', 'data-state': n.state }, n.state) },
           { label: 'Sandboxes', class: 'num', cell: n => String(n.sandboxes ?? 0) },
           { label: 'Pooled', class: 'num', cell: n => String(n.pooled ?? 0) },
+          { label: 'Image cache', cell: cacheUse },
+          { label: 'Images mounted', class: 'num', cell: n => (n.imageCache ? String(n.imageCache.mounted) : '–') },
+          { label: 'Cache hit ratio', class: 'num', cell: hitRatio },
           { label: 'Reported', class: 'opt', cell: n => `${fmtAge(n.updatedAt)} ago` },
         ], list, 'No nodes have joined.');
       }),

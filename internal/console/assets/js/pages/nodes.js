@@ -1,8 +1,9 @@
-// The cluster's nodes (admin keys only): capacity against use, the
-// sandboxes their warm pools hold prestarted, and drain and undrain.
+// The cluster's nodes (admin keys only): capacity against use (vCPUs and
+// memory committed, disk, image cache), the sandboxes their warm pools
+// hold prestarted, and drain and undrain.
 
 import { api } from '../api.js';
-import { h, replace, heading, meter, sizeMeters, fmtAge, run, poll } from '../ui.js';
+import { h, replace, heading, meter, sizeMeters, fmtAge, fmtBytes, run, poll } from '../ui.js';
 
 export function render(main) {
   const body = h('div', { class: 'nodes' }, h('p', { class: 'status' }, 'Loading…'));
@@ -13,7 +14,7 @@ export function render(main) {
     const list = await api('GET', '/nodes');
     list.sort((a, b) => a.id.localeCompare(b.id));
     // Redrawn only when something changed, so that focus stays put.
-    const sig = JSON.stringify(list.map(n => [n.id, n.state, n.capacity, n.usage, n.sandboxes, n.version, n.pooled, n.pool]));
+    const sig = JSON.stringify(list.map(n => [n.id, n.state, n.capacity, n.usage, n.sandboxes, n.version, n.pooled, n.pool, n.imageCache]));
     if (sig === drawn && body.querySelector('.node')) return;
     drawn = sig;
     const focused = document.activeElement && document.activeElement.dataset.node;
@@ -44,6 +45,7 @@ export function render(main) {
       meter('CPU', use.cpuCount || 0, cap.cpuCount || 0, v => `${v} vCPU`),
       meter('Memory', use.memoryMB || 0, cap.memoryMB || 0, v => `${v} MiB`),
       cap.diskMB ? meter('Disk', use.diskMB || 0, cap.diskMB, v => `${v} MiB`) : null,
+      n.imageCache ? meter('Image cache', n.imageCache.bytes, n.imageCache.maxBytes, fmtBytes) : null,
       poolList(n));
   }
 
