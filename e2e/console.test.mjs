@@ -110,7 +110,15 @@ async function signIn(w, key, who) {
   // Before signing in, the page asks who is signed in: nobody (401).
   w.expect(401, /^\/console\/session$/)
   await p.goto(`${srv.url}/console/`, { waitUntil: 'domcontentloaded' })
-  await p.waitForSelector('#apikey', { visible: true })
+  try {
+    await p.waitForSelector('#apikey', { visible: true })
+  } catch (err) {
+    // Once in a full run (never alone) the sign-in form did not show:
+    // keep what the page showed instead, for the next one to read.
+    await screenshot(p, `${who}-signin-missing`).catch(() => {})
+    const html = await p.content().catch((e) => `(no content: ${e})`)
+    throw new Error(`the sign-in form did not show; the page held: ${html.slice(0, 2000)}`, { cause: err })
+  }
   await screenshot(p, `${who}-signin`)
   await p.type('#apikey', key)
   const [res] = await Promise.all([
