@@ -105,17 +105,20 @@ args=(--prefix "$prefix" --listen "$listen" --data-dir "$data" --run-dir "$run" 
 first_args=("${args[@]}")
 [ -n "${AENV_BIN_DIR:-}" ] && first_args+=(--bin-dir "$AENV_BIN_DIR")
 
-# server_pid prints the running server's pid (systemd's MainPID or the pid file's).
-server_pid() {
+# unit_pid UNIT PIDFILE prints the running pid of an installed service
+# (systemd's MainPID, or its pid file's without systemd).
+unit_pid() {
   local pid
   if have_systemd; then
-    pid=$(systemctl show -p MainPID --value "$unit" 2>/dev/null)
+    pid=$(systemctl show -p MainPID --value "$1" 2>/dev/null)
   else
-    pid=$(cat "$pid_file" 2>/dev/null)
+    pid=$(cat "$2" 2>/dev/null)
   fi
   [ -n "$pid" ] && [ "$pid" != 0 ] && [ -d "/proc/$pid" ] || return 1
   echo "$pid"
 }
+# server_pid prints the running server's pid.
+server_pid() { unit_pid "$unit" "$pid_file"; }
 healthy() { curl -fsS -m 5 -o /dev/null "$url/health"; }
 
 # --- first install -----------------------------------------------------------
@@ -214,17 +217,8 @@ check "GET /health still answers" healthy
 
 # --- a node agent joins the server ---------------------------------------------
 
-# node_pid prints the node agent's pid (systemd's MainPID or the pid file's).
-node_pid() {
-  local pid
-  if have_systemd; then
-    pid=$(systemctl show -p MainPID --value "$nunit" 2>/dev/null)
-  else
-    pid=$(cat "$npid_file" 2>/dev/null)
-  fi
-  [ -n "$pid" ] && [ "$pid" != 0 ] && [ -d "/proc/$pid" ] || return 1
-  echo "$pid"
-}
+# node_pid prints the node agent's pid.
+node_pid() { unit_pid "$nunit" "$npid_file"; }
 # node_state prints the node's state in the server's `aenv nodes`.
 node_state() { cli nodes 2>/dev/null | awk -v id="$nid" '$1 == id { print $2 }'; }
 # wait_node_state STATE: the server lists the node so within 30 s.

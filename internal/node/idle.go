@@ -51,6 +51,10 @@ type IdlePolicy struct {
 	UnderPressure bool
 }
 
+// on reports whether p reports anything, and so whether the node needs
+// its sandboxes' packet counts.
+func (p IdlePolicy) on() bool { return p.After > 0 || p.UnderPressure }
+
 func (p IdlePolicy) busyPercent() float64 {
 	if p.CPUPercent <= 0 {
 		return DefaultIdleCPUPercent
@@ -140,8 +144,13 @@ func (n *Node) OnIdle(fn func(Idle)) {
 	n.mu.Unlock()
 }
 
-// packetCount reads sb's slot's packet count, if the network counts them.
+// packetCount reads sb's slot's packet count, if the network counts them
+// and the idle policy needs them (a netlink request per sandbox and
+// sample, not made for nothing).
 func (n *Node) packetCount(sb *Sandbox) (uint64, bool) {
+	if !n.cfg.Idle.on() {
+		return 0, false
+	}
 	pc, ok := n.cfg.Network.(interface {
 		PacketCount(*netns.Slot) (uint64, error)
 	})
@@ -158,7 +167,7 @@ func (n *Node) reportIdle(running []*Sandbox, now time.Time) {
 	fn := n.onIdle
 	n.mu.Unlock()
 	p := n.cfg.Idle
-	if fn == nil || (p.After <= 0 && !p.UnderPressure) {
+	if fn == nil || !p.on() {
 		return
 	}
 	memUsed := -1.0
