@@ -205,9 +205,9 @@ func (b *bareSide) pauseResume(ctx context.Context, res *SnapshotSamples) (err e
 }
 
 // fork times what the server's fork does with runsc: one checkpoint that
-// leaves the container running, then count restores, forkParallelism at a
-// time. The children and the image are removed (untimed) before it
-// returns.
+// leaves the container running, then count restores, as many at a time
+// as the server runs (forkParallelism). The children and the image are
+// removed (untimed) before it returns.
 func (b *bareSide) fork(ctx context.Context, count int, res *SnapshotSamples) error {
 	r := b.r
 	img := r.image()
@@ -217,7 +217,7 @@ func (b *bareSide) fork(ctx context.Context, count int, res *SnapshotSamples) er
 	}
 	dels := make([]cleanup, count)
 	errs := make([]error, count)
-	sem := make(chan struct{}, forkParallelism)
+	sem := make(chan struct{}, forkParallelism(count))
 	var wg sync.WaitGroup
 	for i := range count {
 		wg.Go(func() {

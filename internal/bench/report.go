@@ -143,7 +143,7 @@ func (r *Report) AddSnapshot(opts Options, res SnapshotResults) {
 		for _, n := range slices.Sorted(maps.Keys(x.Fork)) {
 			base := fmt.Sprintf("runsc checkpoint --leave-running + %d restore", n)
 			if n > 1 {
-				base += fmt.Sprintf("s, %d at a time", forkParallelism)
+				base += fmt.Sprintf("s, %d at a time", forkParallelism(n))
 			}
 			r.Rows = append(r.Rows, newRow(fmt.Sprintf("fork %d, %s: wall", n, name), base, x.Fork[n], y.Fork[n]))
 			if n > 1 {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	goruntime "runtime"
 	"strconv"
 	"time"
 
@@ -35,9 +36,17 @@ func defaultSizes() []Size {
 // defaultForkCounts are the numbers of children forked at once.
 func defaultForkCounts() []int { return []int{1, 4, 16} }
 
-// forkParallelism is how many restores the server runs at once in a fork
-// (internal/cluster); the bare baseline restores as many at a time.
-const forkParallelism = 2
+// restoresPerCPU is cluster.RestoresPerCPU (bench may not import the
+// cluster): a fork of count children runs min(count, this × the host's
+// CPUs) restores at once on a one-node server, and the bare baseline
+// restores as many at a time.
+const restoresPerCPU = 4
+
+// forkParallelism is how many restores of a fork of count children run at
+// once on this host.
+func forkParallelism(count int) int {
+	return max(1, min(count, restoresPerCPU*goruntime.NumCPU()))
+}
 
 // forkIterations is how many times a fork of count children is sampled:
 // every restore costs about as much as one more child, so larger forks

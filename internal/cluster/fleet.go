@@ -407,6 +407,21 @@ func (f *fleet) reachable() []nodeapi.Node {
 	return out
 }
 
+// cpus is the CPUs of the live nodes that take new sandboxes (only's
+// alone when set), what a fan-out of restores sizes itself by.
+func (f *fleet) cpus(only string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	total := 0
+	for id, m := range f.members {
+		if !m.live || m.api == nil || f.drained[id] || (only != "" && id != only) {
+			continue
+		}
+		total += m.info.Capacity.CPUCount
+	}
+	return total
+}
+
 // placement is what a new sandbox needs of its node.
 type placement struct {
 	// template is what it starts from; nodes that hold it are preferred

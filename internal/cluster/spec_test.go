@@ -64,6 +64,44 @@ func TestForkKeepsSpec(t *testing.T) {
 	}
 }
 
+// TestForkFanOut: a fork runs RestoresPerCPU restores per CPU of its
+// nodes at once (a restore mostly waits), no more, and its children go to
+// the other node when the parent's is full.
+func TestForkFanOut(t *testing.T) {
+	ctx := context.Background()
+	nodes := nodetest.NewFakes("n1", "n2")
+	c, _ := remoteFleet(t, state.NewMemory(), nodes...)
+	if _, err := c.SetDraining(ctx, "n2", true); err != nil {
+		t.Fatal(err)
+	}
+	parent := create(t, c, time.Hour)
+	if _, err := c.SetDraining(ctx, "n2", false); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes {
+		n.SetDelay(50 * time.Millisecond)
+	}
+	// n1 takes none: all 20 go to n2, RestoresPerCPU × the 4 CPUs of
+	// the two nodes at a time.
+	nodes[0].SetFull(true)
+	res, err := c.Fork(ctx, parent.ID, 20, time.Minute, Owner{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range res {
+		if r.Err != nil {
+			t.Fatalf("child %d: %v", i, r.Err)
+		}
+		if r.Sandbox.NodeID != "n2" {
+			t.Errorf("child %d on %s, want n2 (n1 is full)", i, r.Sandbox.NodeID)
+		}
+	}
+	want := RestoresPerCPU * 4
+	if got := nodes[1].PeakCreates(); got != want {
+		t.Errorf("%d restores ran at once on n2, want %d", got, want)
+	}
+}
+
 // TestClientIDFollowsTheSandbox: E2B's clientID names the node the
 // sandbox runs on now, after a resume or a migration to another node.
 func TestClientIDFollowsTheSandbox(t *testing.T) {

@@ -50,6 +50,9 @@ type Fake struct {
 	cpus     int
 	full     bool
 	delay    time.Duration
+	// creating counts the creates under way, peakCreating the most at
+	// once so far.
+	creating, peakCreating int
 	running  map[string]*fakeSandbox
 	killed   []string
 	volumes  map[string]int64
@@ -147,6 +150,13 @@ func (n *Fake) SetDelay(d time.Duration) {
 	n.mu.Lock()
 	n.delay = d
 	n.mu.Unlock()
+}
+
+// PeakCreates is the most creates the node has had under way at once.
+func (n *Fake) PeakCreates() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.peakCreating
 }
 
 // Lists counts the List calls so far: a control plane that subscribed to
@@ -294,7 +304,14 @@ func (n *Fake) Info(context.Context, *nodev1.InfoRequest) (*nodev1.NodeInfo, err
 func (n *Fake) Create(ctx context.Context, req *nodev1.CreateRequest) (*nodev1.Sandbox, error) {
 	n.mu.Lock()
 	delay := n.delay
+	n.creating++
+	n.peakCreating = max(n.peakCreating, n.creating)
 	n.mu.Unlock()
+	defer func() {
+		n.mu.Lock()
+		n.creating--
+		n.mu.Unlock()
+	}()
 	select {
 	case <-time.After(delay):
 	case <-ctx.Done():
