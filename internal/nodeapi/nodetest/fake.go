@@ -53,9 +53,9 @@ type Fake struct {
 	// creating counts the creates under way, peakCreating the most at
 	// once so far.
 	creating, peakCreating int
-	running  map[string]*fakeSandbox
-	killed   []string
-	volumes  map[string]int64
+	running                map[string]*fakeSandbox
+	killed                 []string
+	volumes                map[string]int64
 	// store holds the snapshots; fakes made by NewFakes share one, as
 	// nodes with a snapshot store do.
 	store *fakeStore
