@@ -20,6 +20,18 @@ type AenvResults struct {
 	// CPUCount and MemoryMB are the size the server gave the sandboxes, for
 	// sizing the bare baseline alike.
 	CPUCount, MemoryMB int
+	// Burst and BurstPooled are create-to-first-command latencies of
+	// BurstSize creates at once: the first burst, with the warm pool as
+	// it was (PoolBefore sandboxes prestarted), and one after the pool
+	// refilled from what the first taught it (PoolTaught prestarted).
+	Burst, BurstPooled     []time.Duration
+	PoolBefore, PoolTaught int
+	// CPUPerCreate is the host CPU-seconds one create of the c=1 series
+	// cost, its first command and its kill included (0: not measured).
+	CPUPerCreate float64
+	// CreatesPerSecond is the rate of create, first command and kill that
+	// Concurrency clients kept up for SustainFor.
+	CreatesPerSecond float64
 }
 
 // sandboxTimeout is the lifetime asked for every benchmark sandbox: the
@@ -53,9 +65,18 @@ func MeasureAenv(ctx context.Context, opts Options) (AenvResults, error) {
 		size.Do(func() { res.CPUCount, res.MemoryMB = sandboxSize(ctx, opts.API, sb) })
 		return d, kill, nil
 	}
-	if res.CreateSerial, err = series(ctx, p, "create c=1", 1, opts.Iterations, 1, create); err != nil {
+	// The warm-up create is outside the CPU reading (series runs it
+	// first, so the reading starts one create late and is per sample).
+	if _, c, err := create(ctx); err != nil || c != nil {
+		if err = errors.Join(err, runCleanups(ctx, c)); err != nil {
+			return res, fmt.Errorf("measuring aenv: create c=1: warm-up: %w", err)
+		}
+	}
+	cpu := startCPU()
+	if res.CreateSerial, err = series(ctx, p, "create c=1", 0, opts.Iterations, 1, create); err != nil {
 		return res, fmt.Errorf("measuring aenv: %w", err)
 	}
+	res.CPUPerCreate = cpu.per(len(res.CreateSerial))
 	label := fmt.Sprintf("create c=%d", opts.Concurrency)
 	if res.CreateConcurrent, err = series(ctx, p, label, 0, opts.rounds(), opts.Concurrency, create); err != nil {
 		return res, fmt.Errorf("measuring aenv: %w", err)
@@ -64,7 +85,138 @@ func MeasureAenv(ctx context.Context, opts Options) (AenvResults, error) {
 	if res.Command, err = measureCommand(ctx, p, opts); err != nil {
 		return res, fmt.Errorf("measuring aenv: %w", err)
 	}
+	if opts.BurstSize > 0 {
+		if err := measureBursts(ctx, p, opts, create, &res); err != nil {
+			return res, fmt.Errorf("measuring aenv: %w", err)
+		}
+	}
+	if opts.SustainFor > 0 {
+		n, err := sustain(ctx, p, "sustained creates", opts.Concurrency, opts.SustainFor, create)
+		if err != nil {
+			return res, fmt.Errorf("measuring aenv: %w", err)
+		}
+		res.CreatesPerSecond = float64(n) / opts.SustainFor.Seconds()
+	}
 	return res, nil
+}
+
+// poolWait bounds the wait for the warm pool to refill between the two
+// bursts; a pool that is still short then is reported as it was.
+const poolWait = 2 * time.Minute
+
+// measureBursts times BurstSize creates at once twice: as the pool stands,
+// then once the pool has refilled after what that burst taught it.
+func measureBursts(ctx context.Context, p *progress, opts Options, create op, res *AenvResults) error {
+	nodes, _ := opts.API.(nodeLister)
+	res.PoolBefore = pooled(ctx, nodes, opts.Template)
+	label := fmt.Sprintf("burst c=%d", opts.BurstSize)
+	var err error
+	if res.Burst, err = series(ctx, p, label, 0, 1, opts.BurstSize, create); err != nil {
+		return err
+	}
+	res.PoolTaught = waitPool(ctx, p, nodes, opts.Template, opts.BurstSize)
+	res.BurstPooled, err = series(ctx, p, label+", pooled", 0, 1, opts.BurstSize, create)
+	return err
+}
+
+// nodeLister is an API that can list the nodes and their warm pools.
+type nodeLister interface {
+	Nodes(ctx context.Context) ([]client.Node, error)
+}
+
+// pooled counts the sandboxes of template the nodes hold prestarted (all
+// templates' when none is listed under that name, as when it is an
+// alias); -1 when the API cannot say.
+func pooled(ctx context.Context, api nodeLister, template string) int {
+	ready, _ := poolState(ctx, api, template)
+	return ready
+}
+
+func poolState(ctx context.Context, api nodeLister, template string) (ready, target int) {
+	if api == nil {
+		return -1, 0
+	}
+	nodes, err := api.Nodes(ctx)
+	if err != nil {
+		return -1, 0
+	}
+	var all, mine, mineTarget, allTarget int
+	found := false
+	for _, n := range nodes {
+		for _, e := range n.Pool {
+			all, allTarget = all+e.Ready, allTarget+e.Target
+			if e.SnapshotID == "" && e.TemplateID == template {
+				found = true
+				mine, mineTarget = mine+e.Ready, mineTarget+e.Target
+			}
+		}
+	}
+	if !found {
+		return all, allTarget
+	}
+	return mine, mineTarget
+}
+
+// waitPool waits, at most poolWait, until the pool holds want sandboxes
+// of template or as many as it is sized to, and returns what it holds.
+func waitPool(ctx context.Context, p *progress, api nodeLister, template string, want int) int {
+	if api == nil {
+		return -1
+	}
+	p.start("waiting for the pool", want)
+	defer p.end()
+	deadline := time.Now().Add(poolWait)
+	for {
+		ready, target := poolState(ctx, api, template)
+		p.update(max(ready, 0))
+		if ready < 0 || ready >= want || (target > 0 && ready >= target) || time.Now().After(deadline) {
+			return ready
+		}
+		select {
+		case <-ctx.Done():
+			return ready
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// sustain runs o in conc loops for d and counts the runs that finished
+// inside it; each run's cleanup follows it in its loop (a sustained rate
+// pays for teardown too).
+func sustain(ctx context.Context, p *progress, label string, conc int, d time.Duration, o op) (int, error) {
+	p.start(label, 0)
+	defer p.end()
+	end := time.Now().Add(d)
+	var mu sync.Mutex
+	var done int
+	var firstErr error
+	var wg sync.WaitGroup
+	for range conc {
+		wg.Go(func() {
+			for time.Now().Before(end) && ctx.Err() == nil {
+				_, c, err := o(ctx)
+				err = errors.Join(err, runCleanups(ctx, c))
+				mu.Lock()
+				if err != nil && firstErr == nil {
+					firstErr = err
+				}
+				if err == nil && time.Now().Before(end) {
+					done++
+					p.update(done)
+				}
+				stop := firstErr != nil
+				mu.Unlock()
+				if stop {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return done, fmt.Errorf("%s: %w", label, firstErr)
+	}
+	return done, ctx.Err()
 }
 
 // getter is an API that can describe a sandbox in full.

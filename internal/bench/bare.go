@@ -11,4 +11,12 @@ type BareResults struct {
 	// `runsc exec ID /bin/bash -l -c true`, the command line aenv's Run uses,
 	// so that the two round trips differ only by what aenv adds.
 	Exec, ExecShell []time.Duration
+	// Burst is BurstSize `runsc run /bin/true` started at once.
+	Burst []time.Duration
+	// CPUPerRun is the host CPU-seconds one `runsc run /bin/true` of the
+	// c=1 series cost, its delete included (0: not measured).
+	CPUPerRun float64
+	// RunsPerSecond is the rate of `runsc run /bin/true` and delete that
+	// Concurrency loops kept up for SustainFor.
+	RunsPerSecond float64
 }

@@ -39,12 +39,32 @@ func MeasureBare(ctx context.Context, opts Options) (_ BareResults, err error) {
 	p := newProgress(opts.Progress)
 	var res BareResults
 
-	if res.RunSerial, err = series(ctx, p, "runsc run c=1", 1, opts.Iterations, 1, r.runTrue); err != nil {
+	if _, c, err := r.runTrue(ctx); err != nil || c != nil {
+		if err = errors.Join(err, runCleanups(ctx, c)); err != nil {
+			return res, fmt.Errorf("measuring bare runsc: runsc run c=1: warm-up: %w", err)
+		}
+	}
+	cpu := startCPU()
+	if res.RunSerial, err = series(ctx, p, "runsc run c=1", 0, opts.Iterations, 1, r.runTrue); err != nil {
 		return res, fmt.Errorf("measuring bare runsc: %w", err)
 	}
+	res.CPUPerRun = cpu.per(len(res.RunSerial))
 	label := fmt.Sprintf("runsc run c=%d", opts.Concurrency)
 	if res.RunConcurrent, err = series(ctx, p, label, 0, opts.rounds(), opts.Concurrency, r.runTrue); err != nil {
 		return res, fmt.Errorf("measuring bare runsc: %w", err)
+	}
+	if opts.BurstSize > 0 {
+		label := fmt.Sprintf("runsc run c=%d", opts.BurstSize)
+		if res.Burst, err = series(ctx, p, label, 0, 1, opts.BurstSize, r.runTrue); err != nil {
+			return res, fmt.Errorf("measuring bare runsc: %w", err)
+		}
+	}
+	if opts.SustainFor > 0 {
+		n, err := sustain(ctx, p, "sustained runsc run", opts.Concurrency, opts.SustainFor, r.runTrue)
+		if err != nil {
+			return res, fmt.Errorf("measuring bare runsc: %w", err)
+		}
+		res.RunsPerSecond = float64(n) / opts.SustainFor.Seconds()
 	}
 
 	id, err := r.startSleeper(ctx)

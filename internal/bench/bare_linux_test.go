@@ -28,22 +28,29 @@ func TestMeasureBare(t *testing.T) {
 		Iterations: 2, Concurrency: 2,
 		RunscPath: runsc, RootFS: rootfs,
 		CPUCount: 2, MemoryMB: 512,
+		BurstSize: 3, SustainFor: time.Second,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for name, s := range map[string][]time.Duration{
 		"run c=1": res.RunSerial, "run c=2": res.RunConcurrent,
-		"exec": res.Exec, "exec bash": res.ExecShell,
+		"exec": res.Exec, "exec bash": res.ExecShell, "burst": res.Burst,
 	} {
-		if len(s) != 2 {
-			t.Errorf("%s: %d samples, want 2", name, len(s))
+		if want := map[bool]int{true: 3, false: 2}[name == "burst"]; len(s) != want {
+			t.Errorf("%s: %d samples, want %d", name, len(s), want)
 		}
 		for _, d := range s {
 			if d <= 0 {
 				t.Errorf("%s: non-positive sample %v", name, d)
 			}
 		}
+	}
+
+	// A runsc run takes well under a second here: a second of two loops
+	// does at least one; each costs some CPU.
+	if res.RunsPerSecond < 1 || res.CPUPerRun <= 0 {
+		t.Errorf("sustained %.1f runs/s, %.3f CPU-s per run; want >= 1 and > 0", res.RunsPerSecond, res.CPUPerRun)
 	}
 
 	left, _ := os.ReadDir(tmp)

@@ -22,6 +22,10 @@ const (
 	DefaultIterations  = 20
 	DefaultConcurrency = 10
 	DefaultTemplate    = "base"
+	// DefaultBurstSize is the burst `aenv bench` starts at once, as RL
+	// training does, and DefaultSustainFor how long it keeps creating.
+	DefaultBurstSize  = 50
+	DefaultSustainFor = 15 * time.Second
 	// DefaultSnapshotIterations is low because every sample of the
 	// snapshot suite saves or restores a whole sandbox.
 	DefaultSnapshotIterations = 5
@@ -40,8 +44,15 @@ type Options struct {
 	// concurrent operation takes max(1, Iterations/Concurrency) rounds.
 	Iterations int
 	// Concurrency is how many sandboxes start at once in the concurrent
-	// operation (default 10).
+	// operation (default 10), and how many clients the sustained rate
+	// runs.
 	Concurrency int
+	// BurstSize is how many sandboxes the bursts start at once (0: no
+	// bursts; the CLI's default is DefaultBurstSize).
+	BurstSize int
+	// SustainFor is how long the sustained create rate is measured (0:
+	// not measured; the CLI's default is DefaultSustainFor).
+	SustainFor time.Duration
 
 	// API is the server under test (aenv half).
 	API API
@@ -102,6 +113,7 @@ func (o Options) withDefaults() Options {
 	if o.Template == "" {
 		o.Template = DefaultTemplate
 	}
+
 	if o.SnapshotIterations <= 0 {
 		o.SnapshotIterations = DefaultSnapshotIterations
 	}
@@ -242,6 +254,9 @@ func (p *progress) update(done int) {
 		return
 	}
 	line := fmt.Sprintf("%s: %d/%d", p.label, done, p.total)
+	if p.total == 0 { // a count with no end known
+		line = fmt.Sprintf("%s: %d", p.label, done)
+	}
 	pad := max(0, p.width-len(line))
 	p.width = len(line)
 	fmt.Fprintf(p.w, "\r%s%s", line, strings.Repeat(" ", pad))

@@ -201,6 +201,32 @@ func TestMeasureAenv(t *testing.T) {
 	}
 }
 
+// TestMeasureAenvBurstsAndRate: the bursts start BurstSize sandboxes at
+// once, twice; the sustained rate counts the creates done in SustainFor;
+// all are killed.
+func TestMeasureAenvBurstsAndRate(t *testing.T) {
+	api := newFakeAPI()
+	res, err := MeasureAenv(context.Background(), Options{API: api, Template: "tpl", Iterations: 2, Concurrency: 2,
+		BurstSize: 5, SustainFor: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Burst) != 5 || len(res.BurstPooled) != 5 {
+		t.Errorf("bursts of %d and %d samples, want 5 each", len(res.Burst), len(res.BurstPooled))
+	}
+	if res.PoolBefore != -1 || res.PoolTaught != -1 {
+		t.Errorf("pool %d then %d through an API that lists no nodes, want -1 (unknown)", res.PoolBefore, res.PoolTaught)
+	}
+	// A create takes 2 ms on the fake: two clients do at most 1,000 a
+	// second.
+	if res.CreatesPerSecond <= 0 || res.CreatesPerSecond > 1000 {
+		t.Errorf("sustained %.1f creates/s, want between 0 and 1000", res.CreatesPerSecond)
+	}
+	if l := api.leaked(); len(l) > 0 {
+		t.Errorf("sandboxes left running: %v", l)
+	}
+}
+
 func TestMeasureAenvFailsOnNonZeroExitAndKillsEverything(t *testing.T) {
 	api := newFakeAPI()
 	api.exitCode = 1

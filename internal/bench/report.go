@@ -29,6 +29,28 @@ type Report struct {
 	Targets []Target `json:"targets,omitempty"`
 	// Memory is what pausing sandboxes freed; nil if not measured.
 	Memory *MemoryReport `json:"memory,omitempty"`
+	// Figures are measurements other than latencies (CPU, rates), each
+	// beside its bare counterpart.
+	Figures []Figure `json:"figures,omitempty"`
+}
+
+// Figure is one quantity measured both ways.
+type Figure struct {
+	Name     string  `json:"name"`
+	Unit     string  `json:"unit"`
+	Baseline string  `json:"baseline"`
+	Aenv     float64 `json:"aenv"`
+	Bare     float64 `json:"bare"`
+	// Ratio is Aenv / Bare, 0 when either is missing.
+	Ratio float64 `json:"ratio,omitempty"`
+}
+
+func newFigure(name, unit, base string, aenv, bare float64) Figure {
+	f := Figure{Name: name, Unit: unit, Baseline: base, Aenv: aenv, Bare: bare}
+	if aenv > 0 && bare > 0 {
+		f.Ratio = aenv / bare
+	}
+	return f
 }
 
 // Row is one operation measured both ways.
@@ -119,6 +141,44 @@ func (r *Report) AddCreate(opts Options, a AenvResults, b BareResults) {
 		newRow("command round trip", "runsc exec /bin/true", a.Command, b.Exec),
 		newRow("command round trip", "runsc exec /bin/bash -l -c true", a.Command, b.ExecShell),
 	)
+	if len(a.Burst) > 0 {
+		n := len(a.Burst)
+		base := fmt.Sprintf("runsc run /bin/true, %d at once", n)
+		empty := newRow(fmt.Sprintf("create to first command, c=%d, %s", n, poolLabel(a.PoolBefore)), base, a.Burst, b.Burst)
+		pooled := newRow(fmt.Sprintf("create to first command, c=%d, pool refilled, %s", n, poolLabel(a.PoolTaught)), base, a.BurstPooled, b.Burst)
+		r.Rows = append(r.Rows, empty, pooled)
+		r.Targets = append(r.Targets,
+			Target{Name: fmt.Sprintf("%d creates at once after a burst taught the pool: p50 <= 300ms, p99 <= 1s", n),
+				Value: fmt.Sprintf("p50 %s, p99 %s", FormatDuration(pooled.Aenv.P50), FormatDuration(pooled.Aenv.P99)),
+				Met:   pooled.Aenv.N > 0 && pooled.Aenv.P50 <= 300*time.Millisecond && pooled.Aenv.P99 <= time.Second},
+			Target{Name: fmt.Sprintf("%d creates at once, first burst: p50 <= 0.8x bare", n),
+				Value: FormatRatio(empty.RatioP50), Met: empty.RatioP50 > 0 && empty.RatioP50 <= 0.8})
+	}
+	serial := Summarize(a.CreateSerial)
+	cmd := Summarize(a.Command)
+	cmdRatio := Ratio(cmd.P50, Summarize(b.Exec).P50)
+	r.Targets = append(r.Targets,
+		Target{Name: "create to first command, c=1: p50 <= 25ms", Value: FormatDuration(serial.P50),
+			Met: serial.N > 0 && serial.P50 <= 25*time.Millisecond},
+		Target{Name: "command round trip: p50 <= 15ms or <= 1.2x bare runsc exec",
+			Value: fmt.Sprintf("%s, %s", FormatDuration(cmd.P50), FormatRatio(cmdRatio)),
+			Met:   cmd.N > 0 && (cmd.P50 <= 15*time.Millisecond || (cmdRatio > 0 && cmdRatio <= 1.2))})
+	if a.CPUPerCreate > 0 || b.CPUPerRun > 0 {
+		r.Figures = append(r.Figures, newFigure("host CPU per create, c=1 (first command and kill included)", "CPU-ms",
+			"runsc run /bin/true (delete included)", a.CPUPerCreate*1000, b.CPUPerRun*1000))
+	}
+	if a.CreatesPerSecond > 0 || b.RunsPerSecond > 0 {
+		r.Figures = append(r.Figures, newFigure(fmt.Sprintf("sustained creates/s, %d clients (create, command, kill)", c), "/s",
+			fmt.Sprintf("runsc run /bin/true and delete, %d at a time", c), a.CreatesPerSecond, b.RunsPerSecond))
+	}
+}
+
+// poolLabel says what the warm pool held before a burst.
+func poolLabel(n int) string {
+	if n < 0 {
+		return "pool unknown"
+	}
+	return fmt.Sprintf("pool held %d", n)
 }
 
 // AddSnapshot adds the snapshot suite's rows, sizes, targets and memory;
@@ -219,15 +279,26 @@ func (r Report) WriteTable(w io.Writer) error {
 	}
 	fmt.Fprintf(w, "\nbare baseline: %s on %s\n\n", r.Runsc, r.RootFS)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "OPERATION\tN\tAENV P50\tAENV P95\tBARE P50\tBARE P95\tAENV/BARE P50\tBARE RUNSC DID")
+	fmt.Fprintln(tw, "OPERATION\tN\tAENV P50\tAENV P95\tAENV P99\tBARE P50\tBARE P95\tBARE P99\tAENV/BARE P50\tBARE RUNSC DID")
 	for _, row := range r.Rows {
-		fmt.Fprintf(tw, "%s\t%d/%d\t%s\t%s\t%s\t%s\t%s\t%s\n", row.Operation, row.Aenv.N, row.Bare.N,
-			FormatDuration(row.Aenv.P50), FormatDuration(row.Aenv.P95),
-			FormatDuration(row.Bare.P50), FormatDuration(row.Bare.P95),
+		fmt.Fprintf(tw, "%s\t%d/%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", row.Operation, row.Aenv.N, row.Bare.N,
+			FormatDuration(row.Aenv.P50), FormatDuration(row.Aenv.P95), FormatDuration(row.Aenv.P99),
+			FormatDuration(row.Bare.P50), FormatDuration(row.Bare.P95), FormatDuration(row.Bare.P99),
 			FormatRatio(row.RatioP50), row.Baseline)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if len(r.Figures) > 0 {
+		fmt.Fprintln(w)
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "FIGURE\tAENV\tBARE\tAENV/BARE\tBARE RUNSC DID")
+		for _, f := range r.Figures {
+			fmt.Fprintf(tw, "%s\t%.1f %s\t%.1f %s\t%s\t%s\n", f.Name, f.Aenv, f.Unit, f.Bare, f.Unit, FormatRatio(f.Ratio), f.Baseline)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
 	}
 	if len(r.Sizes) > 0 {
 		fmt.Fprintln(w, "\nsnapshot-suite sandboxes (memory cgroup usage while running; saved image):")

@@ -11,9 +11,9 @@ import (
 type Summary struct {
 	// N is the number of samples.
 	N int
-	// P50 and P95 are nearest-rank percentiles: always a measured value,
-	// never an interpolation between two.
-	P50, P95 time.Duration
+	// P50, P95 and P99 are nearest-rank percentiles: always a measured
+	// value, never an interpolation between two.
+	P50, P95, P99 time.Duration
 }
 
 // Summarize returns the summary of samples; it does not reorder them.
@@ -24,6 +24,7 @@ func Summarize(samples []time.Duration) Summary {
 		N:   len(sorted),
 		P50: Percentile(sorted, 50),
 		P95: Percentile(sorted, 95),
+		P99: Percentile(sorted, 99),
 	}
 }
 
@@ -58,7 +59,8 @@ func (s Summary) MarshalJSON() ([]byte, error) {
 		N     int     `json:"n"`
 		P50MS float64 `json:"p50_ms"`
 		P95MS float64 `json:"p95_ms"`
-	}{s.N, millis(s.P50), millis(s.P95)})
+		P99MS float64 `json:"p99_ms"`
+	}{s.N, millis(s.P50), millis(s.P95), millis(s.P99)})
 }
 
 // millis converts d to milliseconds rounded to microseconds.

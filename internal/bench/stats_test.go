@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"encoding/json"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -105,11 +106,11 @@ func TestFormatRatio(t *testing.T) {
 }
 
 func TestSummaryJSONInMilliseconds(t *testing.T) {
-	b, err := json.Marshal(Summary{N: 3, P50: 1500 * time.Microsecond, P95: 2 * time.Second})
+	b, err := json.Marshal(Summary{N: 3, P50: 1500 * time.Microsecond, P95: 2 * time.Second, P99: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := string(b), `{"n":3,"p50_ms":1.5,"p95_ms":2000}`; got != want {
+	if got, want := string(b), `{"n":3,"p50_ms":1.5,"p95_ms":2000,"p99_ms":3000}`; got != want {
 		t.Errorf("JSON = %s, want %s", got, want)
 	}
 }
@@ -181,10 +182,11 @@ func TestWriteTable(t *testing.T) {
 			c2 = l
 		}
 	}
-	if f := strings.Fields(c1); len(f) < 11 || f[5] != "4/4" || f[6] != "310.0ms" || f[7] != "400.0ms" || f[8] != "210.0ms" || f[9] != "230.0ms" || f[10] != "1.48x" {
+	if f := strings.Fields(c1); len(f) < 13 || f[5] != "4/4" || f[6] != "310.0ms" || f[7] != "400.0ms" || f[8] != "400.0ms" ||
+		f[9] != "210.0ms" || f[10] != "230.0ms" || f[11] != "230.0ms" || f[12] != "1.48x" {
 		t.Errorf("c=1 line = %q", c1)
 	}
-	if f := strings.Fields(c2); len(f) < 11 || f[5] != "2/0" || f[8] != "-" || f[10] != "-" {
+	if f := strings.Fields(c2); len(f) < 13 || f[5] != "2/0" || f[9] != "-" || f[12] != "-" {
 		t.Errorf("c=2 line = %q (missing baseline must print -)", c2)
 	}
 }
@@ -214,5 +216,60 @@ func TestWriteJSON(t *testing.T) {
 	}
 	if r := got.Rows[1]; r.RatioP50 != nil {
 		t.Errorf("row 1 has a ratio %v without a baseline", *r.RatioP50)
+	}
+}
+
+// TestReportBurstsAndFigures: the two bursts are rows against the same
+// bare burst, named by what the pool held; CPU and rates are figures with
+// their ratio; the burst targets are judged on the pooled burst's p50 and
+// p99 and on the first burst's ratio.
+func TestReportBurstsAndFigures(t *testing.T) {
+	a := AenvResults{
+		CreateSerial: ms(20), Command: ms(12),
+		Burst: ms(800, 900, 1000), BurstPooled: ms(100, 200, 1200), PoolBefore: 2, PoolTaught: 3,
+		CPUPerCreate: 0.05, CreatesPerSecond: 30,
+	}
+	b := BareResults{RunSerial: ms(80), Exec: ms(9), Burst: ms(1000, 1100, 1200), CPUPerRun: 0.025, RunsPerSecond: 20}
+	opts := Options{Iterations: 1, Concurrency: 2}
+	r := NewReport(opts, 2)
+	r.AddCreate(opts, a, b)
+	rows := map[string]Row{}
+	for _, row := range r.Rows {
+		rows[row.Operation] = row
+	}
+	empty, ok1 := rows["create to first command, c=3, pool held 2"]
+	pooled, ok2 := rows["create to first command, c=3, pool refilled, pool held 3"]
+	if !ok1 || !ok2 {
+		t.Fatalf("rows %v lack the two bursts", slices.Collect(maps.Keys(rows)))
+	}
+	if empty.Bare.P50 != 1100*time.Millisecond || pooled.Bare.P50 != 1100*time.Millisecond || pooled.Aenv.P99 != 1200*time.Millisecond {
+		t.Errorf("bursts: %+v, %+v", empty, pooled)
+	}
+	met := map[string]bool{}
+	for _, tg := range r.Targets {
+		met[tg.Name] = tg.Met
+	}
+	// p50 200ms but p99 1.2s: missed; 900/1100 = 0.82x: missed; 20ms:
+	// met; 12ms: met.
+	for name, want := range map[string]bool{
+		"3 creates at once after a burst taught the pool: p50 <= 300ms, p99 <= 1s": false,
+		"3 creates at once, first burst: p50 <= 0.8x bare":                         false,
+		"create to first command, c=1: p50 <= 25ms":                                true,
+		"command round trip: p50 <= 15ms or <= 1.2x bare runsc exec":               true,
+	} {
+		if got, ok := met[name]; !ok || got != want {
+			t.Errorf("target %q: met %v (present %v), want %v", name, got, ok, want)
+		}
+	}
+	if len(r.Figures) != 2 || r.Figures[0].Aenv != 50 || r.Figures[0].Bare != 25 || r.Figures[0].Ratio != 2 ||
+		r.Figures[1].Aenv != 30 || r.Figures[1].Ratio != 1.5 {
+		t.Errorf("figures = %+v", r.Figures)
+	}
+	var buf bytes.Buffer
+	if err := r.WriteTable(&buf); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(buf.String(), "50.0 CPU-ms") || !strings.Contains(buf.String(), "30.0 /s") {
+		t.Errorf("the table lacks the figures:\n%s", buf.String())
 	}
 }

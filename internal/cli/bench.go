@@ -40,7 +40,12 @@ flags, and print both with their ratio. Run it as root on the server's host,
 with the server idle.
 
 The create suite: create to first command one at a time and --concurrency at
-once, and the round trip of a command in a running sandbox.
+once, the round trip of a command in a running sandbox, two bursts of --burst
+creates at once (as the warm pool stands, then once it has refilled from what
+the first taught it, waiting at most 2 minutes), and the creates per second
+--concurrency clients sustain for --sustain; beside bare runsc doing the same,
+with the host CPU-seconds one create costs (read from /proc/stat: keep the host
+otherwise idle).
 
 The snapshot suite, for a fresh sandbox and one holding 256 MiB of written
 memory: snapshot (leaving it running), pause, resume (and its first
@@ -180,7 +185,9 @@ single creates at once, until all are ready, alternately.`,
 	f.IntVar(&soakCycles, "soak-cycles", 1000, "create/exec/kill cycles of the soak suite (--concurrency at a time)")
 	f.IntVar(&soakRounds, "soak-rounds", 5, "rounds of --soak-cycles the soak suite runs, reading the server's heap and RSS after each")
 	f.IntVarP(&opts.Iterations, "iterations", "n", bench.DefaultIterations, "samples per operation of the create suite")
-	f.IntVar(&opts.Concurrency, "concurrency", bench.DefaultConcurrency, "sandboxes started at once in the concurrent measurement")
+	f.IntVar(&opts.Concurrency, "concurrency", bench.DefaultConcurrency, "sandboxes started at once in the concurrent measurement, and clients of the sustained rate")
+	f.IntVar(&opts.BurstSize, "burst", bench.DefaultBurstSize, "sandboxes the create suite's two bursts start at once, the second after the warm pool refilled (0: none)")
+	f.DurationVar(&opts.SustainFor, "sustain", bench.DefaultSustainFor, "how long the create suite measures the sustained create rate (0: not measured)")
 	f.IntVar(&opts.SnapshotIterations, "snapshot-iterations", bench.DefaultSnapshotIterations, "samples per operation of the snapshot suite (forks of 4 and 16 take fewer)")
 	f.IntVar(&opts.PauseCount, "pause-count", bench.DefaultPauseCount, "small sandboxes held paused together to measure the memory pausing frees (negative: skip)")
 	f.StringVar(&opts.CgroupParent, "cgroup-parent", bench.DefaultCgroupParent, "the server's --netns-tag: its sandboxes' memory cgroups are /sys/fs/cgroup/memory/<this>/<id>")

@@ -1,0 +1,77 @@
+package bench
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// userHZ is the unit of /proc/stat's counters. It is a kernel ABI
+// constant (USER_HZ, 100 on every architecture Linux ships), not the
+// kernel's tick rate, so no sysconf call is needed to read it.
+const userHZ = 100
+
+// procStat is where the host's CPU time is read.
+const procStat = "/proc/stat"
+
+// hostCPUSeconds is the CPU time all of the host's CPUs have spent busy
+// (anything but idle and iowait) since boot, read from procStat (a
+// /proc/stat). A burst of creates queues on
+// CPU, so the CPU one costs is read around a series of them, host-wide:
+// the server, its sandboxes, runsc and the kernel's share alike.
+func hostCPUSeconds(procStat string) (float64, error) {
+	f, err := os.Open(procStat)
+	if err != nil {
+		return 0, fmt.Errorf("reading host CPU time: %w", err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 6 || fields[0] != "cpu" {
+			continue
+		}
+		var busy uint64
+		for i, v := range fields[1:] {
+			n, err := strconv.ParseUint(v, 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("reading host CPU time: %s: %w", procStat, err)
+			}
+			// idle and iowait are the 4th and 5th; guest time is
+			// already counted in user, so the 9th and later are not
+			// added again.
+			if i != 3 && i != 4 && i < 8 {
+				busy += n
+			}
+		}
+		return float64(busy) / userHZ, nil
+	}
+	if err := sc.Err(); err != nil {
+		return 0, fmt.Errorf("reading host CPU time: %w", err)
+	}
+	return 0, errors.New("reading host CPU time: no cpu line in " + procStat)
+}
+
+// cpuMeter measures host CPU-seconds over a span of work; a host without
+// /proc/stat measures nothing (0) rather than failing the benchmark.
+type cpuMeter struct {
+	start float64
+	ok    bool
+}
+
+func startCPU() cpuMeter {
+	s, err := hostCPUSeconds(procStat)
+	return cpuMeter{start: s, ok: err == nil}
+}
+
+// per returns the CPU-seconds since the meter started, divided by n.
+func (m cpuMeter) per(n int) float64 {
+	end, err := hostCPUSeconds(procStat)
+	if !m.ok || err != nil || n <= 0 {
+		return 0
+	}
+	return (end - m.start) / float64(n)
+}
