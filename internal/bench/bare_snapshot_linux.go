@@ -183,7 +183,7 @@ func (b *bareSide) pauseResume(ctx context.Context, res *SnapshotSamples) (err e
 			err = errors.Join(err, cerr)
 		}
 	}()
-	start := time.Now()
+	start, cpu := time.Now(), startCPU()
 	if err := r.checkpoint(ctx, id, img); err != nil {
 		return err
 	}
@@ -191,11 +191,13 @@ func (b *bareSide) pauseResume(ctx context.Context, res *SnapshotSamples) (err e
 		return err
 	}
 	res.Pause = append(res.Pause, time.Since(start))
-	start = time.Now()
+	res.PauseCPU = cpu.sample(res.PauseCPU)
+	start, cpu = time.Now(), startCPU()
 	if err := r.restore(ctx, id, img); err != nil {
 		return err
 	}
 	restored := time.Since(start)
+	res.ResumeCPU = cpu.sample(res.ResumeCPU)
 	if err := r.execTrue(ctx, id); err != nil {
 		return err
 	}

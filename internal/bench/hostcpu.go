@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -74,4 +75,23 @@ func (m cpuMeter) per(n int) float64 {
 		return 0
 	}
 	return (end - m.start) / float64(n)
+}
+
+// sample appends the CPU-seconds since the meter started to samples, or
+// leaves them as they are when nothing could be read.
+func (m cpuMeter) sample(samples []float64) []float64 {
+	if v := m.per(1); m.ok && v >= 0 {
+		return append(samples, v)
+	}
+	return samples
+}
+
+// medianOf is the nearest-rank median of samples, 0 for none.
+func medianOf(samples []float64) float64 {
+	if len(samples) == 0 {
+		return 0
+	}
+	sorted := slices.Clone(samples)
+	slices.Sort(sorted)
+	return sorted[(len(sorted)-1)/2]
 }

@@ -33,3 +33,16 @@ func TestHostCPUSeconds(t *testing.T) {
 		t.Error("a missing stat file read as a figure, want an error")
 	}
 }
+
+// TestMedianOf: the nearest-rank median, the lower middle for an even
+// count, 0 for nothing measured.
+func TestMedianOf(t *testing.T) {
+	for _, c := range []struct {
+		in   []float64
+		want float64
+	}{{nil, 0}, {[]float64{3}, 3}, {[]float64{5, 1, 3}, 3}, {[]float64{4, 1, 3, 2}, 2}} {
+		if got := medianOf(c.in); got != c.want {
+			t.Errorf("medianOf(%v) = %v, want %v", c.in, got, c.want)
+		}
+	}
+}

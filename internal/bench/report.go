@@ -211,6 +211,13 @@ func (r *Report) AddSnapshot(opts Options, res SnapshotResults) {
 					perChild(x.Fork[n], n), perChild(y.Fork[n], n)))
 			}
 		}
+		if len(x.PauseCPU)+len(y.PauseCPU) > 0 {
+			r.Figures = append(r.Figures,
+				newFigure("host CPU per pause, "+name+" (p50)", "CPU-ms", "runsc checkpoint + runsc delete",
+					medianOf(x.PauseCPU)*1000, medianOf(y.PauseCPU)*1000),
+				newFigure("host CPU per resume, "+name+" (p50)", "CPU-ms", "runsc restore --direct --detach",
+					medianOf(x.ResumeCPU)*1000, medianOf(y.ResumeCPU)*1000))
+		}
 		r.Sizes = append(r.Sizes, SizeInfo{
 			Name:          name,
 			AenvMemoryMiB: mib(x.MemoryBytes), BareMemoryMiB: mib(y.MemoryBytes),

@@ -114,6 +114,9 @@ type SnapshotSamples struct {
 	// Resume brings a paused sandbox back (until the call returns);
 	// ResumeCommand adds its first command.
 	Resume, ResumeCommand []time.Duration
+	// PauseCPU and ResumeCPU are the host CPU-seconds each pause and
+	// resume sample cost (empty where /proc/stat cannot be read).
+	PauseCPU, ResumeCPU []float64
 	// FromSnapshot starts a new sandbox from a snapshot and runs its first
 	// command.
 	FromSnapshot []time.Duration
@@ -372,16 +375,18 @@ func (a *aenvSide) snapshot(ctx context.Context, res *SnapshotSamples) error {
 // pauseResume times a pause, then a resume and its first command.
 func (a *aenvSide) pauseResume(ctx context.Context, res *SnapshotSamples) error {
 	api, id := a.opts.Snapshots, a.sb.SandboxID
-	start := time.Now()
+	start, cpu := time.Now(), startCPU()
 	if err := api.Pause(ctx, id); err != nil {
 		return err
 	}
 	res.Pause = append(res.Pause, time.Since(start))
-	start = time.Now()
+	res.PauseCPU = cpu.sample(res.PauseCPU)
+	start, cpu = time.Now(), startCPU()
 	if err := api.Resume(ctx, id, sandboxTimeout); err != nil {
 		return err
 	}
 	resumed := time.Since(start)
+	res.ResumeCPU = cpu.sample(res.ResumeCPU)
 	cmd, err := a.runTrue(ctx)
 	if err != nil {
 		return err
