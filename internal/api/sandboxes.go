@@ -92,8 +92,11 @@ type sandboxJSON struct {
 	Domain             string            `json:"domain,omitempty"`
 	// NodeID (an aenv extension) is the node the sandbox runs or was
 	// paused on.
-	NodeID    string         `json:"nodeID,omitempty"`
-	Lifecycle *lifecycleJSON `json:"lifecycle,omitempty"`
+	NodeID string `json:"nodeID,omitempty"`
+	// IdlePaused (an aenv extension): the platform paused it for being
+	// idle (--idle-pause); its next request resumes it.
+	IdlePaused bool           `json:"idlePaused,omitempty"`
+	Lifecycle  *lifecycleJSON `json:"lifecycle,omitempty"`
 	Network   *networkJSON   `json:"network,omitempty"`
 }
 
@@ -128,6 +131,7 @@ func (s *Handler) toJSON(sb *cluster.Sandbox, detail bool) sandboxJSON {
 		// was paused, since a paused sandbox has no deadline.
 		out.StartedAt, out.EndAt = &start, &end
 		out.State = string(sb.State)
+		out.IdlePaused = sb.IdlePaused && sb.State == cluster.StatePaused
 		out.CPUCount, out.MemoryMB = sb.CPUCount, sb.MemoryMB
 		out.Metadata = sb.Metadata
 		if out.Metadata == nil {

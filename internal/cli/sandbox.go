@@ -220,7 +220,11 @@ paused; default: all).`,
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tTEMPLATE\tSTATE\tCPU\tMEMORY\tSTARTED\tENDS\tMETADATA")
 			for _, sb := range list {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%dMiB\t%s\t%s\t%s\n", sb.SandboxID, sb.TemplateID, sb.State,
+				state := sb.State
+				if sb.IdlePaused {
+					state += " (idle)" // resumes on its next request
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%dMiB\t%s\t%s\t%s\n", sb.SandboxID, sb.TemplateID, state,
 					sb.CPUCount, sb.MemoryMB, sb.StartedAt.Local().Format(time.DateTime), sb.EndAt.Local().Format(time.DateTime),
 					formatPairs(sb.Metadata))
 			}

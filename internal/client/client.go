@@ -145,6 +145,9 @@ type Sandbox struct {
 	Domain          string            `json:"domain,omitempty"`
 	// NodeID is the node the sandbox runs on (an aenv extension).
 	NodeID string `json:"nodeID,omitempty"`
+	// IdlePaused: the server paused it for being idle, and its next
+	// request resumes it (an aenv extension).
+	IdlePaused bool `json:"idlePaused,omitempty"`
 }
 
 // CreateOptions describes a sandbox to create.

@@ -50,6 +50,9 @@ func TestIdleSandboxPauses(t *testing.T) {
 	if s := state(busy.SandboxID); s != "running" {
 		t.Fatalf("the sandbox that computes is %s, want running", s)
 	}
+	if sb, err := c.Get(ctx, quiet.SandboxID); err != nil || !sb.IdlePaused {
+		t.Fatalf("the quiet sandbox's description: %+v, %v; want idlePaused", sb, err)
+	}
 	if n := sandboxProcs(quiet.SandboxID); n != 0 {
 		// The release after a pause is in the background: give it a moment.
 		time.Sleep(2 * time.Second)
@@ -62,8 +65,8 @@ func TestIdleSandboxPauses(t *testing.T) {
 		t.Fatalf("after the resume: %q, want its sleep alive", out)
 	}
 	sb, err := c.Get(ctx, quiet.SandboxID)
-	if err != nil || sb.State != "running" {
-		t.Fatalf("after a command: %+v, %v; want running", sb, err)
+	if err != nil || sb.State != "running" || sb.IdlePaused {
+		t.Fatalf("after a command: %+v, %v; want running, not idlePaused", sb, err)
 	}
 	if d := sb.EndAt.Sub(before.EndAt).Abs(); d > 2*time.Second {
 		t.Fatalf("the idle pause moved the deadline by %s (%v, was %v)", d, sb.EndAt, before.EndAt)
