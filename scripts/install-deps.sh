@@ -36,12 +36,25 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 # runsc must be built without cgo: a dynamic build fails at every sandbox
-# start. The build takes minutes, so the result is cached per version.
-runsc_bin=$CACHE/runsc-$RUNSC_VERSION/runsc
+# start. It is built from a copy of the gVisor module with its seccomp
+# programs precompiled (scripts/runsc-seccomp: without them every sandbox
+# start and restore compiles them, ~50 ms of CPU each). The build takes
+# minutes, so the result is cached per version and generator.
+seccomp_gen=$here/scripts/runsc-seccomp/main.go
+runsc_bin=$CACHE/runsc-$RUNSC_VERSION-seccomp-$(sha256sum "$seccomp_gen" | cut -c1-12)/runsc
 if [ ! -x "$runsc_bin" ]; then
-  echo "install-deps: building runsc $RUNSC_VERSION (static; a few minutes, once)"
+  echo "install-deps: building runsc $RUNSC_VERSION (static, seccomp precompiled; a few minutes, once)"
+  src=$(mktemp -d /tmp/aenv-gvisor-XXXXXX)
+  trap 'rm -rf "$src"' EXIT
+  mod=$(cd /tmp && GOFLAGS=-mod=mod go mod download -json "gvisor.dev/gvisor@$RUNSC_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  [ -d "$mod" ] || { echo "install-deps: downloading gvisor.dev/gvisor@$RUNSC_VERSION failed" >&2; exit 1; }
+  cp -r "$mod/." "$src" && chmod -R u+w "$src"
+  mkdir -p "$src/aenv-runsc-seccomp" && cp "$seccomp_gen" "$src/aenv-runsc-seccomp/"
+  (cd "$src" && CGO_ENABLED=0 go run -tags aenv_runsc_seccomp ./aenv-runsc-seccomp)
   mkdir -p "$(dirname "$runsc_bin")"
-  (cd /tmp && CGO_ENABLED=0 GOBIN="$(dirname "$runsc_bin")" go install "gvisor.dev/gvisor/runsc@$RUNSC_VERSION")
+  (cd "$src" && CGO_ENABLED=0 go build -trimpath -o "$runsc_bin.tmp" ./runsc && mv "$runsc_bin.tmp" "$runsc_bin")
+  rm -rf "$src"
+  trap - EXIT
 fi
 install -m 0755 "$runsc_bin" /usr/local/bin/runsc
 
