@@ -97,7 +97,7 @@ type sandboxJSON struct {
 	// idle (--idle-pause); its next request resumes it.
 	IdlePaused bool           `json:"idlePaused,omitempty"`
 	Lifecycle  *lifecycleJSON `json:"lifecycle,omitempty"`
-	Network   *networkJSON   `json:"network,omitempty"`
+	Network    *networkJSON   `json:"network,omitempty"`
 }
 
 // lifecycleJSON is E2B's SandboxLifecycle: what a timeout does.
