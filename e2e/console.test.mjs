@@ -4,11 +4,18 @@
 // the page must not keep), watches a new sandbox appear in the table,
 // types in a sandbox's terminal, reads its CPU chart, uploads a file,
 // pauses and resumes it, signs in as another team's non-admin key, and
-// sends a change without the CSRF token. Any page error, console error,
-// CSP violation or unexpected HTTP error fails the test it happened in.
+// sends a change without the CSRF token. From the keyboard alone it signs
+// in, reaches every control of the sandboxes and sandbox pages with Tab
+// (each showing its focus, uncovered, with an accessible name), opens a
+// sandbox with Enter, works the actions, files, charts and log with Enter
+// and Space, and leaves the terminal with Shift+Escape. At 1280x800 and
+// on a phone's 390x844 every page has no sideways scrolling, no text
+// under 12 px, its controls shown and uncovered and its tables in scroll
+// boxes of their own. Any page error, console error, CSP violation or
+// unexpected HTTP error fails the test it happened in.
 //
 // Screenshots of every page visited go to $AENV_E2E_ARTIFACTS (default
-// e2e/artifacts/console). Chromium is required: without it (or at
+// e2e/artifacts/console), layout-<page>-<size>.png those of the layout's test. Chromium is required: without it (or at
 // AENV_CHROMIUM) the suite fails, it does not skip.
 
 import assert from 'node:assert/strict'
@@ -59,6 +66,16 @@ async function watchedPage(context) {
   const p = await context.newPage()
   const problems = []
   const expected = []
+  // What the page asked for and said, for a failure's report.
+  const trail = []
+  let networkChanges = 0
+  const t0 = Date.now()
+  const note = (m) => trail.push(`+${Date.now() - t0}ms ${m}`)
+  p.on('request', (r) => note(`> ${r.method()} ${r.url()}`))
+  p.on('requestfinished', (r) => note(`< ${r.response()?.status()} ${r.url()}`))
+  p.on('requestfailed', (r) => note(`x ${r.url()} ${r.failure()?.errorText}`))
+  p.on('console', (m) => note(`console.${m.type()}: ${m.text()}`))
+  p.on('pageerror', (e) => note(`pageerror: ${e.message}`))
   p.on('pageerror', (err) => problems.push(`page error: ${err.message}`))
   p.on('console', (msg) => {
     // Failed loads are judged by their answers below.
@@ -67,8 +84,15 @@ async function watchedPage(context) {
     }
   })
   p.on('requestfailed', (req) => {
-    // Aborted: the page went on (a poll cut by a new route, a closed page).
-    if (req.failure()?.errorText !== 'net::ERR_ABORTED') problems.push(`${req.method()} ${new URL(req.url()).pathname} failed: ${req.failure()?.errorText}`)
+    const err = req.failure()?.errorText
+    // Aborted: the page went on (a poll cut by a new route, a closed
+    // page). Network changed: the server started or ended a sandbox,
+    // whose interfaces changed the host's network, and Chromium failed
+    // what was in flight (loopback's requests too); the page must get
+    // over it (its polls go on, its scripts load again), which the
+    // tests see in what it shows.
+    if (err === 'net::ERR_NETWORK_CHANGED') networkChanges++
+    else if (err !== 'net::ERR_ABORTED') problems.push(`${req.method()} ${new URL(req.url()).pathname} failed: ${err}`)
   })
   p.on('response', (res) => {
     const status = res.status()
@@ -88,10 +112,13 @@ async function watchedPage(context) {
   })
   return {
     page: p,
+    trail,
     expect(status, pathRe) {
       expected.push({ status, path: pathRe })
     },
     check(what) {
+      if (networkChanges) console.log(`# ${what}: ${networkChanges} requests failed as the host's network changed (net::ERR_NETWORK_CHANGED)`)
+      networkChanges = 0
       const counts = new Map()
       for (const m of problems.splice(0)) counts.set(m, (counts.get(m) ?? 0) + 1)
       const out = [...counts].map(([m, n]) => (n > 1 ? `${m} (${n} times)` : m))
@@ -117,7 +144,7 @@ async function signIn(w, key, who) {
     // keep what the page showed instead, for the next one to read.
     await screenshot(p, `${who}-signin-missing`).catch(() => {})
     const html = await p.content().catch((e) => `(no content: ${e})`)
-    throw new Error(`the sign-in form did not show; the page held: ${html.slice(0, 2000)}`, { cause: err })
+    throw new Error(`the sign-in form did not show; the page held: ${html.slice(0, 2000)}\nits requests and messages:\n${w.trail.join('\n')}`, { cause: err })
   }
   await screenshot(p, `${who}-signin`)
   await p.type('#apikey', key)
@@ -136,6 +163,87 @@ function terminalRows(p) {
   return p.$$eval('.term .xterm-rows > div', (rows) => rows.map((r) => r.textContent.replace(/\u00a0/g, ' ').trimEnd()))
 }
 
+/**
+ * What has the keyboard's focus: desc (tag, id and name, for messages),
+ * its accessible name (Chromium's accessibility tree), whether its focus
+ * shows (an outline of 2 px or more, or a box shadow, on :focus-visible;
+ * for the terminal, on its box) and whether it is on screen and not
+ * under something else (the sticky header). body: nothing has it.
+ */
+async function focused(p) {
+  const handle = await p.evaluateHandle(() => document.activeElement)
+  const f = await handle.evaluate((el) => {
+    if (!el || el === document.body || el === document.documentElement) return { body: true, desc: 'body' }
+    // xterm.js takes keys in a hidden textarea: the terminal's box shows the focus.
+    const shown = el.closest('.term') ?? el
+    const cs = getComputedStyle(shown)
+    const r = shown.getBoundingClientRect()
+    const cx = Math.min(Math.max(r.left + r.width / 2, 0), innerWidth - 1)
+    const cy = Math.min(Math.max(r.top + Math.min(r.height / 2, 12), 0), innerHeight - 1)
+    const hit = document.elementFromPoint(cx, cy)
+    const text = (el.getAttribute('aria-label') || el.textContent || el.value || '').trim().replace(/\s+/g, ' ')
+    return {
+      body: false,
+      tag: el.tagName.toLowerCase(),
+      id: el.id,
+      text,
+      href: el.getAttribute('href'),
+      terminal: shown !== el,
+      disabled: !!el.disabled,
+      desc: `${el.tagName.toLowerCase()}${el.id ? '#' + el.id : ''} "${text.slice(0, 40)}"`,
+      focusVisible: el.matches(':focus-visible') || (shown !== el && shown.matches(':focus-within')),
+      ring: (cs.outlineStyle !== 'none' && parseFloat(cs.outlineWidth) >= 2) || cs.boxShadow !== 'none',
+      onScreen: r.width > 0 && r.height > 0 && r.bottom > 0 && r.top < innerHeight && r.right > 0 && r.left < innerWidth,
+      coveredBy: hit && (shown.contains(hit) || hit === shown) ? null : (hit ? `${hit.tagName.toLowerCase()}${hit.id ? '#' + hit.id : ''}.${hit.className}` : 'nothing'),
+    }
+  })
+  if (!f.body) {
+    const ax = await p.accessibility.snapshot({ root: handle, interestingOnly: false }).catch(() => null)
+    f.name = ax?.name ?? ''
+    f.role = ax?.role ?? ''
+  }
+  await handle.dispose()
+  return f
+}
+
+/**
+ * Presses Tab (Shift+Tab with back) until the focused element satisfies
+ * want, at most max times; the elements focus went through, in order
+ * (want's last). Focus wraps from the end of the page to its start, as
+ * a keyboard's does.
+ */
+async function tabUntil(p, want, what, { max = 120, back = false } = {}) {
+  const seen = []
+  for (let i = 0; i < max; i++) {
+    if (back) {
+      await p.keyboard.down('Shift')
+      await p.keyboard.press('Tab')
+      await p.keyboard.up('Shift')
+    } else {
+      await p.keyboard.press('Tab')
+    }
+    const f = await focused(p)
+    seen.push(f)
+    if (want(f)) return seen
+  }
+  throw new Error(`${max} presses of Tab did not reach ${what}; focus went through: ${seen.map((f) => f.desc).join(', ')}`)
+}
+
+/** Every element of seen shows its focus, is on screen, uncovered, and has an accessible name. */
+function assertFocusable(seen, where) {
+  const bad = []
+  for (const f of seen) {
+    if (f.body) continue
+    const why = []
+    if (!f.focusVisible || !f.ring) why.push('its focus does not show')
+    if (!f.onScreen) why.push('it is off screen')
+    if (f.coveredBy) why.push(`it is under ${f.coveredBy}`)
+    if (!f.name) why.push('it has no accessible name')
+    if (why.length) bad.push(`${f.desc} (${f.role}): ${why.join(', ')}`)
+  }
+  assert.deepEqual(bad, [], `${where}: elements the keyboard reaches`)
+}
+
 /** The sandbox's state as the API tells it. */
 async function apiState(id) {
   const res = await srv.api('GET', `/sandboxes/${id}`)
@@ -144,6 +252,12 @@ async function apiState(id) {
 }
 
 let admin
+// The admin's key, for the keyboard's and the layout's own sign-ins.
+let adminKey
+// A browser context of its own signed in from the keyboard, and its page
+// (on the shared sandbox's page once the sandboxes' test opened it).
+let kbContext
+let kb
 
 srv.test('signing in with an API key leaves an HttpOnly SameSite=Strict session cookie and the key nowhere in the page', async () => {
   // An admin key of the suite's own (the server's first key is named
@@ -151,6 +265,7 @@ srv.test('signing in with an API key leaves an HttpOnly SameSite=Strict session 
   const made = await srv.api('POST', '/keys', { body: { name: 'console-admin', team: 'ops', admin: true } })
   assert.equal(made.status, 201, made.text)
   const key = made.json.key
+  adminKey = key
   admin = await watchedPage(browser.defaultBrowserContext())
   page = admin.page
   const s = await signIn(admin, key, 'admin')
@@ -195,15 +310,73 @@ srv.test('a sandbox created through the SDK appears in the table within 2 s, wit
   admin.check('sandboxes table')
 })
 
+srv.test('from the keyboard: Tab reaches the sign-in form and Enter signs in; on the sandboxes page Tab reaches the skip link, the navigation, the filters and each row, and Enter opens a sandbox', async () => {
+  kbContext = await browser.createBrowserContext()
+  kb = await watchedPage(kbContext)
+  const p = kb.page
+  kb.expect(401, /^\/console\/session$/)
+  await p.goto(`${srv.url}/console/`, { waitUntil: 'domcontentloaded' })
+  await p.waitForSelector('#apikey', { visible: true })
+  // From wherever focus is (the page puts it in the key's field): away, then Tab.
+  await p.evaluate(() => document.activeElement?.blur())
+  const toKey = await tabUntil(p, (f) => f.id === 'apikey', 'the API key field', { max: 10 })
+  await p.keyboard.type(adminKey)
+  const toButton = await tabUntil(p, (f) => f.tag === 'button' && f.text === 'Sign in', 'the sign-in button', { max: 3 })
+  assertFocusable([...toKey, ...toButton], 'the sign-in page')
+  const [res] = await Promise.all([
+    p.waitForResponse((r) => new URL(r.url()).pathname === '/console/session' && r.request().method() === 'POST'),
+    p.keyboard.press('Enter'),
+  ])
+  assert.equal(res.status(), 200)
+  const row = `a[href="#/sandboxes/${sbx.sandboxId}"]`
+  await p.waitForSelector(row)
+
+  // The page starts in the main area (it has focus after a route):
+  // forward to the page's end, then round to its start and the rows.
+  const toEnd = await tabUntil(p, (f) => f.body, 'the end of the page')
+  const toRow = await tabUntil(p, (f) => f.href === `#/sandboxes/${sbx.sandboxId}`, "the sandbox's row")
+  const seen = [...toEnd, ...toRow]
+  assertFocusable(seen, 'the sandboxes page')
+  const reached = new Set(seen.map((f) => f.href ?? f.id))
+  const nav = await p.$$eval('#nav a', (as) => as.filter((a) => a.offsetParent !== null).map((a) => a.getAttribute('href')))
+  for (const want of [...nav, '#main', 'sb-search', 'sb-metadata', 'sb-state', 'signout']) {
+    assert.ok(reached.has(want), `Tab did not reach ${want}; it went through ${seen.map((f) => f.desc).join(', ')}`)
+  }
+  assert.ok(seen.some((f) => f.role === 'region' && f.name === 'Sandboxes'), 'the table\'s scroll box is not reached (a table wider than the screen scrolls from the keyboard)')
+
+  // The skip link goes to the main area and stays on the page.
+  await tabUntil(p, (f) => f.href === '#main', 'the skip link')
+  await p.keyboard.press('Enter')
+  await p.waitForFunction(() => document.activeElement?.id === 'main')
+  assert.equal(await p.evaluate(() => location.hash), '#/sandboxes')
+  assert.ok(await p.$(row), 'the skip link left the sandboxes page')
+
+  // The search field filters as it is typed in.
+  await tabUntil(p, (f) => f.id === 'sb-search', 'the search field')
+  await p.keyboard.type(`no-such-${RUN}`)
+  await p.waitForFunction((sel) => !document.querySelector(sel)?.offsetParent, {}, row)
+  for (let i = 0; i < `no-such-${RUN}`.length; i++) await p.keyboard.press('Backspace')
+  await p.waitForFunction((sel) => document.querySelector(sel)?.offsetParent, {}, row)
+
+  await tabUntil(p, (f) => f.href === `#/sandboxes/${sbx.sandboxId}`, "the sandbox's row")
+  await p.keyboard.press('Enter')
+  await p.waitForSelector('#sb-term-h')
+  assert.equal(await p.evaluate(() => location.hash), `#/sandboxes/${sbx.sandboxId}`)
+  kb.check('keyboard: sign-in and sandboxes')
+})
+
 srv.test("a sandbox's terminal runs what is typed in it", async () => {
   await page.click(`a[href="#/sandboxes/${sbx.sandboxId}"]`)
   await page.waitForSelector('#sb-term-h')
   await page.waitForFunction(() => document.querySelector('.badge[data-state]')?.textContent === 'running')
-  const open = await page.waitForSelector('#sb-term-h ~ .buttons button.primary:not([disabled])')
-  await open.click()
+  await page.waitForSelector('#sb-term-h ~ .buttons button.primary:not([disabled])')
+  // From the keyboard: Tab to the button, Enter; the shell then has focus.
+  const toOpen = await tabUntil(page, (f) => f.text === 'Open terminal', 'the Open terminal button')
+  assertFocusable(toOpen, 'the sandbox page, on the way to the terminal')
+  await page.keyboard.press('Enter')
   await page.waitForFunction(() => /^Connected/.test(document.querySelector('#sb-term-h ~ .status')?.textContent ?? ''), { timeout: 10_000 })
   await page.waitForSelector('.term .xterm-helper-textarea')
-  await page.focus('.term .xterm-helper-textarea')
+  await page.waitForFunction(() => document.activeElement?.classList.contains('xterm-helper-textarea'))
   await page.keyboard.type('echo hi')
   await page.keyboard.press('Enter')
   await waitFor(async () => (await terminalRows(page)).includes('hi'), {
@@ -214,6 +387,23 @@ srv.test("a sandbox's terminal runs what is typed in it", async () => {
   })
   const rows = await terminalRows(page)
   assert.ok(rows.some((r) => r.endsWith('echo hi')), `no row with the command: ${rows.join(' | ')}`)
+  // Tab is the shell's (completion), so the terminal holds focus until
+  // Shift+Escape, which the card says, moves it past the terminal, to
+  // that very line; Tab goes on from there to the files.
+  await page.keyboard.press('Tab')
+  const inside = await focused(page)
+  assert.ok(inside.terminal, `Tab left the terminal for ${inside.desc}`)
+  assertFocusable([inside], 'the terminal')
+  assert.match(await page.$eval('#sb-term-h', (h) => h.closest('section').textContent), /Shift\+Esc/)
+  await page.keyboard.down('Shift')
+  await page.keyboard.press('Escape')
+  await page.keyboard.up('Shift')
+  const out = await focused(page)
+  assert.match(out.text, /press Shift\+Esc to move focus out/, `Shift+Escape moved focus to ${out.desc}`)
+  assert.ok(out.focusVisible && out.ring && out.onScreen && !out.coveredBy, `where Shift+Escape put focus does not show it: ${JSON.stringify(out)}`)
+  const next = await tabUntil(page, (f) => !f.terminal, 'out of the terminal', { max: 1 })
+  assert.equal(next[0].id, 'fs-dir', `Tab after Shift+Escape went to ${next[0].desc}`)
+  assertFocusable(next, 'after the terminal')
   await page.evaluate(() => window.scrollTo(0, 0))
   await screenshot(page, 'sandbox')
   await page.$eval('#sb-term-h', (el) => el.closest('section').scrollIntoView({ block: 'start' }))
@@ -263,24 +453,78 @@ srv.test("a file uploaded through the page's file browser is in the sandbox", as
   }
 })
 
-/** Clicks the sandbox page's action button labelled label. */
-async function action(label) {
+srv.test("from the keyboard: the sandbox page's actions, files, charts and log are reached with Tab and work with Enter and Space, and Tab gets past the page's end", async () => {
+  const p = kb.page
+  await p.waitForFunction(() => document.querySelector('.badge[data-state]')?.textContent === 'running')
+  await p.waitForFunction(() => /entries in \//.test(document.querySelector('#sb-files-h ~ .status')?.textContent ?? ''))
+  await p.waitForFunction(() => document.querySelectorAll('.u-legend .u-series th[tabindex]').length >= 5)
+  await p.evaluate(() => document.getElementById('main').focus())
+  const seen = await tabUntil(p, (f) => f.body, 'the end of the page')
+  assertFocusable(seen, 'the sandbox page')
+  const all = seen.map((f) => f.desc).join(', ')
+  for (const label of ['Sandboxes', 'Pause', 'Fork', 'Migrate', 'Kill', 'Set timeout', 'Take snapshot', 'Open terminal', 'List', 'Upload', 'Search']) {
+    assert.ok(seen.some((f) => f.text === label), `Tab did not reach "${label}"; it went through ${all}`)
+  }
+  for (const id of ['sb-timeout', 'sb-snapname', 'fs-dir', 'fs-upload', 'log-search', 'log-level', 'log-follow']) {
+    assert.ok(seen.some((f) => f.id === id), `Tab did not reach #${id}; it went through ${all}`)
+  }
+  for (const name of ['CPU: CPU used', 'Memory: Used', 'Memory: Total', 'Disk: Used', 'Disk: Total']) {
+    assert.ok(seen.some((f) => f.name === name), `Tab did not reach the chart legend's "${name}"; it went through ${all}`)
+  }
+  assert.ok(seen.some((f) => f.name === 'Log entries'), `Tab did not reach the log; it went through ${all}`)
+  assert.ok(seen.some((f) => /^Files in \//.test(f.name)), `Tab did not reach the files' table; it went through ${all}`)
+
+  // Files: Enter in the directory's field lists it; Space on a directory opens it.
+  const filesStatus = () => p.$eval('#sb-files-h ~ .status', (el) => el.textContent)
+  await tabUntil(p, (f) => f.id === 'fs-dir', 'the directory field')
+  await p.keyboard.down('Control')
+  await p.keyboard.press('KeyA')
+  await p.keyboard.up('Control')
+  await p.keyboard.type('/')
+  await p.keyboard.press('Enter')
+  await p.waitForFunction(() => /^\d+ entries in \/$/.test(document.querySelector('#sb-files-h ~ .status')?.textContent ?? ''))
+  await tabUntil(p, (f) => f.tag === 'button' && f.text === 'home/', 'the home/ directory')
+  await p.keyboard.press('Space')
+  await p.waitForFunction(() => /entries in \/home$/.test(document.querySelector('#sb-files-h ~ .status')?.textContent ?? ''), { timeout: 5000 })
+    .catch(async (err) => { throw new Error(`${err.message}; the files say: ${await filesStatus()}`) })
+
+  // Charts: Space and Enter hide and show a series.
+  const series = () => p.$eval('th[aria-label="CPU: CPU used"]', (th) => ({ off: th.closest('tr').classList.contains('u-off'), pressed: th.getAttribute('aria-pressed') }))
+  await tabUntil(p, (f) => f.name === 'CPU: CPU used', "the CPU chart's series")
+  assert.deepEqual(await series(), { off: false, pressed: 'true' })
+  await p.keyboard.press('Space')
+  assert.deepEqual(await series(), { off: true, pressed: 'false' })
+  await p.keyboard.press('Enter')
+  assert.deepEqual(await series(), { off: false, pressed: 'true' })
+
+  // Log: Space stops and starts following.
+  await tabUntil(p, (f) => f.id === 'log-follow', 'Follow')
+  await p.keyboard.press('Space')
+  assert.equal(await p.$eval('#log-follow', (c) => c.checked), false)
+  await p.keyboard.press('Space')
+  assert.equal(await p.$eval('#log-follow', (c) => c.checked), true)
+  kb.check('keyboard: the sandbox page')
+})
+
+/** Presses key (Enter or Space) on the sandbox page's action button labelled label, reached with Tab once it is enabled. */
+async function action(label, key) {
   const buttons = await page.$$('.card .buttons button[data-when]')
   for (const b of buttons) {
     if ((await b.evaluate((el) => el.textContent)) === label) {
       await page.waitForFunction((el) => !el.disabled, {}, b)
-      await b.click()
+      assertFocusable(await tabUntil(page, (f) => f.tag === 'button' && f.text === label, `the ${label} button`), `the way to ${label}`)
+      await page.keyboard.press(key)
       return
     }
   }
   throw new Error(`no ${label} button`)
 }
 
-srv.test('pause and resume from the page', async () => {
-  await action('Pause')
+srv.test('pause (Enter) and resume (Space) from the page\'s buttons, reached with Tab', async () => {
+  await action('Pause', 'Enter')
   await waitFor(async () => (await apiState(sbx.sandboxId)) === 'paused', { timeoutMs: 20_000, what: 'the API to tell the sandbox paused' })
   await page.waitForFunction(() => document.querySelector('.badge[data-state]')?.textContent === 'paused', { timeout: 10_000 })
-  await action('Resume')
+  await action('Resume', 'Space')
   await waitFor(async () => (await apiState(sbx.sandboxId)) === 'running', { timeoutMs: 20_000, what: 'the API to tell the sandbox running' })
   await page.waitForFunction(() => document.querySelector('.badge[data-state]')?.textContent === 'running', { timeout: 10_000 })
   // Resumed as it was: the file uploaded before is still there.
@@ -373,6 +617,103 @@ srv.test("a non-admin key of another team sees no keys page and not the other te
     await context.close()
     await srv.kill(mine)
   }
+})
+
+const PHONE = { width: 390, height: 844, deviceScaleFactor: 2, isMobile: true, hasTouch: true }
+
+/**
+ * The layout's faults on p at a viewport width wide: the document wider
+ * than the screen (and what sticks out), text under 12 px, controls
+ * (selectors, each must match) hidden or under something else at their
+ * centres, tables not in a scroll box of their own or sticking out.
+ */
+function layoutFaults(p, wide, controls) {
+  return p.evaluate(async (wide, controls) => {
+    const faults = []
+    const desc = (el) => el ? `${el.tagName.toLowerCase()}${el.id ? '#' + el.id : ''}${el.className && typeof el.className === 'string' ? '.' + el.className.trim().split(/\s+/).join('.') : ''}` : 'nothing'
+    const scroller = (el) => { for (let a = el.parentElement; a && a !== document.body; a = a.parentElement) { if (getComputedStyle(a).overflowX !== 'visible') return a } return null }
+    if (innerWidth !== wide) faults.push(`the window is ${innerWidth} px wide, not ${wide}`)
+    const sw = document.scrollingElement.scrollWidth
+    if (sw > wide) {
+      const out = [...document.querySelectorAll('body *')].filter((el) => el.getBoundingClientRect().right > wide + 0.5 && !scroller(el)).slice(0, 5).map(desc)
+      faults.push(`the document is ${sw} px wide at ${wide}: ${out.join(', ')}`)
+    }
+    const small = new Map()
+    for (const el of document.querySelectorAll('body *')) {
+      const texty = ['INPUT', 'SELECT', 'BUTTON', 'TEXTAREA'].includes(el.tagName) || [...el.childNodes].some((n) => n.nodeType === 3 && n.textContent.trim())
+      if (!texty || el.closest('.visually-hidden, .xterm, [hidden]') || !el.getClientRects().length) continue
+      const cs = getComputedStyle(el)
+      if (cs.visibility !== 'visible' || parseFloat(cs.fontSize) >= 12) continue
+      small.set(`${desc(el)} ${cs.fontSize}`, (el.textContent || el.value || '').trim().slice(0, 20))
+    }
+    for (const [k, v] of small) faults.push(`text under 12 px: ${k} "${v}"`)
+    for (const sel of controls) {
+      const els = document.querySelectorAll(sel)
+      if (!els.length) faults.push(`no ${sel}`)
+      for (const el of els) {
+        el.scrollIntoView({ block: 'center', inline: 'nearest' })
+        const r = el.getBoundingClientRect()
+        const cx = r.left + r.width / 2
+        const cy = r.top + r.height / 2
+        if (!r.width || !r.height) { faults.push(`${sel} (${desc(el)}) is not shown`); continue }
+        if (cx < 0 || cx > innerWidth || cy < 0 || cy > innerHeight) { faults.push(`${sel} (${desc(el)}) is off screen`); continue }
+        const hit = document.elementFromPoint(cx, cy)
+        if (!hit || !(el === hit || el.contains(hit) || (hit.tagName === 'LABEL' && hit.control === el))) faults.push(`${sel} (${desc(el)}) is under ${desc(hit)}`)
+      }
+    }
+    for (const t of document.querySelectorAll('#main table')) {
+      if (t.closest('.uplot')) continue // a chart's legend, inside the chart's box
+      const wrap = t.closest('.table-wrap')
+      if (!wrap || !['auto', 'scroll'].includes(getComputedStyle(wrap).overflowX)) { faults.push(`table "${t.caption?.textContent}" is not in a scroll box of its own`); continue }
+      const r = wrap.getBoundingClientRect()
+      if (r.left < -0.5 || r.right > wide + 0.5) faults.push(`table "${t.caption?.textContent}"'s scroll box runs from ${r.left} to ${r.right} px`)
+    }
+    scrollTo(0, 0)
+    return faults
+  }, wide, controls)
+}
+
+srv.test('readable at 1280x800 and on a phone (390x844): no sideways scrolling, no text under 12 px, the controls shown and uncovered, tables scrolling in their own box', async () => {
+  const sizes = [['1280x800', VIEWPORT], ['390x844', PHONE]]
+  // The sign-in page, before signing in.
+  const outside = await browser.createBrowserContext()
+  try {
+    const w = await watchedPage(outside)
+    w.expect(401, /^\/console\/session$/)
+    for (const [name, size] of sizes) {
+      await w.page.setViewport(size)
+      await w.page.goto(`${srv.url}/console/`, { waitUntil: 'domcontentloaded' })
+      await w.page.waitForSelector('#apikey', { visible: true })
+      assert.deepEqual(await layoutFaults(w.page, size.width, ['#apikey', 'form.signin button[type=submit]']), [], `the sign-in page at ${name}`)
+      await w.page.screenshot({ path: path.join(ARTIFACTS, `layout-signin-${name}.png`), fullPage: true })
+    }
+    w.check('layout: sign-in')
+  } finally {
+    await outside.close()
+  }
+
+  const p = kb.page
+  const id = sbx.sandboxId
+  const pages = [
+    ['sandboxes', '#/sandboxes', `a[href="#/sandboxes/${id}"]`, ['#nav a[href="#/sandboxes"]', '#signout', '#sb-search', '#sb-state', `a[href="#/sandboxes/${id}"]`]],
+    ['sandbox', `#/sandboxes/${id}`, '.u-legend .u-series th[tabindex]', ['.card .buttons button[data-when]', '#sb-term-h ~ .buttons button', '#fs-dir', '#fs-upload', '#log-search', '#log-follow']],
+    ['templates', '#/templates', '#main table', ['#main .page-head button', '#main table']],
+    ['nodes', '#/nodes', '.node button[data-node]', ['.node button[data-node]', '.meter-track']],
+    ['keys', '#/keys', '#main table', ['#key-name', '#key-admin', 'form.grid-form button[type=submit]', 'button[aria-label^="Revoke key"]']],
+  ]
+  for (const [name, size] of sizes) {
+    await p.setViewport(size)
+    for (const [page, hash, ready, controls] of pages) {
+      await p.evaluate((h) => { location.hash = h }, hash)
+      await p.waitForSelector(ready)
+      if (page === 'sandbox') await p.waitForFunction(() => /entries in \//.test(document.querySelector('#sb-files-h ~ .status')?.textContent ?? '') && /entries/.test(document.querySelector('#sb-logs-h ~ .status')?.textContent ?? ''))
+      assert.deepEqual(await layoutFaults(p, size.width, controls), [], `the ${page} page at ${name}`)
+      await p.screenshot({ path: path.join(ARTIFACTS, `layout-${page}-${name}.png`), fullPage: true })
+    }
+  }
+  await p.setViewport(VIEWPORT)
+  kb.check('layout')
+  await kbContext.close()
 })
 
 srv.test('the admin sees the keys page', async () => {

@@ -102,6 +102,13 @@ document.getElementById('signout').addEventListener('click', async () => {
   showSignIn('Signed out.');
 });
 
+// The skip link moves focus to the main area: followed as a link, its
+// #main would be taken for a route.
+document.querySelector('a.skip').addEventListener('click', (ev) => {
+  ev.preventDefault();
+  main.focus();
+});
+
 whenSignedOut(() => { if (session) showSignIn('Your session ended: sign in again.'); });
 window.addEventListener('hashchange', route);
 

@@ -155,7 +155,9 @@ export function render(main, _ctx, id) {
           axes: [{}, { size: 60 }],
           series: [{}, ...d.series.map((s, j) => ({ label: s.label, stroke: colors[j], width: 2, fill: j === 0 ? 'rgba(47,111,222,0.12)' : undefined }))],
           legend: { live: true },
+          hooks: { setSeries: [(u, si) => pressed(u, si)] },
         }, data, box.querySelector('.chart-body'));
+        legendKeys(plots[i], d);
       } else {
         plots[i].setData(data);
       }
@@ -254,6 +256,30 @@ export function render(main, _ctx, id) {
     plots.forEach(p => p && p.destroy());
     term.stop();
   };
+}
+
+// legendKeys makes the legend's series, which uPlot hides and shows on
+// a click, buttons the keyboard reaches and presses (Enter or Space).
+function legendKeys(u, d) {
+  u.root.querySelectorAll('.u-legend tr.u-series').forEach((tr, si) => {
+    if (si === 0) return; // the time, not a series
+    const th = tr.querySelector('th');
+    th.tabIndex = 0;
+    th.setAttribute('role', 'button');
+    th.setAttribute('aria-label', `${d.title}: ${u.series[si].label}`);
+    th.addEventListener('keydown', (ev) => {
+      if (ev.key !== 'Enter' && ev.key !== ' ') return;
+      ev.preventDefault();
+      th.click();
+    });
+    pressed(u, si);
+  });
+}
+
+// pressed tells assistive technology whether series si is shown.
+function pressed(u, si) {
+  const th = u.root.querySelectorAll('.u-legend tr.u-series')[si]?.querySelector('th');
+  if (th && si > 0) th.setAttribute('aria-pressed', String(u.series[si].show));
 }
 
 function fact(label, value) {

@@ -19,12 +19,15 @@ export function terminalCard(id) {
   const openButton = h('button', { type: 'button', class: 'primary' }, 'Open terminal');
   const closeButton = h('button', { type: 'button', disabled: true }, 'Close terminal');
   const holder = h('div', { class: 'term-holder' });
+  // Where Shift+Esc puts focus: after the terminal, so that Tab goes on
+  // to what follows it (Shift+Tab back into it).
+  const hint = h('p', { class: 'sub', tabindex: '-1' }, 'While the terminal has focus every key goes to the shell, Tab included: press Shift+Esc to move focus out of it.');
   const section = h('section', { class: 'card', 'aria-labelledby': 'sb-term-h' },
     h('h2', { id: 'sb-term-h' }, 'Terminal'),
     h('div', { class: 'buttons' }, openButton, closeButton),
     status,
     holder,
-    h('p', { class: 'sub' }, 'While the terminal has focus every key goes to the shell, Tab included: press Shift+Esc to move focus out of it.'));
+    hint);
 
   let session = null;
   let running = true;
@@ -47,7 +50,7 @@ export function terminalCard(id) {
     fit.fit();
     term.attachCustomKeyEventHandler((ev) => {
       if (ev.type === 'keydown' && ev.key === 'Escape' && ev.shiftKey) {
-        closeButton.focus();
+        hint.focus();
         return false;
       }
       return true;
