@@ -58,7 +58,7 @@ export function render(main, _ctx, id) {
     replace(info,
       h('h2', { id: 'sb-info-h' }, 'Details'),
       h('dl', { class: 'facts' },
-        fact('State', h('span', { class: 'badge', 'data-state': sb.state }, sb.state)),
+        fact('State', h('span', { class: 'badge', 'data-state': sb.state }, sb.idlePaused ? `${sb.state} (idle)` : sb.state)),
         fact('Template', sb.alias ? `${sb.alias} (${sb.templateID})` : sb.templateID),
         fact('Node', sb.nodeID || '–'),
         fact('Started', `${fmtTime(sb.startedAt)} (${fmtAge(sb.startedAt)} ago)`),

@@ -110,7 +110,10 @@ export function render(main) {
     const m = lastMetrics[sb.sandboxID];
     const c = r.cells;
     const badge = c.state.firstChild;
-    if (badge.textContent !== sb.state) { badge.textContent = sb.state; badge.dataset.state = sb.state; }
+    // A sandbox the platform paused for being idle resumes on its next
+    // request: say so, it is not the owner's pause.
+    const label = sb.idlePaused ? `${sb.state} (idle)` : sb.state;
+    if (badge.textContent !== label) { badge.textContent = label; badge.dataset.state = sb.state; }
     setText(c.template, sb.alias || sb.templateID);
     setText(c.node, sb.nodeID || '–');
     setText(c.age, fmtAge(sb.startedAt));
