@@ -71,7 +71,7 @@ server, and a server's token no node.`,
 	}
 	join.Flags().DurationVar(&ttl, "ttl", time.Hour, "how long the join token is valid (at most 168h)")
 	join.Flags().StringVar(&description, "description", "", "what the token is for, shown by 'aenv cluster tokens ls'")
-	join.Flags().BoolVar(&asServer, "server", false, "make a token that joins an API server ('aenv server --join'), handed the CA's key and the data key, instead of a node")
+	join.Flags().BoolVar(&asServer, "server", false, "make a token that joins one API server ('aenv server --join'), handed the CA's key and the data key, instead of nodes")
 
 	tokens := &cobra.Command{Use: "tokens", Short: "List or revoke join tokens", Args: cobra.ArbitraryArgs, RunE: groupRun}
 	ls := listCmd(g, &cobra.Command{Use: "ls", Aliases: []string{"list"}, Short: "List the join tokens not yet expired"},

@@ -137,6 +137,34 @@ func CheckJoinToken(ctx context.Context, st state.Store, token string, role Join
 	return rec, nil
 }
 
+// UseJoinToken uses up join token id (the part before the dot, or the
+// whole token), which CheckJoinToken accepted, for a join that must be
+// its only one: a server's, which is handed the CA's key. Of two joins
+// racing with one token, one uses it and the other gets
+// ErrInvalidJoinToken. Restore puts it back for a join that failed after.
+func UseJoinToken(ctx context.Context, st state.Store, id string) (restore func(context.Context) error, err error) {
+	id, _, _ = strings.Cut(id, ".")
+	e, err := st.Get(ctx, JoinTokenPrefix+id)
+	if errors.Is(err, state.ErrNotFound) {
+		return nil, fmt.Errorf("%w: token %s is used, unknown or revoked", ErrInvalidJoinToken, id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("using join token %s: %w", id, err)
+	}
+	switch err := st.Delete(ctx, e.Key, e.Revision); {
+	case errors.Is(err, state.ErrNotFound) || errors.Is(err, state.ErrConflict):
+		return nil, fmt.Errorf("%w: token %s was used by another join", ErrInvalidJoinToken, id)
+	case err != nil:
+		return nil, fmt.Errorf("using join token %s: %w", id, err)
+	}
+	return func(ctx context.Context) error {
+		if _, err := st.Create(ctx, e.Key, e.Value, state.WriteOptions{}); err != nil {
+			return fmt.Errorf("restoring join token %s: %w", id, err)
+		}
+		return nil
+	}, nil
+}
+
 // ListJoinTokens lists the join tokens not yet expired at now, soonest
 // to expire first, and removes the expired ones.
 func ListJoinTokens(ctx context.Context, st state.Store, now time.Time) ([]JoinTokenRecord, error) {

@@ -172,3 +172,31 @@ func TestLoadCA(t *testing.T) {
 		t.Fatal("a server with another data key opened the CA")
 	}
 }
+
+// TestUseJoinToken: a used token is gone, so the next check of it fails;
+// of two uses one wins; restore puts it back for another try.
+func TestUseJoinToken(t *testing.T) {
+	ctx := context.Background()
+	st := state.NewMemory()
+	now := time.Now()
+	tok, rec, err := CreateJoinToken(ctx, st, JoinTokenSpec{Role: JoinServer}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	restore, err := UseJoinToken(ctx, st, tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := UseJoinToken(ctx, st, rec.ID); !errors.Is(err, ErrInvalidJoinToken) {
+		t.Fatalf("a second use: %v, want ErrInvalidJoinToken", err)
+	}
+	if _, err := CheckJoinToken(ctx, st, tok, JoinServer, now); !errors.Is(err, ErrInvalidJoinToken) {
+		t.Fatalf("checking a used token: %v, want ErrInvalidJoinToken", err)
+	}
+	if err := restore(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := CheckJoinToken(ctx, st, tok, JoinServer, now); err != nil || got.ExpiresAt != rec.ExpiresAt {
+		t.Fatalf("a restored token: %+v, %v; want it as it was", got, err)
+	}
+}

@@ -66,7 +66,7 @@ func (s *Server) serverJoin(w http.ResponseWriter, r *http.Request) {
 		return
 	case errors.Is(err, membership.ErrInvalidJoinToken):
 		s.log.Warn("refused a server's join", "remote", r.RemoteAddr, "err", err)
-		writeJSONError(w, http.StatusUnauthorized, "invalid, expired or revoked join token")
+		writeJSONError(w, http.StatusUnauthorized, "invalid, expired, revoked or used join token (a server's token joins one server)")
 		return
 	case err != nil:
 		writeJSONError(w, http.StatusServiceUnavailable, err.Error())
@@ -81,19 +81,40 @@ func (s *Server) serverJoin(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusConflict, err.Error())
 		return
 	}
+	// A server's token admits one server: whoever copied it from a
+	// terminal or a shell history later gets nothing (a node's token
+	// joins any number of nodes, which never see the CA's key).
+	restore, err := membership.UseJoinToken(r.Context(), s.state, rec.ID)
+	switch {
+	case errors.Is(err, membership.ErrInvalidJoinToken):
+		s.log.Warn("refused a server's join", "remote", r.RemoteAddr, "err", err)
+		writeJSONError(w, http.StatusUnauthorized, "this join token was used by another server's join: a server's token joins one server; make another with 'aenv cluster join-command --server'")
+		return
+	case err != nil:
+		writeJSONError(w, http.StatusServiceUnavailable, err.Error())
+		return
+	}
+	// Refused after this, the join did not happen: the token is the
+	// operator's to use again.
+	refuse := func(code int, msg string) {
+		if err := restore(context.WithoutCancel(r.Context())); err != nil {
+			s.log.Warn("a refused server join could not give its token back", "token_id", rec.ID, "err", err)
+		}
+		writeJSONError(w, code, msg)
+	}
 	var initial string
 	if len(req.EtcdPeerURLs) > 0 {
 		if s.etcdTLS == nil {
-			writeJSONError(w, http.StatusConflict, "this cluster's etcd does not serve TLS with the cluster's CA, which a member's peers authenticate each other with: join without --etcd-peer-listen")
+			refuse(http.StatusConflict, "this cluster's etcd does not serve TLS with the cluster's CA, which a member's peers authenticate each other with: join without --etcd-peer-listen")
 			return
 		}
 		initial, err = s.state.AddMember(r.Context(), req.EtcdName, req.EtcdPeerURLs)
 		switch {
 		case errors.Is(err, state.ErrMemberExists) || errors.Is(err, state.ErrNoPeers):
-			writeJSONError(w, http.StatusConflict, err.Error())
+			refuse(http.StatusConflict, err.Error())
 			return
 		case err != nil:
-			writeJSONError(w, http.StatusServiceUnavailable, err.Error())
+			refuse(http.StatusServiceUnavailable, err.Error())
 			return
 		}
 	}

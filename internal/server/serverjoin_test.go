@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -25,7 +26,7 @@ import (
 // server holds the cluster's CA, data key and cluster token, reaches the
 // cluster's etcd over TLS as a server (the keys of the first server work
 // on it), issues join tokens of the same CA, and starts again without a
-// token.
+// token. The token joins no second server.
 func TestServerJoin(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -138,8 +139,14 @@ func TestServerJoin(t *testing.T) {
 	if err := b.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := ca.RevokeJoinToken(ctx, sjc.ID); err != nil {
-		t.Fatal(err)
+	// The token joined one server: another gets nothing with it.
+	cfgC := cfgB(sjc.URL, sjc.Token, sjc.CAHash)
+	cfgC.DataDir, cfgC.RunDir = filepath.Join(dir, "c"), filepath.Join(dir, "c-run")
+	if _, err := Start(ctx, cfgC); err == nil || !strings.Contains(err.Error(), "401") || !strings.Contains(err.Error(), "used join token") {
+		t.Fatalf("a second server joining with a used token: %v, want a 401 saying it was used", err)
+	}
+	if _, err := os.Stat(membership.CAFiles(cfgC.DataDir).CAKeyPath()); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the refused server holds the CA's key (%v)", err)
 	}
 	if b, err = Start(ctx, cfgB(sjc.URL, "", sjc.CAHash)); err != nil {
 		t.Fatalf("the joined server starting again without a token: %v", err)
@@ -176,11 +183,12 @@ func TestServersRunEtcdMembers(t *testing.T) {
 	}()
 	admin := a.APIKey()
 	on := func(s *Server) *client.Client { return client.New("http://"+s.Addr().String(), admin) }
-	sjc, err := on(a).CreateServerJoinToken(ctx, time.Hour, "members")
-	if err != nil {
-		t.Fatal(err)
-	}
+	// A server's token joins one server: each joiner has its own.
 	joiner := func(name string) Config {
+		sjc, err := on(a).CreateServerJoinToken(ctx, time.Hour, "member "+name)
+		if err != nil {
+			t.Fatal(err)
+		}
 		return Config{NoLocalNode: true, JoinToken: sjc.Token, Trust: TrustConfig{ClusterListen: "127.0.0.1:0"}, Config: agent.Config{
 			Listen: "127.0.0.1:0", DataDir: filepath.Join(dir, name), RunDir: filepath.Join(dir, name+"-run"),
 			Join: sjc.URL, CAHash: sjc.CAHash, StoreURL: filepath.Join(dir, "store"), OnStop: cluster.StopKill, Logger: log,
@@ -224,6 +232,14 @@ func TestServersRunEtcdMembers(t *testing.T) {
 	dup.DataDir, dup.RunDir = filepath.Join(dir, "dup"), filepath.Join(dir, "dup-run")
 	if _, err := Start(ctx, dup); err == nil || !strings.Contains(err.Error(), "409") || !strings.Contains(err.Error(), "another name") {
 		t.Fatalf("joining under a member name the cluster has: %v, want a 409", err)
+	}
+	// The join did not happen: its token is still the operator's.
+	toks, err := on(a).JoinTokens(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(toks, func(tk client.JoinToken) bool { return tk.Description == "member b" && tk.ID == strings.Split(dup.JoinToken, ".")[0] }) {
+		t.Fatalf("the refused join's token is gone: %+v", toks)
 	}
 
 	// The first server stops: two of three members hold the state.
