@@ -238,7 +238,9 @@ func TestServersRunEtcdMembers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.ContainsFunc(toks, func(tk client.JoinToken) bool { return tk.Description == "member b" && tk.ID == strings.Split(dup.JoinToken, ".")[0] }) {
+	if !slices.ContainsFunc(toks, func(tk client.JoinToken) bool {
+		return tk.Description == "member b" && tk.ID == strings.Split(dup.JoinToken, ".")[0]
+	}) {
 		t.Fatalf("the refused join's token is gone: %+v", toks)
 	}
 
