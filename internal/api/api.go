@@ -104,6 +104,8 @@ type Handler struct {
 	builds *builds
 	// counts are what /metrics says of the API's own work.
 	counts *apiMetrics
+	// signIns bounds the web console's sign-ins (LimitSignIn).
+	signIns *rateLimiter
 }
 
 // New builds the API handler.
@@ -117,7 +119,8 @@ func New(cfg Config) *Handler {
 	if cfg.UploadTimeout <= 0 {
 		cfg.UploadTimeout = time.Hour
 	}
-	s := &Handler{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), counts: newAPIMetrics()}
+	s := &Handler{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), counts: newAPIMetrics(),
+		signIns: newRateLimiter(signInRate, signInBurst)}
 	s.routes()
 	s.api = s.mux
 	if cfg.RateLimit > 0 {

@@ -117,6 +117,21 @@ const (
 	lookupBurst = 20
 )
 
+// Console sign-ins per client address: a person signs in a few times a
+// day; a script trying keys gets signInBurst, then one a second.
+const (
+	signInRate  = 1
+	signInBurst = 10
+)
+
+// LimitSignIn bounds what next serves per client address (as the API
+// counts addresses, behind trusted proxies too) to signInRate a second
+// after a burst of signInBurst: over it, 429 with Retry-After. The web
+// console puts its sign-in behind it, which no API key names.
+func (s *Handler) LimitSignIn(next http.Handler) http.Handler {
+	return s.signIns.limit(next, func(r *http.Request) string { return s.clientAddr(r).String() })
+}
+
 // guardProxy puts the proxy behind its limits, the cheapest first, so
 // that junk costs neither a store read per request nor memory per id:
 //   - an id that is not of the id form goes straight to the proxy, which

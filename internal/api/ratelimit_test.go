@@ -75,3 +75,42 @@ func TestRateLimitKeys(t *testing.T) {
 		t.Fatalf("sandbox buckets: %q, %q", sandboxKey(p), sandboxKey(q))
 	}
 }
+
+// TestLimitSignIn: the console's sign-ins are bounded per client address,
+// with or without a key in them (a guess carries one): a burst of
+// signInBurst, then 429 with Retry-After; another address has its own;
+// behind a trusted proxy the forwarded client counts.
+func TestLimitSignIn(t *testing.T) {
+	s := New(Config{APIKey: "e2b_good", TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.9.0.0/16")}})
+	h := s.LimitSignIn(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusUnauthorized) }))
+	send := func(addr, xff string) *httptest.ResponseRecorder {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest("POST", "/console/session", strings.NewReader(`{"apiKey":"e2b_guess"}`))
+		req.RemoteAddr = addr
+		if xff != "" {
+			req.Header.Set("X-Forwarded-For", xff)
+		}
+		h.ServeHTTP(rec, req)
+		return rec
+	}
+	for i := range signInBurst {
+		if rec := send("1.2.3.4:1", ""); rec.Code != http.StatusUnauthorized {
+			t.Fatalf("sign-in %d within the burst: %d, want the handler's 401", i, rec.Code)
+		}
+	}
+	rec := send("1.2.3.4:2", "")
+	if rec.Code != http.StatusTooManyRequests || rec.Header().Get("Retry-After") == "" {
+		t.Fatalf("sign-in over the burst: %d (Retry-After %q), want 429 with Retry-After", rec.Code, rec.Header().Get("Retry-After"))
+	}
+	if rec := send("5.6.7.8:1", ""); rec.Code != http.StatusUnauthorized {
+		t.Fatalf("another address: %d, want its own bucket", rec.Code)
+	}
+	// Through a trusted proxy, the forwarded client is limited, not the
+	// proxy: 1.2.3.4 behind it is over, 7.7.7.7 is not.
+	if rec := send("10.9.0.5:1", "1.2.3.4"); rec.Code != http.StatusTooManyRequests {
+		t.Fatalf("the limited client through a trusted proxy: %d, want 429", rec.Code)
+	}
+	if rec := send("10.9.0.5:1", "7.7.7.7"); rec.Code != http.StatusUnauthorized {
+		t.Fatalf("another client through the proxy: %d, want its own bucket", rec.Code)
+	}
+}

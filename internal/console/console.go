@@ -65,7 +65,13 @@ type Config struct {
 	// or header), which go behind the console untouched but for the
 	// session cookie, which a sandbox never sees. Nil: none.
 	IsSandboxTraffic func(r *http.Request) bool
-	Logger           *slog.Logger
+	// LimitSignIn, when set, bounds sign-ins (POST /console/session) in
+	// front of their key check, as the API bounds its clients
+	// (api.Handler.LimitSignIn: per client address): a sign-in carries
+	// no key the API's own limit could count it by, and every guess is
+	// a key lookup and a log line. Nil: unbounded.
+	LimitSignIn func(next http.Handler) http.Handler
+	Logger      *slog.Logger
 }
 
 // Console serves the console and checks sessions in front of the API.
@@ -73,6 +79,7 @@ type Console struct {
 	cfg    Config
 	log    *slog.Logger
 	assets http.Handler
+	signIn http.Handler
 	now    func() time.Time
 }
 
@@ -88,7 +95,12 @@ func New(cfg Config) *Console {
 	if cfg.SessionTTL <= 0 {
 		cfg.SessionTTL = DefaultSessionTTL
 	}
-	return &Console{cfg: cfg, log: cfg.Logger, assets: assetHandler(), now: time.Now}
+	c := &Console{cfg: cfg, log: cfg.Logger, assets: assetHandler(), now: time.Now}
+	c.signIn = http.HandlerFunc(c.signInWithKey)
+	if cfg.LimitSignIn != nil {
+		c.signIn = cfg.LimitSignIn(c.signIn)
+	}
+	return c
 }
 
 // Wrap serves the console in front of next, and next's routes to
@@ -159,7 +171,7 @@ func (c *Console) serveConsole(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Cache-Control", "no-store")
 		switch r.Method {
 		case http.MethodPost:
-			c.signIn(w, r)
+			c.signIn.ServeHTTP(w, r)
 		case http.MethodGet, http.MethodHead:
 			c.whoami(w, r)
 		case http.MethodDelete:

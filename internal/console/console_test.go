@@ -141,6 +141,34 @@ func sessionCookie(t *testing.T, res *http.Response) *http.Cookie {
 // TestSignIn: a good key gets an HttpOnly, SameSite=Strict session cookie
 // (Secure, with the __Host- prefix, over TLS) that holds neither the key
 // nor anything readable; a bad or missing key gets 401 and no cookie.
+// TestSignInLimited: LimitSignIn stands in front of the sign-in's key
+// check, and of nothing else of the console's.
+func TestSignInLimited(t *testing.T) {
+	f := newFixture(t)
+	limited := 0
+	f.console = New(Config{Keys: f.keys, DataKeys: f.dataKeys, Authenticate: authenticate, Logger: slog.New(slog.DiscardHandler),
+		LimitSignIn: func(http.Handler) http.Handler {
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				limited++
+				w.Header().Set("Retry-After", "1")
+				writeError(w, http.StatusTooManyRequests, "too many requests")
+			})
+		}})
+	f.handler = f.console.Wrap(recorder(f.next))
+	if res := f.do(jsonRequest(http.MethodPost, "/console/session", `{"apiKey":"`+f.key+`"}`)); res.StatusCode != http.StatusTooManyRequests || len(res.Cookies()) != 0 {
+		t.Fatalf("a limited sign-in: %d, want 429 and no session", res.StatusCode)
+	}
+	for _, r := range []*http.Request{
+		httptest.NewRequest(http.MethodGet, "/console/session", nil),
+		httptest.NewRequest(http.MethodGet, "/console/", nil),
+	} {
+		f.do(r)
+	}
+	if limited != 1 {
+		t.Fatalf("the limit saw %d requests, want only the sign-in", limited)
+	}
+}
+
 func TestSignIn(t *testing.T) {
 	f := newFixture(t)
 	res := f.do(jsonRequest(http.MethodPost, "/console/session", `{"apiKey":"`+f.key+`"}`))

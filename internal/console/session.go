@@ -138,9 +138,9 @@ func checkOrigin(r *http.Request) string {
 	return ""
 }
 
-// signIn answers POST /console/session: an API key (JSON {"apiKey"} or a
-// form's apiKey field) exchanged for a session cookie.
-func (c *Console) signIn(w http.ResponseWriter, r *http.Request) {
+// signInWithKey answers POST /console/session: an API key (JSON
+// {"apiKey"} or a form's apiKey field) exchanged for a session cookie.
+func (c *Console) signInWithKey(w http.ResponseWriter, r *http.Request) {
 	if msg := checkOrigin(r); msg != "" {
 		writeError(w, http.StatusForbidden, msg)
 		return

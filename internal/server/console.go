@@ -16,6 +16,7 @@ import (
 // cluster accepts them.
 func withConsole(h http.Handler, keys *apikeys.Keys, dataKeys *sealed.Keyring, cfg console.Config) http.Handler {
 	cfg.Keys = keys
+
 	cfg.DataKeys = dataKeys
 	cfg.Authenticate = api.WithCaller
 	cfg.IsSandboxTraffic = func(r *http.Request) bool {

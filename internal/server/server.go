@@ -327,7 +327,7 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 	s.api = api.New(acfg)
 	s.stopSweep = sweepBuildFiles(s.api, log)
 	handler := s.withClusterAdmin(s.withJoin(s.withNode(s.api)))
-	handler = withConsole(handler, s.keys, cfg.dataKeys, console.Config{Logger: log})
+	handler = withConsole(handler, s.keys, cfg.dataKeys, console.Config{Logger: log, LimitSignIn: s.api.LimitSignIn})
 	s.http = &http.Server{
 		Handler:           handler,
 		ReadHeaderTimeout: 10 * time.Second,
