@@ -25,12 +25,14 @@ const (
 	suiteAll      = "all"
 	suiteSoak     = "soak"
 	suiteBatch    = "batch"
+	suiteIdle     = "idle"
 )
 
 func newBenchCmd() *cobra.Command {
 	var opts bench.Options
 	var output, suite, reportDir string
 	var soakCycles, soakRounds, batchSize int
+	var idle bench.IdleOptions
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure sandbox latency against bare runsc",
@@ -64,14 +66,23 @@ leak per sandbox shows as growth that goes on round after round.
 
 The batch suite (not part of all) times, --iterations rounds, one batch
 create of --batch-size sandboxes (POST /sandboxes/batch) against as many
-single creates at once, until all are ready, alternately.`,
+single creates at once, until all are ready, alternately.
+
+The idle suite (not part of all) holds --idle-count sandboxes, each running
+a sleeping python3, and prints what one costs the host: the drop of
+MemAvailable per sandbox, and the median of each part of it (the
+sandbox's memory cgroup under --cgroup-parent, the sentry, gofer and stub
+processes' RSS, PSS and private memory, page tables, the guest's envd).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "table" && output != "json" {
 				return fmt.Errorf("unknown --output %q (table or json)", output)
 			}
-			if reportDir != "" && (suite == suiteBatch || suite == suiteSoak) {
+			if reportDir != "" && (suite == suiteBatch || suite == suiteSoak || suite == suiteIdle) {
 				return fmt.Errorf("--report writes the create and snapshot suites' report, not the %s suite's", suite)
+			}
+			if suite == suiteIdle {
+				return runIdleSuite(cmd, idle, opts, output)
 			}
 			if suite == suiteBatch {
 				c, err := globalsOf(cmd).client()
@@ -180,7 +191,9 @@ single creates at once, until all are ready, alternately.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&suite, "suite", suiteAll, "what to measure: create, snapshot, all, or soak or batch (not in all)")
+	f.StringVar(&suite, "suite", suiteAll, "what to measure: create, snapshot, all, or soak, batch or idle (not in all)")
+	f.IntVar(&idle.Count, "idle-count", bench.DefaultIdleCount, "sandboxes the idle suite holds at once")
+	f.DurationVar(&idle.Settle, "idle-settle", bench.DefaultIdleSettle, "how long the idle suite leaves its sandboxes alone before reading them")
 	f.IntVar(&batchSize, "batch-size", 16, "sandboxes per batch of the batch suite")
 	f.IntVar(&soakCycles, "soak-cycles", 1000, "create/exec/kill cycles of the soak suite (--concurrency at a time)")
 	f.IntVar(&soakRounds, "soak-rounds", 5, "rounds of --soak-cycles the soak suite runs, reading the server's heap and RSS after each")
@@ -199,6 +212,30 @@ single creates at once, until all are ready, alternately.`,
 	f.StringVarP(&output, "output", "o", "table", "table or json")
 	f.StringVar(&reportDir, "report", "", "also write the create and snapshot suites' report into this directory: bench.json, bench.txt (the table) and bench.svg (a chart of each operation's p50 against bare runsc's)")
 	return cmd
+}
+
+// runIdleSuite runs the idle suite; it has no bare half. The sandboxes
+// are created --concurrency at a time.
+func runIdleSuite(cmd *cobra.Command, idle bench.IdleOptions, opts bench.Options, output string) error {
+	if err := checkCgroupParent(opts.CgroupParent); err != nil {
+		return err
+	}
+	c, err := globalsOf(cmd).client()
+	if err != nil {
+		return err
+	}
+	idle.Template, idle.CgroupParent, idle.Concurrency = opts.Template, opts.CgroupParent, opts.Concurrency
+	if isTerminal(cmd.ErrOrStderr()) {
+		idle.Progress = cmd.ErrOrStderr()
+	}
+	res, err := bench.MeasureIdle(cmd.Context(), c, idle)
+	if err != nil {
+		return err
+	}
+	if output == "json" {
+		return writeJSON(cmd.OutOrStdout(), res)
+	}
+	return res.WriteTable(cmd.OutOrStdout())
 }
 
 // writeBenchReport writes r into dir as JSON, a table and a chart, each

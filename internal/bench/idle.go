@@ -1,0 +1,504 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/aenvhq/aenv/internal/client"
+)
+
+// Defaults for IdleOptions.
+const (
+	DefaultIdleCount = 100
+	// DefaultIdleCommand is the idle workload: a Python interpreter that
+	// sleeps, started in the background so that the command returns.
+	DefaultIdleCommand = "nohup setsid python3 -c 'import time; time.sleep(10**6)' </dev/null >/dev/null 2>&1 &"
+	// DefaultIdleSettle is how long the sandboxes are left alone before
+	// they are read: the Go runtimes of the sentry, the gofer and envd
+	// return freed heap to the host over minutes, not at once.
+	DefaultIdleSettle = 30 * time.Second
+)
+
+// IdleOptions configure the idle-density measurement.
+type IdleOptions struct {
+	// Count is how many sandboxes are held idle together (default 100).
+	Count int
+	// Concurrency is how many are created at once (default 4).
+	Concurrency int
+	// Template is what they are created from (default base).
+	Template string
+	// Command is started in each (default DefaultIdleCommand).
+	Command string
+	// CgroupParent is the server's --netns-tag: sandbox id's memory
+	// cgroup is <cgroup root>/<CgroupParent>/<id>.
+	CgroupParent string
+	// Settle is the pause between the last start and the readings
+	// (default DefaultIdleSettle).
+	Settle time.Duration
+	// Progress receives a progress line; nil is silent.
+	Progress io.Writer
+
+	// meminfo, cgroupRoot and procRoot are where the readings come from;
+	// tests move them.
+	meminfo, cgroupRoot, procRoot string
+}
+
+func (o IdleOptions) withDefaults() IdleOptions {
+	if o.Count <= 0 {
+		o.Count = DefaultIdleCount
+	}
+	if o.Concurrency <= 0 {
+		o.Concurrency = 4
+	}
+	if o.Template == "" {
+		o.Template = DefaultTemplate
+	}
+	if o.Command == "" {
+		o.Command = DefaultIdleCommand
+	}
+	if o.CgroupParent == "" {
+		o.CgroupParent = DefaultCgroupParent
+	}
+	if o.Settle == 0 {
+		o.Settle = DefaultIdleSettle
+	}
+	if o.meminfo == "" {
+		o.meminfo = meminfoPath
+	}
+	if o.cgroupRoot == "" {
+		o.cgroupRoot = cgroupRoot
+	}
+	if o.procRoot == "" {
+		o.procRoot = procRoot
+	}
+	return o
+}
+
+// IdleResult is what Count idle sandboxes cost the host.
+type IdleResult struct {
+	Sandboxes int
+	// Before and After are /proc/meminfo (bytes by key) before the first
+	// create and after the settle.
+	Before, After map[string]int64
+	// Each is every sandbox's breakdown.
+	Each []IdleSandbox
+}
+
+// IdleSandbox is one sandbox's memory, from the host and from inside.
+type IdleSandbox struct {
+	ID string
+	// Cgroup is its memory cgroup: usage_in_bytes as "usage",
+	// kmem.usage_in_bytes as "kmem", and memory.stat's own keys.
+	Cgroup map[string]int64
+	// Host are its host processes (the cgroup's).
+	Host []HostProcess
+	// Guest are the processes inside, as the guest kernel counts them.
+	Guest []GuestProcess
+}
+
+// HostProcess is one host process of a sandbox.
+type HostProcess struct {
+	PID int
+	// Role is sentry (runsc-sandbox), gofer (runsc-gofer) or stub (the
+	// systrap processes that hold guest address spaces).
+	Role string
+	// Rollup is /proc/PID/smaps_rollup (Rss, Pss, Pss_Anon, Pss_Shmem,
+	// Private_Dirty, ...) plus VmPTE from /proc/PID/status, in bytes.
+	Rollup map[string]int64
+}
+
+// GuestProcess is one process inside a sandbox, from its /proc/PID/status.
+type GuestProcess struct {
+	PID  int
+	Name string
+	// RSSBytes is VmRSS: with the binary's file pages, which the host
+	// shares between sandboxes.
+	RSSBytes int64
+}
+
+// Guest-side reading: one line per process, "pid comm VmRSS-kB".
+const guestScript = `for p in /proc/[0-9]*; do echo "${p#/proc/} $(cat $p/comm) $(awk '/^VmRSS:/{print $2}' $p/status)"; done 2>/dev/null`
+
+// MeasureIdle creates opts.Count sandboxes, starts opts.Command in each,
+// lets them settle, reads the host's memory, every sandbox's cgroup and
+// host processes and its guest processes, and kills them all.
+func MeasureIdle(ctx context.Context, api API, opts IdleOptions) (res *IdleResult, err error) {
+	opts = opts.withDefaults()
+	res = &IdleResult{Sandboxes: opts.Count}
+	if res.Before, err = readMeminfo(opts.meminfo); err != nil {
+		return nil, err
+	}
+	var mu sync.Mutex
+	var sandboxes []*client.Sandbox
+	defer func() {
+		kills := make([]cleanup, len(sandboxes))
+		for i, sb := range sandboxes {
+			kills[i] = func(ctx context.Context) error { return api.Kill(ctx, sb.SandboxID) }
+		}
+		if kerr := runCleanups(ctx, kills...); kerr != nil {
+			err = errors.Join(err, fmt.Errorf("idle: killing: %w", kerr))
+		}
+	}()
+	p := newProgress(opts.Progress)
+	p.start("idle: creating", opts.Count)
+	work := make(chan struct{})
+	errs := make(chan error, opts.Count)
+	var wg sync.WaitGroup
+	for range min(opts.Concurrency, opts.Count) {
+		wg.Go(func() {
+			for range work {
+				sb, err := api.Create(ctx, client.CreateOptions{TemplateID: opts.Template, Timeout: sandboxTimeout})
+				if err != nil {
+					errs <- err
+					continue
+				}
+				mu.Lock()
+				sandboxes = append(sandboxes, sb)
+				p.update(len(sandboxes))
+				mu.Unlock()
+				ro := client.RunOptions{AccessToken: sb.EnvdAccessToken}
+				if code, err := api.Run(ctx, sb.SandboxID, opts.Command, ro); err != nil || code != 0 {
+					errs <- fmt.Errorf("starting the idle command in %s: %w (exit %d)", sb.SandboxID, err, code)
+				}
+			}
+		})
+	}
+feed:
+	for range opts.Count {
+		select {
+		case work <- struct{}{}:
+		case <-ctx.Done():
+			break feed
+		}
+	}
+	close(work)
+	wg.Wait()
+	p.end()
+	close(errs)
+	if err := errors.Join(ctx.Err(), errors.Join(slices.Collect(chanValues(errs))...)); err != nil {
+		return res, fmt.Errorf("idle: creating: %w", err)
+	}
+	select {
+	case <-ctx.Done():
+		return res, ctx.Err()
+	case <-time.After(opts.Settle):
+	}
+	if res.After, err = readMeminfo(opts.meminfo); err != nil {
+		return res, err
+	}
+	p.start("idle: reading", len(sandboxes))
+	defer p.end()
+	for i, sb := range sandboxes {
+		s, err := readIdleSandbox(ctx, api, opts, sb)
+		if err != nil {
+			return res, fmt.Errorf("idle: %w", err)
+		}
+		res.Each = append(res.Each, s)
+		p.update(i + 1)
+	}
+	return res, nil
+}
+
+// chanValues yields what is in a closed channel.
+func chanValues[T any](c <-chan T) func(func(T) bool) {
+	return func(yield func(T) bool) {
+		for v := range c {
+			if !yield(v) {
+				return
+			}
+		}
+	}
+}
+
+// readIdleSandbox reads sb's cgroup, host processes and guest processes.
+func readIdleSandbox(ctx context.Context, api API, opts IdleOptions, sb *client.Sandbox) (IdleSandbox, error) {
+	s := IdleSandbox{ID: sb.SandboxID}
+	dir := filepath.Join(opts.cgroupRoot, opts.CgroupParent, sb.SandboxID)
+	var err error
+	if s.Cgroup, err = readCgroupStat(dir); err != nil {
+		return s, fmt.Errorf("reading cgroup of %s: %w", sb.SandboxID, err)
+	}
+	pids, err := readPids(filepath.Join(dir, "cgroup.procs"))
+	if err != nil {
+		return s, fmt.Errorf("reading cgroup of %s: %w", sb.SandboxID, err)
+	}
+	for _, pid := range pids {
+		hp, err := readHostProcess(opts.procRoot, pid)
+		if err != nil {
+			// A process may end between the listing and the read.
+			continue
+		}
+		s.Host = append(s.Host, hp)
+	}
+	var out bytes.Buffer
+	code, err := api.Run(ctx, sb.SandboxID, guestScript, client.RunOptions{AccessToken: sb.EnvdAccessToken, Stdout: &out})
+	if err != nil || code != 0 {
+		return s, fmt.Errorf("reading the processes in %s: %w (exit %d)", sb.SandboxID, err, code)
+	}
+	s.Guest = parseGuestProcesses(out.String())
+	return s, nil
+}
+
+// readMeminfo reads a meminfo file into bytes by key.
+func readMeminfo(path string) (map[string]int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading host memory: %w", err)
+	}
+	defer f.Close()
+	m, err := parseMeminfo(f)
+	if err != nil {
+		return nil, fmt.Errorf("reading host memory: %w", err)
+	}
+	return m, nil
+}
+
+// readCgroupStat reads a cgroup v1 memory directory: memory.stat's keys,
+// "usage" and "kmem".
+func readCgroupStat(dir string) (map[string]int64, error) {
+	out := map[string]int64{}
+	b, err := os.ReadFile(filepath.Join(dir, "memory.stat"))
+	if err != nil {
+		return nil, err
+	}
+	for line := range strings.Lines(string(b)) {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), " ")
+		if !ok {
+			continue
+		}
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+			out[k] = n
+		}
+	}
+	for key, file := range map[string]string{"usage": "memory.usage_in_bytes", "kmem": "memory.kmem.usage_in_bytes"} {
+		b, err := os.ReadFile(filepath.Join(dir, file))
+		if err != nil {
+			return nil, err
+		}
+		n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("parsing %s: %w", file, err)
+		}
+		out[key] = n
+	}
+	return out, nil
+}
+
+// readPids reads a cgroup.procs file.
+func readPids(path string) ([]int, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var out []int
+	for f := range strings.FieldsSeq(string(b)) {
+		if n, err := strconv.Atoi(f); err == nil {
+			out = append(out, n)
+		}
+	}
+	return out, nil
+}
+
+// readHostProcess reads pid's role, smaps_rollup and VmPTE.
+func readHostProcess(proc string, pid int) (HostProcess, error) {
+	dir := filepath.Join(proc, strconv.Itoa(pid))
+	hp := HostProcess{PID: pid, Role: "stub"}
+	cmd, err := os.ReadFile(filepath.Join(dir, "cmdline"))
+	if err != nil {
+		return hp, err
+	}
+	if args := splitCmdline(cmd); len(args) > 0 {
+		switch {
+		case strings.Contains(args[0], "gofer"):
+			hp.Role = "gofer"
+		case strings.Contains(args[0], "sandbox"):
+			hp.Role = "sentry"
+		}
+	}
+	f, err := os.Open(filepath.Join(dir, "smaps_rollup"))
+	if err != nil {
+		return hp, err
+	}
+	defer f.Close()
+	if hp.Rollup, err = parseKB(f); err != nil {
+		return hp, err
+	}
+	st, err := os.Open(filepath.Join(dir, "status"))
+	if err != nil {
+		return hp, err
+	}
+	defer st.Close()
+	status, err := parseKB(st)
+	if err != nil {
+		return hp, err
+	}
+	hp.Rollup["VmPTE"] = status["VmPTE"]
+	return hp, nil
+}
+
+// parseKB reads "Key: N kB" lines (smaps_rollup, status) into bytes,
+// skipping lines that are not.
+func parseKB(r io.Reader) (map[string]int64, error) {
+	out := map[string]int64{}
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		k, rest, ok := strings.Cut(sc.Text(), ":")
+		f := strings.Fields(rest)
+		if !ok || len(f) != 2 || f[1] != "kB" {
+			continue
+		}
+		if n, err := strconv.ParseInt(f[0], 10, 64); err == nil {
+			out[k] = n << 10
+		}
+	}
+	return out, sc.Err()
+}
+
+// parseGuestProcesses reads guestScript's "pid comm kB" lines; a process
+// that ended half-way (no VmRSS) is left out.
+func parseGuestProcesses(s string) []GuestProcess {
+	var out []GuestProcess
+	for line := range strings.Lines(s) {
+		f := strings.Fields(line)
+		if len(f) != 3 {
+			continue
+		}
+		pid, err1 := strconv.Atoi(f[0])
+		kb, err2 := strconv.ParseInt(f[2], 10, 64)
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		out = append(out, GuestProcess{PID: pid, Name: f[1], RSSBytes: kb << 10})
+	}
+	return out
+}
+
+// AvailableDropPerSandbox is how much MemAvailable fell per sandbox: what
+// one idle sandbox costs the host, all told (the server's own share and
+// kernel memory outside the sandbox's cgroup included).
+func (r *IdleResult) AvailableDropPerSandbox() int64 {
+	if r.Sandboxes == 0 || r.Before == nil || r.After == nil {
+		return 0
+	}
+	return (r.Before["MemAvailable"] - r.After["MemAvailable"]) / int64(r.Sandboxes)
+}
+
+// idleRow is one line of the breakdown: a name and how to read it off one
+// sandbox.
+type idleRow struct {
+	name string
+	of   func(IdleSandbox) int64
+}
+
+// roleSum sums key over s's host processes of role ("" for all).
+func roleSum(s IdleSandbox, role, key string) int64 {
+	var n int64
+	for _, p := range s.Host {
+		if role == "" || p.Role == role {
+			n += p.Rollup[key]
+		}
+	}
+	return n
+}
+
+// guestRSS is the VmRSS of s's guest processes named name.
+func guestRSS(s IdleSandbox, name string) int64 {
+	var n int64
+	for _, p := range s.Guest {
+		if p.Name == name {
+			n += p.RSSBytes
+		}
+	}
+	return n
+}
+
+func cgroupKey(key string) func(IdleSandbox) int64 {
+	return func(s IdleSandbox) int64 { return s.Cgroup[key] }
+}
+
+func hostKey(role, key string) func(IdleSandbox) int64 {
+	return func(s IdleSandbox) int64 { return roleSum(s, role, key) }
+}
+
+// private is a process's memory no other process maps.
+func private(role string) func(IdleSandbox) int64 {
+	return func(s IdleSandbox) int64 {
+		return roleSum(s, role, "Private_Dirty") + roleSum(s, role, "Private_Clean")
+	}
+}
+
+var idleRows = []idleRow{
+	{"cgroup usage", cgroupKey("usage")},
+	{"  rss (anon: sentry, gofer heaps)", cgroupKey("rss")},
+	{"  shmem (guest memory file)", cgroupKey("shmem")},
+	{"  cache (with shmem)", cgroupKey("cache")},
+	{"  kmem (page tables, stacks, slab)", cgroupKey("kmem")},
+	{"sentry RSS", hostKey("sentry", "Rss")},
+	{"sentry PSS", hostKey("sentry", "Pss")},
+	{"sentry private", private("sentry")},
+	{"sentry anon (PSS)", hostKey("sentry", "Pss_Anon")},
+	{"sentry guest memory (PSS)", hostKey("sentry", "Pss_Shmem")},
+	{"gofer RSS", hostKey("gofer", "Rss")},
+	{"gofer PSS", hostKey("gofer", "Pss")},
+	{"gofer private", private("gofer")},
+	{"stubs PSS", hostKey("stub", "Pss")},
+	{"stubs guest memory (PSS)", hostKey("stub", "Pss_Shmem")},
+	{"page tables (VmPTE, all)", hostKey("", "VmPTE")},
+	{"guest envd VmRSS", func(s IdleSandbox) int64 { return guestRSS(s, "envd") }},
+	{"guest python3 VmRSS", func(s IdleSandbox) int64 { return guestRSS(s, "python3") }},
+}
+
+// meminfoRows are the host-wide meminfo keys whose change per sandbox
+// says what kind of memory the sandboxes took.
+var meminfoRows = []string{"MemAvailable", "MemFree", "AnonPages", "Shmem", "Cached", "PageTables", "KernelStack", "SUnreclaim", "SReclaimable"}
+
+// WriteTable prints the per-sandbox cost and its breakdown (medians over
+// the sandboxes), then the host-wide meminfo changes per sandbox.
+func (r *IdleResult) WriteTable(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(w, "idle sandboxes: %d\n", r.Sandboxes)
+	fmt.Fprintf(w, "host MemAvailable drop per sandbox: %s\n\n", mibText(r.AvailableDropPerSandbox()))
+	fmt.Fprintln(tw, "PER SANDBOX (MEDIAN)\tMiB\t")
+	for _, row := range idleRows {
+		fmt.Fprintf(tw, "%s\t%s\t\n", row.name, mibText(idleMedian(r.Each, row.of)))
+	}
+	fmt.Fprintln(tw, "\t\t")
+	fmt.Fprintln(tw, "MEMINFO CHANGE PER SANDBOX\tMiB\t")
+	for _, k := range meminfoRows {
+		d := int64(0)
+		if r.Sandboxes > 0 {
+			d = (r.After[k] - r.Before[k]) / int64(r.Sandboxes)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t\n", k, mibText(d))
+	}
+	return tw.Flush()
+}
+
+// idleMedian is the median of of over each (the lower middle one of an
+// even count), 0 for none.
+func idleMedian(each []IdleSandbox, of func(IdleSandbox) int64) int64 {
+	if len(each) == 0 {
+		return 0
+	}
+	v := make([]int64, len(each))
+	for i, s := range each {
+		v[i] = of(s)
+	}
+	slices.Sort(v)
+	return v[(len(v)-1)/2]
+}
+
+// mibText formats bytes as MiB with two decimals.
+func mibText(b int64) string { return strconv.FormatFloat(float64(b)/(1<<20), 'f', 2, 64) }

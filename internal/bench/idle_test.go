@@ -1,0 +1,191 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aenvhq/aenv/internal/client"
+)
+
+// idleFakeAPI is a server whose sandboxes each have two host processes
+// (a sentry and a gofer, written under proc) and a cgroup (under cg), and
+// whose guests answer the guest script.
+type idleFakeAPI struct {
+	t        *testing.T
+	proc, cg string
+	mu       sync.Mutex
+	seq      int
+	live     map[string]bool
+	started  map[string]bool
+}
+
+func (f *idleFakeAPI) Create(ctx context.Context, opts client.CreateOptions) (*client.Sandbox, error) {
+	if opts.TemplateID != "tpl" {
+		return nil, fmt.Errorf("bad template %q", opts.TemplateID)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.seq++
+	id := fmt.Sprintf("sb%d", f.seq)
+	f.live[id] = true
+	sentry, gofer := 1000+2*f.seq, 1001+2*f.seq
+	dir := filepath.Join(f.cg, "tag", id)
+	write(f.t, filepath.Join(dir, "memory.stat"), "rss 10485760\nshmem 4194304\ncache 4194304\n")
+	write(f.t, filepath.Join(dir, "memory.usage_in_bytes"), "16777216\n")
+	write(f.t, filepath.Join(dir, "memory.kmem.usage_in_bytes"), "2097152\n")
+	// A process that ended after the listing is skipped.
+	write(f.t, filepath.Join(dir, "cgroup.procs"), fmt.Sprintf("%d\n%d\n99999\n", sentry, gofer))
+	for pid, argv0 := range map[int]string{sentry: "runsc-sandbox", gofer: "runsc-gofer"} {
+		pdir := filepath.Join(f.proc, fmt.Sprint(pid))
+		write(f.t, filepath.Join(pdir, "cmdline"), argv0+"\x00--root=/x\x00"+id+"\x00")
+		write(f.t, filepath.Join(pdir, "smaps_rollup"), "00400000-7fff ---p 00000000 00:00 0  [rollup]\nRss:  8192 kB\nPss:  4096 kB\nPrivate_Dirty: 3072 kB\nPrivate_Clean: 1024 kB\nPss_Anon: 3072 kB\n")
+		write(f.t, filepath.Join(pdir, "status"), "Name:\texe\nThreads:\t8\nVmPTE:\t     256 kB\n")
+	}
+	return &client.Sandbox{SandboxID: id, EnvdAccessToken: "tok-" + id}, nil
+}
+
+func (f *idleFakeAPI) Run(ctx context.Context, id, cmd string, opts client.RunOptions) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.live[id] || opts.AccessToken != "tok-"+id {
+		return -1, fmt.Errorf("run in unknown sandbox %s", id)
+	}
+	switch cmd {
+	case "sleep-in-background":
+		f.started[id] = true
+		return 0, nil
+	case guestScript:
+		if !f.started[id] {
+			return -1, fmt.Errorf("%s read before its idle command ran", id)
+		}
+		// A process that ended half-way has no VmRSS.
+		fmt.Fprint(opts.Stdout, "1 envd 24576\n9 python3 14336\n12 bash\n")
+		return 0, nil
+	}
+	return -1, fmt.Errorf("unexpected command %q", cmd)
+}
+
+func (f *idleFakeAPI) Kill(ctx context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.live[id] {
+		return fmt.Errorf("kill of unknown sandbox %s", id)
+	}
+	delete(f.live, id)
+	return nil
+}
+
+func write(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestMeasureIdle(t *testing.T) {
+	root := t.TempDir()
+	api := &idleFakeAPI{t: t, proc: filepath.Join(root, "proc"), cg: filepath.Join(root, "cg"), live: map[string]bool{}, started: map[string]bool{}}
+	meminfo := filepath.Join(root, "meminfo")
+	write(t, meminfo, "MemAvailable: 1048576 kB\nShmem: 0 kB\n")
+	opts := IdleOptions{
+		Count: 3, Concurrency: 2, Template: "tpl", Command: "sleep-in-background", CgroupParent: "tag",
+		Settle: time.Millisecond, meminfo: meminfo, cgroupRoot: api.cg, procRoot: api.proc,
+	}
+	res, err := MeasureIdle(context.Background(), &dropOnStart{idleFakeAPI: api, meminfo: meminfo, t: t}, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(api.live) != 0 {
+		t.Errorf("sandboxes left running: %v", api.live)
+	}
+	if res.Sandboxes != 3 || len(res.Each) != 3 {
+		t.Fatalf("measured %d sandboxes, %d read; want 3", res.Sandboxes, len(res.Each))
+	}
+	if got := res.AvailableDropPerSandbox(); got != 10<<20 {
+		t.Errorf("MemAvailable drop per sandbox = %d, want 10 MiB", got)
+	}
+	s := res.Each[0]
+	if len(s.Host) != 2 || s.Cgroup["usage"] != 16<<20 || s.Cgroup["kmem"] != 2<<20 || s.Cgroup["shmem"] != 4<<20 {
+		t.Errorf("sandbox %s read as %+v", s.ID, s)
+	}
+	roles := map[string]bool{}
+	for _, p := range s.Host {
+		roles[p.Role] = true
+		if p.Rollup["Pss"] != 4<<20 || p.Rollup["VmPTE"] != 256<<10 {
+			t.Errorf("process %d read as %v", p.PID, p.Rollup)
+		}
+	}
+	if !roles["sentry"] || !roles["gofer"] {
+		t.Errorf("roles = %v, want a sentry and a gofer", roles)
+	}
+	if len(s.Guest) != 2 || guestRSS(s, "envd") != 24<<20 {
+		t.Errorf("guest processes = %+v, want envd (24 MiB) and python3", s.Guest)
+	}
+
+	var out bytes.Buffer
+	if err := res.WriteTable(&out); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"host MemAvailable drop per sandbox: 10.00",
+		"cgroup usage   16.00",
+		"sentry private    4.00",
+		"page tables (VmPTE, all)    0.50",
+		"guest envd VmRSS   24.00",
+		"MemAvailable  -10.00",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+// dropOnStart lowers the fake host's MemAvailable by 30 MiB, 10 MiB per
+// sandbox, when sb3 starts its idle command (before the settle ends).
+type dropOnStart struct {
+	*idleFakeAPI
+	t       *testing.T
+	meminfo string
+	once    sync.Once
+}
+
+func (d *dropOnStart) Run(ctx context.Context, id, cmd string, opts client.RunOptions) (int, error) {
+	if cmd == "sleep-in-background" && id == "sb3" {
+		d.once.Do(func() { write(d.t, d.meminfo, "MemAvailable: 1017856 kB\nShmem: 0 kB\n") })
+	}
+	return d.idleFakeAPI.Run(ctx, id, cmd, opts)
+}
+
+func TestMeasureIdleCreateFailureKillsTheOthers(t *testing.T) {
+	root := t.TempDir()
+	api := &idleFakeAPI{t: t, proc: filepath.Join(root, "proc"), cg: filepath.Join(root, "cg"), live: map[string]bool{}, started: map[string]bool{}}
+	meminfo := filepath.Join(root, "meminfo")
+	write(t, meminfo, "MemAvailable: 1048576 kB\n")
+	_, err := MeasureIdle(context.Background(), api, IdleOptions{
+		Count: 3, Template: "tpl", Command: "exit 3", CgroupParent: "tag",
+		Settle: time.Millisecond, meminfo: meminfo, cgroupRoot: api.cg, procRoot: api.proc,
+	})
+	if err == nil || !strings.Contains(err.Error(), "starting the idle command") {
+		t.Fatalf("err = %v, want the idle command's failure", err)
+	}
+	if len(api.live) != 0 {
+		t.Errorf("sandboxes left running after a failure: %v", api.live)
+	}
+}
+
+func TestParseGuestProcesses(t *testing.T) {
+	got := parseGuestProcesses("1 envd 100\nnot a line\n7 sh\n8 python3 20\n")
+	if len(got) != 2 || got[0] != (GuestProcess{PID: 1, Name: "envd", RSSBytes: 100 << 10}) || got[1].Name != "python3" {
+		t.Errorf("parseGuestProcesses = %+v", got)
+	}
+}
