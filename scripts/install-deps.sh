@@ -44,7 +44,7 @@ fi
 # result is cached per version and per source of both.
 seccomp_gen=$here/scripts/runsc-seccomp/main.go
 runsc_main=$here/scripts/runsc-main/main.go
-runsc_bin=$CACHE/runsc-$RUNSC_VERSION-seccomp-$(cat "$seccomp_gen" "$runsc_main" | sha256sum | cut -c1-12)/runsc
+runsc_bin=$CACHE/runsc-$RUNSC_VERSION-seccomp-$(cat "$seccomp_gen" "$runsc_main" "$here/scripts/runsc-main/main_test.go" | sha256sum | cut -c1-12)/runsc
 if [ ! -x "$runsc_bin" ]; then
   echo "install-deps: building runsc $RUNSC_VERSION (static, seccomp precompiled; a few minutes, once)"
   src=$(mktemp -d /tmp/aenv-gvisor-XXXXXX)
@@ -54,7 +54,9 @@ if [ ! -x "$runsc_bin" ]; then
   cp -r "$mod/." "$src" && chmod -R u+w "$src"
   mkdir -p "$src/aenv-runsc-seccomp" && cp "$seccomp_gen" "$src/aenv-runsc-seccomp/"
   (cd "$src" && CGO_ENABLED=0 go run -tags aenv_runsc_seccomp ./aenv-runsc-seccomp)
-  mkdir -p "$src/aenv-runsc" && cp "$runsc_main" "$src/aenv-runsc/"
+  mkdir -p "$src/aenv-runsc" && cp "$runsc_main" "$here/scripts/runsc-main/main_test.go" "$src/aenv-runsc/"
+  # Its test needs the gVisor module, so it runs here, with the build.
+  (cd "$src" && CGO_ENABLED=0 go test -tags aenv_runsc_main ./aenv-runsc)
   mkdir -p "$(dirname "$runsc_bin")"
   (cd "$src" && CGO_ENABLED=0 go build -trimpath -tags aenv_runsc_main -o "$runsc_bin.tmp" ./aenv-runsc && mv "$runsc_bin.tmp" "$runsc_bin")
   rm -rf "$src"
