@@ -40,7 +40,7 @@ func defaultForkCounts() []int { return []int{1, 4, 16} }
 // cluster): a fork of count children runs min(count, this × the host's
 // CPUs) restores at once on a one-node server, and the bare baseline
 // restores as many at a time.
-const restoresPerCPU = 4
+const restoresPerCPU = 1
 
 // forkParallelism is how many restores of a fork of count children run at
 // once on this host.

@@ -21,12 +21,14 @@ type ForkResult struct {
 const MaxForkCount = 100
 
 // RestoresPerCPU is how many of a fork's restores run at once per CPU of
-// the nodes that may take its children. A restore waits far more than it
-// computes (measured here: ~130 ms of wall time for ~20 ms of CPU, most of
-// it runsc and its sandbox starting and mapping the image), so restores
-// one per core leave the cores idle; more than this many per core only
-// queue on the CPU and memory bandwidth.
-const RestoresPerCPU = 4
+// the nodes that may take its children. A restore computes for nearly all
+// of its wall time (measured over all of runsc's processes with perf:
+// ~120 ms of CPU in ~140 ms; an earlier reading of ~20 ms, from the
+// container's cgroup alone, missed runsc, its gofer and the sentry's
+// start), so more at once than there are cores only queue: 16 restores 8
+// at a time took 1.49 s on 2 cores where 2 at a time took 1.15 s. A fork
+// scales with the cores of the nodes that take it.
+const RestoresPerCPU = 1
 
 // forkParallelism is how many of count restores run at once on nodes with
 // cpus CPUs in all.
