@@ -216,6 +216,30 @@ func series(ctx context.Context, p *progress, label string, warmup, rounds, conc
 	return out, nil
 }
 
+// runN runs job n times, conc at once, handing out no more once ctx ends,
+// and returns when every job it started has.
+func runN(ctx context.Context, n, conc int, job func()) {
+	work := make(chan struct{})
+	var wg sync.WaitGroup
+	for range max(min(conc, n), 1) {
+		wg.Go(func() {
+			for range work {
+				job()
+			}
+		})
+	}
+feed:
+	for range n {
+		select {
+		case work <- struct{}{}:
+		case <-ctx.Done():
+			break feed
+		}
+	}
+	close(work)
+	wg.Wait()
+}
+
 // runCleanups runs every cleanup, even after ctx is cancelled (a benchmark
 // interrupted with Ctrl-C must still leave nothing running), one after
 // another so that they do not compete with each other.

@@ -153,38 +153,22 @@ func MeasureIdle(ctx context.Context, api API, opts IdleOptions) (res *IdleResul
 	}()
 	p := newProgress(opts.Progress)
 	p.start("idle: creating", opts.Count)
-	work := make(chan struct{})
 	errs := make(chan error, opts.Count)
-	var wg sync.WaitGroup
-	for range min(opts.Concurrency, opts.Count) {
-		wg.Go(func() {
-			for range work {
-				sb, err := api.Create(ctx, client.CreateOptions{TemplateID: opts.Template, Timeout: sandboxTimeout})
-				if err != nil {
-					errs <- err
-					continue
-				}
-				mu.Lock()
-				sandboxes = append(sandboxes, sb)
-				p.update(len(sandboxes))
-				mu.Unlock()
-				ro := client.RunOptions{AccessToken: sb.EnvdAccessToken}
-				if code, err := api.Run(ctx, sb.SandboxID, opts.Command, ro); err != nil || code != 0 {
-					errs <- fmt.Errorf("starting the idle command in %s: %w (exit %d)", sb.SandboxID, err, code)
-				}
-			}
-		})
-	}
-feed:
-	for range opts.Count {
-		select {
-		case work <- struct{}{}:
-		case <-ctx.Done():
-			break feed
+	runN(ctx, opts.Count, opts.Concurrency, func() {
+		sb, err := api.Create(ctx, client.CreateOptions{TemplateID: opts.Template, Timeout: sandboxTimeout})
+		if err != nil {
+			errs <- err
+			return
 		}
-	}
-	close(work)
-	wg.Wait()
+		mu.Lock()
+		sandboxes = append(sandboxes, sb)
+		p.update(len(sandboxes))
+		mu.Unlock()
+		ro := client.RunOptions{AccessToken: sb.EnvdAccessToken}
+		if code, err := api.Run(ctx, sb.SandboxID, opts.Command, ro); err != nil || code != 0 {
+			errs <- fmt.Errorf("starting the idle command in %s: %w (exit %d)", sb.SandboxID, err, code)
+		}
+	})
 	p.end()
 	close(errs)
 	if err := errors.Join(ctx.Err(), errors.Join(slices.Collect(chanValues(errs))...)); err != nil {

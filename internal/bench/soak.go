@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"sync"
 	"sync/atomic"
 	"text/tabwriter"
 	"time"
@@ -99,29 +98,13 @@ func Soak(ctx context.Context, api SoakAPI, template string, opts SoakOptions, p
 // soakRound runs cycles cycles, concurrency at a time.
 func soakRound(ctx context.Context, api SoakAPI, template string, cycles, concurrency int, done func(int)) SoakRound {
 	var failed, n atomic.Int64
-	work := make(chan struct{})
-	var wg sync.WaitGroup
 	began := time.Now()
-	for range max(concurrency, 1) {
-		wg.Go(func() {
-			for range work {
-				if err := soakCycle(ctx, api, template); err != nil {
-					failed.Add(1)
-				}
-				done(int(n.Add(1)))
-			}
-		})
-	}
-feed:
-	for range cycles {
-		select {
-		case work <- struct{}{}:
-		case <-ctx.Done():
-			break feed
+	runN(ctx, cycles, concurrency, func() {
+		if err := soakCycle(ctx, api, template); err != nil {
+			failed.Add(1)
 		}
-	}
-	close(work)
-	wg.Wait()
+		done(int(n.Add(1)))
+	})
 	return SoakRound{Cycles: cycles, Failed: int(failed.Load()), Took: time.Since(began)}
 }
 
