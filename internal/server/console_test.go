@@ -250,7 +250,7 @@ func TestConsoleMounted(t *testing.T) {
 	}
 	b, _ = io.ReadAll(res.Body)
 	res.Body.Close()
-	if res.StatusCode != http.StatusOK || !strings.Contains(string(b), `<script type="module" src="js/app.js">`) {
+	if res.StatusCode != http.StatusOK || !strings.Contains(string(b), `<script type="module" src="js/boot.js">`) {
 		t.Fatalf("GET /console/: %d %.200s", res.StatusCode, b)
 	}
 }

@@ -253,8 +253,15 @@ func TestServersRunEtcdMembers(t *testing.T) {
 	if err != nil {
 		t.Fatalf("making a key with the first server down: %v", err)
 	}
-	if err := client.New("http://"+c.Addr().String(), k.Key).CheckKey(ctx); err != nil {
-		t.Fatalf("the key made on b, on c: %v", err)
+	// Servers learn keys through a watch: give it a moment.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		err := client.New("http://"+c.Addr().String(), k.Key).CheckKey(ctx)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the key made on b, on c, 10 s on: %v", err)
+		}
 	}
 	if a, err = Start(ctx, cfgA); err != nil {
 		t.Fatalf("the first server starting again: %v", err)
