@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bufio"
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -86,10 +87,12 @@ func (m cpuMeter) sample(samples []float64) []float64 {
 	return samples
 }
 
-// medianOf is the nearest-rank median of samples, 0 for none.
-func medianOf(samples []float64) float64 {
+// medianOf is the nearest-rank median of samples (the lower middle one
+// of an even count), 0 for none; it does not reorder them.
+func medianOf[T cmp.Ordered](samples []T) T {
+	var zero T
 	if len(samples) == 0 {
-		return 0
+		return zero
 	}
 	sorted := slices.Clone(samples)
 	slices.Sort(sorted)

@@ -9,7 +9,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -171,7 +170,11 @@ func MeasureIdle(ctx context.Context, api API, opts IdleOptions) (res *IdleResul
 	})
 	p.end()
 	close(errs)
-	if err := errors.Join(ctx.Err(), errors.Join(slices.Collect(chanValues(errs))...)); err != nil {
+	failed := []error{ctx.Err()}
+	for err := range errs {
+		failed = append(failed, err)
+	}
+	if err := errors.Join(failed...); err != nil {
 		return res, fmt.Errorf("idle: creating: %w", err)
 	}
 	select {
@@ -193,17 +196,6 @@ func MeasureIdle(ctx context.Context, api API, opts IdleOptions) (res *IdleResul
 		p.update(i + 1)
 	}
 	return res, nil
-}
-
-// chanValues yields what is in a closed channel.
-func chanValues[T any](c <-chan T) func(func(T) bool) {
-	return func(yield func(T) bool) {
-		for v := range c {
-			if !yield(v) {
-				return
-			}
-		}
-	}
 }
 
 // readIdleSandbox reads sb's cgroup, host processes and guest processes.
@@ -470,18 +462,13 @@ func (r *IdleResult) WriteTable(w io.Writer) error {
 	return tw.Flush()
 }
 
-// idleMedian is the median of of over each (the lower middle one of an
-// even count), 0 for none.
+// idleMedian is the median of of over each, 0 for none.
 func idleMedian(each []IdleSandbox, of func(IdleSandbox) int64) int64 {
-	if len(each) == 0 {
-		return 0
-	}
 	v := make([]int64, len(each))
 	for i, s := range each {
 		v[i] = of(s)
 	}
-	slices.Sort(v)
-	return v[(len(v)-1)/2]
+	return medianOf(v)
 }
 
 // mibText formats bytes as MiB with two decimals.
