@@ -103,8 +103,8 @@ manifests:
 # helm lint; the committed manifests equal to a fresh render; the chart
 # rendered with its other value sets (deploy/helm/aenv/ci: an external
 # etcd, S3 and cert-manager) and all of them decoded strictly against the
-# Kubernetes API types. Outside `make lint`: helm's first build takes
-# minutes.
+# Kubernetes API types. Part of `make test` (not `make lint`: helm's
+# first build takes a couple of minutes).
 check-manifests:
 	$(HELM) lint $(CHART)
 	@for v in $(CHART)/ci/*-values.yaml; do $(HELM) lint $(CHART) -f "$$v" --quiet || exit 1; done
@@ -168,7 +168,7 @@ test-fuzz:
 test-install: base
 	scripts/test-install.sh
 
-test: lint cross test-go test-fuzz test-e2e test-e2e-python test-install
+test: lint cross check-manifests test-go test-fuzz test-e2e test-e2e-python test-install
 
 # Benchmarks stay out of `make test`. Creates at concurrency 30 on one node
 # and on three (node agents in their own network namespaces).
