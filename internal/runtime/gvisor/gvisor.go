@@ -265,8 +265,8 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts runti
 	if opts.Freeze {
 		// A paused container stays paused through a checkpoint that leaves
 		// it running, so the saved state is exactly what it stopped at.
-		if err := d.runc.Pause(context.WithoutCancel(ctx), id); err != nil {
-			return fmt.Errorf("checkpointing %s: freezing it: %w%s", id, err, TailLog(filepath.Join(d.sandboxDir(id), "runsc.log")))
+		if err := d.freeze(ctx, id); err != nil {
+			return fmt.Errorf("checkpointing %s: %w%s", id, err, TailLog(filepath.Join(d.sandboxDir(id), "runsc.log")))
 		}
 	}
 	err := d.runc.Checkpoint(context.WithoutCancel(ctx), id, &runc.CheckpointOpts{ImagePath: imageDir}, actions...)
@@ -295,10 +295,7 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts runti
 
 // Thaw implements runtime.Checkpointer.
 func (d *Driver) Thaw(ctx context.Context, id string) error {
-	if err := d.runc.Resume(context.WithoutCancel(ctx), id); err != nil {
-		return fmt.Errorf("thawing %s: %w", id, err)
-	}
-	return nil
+	return d.thaw(ctx, id)
 }
 
 // imageFiles are what runsc writes for a checkpoint; a restore needs all.
@@ -588,14 +585,21 @@ func (d *Driver) Recover(ctx context.Context, id string) error {
 	if err != nil {
 		return fmt.Errorf("recovering %s: %w (%v)", id, runtime.ErrNotFound, err)
 	}
-	if st.Status == "paused" {
-		// Frozen by a pause whose server died before it finished: the
-		// state it was saving may be incomplete, so the sandbox runs on.
-		if err := d.Thaw(ctx, id); err != nil {
+	// Frozen by a pause whose server died before it finished: the state
+	// it was saving may be incomplete, so the sandbox runs on. Servers
+	// before the control-server freeze froze with `runsc pause`.
+	switch {
+	case st.Status == "running" && d.frozen(id):
+		if err := d.thaw(ctx, id); err != nil {
 			return fmt.Errorf("recovering %s: %w", id, err)
 		}
 		d.log.Info("thawed a sandbox frozen by a pause cut short", "sandbox_id", id)
-	} else if st.Status != "running" {
+	case st.Status == "paused":
+		if err := d.runc.Resume(context.WithoutCancel(ctx), id); err != nil {
+			return fmt.Errorf("recovering %s: thawing it: %w", id, err)
+		}
+		d.log.Info("thawed a sandbox frozen by a pause cut short", "sandbox_id", id)
+	case st.Status != "running":
 		return fmt.Errorf("recovering %s: %w (runsc says %s)", id, runtime.ErrNotFound, st.Status)
 	}
 	pid, err := readPid(filepath.Join(d.sandboxDir(id), "pid"))
