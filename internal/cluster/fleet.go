@@ -654,8 +654,13 @@ func (f *fleet) place(p placement) (nodeapi.Node, error) {
 					m.poolTaken = map[string]int{}
 				}
 				m.poolTaken[req.Pool]++
+				// The prestarted sandbox it takes is in the node's
+				// commitment already: counting it again would refuse a
+				// batch the pool holds.
+				f.changedLocked(m)
+			} else {
+				f.placedLocked(m, req.Memory())
 			}
-			f.placedLocked(m, req.Memory())
 			f.mu.Unlock()
 			return m.api, nil
 		}

@@ -117,6 +117,9 @@ func TestPlacementPrefersWarm(t *testing.T) {
 	n1, n2, n3 := nodetest.NewFake("n1"), nodetest.NewFake("n2"), nodetest.NewFake("n3")
 	n2.SetPooled(4)
 	c, _ := remoteFleet(t, st, n1, n2, n3)
+	c.nodes.mu.Lock()
+	before := c.nodes.members["n2"].placedMB
+	c.nodes.mu.Unlock()
 	for i := range 4 {
 		if sb := create(t, c, time.Hour); sb.NodeID != "n2" {
 			t.Fatalf("create %d: placed on %s, want n2, which holds base prestarted", i, sb.NodeID)
@@ -129,9 +132,14 @@ func TestPlacementPrefersWarm(t *testing.T) {
 			left = n.Pooled
 		}
 	}
+	placed := c.nodes.members["n2"].placedMB
 	c.nodes.mu.Unlock()
 	if len(left) != 0 {
 		t.Errorf("n2's pool as placement sees it after four creates: %v, want none left", left)
+	}
+	// The prestarted sandboxes they took are in n2's commitment already.
+	if placed != before {
+		t.Errorf("four creates from n2's pool counted %d MiB more on it, want none", placed-before)
 	}
 	per := map[string]int{}
 	for range 12 {

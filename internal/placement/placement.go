@@ -167,7 +167,13 @@ func Filter(req Request, nodes []*Node) ([]*Node, error) {
 		ready++
 		rule := n.Rule.WithDefaults()
 		largestMB, largestCPU = max(largestMB, rule.MemoryMB), max(largestCPU, rule.CPUCount)
-		switch rule.Check(creq, n.Load) {
+		load := n.Load
+		if req.Pool != "" && n.Pooled[req.Pool] > 0 {
+			// It takes a prestarted sandbox, whose memory the node's
+			// commitment counts already.
+			load.CommittedMB = max(load.CommittedMB-creq.MemoryMB, 0)
+		}
+		switch rule.Check(creq, load) {
 		case capacity.TooLarge:
 			tooSmall++
 			continue

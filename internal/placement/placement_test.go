@@ -196,10 +196,25 @@ func TestWarm(t *testing.T) {
 	if got := Warm(Request{}, []*Node{node("a", 0), warm}); len(got) != 2 {
 		t.Errorf("Warm without a pool key = %v, want both", ids(got))
 	}
+	// A node whose commitment is at its limit with prestarted sandboxes
+	// in it still takes the creates those serve: each takes one, whose
+	// memory is counted already. Other creates go elsewhere.
 	full := node("full", 16384)
 	full.Pooled = map[string]int{"t/base": 5}
-	if n, err := b.Place(Request{Template: "base", Pool: "t/base"}, []*Node{full, node("a", 0)}); err != nil || n.ID != "a" {
-		t.Fatalf("a full node with base prestarted: placed on %v, %v; want a", n, err)
+	for range 20 {
+		if n, err := b.Place(Request{Template: "base", Pool: "t/base"}, []*Node{full, node("a", 0)}); err != nil || n.ID != "full" {
+			t.Fatalf("a create of base on a full node with base prestarted: placed on %v, %v; want full", n, err)
+		}
+		if n, err := b.Place(Request{Template: "base", Pool: "t/code"}, []*Node{full, node("a", 0)}); err != nil || n.ID != "a" {
+			t.Fatalf("a create of code beside a full node with base prestarted: placed on %v, %v; want a", n, err)
+		}
+	}
+	if _, err := b.Place(Request{Template: "base"}, []*Node{full}); !errors.Is(err, ErrNoCapacity) {
+		t.Fatalf("a create from no pool on a full node: %v, want ErrNoCapacity", err)
+	}
+	full.Pooled["t/base"] = 0
+	if _, err := b.Place(Request{Template: "base", Pool: "t/base"}, []*Node{full}); !errors.Is(err, ErrNoCapacity) {
+		t.Fatalf("a create on a full node whose pool is taken: %v, want ErrNoCapacity", err)
 	}
 }
 
