@@ -242,14 +242,15 @@ feed:
 
 // runCleanups runs every cleanup, even after ctx is cancelled (a benchmark
 // interrupted with Ctrl-C must still leave nothing running), one after
-// another so that they do not compete with each other.
+// another so that they do not compete with each other, each within
+// cleanupTimeout (a thousand kills take longer than one would).
 func runCleanups(ctx context.Context, cleanups ...cleanup) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-	defer cancel()
 	var errs []error
 	for _, c := range cleanups {
 		if c != nil {
-			errs = append(errs, c(ctx))
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+			errs = append(errs, c(cctx))
+			cancel()
 		}
 	}
 	return errors.Join(errs...)

@@ -153,8 +153,11 @@ func MeasureIdle(ctx context.Context, api API, opts IdleOptions) (res *IdleResul
 	p := newProgress(opts.Progress)
 	p.start("idle: creating", opts.Count)
 	errs := make(chan error, opts.Count)
+	// The first must outlive the creation of the others, the settling and
+	// the readings: a thousand take minutes to start.
+	timeout := sandboxTimeout + opts.Count + int(opts.Settle.Seconds())
 	runN(ctx, opts.Count, opts.Concurrency, func() {
-		sb, err := api.Create(ctx, client.CreateOptions{TemplateID: opts.Template, Timeout: sandboxTimeout})
+		sb, err := api.Create(ctx, client.CreateOptions{TemplateID: opts.Template, Timeout: timeout})
 		if err != nil {
 			errs <- err
 			return

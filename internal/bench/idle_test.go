@@ -24,6 +24,8 @@ type idleFakeAPI struct {
 	seq      int
 	live     map[string]bool
 	started  map[string]bool
+	// timeouts are the sandboxes' timeouts, in seconds.
+	timeouts []int
 }
 
 func (f *idleFakeAPI) Create(ctx context.Context, opts client.CreateOptions) (*client.Sandbox, error) {
@@ -33,6 +35,7 @@ func (f *idleFakeAPI) Create(ctx context.Context, opts client.CreateOptions) (*c
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.seq++
+	f.timeouts = append(f.timeouts, opts.Timeout)
 	id := fmt.Sprintf("sb%d", f.seq)
 	f.live[id] = true
 	sentry, gofer := 1000+2*f.seq, 1001+2*f.seq
@@ -107,6 +110,12 @@ func TestMeasureIdle(t *testing.T) {
 	}
 	if len(api.live) != 0 {
 		t.Errorf("sandboxes left running: %v", api.live)
+	}
+	// Each outlives the start of all of them (a second each, at most).
+	for _, to := range api.timeouts {
+		if to < sandboxTimeout+opts.Count {
+			t.Errorf("a sandbox created with a timeout of %d s, want at least %d", to, sandboxTimeout+opts.Count)
+		}
 	}
 	if res.Sandboxes != 3 || len(res.Each) != 3 {
 		t.Fatalf("measured %d sandboxes, %d read; want 3", res.Sandboxes, len(res.Each))
