@@ -8,7 +8,10 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // The sandbox process's control server methods a pause uses. A freeze
@@ -49,12 +52,26 @@ type controlResult struct {
 // errNotSent is a call that never reached the sandbox process.
 var errNotSent = errors.New("the control call was not sent")
 
+// unixPathMax is the size of a unix socket address's path (sun_path),
+// its terminating NUL included.
+const unixPathMax = 108
+
 // control calls method, which takes no argument, on sandbox id's control
 // server.
 func (d *Driver) control(ctx context.Context, id, method string) error {
 	sock, err := d.controlSocket(id)
 	if err != nil {
 		return fmt.Errorf("%w: %w", errNotSent, err)
+	}
+	if len(sock) >= unixPathMax {
+		// Too long for a unix address: reached through a descriptor of
+		// it, as runsc does.
+		fd, err := unix.Open(sock, unix.O_PATH|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("%w: opening %s: %w", errNotSent, sock, err)
+		}
+		defer unix.Close(fd)
+		sock = "/proc/self/fd/" + strconv.Itoa(fd)
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), controlTimeout)
 	defer cancel()
@@ -71,7 +88,8 @@ func (d *Driver) control(ctx context.Context, id, method string) error {
 		return err
 	}
 	if _, err := conn.Write(req); err != nil {
-		return fmt.Errorf("calling %s: %w", method, err)
+		// The server acts on a whole request only.
+		return fmt.Errorf("%w: calling %s: %w", errNotSent, method, err)
 	}
 	var res controlResult
 	if err := json.NewDecoder(conn).Decode(&res); err != nil {
@@ -84,8 +102,7 @@ func (d *Driver) control(ctx context.Context, id, method string) error {
 }
 
 // controlSocket is where sandbox id's process serves its control server,
-// as runsc recorded it in the container's state file. A path too long
-// for a unix address is reached through /proc, as runsc itself does.
+// as runsc recorded it in the container's state file.
 func (d *Driver) controlSocket(id string) (string, error) {
 	b, err := os.ReadFile(filepath.Join(d.runc.Root, id+"_sandbox:"+id+".state"))
 	if err != nil {

@@ -2,13 +2,19 @@ package gvisor
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	runc "github.com/containerd/go-runc"
 
 	"github.com/aenvhq/aenv/internal/runtime"
 )
@@ -106,4 +112,77 @@ func answers(addr netip.Addr) bool {
 	}
 	resp.Body.Close()
 	return resp.StatusCode == http.StatusNoContent
+}
+
+// TestControlCalls: freeze and thaw send the control server's methods
+// over a socket whose path is too long for a unix address (reached
+// through a descriptor), keep the frozen marker exactly while a freeze
+// may hold, and drop it when the call never reached the sandbox. It needs
+// no root: the control server is a fake speaking urpc's framing.
+func TestControlCalls(t *testing.T) {
+	short := t.TempDir()
+	sock := filepath.Join(short, "c.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	calls := make(chan string, 8)
+	go func() {
+		for {
+			conn, err := l.Accept()
+			if err != nil {
+				return
+			}
+			var c controlCall
+			if err := json.NewDecoder(conn).Decode(&c); err == nil {
+				calls <- c.Method
+				conn.Write([]byte(`{"success":true,"err":"","result":{}}`))
+			}
+			conn.Close()
+		}
+	}()
+	// A path past sun_path's 108 bytes, to the socket through a link.
+	long := filepath.Join(t.TempDir(), strings.Repeat("d", 60), strings.Repeat("e", 60))
+	if err := os.MkdirAll(long, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(long, "control.sock")
+	if err := os.Symlink(sock, link); err != nil {
+		t.Fatal(err)
+	}
+	state := t.TempDir()
+	d := &Driver{cfg: Config{StateDir: state}, runc: &runc.Runc{Root: filepath.Join(state, "runsc")}}
+	for _, dir := range []string{d.runc.Root, d.sandboxDir("sb1")} {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	meta, _ := json.Marshal(map[string]any{"id": "sb1", "sandbox": map[string]any{"controlSocketPath": link}})
+	if err := os.WriteFile(filepath.Join(d.runc.Root, "sb1_sandbox:sb1.state"), meta, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	ctx := context.Background()
+	if err := d.freeze(ctx, "sb1"); err != nil {
+		t.Fatal(err)
+	}
+	if m := <-calls; m != controlPause || !d.frozen("sb1") {
+		t.Fatalf("freeze called %q, frozen marker %v; want %q and the marker", m, d.frozen("sb1"), controlPause)
+	}
+	if err := d.thaw(ctx, "sb1"); err != nil {
+		t.Fatal(err)
+	}
+	if m := <-calls; m != controlResume || d.frozen("sb1") {
+		t.Fatalf("thaw called %q, frozen marker %v; want %q and no marker", m, d.frozen("sb1"), controlResume)
+	}
+
+	l.Close()
+	os.Remove(sock)
+	if err := d.freeze(ctx, "sb1"); !errors.Is(err, errNotSent) {
+		t.Fatalf("a freeze with no control server: %v, want errNotSent", err)
+	}
+	if d.frozen("sb1") {
+		t.Error("a freeze that was never sent left the frozen marker: a later Recover would resume a running kernel")
+	}
 }
