@@ -26,13 +26,13 @@ const (
 	controlTimeout = 30 * time.Second
 )
 
-// frozenMarker, in a sandbox's directory, says that this driver froze it
+// frozenMarkerName, in a sandbox's directory, says that this driver froze it
 // through the control server (runsc's own state still says running), so
 // that a process that died before thawing it lets its successor's
 // Recover thaw it. It is written before the freeze: a resume of a kernel
 // that is not paused panics gVisor's sentry, so the marker may only be
 // missing when the sandbox certainly is not frozen.
-const frozenMarker = "frozen"
+const frozenMarkerName = "frozen"
 
 // controlCall is one call to the sandbox's control server: gVisor's urpc,
 // one JSON object each way over the unix socket the sandbox process
@@ -123,9 +123,9 @@ func (d *Driver) controlSocket(id string) (string, error) {
 	return p, nil
 }
 
-// freeze stops every task of sandbox id until thaw.
+// freeze stops every task of sandbox id until Thaw.
 func (d *Driver) freeze(ctx context.Context, id string) error {
-	marker := filepath.Join(d.sandboxDir(id), frozenMarker)
+	marker := d.frozenMarker(id)
 	if err := os.WriteFile(marker, nil, 0o600); err != nil {
 		return fmt.Errorf("freezing %s: %w", id, err)
 	}
@@ -138,19 +138,25 @@ func (d *Driver) freeze(ctx context.Context, id string) error {
 	return nil
 }
 
-// thaw lets sandbox id, frozen by freeze, run on.
-func (d *Driver) thaw(ctx context.Context, id string) error {
+// Thaw implements runtime.Checkpointer: it lets sandbox id, frozen by
+// freeze, run on.
+func (d *Driver) Thaw(ctx context.Context, id string) error {
 	if err := d.control(ctx, id, controlResume); err != nil {
 		return fmt.Errorf("thawing %s: %w", id, err)
 	}
-	if err := os.Remove(filepath.Join(d.sandboxDir(id), frozenMarker)); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := os.Remove(d.frozenMarker(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("thawing %s: %w", id, err)
 	}
 	return nil
 }
 
+// frozenMarker is where freeze marks sandbox id frozen (frozenMarkerName).
+func (d *Driver) frozenMarker(id string) string {
+	return filepath.Join(d.sandboxDir(id), frozenMarkerName)
+}
+
 // frozen says whether freeze left a marker that no thaw removed.
 func (d *Driver) frozen(id string) bool {
-	_, err := os.Stat(filepath.Join(d.sandboxDir(id), frozenMarker))
+	_, err := os.Stat(d.frozenMarker(id))
 	return err == nil
 }

@@ -170,7 +170,7 @@ func TestControlCalls(t *testing.T) {
 	if m := <-calls; m != controlPause || !d.frozen("sb1") {
 		t.Fatalf("freeze called %q, frozen marker %v; want %q and the marker", m, d.frozen("sb1"), controlPause)
 	}
-	if err := d.thaw(ctx, "sb1"); err != nil {
+	if err := d.Thaw(ctx, "sb1"); err != nil {
 		t.Fatal(err)
 	}
 	if m := <-calls; m != controlResume || d.frozen("sb1") {

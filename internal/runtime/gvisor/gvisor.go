@@ -293,11 +293,6 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts runti
 	return nil
 }
 
-// Thaw implements runtime.Checkpointer.
-func (d *Driver) Thaw(ctx context.Context, id string) error {
-	return d.thaw(ctx, id)
-}
-
 // imageFiles are what runsc writes for a checkpoint; a restore needs all.
 var imageFiles = []string{"checkpoint.img", "pages_meta.img", "pages.img"}
 
@@ -590,7 +585,7 @@ func (d *Driver) Recover(ctx context.Context, id string) error {
 	// before the control-server freeze froze with `runsc pause`.
 	switch {
 	case st.Status == "running" && d.frozen(id):
-		if err := d.thaw(ctx, id); err != nil {
+		if err := d.Thaw(ctx, id); err != nil {
 			return fmt.Errorf("recovering %s: %w", id, err)
 		}
 		d.log.Info("thawed a sandbox frozen by a pause cut short", "sandbox_id", id)

@@ -3,7 +3,6 @@ package gvisor
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -62,19 +61,14 @@ func (f *fixture) spec(t *testing.T, id string) (runtime.Spec, *netns.Slot) {
 
 func waitHealth(t *testing.T, addr netip.Addr) {
 	t.Helper()
-	url := fmt.Sprintf("http://%s:49983/health", addr)
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
-		resp, err := http.Get(url)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusNoContent {
-				return
-			}
+		if answers(addr) {
+			return
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	t.Fatalf("envd at %s never became healthy", url)
+	t.Fatalf("envd at %s never became healthy", addr)
 }
 
 func TestCreateStatsKill(t *testing.T) {
