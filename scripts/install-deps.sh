@@ -44,7 +44,11 @@ fi
 # result is cached per version and per source of both.
 seccomp_gen=$here/scripts/runsc-seccomp/main.go
 runsc_main=$here/scripts/runsc-main/main.go
-runsc_bin=$CACHE/runsc-$RUNSC_VERSION-seccomp-$(cat "$seccomp_gen" "$runsc_main" "$here/scripts/runsc-main/main_test.go" | sha256sum | cut -c1-12)/runsc
+# gVisor's Bazel release stamps its version into runsc; `go build` leaves
+# VERSION_MISSING unless told, and the version is what snapshots record to
+# be restored only by the runsc that made them.
+runsc_ldflags="-X gvisor.dev/gvisor/runsc/version.version=$RUNSC_VERSION"
+runsc_bin=$CACHE/runsc-$RUNSC_VERSION-seccomp-$({ cat "$seccomp_gen" "$runsc_main" "$here/scripts/runsc-main/main_test.go"; echo "$runsc_ldflags"; } | sha256sum | cut -c1-12)/runsc
 if [ ! -x "$runsc_bin" ]; then
   echo "install-deps: building runsc $RUNSC_VERSION (static, seccomp precompiled; a few minutes, once)"
   src=$(mktemp -d /tmp/aenv-gvisor-XXXXXX)
@@ -58,7 +62,7 @@ if [ ! -x "$runsc_bin" ]; then
   # Its test needs the gVisor module, so it runs here, with the build.
   (cd "$src" && CGO_ENABLED=0 go test -tags aenv_runsc_main ./aenv-runsc)
   mkdir -p "$(dirname "$runsc_bin")"
-  (cd "$src" && CGO_ENABLED=0 go build -trimpath -tags aenv_runsc_main -o "$runsc_bin.tmp" ./aenv-runsc && mv "$runsc_bin.tmp" "$runsc_bin")
+  (cd "$src" && CGO_ENABLED=0 go build -trimpath -tags aenv_runsc_main -ldflags "$runsc_ldflags" -o "$runsc_bin.tmp" ./aenv-runsc && mv "$runsc_bin.tmp" "$runsc_bin")
   rm -rf "$src"
   trap - EXIT
 fi

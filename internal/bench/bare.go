@@ -20,3 +20,14 @@ type BareResults struct {
 	// Concurrency loops kept up for SustainFor.
 	RunsPerSecond float64
 }
+
+// BareIdle is what count bare runsc sandboxes, each with a sleeping
+// python3 as its only process, cost the host.
+type BareIdle struct {
+	Sandboxes int
+	// AvailableDrop is MemAvailable's fall per sandbox, and Cgroup the
+	// median of their memory cgroups' usage.
+	AvailableDrop, Cgroup int64
+	// Available is MemAvailable before they started.
+	Available int64
+}

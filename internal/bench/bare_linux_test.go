@@ -77,3 +77,42 @@ func TestCheckBareRejectsMissingRootFS(t *testing.T) {
 		t.Error("CheckBare accepted a root filesystem without /bin/true")
 	}
 }
+
+// TestMeasureBareIdleAndWall: bare idle sandboxes cost memory and are all
+// deleted; a bare wall of three runs gives one sample a round.
+func TestMeasureBareIdleAndWall(t *testing.T) {
+	testutil.RequireRoot(t)
+	runsc := testutil.RequireBinary(t, "runsc", "AENV_RUNSC")
+	rootfs := os.Getenv("AENV_BASE_ROOTFS")
+	if rootfs == "" {
+		testutil.Unavailable(t, "AENV_BASE_ROOTFS is not set")
+	}
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	opts := Options{RunscPath: runsc, RootFS: rootfs, CPUCount: 1, MemoryMB: 256}
+	idle, err := MeasureBareIdle(ctx, opts, 3, 3, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A sentry with a python3 in it holds megabytes, not bytes.
+	if idle.Sandboxes != 3 || idle.Cgroup < 1<<20 || idle.Available <= 0 {
+		t.Errorf("bare idle %+v: want 3 sandboxes with a cgroup of at least 1 MiB each", idle)
+	}
+	wall, err := MeasureBareWall(ctx, opts, 3, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(wall) != 2 || wall[0] <= 0 || wall[1] <= 0 {
+		t.Errorf("bare wall samples %v, want 2 positive", wall)
+	}
+	left, _ := os.ReadDir(tmp)
+	for _, e := range left {
+		t.Errorf("left behind in TMPDIR: %s", e.Name())
+	}
+	cgroups, _ := filepath.Glob(fmt.Sprintf("/sys/fs/cgroup/*/aenv-bench-%d-*", os.Getpid()))
+	for _, c := range cgroups {
+		t.Errorf("cgroup left behind: %s", c)
+	}
+}

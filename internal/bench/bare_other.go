@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // MeasureBare fails with errors.ErrUnsupported: runsc runs on Linux only.
@@ -28,4 +29,16 @@ func MeasureSnapshot(ctx context.Context, opts Options) (SnapshotResults, error)
 // Linux only.
 func MeasureBareSnapshot(ctx context.Context, opts Options) ([]SizeSamples, error) {
 	return nil, fmt.Errorf("measuring bare runsc snapshots: %w", errors.ErrUnsupported)
+}
+
+// MeasureBareIdle fails with errors.ErrUnsupported: runsc runs on Linux
+// only.
+func MeasureBareIdle(ctx context.Context, opts Options, count, conc int, settle time.Duration) (BareIdle, error) {
+	return BareIdle{}, fmt.Errorf("measuring bare idle sandboxes: %w", errors.ErrUnsupported)
+}
+
+// MeasureBareWall fails with errors.ErrUnsupported: runsc runs on Linux
+// only.
+func MeasureBareWall(ctx context.Context, opts Options, size, rounds int) ([]time.Duration, error) {
+	return nil, fmt.Errorf("measuring bare runsc: %w", errors.ErrUnsupported)
 }

@@ -93,6 +93,17 @@ type IdleResult struct {
 	Before, After map[string]int64
 	// Each is every sandbox's breakdown.
 	Each []IdleSandbox
+	// MemoryMB is the memory the sandboxes were configured with, and
+	// Nodes the cluster's nodes as listed while they were held (nil when
+	// the API cannot list them): what EstimateHeld needs.
+	MemoryMB int
+	Nodes    []client.Node
+}
+
+// Held is how many idle sandboxes like these the cluster would hold
+// before admission refused one.
+func (r *IdleResult) Held() HeldEstimate {
+	return EstimateHeld(r.Nodes, r.Sandboxes, r.MemoryMB, r.AvailableDropPerSandbox())
 }
 
 // IdleSandbox is one sandbox's memory, from the host and from inside.
@@ -187,6 +198,14 @@ func MeasureIdle(ctx context.Context, api API, opts IdleOptions) (res *IdleResul
 	}
 	if res.After, err = readMeminfo(opts.meminfo); err != nil {
 		return res, err
+	}
+	if len(sandboxes) > 0 {
+		_, res.MemoryMB = sandboxSize(ctx, api, sandboxes[0])
+	}
+	if nl, ok := api.(nodeLister); ok {
+		if res.Nodes, err = nl.Nodes(ctx); err != nil {
+			return res, fmt.Errorf("idle: %w", err)
+		}
 	}
 	p.start("idle: reading", len(sandboxes))
 	defer p.end()
@@ -448,7 +467,11 @@ var meminfoRows = []string{"MemAvailable", "MemFree", "AnonPages", "Shmem", "Cac
 func (r *IdleResult) WriteTable(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(w, "idle sandboxes: %d\n", r.Sandboxes)
-	fmt.Fprintf(w, "host MemAvailable drop per sandbox: %s\n\n", mibText(r.AvailableDropPerSandbox()))
+	fmt.Fprintf(w, "host MemAvailable drop per sandbox: %s\n", mibText(r.AvailableDropPerSandbox()))
+	if h := r.Held(); h.Overcommit > 0 {
+		fmt.Fprintf(w, "held before admission refuses: %d (memoryMB %d, overcommit %g, %s binds first)\n", h.Max, h.MemoryMB, h.Overcommit, h.Bound)
+	}
+	fmt.Fprintln(w)
 	fmt.Fprintln(tw, "PER SANDBOX (MEDIAN)\tMiB\t")
 	for _, row := range idleRows {
 		fmt.Fprintf(tw, "%s\t%s\t\n", row.name, mibText(idleMedian(r.Each, row.of)))
@@ -476,3 +499,47 @@ func idleMedian(each []IdleSandbox, of func(IdleSandbox) int64) int64 {
 
 // mibText formats bytes as MiB with two decimals.
 func mibText(b int64) string { return strconv.FormatFloat(float64(b)/(1<<20), 'f', 2, 64) }
+
+// HeldEstimate is how many idle sandboxes the cluster would hold before
+// admission refused one: those held now, plus what each ready node could
+// still take by its rule, the lesser of what its overcommit leaves of
+// configured memory (memoryMB a sandbox) and what its high-water mark
+// leaves of real memory (perSandbox bytes each, as measured).
+type HeldEstimate struct {
+	Held, Max int
+	// MemoryMB is a sandbox's configured memory and Overcommit the first
+	// node's rule; Bound says which limit binds first ("overcommit" or
+	// "high water"; the last node's, when nodes differ).
+	MemoryMB   int
+	Overcommit float64
+	Bound      string
+}
+
+// EstimateHeld applies each ready node's admission rule to its last
+// report. A node that does not report its rule or host memory adds
+// nothing.
+func EstimateHeld(nodes []client.Node, held, memoryMB int, perSandbox int64) HeldEstimate {
+	e := HeldEstimate{Held: held, Max: held, MemoryMB: memoryMB}
+	if memoryMB <= 0 || perSandbox <= 0 {
+		return e
+	}
+	for _, n := range nodes {
+		if n.State != "ready" || n.MemoryOvercommit <= 0 || n.HostMemoryMB <= 0 {
+			continue
+		}
+		if e.Overcommit == 0 {
+			e.Overcommit = n.MemoryOvercommit
+		}
+		byCommit := (int(n.MemoryOvercommit*float64(n.Capacity.MemoryMB)) - n.Usage.CommittedMemoryMB) / memoryMB
+		freeBytes := (n.MemoryHighWater*float64(n.HostMemoryMB) - float64(n.Usage.MemoryMB)) * (1 << 20)
+		byMemory := int(freeBytes / float64(perSandbox))
+		extra := max(0, min(byCommit, byMemory))
+		if byCommit <= byMemory {
+			e.Bound = "overcommit"
+		} else {
+			e.Bound = "high water"
+		}
+		e.Max += extra
+	}
+	return e
+}

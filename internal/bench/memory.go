@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
@@ -91,33 +90,15 @@ func sampleMemory(root, parent string, ids []string) (MemorySample, error) {
 	return s, nil
 }
 
-// parseMeminfo reads /proc/meminfo's "Key: value kB" lines into bytes.
+// parseMeminfo reads /proc/meminfo's "Key: value kB" lines into bytes
+// (the few counts without a unit, HugePages_*, are left out).
 func parseMeminfo(r io.Reader) (map[string]int64, error) {
-	out := map[string]int64{}
-	sc := bufio.NewScanner(r)
-	for sc.Scan() {
-		key, rest, ok := strings.Cut(sc.Text(), ":")
-		if !ok {
-			continue
-		}
-		fields := strings.Fields(rest)
-		if len(fields) == 0 {
-			continue
-		}
-		v, err := strconv.ParseInt(fields[0], 10, 64)
-		if err != nil {
-			return nil, fmt.Errorf("parsing meminfo %s: %w", key, err)
-		}
-		if len(fields) > 1 && fields[1] == "kB" {
-			v <<= 10
-		}
-		out[key] = v
-	}
-	if err := sc.Err(); err != nil {
+	out, err := parseKB(r)
+	if err != nil {
 		return nil, err
 	}
 	if _, ok := out["MemAvailable"]; !ok {
-		return nil, errors.New("no MemAvailable in meminfo")
+		return nil, errors.New("no MemAvailable (in kB) in meminfo")
 	}
 	return out, nil
 }

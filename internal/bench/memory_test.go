@@ -19,7 +19,7 @@ func TestParseMeminfo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got["MemAvailable"] != 23500000<<10 || got["Shmem"] != 12288<<10 || got["HugePages_Total"] != 0 {
+	if got["MemAvailable"] != 23500000<<10 || got["Shmem"] != 12288<<10 || got["HugePages_Total"] != 0 || len(got) != 3 {
 		t.Errorf("parseMeminfo = %v", got)
 	}
 	if _, err := parseMeminfo(strings.NewReader("MemTotal: 1 kB\n")); err == nil {

@@ -32,6 +32,8 @@ type Report struct {
 	// Figures are measurements other than latencies (CPU, rates), each
 	// beside its bare counterpart.
 	Figures []Figure `json:"figures,omitempty"`
+	// Notes say what the run left out and why.
+	Notes []string `json:"notes,omitempty"`
 }
 
 // Figure is one quantity measured both ways.
@@ -344,6 +346,9 @@ func (r Report) WriteTable(w io.Writer) error {
 			fmt.Fprintf(w, "  %-6s %s: %s\n", verdict, t.Name, t.Value)
 		}
 	}
+	for _, n := range r.Notes {
+		fmt.Fprintf(w, "\nnote: %s\n", n)
+	}
 	_, err := fmt.Fprintln(w, "\naenv runs a command as the E2B SDKs do: /bin/bash -l -c CMD through envd.\n"+
 		"N is aenv/bare samples; percentiles are nearest-rank.")
 	return err
@@ -370,4 +375,67 @@ func FormatRatio(f float64) string {
 		return "-"
 	}
 	return fmt.Sprintf("%.2fx", f)
+}
+
+// BatchTarget is the wall time a batch create of 100 from the warm pool
+// may take.
+const BatchTarget = 2 * time.Second
+
+// AddBatch adds the batch suite's rows: a batch create and as many single
+// creates at once, beside as many bare `runsc run` at once (bare, wall
+// times); pool is what the warm pool held before the first batch.
+func (r *Report) AddBatch(res *BatchResult, bare []time.Duration, pool int) {
+	base := fmt.Sprintf("runsc run /bin/true, %d at once (wall)", res.Size)
+	batch := newRow(fmt.Sprintf("batch create of %d, all ready (%s)", res.Size, poolLabel(pool)), base, res.Batch, bare)
+	r.Rows = append(r.Rows, batch,
+		newRow(fmt.Sprintf("%d single creates at once, all ready", res.Size), base, res.Parallel, bare))
+	if res.Size >= 100 {
+		r.Targets = append(r.Targets, Target{
+			Name:  fmt.Sprintf("batch create of %d: p50 <= %v wall", res.Size, BatchTarget),
+			Value: FormatDuration(batch.Aenv.P50),
+			Met:   batch.Aenv.N > 0 && batch.Aenv.P50 <= BatchTarget,
+		})
+	}
+}
+
+// AddRunCode adds the code interpreter's rows, beside the bare round trip
+// into a sandbox and the bare start (b, from the create suite).
+func (r *Report) AddRunCode(res RunCodeResults, b BareResults) {
+	rt := newRow("runCode('1+1') round trip", "runsc exec /bin/true", res.RunCode, b.Exec)
+	first := newRow("code-interpreter create to first runCode result", "runsc run /bin/true", res.FirstResult, b.RunSerial)
+	r.Rows = append(r.Rows, rt, first)
+	r.Targets = append(r.Targets,
+		Target{Name: "runCode('1+1') round trip: p50 <= 15ms", Value: FormatDuration(rt.Aenv.P50),
+			Met: rt.Aenv.N > 0 && rt.Aenv.P50 <= 15*time.Millisecond},
+		Target{Name: "code-interpreter create to first result: p50 <= 300ms", Value: FormatDuration(first.Aenv.P50),
+			Met: first.Aenv.N > 0 && first.Aenv.P50 <= 300*time.Millisecond})
+}
+
+// IdleTarget is what an idle sandbox may cost the host.
+const IdleTarget = 12 << 20
+
+// AddIdle adds what an idle sandbox costs, beside a bare one, and how many
+// the cluster would hold before refusing (beside how many bare ones the
+// host's available memory fits).
+func (r *Report) AddIdle(res *IdleResult, bare BareIdle) {
+	drop, held := res.AvailableDropPerSandbox(), res.Held()
+	label := fmt.Sprintf("%d python3 asleep", res.Sandboxes)
+	r.Figures = append(r.Figures,
+		newFigure("host memory per idle sandbox (MemAvailable drop, "+label+")", "MiB",
+			fmt.Sprintf("runsc run python3 asleep, %d detached", bare.Sandboxes), mib(drop), mib(bare.AvailableDrop)),
+		newFigure("memory cgroup per idle sandbox (median, "+label+")", "MiB",
+			"the same, its cgroup", mib(idleMedian(res.Each, cgroupKey("usage"))), mib(bare.Cgroup)))
+	fits := 0.0
+	if bare.AvailableDrop > 0 {
+		fits = float64(bare.Available / bare.AvailableDrop)
+	}
+	name := fmt.Sprintf("idle sandboxes held before admission refuses (memoryMB %d, overcommit %g, %s binds first)",
+		held.MemoryMB, held.Overcommit, held.Bound)
+	r.Figures = append(r.Figures, newFigure(name, "sandboxes",
+		"bare idle sandboxes the host's MemAvailable fits", float64(held.Max), fits))
+	r.Targets = append(r.Targets,
+		Target{Name: "host memory per idle sandbox <= 12 MiB", Value: mibText(drop) + " MiB",
+			Met: drop > 0 && drop <= IdleTarget},
+		Target{Name: "idle sandboxes held before refusal >= 1,000", Value: fmt.Sprint(held.Max),
+			Met: held.Max >= 1000})
 }

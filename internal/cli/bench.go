@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/aenvhq/aenv/internal/bench"
+	"github.com/aenvhq/aenv/internal/client"
 )
 
 // defaultBaseRootFS is where `make base` puts the base template's root
@@ -26,12 +28,14 @@ const (
 	suiteSoak     = "soak"
 	suiteBatch    = "batch"
 	suiteIdle     = "idle"
+	suiteCode     = "interpreter"
 )
 
 func newBenchCmd() *cobra.Command {
 	var opts bench.Options
 	var output, suite, reportDir string
-	var soakCycles, soakRounds, batchSize int
+	var soakCycles, soakRounds, batchSize, batchRounds int
+	var interpreterTemplate string
 	var idle bench.IdleOptions
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -64,22 +68,33 @@ live Go heap (at its last GC), heap in use, resident memory, goroutines and
 open files (from its /metrics) before the first round and after each: a
 leak per sandbox shows as growth that goes on round after round.
 
-The batch suite (not part of all) times, --iterations rounds, one batch
-create of --batch-size sandboxes (POST /sandboxes/batch) against as many
-single creates at once, until all are ready, alternately.
+The batch suite times, --batch-rounds rounds, one batch create of
+--batch-size sandboxes (POST /sandboxes/batch) against as many single
+creates at once, until all are ready, alternately; in all, beside as many
+bare runsc run at once.
 
-The idle suite (not part of all) holds --idle-count sandboxes, each running
-a sleeping python3, and prints what one costs the host: the drop of
-MemAvailable per sandbox, and the median of each part of it (the
-sandbox's memory cgroup under --cgroup-parent, the sentry, gofer and stub
-processes' RSS, PSS and private memory, page tables, the guest's envd).`,
+The interpreter suite times runCode('1+1') in a sandbox of
+--interpreter-template, and create to its first result, beside bare runsc
+exec and run. All leaves it out, saying so, when the server has no such
+template.
+
+The idle suite holds --idle-count sandboxes, each running a sleeping
+python3, and prints what one costs the host: the drop of MemAvailable per
+sandbox, and the median of each part of it (the sandbox's memory cgroup
+under --cgroup-parent, the sentry, gofer and stub processes' RSS, PSS and
+private memory, page tables, the guest's envd), and how many the cluster
+would hold before admission refused one, by the nodes' rules. In all,
+beside as many bare runsc sandboxes with a sleeping python3.
+
+All runs create, interpreter, batch, snapshot and idle, in that order, into
+one report.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "table" && output != "json" {
 				return fmt.Errorf("unknown --output %q (table or json)", output)
 			}
 			if reportDir != "" && (suite == suiteBatch || suite == suiteSoak || suite == suiteIdle) {
-				return fmt.Errorf("--report writes the create and snapshot suites' report, not the %s suite's", suite)
+				return fmt.Errorf("--report writes the report of all, create, snapshot or interpreter, not the %s suite's table", suite)
 			}
 			if suite == suiteIdle {
 				return runIdleSuite(cmd, idle, opts, output)
@@ -93,7 +108,7 @@ processes' RSS, PSS and private memory, page tables, the guest's envd).`,
 				if isTerminal(cmd.ErrOrStderr()) {
 					progress = cmd.ErrOrStderr()
 				}
-				res, err := bench.MeasureBatch(cmd.Context(), c, opts.Template, batchSize, opts.Iterations, progress)
+				res, err := bench.MeasureBatch(cmd.Context(), c, opts.Template, batchSize, batchRounds, progress)
 				if err != nil {
 					return err
 				}
@@ -122,7 +137,7 @@ processes' RSS, PSS and private memory, page tables, the guest's envd).`,
 				}
 				return res.WriteTable(cmd.OutOrStdout())
 			}
-			runCreate, runSnapshot, err := benchSuites(suite)
+			runs, err := benchSuites(suite)
 			if err != nil {
 				return err
 			}
@@ -139,7 +154,7 @@ processes' RSS, PSS and private memory, page tables, the guest's envd).`,
 			if err := bench.CheckBare(opts); err != nil {
 				return err
 			}
-			if runSnapshot && opts.PauseCount >= 0 {
+			if (runs.snapshot && opts.PauseCount >= 0) || runs.idle {
 				if err := checkCgroupParent(opts.CgroupParent); err != nil {
 					return err
 				}
@@ -156,20 +171,30 @@ processes' RSS, PSS and private memory, page tables, the guest's envd).`,
 
 			ctx := cmd.Context()
 			report := bench.NewReport(opts, runtime.NumCPU())
-			if runCreate {
+			var bare bench.BareResults
+			if runs.create {
 				a, err := bench.MeasureAenv(ctx, opts)
 				if err != nil {
 					return err
 				}
 				// Size the bare containers like the server sized its sandboxes.
 				opts.CPUCount, opts.MemoryMB = a.CPUCount, a.MemoryMB
-				b, err := bench.MeasureBare(ctx, opts)
-				if err != nil {
+				if bare, err = bench.MeasureBare(ctx, opts); err != nil {
 					return err
 				}
-				report.AddCreate(opts, a, b)
+				report.AddCreate(opts, a, bare)
 			}
-			if runSnapshot {
+			if runs.interpreter {
+				if err := benchInterpreter(cmd, &report, opts, bare, interpreterTemplate, suite == suiteAll); err != nil {
+					return err
+				}
+			}
+			if runs.batch {
+				if err := benchBatch(cmd, &report, opts, batchSize, batchRounds); err != nil {
+					return err
+				}
+			}
+			if runs.snapshot {
 				// Both halves at once, sample by sample; the bare
 				// containers are sized like the server's sandboxes.
 				res, err := bench.MeasureSnapshot(ctx, opts)
@@ -177,6 +202,11 @@ processes' RSS, PSS and private memory, page tables, the guest's envd).`,
 					return err
 				}
 				report.AddSnapshot(opts, res)
+			}
+			if runs.idle {
+				if err := benchIdle(cmd, &report, idle, opts); err != nil {
+					return err
+				}
 			}
 			if reportDir != "" {
 				if err := writeBenchReport(reportDir, report); err != nil {
@@ -191,10 +221,12 @@ processes' RSS, PSS and private memory, page tables, the guest's envd).`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&suite, "suite", suiteAll, "what to measure: create, snapshot, all, or soak, batch or idle (not in all)")
+	f.StringVar(&suite, "suite", suiteAll, "what to measure: all (create, interpreter, batch, snapshot and idle), one of those, or soak (not in all)")
 	f.IntVar(&idle.Count, "idle-count", bench.DefaultIdleCount, "sandboxes the idle suite holds at once")
 	f.DurationVar(&idle.Settle, "idle-settle", bench.DefaultIdleSettle, "how long the idle suite leaves its sandboxes alone before reading them")
-	f.IntVar(&batchSize, "batch-size", 16, "sandboxes per batch of the batch suite")
+	f.IntVar(&batchSize, "batch-size", 100, "sandboxes per batch of the batch suite")
+	f.IntVar(&batchRounds, "batch-rounds", 3, "rounds of the batch suite (a batch, then as many single creates)")
+	f.StringVar(&interpreterTemplate, "interpreter-template", bench.DefaultInterpreterTemplate, "template the interpreter suite runs code in")
 	f.IntVar(&soakCycles, "soak-cycles", 1000, "create/exec/kill cycles of the soak suite (--concurrency at a time)")
 	f.IntVar(&soakRounds, "soak-rounds", 5, "rounds of --soak-cycles the soak suite runs, reading the server's heap and RSS after each")
 	f.IntVarP(&opts.Iterations, "iterations", "n", bench.DefaultIterations, "samples per operation of the create suite")
@@ -210,7 +242,7 @@ processes' RSS, PSS and private memory, page tables, the guest's envd).`,
 	f.StringVar(&opts.RootFS, "rootfs", firstNonEmpty(os.Getenv("AENV_BASE_ROOTFS"), defaultBaseRootFS),
 		"the template's root filesystem, for the bare baseline (env AENV_BASE_ROOTFS)")
 	f.StringVarP(&output, "output", "o", "table", "table or json")
-	f.StringVar(&reportDir, "report", "", "also write the create and snapshot suites' report into this directory: bench.json, bench.txt (the table) and bench.svg (a chart of each operation's p50 against bare runsc's)")
+	f.StringVar(&reportDir, "report", "", "also write the report into this directory: bench.json, bench.txt (the table) and bench.svg (a chart of each operation's p50 against bare runsc's)")
 	return cmd
 }
 
@@ -262,17 +294,90 @@ func writeBenchReport(dir string, r bench.Report) error {
 	return nil
 }
 
-// benchSuites parses --suite.
-func benchSuites(suite string) (create, snapshot bool, err error) {
+// benchInterpreter adds the interpreter suite to report. With skipMissing
+// (all), a server without the template adds a note instead of failing.
+func benchInterpreter(cmd *cobra.Command, report *bench.Report, opts bench.Options, bare bench.BareResults, template string, skipMissing bool) error {
+	c, err := globalsOf(cmd).client()
+	if err != nil {
+		return err
+	}
+	res, err := bench.MeasureRunCode(cmd.Context(), c, template, opts.Iterations, min(opts.Iterations, 10), opts.Progress)
+	if err != nil {
+		if skipMissing && client.IsStatus(err, http.StatusNotFound) {
+			report.Notes = append(report.Notes, fmt.Sprintf("runCode not measured: the server has no template %s (aenv server --code-interpreter-rootfs)", template))
+			return nil
+		}
+		return err
+	}
+	report.AddRunCode(res, bare)
+	return nil
+}
+
+// benchBatch adds the batch suite to report, beside bare runsc.
+func benchBatch(cmd *cobra.Command, report *bench.Report, opts bench.Options, size, rounds int) error {
+	c, err := globalsOf(cmd).client()
+	if err != nil {
+		return err
+	}
+	pool := -1
+	if nodes, err := c.Nodes(cmd.Context()); err == nil {
+		pool = 0
+		for _, n := range nodes {
+			pool += n.Pooled
+		}
+	}
+	res, err := bench.MeasureBatch(cmd.Context(), c, opts.Template, size, rounds, opts.Progress)
+	if err != nil {
+		return err
+	}
+	bare, err := bench.MeasureBareWall(cmd.Context(), opts, size, rounds)
+	if err != nil {
+		return err
+	}
+	report.AddBatch(res, bare, pool)
+	return nil
+}
+
+// benchIdle adds the idle suite to report, beside as many bare sandboxes.
+func benchIdle(cmd *cobra.Command, report *bench.Report, idle bench.IdleOptions, opts bench.Options) error {
+	c, err := globalsOf(cmd).client()
+	if err != nil {
+		return err
+	}
+	idle.Template, idle.CgroupParent, idle.Concurrency, idle.Progress = opts.Template, opts.CgroupParent, opts.Concurrency, opts.Progress
+	res, err := bench.MeasureIdle(cmd.Context(), c, idle)
+	if err != nil {
+		return err
+	}
+	settle := idle.Settle
+	if settle == 0 {
+		settle = bench.DefaultIdleSettle
+	}
+	bare, err := bench.MeasureBareIdle(cmd.Context(), opts, res.Sandboxes, opts.Concurrency, settle)
+	if err != nil {
+		return err
+	}
+	report.AddIdle(res, bare)
+	return nil
+}
+
+// suites are the parts of the report a run measures.
+type suites struct{ create, interpreter, batch, snapshot, idle bool }
+
+// benchSuites parses --suite (soak is handled before it).
+func benchSuites(suite string) (suites, error) {
 	switch suite {
 	case suiteCreate:
-		return true, false, nil
+		return suites{create: true}, nil
 	case suiteSnapshot:
-		return false, true, nil
+		return suites{snapshot: true}, nil
+	case suiteCode:
+		// Without the create suite's bare baselines: all has them.
+		return suites{interpreter: true}, nil
 	case suiteAll:
-		return true, true, nil
+		return suites{true, true, true, true, true}, nil
 	}
-	return false, false, fmt.Errorf("unknown --suite %q (create, snapshot or all)", suite)
+	return suites{}, fmt.Errorf("unknown --suite %q (all, create, interpreter, batch, snapshot, idle or soak)", suite)
 }
 
 // benchAPI finds the server as every client command does.

@@ -26,7 +26,14 @@ type Node struct {
 	// ImageCache is its block image cache (nil: it serves no block
 	// images, or its last report lacked the figures).
 	ImageCache *ImageCache `json:"imageCache,omitempty"`
-	UpdatedAt  time.Time   `json:"updatedAt"`
+	// MemoryOvercommit and MemoryHighWater are its admission rule: the
+	// multiple of Capacity.MemoryMB its sandboxes may be configured with
+	// together, and the fraction of HostMemoryMB in real use past which it
+	// takes no more.
+	MemoryOvercommit float64   `json:"memoryOvercommit,omitempty"`
+	MemoryHighWater  float64   `json:"memoryHighWater,omitempty"`
+	HostMemoryMB     int       `json:"hostMemoryMB,omitempty"`
+	UpdatedAt        time.Time `json:"updatedAt"`
 }
 
 // ImageCache is a node's cache of block image chunks: what it holds of

@@ -1,6 +1,7 @@
 package gvisor
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -49,5 +50,17 @@ func TestRunscSeccompPrecompiled(t *testing.T) {
 	// One for the sentry, one for the gofer.
 	if loaded != 2 {
 		t.Errorf("%d precompiled seccomp programs loaded, want 2 (the sentry's and the gofer's): is %s built by scripts/install-deps.sh?", loaded, runsc)
+	}
+}
+
+// TestRunscVersion checks that the runsc install-deps.sh built names its
+// gVisor version: snapshots record it, and a build without one would let
+// any runsc restore any other's images.
+func TestRunscVersion(t *testing.T) {
+	runsc := testutil.RequireBinary(t, "runsc", "AENV_RUNSC")
+	d := &Driver{cfg: Config{RunscPath: runsc}}
+	v := d.Version(context.Background())
+	if v == "" || v == "unknown" || strings.Contains(v, "VERSION_MISSING") {
+		t.Fatalf("runsc --version says %q: build it with -X gvisor.dev/gvisor/runsc/version.version (scripts/install-deps.sh)", v)
 	}
 }
