@@ -54,7 +54,7 @@ func TestMeasureBareSnapshot(t *testing.T) {
 		t.Logf("%s: %+v", s.Size.Name, x)
 		for name, samples := range map[string][]time.Duration{
 			"snapshot": x.Snapshot, "pause": x.Pause, "resume": x.Resume,
-			"resume+command": x.ResumeCommand, "from snapshot": x.FromSnapshot,
+			"resume+command": x.ResumeCommand, "resume, prepared": x.ResumePrepared, "from snapshot": x.FromSnapshot,
 			"fork 1": x.Fork[1], "fork 3": x.Fork[3],
 		} {
 			if len(samples) != 1 {

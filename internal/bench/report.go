@@ -199,6 +199,7 @@ func (r *Report) AddSnapshot(opts Options, res SnapshotResults) {
 			newRow("snapshot (leave running), "+name, "runsc checkpoint --leave-running", x.Snapshot, y.Snapshot),
 			newRow("pause, "+name, "runsc checkpoint + runsc delete", x.Pause, y.Pause),
 			newRow("resume, "+name, "runsc restore --direct --detach", x.Resume, y.Resume),
+			newRow("resume, "+name+", beside a prepared restore", "runsc create ahead (untimed), then runsc restore --direct into it", x.Resume, y.ResumePrepared),
 			newRow("resume + first command, "+name, "runsc restore --direct + runsc exec /bin/true", x.ResumeCommand, y.ResumeCommand),
 			newRow("create from snapshot to first command, "+name, "runsc restore --direct (new container) + exec", x.FromSnapshot, y.FromSnapshot),
 		)

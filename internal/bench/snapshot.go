@@ -114,6 +114,10 @@ type SnapshotSamples struct {
 	// Resume brings a paused sandbox back (until the call returns);
 	// ResumeCommand adds its first command.
 	Resume, ResumeCommand []time.Duration
+	// ResumePrepared (bare only) is a restore of the pause's image into a
+	// container created ahead (`runsc create`, untimed): the floor of a
+	// resume that had its sandbox processes started before it.
+	ResumePrepared []time.Duration
 	// PauseCPU and ResumeCPU are the host CPU-seconds each pause and
 	// resume sample cost (empty where /proc/stat cannot be read).
 	PauseCPU, ResumeCPU []float64
