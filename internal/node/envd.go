@@ -83,23 +83,46 @@ func (c *envdClient) init(ctx context.Context, body initRequest) error {
 	if err != nil {
 		return err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/init", bytes.NewReader(b))
-	if err != nil {
-		return err
+	// envd answered /health already, but on a host busy with a burst of
+	// boots the sentry can leave a connection unanswered for longer than
+	// a dial's second (50 boots at once on 2 cores did, once in 50). A
+	// request that never connected was never sent: dial again while ctx
+	// lasts.
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/init", bytes.NewReader(b))
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		if c.token != "" {
+			req.Header.Set("X-Access-Token", c.token)
+		}
+		resp, err := c.http.Do(req)
+		if isDialError(err) {
+			// A refused dial fails at once: do not spin on it.
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("%w (last error: %v)", ctx.Err(), err)
+			case <-time.After(10 * time.Millisecond):
+				continue
+			}
+		}
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode/100 != 2 {
+			return fmt.Errorf("envd /init answered %s", resp.Status)
+		}
+		return nil
 	}
-	req.Header.Set("Content-Type", "application/json")
-	if c.token != "" {
-		req.Header.Set("X-Access-Token", c.token)
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("envd /init answered %s", resp.Status)
-	}
-	return nil
+}
+
+// isDialError reports whether err is a failure to connect, before any of
+// the request was written.
+func isDialError(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
 }
 
 // upload writes body to path in the sandbox as user, through envd's /files.
