@@ -61,6 +61,9 @@ type Config struct {
 	// are kept prestarted whatever the demand, within WarmPoolMemory;
 	// WarmPoolMax bounds each template's pool (0: only the memory does).
 	WarmPoolFloor, WarmPoolMax int
+	// MaxBoots bounds the sandboxes that boot at once (node.Config.MaxBoots;
+	// 0: two per CPU).
+	MaxBoots int
 	// EndedHistoryBytes bounds the logs and metrics the node keeps of
 	// sandboxes that ended (in <data-dir>/ended-history), and
 	// EndedHistoryTeamBytes those of one team; EndedHistoryRetention is

@@ -215,6 +215,7 @@ func (h *Host) open(ctx context.Context, cfg Config, keys *sealed.Keyring, log *
 		WarmPoolMemory: cfg.WarmPoolMemory,
 		WarmPoolFloor:  cfg.WarmPoolFloor,
 		WarmPoolMax:    cfg.WarmPoolMax,
+		MaxBoots:       cfg.MaxBoots,
 		WarmTemplates:  warmTemplates(cfg),
 		StateDir:       filepath.Join(cfg.RunDir, "node"),
 		EndedHistory: node.EndedHistory{Dir: filepath.Join(cfg.DataDir, "ended-history"),

@@ -115,6 +115,10 @@ type Config struct {
 	BuildWithoutNetwork bool
 	// ReadyTimeout bounds the wait for envd after start; 0 means 15s.
 	ReadyTimeout time.Duration
+	// MaxBoots bounds the sandboxes booting (or restoring) at once; the
+	// rest wait their turn. 0 means DefaultBootsPerCPU per CPU of
+	// Capacity; negative, no bound.
+	MaxBoots int
 	// WarmPoolMemory is the host memory, in bytes, the warm pool's
 	// prestarted sandboxes may take together (what they really use, not
 	// what they are configured with): the pool of each template (and
@@ -237,9 +241,11 @@ type Node struct {
 	// answers once the state is saved, and a boot of the same id (its
 	// resume) waits for the release to end.
 	releasing map[string]chan struct{}
-	onExit    func(Exit)
-	onIdle    func(Idle)
-	pool      *warmPool
+	// boots holds a token per sandbox booting (nil: no bound).
+	boots  chan struct{}
+	onExit func(Exit)
+	onIdle func(Idle)
+	pool   *warmPool
 	// readying starts each template's service once at a time; ready
 	// holds the snapshots of started services by name.
 	readying singleflight.Group
@@ -265,6 +271,9 @@ func New(cfg Config) (*Node, error) {
 		cfg.ReadyTimeout = 15 * time.Second
 	}
 	cfg.Capacity = withHostDefaults(cfg.Capacity)
+	if cfg.MaxBoots == 0 {
+		cfg.MaxBoots = DefaultBootsPerCPU * max(cfg.Capacity.CPUCount, 1)
+	}
 	if cfg.PidsLimit <= 0 {
 		cfg.PidsLimit = 1024
 	}
@@ -284,6 +293,9 @@ func New(cfg Config) (*Node, error) {
 		pending:   make(map[string]int),
 		releasing: make(map[string]chan struct{}),
 		ready:     make(map[string]*snapshot.Snapshot),
+	}
+	if cfg.MaxBoots > 0 {
+		n.boots = make(chan struct{}, cfg.MaxBoots)
 	}
 	ended, err := newEndedStore(cfg.EndedHistory, n.log, time.Now)
 	if err != nil {
@@ -523,6 +535,11 @@ func (n *Node) boot(ctx context.Context, id string, tpl *template.Template, opts
 			n.unpend(id)
 		}
 	}()
+	queued := time.Now()
+	if err := n.awaitBootTurn(ctx); err != nil {
+		return nil, fmt.Errorf("creating sandbox %s: %w", id, err)
+	}
+	defer n.endBootTurn()
 
 	start := time.Now()
 	var rollback undo.Stack
@@ -599,11 +616,40 @@ func (n *Node) boot(ctx context.Context, id string, tpl *template.Template, opts
 	if err := newEnvdClient(sb.Addr, "").waitReady(readyCtx); err != nil {
 		return nil, fmt.Errorf("creating sandbox %s: waiting for envd: %w", id, err)
 	}
-	log.Debug("sandbox booted", "template_id", tpl.ID, "addr", sb.Addr,
+	log.Debug("sandbox booted", "template_id", tpl.ID, "addr", sb.Addr, "queued_ms", start.Sub(queued).Milliseconds(),
 		"network_ms", netDone.Sub(start).Milliseconds(), "rootfs_ms", prepared.Sub(netDone).Milliseconds(),
 		"runtime_ms", started.Sub(prepared).Milliseconds(),
 		"envd_ready_ms", time.Since(started).Milliseconds())
 	return sb, nil
+}
+
+// DefaultBootsPerCPU is how many sandboxes boot at once per CPU by
+// default. A boot is CPU-bound (runsc, its gofer and the sentry start
+// for ~90% of its wall time), so a burst started all at once finishes
+// all at once, late, and starves the rest of the process meanwhile (50
+// at once on 2 cores took 7 s each, and their etcd writes and envd
+// dials timed out); taken a few at a time, the first are ready in
+// milliseconds and the last no later.
+const DefaultBootsPerCPU = 2
+
+// awaitBootTurn waits until fewer than MaxBoots sandboxes boot.
+func (n *Node) awaitBootTurn(ctx context.Context) error {
+	if n.boots == nil {
+		return nil
+	}
+	select {
+	case n.boots <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("waiting for a turn to boot (%d boot at once): %w", cap(n.boots), ctx.Err())
+	}
+}
+
+// endBootTurn ends a turn awaitBootTurn began.
+func (n *Node) endBootTurn() {
+	if n.boots != nil {
+		<-n.boots
+	}
 }
 
 // unpend ends the count of a boot of id as pending (the sandbox it made

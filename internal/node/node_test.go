@@ -5,6 +5,8 @@ import (
 	"errors"
 	"os"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -319,4 +321,62 @@ func TestRecover(t *testing.T) {
 		t.Fatalf("killing the recovered sandbox: %v", err)
 	}
 	h.empty("after the recovered sandbox's kill")
+}
+
+// TestBootsTakeTurns: with MaxBoots 2, five creates at once boot two at
+// a time, the others waiting their turn; one whose caller gives up while
+// it waits leaves nothing behind (no memory counted, no network held),
+// and the rest still boot.
+func TestBootsTakeTurns(t *testing.T) {
+	h := newHost(t)
+	cfg := h.config()
+	cfg.MaxBoots, cfg.Capacity.MemoryMB = 2, 16*256
+	n, _ := h.start(cfg)
+	gate := make(chan struct{})
+	h.rt.set(func(r *fakeRuntime) { r.gate = gate })
+	var wg sync.WaitGroup
+	errs := make(chan error, 5)
+	for range 4 {
+		wg.Go(func() {
+			_, err := n.Create(context.Background(), CreateRequest{TemplateID: testTemplate})
+			errs <- err
+		})
+	}
+	waitFor(t, func() bool { h.rt.mu.Lock(); defer h.rt.mu.Unlock(); return h.rt.inFlight == 2 }, "two boots")
+	waitFor(t, func() bool { n.mu.Lock(); defer n.mu.Unlock(); return len(n.pending) == 4 }, "the others to wait their turn")
+	held := h.net.heldCount()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	gaveUp := make(chan error, 1)
+	go func() {
+		_, err := n.Create(ctx, CreateRequest{TemplateID: testTemplate})
+		gaveUp <- err
+	}()
+	waitFor(t, func() bool { n.mu.Lock(); defer n.mu.Unlock(); return len(n.pending) == 5 }, "a fifth create to wait")
+	cancel()
+	if err := <-gaveUp; !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "turn to boot") {
+		t.Fatalf("a create given up while waiting: %v", err)
+	}
+	n.mu.Lock()
+	pending := len(n.pending)
+	n.mu.Unlock()
+	if pending != 4 || h.net.heldCount() != held {
+		t.Errorf("after it: %d pending (want 4), %d network slots held (want %d)", pending, h.net.heldCount(), held)
+	}
+
+	h.rt.set(func(r *fakeRuntime) { r.gate = nil })
+	close(gate)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	h.rt.mu.Lock()
+	most := h.rt.maxInFlight
+	h.rt.mu.Unlock()
+	if most != 2 || h.rt.createCount() != 4 {
+		t.Errorf("%d boots at once (want 2), %d created (want 4)", most, h.rt.createCount())
+	}
 }
