@@ -180,7 +180,7 @@ func (r *bareRunner) bundle(args ...string) (id, dir string, err error) {
 
 // bundleWith is bundle with opts' size and envd instead of the runner's.
 func (r *bareRunner) bundleWith(opts Options, args ...string) (id, dir string, err error) {
-	id = fmt.Sprintf("%s%d", r.prefix, r.seq.Add(1))
+	id = r.nextID()
 	dir = filepath.Join(r.dir, id)
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return "", "", fmt.Errorf("writing bundle %s: %w", id, err)
@@ -189,6 +189,13 @@ func (r *bareRunner) bundleWith(opts Options, args ...string) (id, dir string, e
 		return "", "", fmt.Errorf("writing bundle %s: %w", id, err)
 	}
 	return id, dir, nil
+}
+
+// nextID is a fresh container id. The numbers are of one width because
+// runsc takes an id's unique prefix for the id: with -1 and -10..-19
+// alive, `runsc delete ...-1` is refused as ambiguous.
+func (r *bareRunner) nextID() string {
+	return fmt.Sprintf("%s%06d", r.prefix, r.seq.Add(1))
 }
 
 // remover returns the cleanup that deletes container id and its bundle.

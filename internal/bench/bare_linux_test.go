@@ -116,3 +116,20 @@ func TestMeasureBareIdleAndWall(t *testing.T) {
 		t.Errorf("cgroup left behind: %s", c)
 	}
 }
+
+// TestBareIDsAreNoPrefixes: no container id is a prefix of another,
+// which runsc would refuse as ambiguous.
+func TestBareIDsAreNoPrefixes(t *testing.T) {
+	r := &bareRunner{prefix: "aenv-bench-1-"}
+	var ids []string
+	for range 1200 {
+		ids = append(ids, r.nextID())
+	}
+	for i, a := range ids {
+		for j, b := range ids {
+			if i != j && strings.HasPrefix(b, a) {
+				t.Fatalf("%s is a prefix of %s", a, b)
+			}
+		}
+	}
+}
