@@ -27,12 +27,16 @@ type BatchResult struct {
 	Size              int
 	Batch, Parallel   []time.Duration
 	BatchP, ParallelP Summary
+	// PoolHeld is the fewest prestarted sandboxes the warm pool held
+	// before a round's side (-1: the API cannot say).
+	PoolHeld int
 }
 
 // MeasureBatch times, rounds times, one batch create of size sandboxes
 // and size parallel single creates, alternately so that both see the
-// same load on the host. Every sandbox is killed after its round,
-// untimed.
+// same load on the host, each once the warm pool has refilled (waiting
+// at most poolWait): what a batch costs from the pool, as RL steps that
+// repeat meet it. Every sandbox is killed after its round, untimed.
 func MeasureBatch(ctx context.Context, api BatchAPI, template string, size, rounds int, progress io.Writer) (*BatchResult, error) {
 	if size < 1 || rounds < 1 {
 		return nil, fmt.Errorf("measuring batch creates: size and rounds must be positive (%d, %d)", size, rounds)
@@ -85,10 +89,17 @@ func MeasureBatch(ctx context.Context, api BatchAPI, template string, size, roun
 		}
 		return d, made, errors.Join(errs...)
 	}
-	p.start(fmt.Sprintf("batch of %d vs %d single creates", size, size), 2*rounds)
+	nodes, _ := api.(nodeLister)
+	res.PoolHeld = -1
+	label := fmt.Sprintf("batch of %d vs %d single creates", size, size)
 	defer p.end()
 	for r := range rounds {
 		for i, side := range []func() (time.Duration, []string, error){batch, parallel} {
+			if held := waitPool(ctx, p, nodes, template, size); held >= 0 && (res.PoolHeld < 0 || held < res.PoolHeld) {
+				res.PoolHeld = held
+			}
+			p.start(label, 2*rounds)
+			p.update(2*r + i)
 			d, ids, err := side()
 			if kerr := killAll(ids); err != nil || kerr != nil {
 				return nil, fmt.Errorf("measuring batch creates: round %d: %w", r+1, errors.Join(err, kerr))
@@ -112,5 +123,9 @@ func (r *BatchResult) WriteTable(w io.Writer) error {
 	fmt.Fprintf(tw, "batch create of %d\t%s\t%s\t%d\n", r.Size, FormatDuration(r.BatchP.P50), FormatDuration(r.BatchP.P95), r.BatchP.N)
 	fmt.Fprintf(tw, "%d single creates at once\t%s\t%s\t%d\n", r.Size, FormatDuration(r.ParallelP.P50), FormatDuration(r.ParallelP.P95), r.ParallelP.N)
 	fmt.Fprintf(tw, "ratio (batch / singles, p50)\t%s\t\t\n", FormatRatio(Ratio(r.BatchP.P50, r.ParallelP.P50)))
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintf(w, "the warm pool held %d at least before each (-1: unknown)\n", r.PoolHeld)
+	return err
 }

@@ -384,10 +384,10 @@ const BatchTarget = 2 * time.Second
 
 // AddBatch adds the batch suite's rows: a batch create and as many single
 // creates at once, beside as many bare `runsc run` at once (bare, wall
-// times); pool is what the warm pool held before the first batch.
-func (r *Report) AddBatch(res *BatchResult, bare []time.Duration, pool int) {
+// times).
+func (r *Report) AddBatch(res *BatchResult, bare []time.Duration) {
 	base := fmt.Sprintf("runsc run /bin/true, %d at once (wall)", res.Size)
-	batch := newRow(fmt.Sprintf("batch create of %d, all ready (%s)", res.Size, poolLabel(pool)), base, res.Batch, bare)
+	batch := newRow(fmt.Sprintf("batch create of %d, all ready (%s at least)", res.Size, poolLabel(res.PoolHeld)), base, res.Batch, bare)
 	r.Rows = append(r.Rows, batch,
 		newRow(fmt.Sprintf("%d single creates at once, all ready", res.Size), base, res.Parallel, bare))
 	if res.Size >= 100 {

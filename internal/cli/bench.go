@@ -319,13 +319,6 @@ func benchBatch(cmd *cobra.Command, report *bench.Report, opts bench.Options, si
 	if err != nil {
 		return err
 	}
-	pool := -1
-	if nodes, err := c.Nodes(cmd.Context()); err == nil {
-		pool = 0
-		for _, n := range nodes {
-			pool += n.Pooled
-		}
-	}
 	res, err := bench.MeasureBatch(cmd.Context(), c, opts.Template, size, rounds, opts.Progress)
 	if err != nil {
 		return err
@@ -334,7 +327,7 @@ func benchBatch(cmd *cobra.Command, report *bench.Report, opts bench.Options, si
 	if err != nil {
 		return err
 	}
-	report.AddBatch(res, bare, pool)
+	report.AddBatch(res, bare)
 	return nil
 }
 
