@@ -18,15 +18,15 @@ var bareIdleArgs = []string{"/usr/bin/python3", "-c", "import time; time.sleep(1
 // they cost; all are deleted before it returns.
 func MeasureBareIdle(ctx context.Context, opts Options, count, conc int, settle time.Duration) (res BareIdle, err error) {
 	opts = opts.withDefaults()
-	r, err := newBareRunner(opts)
-	if err != nil {
-		return res, fmt.Errorf("measuring bare idle sandboxes: %w", err)
-	}
-	defer func() {
-		if cerr := runCleanups(ctx, r.close); cerr != nil {
-			err = errors.Join(err, fmt.Errorf("cleaning up bare runsc: %w", cerr))
-		}
-	}()
+	err = withBareRunner(ctx, opts, "measuring bare idle sandboxes", func(r *bareRunner) error {
+		res, err = bareIdle(ctx, r, opts, count, conc, settle)
+		return err
+	})
+	return res, err
+}
+
+// bareIdle is MeasureBareIdle with r.
+func bareIdle(ctx context.Context, r *bareRunner, opts Options, count, conc int, settle time.Duration) (res BareIdle, err error) {
 	before, err := readMeminfo(meminfoPath)
 	if err != nil {
 		return res, err
@@ -84,15 +84,16 @@ func MeasureBareIdle(ctx context.Context, opts Options, count, conc int, settle 
 // batch create.
 func MeasureBareWall(ctx context.Context, opts Options, size, rounds int) (_ []time.Duration, err error) {
 	opts = opts.withDefaults()
-	r, err := newBareRunner(opts)
-	if err != nil {
-		return nil, fmt.Errorf("measuring bare runsc: %w", err)
-	}
-	defer func() {
-		if cerr := runCleanups(ctx, r.close); cerr != nil {
-			err = errors.Join(err, fmt.Errorf("cleaning up bare runsc: %w", cerr))
-		}
-	}()
+	var out []time.Duration
+	err = withBareRunner(ctx, opts, "measuring bare runsc", func(r *bareRunner) error {
+		out, err = bareWall(ctx, r, opts, size, rounds)
+		return err
+	})
+	return out, err
+}
+
+// bareWall is MeasureBareWall with r.
+func bareWall(ctx context.Context, r *bareRunner, opts Options, size, rounds int) ([]time.Duration, error) {
 	p := newProgress(opts.Progress)
 	wall := func(ctx context.Context) (time.Duration, cleanup, error) {
 		start := time.Now()

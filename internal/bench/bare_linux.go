@@ -85,6 +85,20 @@ func MeasureBare(ctx context.Context, opts Options) (_ BareResults, err error) {
 	return res, nil
 }
 
+// withBareRunner runs fn with a runner of opts, then deletes every
+// container it left and its runsc root; failures are errors of what.
+func withBareRunner(ctx context.Context, opts Options, what string, fn func(*bareRunner) error) error {
+	r, err := newBareRunner(opts)
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	err = fn(r)
+	if cerr := runCleanups(ctx, r.close); cerr != nil {
+		err = errors.Join(err, fmt.Errorf("cleaning up bare runsc: %w", cerr))
+	}
+	return err
+}
+
 // bareRunner starts containers with runsc under a private --root.
 type bareRunner struct {
 	opts Options

@@ -12,13 +12,20 @@ import (
 	"github.com/aenvhq/aenv/internal/testutil"
 )
 
-func TestMeasureBare(t *testing.T) {
+// bareEnv is what the bare baseline's tests need: root, runsc and the
+// base root filesystem.
+func bareEnv(t *testing.T) (runsc, rootfs string) {
+	t.Helper()
 	testutil.RequireRoot(t)
-	runsc := testutil.RequireBinary(t, "runsc", "AENV_RUNSC")
-	rootfs := os.Getenv("AENV_BASE_ROOTFS")
-	if rootfs == "" {
+	runsc = testutil.RequireBinary(t, "runsc", "AENV_RUNSC")
+	if rootfs = os.Getenv("AENV_BASE_ROOTFS"); rootfs == "" {
 		testutil.Unavailable(t, "AENV_BASE_ROOTFS is not set")
 	}
+	return runsc, rootfs
+}
+
+func TestMeasureBare(t *testing.T) {
+	runsc, rootfs := bareEnv(t)
 	tmp := t.TempDir()
 	t.Setenv("TMPDIR", tmp) // to see that the runsc root is removed
 
@@ -81,12 +88,7 @@ func TestCheckBareRejectsMissingRootFS(t *testing.T) {
 // TestMeasureBareIdleAndWall: bare idle sandboxes cost memory and are all
 // deleted; a bare wall of three runs gives one sample a round.
 func TestMeasureBareIdleAndWall(t *testing.T) {
-	testutil.RequireRoot(t)
-	runsc := testutil.RequireBinary(t, "runsc", "AENV_RUNSC")
-	rootfs := os.Getenv("AENV_BASE_ROOTFS")
-	if rootfs == "" {
-		testutil.Unavailable(t, "AENV_BASE_ROOTFS is not set")
-	}
+	runsc, rootfs := bareEnv(t)
 	tmp := t.TempDir()
 	t.Setenv("TMPDIR", tmp)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)

@@ -13,12 +13,7 @@ import (
 )
 
 func TestMeasureBareSnapshot(t *testing.T) {
-	testutil.RequireRoot(t)
-	runsc := testutil.RequireBinary(t, "runsc", "AENV_RUNSC")
-	rootfs := os.Getenv("AENV_BASE_ROOTFS")
-	if rootfs == "" {
-		testutil.Unavailable(t, "AENV_BASE_ROOTFS is not set")
-	}
+	runsc, rootfs := bareEnv(t)
 	if _, err := os.Stat(filepath.Join(rootfs, "usr/bin/python3")); err != nil {
 		testutil.Unavailable(t, "the root filesystem has no python3 for the dirty size: "+err.Error())
 	}

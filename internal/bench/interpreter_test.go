@@ -103,10 +103,10 @@ func TestAddBatchRunCodeIdle(t *testing.T) {
 		rows[row.Operation] = row
 	}
 	for op, want := range map[string]float64{
-		"batch create of 100, all ready (pool held 100 at least)":  1000.0 / 4000,
-		"100 single creates at once, all ready":           1500.0 / 4000,
-		"runCode('1+1') round trip":                       2.1,
-		"code-interpreter create to first runCode result": 0.9,
+		"batch create of 100, all ready (pool held 100 at least)": 1000.0 / 4000,
+		"100 single creates at once, all ready":                   1500.0 / 4000,
+		"runCode('1+1') round trip":                               2.1,
+		"code-interpreter create to first runCode result":         0.9,
 	} {
 		if got := rows[op].RatioP50; got < want-1e-9 || got > want+1e-9 {
 			t.Errorf("%s: ratio %v, want %v (rows %v)", op, got, want, r.Rows)
