@@ -189,10 +189,11 @@ func (n *Node) restoreTarget(ctx context.Context, snap *snapshot.Snapshot, req C
 
 // CanRestore says whether this node's runtime can restore snap: the
 // runtime and its version must be those that saved it (a snapshot from
-// before they were recorded is taken to match).
+// before they were recorded, or from an unstamped runsc, is taken to
+// match: runtime.Restorable).
 func (n *Node) CanRestore(snap *snapshot.Snapshot) error {
 	rt := n.cfg.Runtime.Name()
-	if snap.Runtime == "" || (snap.Runtime == rt && snap.RuntimeVersion == n.cfg.RuntimeVersion) {
+	if snap.Runtime == "" || (snap.Runtime == rt && runtime.Restorable(snap.RuntimeVersion, n.cfg.RuntimeVersion)) {
 		return nil
 	}
 	return fmt.Errorf("restoring snapshot %s: %w: it was saved by %s %s and this node runs %s %s",

@@ -9,7 +9,8 @@
 // It is pure: it decides from the snapshot of nodes it is handed, and
 // reads no clock, store or network, so that it is tested and measured
 // alone and the caller holds no lock while it decides. It imports only
-// capacity; the cluster's fleet cache calls it.
+// capacity and runtime's rule of which versions restore which snapshots;
+// the cluster's fleet cache calls it.
 package placement
 
 import (
@@ -18,6 +19,7 @@ import (
 	"slices"
 
 	"github.com/aenvhq/aenv/internal/capacity"
+	"github.com/aenvhq/aenv/internal/runtime"
 )
 
 // Node is one candidate as the scheduler last heard of it. A snapshot's
@@ -161,7 +163,7 @@ func Filter(req Request, nodes []*Node) ([]*Node, error) {
 			draining++
 			continue
 		}
-		if req.Runtime != "" && (n.Runtime != req.Runtime || n.RuntimeVersion != req.RuntimeVersion) {
+		if req.Runtime != "" && (n.Runtime != req.Runtime || !runtime.Restorable(req.RuntimeVersion, n.RuntimeVersion)) {
 			continue
 		}
 		ready++

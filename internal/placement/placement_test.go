@@ -55,6 +55,7 @@ func TestFilter(t *testing.T) {
 		{"only", Request{Only: "b"}, []string{"b"}},
 		{"exclude", Request{Template: "base", Exclude: []string{"a", "old"}}, []string{"b"}},
 		{"runtime and version", Request{Runtime: "gvisor", RuntimeVersion: "0"}, []string{"old"}},
+		{"a version an unstamped runsc saved: any of the runtime", Request{Runtime: "gvisor", RuntimeVersion: "VERSION_MISSING"}, []string{"a", "b", "old", "other"}},
 		{"the other holders are excluded: any node", Request{Template: "base", Exclude: []string{"a", "b", "old"}}, []string{"other"}},
 		{"the rest of the overcommit", Request{MemoryMB: 4096}, []string{"a", "b", "old", "other"}},
 		{"the rest of a busy node's room", Request{MemoryMB: 4096, Only: "b"}, []string{"b"}},
