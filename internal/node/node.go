@@ -628,8 +628,8 @@ func (n *Node) boot(ctx context.Context, id string, tpl *template.Template, opts
 // for ~90% of its wall time), so a burst started all at once finishes
 // all at once, late, and starves the rest of the process meanwhile (50
 // at once on 2 cores took 7 s each, and their etcd writes and envd
-// dials timed out); taken a few at a time, the first are ready in
-// milliseconds and the last no later.
+// dials timed out); taken a few at a time, the first are ready early
+// and the last no later (its p50 halved).
 const DefaultBootsPerCPU = 2
 
 // awaitBootTurn waits until fewer than MaxBoots sandboxes boot.
