@@ -1,6 +1,6 @@
 // Package capacity is the admission rule of a node: how much memory its
-// sandboxes may be configured with together, and when it refuses more.
-// The node applies it to each create (internal/node), and the scheduler
+// sandboxes may be configured with together, when it refuses more, and
+// whose snapshots its runtime restores. The node applies it to each create (internal/node), and the scheduler
 // applies the same rule to the node's reports before choosing it
 // (internal/placement), so that the two never disagree on a formula. It
 // imports nothing of the module; anything may import it.
@@ -143,4 +143,19 @@ func (r Rule) Admit(req Request, l Load) error {
 			ErrNoCapacity, 100*l.DiskUsed, 100*r.DiskHighWater)
 	}
 	return nil
+}
+
+// UnstampedVersion is what a runsc built without gVisor's version stamp
+// reports (aenv's own builds did until they were stamped).
+const UnstampedVersion = "VERSION_MISSING"
+
+// Restorable says whether a node whose runtime is of version running can
+// take a snapshot saved by version saved: the same version, or one the
+// snapshot could not record (none, or an unstamped build's), which is
+// taken to match, as it was before versions were recorded, so that
+// snapshots and paused sandboxes outlive the upgrade that began to
+// record them. The node applies it to a restore and placement to the
+// nodes' reports, like the rest of this package.
+func Restorable(saved, running string) bool {
+	return saved == running || saved == "" || saved == UnstampedVersion
 }

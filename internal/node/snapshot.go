@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/aenvhq/aenv/internal/capacity"
 	"github.com/aenvhq/aenv/internal/runtime"
 	"github.com/aenvhq/aenv/internal/snapshot"
 	"github.com/aenvhq/aenv/internal/template"
@@ -190,10 +191,10 @@ func (n *Node) restoreTarget(ctx context.Context, snap *snapshot.Snapshot, req C
 // CanRestore says whether this node's runtime can restore snap: the
 // runtime and its version must be those that saved it (a snapshot from
 // before they were recorded, or from an unstamped runsc, is taken to
-// match: runtime.Restorable).
+// match: capacity.Restorable).
 func (n *Node) CanRestore(snap *snapshot.Snapshot) error {
 	rt := n.cfg.Runtime.Name()
-	if snap.Runtime == "" || (snap.Runtime == rt && runtime.Restorable(snap.RuntimeVersion, n.cfg.RuntimeVersion)) {
+	if snap.Runtime == "" || (snap.Runtime == rt && capacity.Restorable(snap.RuntimeVersion, n.cfg.RuntimeVersion)) {
 		return nil
 	}
 	return fmt.Errorf("restoring snapshot %s: %w: it was saved by %s %s and this node runs %s %s",

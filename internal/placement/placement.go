@@ -9,8 +9,7 @@
 // It is pure: it decides from the snapshot of nodes it is handed, and
 // reads no clock, store or network, so that it is tested and measured
 // alone and the caller holds no lock while it decides. It imports only
-// capacity and runtime's rule of which versions restore which snapshots;
-// the cluster's fleet cache calls it.
+// capacity; the cluster's fleet cache calls it.
 package placement
 
 import (
@@ -19,7 +18,6 @@ import (
 	"slices"
 
 	"github.com/aenvhq/aenv/internal/capacity"
-	"github.com/aenvhq/aenv/internal/runtime"
 )
 
 // Node is one candidate as the scheduler last heard of it. A snapshot's
@@ -163,7 +161,7 @@ func Filter(req Request, nodes []*Node) ([]*Node, error) {
 			draining++
 			continue
 		}
-		if req.Runtime != "" && (n.Runtime != req.Runtime || !runtime.Restorable(req.RuntimeVersion, n.RuntimeVersion)) {
+		if req.Runtime != "" && (n.Runtime != req.Runtime || !capacity.Restorable(req.RuntimeVersion, n.RuntimeVersion)) {
 			continue
 		}
 		ready++

@@ -239,17 +239,3 @@ type Runtime interface {
 	// Stats reads the sandbox's resource use.
 	Stats(ctx context.Context, id string) (Stats, error)
 }
-
-// UnstampedVersion is what a runsc built without gVisor's version stamp
-// reports (aenv's own builds did until they were stamped).
-const UnstampedVersion = "VERSION_MISSING"
-
-// Restorable says whether a snapshot saved by a driver of version saved
-// restores under one of version running: the same version, or one the
-// snapshot could not record (none, or an unstamped build's), which is
-// taken to match, as it was before versions were recorded, so that
-// snapshots and paused sandboxes outlive the upgrade that began to
-// record them.
-func Restorable(saved, running string) bool {
-	return saved == running || saved == "" || saved == UnstampedVersion
-}
