@@ -88,6 +88,8 @@ func (o IdleOptions) withDefaults() IdleOptions {
 // IdleResult is what Count idle sandboxes cost the host.
 type IdleResult struct {
 	Sandboxes int
+	// Settle is how long they were left alone before the readings.
+	Settle time.Duration
 	// Before and After are /proc/meminfo (bytes by key) before the first
 	// create and after the settle.
 	Before, After map[string]int64
@@ -146,7 +148,7 @@ const guestScript = `for p in /proc/[0-9]*; do echo "${p#/proc/} $(cat $p/comm) 
 // host processes and its guest processes, and kills them all.
 func MeasureIdle(ctx context.Context, api API, opts IdleOptions) (res *IdleResult, err error) {
 	opts = opts.withDefaults()
-	res = &IdleResult{Sandboxes: opts.Count}
+	res = &IdleResult{Sandboxes: opts.Count, Settle: opts.Settle}
 	if res.Before, err = readMeminfo(opts.meminfo); err != nil {
 		return nil, err
 	}

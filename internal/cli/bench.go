@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -185,12 +186,12 @@ one report.`,
 				report.AddCreate(opts, a, bare)
 			}
 			if runs.interpreter {
-				if err := benchInterpreter(cmd, &report, opts, bare, interpreterTemplate, suite == suiteAll); err != nil {
+				if err := benchInterpreter(ctx, api.Client, &report, opts, bare, interpreterTemplate, suite == suiteAll); err != nil {
 					return err
 				}
 			}
 			if runs.batch {
-				if err := benchBatch(cmd, &report, opts, batchSize, batchRounds); err != nil {
+				if err := benchBatch(ctx, api.Client, &report, opts, batchSize, batchRounds); err != nil {
 					return err
 				}
 			}
@@ -204,7 +205,7 @@ one report.`,
 				report.AddSnapshot(opts, res)
 			}
 			if runs.idle {
-				if err := benchIdle(cmd, &report, idle, opts); err != nil {
+				if err := benchIdle(ctx, api.Client, &report, idleOptions(idle, opts, opts.Progress), opts); err != nil {
 					return err
 				}
 			}
@@ -256,11 +257,11 @@ func runIdleSuite(cmd *cobra.Command, idle bench.IdleOptions, opts bench.Options
 	if err != nil {
 		return err
 	}
-	idle.Template, idle.CgroupParent, idle.Concurrency = opts.Template, opts.CgroupParent, opts.Concurrency
+	var progress io.Writer
 	if isTerminal(cmd.ErrOrStderr()) {
-		idle.Progress = cmd.ErrOrStderr()
+		progress = cmd.ErrOrStderr()
 	}
-	res, err := bench.MeasureIdle(cmd.Context(), c, idle)
+	res, err := bench.MeasureIdle(cmd.Context(), c, idleOptions(idle, opts, progress))
 	if err != nil {
 		return err
 	}
@@ -268,6 +269,13 @@ func runIdleSuite(cmd *cobra.Command, idle bench.IdleOptions, opts bench.Options
 		return writeJSON(cmd.OutOrStdout(), res)
 	}
 	return res.WriteTable(cmd.OutOrStdout())
+}
+
+// idleOptions is the idle suite's options with the run's template,
+// cgroup parent, concurrency and progress.
+func idleOptions(idle bench.IdleOptions, opts bench.Options, progress io.Writer) bench.IdleOptions {
+	idle.Template, idle.CgroupParent, idle.Concurrency, idle.Progress = opts.Template, opts.CgroupParent, opts.Concurrency, progress
+	return idle
 }
 
 // writeBenchReport writes r into dir as JSON, a table and a chart, each
@@ -296,12 +304,8 @@ func writeBenchReport(dir string, r bench.Report) error {
 
 // benchInterpreter adds the interpreter suite to report. With skipMissing
 // (all), a server without the template adds a note instead of failing.
-func benchInterpreter(cmd *cobra.Command, report *bench.Report, opts bench.Options, bare bench.BareResults, template string, skipMissing bool) error {
-	c, err := globalsOf(cmd).client()
-	if err != nil {
-		return err
-	}
-	res, err := bench.MeasureRunCode(cmd.Context(), c, template, opts.Iterations, min(opts.Iterations, 10), opts.Progress)
+func benchInterpreter(ctx context.Context, c *client.Client, report *bench.Report, opts bench.Options, bare bench.BareResults, template string, skipMissing bool) error {
+	res, err := bench.MeasureRunCode(ctx, c, template, opts.Iterations, min(opts.Iterations, 10), opts.Progress)
 	if err != nil {
 		if skipMissing && client.IsStatus(err, http.StatusNotFound) {
 			report.Notes = append(report.Notes, fmt.Sprintf("runCode not measured: the server has no template %s (aenv server --code-interpreter-rootfs)", template))
@@ -314,16 +318,12 @@ func benchInterpreter(cmd *cobra.Command, report *bench.Report, opts bench.Optio
 }
 
 // benchBatch adds the batch suite to report, beside bare runsc.
-func benchBatch(cmd *cobra.Command, report *bench.Report, opts bench.Options, size, rounds int) error {
-	c, err := globalsOf(cmd).client()
+func benchBatch(ctx context.Context, c *client.Client, report *bench.Report, opts bench.Options, size, rounds int) error {
+	res, err := bench.MeasureBatch(ctx, c, opts.Template, size, rounds, opts.Progress)
 	if err != nil {
 		return err
 	}
-	res, err := bench.MeasureBatch(cmd.Context(), c, opts.Template, size, rounds, opts.Progress)
-	if err != nil {
-		return err
-	}
-	bare, err := bench.MeasureBareWall(cmd.Context(), opts, size, rounds)
+	bare, err := bench.MeasureBareWall(ctx, opts, size, rounds)
 	if err != nil {
 		return err
 	}
@@ -332,21 +332,12 @@ func benchBatch(cmd *cobra.Command, report *bench.Report, opts bench.Options, si
 }
 
 // benchIdle adds the idle suite to report, beside as many bare sandboxes.
-func benchIdle(cmd *cobra.Command, report *bench.Report, idle bench.IdleOptions, opts bench.Options) error {
-	c, err := globalsOf(cmd).client()
+func benchIdle(ctx context.Context, c *client.Client, report *bench.Report, idle bench.IdleOptions, opts bench.Options) error {
+	res, err := bench.MeasureIdle(ctx, c, idle)
 	if err != nil {
 		return err
 	}
-	idle.Template, idle.CgroupParent, idle.Concurrency, idle.Progress = opts.Template, opts.CgroupParent, opts.Concurrency, opts.Progress
-	res, err := bench.MeasureIdle(cmd.Context(), c, idle)
-	if err != nil {
-		return err
-	}
-	settle := idle.Settle
-	if settle == 0 {
-		settle = bench.DefaultIdleSettle
-	}
-	bare, err := bench.MeasureBareIdle(cmd.Context(), opts, res.Sandboxes, opts.Concurrency, settle)
+	bare, err := bench.MeasureBareIdle(ctx, opts, res.Sandboxes, idle.Concurrency, res.Settle)
 	if err != nil {
 		return err
 	}
