@@ -69,8 +69,8 @@ async function watchedPage(context) {
   // What the page asked for and said, for a failure's report.
   const trail = []
   let networkChanges = 0
-  const t0 = Date.now()
-  const note = (m) => trail.push(`+${Date.now() - t0}ms ${m}`)
+  const t0 = performance.now()
+  const note = (m) => trail.push(`+${Math.round(performance.now() - t0)}ms ${m}`)
   p.on('request', (r) => note(`> ${r.method()} ${r.url()}`))
   p.on('requestfinished', (r) => note(`< ${r.response()?.status()} ${r.url()}`))
   p.on('requestfailed', (r) => note(`x ${r.url()} ${r.failure()?.errorText}`))
@@ -298,9 +298,9 @@ srv.test('a sandbox created through the SDK appears in the table within 2 s, wit
   await page.waitForFunction(() => document.querySelector('#sb-status')?.textContent.includes('updated') || document.querySelector('#sb-status')?.textContent.startsWith('No sandboxes'))
   await page.evaluate(() => { window.aenvSamePage = true })
   sbx = await srv.create({ metadata: { suite: 'console', run: RUN } })
-  const created = Date.now()
+  const created = performance.now()
   await page.waitForSelector(`a[href="#/sandboxes/${sbx.sandboxId}"]`, { timeout: 2000 })
-  const took = Date.now() - created
+  const took = performance.now() - created
   assert.equal(await page.evaluate(() => window.aenvSamePage), true, 'the page was reloaded')
   const row = await page.$eval(`a[href="#/sandboxes/${sbx.sandboxId}"]`, (a) => a.closest('tr').textContent)
   assert.match(row, /running/)

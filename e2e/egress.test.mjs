@@ -17,12 +17,12 @@ after(() => net.stop())
 
 /** Runs curl in the sandbox; returns {ok, out, code, ms}. */
 async function curl(sbx, args) {
-  const start = Date.now()
+  const start = performance.now()
   try {
     const r = await sbx.commands.run(`curl -sS --max-time 8 ${args}`)
-    return { ok: true, out: r.stdout, code: 0, ms: Date.now() - start }
+    return { ok: true, out: r.stdout, code: 0, ms: performance.now() - start }
   } catch (err) {
-    return { ok: false, out: `${err.stdout ?? ''}${err.stderr ?? ''}`, code: err.exitCode, ms: Date.now() - start }
+    return { ok: false, out: `${err.stdout ?? ''}${err.stderr ?? ''}`, code: err.exitCode, ms: performance.now() - start }
   }
 }
 

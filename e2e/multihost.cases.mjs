@@ -73,13 +73,13 @@ cl.test('kill -9 of a node: its running sandboxes are lost within TTL + 5 s, its
   assert.equal(await paused.pause(), true)
 
   const node = cl.nodes[0]
-  const killedAt = Date.now()
+  const killedAt = performance.now()
   await node.kill('SIGKILL')
   await waitFor(async () => {
     const listed = (await Sandbox.list(cl.via(0)).nextItems()).map((s) => s.sandboxId)
     return running.every((s) => !listed.includes(s.sandboxId))
   }, { timeoutMs: 15_000, what: "the dead node's sandboxes to leave the list" })
-  assert.ok(Date.now() - killedAt <= 15_000, `lost after ${Date.now() - killedAt} ms`)
+  assert.ok(performance.now() - killedAt <= 15_000, `lost after ${performance.now() - killedAt} ms`)
   const res = await cl.api('GET', `/sandboxes/${running[0].sandboxId}`)
   assert.equal(res.status, 404)
   assert.match(res.json.message, /node zqmhn1 stopped answering/)

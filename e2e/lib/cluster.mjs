@@ -249,10 +249,10 @@ export class TestCluster {
     this.capture.pcapPath = this.pcap
     this.capture.net = `${this.subnet}.0/24`
     this.capture.start()
-    const deadline = Date.now() + 10_000
+    const deadline = performance.now() + 10_000
     while (!/listening on/.test(this.capture.tail(5))) {
       if (this.capture.exit) throw new Error(`tcpdump exited (${JSON.stringify(this.capture.exit)}): ${this.capture.tail()}`)
-      if (Date.now() > deadline) throw new Error(`tcpdump did not start: ${this.capture.tail()}`)
+      if (performance.now() > deadline) throw new Error(`tcpdump did not start: ${this.capture.tail()}`)
       await sleep(50)
     }
   }
@@ -272,10 +272,10 @@ export class TestCluster {
     const sock = dgram.createSocket('udp4')
     await new Promise((resolve, reject) => sock.send(marker, 9, `${this.subnet}.1`, (err) => (err ? reject(err) : resolve())))
     sock.close()
-    const deadline = Date.now() + 60_000
+    const deadline = performance.now() + 60_000
     while (!fs.readFileSync(this.pcap).includes(marker)) {
       if (this.capture.exit) throw new Error(`tcpdump exited during the run (${JSON.stringify(this.capture.exit)}): ${this.capture.tail()}`)
-      if (Date.now() > deadline) throw new Error(`tcpdump did not write the marker within 60 s: ${this.capture.tail()}`)
+      if (performance.now() > deadline) throw new Error(`tcpdump did not write the marker within 60 s: ${this.capture.tail()}`)
       await sleep(100)
     }
     await this.capture.kill('SIGINT')
@@ -406,7 +406,7 @@ export class TestCluster {
   }
 
   async waitServer(s, { ca = this.ca } = {}) {
-    const deadline = Date.now() + START_TIMEOUT_MS
+    const deadline = performance.now() + START_TIMEOUT_MS
     for (;;) {
       if (s.exit) throw new Error(`${s.name} exited during start-up (${JSON.stringify(s.exit)}); log:\n${s.tail()}`)
       try {
@@ -415,14 +415,14 @@ export class TestCluster {
       } catch {
         // not yet
       }
-      if (Date.now() > deadline) throw new Error(`${s.name} did not come up; log:\n${s.tail()}`)
+      if (performance.now() > deadline) throw new Error(`${s.name} did not come up; log:\n${s.tail()}`)
       await sleep(200)
     }
   }
 
   /** Waits until every id is listed ready by the first running server. */
   async waitNodes(ids, { timeoutMs = START_TIMEOUT_MS } = {}) {
-    const deadline = Date.now() + timeoutMs
+    const deadline = performance.now() + timeoutMs
     for (;;) {
       const res = await this.api('GET', '/nodes').catch(() => undefined)
       const ready = new Set((res?.json ?? []).filter((n) => n.state === 'ready').map((n) => n.id))
@@ -430,7 +430,7 @@ export class TestCluster {
       for (const n of this.nodes) {
         if (ids.includes(n.id) && n.exit) throw new Error(`${n.name} exited during start-up (${JSON.stringify(n.exit)}); log:\n${n.tail()}`)
       }
-      if (Date.now() > deadline) throw new Error(`nodes ${ids.join(', ')} not ready (ready: ${[...ready].join(', ')})`)
+      if (performance.now() > deadline) throw new Error(`nodes ${ids.join(', ')} not ready (ready: ${[...ready].join(', ')})`)
       await sleep(250)
     }
   }
@@ -440,10 +440,10 @@ export class TestCluster {
    * may still be the previous process's, live until its lease ends.
    */
   async waitNodeUp(n, { timeoutMs = 30_000 } = {}) {
-    const deadline = Date.now() + timeoutMs
+    const deadline = performance.now() + timeoutMs
     while (!/aenv node ready/.test(n.logSinceStart())) {
       if (n.exit) throw new Error(`${n.name} exited during start-up (${JSON.stringify(n.exit)}); log:\n${n.tail()}`)
-      if (Date.now() > deadline) throw new Error(`${n.name} did not come up; log:\n${n.tail()}`)
+      if (performance.now() > deadline) throw new Error(`${n.name} did not come up; log:\n${n.tail()}`)
       await sleep(100)
     }
   }

@@ -54,9 +54,9 @@ export class Internet {
     this.proc = spawn('ip', ['netns', 'exec', this.ns, process.execPath, server, cert, key, JSON.stringify(ZONE)],
       { stdio: ['ignore', fd, fd] })
     fs.closeSync(fd)
-    const deadline = Date.now() + 15_000
+    const deadline = performance.now() + 15_000
     while (!fs.readFileSync(this.log, 'utf8').includes('internet ready')) {
-      if (Date.now() > deadline || this.proc.exitCode !== null) {
+      if (performance.now() > deadline || this.proc.exitCode !== null) {
         throw new Error(`the fake internet did not start: ${fs.readFileSync(this.log, 'utf8')}`)
       }
       await new Promise((r) => setTimeout(r, 50))

@@ -53,7 +53,7 @@ export function randomTag(n = 8) {
 
 /** Polls fn until it returns a truthy value or the time is up; what (a string or a function returning one) names it in the error. */
 export async function waitFor(fn, { timeoutMs = 10_000, intervalMs = 100, what = 'condition' } = {}) {
-  const deadline = Date.now() + timeoutMs
+  const deadline = performance.now() + timeoutMs
   let last
   for (;;) {
     try {
@@ -62,7 +62,7 @@ export async function waitFor(fn, { timeoutMs = 10_000, intervalMs = 100, what =
     } catch (err) {
       last = err
     }
-    if (Date.now() > deadline) {
+    if (performance.now() > deadline) {
       const desc = typeof what === 'function' ? what() : what
       throw new Error(`timed out after ${timeoutMs} ms waiting for ${desc}${last ? `: last error: ${last.message}` : ''}`)
     }
@@ -299,7 +299,7 @@ export class TestServer {
       this.exit = { code: null, signal: null, error: err }
     })
 
-    const deadline = Date.now() + START_TIMEOUT_MS
+    const deadline = performance.now() + START_TIMEOUT_MS
     for (;;) {
       if (this.exit) {
         throw new Error(`aenv server exited during start-up (${JSON.stringify(this.exit)}); log ${this.logPath}:\n${tailFile(this.logPath)}`)
@@ -311,7 +311,7 @@ export class TestServer {
       } catch {
         // not listening yet
       }
-      if (Date.now() > deadline) {
+      if (performance.now() > deadline) {
         await this.stop().catch(() => {})
         throw new Error(`aenv server did not answer GET /health with 200 within ${START_TIMEOUT_MS} ms; log ${this.logPath}:\n${tailFile(this.logPath)}`)
       }
