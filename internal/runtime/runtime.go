@@ -222,6 +222,23 @@ type Checkpointer interface {
 	Thaw(ctx context.Context, id string) error
 }
 
+// Preparer is implemented by Checkpointers that can start a sandbox's
+// processes before they know the state it restores: what a restore
+// spends outside the saved state (gVisor: the sandbox and gofer
+// processes, half a small restore) is then spent ahead, in a warm pool,
+// and a restore only loads the state.
+type Preparer interface {
+	// Prepare starts the processes of a sandbox that RestorePrepared will
+	// fill, as Create would (spec.ID names it in the runtime from now on),
+	// but runs nothing in it. Kill removes one that is not needed.
+	Prepare(ctx context.Context, spec Spec) error
+	// RestorePrepared restores the state in imageDir into prepared
+	// sandbox spec.ID, which keeps that id in the runtime; spec.Hostname
+	// names the sandbox it becomes, and the rest of spec must be what it
+	// was prepared with. On error the prepared sandbox is gone.
+	RestorePrepared(ctx context.Context, spec Spec, imageDir string) error
+}
+
 // Runtime runs sandboxes on this host. Implementations are safe for
 // concurrent use on different ids.
 type Runtime interface {

@@ -82,6 +82,7 @@ var (
 	_ runtime.Checkpointer = (*Driver)(nil)
 	_ runtime.Recoverer    = (*Driver)(nil)
 	_ runtime.LogReader    = (*Driver)(nil)
+	_ runtime.Preparer     = (*Driver)(nil)
 )
 
 // exitPollInterval is how often the driver checks for sandboxes that died.
@@ -236,14 +237,81 @@ func (d *Driver) sandboxDir(id string) string {
 	return filepath.Join(d.cfg.StateDir, "sandboxes", id)
 }
 
+// startMode is what start does once the bundle is written.
+type startMode int
+
+const (
+	// startBoot runs the bundle's envd (runsc run).
+	startBoot startMode = iota
+	// startRestore restores a saved state (runsc restore).
+	startRestore
+	// startPrepare stops at a created container (runsc create), for
+	// RestorePrepared.
+	startPrepare
+)
+
 // Create implements runtime.Runtime.
 func (d *Driver) Create(ctx context.Context, spec runtime.Spec) error {
-	return d.start(ctx, spec, "")
+	return d.start(ctx, spec, startBoot, "")
 }
 
 // Restore implements runtime.Checkpointer.
 func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, imageDir string) error {
-	return d.start(ctx, spec, imageDir)
+	return d.start(ctx, spec, startRestore, imageDir)
+}
+
+// Prepare implements runtime.Preparer with `runsc create`: the sandbox
+// and gofer processes start, its cgroup, mounts and network namespace are
+// set up, and envd's output goes to its log from then on (runsc hands the
+// root container the stdio of its create, which a restore keeps).
+func (d *Driver) Prepare(ctx context.Context, spec runtime.Spec) error {
+	return d.start(ctx, spec, startPrepare, "")
+}
+
+// RestorePrepared implements runtime.Preparer: `runsc restore` of a
+// created container loads the state into its sandbox process instead of
+// starting one. Measured here, a small sandbox's restore took 58–88 ms so
+// against 142–188 ms for a restore that starts its own processes.
+func (d *Driver) RestorePrepared(ctx context.Context, spec runtime.Spec, imageDir string) (err error) {
+	d.mu.Lock()
+	_, ok := d.running[spec.ID]
+	d.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("restoring into prepared %s: %w", spec.ID, runtime.ErrNotFound)
+	}
+	defer func() {
+		if err != nil {
+			if kerr := d.Kill(context.WithoutCancel(ctx), spec.ID); kerr != nil {
+				d.log.Warn("removing a prepared sandbox whose restore failed", "sandbox_id", spec.ID, "err", kerr)
+			}
+		}
+	}()
+	dir := d.sandboxDir(spec.ID)
+	// The files bound into the guest are read by path when the restore
+	// mounts them: the sandbox's own host name goes in now.
+	if err := WriteBundleFiles(dir, spec); err != nil {
+		return fmt.Errorf("restoring into prepared %s: %w", spec.ID, err)
+	}
+	r := d.runscIn(dir, spec.DiskMB)
+	_, err = r.Restore(context.WithoutCancel(ctx), spec.ID, dir, &runc.RestoreOpts{
+		CheckpointOpts: runc.CheckpointOpts{ImagePath: imageDir},
+		Detach:         true,
+		ExtraArgs:      []string{"--direct"},
+	})
+	if err != nil {
+		return fmt.Errorf("restoring into prepared %s: %w%s", spec.ID, err, TailLog(r.Log))
+	}
+	d.log.Debug("sandbox restored into a prepared one", "sandbox_id", spec.ID, "hostname", hostname(spec))
+	return nil
+}
+
+// runscIn is the runsc of a sandbox whose directory is dir: its log there,
+// and its root filesystem's writes (see overlayFlag).
+func (d *Driver) runscIn(dir string, diskMB int) *runc.Runc {
+	r := *d.runc
+	r.Log = filepath.Join(dir, "runsc.log")
+	r.ExtraArgs = append(slices.Clone(r.ExtraArgs), overlayFlag(dir, diskMB))
+	return &r
 }
 
 // Checkpoint implements runtime.Checkpointer. Without LeaveRunning runsc
@@ -312,8 +380,9 @@ func checkImage(dir string) error {
 	return nil
 }
 
-// start runs a sandbox: a fresh boot, or a restore when imageDir is set.
-func (d *Driver) start(ctx context.Context, spec runtime.Spec, imageDir string) (err error) {
+// start runs a sandbox as mode says; imageDir is the state a restore
+// loads.
+func (d *Driver) start(ctx context.Context, spec runtime.Spec, mode startMode, imageDir string) (err error) {
 	log := d.log.With("sandbox_id", spec.ID)
 	dir := d.sandboxDir(spec.ID)
 	var rollback undo.Stack
@@ -361,21 +430,25 @@ func (d *Driver) start(ctx context.Context, spec runtime.Spec, imageDir string) 
 		return d.deleteContainer(ctx, spec.ID)
 	})
 
-	r := *d.runc
-	r.Log = filepath.Join(dir, "runsc.log")
-	r.ExtraArgs = append(slices.Clone(r.ExtraArgs), overlayFlag(dir, spec.DiskMB))
+	r := d.runscIn(dir, spec.DiskMB)
 	// runsc must not be killed half-way through a start because the
 	// caller gave up: that leaves sandbox processes runsc no longer knows.
 	// The rollback removes a finished start instead.
 	// The pid file saves a `runsc state` (a process start) per sandbox.
 	pidFile := filepath.Join(dir, "pid")
-	if imageDir == "" {
+	switch mode {
+	case startBoot:
 		_, err = r.Run(context.WithoutCancel(ctx), spec.ID, dir, &runc.CreateOpts{
 			Detach:  true,
 			IO:      &fileIO{f: logFile},
 			PidFile: pidFile,
 		})
-	} else {
+	case startPrepare:
+		err = r.Create(context.WithoutCancel(ctx), spec.ID, dir, &runc.CreateOpts{
+			IO:      &fileIO{f: logFile},
+			PidFile: pidFile,
+		})
+	default:
 		// --direct reads the pages file with O_DIRECT: measured fastest
 		// for images on local disk.
 		_, err = r.Restore(context.WithoutCancel(ctx), spec.ID, dir, &runc.RestoreOpts{

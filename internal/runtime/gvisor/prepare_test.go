@@ -1,0 +1,124 @@
+package gvisor
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aenvhq/aenv/internal/runtime"
+)
+
+// TestRestorePrepared: a prepared sandbox runs nothing until a state is
+// restored into it; then the saved envd answers in the prepared
+// sandbox's network, with what it held when it was saved, under the host
+// name the restore gave. A restore that fails removes the prepared
+// sandbox, and Kill removes one never used.
+func TestRestorePrepared(t *testing.T) {
+	f := setup(t)
+	ctx := context.Background()
+	t.Cleanup(func() { f.driver.Close() })
+
+	saved, slot := f.spec(t, "gvtestps")
+	if err := f.driver.Create(ctx, saved); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.driver.Kill(context.Background(), saved.ID) })
+	waitHealth(t, slot.HostAddr)
+	// envd's state: an environment variable set through /init.
+	res, err := http.Post(fmt.Sprintf("http://%s:49983/init", slot.HostAddr), "application/json",
+		strings.NewReader(`{"envVars":{"AENV_MARK":"before-save"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	img := t.TempDir()
+	if err := f.driver.Checkpoint(ctx, saved.ID, img, runtime.CheckpointOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.driver.Kill(ctx, saved.ID); err != nil {
+		t.Fatal(err)
+	}
+
+	prep, pslot := f.spec(t, "gvtestpp")
+	if err := f.driver.Prepare(ctx, prep); err != nil {
+		t.Fatal(err)
+	}
+	if answers(pslot.HostAddr) {
+		t.Fatal("a prepared sandbox answers before anything was restored into it")
+	}
+	prep.Hostname = "gvtestchild"
+	start := time.Now()
+	if err := f.driver.RestorePrepared(ctx, prep, img); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("restore into a prepared sandbox took %v", time.Since(start))
+	waitHealth(t, pslot.HostAddr)
+	if got := envdEnv(t, pslot.HostAddr, "AENV_MARK"); got != "before-save" {
+		t.Errorf("the restored envd has AENV_MARK=%q, want the saved before-save", got)
+	}
+	hosts, err := os.ReadFile(filepath.Join(f.driver.sandboxDir(prep.ID), "hosts"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(hosts), "gvtestchild") {
+		t.Errorf("/etc/hosts of the restored sandbox names no gvtestchild:\n%s", hosts)
+	}
+	if _, err := f.driver.Stats(ctx, prep.ID); err != nil {
+		t.Errorf("stats of the restored sandbox: %v", err)
+	}
+	if err := f.driver.Kill(ctx, prep.ID); err != nil {
+		t.Fatal(err)
+	}
+
+	// A state that cannot load leaves nothing of the prepared sandbox.
+	bad, _ := f.spec(t, "gvtestpb")
+	if err := f.driver.Prepare(ctx, bad); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.driver.RestorePrepared(ctx, bad, t.TempDir()); err == nil {
+		t.Fatal("restoring an empty image into a prepared sandbox succeeded")
+	}
+	if _, err := os.Stat(f.driver.sandboxDir(bad.ID)); !os.IsNotExist(err) {
+		t.Errorf("a failed restore left the prepared sandbox's dir: %v", err)
+	}
+	if err := f.driver.RestorePrepared(ctx, bad, img); err == nil {
+		t.Error("restoring into a prepared sandbox already gone succeeded")
+	}
+
+	unused, _ := f.spec(t, "gvtestpu")
+	if err := f.driver.Prepare(ctx, unused); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.driver.Kill(ctx, unused.ID); err != nil {
+		t.Fatal(err)
+	}
+	list, err := f.driver.runc.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 0 {
+		t.Fatalf("runsc still knows containers after every sandbox was killed: %+v", list)
+	}
+}
+
+// envdEnv reads variable name from envd's environment at addr.
+func envdEnv(t *testing.T, addr netip.Addr, name string) string {
+	t.Helper()
+	res, err := http.Get(fmt.Sprintf("http://%s:49983/envs", addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	var envs map[string]string
+	if err := json.NewDecoder(res.Body).Decode(&envs); err != nil {
+		t.Fatal(err)
+	}
+	return envs[name]
+}
