@@ -26,6 +26,9 @@ type poolCollector struct {
 	n                              *node.Node
 	ready, target, memory, creates *prometheus.Desc
 	budget                         *prometheus.Desc
+	// prepared and restores are the pool's prepared sandboxes, by
+	// template, and the restores they could serve.
+	prepared, restores *prometheus.Desc
 }
 
 func newPoolCollector(n *node.Node) *poolCollector {
@@ -42,12 +45,18 @@ func newPoolCollector(n *node.Node) *poolCollector {
 			append(labels, "warm"), nil),
 		budget: prometheus.NewDesc("aenv_warm_pool_budget_bytes",
 			"Host memory the warm pool may take (--warm-pool-memory).", nil, nil),
+		prepared: prometheus.NewDesc("aenv_warm_pool_prepared",
+			"Prepared sandboxes the warm pool holds, which restores of the template's sandboxes load their state into.",
+			[]string{"template"}, nil),
+		restores: prometheus.NewDesc("aenv_warm_pool_restores_total",
+			"Restores of the template's sandboxes a prepared sandbox could serve, by whether one did (warm).",
+			[]string{"template", "warm"}, nil),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.ready, c.target, c.memory, c.creates, c.budget} {
+	for _, d := range []*prometheus.Desc{c.ready, c.target, c.memory, c.creates, c.budget, c.prepared, c.restores} {
 		ch <- d
 	}
 }
@@ -57,6 +66,13 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	wp := c.n.WarmPool()
 	ch <- prometheus.MustNewConstMetric(c.budget, prometheus.GaugeValue, float64(wp.BudgetBytes))
 	for _, k := range wp.Keys {
+		if k.Key.Restores {
+			ch <- prometheus.MustNewConstMetric(c.prepared, prometheus.GaugeValue, float64(k.Ready), k.Key.TemplateID)
+			for warm, count := range map[bool]uint64{true: k.Served.Warm, false: k.Served.Cold} {
+				ch <- prometheus.MustNewConstMetric(c.restores, prometheus.CounterValue, float64(count), k.Key.TemplateID, strconv.FormatBool(warm))
+			}
+			continue
+		}
 		l := []string{k.Key.TemplateID, k.Key.SnapshotID}
 		ch <- prometheus.MustNewConstMetric(c.ready, prometheus.GaugeValue, float64(k.Ready), l...)
 		ch <- prometheus.MustNewConstMetric(c.target, prometheus.GaugeValue, float64(k.Target), l...)

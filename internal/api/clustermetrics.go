@@ -63,6 +63,8 @@ var (
 		"Sandboxes the node's warm pool holds prestarted, by template (or snapshot).", "template", "snapshot")
 	nodePoolTargetDesc = nodeDesc("aenv_node_pool_target",
 		"Sandboxes the node's warm pool is sized to hold, by template (or snapshot).", "template", "snapshot")
+	nodePoolPreparedDesc = nodeDesc("aenv_node_pool_prepared",
+		"Prepared sandboxes the node's warm pool holds, which restores of the template's sandboxes load their state into.", "template")
 	nodeCacheBytesDesc = nodeDesc("aenv_node_image_cache_bytes", "Bytes the node's block image cache holds.")
 	nodeCacheMaxDesc   = nodeDesc("aenv_node_image_cache_max_bytes", "The node's block image cache bound.")
 	nodeCacheHitsDesc  = nodeDesc("aenv_node_image_cache_hits_total",
@@ -88,7 +90,7 @@ var (
 var clusterDescs = []*prometheus.Desc{
 	nodeInfoDesc, nodeReportDesc, nodeCPUsDesc, nodeCPUsCommittedDesc, nodeMemoryDesc, nodeMemoryCommittedDesc,
 	nodeMemoryUsedDesc, nodeHostMemoryDesc, nodeDiskDesc, nodeDiskUsedDesc, nodeSandboxesDesc, nodePoolDesc,
-	nodePoolTargetDesc, nodeCacheBytesDesc, nodeCacheMaxDesc, nodeCacheHitsDesc, nodeCacheMissesDesc,
+	nodePoolTargetDesc, nodePoolPreparedDesc, nodeCacheBytesDesc, nodeCacheMaxDesc, nodeCacheHitsDesc, nodeCacheMissesDesc,
 	nodeCacheEvictionsDesc, nodeImagesMountedDesc,
 	sandboxCPUsDesc, sandboxCPUDesc, sandboxMemDesc, sandboxMemLimitDesc, sandboxDiskDesc, sandboxDiskMaxDesc,
 	refusalsDesc,
@@ -162,6 +164,10 @@ func collectNode(ch chan<- prometheus.Metric, n cluster.NodeInfo) {
 	gauge(nodeDiskUsedDesc, float64(n.Usage.DiskMB)*mib)
 	gauge(nodeSandboxesDesc, float64(n.Sandboxes))
 	for _, p := range n.Pool {
+		if p.Prepared {
+			gauge(nodePoolPreparedDesc, float64(p.Ready), p.TemplateID)
+			continue
+		}
 		gauge(nodePoolDesc, float64(p.Ready), p.TemplateID, p.SnapshotID)
 		gauge(nodePoolTargetDesc, float64(p.Target), p.TemplateID, p.SnapshotID)
 	}

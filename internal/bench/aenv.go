@@ -144,6 +144,9 @@ func poolState(ctx context.Context, api nodeLister, template string) (ready, tar
 	found := false
 	for _, n := range nodes {
 		for _, e := range n.Pool {
+			if e.Prepared {
+				continue
+			}
 			all, allTarget = all+e.Ready, allTarget+e.Target
 			if e.SnapshotID == "" && e.TemplateID == template {
 				found = true

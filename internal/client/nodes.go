@@ -56,6 +56,9 @@ type PoolEntry struct {
 	// to from recent demand.
 	Ready  int `json:"ready"`
 	Target int `json:"target"`
+	// Prepared: the template's prepared sandboxes, which restores load
+	// their state into, not sandboxes a create takes.
+	Prepared bool `json:"prepared,omitempty"`
 }
 
 // NodeUsage is an amount of a node's resources (in usage, CPUCount is

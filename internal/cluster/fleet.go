@@ -471,6 +471,9 @@ func poolKey(templateID, snapshotID string) string {
 func (m *member) pooled() map[string]int {
 	var out map[string]int
 	for _, e := range m.info.Pool {
+		if e.Prepared {
+			continue // only restores take them, wherever placement puts those
+		}
 		k := poolKey(e.TemplateID, e.SnapshotID)
 		if left := e.Ready - m.poolTaken[k]; left > 0 {
 			if out == nil {

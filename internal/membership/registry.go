@@ -105,6 +105,10 @@ type PoolEntry struct {
 	// is sized to, from its recent peak burst of creates.
 	Ready  int `json:"ready"`
 	Target int `json:"target"`
+	// Prepared: these are the template's prepared sandboxes, which
+	// restores of its sandboxes load their state into (not counted in
+	// Pooled, and no create takes one).
+	Prepared bool `json:"prepared,omitempty"`
 }
 
 // InfoFromWire is a node's description as the node API reports it.
@@ -116,8 +120,11 @@ func InfoFromWire(w *nodev1.NodeInfo) NodeInfo {
 	var pool []PoolEntry
 	pooled := 0
 	for _, e := range w.Pool {
-		pool = append(pool, PoolEntry{TemplateID: e.TemplateId, SnapshotID: e.SnapshotId, Ready: int(e.Ready), Target: int(e.Target)})
-		pooled += int(e.Ready)
+		pool = append(pool, PoolEntry{TemplateID: e.TemplateId, SnapshotID: e.SnapshotId, Ready: int(e.Ready), Target: int(e.Target),
+			Prepared: e.Prepared})
+		if !e.Prepared {
+			pooled += int(e.Ready)
+		}
 	}
 	var cache *ImageCache
 	if c := w.ImageCache; c != nil {

@@ -184,7 +184,9 @@ type Stats struct {
 // Stats reads the node's capacity and usage.
 func (n *Node) Stats() Stats {
 	poolMB := n.pool.memoryMB()
-	pool := n.pool.list()
+	// Prepared sandboxes run nothing: they are neither sandboxes a create
+	// takes nor CPUs in use.
+	pool := n.pool.listOf(false)
 	st := Stats{Capacity: n.cfg.Capacity, Runtime: n.cfg.Runtime.Name(), Pooled: len(pool)}
 	for _, sb := range pool {
 		st.CommittedCPUs += sb.CPUCount

@@ -30,7 +30,7 @@ func (n *Node) snapshotFiles(ctx context.Context, sb *Sandbox, snap *snapshot.Sn
 	n.mu.Lock()
 	snap.EnvVars = maps.Clone(sb.envVars)
 	n.mu.Unlock()
-	if err := fx.ExportFiles(ctx, sb.ID, filepath.Join(dir, snapshot.FilesFile)); err != nil {
+	if err := fx.ExportFiles(ctx, sb.rt(), filepath.Join(dir, snapshot.FilesFile)); err != nil {
 		n.cfg.Snapshots.Abort(snap.ID)
 		return nil, fmt.Errorf("pausing sandbox %s without its memory: %w", sb.ID, err)
 	}
@@ -174,7 +174,7 @@ func (n *Node) reboot(ctx context.Context, snap *snapshot.Snapshot, req CreateRe
 	if err != nil {
 		return nil, fmt.Errorf("rebooting from snapshot %s: restoring it to read its files: %w", snap.ID, err)
 	}
-	err = fx.ExportFiles(ctx, scratch.ID, filepath.Join(dir, snapshot.FilesFile))
+	err = fx.ExportFiles(ctx, scratch.rt(), filepath.Join(dir, snapshot.FilesFile))
 	n.destroy(context.WithoutCancel(ctx), scratch)
 	if err != nil {
 		return nil, fmt.Errorf("rebooting from snapshot %s: %w", snap.ID, err)

@@ -283,7 +283,7 @@ func (n *Node) sweepHistories(running []*Sandbox, now time.Time) {
 
 // sample reads sb's resource use into its history.
 func (n *Node) sample(ctx context.Context, sb *Sandbox) {
-	st, err := n.cfg.Runtime.Stats(ctx, sb.ID)
+	st, err := n.cfg.Runtime.Stats(ctx, sb.rt())
 	if err != nil {
 		return
 	}
@@ -404,31 +404,42 @@ func (n *Node) Logs(id string) ([]LogEntry, error) {
 		}
 		cur = &envdCursor{} // a prestarted sandbox: nothing kept
 	}
-	out = append(out, n.readEnvdLog(id, cur)...)
+	out = append(out, n.readEnvdLog(n.runtimeIDOf(id), id, cur)...)
 	sort.SliceStable(out, func(i, j int) bool { return out[i].At.Before(out[j].At) })
 	return out, nil
 }
 
-// keepEnvdEvents reads the last of envd's log of sandbox id into its
-// history before the sandbox (and envd's log with it) goes.
-func (n *Node) keepEnvdEvents(id string) {
+// keepEnvdEvents reads the last of envd's log of sb into its history
+// before the sandbox (and envd's log with it) goes.
+func (n *Node) keepEnvdEvents(sb *Sandbox) {
 	n.hist.mu.Lock()
 	// Only sandboxes handed out have a history (not prestarted ones).
-	h := n.hist.by[id]
+	h := n.hist.by[sb.ID]
 	n.hist.mu.Unlock()
 	if h != nil {
-		n.readEnvdLog(id, &h.envd)
+		n.readEnvdLog(sb.rt(), sb.ID, &h.envd)
 	}
 }
 
-// readEnvdLog advances cur over envd's log of sandbox id, if it still
-// has one, and returns the events read so far.
-func (n *Node) readEnvdLog(id string, cur *envdCursor) []LogEntry {
+// runtimeIDOf is the runtime's name of sandbox id (Sandbox.rt) while it
+// runs here, else id.
+func (n *Node) runtimeIDOf(id string) string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if sb := n.sandboxes[id]; sb != nil {
+		return sb.rt()
+	}
+	return id
+}
+
+// readEnvdLog advances cur over envd's log of sandbox id (rtID to the
+// runtime), if it still has one, and returns the events read so far.
+func (n *Node) readEnvdLog(rtID, id string, cur *envdCursor) []LogEntry {
 	lr, ok := n.cfg.Runtime.(runtime.LogReader)
 	if !ok {
 		return nil
 	}
-	files, err := lr.EnvdLog(id)
+	files, err := lr.EnvdLog(rtID)
 	if err != nil {
 		if !errors.Is(err, runtime.ErrNotFound) {
 			n.log.Warn("reading envd's log", "sandbox_id", id, "err", err)

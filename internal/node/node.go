@@ -220,9 +220,21 @@ type Sandbox struct {
 
 	slot   *netns.Slot
 	egress netns.SlotOptions
+	// runtimeID names it to the runtime and the root filesystem provider
+	// when that is not ID: a sandbox restored into a prepared one keeps
+	// the prepared one's name there (see rt).
+	runtimeID string
 	// cpuBase and cpuAt are the previous CPU reading, for Usage.
 	cpuBase uint64
 	cpuAt   time.Time
+}
+
+// rt is sb's name to the runtime and the root filesystem provider.
+func (sb *Sandbox) rt() string {
+	if sb.runtimeID != "" {
+		return sb.runtimeID
+	}
+	return sb.ID
 }
 
 // Node runs sandboxes on this host. It is safe for concurrent use.
@@ -375,9 +387,19 @@ func (n *Node) handleExits(ctx context.Context, exits <-chan runtime.Exit) {
 			}
 			ex = e
 		}
+		// The runtime names a sandbox restored into a prepared one by the
+		// prepared one's name.
 		id := ex.ID
 		n.mu.Lock()
 		sb, ok := n.sandboxes[id]
+		if !ok {
+			for _, s := range n.sandboxes {
+				if s.rt() == ex.ID {
+					sb, ok, id = s, true, s.ID
+					break
+				}
+			}
+		}
 		delete(n.sandboxes, id)
 		onExit := n.onExit
 		n.mu.Unlock()
@@ -518,9 +540,10 @@ type bootOptions struct {
 }
 
 // boot starts a sandbox of tpl and waits for its envd; the sandbox is not
-// yet initialised nor registered. On error nothing is left behind.
+// yet initialised nor registered. A restore takes a prepared sandbox of
+// the warm pool where one fits (see preparedKey). On error nothing is
+// left behind.
 func (n *Node) boot(ctx context.Context, id string, tpl *template.Template, opts bootOptions) (sb *Sandbox, err error) {
-	log := n.log.With("sandbox_id", id)
 	if err := n.awaitRelease(ctx, id); err != nil {
 		return nil, fmt.Errorf("creating sandbox %s: %w", id, err)
 	}
@@ -541,13 +564,6 @@ func (n *Node) boot(ctx context.Context, id string, tpl *template.Template, opts
 	}
 	defer n.endBootTurn()
 
-	start := time.Now()
-	var rollback undo.Stack
-	defer func() {
-		if err != nil {
-			rollback.Run(context.WithoutCancel(ctx), log)
-		}
-	}()
 	sb = &Sandbox{
 		ID:          id,
 		TemplateID:  tpl.ID,
@@ -560,33 +576,119 @@ func (n *Node) boot(ctx context.Context, id string, tpl *template.Template, opts
 	if opts.ImageDir != "" {
 		sb.DiskMB = opts.DiskMB // the saved state's layout, whatever the template says now
 	}
-	slot, err := n.cfg.Network.Acquire(ctx, opts.Network)
-	if err != nil {
-		return nil, fmt.Errorf("creating sandbox %s: acquiring network: %w", id, err)
+	if key, ok := n.preparedKey(tpl, sb, opts); ok {
+		if prep := n.pool.take(key, templateVersion(tpl)); prep != nil {
+			err := n.bootOnce(ctx, sb, tpl, opts, prep, queued)
+			if err == nil || ctx.Err() != nil {
+				return sb, err
+			}
+			// The restore into it failed (and removed it): the restore
+			// is tried as one that starts its own sandbox.
+			n.pool.untake(key)
+			n.log.Warn("restoring into a prepared sandbox failed; restoring without one", "sandbox_id", id, "prepared_id", prep.ID, "err", err)
+			sb.runtimeID, sb.slot, sb.Addr, sb.egress = "", nil, netip.Addr{}, netns.SlotOptions{}
+		}
 	}
-	rollback.Push("releasing network", func(ctx context.Context) error { return n.cfg.Network.Release(ctx, slot) })
-	sb.slot, sb.Addr, sb.egress = slot, slot.HostAddr, opts.Network
-	netDone := time.Now()
+	return sb, n.bootOnce(ctx, sb, tpl, opts, nil, queued)
+}
 
+// bootOnce starts sb, which boot admitted: into prep, a prepared
+// sandbox taken from the pool, when that is set. On error nothing of it
+// is left behind (prep included).
+func (n *Node) bootOnce(ctx context.Context, sb *Sandbox, tpl *template.Template, opts bootOptions, prep *Sandbox, queued time.Time) (err error) {
+	log := n.log.With("sandbox_id", sb.ID)
+	start := time.Now()
+	var rollback undo.Stack
+	defer func() {
+		if err != nil {
+			rollback.Run(context.WithoutCancel(ctx), log)
+		}
+	}()
+	var spec runtime.Spec
+	if prep != nil {
+		// What the prepared sandbox was set up with is the restore's: its
+		// network slot (egress closed until now), its root filesystem,
+		// its name in the runtime.
+		sb.runtimeID, sb.slot, sb.Addr, sb.egress = prep.ID, prep.slot, prep.Addr, prep.egress
+		spec, err = n.provision(ctx, sb, tpl, opts, &rollback)
+		if err == nil {
+			err = n.applyEgress(ctx, sb, opts.Network)
+		}
+	} else {
+		spec, err = n.provision(ctx, sb, tpl, opts, &rollback)
+	}
+	if err != nil {
+		if prep != nil {
+			n.cfg.Runtime.Kill(context.WithoutCancel(ctx), prep.ID)
+		}
+		return fmt.Errorf("creating sandbox %s: %w", sb.ID, err)
+	}
+	prepared := time.Now()
+	switch cp, ok := n.cfg.Runtime.(runtime.Checkpointer); {
+	case opts.ImageDir == "":
+		err = n.cfg.Runtime.Create(ctx, spec)
+	case prep != nil:
+		err = n.cfg.Runtime.(runtime.Preparer).RestorePrepared(ctx, spec, opts.ImageDir)
+	case ok:
+		err = cp.Restore(ctx, spec, opts.ImageDir)
+	default:
+		err = fmt.Errorf("runtime %s cannot restore snapshots", n.cfg.Runtime.Name())
+	}
+	if err != nil {
+		return fmt.Errorf("creating sandbox %s: %w", sb.ID, err)
+	}
+	rtID := sb.rt()
+	rollback.Push("killing sandbox", func(ctx context.Context) error { return n.cfg.Runtime.Kill(ctx, rtID) })
+	started := time.Now()
+
+	readyCtx, cancel := context.WithTimeout(ctx, n.cfg.ReadyTimeout)
+	defer cancel()
+	if err := newEnvdClient(sb.Addr, "").waitReady(readyCtx); err != nil {
+		return fmt.Errorf("creating sandbox %s: waiting for envd: %w", sb.ID, err)
+	}
+	log.Debug("sandbox booted", "template_id", tpl.ID, "addr", sb.Addr, "queued_ms", start.Sub(queued).Milliseconds(),
+		"prepared", prep != nil, "setup_ms", prepared.Sub(start).Milliseconds(),
+		"runtime_ms", started.Sub(prepared).Milliseconds(),
+		"envd_ready_ms", time.Since(started).Milliseconds())
+	return nil
+}
+
+// provision gives sb what its runtime spec names, pushing on rollback
+// what undoes each: a network slot with opts.Network's egress (unless sb
+// has one), its root filesystem with the template's tools and opts'
+// volumes bound in (under sb.rt()). It returns the spec.
+func (n *Node) provision(ctx context.Context, sb *Sandbox, tpl *template.Template, opts bootOptions, rollback *undo.Stack) (runtime.Spec, error) {
+	if sb.slot == nil {
+		slot, err := n.cfg.Network.Acquire(ctx, opts.Network)
+		if err != nil {
+			return runtime.Spec{}, fmt.Errorf("acquiring network: %w", err)
+		}
+		sb.slot, sb.Addr, sb.egress = slot, slot.HostAddr, opts.Network
+	}
+	slot := sb.slot
+	rollback.Push("releasing network", func(ctx context.Context) error { return n.cfg.Network.Release(ctx, slot) })
 	binds, err := n.toolBinds(tpl)
 	if err != nil {
-		return nil, fmt.Errorf("creating sandbox %s: %w", id, err)
+		return runtime.Spec{}, err
 	}
 	vbinds, err := n.volumeBinds(opts.Mounts)
 	if err != nil {
-		return nil, fmt.Errorf("creating sandbox %s: %w", id, err)
+		return runtime.Spec{}, err
 	}
 	binds = append(binds, vbinds...)
-	root, err := n.cfg.RootFS.Prepare(ctx, tpl, id, binds)
+	rtID := sb.rt()
+	// Preparing again under the same name (a prepared sandbox's) is a
+	// no-op that returns what it holds.
+	root, err := n.cfg.RootFS.Prepare(ctx, tpl, rtID, binds)
 	if err != nil {
-		return nil, fmt.Errorf("creating sandbox %s: %w", id, err)
+		return runtime.Spec{}, err
 	}
-	rollback.Push("releasing the root filesystem", func(ctx context.Context) error { return n.cfg.RootFS.Release(ctx, id) })
+	rollback.Push("releasing the root filesystem", func(ctx context.Context) error { return n.cfg.RootFS.Release(ctx, rtID) })
 	sb.RootImage = tpl.BlockImage
-	prepared := time.Now()
-	spec := runtime.Spec{
+	return runtime.Spec{
 		Binds:      binds,
-		ID:         id,
+		ID:         rtID,
+		Hostname:   sb.ID,
 		Root:       root,
 		EnvdPath:   n.cfg.EnvdPath,
 		EnvdPort:   EnvdPort,
@@ -597,29 +699,63 @@ func (n *Node) boot(ctx context.Context, id string, tpl *template.Template, opts
 		PidsLimit:  pick(tpl.PidsLimit, n.cfg.PidsLimit),
 		DiskMB:     max(sb.DiskMB, 0),
 		DNSServers: n.cfg.DNSServers,
-	}
-	if opts.ImageDir == "" {
-		err = n.cfg.Runtime.Create(ctx, spec)
-	} else if cp, ok := n.cfg.Runtime.(runtime.Checkpointer); ok {
-		err = cp.Restore(ctx, spec, opts.ImageDir)
-	} else {
-		err = fmt.Errorf("runtime %s cannot restore snapshots", n.cfg.Runtime.Name())
-	}
-	if err != nil {
-		return nil, fmt.Errorf("creating sandbox %s: %w", id, err)
-	}
-	rollback.Push("killing sandbox", func(ctx context.Context) error { return n.cfg.Runtime.Kill(ctx, id) })
-	started := time.Now()
+	}, nil
+}
 
-	readyCtx, cancel := context.WithTimeout(ctx, n.cfg.ReadyTimeout)
-	defer cancel()
-	if err := newEnvdClient(sb.Addr, "").waitReady(readyCtx); err != nil {
-		return nil, fmt.Errorf("creating sandbox %s: waiting for envd: %w", id, err)
+// preparedMB is what a prepared sandbox is counted at in admission and
+// the pool's budget before one is measured: its sandbox and gofer
+// processes took 10 MiB here, with nothing restored into them.
+const preparedMB = 16
+
+// preparedKey is the warm pool's key of the prepared sandboxes a restore
+// of sb (boot's, before it starts) can take, if it can take one: the
+// runtime can prepare, and sb has its template's shape (the size of the
+// sandbox, its disk and what is bound in are fixed once it is prepared),
+// without volumes. The pool's own restores take none.
+func (n *Node) preparedKey(tpl *template.Template, sb *Sandbox, opts bootOptions) (PoolKey, bool) {
+	if _, ok := n.cfg.Runtime.(runtime.Preparer); !ok || opts.ImageDir == "" || opts.ForPool || len(opts.Mounts) > 0 {
+		return PoolKey{}, false
 	}
-	log.Debug("sandbox booted", "template_id", tpl.ID, "addr", sb.Addr, "queued_ms", start.Sub(queued).Milliseconds(),
-		"network_ms", netDone.Sub(start).Milliseconds(), "rootfs_ms", prepared.Sub(netDone).Milliseconds(),
-		"runtime_ms", started.Sub(prepared).Milliseconds(),
-		"envd_ready_ms", time.Since(started).Milliseconds())
+	if sb.CPUCount != tpl.CPUCount || sb.MemoryMB != tpl.MemoryMB || sb.DiskMB != pick(tpl.DiskMB, n.cfg.DiskMB) {
+		return PoolKey{}, false
+	}
+	return PoolKey{TemplateID: tpl.ID, Restores: true}, true
+}
+
+// prepare starts a prepared sandbox of tpl for the warm pool (see
+// runtime.Preparer): a sandbox of the template's shape with its network
+// slot (egress closed) and root filesystem, into which a restore of the
+// template's sandboxes loads its state. It stays pending, as a boot does,
+// until the pool holds it.
+func (n *Node) prepare(ctx context.Context, tpl *template.Template) (sb *Sandbox, err error) {
+	pr, ok := n.cfg.Runtime.(runtime.Preparer)
+	if !ok {
+		return nil, fmt.Errorf("preparing a sandbox of %s: runtime %s: %w", tpl.ID, n.cfg.Runtime.Name(), ErrUnsupported)
+	}
+	id := NewID()
+	if err := n.admitBoot(id, preparedMB, 0, true); err != nil {
+		return nil, err
+	}
+	var rollback undo.Stack
+	defer func() {
+		if err != nil {
+			rollback.Run(context.WithoutCancel(ctx), n.log.With("sandbox_id", id))
+			n.unpend(id)
+		}
+	}()
+	if err := n.awaitBootTurn(ctx); err != nil {
+		return nil, fmt.Errorf("preparing sandbox %s: %w", id, err)
+	}
+	defer n.endBootTurn()
+	sb = &Sandbox{ID: id, TemplateID: tpl.ID, CPUCount: tpl.CPUCount, MemoryMB: tpl.MemoryMB,
+		DiskMB: pick(tpl.DiskMB, n.cfg.DiskMB), EnvdVersion: n.cfg.EnvdVersion}
+	spec, err := n.provision(ctx, sb, tpl, bootOptions{}, &rollback)
+	if err != nil {
+		return nil, fmt.Errorf("preparing sandbox %s: %w", id, err)
+	}
+	if err := pr.Prepare(ctx, spec); err != nil {
+		return nil, fmt.Errorf("preparing sandbox %s: %w", id, err)
+	}
 	return sb, nil
 }
 
@@ -789,7 +925,7 @@ func (n *Node) register(ctx context.Context, sb *Sandbox, team string) {
 	sb.Team = team
 	sb.StartedAt = time.Now().UTC()
 	sb.cpuAt = sb.StartedAt
-	if st, err := n.cfg.Runtime.Stats(ctx, sb.ID); err == nil {
+	if st, err := n.cfg.Runtime.Stats(ctx, sb.rt()); err == nil {
 		sb.cpuBase = st.CPUUsageNanos
 	}
 	n.historyStarted(sb.ID, team)
@@ -809,10 +945,10 @@ func (n *Node) register(ctx context.Context, sb *Sandbox, team string) {
 // destroy kills a sandbox that is not (or no longer) registered.
 func (n *Node) destroy(ctx context.Context, sb *Sandbox) error {
 	n.removeRecord(sb.ID)
-	n.keepEnvdEvents(sb.ID)
+	n.keepEnvdEvents(sb)
 	var errs []error
 	start := time.Now()
-	if err := n.cfg.Runtime.Kill(ctx, sb.ID); err != nil && !errors.Is(err, runtime.ErrNotFound) {
+	if err := n.cfg.Runtime.Kill(ctx, sb.rt()); err != nil && !errors.Is(err, runtime.ErrNotFound) {
 		errs = append(errs, err)
 	}
 	killed := time.Now()
@@ -820,7 +956,7 @@ func (n *Node) destroy(ctx context.Context, sb *Sandbox) error {
 		errs = append(errs, err)
 	}
 	released := time.Now()
-	if err := n.cfg.RootFS.Release(ctx, sb.ID); err != nil {
+	if err := n.cfg.RootFS.Release(ctx, sb.rt()); err != nil {
 		errs = append(errs, err)
 	}
 	n.log.Debug("sandbox destroyed", "sandbox_id", sb.ID, "runtime_ms", killed.Sub(start).Milliseconds(),
@@ -985,7 +1121,7 @@ func (n *Node) Usage(ctx context.Context, id string) (Usage, error) {
 	if err != nil {
 		return Usage{}, err
 	}
-	st, err := n.cfg.Runtime.Stats(ctx, id)
+	st, err := n.cfg.Runtime.Stats(ctx, sb.rt())
 	if err != nil {
 		return Usage{}, err
 	}

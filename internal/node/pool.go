@@ -15,14 +15,21 @@ import (
 )
 
 // PoolKey names what a prestarted sandbox starts from: a template, or a
-// user snapshot that creates use as a template. Exactly one is set.
+// user snapshot that creates use as a template. Exactly one is set. With
+// Restores, the template's are prepared sandboxes (runtime.Preparer),
+// which restores of its sandboxes (resumes, forks, creates from its
+// snapshots) load their state into.
 type PoolKey struct {
 	TemplateID, SnapshotID string
+	Restores               bool
 }
 
 func (k PoolKey) String() string {
-	if k.SnapshotID != "" {
+	switch {
+	case k.SnapshotID != "":
 		return "snapshot " + k.SnapshotID
+	case k.Restores:
+		return "restores of template " + k.TemplateID
 	}
 	return "template " + k.TemplateID
 }
@@ -71,6 +78,10 @@ type pooled struct {
 	// memBytes is the host memory it was last measured to take (0: not
 	// yet).
 	memBytes int64
+	// mb is the memory, in MiB, admission counts it at: what it is
+	// configured with, or for a prepared sandbox (which holds no guest
+	// memory until a restore fills it) preparedMB.
+	mb int
 }
 
 // warmPool keeps sandboxes booted ahead of demand, so that a create only
@@ -253,18 +264,24 @@ func (p *warmPool) memoryMB() int {
 	total := 0
 	for _, list := range p.ready {
 		for _, e := range list {
-			total += e.sb.MemoryMB
+			total += e.mb
 		}
 	}
 	return total
 }
 
-// list returns the prestarted sandboxes.
-func (p *warmPool) list() []*Sandbox {
+// list returns the prestarted sandboxes, prepared ones included.
+func (p *warmPool) list() []*Sandbox { return p.listOf(true) }
+
+// listOf returns the prestarted sandboxes, prepared ones too if asked.
+func (p *warmPool) listOf(prepared bool) []*Sandbox {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var out []*Sandbox
-	for _, l := range p.ready {
+	for k, l := range p.ready {
+		if k.Restores && !prepared {
+			continue
+		}
 		for _, e := range l {
 			out = append(out, e.sb)
 		}
@@ -334,7 +351,7 @@ func (p *warmPool) evict(needMB int) int {
 			e := list[len(list)-1]
 			list = list[:len(list)-1]
 			victims = append(victims, e)
-			freed += e.sb.MemoryMB
+			freed += e.mb
 		}
 		p.setReadyLocked(k, list)
 	}
@@ -524,7 +541,7 @@ func (p *warmPool) measure(ctx context.Context) {
 	}
 	p.mu.Unlock()
 	for _, e := range all {
-		if st, err := p.n.cfg.Runtime.Stats(ctx, e.sb.ID); err == nil && st.MemoryBytes > 0 {
+		if st, err := p.n.cfg.Runtime.Stats(ctx, e.sb.rt()); err == nil && st.MemoryBytes > 0 {
 			p.mu.Lock()
 			e.memBytes = int64(st.MemoryBytes)
 			p.mu.Unlock()
@@ -559,6 +576,19 @@ func (p *warmPool) boot(ctx context.Context, key PoolKey) (*pooled, error) {
 		}
 		sb.EnvdAccessToken = snap.EnvdAccessToken
 		e = &pooled{sb: sb, version: snap.ID}
+	} else if key.Restores {
+		tpl, err := n.cfg.Templates.GetLocal(key.TemplateID)
+		if errors.Is(err, template.ErrNotFound) {
+			tpl, err = n.template(ctx, key.TemplateID)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("preparing a sandbox of %s: %w", key.TemplateID, err)
+		}
+		sb, err := n.prepare(ctx, tpl)
+		if err != nil {
+			return nil, err
+		}
+		e = &pooled{sb: sb, version: templateVersion(tpl), mb: preparedMB}
 	} else {
 		tpl, err := n.cfg.Templates.GetLocal(key.TemplateID)
 		if errors.Is(err, template.ErrNotFound) {
@@ -579,7 +609,10 @@ func (p *warmPool) boot(ctx context.Context, key PoolKey) (*pooled, error) {
 		}
 		e = &pooled{sb: sb, version: templateVersion(tpl)}
 	}
-	if st, err := n.cfg.Runtime.Stats(ctx, e.sb.ID); err == nil {
+	if e.mb == 0 {
+		e.mb = e.sb.MemoryMB
+	}
+	if st, err := n.cfg.Runtime.Stats(ctx, e.sb.rt()); err == nil {
 		e.memBytes = int64(st.MemoryBytes)
 	}
 	return e, nil

@@ -34,6 +34,17 @@ type localRecord struct {
 	Egress          netns.SlotOptions `json:"egress"`
 	RootImage       string            `json:"rootImage,omitempty"`
 	Team            string            `json:"team,omitempty"`
+	// RuntimeID is its name to the runtime where that is not ID
+	// (Sandbox.rt).
+	RuntimeID string `json:"runtimeID,omitempty"`
+}
+
+// rt is the record's sandbox's name to the runtime.
+func (r *localRecord) rt() string {
+	if r.RuntimeID != "" {
+		return r.RuntimeID
+	}
+	return r.ID
 }
 
 // recordTokenAAD binds a sealed token to its sandbox's record, so that it
@@ -58,7 +69,7 @@ func (n *Node) saveRecord(sb *Sandbox) error {
 		ID: sb.ID, TemplateID: sb.TemplateID, CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB,
 		DiskMB: sb.DiskMB, EnvdVersion: sb.EnvdVersion, EnvdAccessToken: token,
 		Addr: sb.Addr, StartedAt: sb.StartedAt, Slot: sb.slot.Name, Egress: sb.egress,
-		RootImage: sb.RootImage, Team: sb.Team,
+		RootImage: sb.RootImage, Team: sb.Team, RuntimeID: sb.runtimeID,
 	}
 	b, err := json.Marshal(rec)
 	if err != nil {
@@ -110,14 +121,18 @@ func (n *Node) recover(ctx context.Context) ([]*Sandbox, error) {
 	if err != nil {
 		return nil, fmt.Errorf("recovering sandboxes: %w", err)
 	}
+	records := n.readRecords()
 	var kept []*Sandbox
 	seen := map[string]bool{}
 	for _, id := range ids {
 		seen[id] = true
-		sb, err := n.recoverOne(ctx, rec, id)
+		lr := records[id]
+		sb, err := n.recoverOne(ctx, rec, id, lr)
 		if err != nil {
 			n.log.Warn("sandbox of an earlier run not recovered; removing it", "sandbox_id", id, "err", err)
-			n.removeRecord(id)
+			if lr != nil {
+				n.removeRecord(lr.ID)
+			}
 			if kerr := n.cfg.Runtime.Kill(ctx, id); kerr != nil && !errors.Is(kerr, runtime.ErrNotFound) {
 				n.log.Warn("removing unrecovered sandbox", "sandbox_id", id, "err", kerr)
 			}
@@ -126,12 +141,9 @@ func (n *Node) recover(ctx context.Context) ([]*Sandbox, error) {
 		kept = append(kept, sb)
 	}
 	// Records of sandboxes the runtime no longer has at all.
-	if n.cfg.StateDir != "" {
-		files, _ := filepath.Glob(filepath.Join(n.cfg.StateDir, "sandboxes", "*.json"))
-		for _, f := range files {
-			if id := filepath.Base(f[:len(f)-len(".json")]); !seen[id] {
-				os.Remove(f)
-			}
+	for rtID, lr := range records {
+		if !seen[rtID] {
+			n.removeRecord(lr.ID)
 		}
 	}
 	if err := n.cfg.Network.ReleaseLeftovers(ctx); err != nil {
@@ -140,7 +152,7 @@ func (n *Node) recover(ctx context.Context) ([]*Sandbox, error) {
 	// The images of sandboxes that did not survive are let go of.
 	live := make([]string, 0, len(kept))
 	for _, sb := range kept {
-		live = append(live, sb.ID)
+		live = append(live, sb.rt())
 	}
 	if err := n.cfg.RootFS.Sync(ctx, live); err != nil {
 		n.log.Warn("releasing the root filesystems of gone sandboxes", "err", err)
@@ -151,26 +163,46 @@ func (n *Node) recover(ctx context.Context) ([]*Sandbox, error) {
 	return kept, nil
 }
 
-// recoverOne takes over one leftover sandbox; on error the caller removes
-// it, and the slot (if adopted) is released here.
-func (n *Node) recoverOne(ctx context.Context, rec runtime.Recoverer, id string) (_ *Sandbox, err error) {
+// readRecords reads the local records, by the sandboxes' names to the
+// runtime (the leftovers it lists); one that does not parse is removed.
+func (n *Node) readRecords() map[string]*localRecord {
+	out := map[string]*localRecord{}
+	if n.cfg.StateDir == "" {
+		return out
+	}
+	files, _ := filepath.Glob(filepath.Join(n.cfg.StateDir, "sandboxes", "*.json"))
+	for _, f := range files {
+		var lr localRecord
+		b, err := os.ReadFile(f)
+		if err == nil {
+			err = json.Unmarshal(b, &lr)
+		}
+		if err != nil || lr.ID == "" {
+			n.log.Warn("removing a local record that cannot be read", "file", f, "err", err)
+			os.Remove(f)
+			continue
+		}
+		out[lr.rt()] = &lr
+	}
+	return out
+}
+
+// recoverOne takes over leftover id (the runtime's name), whose local
+// record is lr (nil: none); on error the caller removes it, and the slot
+// (if adopted) is released here.
+func (n *Node) recoverOne(ctx context.Context, rec runtime.Recoverer, id string, lr *localRecord) (_ *Sandbox, err error) {
 	if n.cfg.StateDir == "" {
 		return nil, errors.New("this node keeps no local records")
 	}
-	b, err := os.ReadFile(n.recordPath(id))
-	if err != nil {
-		return nil, fmt.Errorf("no local record (a create or a pause was cut short): %w", err)
-	}
-	var lr localRecord
-	if err := json.Unmarshal(b, &lr); err != nil {
-		return nil, fmt.Errorf("reading local record: %w", err)
+	if lr == nil {
+		return nil, errors.New("no local record (a create or a pause was cut short)")
 	}
 	token := lr.EnvdAccessToken
 	if sealed.IsSealed(token) {
 		if n.cfg.Keys == nil {
 			return nil, errors.New("its local record's envd token is sealed, and this node has no data key")
 		}
-		if token, err = n.cfg.Keys.Open(token, recordTokenAAD(id)); err != nil {
+		if token, err = n.cfg.Keys.Open(token, recordTokenAAD(lr.ID)); err != nil {
 			return nil, fmt.Errorf("opening its local record's envd token: %w", err)
 		}
 	}
@@ -195,15 +227,15 @@ func (n *Node) recoverOne(ctx context.Context, rec runtime.Recoverer, id string)
 		ID: lr.ID, TemplateID: lr.TemplateID, CPUCount: lr.CPUCount, MemoryMB: lr.MemoryMB,
 		DiskMB: lr.DiskMB, EnvdVersion: lr.EnvdVersion, EnvdAccessToken: token,
 		Addr: slot.HostAddr, StartedAt: lr.StartedAt, slot: slot, egress: lr.Egress,
-		RootImage: lr.RootImage, Team: lr.Team,
+		RootImage: lr.RootImage, Team: lr.Team, runtimeID: lr.RuntimeID,
 	}
 	sb.cpuAt = time.Now()
 	if st, err := n.cfg.Runtime.Stats(ctx, id); err == nil {
 		sb.cpuBase = st.CPUUsageNanos
 	}
 	n.mu.Lock()
-	n.sandboxes[id] = sb
+	n.sandboxes[sb.ID] = sb
 	n.mu.Unlock()
-	n.log.Info("sandbox recovered", "sandbox_id", id, "slot", slot.Name)
+	n.log.Info("sandbox recovered", "sandbox_id", sb.ID, "runtime_id", id, "slot", slot.Name)
 	return sb, nil
 }

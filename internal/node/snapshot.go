@@ -84,7 +84,7 @@ func (n *Node) snapshotSandbox(ctx context.Context, sb *Sandbox, opts SnapshotOp
 	}
 	// A pause freezes the sandbox rather than stopping it, and ends it
 	// only once its state is committed: a failed save leaves it running.
-	if err := cp.Checkpoint(ctx, id, dir, runtime.CheckpointOptions{LeaveRunning: !opts.Stop, Freeze: opts.Stop}); err != nil {
+	if err := cp.Checkpoint(ctx, sb.rt(), dir, runtime.CheckpointOptions{LeaveRunning: !opts.Stop, Freeze: opts.Stop}); err != nil {
 		n.cfg.Snapshots.Abort(snap.ID)
 		return nil, fmt.Errorf("snapshotting sandbox %s: %w", id, err)
 	}
@@ -92,7 +92,7 @@ func (n *Node) snapshotSandbox(ctx context.Context, sb *Sandbox, opts SnapshotOp
 	if err := n.cfg.Snapshots.Commit(ctx, snap); err != nil {
 		n.cfg.Snapshots.Abort(snap.ID)
 		if opts.Stop {
-			if terr := cp.Thaw(context.WithoutCancel(ctx), id); terr != nil {
+			if terr := cp.Thaw(context.WithoutCancel(ctx), sb.rt()); terr != nil {
 				n.unregister(id)
 				n.destroy(context.WithoutCancel(ctx), sb)
 				n.notifyExit(id, "its state could not be saved while it was being paused")
@@ -110,7 +110,7 @@ func (n *Node) snapshotSandbox(ctx context.Context, sb *Sandbox, opts SnapshotOp
 		n.unregister(id)
 		// envd's last events join the history before it leaves the heap;
 		// what ran the sandbox is released after.
-		n.keepEnvdEvents(id)
+		n.keepEnvdEvents(sb)
 		n.releaseLater(sb)
 		if opts.Kind != snapshot.KindTemplate {
 			n.logEvent(id, "info", "sandbox stopped: its state is saved")

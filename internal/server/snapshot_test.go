@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -15,6 +16,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/aenvhq/aenv/internal/client"
+	"github.com/aenvhq/aenv/internal/cluster"
+	"github.com/aenvhq/aenv/internal/node"
 )
 
 // counterCmd starts a background process that counts in memory and writes
@@ -357,5 +360,123 @@ func TestStoreRefusingWrites(t *testing.T) {
 		if b := counter(t, c, id); b <= a {
 			t.Fatalf("sandbox stopped working after a failed %s", path)
 		}
+	}
+}
+
+// preparedOf is the local node's prepared sandboxes for restores of
+// template id's sandboxes.
+func preparedOf(srv *Server, id string) node.PoolStatus {
+	for _, k := range srv.host.Node().WarmPool().Keys {
+		if k.Key == (node.PoolKey{TemplateID: id, Restores: true}) {
+			return k
+		}
+	}
+	return node.PoolStatus{}
+}
+
+// TestResumeTakesPreparedSandbox: the first resume of a template's
+// sandbox starts its own gVisor sandbox and teaches the warm pool to
+// prepare one; the next resume loads its state into that one, runs on
+// with its files and processes, outlives a restart of the server that
+// keeps its sandboxes (its runtime name is the prepared one's), and
+// leaves nothing in runsc once killed.
+func TestResumeTakesPreparedSandbox(t *testing.T) {
+	srv, c, url := startServerWith(t, func(cfg *Config) {
+		cfg.WarmPoolFloor, cfg.OnStop = 0, cluster.StopKeep
+	})
+	cfg := srv.cfg
+	ctx := context.Background()
+	sb, err := c.Create(ctx, client.CreateOptions{Timeout: 300})
+	must(t, err)
+	id := sb.SandboxID
+	runOut(t, c, id, "echo kept > /home/user/state.txt && "+counterCmd)
+	resume := func(srv *Server, url string) {
+		t.Helper()
+		if status, body := rawRequest(t, srv, "POST", url+"/sandboxes/"+id+"/pause", ""); status != 204 {
+			t.Fatalf("pause: %d %v", status, body)
+		}
+		if status, body := rawRequest(t, srv, "POST", url+"/v2/sandboxes/"+id+"/connect", `{"timeout": 300}`); status != 201 {
+			t.Fatalf("resume: %d %v", status, body)
+		}
+	}
+	resume(srv, url)
+	if st := preparedOf(srv, "base"); st.Served.Cold != 1 || st.Served.Warm != 0 {
+		t.Fatalf("after the first resume the prepared pool counts %+v, want 1 cold restore", st.Served)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for preparedOf(srv, "base").Ready < 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no sandbox prepared after a resume: %+v", srv.host.Node().WarmPool())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	before := counter(t, c, id)
+	resume(srv, url)
+	if st := preparedOf(srv, "base"); st.Served.Warm != 1 {
+		t.Fatalf("the second resume took no prepared sandbox: %+v", st)
+	}
+	if got := runOut(t, c, id, "cat /home/user/state.txt"); got != "kept" {
+		t.Fatalf("file after a resume into a prepared sandbox: %q", got)
+	}
+	if after := counter(t, c, id); after < before {
+		t.Fatalf("counter %d after the resume < %d before: memory state lost", after, before)
+	}
+	if slices.Contains(runscSandboxes(t, cfg.RunDir), id) {
+		t.Fatalf("runsc names the resumed sandbox %s: it did not go into a prepared one", id)
+	}
+	// The node's report reaches GET /nodes on its next heartbeat.
+	deadline = time.Now().Add(20 * time.Second)
+	for {
+		nodes, err := c.Nodes(ctx)
+		must(t, err)
+		if slices.ContainsFunc(nodes[0].Pool, func(e client.PoolEntry) bool { return e.Prepared && e.TemplateID == "base" }) {
+			prestarted := 0
+			for _, e := range nodes[0].Pool {
+				if !e.Prepared {
+					prestarted += e.Ready
+				}
+			}
+			if nodes[0].Pooled != prestarted {
+				t.Errorf("GET /nodes counts %d pooled sandboxes, want the %d prestarted (not the prepared): %+v", nodes[0].Pooled, prestarted, nodes[0].Pool)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("GET /nodes shows no prepared pool of base: %+v", nodes[0].Pool)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+
+	must(t, srv.Close(ctx))
+	srv2, err := Start(ctx, cfg)
+	if err != nil {
+		t.Fatalf("restarting: %v", err)
+	}
+	t.Cleanup(func() {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		srv2.cfg.OnStop = cluster.StopKill
+		srv2.Close(cctx)
+	})
+	c2 := client.New("http://"+srv2.Addr().String(), srv2.APIKey())
+	if got := runOut(t, c2, id, "cat /home/user/state.txt"); got != "kept" {
+		t.Fatalf("file after the restart: %q", got)
+	}
+	must(t, c2.Kill(ctx, id))
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		left := runscSandboxes(t, cfg.RunDir)
+		// What is left is the new pool's (prepared or prestarted).
+		pooled := 0
+		for _, s := range srv2.host.Node().WarmPool().Keys {
+			pooled += s.Ready
+		}
+		if len(left) <= pooled {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("runsc runs %v after the kill, the pool holding %d", left, pooled)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }

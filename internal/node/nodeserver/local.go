@@ -138,7 +138,7 @@ func (l *Local) Info(ctx context.Context, _ *nodev1.InfoRequest) (*nodev1.NodeIn
 	for _, k := range l.n.WarmPool().Keys {
 		if k.Ready > 0 || k.Target > 0 {
 			info.Pool = append(info.Pool, &nodev1.PoolEntry{TemplateId: k.Key.TemplateID, SnapshotId: k.Key.SnapshotID,
-				Ready: int32(k.Ready), Target: int32(k.Target)})
+				Ready: int32(k.Ready), Target: int32(k.Target), Prepared: k.Key.Restores})
 		}
 	}
 	if l.opts.ImageCache != nil {

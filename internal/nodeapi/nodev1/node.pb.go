@@ -2314,8 +2314,11 @@ type PoolEntry struct {
 	SnapshotId string `protobuf:"bytes,2,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
 	// ready is how many prestarted sandboxes it holds, target how many it
 	// is sized to (its recent peak burst of creates, within the budget).
-	Ready         int32 `protobuf:"varint,3,opt,name=ready,proto3" json:"ready,omitempty"`
-	Target        int32 `protobuf:"varint,4,opt,name=target,proto3" json:"target,omitempty"`
+	Ready  int32 `protobuf:"varint,3,opt,name=ready,proto3" json:"ready,omitempty"`
+	Target int32 `protobuf:"varint,4,opt,name=target,proto3" json:"target,omitempty"`
+	// prepared: the template's prepared sandboxes, which restores of its
+	// sandboxes load their state into, not sandboxes a create takes.
+	Prepared      bool `protobuf:"varint,5,opt,name=prepared,proto3" json:"prepared,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2376,6 +2379,13 @@ func (x *PoolEntry) GetTarget() int32 {
 		return x.Target
 	}
 	return 0
+}
+
+func (x *PoolEntry) GetPrepared() bool {
+	if x != nil {
+		return x.Prepared
+	}
+	return false
 }
 
 type CreateRequest struct {
@@ -4214,14 +4224,15 @@ const file_node_node_proto_rawDesc = "" +
 	"\x04hits\x18\x03 \x01(\x04R\x04hits\x12\x16\n" +
 	"\x06misses\x18\x04 \x01(\x04R\x06misses\x12\x1c\n" +
 	"\tevictions\x18\x05 \x01(\x04R\tevictions\x12\x18\n" +
-	"\amounted\x18\x06 \x01(\x05R\amounted\"{\n" +
+	"\amounted\x18\x06 \x01(\x05R\amounted\"\x97\x01\n" +
 	"\tPoolEntry\x12\x1f\n" +
 	"\vtemplate_id\x18\x01 \x01(\tR\n" +
 	"templateId\x12\x1f\n" +
 	"\vsnapshot_id\x18\x02 \x01(\tR\n" +
 	"snapshotId\x12\x14\n" +
 	"\x05ready\x18\x03 \x01(\x05R\x05ready\x12\x16\n" +
-	"\x06target\x18\x04 \x01(\x05R\x06target\"\x94\x04\n" +
+	"\x06target\x18\x04 \x01(\x05R\x06target\x12\x1a\n" +
+	"\bprepared\x18\x05 \x01(\bR\bprepared\"\x94\x04\n" +
 	"\rCreateRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12!\n" +
