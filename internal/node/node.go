@@ -604,22 +604,21 @@ func (n *Node) bootOnce(ctx context.Context, sb *Sandbox, tpl *template.Template
 			rollback.Run(context.WithoutCancel(ctx), log)
 		}
 	}()
-	var spec runtime.Spec
 	if prep != nil {
 		// What the prepared sandbox was set up with is the restore's: its
 		// network slot (egress closed until now), its root filesystem,
 		// its name in the runtime.
 		sb.runtimeID, sb.slot, sb.Addr, sb.egress = prep.ID, prep.slot, prep.Addr, prep.egress
-		spec, err = n.provision(ctx, sb, tpl, opts, &rollback)
-		if err == nil {
-			err = n.applyEgress(ctx, sb, opts.Network)
-		}
-	} else {
-		spec, err = n.provision(ctx, sb, tpl, opts, &rollback)
+	}
+	spec, err := n.provision(ctx, sb, tpl, opts, &rollback)
+	if err == nil && prep != nil {
+		err = n.applyEgress(ctx, sb, opts.Network)
 	}
 	if err != nil {
 		if prep != nil {
-			n.cfg.Runtime.Kill(context.WithoutCancel(ctx), prep.ID)
+			if kerr := n.cfg.Runtime.Kill(context.WithoutCancel(ctx), prep.ID); kerr != nil {
+				log.Warn("removing a prepared sandbox not used", "prepared_id", prep.ID, "err", kerr)
+			}
 		}
 		return fmt.Errorf("creating sandbox %s: %w", sb.ID, err)
 	}
