@@ -1,9 +1,10 @@
 // Package capacity is the admission rule of a node: how much memory its
 // sandboxes may be configured with together, when it refuses more, and
-// whose snapshots its runtime restores. The node applies it to each create (internal/node), and the scheduler
-// applies the same rule to the node's reports before choosing it
-// (internal/placement), so that the two never disagree on a formula. It
-// imports nothing of the module; anything may import it.
+// whose snapshots its runtime restores. The node applies it to each
+// create (internal/node), and the scheduler applies the same rule to the
+// node's reports before choosing it (internal/placement), so that the two
+// never disagree on a formula. It imports nothing of the module; anything
+// may import it.
 package capacity
 
 import (

@@ -464,13 +464,7 @@ func (n *Node) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) 
 		}
 		return n.restore(ctx, snap, req)
 	}
-	// The templates this host holds are looked up first (a directory
-	// read), then templates only the remote store has: a template is
-	// fetched from the store once per host.
-	tpl, err := n.cfg.Templates.GetLocal(req.TemplateID)
-	if errors.Is(err, template.ErrNotFound) {
-		tpl, err = n.template(ctx, req.TemplateID)
-	}
+	tpl, err := n.lookupTemplate(ctx, req.TemplateID)
 	if err != nil {
 		return nil, fmt.Errorf("creating sandbox: %w", err)
 	}
@@ -1003,6 +997,17 @@ func (n *Node) awaitRelease(ctx context.Context, id string) error {
 	case <-ctx.Done():
 		return fmt.Errorf("waiting for the paused sandbox's release: %w", ctx.Err())
 	}
+}
+
+// lookupTemplate finds template idOrAlias for a sandbox: the templates
+// this host holds first (a directory read), then templates only the
+// remote store has, fetched from the store once per host.
+func (n *Node) lookupTemplate(ctx context.Context, idOrAlias string) (*template.Template, error) {
+	tpl, err := n.cfg.Templates.GetLocal(idOrAlias)
+	if errors.Is(err, template.ErrNotFound) {
+		tpl, err = n.template(ctx, idOrAlias)
+	}
+	return tpl, err
 }
 
 // template resolves a template this host may lack: its description, when

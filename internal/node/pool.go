@@ -577,10 +577,7 @@ func (p *warmPool) boot(ctx context.Context, key PoolKey) (*pooled, error) {
 		sb.EnvdAccessToken = snap.EnvdAccessToken
 		e = &pooled{sb: sb, version: snap.ID}
 	} else if key.Restores {
-		tpl, err := n.cfg.Templates.GetLocal(key.TemplateID)
-		if errors.Is(err, template.ErrNotFound) {
-			tpl, err = n.template(ctx, key.TemplateID)
-		}
+		tpl, err := n.lookupTemplate(ctx, key.TemplateID)
 		if err != nil {
 			return nil, fmt.Errorf("preparing a sandbox of %s: %w", key.TemplateID, err)
 		}
@@ -590,10 +587,7 @@ func (p *warmPool) boot(ctx context.Context, key PoolKey) (*pooled, error) {
 		}
 		e = &pooled{sb: sb, version: templateVersion(tpl), mb: preparedMB}
 	} else {
-		tpl, err := n.cfg.Templates.GetLocal(key.TemplateID)
-		if errors.Is(err, template.ErrNotFound) {
-			tpl, err = n.template(ctx, key.TemplateID)
-		}
+		tpl, err := n.lookupTemplate(ctx, key.TemplateID)
 		if err != nil {
 			return nil, fmt.Errorf("prestarting a sandbox of %s: %w", key.TemplateID, err)
 		}

@@ -270,7 +270,7 @@ func (d *Driver) Prepare(ctx context.Context, spec runtime.Spec) error {
 
 // RestorePrepared implements runtime.Preparer: `runsc restore` of a
 // created container loads the state into its sandbox process instead of
-// starting one. Measured here, a small sandbox's restore took 58–88 ms so
+// starting one. Measured here, a small sandbox's restore took 58–88 ms
 // against 142–188 ms for a restore that starts its own processes.
 func (d *Driver) RestorePrepared(ctx context.Context, spec runtime.Spec, imageDir string) (err error) {
 	d.mu.Lock()
