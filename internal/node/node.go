@@ -129,7 +129,8 @@ type Config struct {
 	WarmPoolMemory int64
 	// WarmPoolFloor is how many prestarted sandboxes of each of
 	// WarmTemplates the pool keeps (within WarmPoolMemory) whatever the
-	// demand, so that a node's first creates are served warm too.
+	// demand, so that a node's first creates are served warm too, and,
+	// where the runtime prepares, as many prepared for their restores.
 	WarmPoolFloor int
 	WarmTemplates []string
 	// WarmPoolMax bounds each template's (and snapshot's) pool, floors
@@ -248,10 +249,11 @@ type Node struct {
 	// pending holds ids being created, so that a concurrent create or kill
 	// of the same id sees it, with the memory (MiB) admitted for each.
 	pending map[string]int
-	// releasing holds the sandboxes a pause stopped whose processes,
-	// network and root filesystem are still being released: a pause
-	// answers once the state is saved, and a boot of the same id (its
-	// resume) waits for the release to end.
+	// releasing holds, by runtime name, the sandboxes a pause stopped
+	// whose processes, network and root filesystem are still being
+	// released: a pause answers once the state is saved, and a boot under
+	// the same runtime name (a resume that takes no prepared sandbox)
+	// waits for the release to end.
 	releasing map[string]chan struct{}
 	// boots holds a token per sandbox booting (nil: no bound).
 	boots  chan struct{}
@@ -538,9 +540,6 @@ type bootOptions struct {
 // the warm pool where one fits (see preparedKey). On error nothing is
 // left behind.
 func (n *Node) boot(ctx context.Context, id string, tpl *template.Template, opts bootOptions) (sb *Sandbox, err error) {
-	if err := n.awaitRelease(ctx, id); err != nil {
-		return nil, fmt.Errorf("creating sandbox %s: %w", id, err)
-	}
 	memMB, cpus := pick(opts.MemoryMB, tpl.MemoryMB), pick(opts.CPUCount, tpl.CPUCount)
 	if err := n.admitBoot(id, memMB, cpus, opts.ForPool); err != nil {
 		return nil, err
@@ -603,6 +602,8 @@ func (n *Node) bootOnce(ctx context.Context, sb *Sandbox, tpl *template.Template
 		// network slot (egress closed until now), its root filesystem,
 		// its name in the runtime.
 		sb.runtimeID, sb.slot, sb.Addr, sb.egress = prep.ID, prep.slot, prep.Addr, prep.egress
+	} else if err := n.awaitRelease(ctx, sb.rt()); err != nil {
+		return fmt.Errorf("creating sandbox %s: %w", sb.ID, err)
 	}
 	spec, err := n.provision(ctx, sb, tpl, opts, &rollback)
 	if err == nil && prep != nil {
@@ -709,7 +710,9 @@ func (n *Node) preparedKey(tpl *template.Template, sb *Sandbox, opts bootOptions
 	if _, ok := n.cfg.Runtime.(runtime.Preparer); !ok || opts.ImageDir == "" || opts.ForPool || len(opts.Mounts) > 0 {
 		return PoolKey{}, false
 	}
-	if sb.CPUCount != tpl.CPUCount || sb.MemoryMB != tpl.MemoryMB || sb.DiskMB != pick(tpl.DiskMB, n.cfg.DiskMB) {
+	// A disk of -1 (files in memory) is saved as 0 (WritableMB): both
+	// are a spec's 0.
+	if sb.CPUCount != tpl.CPUCount || sb.MemoryMB != tpl.MemoryMB || max(sb.DiskMB, 0) != max(pick(tpl.DiskMB, n.cfg.DiskMB), 0) {
 		return PoolKey{}, false
 	}
 	return PoolKey{TemplateID: tpl.ID, Restores: true}, true
@@ -939,6 +942,16 @@ func (n *Node) register(ctx context.Context, sb *Sandbox, team string) {
 func (n *Node) destroy(ctx context.Context, sb *Sandbox) error {
 	n.removeRecord(sb.ID)
 	n.keepEnvdEvents(sb)
+	err := n.release(ctx, sb)
+	n.unpend(sb.ID) // a boot that went no further
+	return err
+}
+
+// release frees what runs sb under its runtime name: its runtime
+// sandbox, network slot and root filesystem. Nothing of it is keyed by
+// the sandbox's id, so a new incarnation of that id (a resume into a
+// prepared sandbox) may run meanwhile.
+func (n *Node) release(ctx context.Context, sb *Sandbox) error {
 	var errs []error
 	start := time.Now()
 	if err := n.cfg.Runtime.Kill(ctx, sb.rt()); err != nil && !errors.Is(err, runtime.ErrNotFound) {
@@ -952,41 +965,46 @@ func (n *Node) destroy(ctx context.Context, sb *Sandbox) error {
 	if err := n.cfg.RootFS.Release(ctx, sb.rt()); err != nil {
 		errs = append(errs, err)
 	}
-	n.log.Debug("sandbox destroyed", "sandbox_id", sb.ID, "runtime_ms", killed.Sub(start).Milliseconds(),
+	n.log.Debug("sandbox destroyed", "sandbox_id", sb.ID, "runtime_id", sb.rt(), "runtime_ms", killed.Sub(start).Milliseconds(),
 		"network_ms", released.Sub(killed).Milliseconds(), "rootfs_ms", time.Since(released).Milliseconds())
-	n.unpend(sb.ID) // a boot that went no further
 	return errors.Join(errs...)
 }
 
-// releaseLater destroys sb, stopped and unregistered, in the background:
-// what is left of a paused sandbox (a runsc delete, its network and root
-// filesystem) is a third of a pause's time, which its caller need not
-// wait for. Close waits for it.
+// releaseLater destroys sb, stopped and unregistered, and whose envd
+// events its history holds already: what is keyed by its id (its local
+// record) at once, what runs it (a runsc delete, its network and root
+// filesystem; a third of a pause's time) in the background, which its
+// caller need not wait for. Close waits for it.
 func (n *Node) releaseLater(sb *Sandbox) {
+	n.removeRecord(sb.ID)
+	rtID := sb.rt()
 	done := make(chan struct{})
 	n.mu.Lock()
-	n.releasing[sb.ID] = done
+	n.releasing[rtID] = done
 	n.mu.Unlock()
 	n.bgWork.Add(1)
 	go func() {
 		defer n.bgWork.Done()
 		start := time.Now()
-		if err := n.destroy(context.Background(), sb); err != nil {
-			n.log.Warn("releasing paused sandbox", "sandbox_id", sb.ID, "err", err)
+		if err := n.release(context.Background(), sb); err != nil {
+			n.log.Warn("releasing paused sandbox", "sandbox_id", sb.ID, "runtime_id", rtID, "err", err)
 		}
-		n.log.Debug("paused sandbox released", "sandbox_id", sb.ID, "took_ms", time.Since(start).Milliseconds())
+		n.log.Debug("paused sandbox released", "sandbox_id", sb.ID, "runtime_id", rtID, "took_ms", time.Since(start).Milliseconds())
 		n.mu.Lock()
-		delete(n.releasing, sb.ID)
+		delete(n.releasing, rtID)
 		n.mu.Unlock()
 		close(done)
 	}()
 }
 
-// awaitRelease waits until sandbox id, if a pause is releasing it, is
-// gone: its id, address and runsc container are free again.
-func (n *Node) awaitRelease(ctx context.Context, id string) error {
+// awaitRelease waits until the runtime sandbox named rtID, if a pause is
+// releasing it, is gone, so that a boot may take the name again. A
+// restore into a prepared sandbox runs under that one's name and need
+// not wait: a resume right after a pause would otherwise wait out the
+// pause's runsc delete (60-130 ms here).
+func (n *Node) awaitRelease(ctx context.Context, rtID string) error {
 	n.mu.Lock()
-	done := n.releasing[id]
+	done := n.releasing[rtID]
 	n.mu.Unlock()
 	if done == nil {
 		return nil

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/aenvhq/aenv/internal/netns"
+	"github.com/aenvhq/aenv/internal/runtime"
 	"github.com/aenvhq/aenv/internal/snapshot"
 	"github.com/aenvhq/aenv/internal/template"
 )
@@ -475,8 +476,15 @@ func (p *warmPool) sizeLocked(now time.Time, overBytes int64) {
 		wants = append(wants, w)
 		held += int64(len(p.ready[k])) * w.CostBytes
 	}
+	_, prepares := p.n.cfg.Runtime.(runtime.Preparer)
 	for _, id := range p.floors {
 		add(PoolKey{TemplateID: id}, p.floor)
+		if prepares {
+			// So that the first resume or fork of the node's life is
+			// served warm too, which the restores' demand cannot teach
+			// before it happens; one holds no guest memory (preparedMB).
+			add(PoolKey{TemplateID: id, Restores: true}, p.floor)
+		}
 	}
 	var rest []PoolKey
 	for _, k := range p.demand.keys(now) {
@@ -507,6 +515,9 @@ func (p *warmPool) costLocked(key PoolKey) int64 {
 	}
 	if c := p.cost[key]; c > 0 {
 		return c
+	}
+	if key.Restores {
+		return preparedMB << 20
 	}
 	return defaultPooledBytes
 }

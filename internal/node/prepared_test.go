@@ -1,0 +1,217 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aenvhq/aenv/internal/runtime"
+	"github.com/aenvhq/aenv/internal/snapshot"
+)
+
+// fakeSaver is fakeRuntime with checkpoints and prepared sandboxes: a
+// checkpoint writes a file into the image directory and leaves the
+// sandbox as it was (a frozen one's envd still answers: nothing here
+// reads it), a restore starts an envd as a create does, and a prepared
+// sandbox runs none until a restore fills it.
+type fakeSaver struct {
+	*fakeRuntime
+
+	mu sync.Mutex
+	// holdKills, while set, keeps every Kill waiting until it is closed.
+	holdKills chan struct{}
+	// prepared are the sandboxes prepared and not yet restored into.
+	prepared map[string]bool
+	// restoredInto counts restores into prepared sandboxes.
+	restoredInto int
+}
+
+var (
+	_ runtime.Checkpointer = (*fakeSaver)(nil)
+	_ runtime.Preparer     = (*fakeSaver)(nil)
+)
+
+func newFakeSaver(rt *fakeRuntime) *fakeSaver {
+	return &fakeSaver{fakeRuntime: rt, prepared: map[string]bool{}}
+}
+
+func (s *fakeSaver) Checkpoint(ctx context.Context, id, imageDir string, opts runtime.CheckpointOptions) error {
+	s.fakeRuntime.mu.Lock()
+	_, ok := s.running[id]
+	s.fakeRuntime.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("fake saver: checkpointing %s: %w", id, runtime.ErrNotFound)
+	}
+	return os.WriteFile(filepath.Join(imageDir, "state"), []byte(id), 0o600)
+}
+
+func (s *fakeSaver) Restore(ctx context.Context, spec runtime.Spec, imageDir string) error {
+	if _, err := os.Stat(filepath.Join(imageDir, "state")); err != nil {
+		return fmt.Errorf("fake saver: restoring %s: %w", spec.ID, err)
+	}
+	return s.Create(ctx, spec)
+}
+
+func (s *fakeSaver) Thaw(context.Context, string) error { return nil }
+
+func (s *fakeSaver) Prepare(ctx context.Context, spec runtime.Spec) error {
+	s.fakeRuntime.mu.Lock()
+	defer s.fakeRuntime.mu.Unlock()
+	if _, ok := s.running[spec.ID]; ok {
+		return fmt.Errorf("fake saver: %s exists", spec.ID)
+	}
+	s.running[spec.ID] = nil
+	s.specs[spec.ID] = spec
+	s.mu.Lock()
+	s.prepared[spec.ID] = true
+	s.mu.Unlock()
+	return nil
+}
+
+func (s *fakeSaver) RestorePrepared(ctx context.Context, spec runtime.Spec, imageDir string) error {
+	s.mu.Lock()
+	ok := s.prepared[spec.ID]
+	delete(s.prepared, spec.ID)
+	s.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("fake saver: %s is not prepared: %w", spec.ID, runtime.ErrNotFound)
+	}
+	if _, err := os.Stat(filepath.Join(imageDir, "state")); err != nil {
+		return fmt.Errorf("fake saver: restoring into %s: %w", spec.ID, err)
+	}
+	e, err := startEnvd(spec.HostAddr, false)
+	if err != nil {
+		return err
+	}
+	s.fakeRuntime.mu.Lock()
+	s.running[spec.ID] = e
+	s.specs[spec.ID] = spec
+	s.fakeRuntime.mu.Unlock()
+	s.mu.Lock()
+	s.restoredInto++
+	s.mu.Unlock()
+	return nil
+}
+
+func (s *fakeSaver) Kill(ctx context.Context, id string) error {
+	s.mu.Lock()
+	hold := s.holdKills
+	delete(s.prepared, id)
+	s.mu.Unlock()
+	if hold != nil {
+		<-hold
+	}
+	return s.fakeRuntime.Kill(ctx, id)
+}
+
+func (s *fakeSaver) preparedCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.prepared)
+}
+
+// preparingNode starts a node of h whose runtime checkpoints and
+// prepares, with a warm pool whose floor is one of the test template.
+func preparingNode(t *testing.T, h *host) (*Node, *fakeSaver) {
+	t.Helper()
+	saver := newFakeSaver(h.rt)
+	snaps, err := snapshot.Open(filepath.Join(t.TempDir(), "snapshots"), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := poolConfig(h, 1<<30, 1)
+	cfg.Runtime, cfg.Snapshots = saver, snaps
+	n, _ := h.start(cfg)
+	return n, saver
+}
+
+// The pool's floor holds prepared sandboxes too, without a restore
+// having asked for one: the first resume of a node's life is warm.
+func TestWarmPoolFloorPrepares(t *testing.T) {
+	h := newHost(t)
+	n, saver := preparingNode(t, h)
+	restores := PoolKey{TemplateID: testTemplate, Restores: true}
+	waitFor(t, func() bool { return poolStatus(t, n, restores).Ready == 1 && saver.preparedCount() == 1 }, "a prepared sandbox of the floor")
+	if got := poolStatus(t, n, PoolKey{TemplateID: testTemplate}).Ready; got != 1 {
+		t.Errorf("the floor holds %d prestarted sandboxes, want 1", got)
+	}
+}
+
+// A resume right after a pause restores into a prepared sandbox, under
+// that one's runtime name, without waiting for the paused sandbox's
+// processes to be released; the release that ends after it leaves the
+// resumed sandbox's local record alone.
+func TestResumeDoesNotWaitForTheRelease(t *testing.T) {
+	h := newHost(t)
+	n, saver := preparingNode(t, h)
+	ctx := context.Background()
+	restores := PoolKey{TemplateID: testTemplate, Restores: true}
+	waitFor(t, func() bool { return poolStatus(t, n, restores).Ready == 1 }, "a prepared sandbox")
+
+	sb, err := n.Create(ctx, CreateRequest{TemplateID: testTemplate, TeamID: "t1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldRT := sb.rt()
+	hold := make(chan struct{})
+	saver.mu.Lock()
+	saver.holdKills = hold
+	saver.mu.Unlock()
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			saver.mu.Lock()
+			saver.holdKills = nil
+			saver.mu.Unlock()
+			close(hold)
+		}
+	}
+	t.Cleanup(release)
+
+	snap, err := n.Snapshot(ctx, sb.ID, SnapshotOptions{Kind: snapshot.KindPause, Stop: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	resumed, err := n.Create(rctx, CreateRequest{SnapshotID: snap.ID, SandboxID: sb.ID, TeamID: "t1"})
+	if err != nil {
+		t.Fatalf("resuming while the paused sandbox is being released: %v", err)
+	}
+	if resumed.rt() == oldRT || resumed.rt() == sb.ID {
+		t.Fatalf("the resume runs under runtime name %s, not a prepared sandbox's (paused one: %s)", resumed.rt(), oldRT)
+	}
+	if saver.restoredInto != 1 {
+		t.Fatalf("%d restores into prepared sandboxes, want 1", saver.restoredInto)
+	}
+	h.rt.mu.Lock()
+	_, held := h.rt.running[oldRT]
+	h.rt.mu.Unlock()
+	if !held {
+		t.Fatal("the paused sandbox was gone before the resume ended: the test held nothing")
+	}
+	release()
+	waitFor(t, func() bool {
+		h.rt.mu.Lock()
+		defer h.rt.mu.Unlock()
+		_, ok := h.rt.running[oldRT]
+		return !ok
+	}, "the paused sandbox's release")
+	if err := n.Close(ctx, KeepSandboxes); err != nil { // waits for the release
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(n.recordPath(sb.ID)); err != nil {
+		t.Fatalf("the resumed sandbox's local record after the paused one's release: %v", err)
+	}
+	cfg := h.config()
+	cfg.Runtime = saver
+	_, kept := h.start(cfg)
+	if len(kept) != 1 || kept[0].ID != sb.ID || kept[0].rt() != resumed.rt() {
+		t.Fatalf("a restart kept %v, want %s under runtime name %s", kept, sb.ID, resumed.rt())
+	}
+}
