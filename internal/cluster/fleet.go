@@ -73,9 +73,10 @@ type member struct {
 	// report it lapses at placedUntil.
 	placedMB    int
 	placedUntil time.Time
-	// poolTaken counts, by pool key, the creates this server placed on
-	// it since its last report that its warm pool may have served: the
-	// rest of a burst goes where prestarted sandboxes are left.
+	// poolTaken counts, by pool (and prepared) key, the creates (and
+	// restores) this server placed on it since its last report that its
+	// warm pool may have served: the rest of a burst goes where
+	// prestarted (or prepared) sandboxes are left.
 	poolTaken map[string]int
 	// inPlaced: it is in the fleet's placed.
 	inPlaced bool
@@ -437,6 +438,9 @@ type placement struct {
 	// pool is its key in the nodes' warm pools (poolKey; empty: no
 	// prestarted sandbox fits it), whose holders come first.
 	pool string
+	// prepared is, for a restore, the key of the prepared sandboxes of its
+	// template (preparedKey), whose holders come next.
+	prepared string
 	// exclude lists nodes already tried.
 	exclude []string
 	// only, when set, is the one node allowed.
@@ -454,7 +458,7 @@ func (p placement) describe() string {
 // toRequest is p as the placement package takes it.
 func (p placement) toRequest() sched.Request {
 	return sched.Request{Template: p.template, MemoryMB: p.memoryMB, CPUs: p.cpus, Runtime: p.runtime,
-		RuntimeVersion: p.runtimeVersion, Prefer: p.prefer, Pool: p.pool, Exclude: p.exclude, Only: p.only}
+		RuntimeVersion: p.runtimeVersion, Prefer: p.prefer, Pool: p.pool, Prepared: p.prepared, Exclude: p.exclude, Only: p.only}
 }
 
 // poolKey is the key of a template's (or snapshot's) prestarted
@@ -466,15 +470,21 @@ func poolKey(templateID, snapshotID string) string {
 	return "t/" + templateID
 }
 
-// pooled is what m's warm pool holds for placement, by poolKey, less what
-// this server placed on it since its report (nil: nothing).
+// preparedKey is the key of a template's prepared sandboxes (which
+// restores of its sandboxes load their state into) in placement's view of
+// the nodes' warm pools.
+func preparedKey(templateID string) string { return "r/" + templateID }
+
+// pooled is what m's warm pool holds for placement, by poolKey and
+// preparedKey, less what this server placed on it since its report (nil:
+// nothing).
 func (m *member) pooled() map[string]int {
 	var out map[string]int
 	for _, e := range m.info.Pool {
-		if e.Prepared {
-			continue // only restores take them, wherever placement puts those
-		}
 		k := poolKey(e.TemplateID, e.SnapshotID)
+		if e.Prepared {
+			k = preparedKey(e.TemplateID)
+		}
 		if left := e.Ready - m.poolTaken[k]; left > 0 {
 			if out == nil {
 				out = map[string]int{}
@@ -662,6 +672,14 @@ func (f *fleet) place(p placement) (nodeapi.Node, error) {
 				// batch the pool holds.
 				f.changedLocked(m)
 			} else {
+				if req.Prepared != "" && n.Pooled[req.Prepared] > 0 {
+					// The rest of a fork's children go where prepared
+					// sandboxes are left.
+					if m.poolTaken == nil {
+						m.poolTaken = map[string]int{}
+					}
+					m.poolTaken[req.Prepared]++
+				}
 				f.placedLocked(m, req.Memory())
 			}
 			f.mu.Unlock()

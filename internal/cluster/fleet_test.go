@@ -150,6 +150,49 @@ func TestPlacementPrefersWarm(t *testing.T) {
 	}
 }
 
+// TestPlacementPrefersPrepared: a resume that cannot go back to the node
+// it was paused on goes where a sandbox is prepared for its template, as
+// long as one is left there.
+func TestPlacementPrefersPrepared(t *testing.T) {
+	ctx := context.Background()
+	st := state.NewMemory()
+	n1, n2, n3 := nodetest.NewFake("n1"), nodetest.NewFake("n2"), nodetest.NewFake("n3")
+	n3.SetPrepared(3)
+	c, _ := remoteFleet(t, st, n1, n2, n3)
+	for _, id := range []string{"n2", "n3"} {
+		if _, err := c.SetDraining(ctx, id, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var paused []*Sandbox
+	for range 6 {
+		sb := create(t, c, time.Hour)
+		if err := c.Pause(ctx, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		paused = append(paused, sb)
+	}
+	for id, drain := range map[string]bool{"n1": true, "n2": false, "n3": false} {
+		if _, err := c.SetDraining(ctx, id, drain); err != nil {
+			t.Fatal(err)
+		}
+	}
+	per := map[string]int{}
+	for i, sb := range paused {
+		got, _, err := c.Connect(ctx, sb.ID, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i < 3 && got.NodeID != "n3" {
+			t.Fatalf("resume %d: on %s, want n3, which holds a sandbox prepared for base", i, got.NodeID)
+		}
+		per[got.NodeID]++
+	}
+	if per["n2"] == 0 {
+		t.Errorf("resumes once n3's prepared sandboxes are taken: %v, want some on n2", per)
+	}
+}
+
 // TestNodeLost: when a node's lease goes, its running sandboxes are
 // reported lost (404 with the reason) and its paused ones resume on
 // another node; a sandbox that exits on its own is forgotten with the

@@ -80,7 +80,7 @@ func (c *Cluster) Fork(ctx context.Context, id string, count int, timeout time.D
 	// hand; when it is full they go where there is room, restoring from
 	// the store.
 	p := placement{memoryMB: parent.MemoryMB, cpus: parent.CPUCount, prefer: parent.NodeID,
-		runtime: snap.Runtime, runtimeVersion: snap.RuntimeVersion}
+		runtime: snap.Runtime, runtimeVersion: snap.RuntimeVersion, prepared: preparedKey(parent.TemplateID)}
 	if len(parent.Mounts) > 0 {
 		p.only = parent.NodeID // children mount the same volumes
 	}

@@ -54,7 +54,7 @@ func (c *Cluster) Migrate(ctx context.Context, id, target string) (*Migration, e
 		return nil, fmt.Errorf("%w: sandbox %s mounts volumes that sandboxes %v mount too; they cannot leave node %s apart", ErrInvalid, id, others, from)
 	}
 	// The target is chosen before anything stops.
-	p := placement{memoryMB: r.MemoryMB, cpus: r.CPUCount, exclude: []string{from}, only: target}
+	p := placement{memoryMB: r.MemoryMB, cpus: r.CPUCount, exclude: []string{from}, only: target, prepared: preparedKey(r.TemplateID)}
 	p.runtime, p.runtimeVersion = c.nodes.runtimeOf(from)
 	if target == from {
 		c.release(ctx, id, "migrate")

@@ -132,7 +132,7 @@ func (c *Cluster) resume(ctx context.Context, r record, d time.Duration, opts Co
 	id := r.ID
 	// Any node whose runtime saved the state may resume it; the one it
 	// was paused on still has the image at hand.
-	p := placement{memoryMB: r.MemoryMB, cpus: r.CPUCount, prefer: r.NodeID}
+	p := placement{memoryMB: r.MemoryMB, cpus: r.CPUCount, prefer: r.NodeID, prepared: preparedKey(r.TemplateID)}
 	if len(r.Mounts) > 0 {
 		p.only = r.NodeID // where its volumes are
 	}

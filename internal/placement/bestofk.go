@@ -7,10 +7,10 @@ import (
 
 // BestOfK is the power of K choices: among the nodes Filter keeps (the
 // preferred one first, if it is there, then the Warm ones), K drawn at
-// random, the one with the most Headroom wins. Two choices spread load nearly as well as
-// scanning every node, at a cost that does not grow with the cluster, and
-// servers placing at once rarely pick the same node; more choices crowd
-// onto the emptiest nodes.
+// random, the one with the most Headroom wins. Two choices spread load
+// nearly as well as scanning every node, at a cost that does not grow
+// with the cluster, and servers placing at once rarely pick the same
+// node; more choices crowd onto the emptiest nodes.
 type BestOfK struct {
 	k int
 

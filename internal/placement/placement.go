@@ -4,7 +4,9 @@
 // them (Headroom), and an Algorithm picks one. BestOfK is the first
 // Algorithm. Among the nodes that may take it, those with a prestarted
 // sandbox of what it starts from in their warm pool come first (Warm): a
-// create there skips the boot.
+// create there skips the boot; then, for a restore, those with a prepared
+// sandbox of its template, whose processes a restore there need not
+// start.
 //
 // It is pure: it decides from the snapshot of nodes it is handed, and
 // reads no clock, store or network, so that it is tested and measured
@@ -34,9 +36,9 @@ type Node struct {
 	Runtime, RuntimeVersion string
 	// Templates are the templates it holds (ids and aliases).
 	Templates []string
-	// Pooled counts the prestarted sandboxes its warm pool holds, by
-	// Request.Pool key (what was placed on it since its report taken
-	// off).
+	// Pooled counts the prestarted and prepared sandboxes its warm pool
+	// holds, by Request.Pool and Request.Prepared key (what was placed on
+	// it since its report taken off).
 	Pooled map[string]int
 	// Draining nodes take no new sandboxes.
 	Draining bool
@@ -59,6 +61,12 @@ type Request struct {
 	// nodes' warm pools (Node.Pooled): nodes holding one come before the
 	// others.
 	Pool string
+	// Prepared, when set, is the key (in Node.Pooled) of the prepared
+	// sandboxes a restore of it can load its state into: when no node
+	// holds one of Pool, nodes holding one of these come first. Unlike a
+	// prestarted sandbox, a prepared one holds none of the sandbox's
+	// memory, which counts as usual.
+	Prepared string
 	// Exclude lists nodes already tried.
 	Exclude []string
 	// Only, when set, is the one node allowed.
@@ -229,23 +237,30 @@ func Headroom(req Request, n *Node) int {
 	return n.Rule.WithDefaults().HeadroomMB(req.capacity(), n.Load)
 }
 
-// Warm is the part of fits whose warm pools hold a sandbox for req, or
-// fits itself when none does (or req names no pool). It compacts fits in
+// Warm is the part of fits whose warm pools hold a prestarted sandbox
+// for req (Pool), else the part holding a prepared one (Prepared), or
+// fits itself when none does (or req names neither). It compacts fits in
 // place when it keeps part of it.
 func Warm(req Request, fits []*Node) []*Node {
-	if req.Pool == "" {
-		return fits
-	}
-	warm := 0
-	for _, n := range fits {
-		if n.Pooled[req.Pool] > 0 {
-			warm++
+	for _, key := range [...]string{req.Pool, req.Prepared} {
+		if key == "" {
+			continue
 		}
+		warm := 0
+		for _, n := range fits {
+			if n.Pooled[key] > 0 {
+				warm++
+			}
+		}
+		switch {
+		case warm == 0:
+			continue
+		case warm == len(fits):
+			return fits
+		}
+		return slices.DeleteFunc(fits, func(n *Node) bool { return n.Pooled[key] <= 0 })
 	}
-	if warm == 0 || warm == len(fits) {
-		return fits
-	}
-	return slices.DeleteFunc(fits, func(n *Node) bool { return n.Pooled[req.Pool] <= 0 })
+	return fits
 }
 
 // preferred is req.Prefer among fits, if there.

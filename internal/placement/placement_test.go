@@ -190,6 +190,29 @@ func TestWarm(t *testing.T) {
 			t.Fatalf("a create of a key nobody holds: %v", err)
 		}
 	}
+	// A restore goes where a prepared sandbox of its template is, unless
+	// a node holds one prestarted of what it starts from.
+	prepared := node("prepared", 8000)
+	prepared.Pooled = map[string]int{"r/base": 1}
+	withPrepared := []*Node{node("empty1", 0), prepared, warm}
+	for range 50 {
+		if n, err := b.Place(Request{Template: "base", Prepared: "r/base"}, slices.Clone(withPrepared)); err != nil || n.ID != "prepared" {
+			t.Fatalf("a restore of base: placed on %v, %v; want the node with base prepared", n, err)
+		}
+		if n, err := b.Place(Request{Template: "base", Pool: "t/base", Prepared: "r/base"}, slices.Clone(withPrepared)); err != nil || n.ID != "warm" {
+			t.Fatalf("a create of base that a prepared sandbox could serve too: placed on %v, %v; want the node with base prestarted", n, err)
+		}
+		if _, err := b.Place(Request{Template: "base", Prepared: "r/code"}, slices.Clone(withPrepared)); err != nil {
+			t.Fatalf("a restore of a template nobody prepared: %v", err)
+		}
+	}
+	// A prepared sandbox holds none of the restore's memory: a full node
+	// with one does not take it.
+	fullPrepared := node("full-prepared", 16384)
+	fullPrepared.Pooled = map[string]int{"r/base": 3}
+	if n, err := b.Place(Request{Template: "base", Prepared: "r/base"}, []*Node{fullPrepared, node("a", 0)}); err != nil || n.ID != "a" {
+		t.Fatalf("a restore of base beside a full node with base prepared: placed on %v, %v; want a", n, err)
+	}
 	fits := []*Node{node("a", 0), warm}
 	if got := Warm(Request{Pool: "t/base"}, fits); len(got) != 1 || got[0] != warm {
 		t.Errorf("Warm = %v, want [warm]", ids(got))

@@ -72,6 +72,9 @@ type Fake struct {
 	// pooled is what its warm pool holds of FakeTemplate; a create of it
 	// that names no id takes one (SetPooled).
 	pooled int
+	// prepared is what its warm pool holds prepared for restores of
+	// FakeTemplate; each restore takes one (SetPrepared).
+	prepared int
 	// imageCache is what Info reports of its block image cache (nil: it
 	// serves none).
 	imageCache *nodev1.ImageCache
@@ -131,6 +134,14 @@ func (n *Fake) SetFull(full bool) {
 func (n *Fake) SetPooled(count int) {
 	n.mu.Lock()
 	n.pooled = count
+	n.mu.Unlock()
+}
+
+// SetPrepared makes the node report n sandboxes prepared for restores of
+// FakeTemplate in its warm pool; each restore takes one.
+func (n *Fake) SetPrepared(count int) {
+	n.mu.Lock()
+	n.prepared = count
 	n.mu.Unlock()
 }
 
@@ -297,6 +308,9 @@ func (n *Fake) Info(context.Context, *nodev1.InfoRequest) (*nodev1.NodeInfo, err
 	if n.pooled > 0 {
 		info.Pool = []*nodev1.PoolEntry{{TemplateId: FakeTemplate, Ready: int32(n.pooled), Target: int32(n.pooled)}}
 	}
+	if n.prepared > 0 {
+		info.Pool = append(info.Pool, &nodev1.PoolEntry{TemplateId: FakeTemplate, Ready: int32(n.prepared), Target: int32(n.prepared), Prepared: true})
+	}
 	return info, nil
 }
 
@@ -336,6 +350,9 @@ func (n *Fake) Create(ctx context.Context, req *nodev1.CreateRequest) (*nodev1.S
 		}
 	} else if !ids.Valid(id) {
 		return nil, invalid("creating sandbox: malformed id %q", id)
+	}
+	if req.GetSnapshotId() != "" && n.prepared > 0 {
+		n.prepared--
 	}
 	if _, ok := n.running[id]; ok {
 		return nil, nodeapi.NewError(connect.CodeAlreadyExists, fmt.Errorf("creating sandbox %s: it exists", id))
