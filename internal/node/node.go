@@ -640,7 +640,7 @@ func (n *Node) bootOnce(ctx context.Context, sb *Sandbox, tpl *template.Template
 	if err := newEnvdClient(sb.Addr, "").waitReady(readyCtx); err != nil {
 		return fmt.Errorf("creating sandbox %s: waiting for envd: %w", sb.ID, err)
 	}
-	log.Debug("sandbox booted", "template_id", tpl.ID, "addr", sb.Addr, "queued_ms", start.Sub(queued).Milliseconds(),
+	log.Debug("sandbox booted", "template_id", tpl.ID, "runtime_id", sb.rt(), "addr", sb.Addr, "queued_ms", start.Sub(queued).Milliseconds(),
 		"prepared", prep != nil, "setup_ms", prepared.Sub(start).Milliseconds(),
 		"runtime_ms", started.Sub(prepared).Milliseconds(),
 		"envd_ready_ms", time.Since(started).Milliseconds())
@@ -703,30 +703,41 @@ const preparedMB = 16
 
 // preparedKey is the warm pool's key of the prepared sandboxes a restore
 // of sb (boot's, before it starts) can take, if it can take one: the
-// runtime can prepare, and sb has its template's shape (the size of the
-// sandbox, its disk and what is bound in are fixed once it is prepared),
-// without volumes. The pool's own restores take none.
+// runtime can prepare, and sb mounts no volume. Prepared sandboxes are
+// kept per size (the size of the sandbox, its disk and what is bound in
+// are fixed once it is prepared): the template's own, or sb's when it
+// differs. The pool's own restores take none.
 func (n *Node) preparedKey(tpl *template.Template, sb *Sandbox, opts bootOptions) (PoolKey, bool) {
 	if _, ok := n.cfg.Runtime.(runtime.Preparer); !ok || opts.ImageDir == "" || opts.ForPool || len(opts.Mounts) > 0 {
 		return PoolKey{}, false
 	}
+	key := PoolKey{TemplateID: tpl.ID, Restores: true}
 	// A disk of -1 (files in memory) is saved as 0 (WritableMB): both
 	// are a spec's 0.
-	if sb.CPUCount != tpl.CPUCount || sb.MemoryMB != tpl.MemoryMB || max(sb.DiskMB, 0) != max(pick(tpl.DiskMB, n.cfg.DiskMB), 0) {
-		return PoolKey{}, false
+	shape := Shape{CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB, DiskMB: max(sb.DiskMB, 0)}
+	if shape != n.templateShape(tpl) {
+		key.Shape = shape
 	}
-	return PoolKey{TemplateID: tpl.ID, Restores: true}, true
+	return key, true
+}
+
+// templateShape is the size of tpl's sandboxes that ask for none.
+func (n *Node) templateShape(tpl *template.Template) Shape {
+	return Shape{CPUCount: tpl.CPUCount, MemoryMB: tpl.MemoryMB, DiskMB: max(pick(tpl.DiskMB, n.cfg.DiskMB), 0)}
 }
 
 // prepare starts a prepared sandbox of tpl for the warm pool (see
-// runtime.Preparer): a sandbox of the template's shape with its network
-// slot (egress closed) and root filesystem, into which a restore of the
-// template's sandboxes loads its state. It stays pending, as a boot does,
-// until the pool holds it.
-func (n *Node) prepare(ctx context.Context, tpl *template.Template) (sb *Sandbox, err error) {
+// runtime.Preparer), sized shape (the zero Shape: the template's own): a
+// sandbox with its network slot (egress closed) and root filesystem,
+// into which a restore of the template's sandboxes loads its state. It
+// stays pending, as a boot does, until the pool holds it.
+func (n *Node) prepare(ctx context.Context, tpl *template.Template, shape Shape) (sb *Sandbox, err error) {
 	pr, ok := n.cfg.Runtime.(runtime.Preparer)
 	if !ok {
 		return nil, fmt.Errorf("preparing a sandbox of %s: runtime %s: %w", tpl.ID, n.cfg.Runtime.Name(), ErrUnsupported)
+	}
+	if shape == (Shape{}) {
+		shape = n.templateShape(tpl)
 	}
 	id := NewID()
 	if err := n.admitBoot(id, preparedMB, 0, true); err != nil {
@@ -743,8 +754,8 @@ func (n *Node) prepare(ctx context.Context, tpl *template.Template) (sb *Sandbox
 		return nil, fmt.Errorf("preparing sandbox %s: %w", id, err)
 	}
 	defer n.endBootTurn()
-	sb = &Sandbox{ID: id, TemplateID: tpl.ID, CPUCount: tpl.CPUCount, MemoryMB: tpl.MemoryMB,
-		DiskMB: pick(tpl.DiskMB, n.cfg.DiskMB), EnvdVersion: n.cfg.EnvdVersion}
+	sb = &Sandbox{ID: id, TemplateID: tpl.ID, CPUCount: shape.CPUCount, MemoryMB: shape.MemoryMB,
+		DiskMB: shape.DiskMB, EnvdVersion: n.cfg.EnvdVersion}
 	spec, err := n.provision(ctx, sb, tpl, bootOptions{}, &rollback)
 	if err != nil {
 		return nil, fmt.Errorf("preparing sandbox %s: %w", id, err)

@@ -19,16 +19,27 @@ import (
 // user snapshot that creates use as a template. Exactly one is set. With
 // Restores, the template's are prepared sandboxes (runtime.Preparer),
 // which restores of its sandboxes (resumes, forks, creates from its
-// snapshots) load their state into.
+// snapshots) load their state into; Shape is then their size, when it is
+// not the template's own (a prepared sandbox's size is fixed when it is
+// prepared).
 type PoolKey struct {
 	TemplateID, SnapshotID string
 	Restores               bool
+	Shape                  Shape
+}
+
+// Shape is a sandbox's size: its CPUs, memory and disk (MiB; 0: its files
+// in memory). The zero Shape is its template's.
+type Shape struct {
+	CPUCount, MemoryMB, DiskMB int
 }
 
 func (k PoolKey) String() string {
 	switch {
 	case k.SnapshotID != "":
 		return "snapshot " + k.SnapshotID
+	case k.Restores && k.Shape != Shape{}:
+		return fmt.Sprintf("restores of template %s sized %d CPUs, %d MiB, disk %d MiB", k.TemplateID, k.Shape.CPUCount, k.Shape.MemoryMB, k.Shape.DiskMB)
 	case k.Restores:
 		return "restores of template " + k.TemplateID
 	}
@@ -592,7 +603,7 @@ func (p *warmPool) boot(ctx context.Context, key PoolKey) (*pooled, error) {
 		if err != nil {
 			return nil, fmt.Errorf("preparing a sandbox of %s: %w", key.TemplateID, err)
 		}
-		sb, err := n.prepare(ctx, tpl)
+		sb, err := n.prepare(ctx, tpl, key.Shape)
 		if err != nil {
 			return nil, err
 		}

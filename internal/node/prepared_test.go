@@ -135,10 +135,10 @@ func TestWarmPoolFloorPrepares(t *testing.T) {
 	h := newHost(t)
 	n, saver := preparingNode(t, h)
 	restores := PoolKey{TemplateID: testTemplate, Restores: true}
-	waitFor(t, func() bool { return poolStatus(t, n, restores).Ready == 1 && saver.preparedCount() == 1 }, "a prepared sandbox of the floor")
-	if got := poolStatus(t, n, PoolKey{TemplateID: testTemplate}).Ready; got != 1 {
-		t.Errorf("the floor holds %d prestarted sandboxes, want 1", got)
-	}
+	waitFor(t, func() bool {
+		return poolStatus(t, n, restores).Ready == 1 && saver.preparedCount() == 1 &&
+			poolStatus(t, n, PoolKey{TemplateID: testTemplate}).Ready == 1
+	}, "a prepared and a prestarted sandbox of the floor")
 }
 
 // A resume right after a pause restores into a prepared sandbox, under
@@ -213,5 +213,54 @@ func TestResumeDoesNotWaitForTheRelease(t *testing.T) {
 	_, kept := h.start(cfg)
 	if len(kept) != 1 || kept[0].ID != sb.ID || kept[0].rt() != resumed.rt() {
 		t.Fatalf("a restart kept %v, want %s under runtime name %s", kept, sb.ID, resumed.rt())
+	}
+}
+
+// A sandbox of another size than its template's resumes warm too, once
+// the pool has learned that size: prepared sandboxes are kept per size,
+// and one of the template's own is never loaded with a larger state.
+func TestPreparedPerSize(t *testing.T) {
+	h := newHost(t)
+	n, saver := preparingNode(t, h)
+	ctx := context.Background()
+	own := PoolKey{TemplateID: testTemplate, Restores: true}
+	waitFor(t, func() bool { return poolStatus(t, n, own).Ready == 1 }, "a prepared sandbox of the template's size")
+
+	sb, err := n.Create(ctx, CreateRequest{TemplateID: testTemplate, CPUCount: 2, MemoryMB: 512, TeamID: "t1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resume := func() *Sandbox {
+		t.Helper()
+		snap, err := n.Snapshot(ctx, sb.ID, SnapshotOptions{Kind: snapshot.KindPause, Stop: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := n.Create(ctx, CreateRequest{SnapshotID: snap.ID, SandboxID: sb.ID, TeamID: "t1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	if got := resume(); got.rt() != sb.ID || saver.restoredInto != 0 {
+		t.Fatalf("the first resume of a 2-CPU sandbox ran as %s with %d restores into prepared sandboxes; want a cold one (none of its size yet)", got.rt(), saver.restoredInto)
+	}
+	sized := PoolKey{TemplateID: testTemplate, Restores: true, Shape: Shape{CPUCount: 2, MemoryMB: 512}}
+	waitFor(t, func() bool { return poolStatus(t, n, sized).Ready == 1 }, "a prepared sandbox of the resumed one's size")
+	if got := poolStatus(t, n, own).Ready; got != 1 {
+		t.Fatalf("the template's own prepared sandboxes: %d, want the 1 of the floor untouched", got)
+	}
+	got := resume()
+	if saver.restoredInto != 1 {
+		t.Fatalf("the second resume: %d restores into prepared sandboxes, want 1", saver.restoredInto)
+	}
+	h.rt.mu.Lock()
+	spec := h.rt.specs[got.rt()]
+	h.rt.mu.Unlock()
+	if spec.CPUCount != 2 || spec.MemoryMB != 512 {
+		t.Fatalf("resumed into a sandbox prepared with %d CPUs and %d MiB, want 2 and 512", spec.CPUCount, spec.MemoryMB)
+	}
+	if got.CPUCount != 2 || got.MemoryMB != 512 {
+		t.Fatalf("the resumed sandbox reports %d CPUs and %d MiB, want 2 and 512", got.CPUCount, got.MemoryMB)
 	}
 }

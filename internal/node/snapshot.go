@@ -161,7 +161,7 @@ func (n *Node) restore(ctx context.Context, snap *snapshot.Snapshot, req CreateR
 		sb.EnvdAccessToken = fresh
 	}
 	n.register(ctx, sb, req.TeamID)
-	n.log.Info("sandbox restored", "sandbox_id", id, "snapshot_id", snap.ID, "total_ms", time.Since(start).Milliseconds())
+	n.log.Info("sandbox restored", "sandbox_id", id, "runtime_id", sb.rt(), "snapshot_id", snap.ID, "total_ms", time.Since(start).Milliseconds())
 	n.logEvent(id, "info", "sandbox restored", "snapshot_id", snap.ID, "kind", string(snap.Kind),
 		"took_ms", strconv.FormatInt(time.Since(start).Milliseconds(), 10))
 	return sb, nil

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -136,10 +137,19 @@ func (l *Local) Info(ctx context.Context, _ *nodev1.InfoRequest) (*nodev1.NodeIn
 		Images:           l.n.RootImages(),
 	}
 	for _, k := range l.n.WarmPool().Keys {
-		if k.Ready > 0 || k.Target > 0 {
-			info.Pool = append(info.Pool, &nodev1.PoolEntry{TemplateId: k.Key.TemplateID, SnapshotId: k.Key.SnapshotID,
-				Ready: int32(k.Ready), Target: int32(k.Target), Prepared: k.Key.Restores})
+		if k.Ready == 0 && k.Target == 0 {
+			continue
 		}
+		// Prepared sandboxes are kept per size, and reported per template.
+		if i := slices.IndexFunc(info.Pool, func(e *nodev1.PoolEntry) bool {
+			return k.Key.Restores && e.Prepared && e.TemplateId == k.Key.TemplateID
+		}); i >= 0 {
+			info.Pool[i].Ready += int32(k.Ready)
+			info.Pool[i].Target += int32(k.Target)
+			continue
+		}
+		info.Pool = append(info.Pool, &nodev1.PoolEntry{TemplateId: k.Key.TemplateID, SnapshotId: k.Key.SnapshotID,
+			Ready: int32(k.Ready), Target: int32(k.Target), Prepared: k.Key.Restores})
 	}
 	if l.opts.ImageCache != nil {
 		cctx, cancel := context.WithTimeout(ctx, imageCacheTimeout)
