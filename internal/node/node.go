@@ -391,9 +391,15 @@ func (n *Node) handleExits(ctx context.Context, exits <-chan runtime.Exit) {
 		}
 		// The runtime names a sandbox restored into a prepared one by the
 		// prepared one's name.
+		// A paused sandbox being released runs under its id while its
+		// resume runs under a prepared one's name: the exit is the old
+		// one's, which its release frees.
 		id := ex.ID
 		n.mu.Lock()
 		sb, ok := n.sandboxes[id]
+		if ok && sb.rt() != ex.ID {
+			ok = false
+		}
 		if !ok {
 			for _, s := range n.sandboxes {
 				if s.rt() == ex.ID {
@@ -402,7 +408,9 @@ func (n *Node) handleExits(ctx context.Context, exits <-chan runtime.Exit) {
 				}
 			}
 		}
-		delete(n.sandboxes, id)
+		if ok {
+			delete(n.sandboxes, id)
+		}
 		onExit := n.onExit
 		n.mu.Unlock()
 		if !ok {

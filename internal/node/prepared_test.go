@@ -195,6 +195,20 @@ func TestResumeDoesNotWaitForTheRelease(t *testing.T) {
 	if !held {
 		t.Fatal("the paused sandbox was gone before the resume ended: the test held nothing")
 	}
+	// The paused sandbox dies on its own before its release ends: that is
+	// not the resumed one's death. A prestarted sandbox's death after it
+	// tells when the exits were handled.
+	waitFor(t, func() bool { return len(n.pool.listOf(false)) == 1 }, "the prestarted sandbox of the floor")
+	marker := n.pool.listOf(false)[0].ID
+	h.rt.crash(oldRT, false)
+	h.rt.crash(marker, false)
+	waitFor(t, func() bool { return len(n.pool.listOf(false)) == 0 || n.pool.listOf(false)[0].ID != marker }, "the prestarted sandbox's death")
+	if got, err := n.Get(sb.ID); err != nil || got.rt() != resumed.rt() {
+		t.Fatalf("after the paused sandbox died: the resumed one is %v, %v", got, err)
+	}
+	if h.rt.envdOf(resumed.rt()) == nil {
+		t.Fatal("the paused sandbox's death took the resumed one's runtime sandbox")
+	}
 	release()
 	waitFor(t, func() bool {
 		h.rt.mu.Lock()
