@@ -359,13 +359,17 @@ func (c *connectStream) Read(b []byte) (int, error) {
 		// connection, which cancels this request; the connection to the
 		// sandbox (or its node: a TLS handshake) would then be dropped
 		// rather than kept for the next stream.
+		//
+		// The stream is whole whether or not that end comes in time: a
+		// drain cut short costs only the connection's reuse. Reading on
+		// would fail on the closed body and abort the client's response
+		// after its last message (a loaded host delayed envd's last chunk
+		// past drainWait, and the SDK's command failed "terminated").
 		timer := time.AfterFunc(drainWait, func() { c.body.Close() })
-		_, derr := io.Copy(io.Discard, io.LimitReader(c.body, 4<<10))
+		io.Copy(io.Discard, io.LimitReader(c.body, 4<<10))
 		timer.Stop()
-		if derr == nil {
-			err = io.EOF
-		}
-		return n, err
+		c.tail = bytes.NewReader(nil)
+		return n, io.EOF
 	}
 	if err == nil || err == io.EOF {
 		return n, err

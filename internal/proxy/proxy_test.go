@@ -336,3 +336,36 @@ func TestStreamsKeepTheirConnection(t *testing.T) {
 		t.Fatalf("5 streams took %d connections to the node and %d to the sandbox, want 1 each", n, m)
 	}
 }
+
+// TestSlowBodyEndKeepsTheStream: a Connect stream whose end-of-stream
+// message has passed is whole, however late the body's own end follows
+// (a loaded host delays envd's last chunk): the client reads it to a
+// clean end, not a cut connection.
+func TestSlowBodyEndKeepsTheStream(t *testing.T) {
+	data := []byte(`{"event":{"data":{"stdout":"aGk="}}}`)
+	end := []byte(`{}`)
+	body := append(append([]byte{0, 0, 0, 0, byte(len(data))}, data...), append([]byte{2, 0, 0, 0, byte(len(end))}, end...)...)
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/connect+json")
+		w.Write(body)
+		w.(http.Flusher).Flush()
+		time.Sleep(3 * drainWait)
+	}))
+	defer backend.Close()
+	_, port, _ := net.SplitHostPort(backend.Listener.Addr().String())
+	front := httptest.NewServer(New(resolver{"sb1": netip.MustParseAddr("127.0.0.1")}, nil, nil))
+	defer front.Close()
+	for i := range 2 {
+		req, _ := http.NewRequest("POST", front.URL+"/process.Process/Start", nil)
+		req.Host = port + "-sb1.localhost"
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || !bytes.Equal(got, body) {
+			t.Fatalf("stream %d: %q, %v; want the whole stream and a clean end", i, got, err)
+		}
+	}
+}
