@@ -54,7 +54,7 @@ func startServerWith(t *testing.T, mod func(*server.Config)) (url, key, dataDir 
 		RunscPath:      runsc,
 		EnvdPath:       filepath.Join(binDir, "envd"),
 		BaseRootFS:     base,
-		SandboxCIDR:    "10.237.0.0/16",
+		SandboxCIDR:    "10.230.0.0/16",
 		NetnsTag:       "bldt",
 		NetnsPoolSize:  1,
 		WarmPoolMemory: -1,

@@ -134,7 +134,7 @@ func TestOpenAPIConformance(t *testing.T) {
 		}
 	}
 	url, key, _ := startServerWith(t, func(c *server.Config) {
-		c.SandboxCIDR, c.NetnsTag = "10.233.0.0/16", "oapi"
+		c.SandboxCIDR, c.NetnsTag = "10.229.0.0/16", "oapi"
 	})
 	d := &driver{t: t, url: url, key: key, spec: spec, seen: map[string]bool{}}
 	d.run()

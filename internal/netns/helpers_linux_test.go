@@ -29,14 +29,14 @@ var testSeq atomic.Int32
 
 // testConfig returns a config of its own for each call: a fresh run
 // directory, a tag no other test's tag starts with ("nt" + two letters) and
-// a /24 of 10.236.0.0/16, so that tests (and a real aenv on this host) do
+// a /24 of 10.220.0.0/16, so that tests (and a real aenv on this host) do
 // not see each other's slots.
 func testConfig(t testing.TB, poolSize int) Config {
 	n := int(testSeq.Add(1)) + 26*(os.Getpid()%26)
 	tag := fmt.Sprintf("nt%c%c", 'a'+(n/26)%26, 'a'+n%26)
 	return Config{
 		RunDir:   t.TempDir() + "/netns",
-		Prefix:   netip.MustParsePrefix(fmt.Sprintf("10.236.%d.0/24", n%256)),
+		Prefix:   netip.MustParsePrefix(fmt.Sprintf("10.220.%d.0/24", n%256)),
 		Tag:      tag,
 		PoolSize: poolSize,
 	}

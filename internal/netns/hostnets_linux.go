@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -20,21 +21,52 @@ import (
 // cover when the host sits on public or unusual addresses. Interfaces
 // and routes of network slots (names starting with tag) are left out.
 func DetectHostNetworks(tag string) ([]netip.Prefix, error) {
+	nets, err := hostNets(tag)
+	if err != nil {
+		return nil, err
+	}
+	var out []netip.Prefix
+	for _, n := range nets {
+		if !slices.Contains(out, n.prefix) {
+			out = append(out, n.prefix)
+		}
+	}
+	slices.SortFunc(out, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
+	return out, nil
+}
+
+// hostNet is a network the host is on, and the interface it is on.
+type hostNet struct {
+	prefix netip.Prefix
+	link   string
+}
+
+// hostNets lists the masked IPv4 prefixes of the host's addresses and
+// routes (the default route, loopback and local or broadcast routes
+// aside), leaving out those on interfaces whose names start with tag.
+func hostNets(tag string) ([]hostNet, error) {
 	links, err := linkList()
 	if err != nil {
 		return nil, fmt.Errorf("listing interfaces: %w", err)
 	}
 	skip := map[int]bool{}
+	names := map[int]string{}
 	for _, l := range links {
 		a := l.Attrs()
+		names[a.Index] = a.Name
 		if a.Flags&unix.IFF_LOOPBACK != 0 || (tag != "" && strings.HasPrefix(a.Name, tag)) {
 			skip[a.Index] = true
 		}
 	}
-	var out []netip.Prefix
-	add := func(p netip.Prefix) {
-		if p.Addr().Is4() && p.Bits() > 0 && !slices.Contains(out, p.Masked()) {
-			out = append(out, p.Masked())
+	var out []hostNet
+	add := func(ip net.IP, bits, link int) {
+		a, ok := netip.AddrFromSlice(ip)
+		if !ok || skip[link] {
+			return
+		}
+		p := netip.PrefixFrom(a.Unmap(), bits)
+		if p.Addr().Is4() && p.Bits() > 0 {
+			out = append(out, hostNet{prefix: p.Masked(), link: names[link]})
 		}
 	}
 	addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
@@ -42,12 +74,9 @@ func DetectHostNetworks(tag string) ([]netip.Prefix, error) {
 		return nil, fmt.Errorf("listing addresses: %w", err)
 	}
 	for _, a := range addrs {
-		if skip[a.LinkIndex] || a.IPNet == nil {
-			continue
-		}
-		if ip, ok := netip.AddrFromSlice(a.IP); ok {
+		if a.IPNet != nil {
 			bits, _ := a.Mask.Size()
-			add(netip.PrefixFrom(ip.Unmap(), bits))
+			add(a.IP, bits, a.LinkIndex)
 		}
 	}
 	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
@@ -55,16 +84,34 @@ func DetectHostNetworks(tag string) ([]netip.Prefix, error) {
 		return nil, fmt.Errorf("listing routes: %w", err)
 	}
 	for _, r := range routes {
-		if skip[r.LinkIndex] || r.Dst == nil || r.Type == unix.RTN_LOCAL || r.Type == unix.RTN_BROADCAST {
-			continue
-		}
-		if ip, ok := netip.AddrFromSlice(r.Dst.IP); ok {
+		if r.Dst != nil && r.Type != unix.RTN_LOCAL && r.Type != unix.RTN_BROADCAST {
 			bits, _ := r.Dst.Mask.Size()
-			add(netip.PrefixFrom(ip.Unmap(), bits))
+			add(r.Dst.IP, bits, r.LinkIndex)
 		}
 	}
-	slices.SortFunc(out, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
 	return out, nil
+}
+
+// checkPrefixFree fails with ErrPrefixInUse when a network of the host
+// that is not one of cfg's slots lies within cfg.Prefix: another
+// manager's slots (another aenv server given the same range) or a network
+// of the host's. Its routes would be as specific as the slots' own, so
+// that some sandboxes' traffic would reach the other network's hosts: they
+// would answer (or not) for envd, which looks like a sandbox that never
+// starts. A wider network around the prefix (a VPC's 10.0.0.0/8) is no
+// conflict: the slots' /30 routes win over it.
+func checkPrefixFree(cfg Config) error {
+	nets, err := hostNets(cfg.Tag)
+	if err != nil {
+		return fmt.Errorf("checking that %s is free: %w", cfg.Prefix, err)
+	}
+	for _, n := range nets {
+		if n.prefix.Bits() >= cfg.Prefix.Bits() && cfg.Prefix.Contains(n.prefix.Addr()) {
+			return fmt.Errorf("%w: %s is on interface %s (another aenv server's sandboxes, or a network of this host's); give each server a range of its own (--sandbox-cidr)",
+				ErrPrefixInUse, n.prefix, n.link)
+		}
+	}
+	return nil
 }
 
 // WatchHostNetworks calls fn with the host's networks (DetectHostNetworks)

@@ -92,6 +92,9 @@ func newManager(ctx context.Context, cfg Config, fill bool) (*Manager, error) {
 	if err != nil {
 		return fail(err)
 	}
+	if err := checkPrefixFree(cfg); err != nil {
+		return fail(err)
+	}
 	m.leftovers = map[string]*Slot{}
 	for _, s := range kept {
 		m.used[s.Index] = true

@@ -121,6 +121,9 @@ var (
 	// ErrNotHeld: the slot was not acquired from this Manager, or was
 	// already released.
 	ErrNotHeld = errors.New("slot not held by this manager")
+	// ErrPrefixInUse: a network of the host (another manager's slots,
+	// or an interface's) lies within Config.Prefix.
+	ErrPrefixInUse = errors.New("sandbox address range in use on this host")
 	// ErrUnsupported: network slots need Linux.
 	ErrUnsupported = errors.New("network slots are only supported on linux")
 )
@@ -132,7 +135,7 @@ type Config struct {
 	RunDir string
 	// Prefix is the IPv4 range cut into one /30 per slot (host side .1,
 	// router side .2 of each). It must not be used by anything else on the
-	// host.
+	// host: NewManager refuses one that is (ErrPrefixInUse).
 	Prefix netip.Prefix
 	// Tag names the nftables tables (host and router) and prefixes the
 	// host-side interface names (Tag + slot index). Lower-case letters only,

@@ -50,12 +50,15 @@ func startServerWith(t testing.TB, adjust func(*Config)) (*Server, *client.Clien
 		level = slog.LevelDebug
 	}
 	cfg := Config{Config: agent.Config{
-		Listen:        "127.0.0.1:0",
-		DataDir:       filepath.Join(dir, "data"),
-		RunDir:        filepath.Join(dir, "run"),
-		RunscPath:     runsc,
-		EnvdPath:      filepath.Join(binDir, "envd"),
-		BaseRootFS:    base,
+		Listen:     "127.0.0.1:0",
+		DataDir:    filepath.Join(dir, "data"),
+		RunDir:     filepath.Join(dir, "run"),
+		RunscPath:  runsc,
+		EnvdPath:   filepath.Join(binDir, "envd"),
+		BaseRootFS: base,
+		// 10.232-10.238 are this package's alone among the Go tests
+		// (two packages run at once): a range two servers share makes
+		// sandboxes unreachable, which netns now refuses at start.
 		SandboxCIDR:   fmt.Sprintf("10.23%d.0.0/16", 2+n%7),
 		NetnsTag:      "srvt" + string(rune('a'+n%26)),
 		NetnsPoolSize: 2,
