@@ -97,10 +97,11 @@ type Options struct {
 	Progress io.Writer
 
 	// settle is the pause before each memory reading (default
-	// memorySettle) and cgroupRoot the memory cgroup hierarchy (default
-	// /sys/fs/cgroup/memory); tests shorten and move them.
-	settle     time.Duration
-	cgroupRoot string
+	// memorySettle), cgroupRoot the memory cgroup hierarchy (default
+	// /sys/fs/cgroup/memory) and procRoot /proc; tests shorten and move
+	// them.
+	settle               time.Duration
+	cgroupRoot, procRoot string
 }
 
 func (o Options) withDefaults() Options {
@@ -134,6 +135,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.cgroupRoot == "" {
 		o.cgroupRoot = cgroupRoot
+	}
+	if o.procRoot == "" {
+		o.procRoot = procRoot
 	}
 	return o
 }

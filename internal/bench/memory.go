@@ -64,8 +64,9 @@ const (
 )
 
 // sampleMemory reads the host's memory and the cgroups of ids under
-// parent.
-func sampleMemory(root, parent string, ids []string) (MemorySample, error) {
+// parent, in the memory hierarchy root; proc is /proc (see
+// hostnameCgroups).
+func sampleMemory(root, parent, proc string, ids []string) (MemorySample, error) {
 	f, err := os.Open(meminfoPath)
 	if err != nil {
 		return MemorySample{}, fmt.Errorf("reading host memory: %w", err)
@@ -76,8 +77,17 @@ func sampleMemory(root, parent string, ids []string) (MemorySample, error) {
 		return MemorySample{}, fmt.Errorf("reading host memory: %w", err)
 	}
 	s := MemorySample{AvailableBytes: info["MemAvailable"], ShmemBytes: info["Shmem"]}
+	var byHost map[string]string
 	for _, id := range ids {
 		b, err := cgroupMemory(root, parent, id)
+		if errors.Is(err, fs.ErrNotExist) {
+			if byHost == nil {
+				byHost = hostnameCgroups(filepath.Join(root, parent), proc)
+			}
+			if name, ok := byHost[id]; ok {
+				b, err = cgroupMemory(root, parent, name)
+			}
+		}
 		if errors.Is(err, fs.ErrNotExist) {
 			continue
 		}
@@ -88,6 +98,70 @@ func sampleMemory(root, parent string, ids []string) (MemorySample, error) {
 		s.Cgroups++
 	}
 	return s, nil
+}
+
+// hostnameCgroups maps the host names of the sandboxes whose cgroups are
+// in dir to those cgroups' names. A sandbox restored into a prepared one
+// (a resume, a fork's child) runs, and has its cgroup, under the prepared
+// one's runtime name, which no API tells; its host name is its id. The
+// sandbox process (runsc boot --bundle=DIR) is in the cgroup, and its
+// bundle holds the guest's hosts file, which the driver rewrites with
+// the restored sandbox's host name (the spec keeps the prepared one's).
+// What cannot be read (a process that exited meanwhile) is left out.
+func hostnameCgroups(dir, proc string) map[string]string {
+	out := map[string]string{}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return out
+	}
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		pids, err := os.ReadFile(filepath.Join(dir, e.Name(), "cgroup.procs"))
+		if err != nil {
+			continue
+		}
+		for _, pid := range strings.Fields(string(pids)) {
+			if h := bundleHostname(proc, pid); h != "" {
+				out[h] = e.Name()
+				break
+			}
+		}
+	}
+	return out
+}
+
+// bundleHostname is the host name (the name of 127.0.1.1) in the hosts
+// file of the bundle that process pid's command line names
+// (--bundle=DIR or --bundle DIR), if any.
+func bundleHostname(proc, pid string) string {
+	b, err := os.ReadFile(filepath.Join(proc, pid, "cmdline"))
+	if err != nil {
+		return ""
+	}
+	args := splitCmdline(b)
+	bundle := ""
+	for i, a := range args {
+		if v, ok := strings.CutPrefix(a, "--bundle="); ok {
+			bundle = v
+		} else if a == "--bundle" && i+1 < len(args) {
+			bundle = args[i+1]
+		}
+	}
+	if bundle == "" {
+		return ""
+	}
+	hosts, err := os.ReadFile(filepath.Join(bundle, "hosts"))
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(hosts), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "127.0.1.1" {
+			return f[1]
+		}
+	}
+	return ""
 }
 
 // parseMeminfo reads /proc/meminfo's "Key: value kB" lines into bytes

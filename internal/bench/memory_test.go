@@ -48,12 +48,45 @@ func TestCgroupMemory(t *testing.T) {
 	if runtime.GOOS != "linux" {
 		return
 	}
-	s, err := sampleMemory(root, "tag", []string{"sb1", "sb2"})
+	s, err := sampleMemory(root, "tag", t.TempDir(), []string{"sb1", "sb2"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if s.Cgroups != 1 || s.CgroupBytes != 4096 || s.AvailableBytes <= 0 {
 		t.Errorf("sampleMemory = %+v, want one cgroup of 4096 bytes and MemAvailable", s)
+	}
+}
+
+// TestSampleMemoryFindsPrepared: a sandbox restored into a prepared one,
+// whose cgroup bears that one's name, is found by the host name in its
+// sandbox process's bundle (gvisor.WriteBundleFiles' hosts file).
+func TestSampleMemoryFindsPrepared(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("reads /proc/meminfo")
+	}
+	root, proc, bundle := t.TempDir(), t.TempDir(), t.TempDir()
+	write := func(path, content string) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(filepath.Join(root, "tag", "prep1", "memory.usage_in_bytes"), "8192\n")
+	write(filepath.Join(root, "tag", "prep1", "cgroup.procs"), "41\n42\n")
+	write(filepath.Join(proc, "42", "cmdline"), "runsc-sandbox\x00--root=/r\x00boot\x00--bundle="+bundle+"\x00prep1\x00")
+	write(filepath.Join(bundle, "hosts"), "127.0.0.1\tlocalhost\n127.0.1.1\tsb1\n")
+	// An unprepared one (by its own id) and one with no cgroup at all.
+	write(filepath.Join(root, "tag", "sb2", "memory.usage_in_bytes"), "4096\n")
+
+	s, err := sampleMemory(root, "tag", proc, []string{"sb1", "sb2", "sb3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Cgroups != 2 || s.CgroupBytes != 8192+4096 {
+		t.Errorf("sampleMemory = %+v, want sb1's cgroup (prep1, 8192 bytes) and sb2's (4096)", s)
 	}
 }
 

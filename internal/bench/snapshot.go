@@ -479,7 +479,7 @@ func measurePauseMemory(ctx context.Context, p *progress, opts Options) (res Mem
 			return MemorySample{}, ctx.Err()
 		case <-time.After(opts.settle):
 		}
-		return sampleMemory(opts.cgroupRoot, opts.CgroupParent, ids)
+		return sampleMemory(opts.cgroupRoot, opts.CgroupParent, opts.procRoot, ids)
 	}
 	if res.Running, err = read(); err != nil {
 		return res, fmt.Errorf("memory: %w", err)
