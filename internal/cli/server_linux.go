@@ -226,7 +226,7 @@ func hostFlags(f *pflag.FlagSet, cfg *agent.Config, hs *hostStrings, logLevel *s
 	f.StringVar(&cfg.EnvdPath, "envd", "", "static envd binary (default: beside aenv, then PATH)")
 	f.StringVar(&cfg.BaseRootFS, "base-rootfs", os.Getenv("AENV_BASE_ROOTFS"), "prebuilt root filesystem for the base template (env AENV_BASE_ROOTFS)")
 	f.StringVar(&cfg.CodeInterpreterRootFS, "code-interpreter-rootfs", os.Getenv("AENV_CODE_INTERPRETER_ROOTFS"), "root filesystem of the code-interpreter template (aenv template build-code-interpreter; env AENV_CODE_INTERPRETER_ROOTFS): serves @e2b/code-interpreter's default template, its sandboxes prestarted in the warm pool")
-	f.StringVar(&cfg.SandboxCIDR, "sandbox-cidr", "10.231.0.0/16", "IPv4 range cut into one /30 per sandbox for host-side addresses")
+	f.StringVar(&cfg.SandboxCIDR, "sandbox-cidr", "10.231.0.0/16", "IPv4 range cut into one /30 per sandbox for host-side addresses; each server on a host needs its own (a server refuses one inside which the host already has a network)")
 	f.IntVar(&cfg.NetnsPoolSize, "netns-pool", 8, "network namespaces kept ready for new sandboxes")
 	f.StringVar(&cfg.StoreURL, "store", os.Getenv("AENV_STORE"), "durable snapshot store: /shared/path, file:///path or s3://bucket/prefix?endpoint=URL&region=R&path_style=true (env AENV_STORE; default: the data dir only)")
 	f.StringVar(&cfg.StoreAccessKey, "store-access-key", "", "S3 access key (default: AWS_ACCESS_KEY_ID and the AWS default chain)")
