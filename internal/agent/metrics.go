@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"slices"
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -66,18 +65,12 @@ func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	wp := c.n.WarmPool()
 	ch <- prometheus.MustNewConstMetric(c.budget, prometheus.GaugeValue, float64(wp.BudgetBytes))
-	// Prepared sandboxes are kept per size, and counted per template.
-	var prepared []node.PoolStatus
-	for _, k := range wp.Keys {
+	for _, k := range wp.PerTemplate() {
 		if k.Key.Restores {
-			i := slices.IndexFunc(prepared, func(p node.PoolStatus) bool { return p.Key.TemplateID == k.Key.TemplateID })
-			if i < 0 {
-				prepared = append(prepared, node.PoolStatus{Key: node.PoolKey{TemplateID: k.Key.TemplateID}})
-				i = len(prepared) - 1
+			ch <- prometheus.MustNewConstMetric(c.prepared, prometheus.GaugeValue, float64(k.Ready), k.Key.TemplateID)
+			for warm, count := range map[bool]uint64{true: k.Served.Warm, false: k.Served.Cold} {
+				ch <- prometheus.MustNewConstMetric(c.restores, prometheus.CounterValue, float64(count), k.Key.TemplateID, strconv.FormatBool(warm))
 			}
-			prepared[i].Ready += k.Ready
-			prepared[i].Served.Warm += k.Served.Warm
-			prepared[i].Served.Cold += k.Served.Cold
 			continue
 		}
 		l := []string{k.Key.TemplateID, k.Key.SnapshotID}
@@ -86,12 +79,6 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.memory, prometheus.GaugeValue, float64(k.MemoryBytes), l...)
 		for warm, count := range map[bool]uint64{true: k.Served.Warm, false: k.Served.Cold} {
 			ch <- prometheus.MustNewConstMetric(c.creates, prometheus.CounterValue, float64(count), append(l, strconv.FormatBool(warm))...)
-		}
-	}
-	for _, k := range prepared {
-		ch <- prometheus.MustNewConstMetric(c.prepared, prometheus.GaugeValue, float64(k.Ready), k.Key.TemplateID)
-		for warm, count := range map[bool]uint64{true: k.Served.Warm, false: k.Served.Cold} {
-			ch <- prometheus.MustNewConstMetric(c.restores, prometheus.CounterValue, float64(count), k.Key.TemplateID, strconv.FormatBool(warm))
 		}
 	}
 }

@@ -674,6 +674,28 @@ type WarmPool struct {
 	Keys        []PoolStatus
 }
 
+// PerTemplate is w's keys, in order, with the prepared sandboxes kept per
+// size merged into one key per template (Shape zero, the counts summed):
+// what the node reports to the cluster and in its metrics, which know
+// templates, not sizes.
+func (w WarmPool) PerTemplate() []PoolStatus {
+	var out []PoolStatus
+	for _, k := range w.Keys {
+		if k.Key.Restores {
+			if i := slices.IndexFunc(out, func(o PoolStatus) bool { return o.Key.Restores && o.Key.TemplateID == k.Key.TemplateID }); i >= 0 {
+				o := &out[i]
+				o.Ready, o.Target, o.Peak = o.Ready+k.Ready, o.Target+k.Target, o.Peak+k.Peak
+				o.MemoryBytes += k.MemoryBytes
+				o.Served.Warm, o.Served.Cold = o.Served.Warm+k.Served.Warm, o.Served.Cold+k.Served.Cold
+				continue
+			}
+			k.Key.Shape = Shape{}
+		}
+		out = append(out, k)
+	}
+	return out
+}
+
 // WarmPool describes the warm pool, its keys in order.
 func (n *Node) WarmPool() WarmPool {
 	p := n.pool

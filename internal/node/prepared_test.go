@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -276,5 +277,26 @@ func TestPreparedPerSize(t *testing.T) {
 	}
 	if got.CPUCount != 2 || got.MemoryMB != 512 {
 		t.Fatalf("the resumed sandbox reports %d CPUs and %d MiB, want 2 and 512", got.CPUCount, got.MemoryMB)
+	}
+}
+
+// TestPoolPerTemplate: prepared sandboxes kept per size are reported as
+// one key per template, summed; other keys stay as they are, in order.
+func TestPoolPerTemplate(t *testing.T) {
+	own := PoolKey{TemplateID: "a", Restores: true}
+	sized := PoolKey{TemplateID: "a", Restores: true, Shape: Shape{CPUCount: 2, MemoryMB: 512}}
+	w := WarmPool{Keys: []PoolStatus{
+		{Key: PoolKey{TemplateID: "a"}, Ready: 2, Target: 2},
+		{Key: sized, Ready: 1, Target: 2, Served: PoolCounts{Warm: 3, Cold: 1}},
+		{Key: PoolKey{TemplateID: "b", Restores: true}, Ready: 1, Target: 1},
+		{Key: own, Ready: 1, Target: 1, Served: PoolCounts{Warm: 5}},
+	}}
+	want := []PoolStatus{
+		{Key: PoolKey{TemplateID: "a"}, Ready: 2, Target: 2},
+		{Key: own, Ready: 2, Target: 3, Served: PoolCounts{Warm: 8, Cold: 1}},
+		{Key: PoolKey{TemplateID: "b", Restores: true}, Ready: 1, Target: 1},
+	}
+	if got := w.PerTemplate(); !slices.Equal(got, want) {
+		t.Fatalf("PerTemplate =\n%+v\nwant\n%+v", got, want)
 	}
 }

@@ -10,7 +10,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
@@ -136,16 +135,8 @@ func (l *Local) Info(ctx context.Context, _ *nodev1.InfoRequest) (*nodev1.NodeIn
 		HostMemoryMb:     int32(st.HostMemoryMB),
 		Images:           l.n.RootImages(),
 	}
-	for _, k := range l.n.WarmPool().Keys {
+	for _, k := range l.n.WarmPool().PerTemplate() {
 		if k.Ready == 0 && k.Target == 0 {
-			continue
-		}
-		// Prepared sandboxes are kept per size, and reported per template.
-		if i := slices.IndexFunc(info.Pool, func(e *nodev1.PoolEntry) bool {
-			return k.Key.Restores && e.Prepared && e.TemplateId == k.Key.TemplateID
-		}); i >= 0 {
-			info.Pool[i].Ready += int32(k.Ready)
-			info.Pool[i].Target += int32(k.Target)
 			continue
 		}
 		info.Pool = append(info.Pool, &nodev1.PoolEntry{TemplateId: k.Key.TemplateID, SnapshotId: k.Key.SnapshotID,
