@@ -191,11 +191,7 @@ func TestKill9MidPause(t *testing.T) {
 		t.Fatalf("a pause snapshot of the sandbox that runs on was left: %v", paused)
 	}
 	c2.Kill(ctx, sb.SandboxID)
-	deadline = time.Now().Add(10 * time.Second)
-	for sandboxProcs(sb.SandboxID) != 0 && time.Now().Before(deadline) {
-		time.Sleep(200 * time.Millisecond)
-	}
-	if n := sandboxProcs(sb.SandboxID); n != 0 {
+	if n := procsLeft(sb.SandboxID, 10*time.Second); n != 0 {
 		t.Fatalf("%d processes of the crashed server's sandbox are still there", n)
 	}
 }

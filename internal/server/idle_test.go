@@ -53,12 +53,8 @@ func TestIdleSandboxPauses(t *testing.T) {
 	if sb, err := c.Get(ctx, quiet.SandboxID); err != nil || !sb.IdlePaused {
 		t.Fatalf("the quiet sandbox's description: %+v, %v; want idlePaused", sb, err)
 	}
-	if n := sandboxProcs(quiet.SandboxID); n != 0 {
-		// The release after a pause is in the background: give it a moment.
-		time.Sleep(2 * time.Second)
-		if n := sandboxProcs(quiet.SandboxID); n != 0 {
-			t.Fatalf("the idle-paused sandbox still has %d host processes", n)
-		}
+	if n := procsLeft(quiet.SandboxID, 10*time.Second); n != 0 {
+		t.Fatalf("the idle-paused sandbox still has %d host processes", n)
 	}
 
 	if out := runOut(t, c, quiet.SandboxID, "kill -0 "+pid+" && echo alive"); !strings.Contains(out, "alive") {

@@ -170,7 +170,7 @@ func restartSuite(t *testing.T, extra []string, templateID string) {
 		t.Fatalf("the envd process %s did not survive: %q", sleeper, out)
 	}
 	waitGone(t, c, short.SandboxID, 10*time.Second)
-	if n := sandboxProcs(short.SandboxID); n != 0 {
+	if n := procsLeft(short.SandboxID, 10*time.Second); n != 0 {
 		t.Errorf("%d processes of the timed-out sandbox remain", n)
 	}
 
@@ -214,11 +214,7 @@ func restartSuite(t *testing.T, extra []string, templateID string) {
 	if _, err := c.Get(ctx, paused.SandboxID); !isStatus(err, 404) {
 		t.Fatalf("a sandbox without a record: %v, want 404", err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for sandboxProcs(paused.SandboxID) != 0 && time.Now().Before(deadline) {
-		time.Sleep(200 * time.Millisecond)
-	}
-	if n := sandboxProcs(paused.SandboxID); n != 0 {
+	if n := procsLeft(paused.SandboxID, 10*time.Second); n != 0 {
 		t.Fatalf("a sandbox without a record still has %d processes", n)
 	}
 	list, err := c.List(ctx)
@@ -240,7 +236,7 @@ func waitGone(t *testing.T, c *client.Client, id string, limit time.Duration) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("sandbox %s still there %s after its deadline passed: %v", id, limit, err)
+			t.Fatalf("sandbox %s still answers after %s: %v", id, limit, err)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

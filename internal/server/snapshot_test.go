@@ -68,6 +68,21 @@ func sandboxProcs(id string) int {
 	return n
 }
 
+// procsLeft waits up to within for sandbox id's host processes to leave
+// and answers how many are left. A pause answers once the state is saved
+// and a kill once the record is gone; what ran the sandbox is released in
+// the background right after, later on a loaded host.
+func procsLeft(id string, within time.Duration) int {
+	deadline := time.Now().Add(within)
+	for {
+		n := sandboxProcs(id)
+		if n == 0 || time.Now().After(deadline) {
+			return n
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 func TestPauseResume(t *testing.T) {
 	srv, c, url := startServer(t)
 	ctx := context.Background()
@@ -83,13 +98,8 @@ func TestPauseResume(t *testing.T) {
 	if status, body := rawRequest(t, srv, "POST", url+"/sandboxes/"+id+"/pause", ""); status != 204 {
 		t.Fatalf("pause: %d %v", status, body)
 	}
-	// The pause answers once the state is saved; what ran it is released
-	// right after.
-	released := time.Now().Add(5 * time.Second)
-	for sandboxProcs(id) != 0 && time.Now().Before(released) {
-		time.Sleep(20 * time.Millisecond)
-	}
-	if n := sandboxProcs(id); n != 0 {
+	released := time.Now().Add(10 * time.Second)
+	if n := procsLeft(id, 10*time.Second); n != 0 {
 		t.Fatalf("%d host processes still run paused sandbox %s", n, id)
 	}
 	for time.Now().Before(released) {
@@ -314,7 +324,7 @@ func TestAutoPauseOnTimeout(t *testing.T) {
 			t.Fatalf("autoPause sandbox vanished at its timeout: %v", err)
 		}
 		if got.State == "paused" {
-			if n := sandboxProcs(sb.SandboxID); n != 0 {
+			if n := procsLeft(sb.SandboxID, 10*time.Second); n != 0 {
 				t.Fatalf("paused sandbox still has %d processes", n)
 			}
 			return

@@ -274,23 +274,36 @@ func (e *Etcd) AddMember(ctx context.Context, name string, peerURLs []string) (s
 	return strings.Join(parts, ","), nil
 }
 
-// addLearner adds a learner at peerURLs. etcd refuses to change its
-// membership until every voter has been connected to the leader for a
-// few seconds (it would not risk the quorum on a member just promoted),
-// so a member added right after another waits for that.
+// addLearner adds a learner at peerURLs, waiting out etcd's refusal
+// while the voters are settling (see whileSettling).
 func (e *Etcd) addLearner(ctx context.Context, peerURLs []string) (*clientv3.MemberAddResponse, error) {
+	var resp *clientv3.MemberAddResponse
+	err := e.whileSettling(ctx, func(cctx context.Context) (err error) {
+		resp, err = e.client.MemberAddAsLearner(cctx, peerURLs)
+		return err
+	})
+	return resp, err
+}
+
+// whileSettling runs a membership change until etcd stops refusing it as
+// unhealthy, for at most a minute. etcd refuses to change its membership
+// until enough voters have been connected to the leader for a few seconds
+// (it would not risk the quorum on a member just promoted or restarted),
+// so a member added right after another, or removed right after one
+// restarted, waits for that instead of failing.
+func (e *Etcd) whileSettling(ctx context.Context, change func(context.Context) error) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	for {
 		cctx, ccancel := context.WithTimeout(ctx, e.cfg.OpTimeout)
-		resp, err := e.client.MemberAddAsLearner(cctx, peerURLs)
+		err := change(cctx)
 		ccancel()
 		if !errors.Is(err, rpctypes.ErrUnhealthy) {
-			return resp, err
+			return err
 		}
 		select {
 		case <-ctx.Done():
-			return nil, err
+			return err
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
@@ -311,9 +324,11 @@ func (e *Etcd) RemoveMember(ctx context.Context, name string) error {
 	if len(members) == 1 {
 		return fmt.Errorf("%s: %w", op, ErrLastMember)
 	}
-	cctx, cancel := context.WithTimeout(ctx, e.cfg.OpTimeout)
-	defer cancel()
-	if _, err := e.client.MemberRemove(cctx, members[i].ID); err != nil {
+	err = e.whileSettling(ctx, func(cctx context.Context) error {
+		_, err := e.client.MemberRemove(cctx, members[i].ID)
+		return err
+	})
+	if err != nil {
 		return e.wrap(op, err)
 	}
 	e.log.Info("etcd member removed", "member", name, "member_id", fmt.Sprintf("%x", members[i].ID))
