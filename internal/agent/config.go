@@ -8,6 +8,7 @@ import (
 
 	"github.com/aenvhq/aenv/internal/membership"
 	"github.com/aenvhq/aenv/internal/node"
+	"github.com/aenvhq/aenv/internal/runtime/gvisor"
 )
 
 // Config is what runs sandboxes on this host can be told: the node agent
@@ -51,6 +52,9 @@ type Config struct {
 	// StoreAccessKey and StoreSecretKey are S3 credentials; empty uses the
 	// AWS defaults (AWS_ACCESS_KEY_ID, ...).
 	StoreAccessKey, StoreSecretKey string
+	// FastPath says whether runsc's systrap platform spins for syscalls
+	// (gvisor.FastPath; empty: auto, off on hosts of few CPUs).
+	FastPath gvisor.FastPath
 	// WarmPoolMemory is the host memory in bytes the warm pool's
 	// prestarted sandboxes may take (what they use): each template's
 	// (and user snapshot's) pool is sized to its recent peak burst of

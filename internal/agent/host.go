@@ -384,6 +384,7 @@ func gvisorConfig(cfg Config, log *slog.Logger) gvisor.Config {
 		// One cgroup parent per server instance, named like its network
 		// tag, so that servers sharing a host stay apart.
 		CgroupParent: "/" + cfg.NetnsTag,
+		FastPath:     cfg.FastPath,
 		Logger:       log,
 	}
 }

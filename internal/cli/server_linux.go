@@ -18,6 +18,7 @@ import (
 	"github.com/aenvhq/aenv/internal/capacity"
 	"github.com/aenvhq/aenv/internal/cluster"
 	"github.com/aenvhq/aenv/internal/node"
+	"github.com/aenvhq/aenv/internal/runtime/gvisor"
 	"github.com/aenvhq/aenv/internal/server"
 )
 
@@ -210,6 +211,8 @@ type hostStrings struct {
 	imageCacheSize   string
 	volumeSize       string
 	warmPoolMemory   string
+	// fastPath is --systrap-fast-path.
+	fastPath string
 	// endedHistoryBytes and endedHistoryTeamBytes are sizes.
 	endedHistoryBytes, endedHistoryTeamBytes string
 	// storeSecretKeyFile holds the S3 secret key.
@@ -233,6 +236,7 @@ func hostFlags(f *pflag.FlagSet, cfg *agent.Config, hs *hostStrings, logLevel *s
 	f.StringVar(&hs.storeSecretKeyFile, "store-secret-key-file", "", "file holding the S3 secret key (default: AWS_SECRET_ACCESS_KEY and the AWS default chain)")
 	secretFlag(f, "store-secret-key")
 	f.StringVar(&hs.warmPoolMemory, "warm-pool-memory", "", "host memory the warm pool's prestarted sandboxes may take, by what they use (bytes, or with K, M, G, T; default: 5% of --capacity-memory, at most 1G; 0 disables the pool): each template's (and snapshot's) pool is sized to its largest burst of creates within 10 s over the last 5 minutes, refilled one boot at a time while the host is idle, and shrunk under memory pressure")
+	f.StringVar(&hs.fastPath, "systrap-fast-path", string(gvisor.FastPathAuto), fmt.Sprintf("whether gVisor's systrap platform spins, rather than sleeps, waiting on a sandbox's syscalls: on cuts a syscall's latency where cores are idle, off keeps bursts of creates from queueing behind spinning threads on small hosts; auto is off below %d CPUs, else on", gvisor.FastPathMinCPUs))
 	f.IntVar(&cfg.WarmPoolMax, "warm-pool-max", 0, "most sandboxes kept prestarted of any one template or snapshot, whatever its demand (0: only --warm-pool-memory bounds it)")
 	f.IntVar(&cfg.MaxBoots, "max-boots", 0, "sandboxes booting or restoring at once; later ones wait their turn, since boots are CPU-bound and a burst started all at once is all late (0: two per CPU of --capacity-cpu; negative: no bound)")
 	f.IntVar(&cfg.WarmPoolFloor, "warm-pool", 1, "base (and code-interpreter) sandboxes kept prestarted even without recent creates, and as many prepared for their resumes and forks (their processes started, no state loaded), within --warm-pool-memory (the pool grows past it with demand; 0: no floor)")
@@ -280,6 +284,11 @@ func hostSettings(cfg *agent.Config, hs hostStrings, logLevel string) error {
 		}
 		cfg.DNSServers = append(cfg.DNSServers, a)
 	}
+	fp, err := gvisor.ParseFastPath(hs.fastPath)
+	if err != nil {
+		return fmt.Errorf("--systrap-fast-path: %w", err)
+	}
+	cfg.FastPath = fp
 	if hs.imageCacheSize != "" {
 		n, err := parseBytes(hs.imageCacheSize)
 		if err != nil {

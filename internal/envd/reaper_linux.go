@@ -31,9 +31,12 @@ func startReaper(ctx context.Context, all bool, log *slog.Logger) (*reaper, erro
 	signal.Notify(sigs, syscall.SIGCHLD)
 	go func() {
 		defer signal.Stop(sigs)
-		// SIGCHLDs coalesce and a full channel drops them; the ticker is
-		// a safety net so that a lost signal only delays a status.
-		tick := time.NewTicker(2 * time.Second)
+		// SIGCHLDs coalesce and a full channel drops them, but a signal
+		// that comes while reap runs waits in the channel for the next
+		// round, so none is lost; the ticker is a safety net only. It is
+		// slow because every tick wakes the sandbox: an idle sandbox's
+		// wake-ups are its host CPU cost.
+		tick := time.NewTicker(time.Minute)
 		defer tick.Stop()
 		for {
 			select {

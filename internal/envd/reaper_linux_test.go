@@ -1,6 +1,7 @@
 package envd_test
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -12,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/aenvhq/aenv/internal/envd"
+	"github.com/aenvhq/aenv/internal/envd/spec/process"
 )
 
 // TestReapsOrphans checks that with ReapAll (envd as PID 1) an orphan
@@ -77,4 +79,35 @@ func procState(pid int) string {
 		return "?"
 	}
 	return s[i+2 : i+3]
+}
+
+// TestManyExitsAtOnce: processes that end together each get their exit
+// status at once, though their SIGCHLDs coalesce: the reaper's safety net
+// ticks once a minute, so a status left to it would miss the deadline.
+func TestManyExitsAtOnce(t *testing.T) {
+	e := newEnv(t)
+	const n = 40
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			cfg := &process.ProcessConfig{Cmd: "/bin/sh", Args: []string{"-c", fmt.Sprintf("sleep 0.5; exit %d", i%7)}}
+			s, err := e.proc.Start(ctx, req(e, &process.StartRequest{Process: cfg, Stdin: ptr(false)}, ""))
+			if err != nil {
+				errs <- err
+				return
+			}
+			r, err := collect(s)
+			if err == nil && (r.end == nil || r.end.GetExitCode() != int32(i%7)) {
+				err = fmt.Errorf("process %d: end %v, want exit code %d", i, r.end, i%7)
+			}
+			errs <- err
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
 }

@@ -279,7 +279,7 @@ func TestEndedHistoryLeavesTheHeap(t *testing.T) {
 		t.Fatal("the log of a sandbox that never ran here: no error")
 	}
 	// Run here again (a resume): the history goes on from where it was.
-	n.historyStarted("sb7", "team-1")
+	n.historyStarted("sb7", "team-1", time.Time{})
 	n.logEvent("sb7", "info", "sandbox restored")
 	if n.hist.ended.has("sb7") {
 		t.Fatal("a sandbox running again still has its history in the ended store")

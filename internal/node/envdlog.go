@@ -26,6 +26,15 @@ type envdCursor struct {
 	off      int64
 	events   ring[LogEntry]
 	last     time.Time
+	// from, when set, is the time before which events are not taken.
+	from time.Time
+}
+
+// skipBefore leaves out the events envd logged before t.
+func (c *envdCursor) skipBefore(t time.Time) {
+	c.mu.Lock()
+	c.from = t
+	c.mu.Unlock()
 }
 
 // keep takes back events kept of an earlier run of the sandbox here
@@ -130,7 +139,7 @@ func (c *envdCursor) scan(r io.Reader, rescan bool) int64 {
 			continue
 		}
 		e, ok := envdEvent(strings.TrimSuffix(string(line), "\n"))
-		if !ok || (rescan && !e.At.After(c.last)) {
+		if !ok || (rescan && !e.At.After(c.last)) || e.At.Before(c.from) {
 			continue
 		}
 		c.events.add(e, maxLogEntries)

@@ -186,13 +186,17 @@ func (n *Node) logEvent(id, level, msg string, kv ...string) {
 }
 
 // historyStarted marks sandbox id, of team, as running here (again, for a
-// paused sandbox restored where it ran before: its history goes on).
-func (n *Node) historyStarted(id, team string) {
+// paused sandbox restored where it ran before: its history goes on). envd's
+// events before envdFrom, when set, are left out of it.
+func (n *Node) historyStarted(id, team string, envdFrom time.Time) {
 	n.hist.mu.Lock()
 	h := n.hist.get(id)
 	h.ended, h.missing, h.team = time.Time{}, time.Time{}, team
 	h.active.restart(time.Now())
 	n.hist.mu.Unlock()
+	if !envdFrom.IsZero() {
+		h.envd.skipBefore(envdFrom)
+	}
 	n.hist.ended.remove(id)
 }
 

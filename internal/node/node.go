@@ -228,6 +228,9 @@ type Sandbox struct {
 	// cpuBase and cpuAt are the previous CPU reading, for Usage.
 	cpuBase uint64
 	cpuAt   time.Time
+	// logFrom, when set, is when its user's log starts: what envd ran
+	// before (a prestarted sandbox's warm-up) is the node's, not theirs.
+	logFrom time.Time
 }
 
 // rt is sb's name to the runtime and the root filesystem provider.
@@ -872,6 +875,7 @@ func (n *Node) activate(ctx context.Context, sb *Sandbox, tpl *template.Template
 	// The token goes in through /init rather than the sandbox's start-up
 	// environment, so that prestarted sandboxes can get theirs when taken.
 	sb.envVars = req.EnvVars
+	sb.logFrom = time.Now()
 	if err := newEnvdClient(sb.Addr, "").init(ctx, initFor(tpl, req.EnvVars, sb.EnvdAccessToken)); err != nil {
 		return fmt.Errorf("creating sandbox %s: initialising envd: %w", sb.ID, err)
 	}
@@ -943,7 +947,7 @@ func (n *Node) register(ctx context.Context, sb *Sandbox, team string) {
 	if st, err := n.cfg.Runtime.Stats(ctx, sb.rt()); err == nil {
 		sb.cpuBase = st.CPUUsageNanos
 	}
-	n.historyStarted(sb.ID, team)
+	n.historyStarted(sb.ID, team, sb.logFrom)
 	if err := n.saveRecord(sb); err != nil {
 		// The sandbox works; only a restart of this process would lose it.
 		n.log.Warn("keeping local record", "sandbox_id", sb.ID, "err", err)

@@ -250,3 +250,56 @@ func TestWarmPoolSnapshot(t *testing.T) {
 		t.Errorf("a deleted snapshot keeps %d prestarted", st.Ready)
 	}
 }
+
+// TestPrestartedSandboxWarmedUp: a prestarted base sandbox has run the
+// SDK's login shell once as the default user before it is taken (its envd
+// log says so), and the log its user sees of it starts at the create: the
+// warm-up is not in it, the user's own command is.
+func TestPrestartedSandboxWarmedUp(t *testing.T) {
+	srv, c, _ := startServer(t)
+	ctx := context.Background()
+	deadline := time.Now().Add(2 * time.Minute)
+	for poolOf(srv, "base").Ready < 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no prestarted base sandbox: %+v", srv.host.Node().WarmPool())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	warmUps := func(entries []node.LogEntry) int {
+		n := 0
+		for _, e := range entries {
+			if e.Message == "process started" && e.Fields["args"] == "-l -c true" && e.Fields["user"] == "user" {
+				n++
+			}
+		}
+		return n
+	}
+	pooled := runscSandboxes(t, srv.cfg.RunDir)
+	if len(pooled) == 0 {
+		t.Fatal("runsc runs no sandbox with the pool full")
+	}
+	for _, id := range pooled {
+		entries, err := srv.host.Node().Logs(id)
+		must(t, err)
+		if warmUps(entries) != 1 {
+			t.Fatalf("prestarted sandbox %s: envd's events %+v, want one warm-up", id, entries)
+		}
+	}
+
+	sb, err := c.Create(ctx, client.CreateOptions{Timeout: 300})
+	must(t, err)
+	defer c.Kill(ctx, sb.SandboxID)
+	if !slices.Contains(pooled, sb.SandboxID) {
+		t.Fatalf("sandbox %s was not one of the prestarted %v", sb.SandboxID, pooled)
+	}
+	runOut(t, c, sb.SandboxID, "echo mine")
+	entries, err := srv.host.Node().Logs(sb.SandboxID)
+	must(t, err)
+	mine := false
+	for _, e := range entries {
+		mine = mine || (e.Message == "process started" && e.Fields["args"] == "-l -c echo mine")
+	}
+	if n := warmUps(entries); n != 0 || !mine {
+		t.Fatalf("the user's log of sandbox %s: %+v; want its command and not the warm-up", sb.SandboxID, entries)
+	}
+}

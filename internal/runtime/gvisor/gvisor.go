@@ -36,6 +36,9 @@ type Config struct {
 	StateDir string
 	// Platform is runsc's --platform; empty means systrap.
 	Platform string
+	// FastPath says whether systrap's spinning fast path is used; empty
+	// means FastPathAuto (off on hosts of few CPUs).
+	FastPath FastPath
 	// CgroupParent is the cgroup under which each sandbox gets its own;
 	// empty means /aenv. Servers sharing a host should differ. On cgroup
 	// v2 it is under the cgroup the process was started in (its systemd
@@ -103,6 +106,9 @@ func New(cfg Config) (*Driver, error) {
 	if cfg.Platform == "" {
 		cfg.Platform = "systrap"
 	}
+	if cfg.FastPath == "" {
+		cfg.FastPath = FastPathAuto
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -135,7 +141,7 @@ func New(cfg Config) (*Driver, error) {
 			// The sandbox must not receive the signals of our process group
 			// (a Ctrl-C on the server would otherwise reach every sandbox).
 			Setpgid: true,
-			ExtraArgs: []string{
+			ExtraArgs: append([]string{
 				"--platform=" + cfg.Platform,
 				"--network=sandbox",
 				"--cpu-num-from-quota",
@@ -143,7 +149,7 @@ func New(cfg Config) (*Driver, error) {
 				// setuid binaries to elevate; root inside controls only its
 				// own sandbox.
 				"--allow-suid",
-			},
+			}, cfg.FastPath.Flags(cfg.Platform, hostCPUs())...),
 		},
 	}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -24,6 +24,12 @@ type fixture struct {
 
 func setup(t *testing.T) *fixture {
 	t.Helper()
+	return setupWith(t, "")
+}
+
+// setupWith is setup with the driver's systrap fast path set to fp.
+func setupWith(t *testing.T, fp FastPath) *fixture {
+	t.Helper()
 	testutil.RequireRoot(t)
 	runsc := testutil.RequireBinary(t, "runsc", "AENV_RUNSC")
 	rootfs := os.Getenv("AENV_BASE_ROOTFS")
@@ -32,7 +38,7 @@ func setup(t *testing.T) *fixture {
 		testutil.Unavailable(t, "AENV_BASE_ROOTFS and AENV_BIN_DIR must be set (make build base)")
 	}
 	dir := t.TempDir()
-	d, err := New(Config{RunscPath: runsc, StateDir: filepath.Join(dir, "state"), CgroupParent: "/aenvgvt"})
+	d, err := New(Config{RunscPath: runsc, StateDir: filepath.Join(dir, "state"), CgroupParent: "/aenvgvt", FastPath: fp})
 	if err != nil {
 		t.Fatal(err)
 	}

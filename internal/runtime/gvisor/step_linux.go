@@ -42,7 +42,7 @@ func (d *Driver) stepArgs(network bool, args ...string) []string {
 	if network {
 		mode = "--network=sandbox"
 	}
-	return append([]string{
+	flags := append([]string{
 		"--root", d.stepsRoot(),
 		"--platform=" + d.cfg.Platform,
 		mode,
@@ -50,7 +50,8 @@ func (d *Driver) stepArgs(network bool, args ...string) []string {
 		"--overlay2=none",
 		// nproc inside is the step's CPU quota, as in sandboxes.
 		"--cpu-num-from-quota",
-	}, args...)
+	}, d.cfg.FastPath.Flags(d.cfg.Platform, hostCPUs())...)
+	return append(flags, args...)
 }
 
 // RunStep implements runtime.Stepper: one runsc sandbox per step, run in
