@@ -125,7 +125,9 @@ func (c *chunkCache) has(hash string) bool {
 }
 
 // put stores data under hash. Failures are ignored: the cache only saves
-// time.
+// time. Room is made for the chunk before its file is written, so that
+// puts running side by side (a mount's readahead fetches several chunks
+// at once) never take the disk past the bound, even for a moment.
 func (c *chunkCache) put(hash string, data []byte) {
 	size := int64(len(data))
 	if size > c.max {
@@ -137,20 +139,20 @@ func (c *chunkCache) put(hash string, data []byte) {
 		c.mu.Unlock()
 		return
 	}
+	c.size += size
+	c.evictLocked()
 	c.mu.Unlock()
-	p := c.path(hash)
-	if err := writeFileAtomic(p, data); err != nil {
-		return
-	}
+	err := writeFileAtomic(c.path(hash), data)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if e, ok := c.entries[hash]; ok { // a concurrent put won
-		c.lru.MoveToFront(e)
+	if e, ok := c.entries[hash]; ok || err != nil { // failed, or a concurrent put won
+		c.size -= size
+		if ok {
+			c.lru.MoveToFront(e)
+		}
 		return
 	}
 	c.entries[hash] = c.lru.PushFront(&cacheEntry{hash: hash, size: size})
-	c.size += size
-	c.evictLocked()
 }
 
 // forget drops hash, e.g. after its file failed verification.

@@ -77,6 +77,16 @@ type Driver struct {
 	running map[string]int
 	// pumps copy the sandboxes' envd output into their logs.
 	pumps map[string]*logPump
+	// filestores are where each sandbox's overlay filestores were found
+	// among its process's descriptors (see diskBytes).
+	filestores map[string]filestoreFDs
+}
+
+// filestoreFDs are the /proc paths of the descriptors through which a
+// sandbox process holds its unlinked overlay filestores.
+type filestoreFDs struct {
+	pid   int
+	paths []string
 }
 
 var (
@@ -134,7 +144,9 @@ func New(cfg Config) (*Driver, error) {
 		log:     cfg.Logger.With("runtime", "gvisor"),
 		running: make(map[string]int),
 		pumps:   make(map[string]*logPump),
-		exits:   make(chan runtime.Exit, 1024),
+
+		filestores: make(map[string]filestoreFDs),
+		exits:      make(chan runtime.Exit, 1024),
 		runc: &runc.Runc{
 			Command: cfg.RunscPath,
 			Root:    filepath.Join(cfg.StateDir, "runsc"),
@@ -505,6 +517,7 @@ func (d *Driver) forget(id string) (known bool) {
 		unix.Close(fd)
 	}
 	delete(d.running, id)
+	delete(d.filestores, id)
 	return ok
 }
 
@@ -559,30 +572,60 @@ func (d *Driver) Stats(ctx context.Context, id string) (runtime.Stats, error) {
 // diskBytes is the host disk the sandbox's files take: the blocks
 // allocated to its overlay filestore, a sparse file runsc creates in the
 // sandbox's directory and unlinks at once, so it is found through the
-// sandbox process's descriptors.
+// sandbox process's descriptors. The sentry holds hundreds of them, and
+// every sandbox's stats are read every few seconds, so where they were
+// found is kept and only looked for again when the process or a
+// descriptor changed.
 func (d *Driver) diskBytes(id string) uint64 {
 	dir := d.sandboxDir(id)
 	pid, err := readPid(filepath.Join(dir, "pid"))
 	if err != nil {
 		return 0
 	}
+	prefix := filepath.Join(dir, "runsc-filestore")
+	d.mu.Lock()
+	known, ok := d.filestores[id]
+	d.mu.Unlock()
+	if ok && known.pid == pid {
+		if total, ok := filestoreBytes(known.paths, prefix); ok {
+			return total
+		}
+	}
 	fds := fmt.Sprintf("/proc/%d/fd", pid)
 	entries, err := os.ReadDir(fds)
 	if err != nil {
 		return 0
 	}
-	var total uint64
+	var paths []string
 	for _, e := range entries {
-		target, err := os.Readlink(filepath.Join(fds, e.Name()))
-		if err != nil || !strings.HasPrefix(target, filepath.Join(dir, "runsc-filestore")) {
-			continue
-		}
-		var st unix.Stat_t
-		if unix.Stat(filepath.Join(fds, e.Name()), &st) == nil {
-			total += uint64(st.Blocks) * 512
+		p := filepath.Join(fds, e.Name())
+		if target, err := os.Readlink(p); err == nil && strings.HasPrefix(target, prefix) {
+			paths = append(paths, p)
 		}
 	}
+	total, _ := filestoreBytes(paths, prefix)
+	d.mu.Lock()
+	// None found may be a sandbox still starting, whose filestore comes
+	// later: it is looked for again next time.
+	if _, running := d.running[id]; running && len(paths) > 0 {
+		d.filestores[id] = filestoreFDs{pid: pid, paths: paths}
+	}
+	d.mu.Unlock()
 	return total
+}
+
+// filestoreBytes adds up the blocks of the files that the descriptor
+// paths name; ok is false when one no longer names a file under prefix
+// (closed, or its number reused).
+func filestoreBytes(paths []string, prefix string) (total uint64, ok bool) {
+	for _, p := range paths {
+		var st unix.Stat_t
+		if target, err := os.Readlink(p); err != nil || !strings.HasPrefix(target, prefix) || unix.Stat(p, &st) != nil {
+			return 0, false
+		}
+		total += uint64(st.Blocks) * 512
+	}
+	return total, true
 }
 
 // ExportFiles implements runtime.FilesExporter with runsc's own export of

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -139,5 +140,45 @@ func TestFailedCreateLeavesNothing(t *testing.T) {
 	}
 	if err := f.driver.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestDiskBytesFollowsWrites: a sandbox's disk figure is its filestore's
+// blocks, read again (through the descriptors found the first time) as
+// the sandbox writes files.
+func TestDiskBytesFollowsWrites(t *testing.T) {
+	f := setup(t)
+	ctx := context.Background()
+	spec, slot := f.spec(t, "gvdisk")
+	spec.DiskMB = 256
+	if err := f.driver.Create(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	// Close unmounts the namespace runsc exec leaves in the driver's root.
+	defer f.driver.Close()
+	defer f.driver.Kill(ctx, "gvdisk")
+	waitHealth(t, slot.HostAddr)
+	disk := func() uint64 {
+		t.Helper()
+		st, err := f.driver.Stats(ctx, "gvdisk")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.DiskBytes
+	}
+	run := func(script string) {
+		t.Helper()
+		out, err := exec.Command(f.driver.cfg.RunscPath, "--root", f.driver.runc.Root, "exec", "gvdisk", "/bin/sh", "-c", script).CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s: %v: %s", script, err, out)
+		}
+	}
+	// Not in /tmp, which runsc mounts as a tmpfs of the sandbox's memory.
+	before := disk()
+	for i := 1; i <= 2; i++ {
+		run(fmt.Sprintf("dd if=/dev/urandom of=/big%d bs=1M count=32 && sync", i))
+		if got := disk(); got < before+uint64(i)*30<<20 {
+			t.Fatalf("disk %d bytes after writing %d MiB, was %d", got, i*32, before)
+		}
 	}
 }
