@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	goruntime "runtime"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -102,6 +103,8 @@ func withBareRunner(ctx context.Context, opts Options, what string, fn func(*bar
 // bareRunner starts containers with runsc under a private --root.
 type bareRunner struct {
 	opts Options
+	// fastPath is opts.FastPath parsed.
+	fastPath gvisor.FastPath
 	// dir holds the runsc root and one bundle per container.
 	dir    string
 	prefix string
@@ -119,6 +122,9 @@ func CheckBare(opts Options) error {
 		if _, err := exec.LookPath("runsc"); err != nil {
 			return fmt.Errorf("checking bare runsc: %w", err)
 		}
+	}
+	if _, err := gvisor.ParseFastPath(opts.FastPath); err != nil {
+		return fmt.Errorf("checking bare runsc: %w", err)
 	}
 	for _, p := range []string{opts.RunscPath, filepath.Join(opts.RootFS, "bin/true"), filepath.Join(opts.RootFS, "bin/bash")} {
 		if p == "" {
@@ -146,19 +152,21 @@ func newBareRunner(opts Options) (*bareRunner, error) {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("creating runsc root: %w", err)
 	}
-	return &bareRunner{opts: opts, dir: dir, prefix: fmt.Sprintf("aenv-bench-%d-", os.Getpid())}, nil
+	fp, _ := gvisor.ParseFastPath(opts.FastPath) // checked by CheckBare
+	return &bareRunner{opts: opts, fastPath: fp, dir: dir, prefix: fmt.Sprintf("aenv-bench-%d-", os.Getpid())}, nil
 }
 
 // args returns runsc's command line: the global flags of aenv's gVisor
 // driver (internal/runtime/gvisor) with networking off, then sub.
 func (r *bareRunner) args(sub ...string) []string {
-	return append([]string{
+	args := append([]string{
 		"--root=" + filepath.Join(r.dir, "root"),
 		"--platform=systrap",
 		"--network=none",
 		"--overlay2=root:memory",
 		"--cpu-num-from-quota",
-	}, sub...)
+	}, r.fastPath.Flags("systrap", goruntime.NumCPU())...)
+	return append(args, sub...)
 }
 
 // runsc runs runsc with args, its output going to logPath; on failure the

@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/aenvhq/aenv/internal/runtime/gvisor"
 	"github.com/aenvhq/aenv/internal/testutil"
 )
 
@@ -133,5 +135,21 @@ func TestBareIDsAreNoPrefixes(t *testing.T) {
 				t.Fatalf("%s is a prefix of %s", a, b)
 			}
 		}
+	}
+}
+
+// TestBareArgsFollowTheServersFastPath: the bare baseline runs runsc with
+// the fast path setting the server was given, and CheckBare refuses one
+// that is not auto, on or off.
+func TestBareArgsFollowTheServersFastPath(t *testing.T) {
+	const flag = "--systrap-disable-fast-path"
+	for fp, want := range map[gvisor.FastPath]bool{gvisor.FastPathOff: true, gvisor.FastPathOn: false} {
+		r := &bareRunner{fastPath: fp}
+		if got := slices.Contains(r.args("run", "x"), flag); got != want {
+			t.Errorf("fast path %s: args %v", fp, r.args("run", "x"))
+		}
+	}
+	if err := CheckBare(Options{FastPath: "sometimes"}); err == nil || os.Geteuid() == 0 && !strings.Contains(err.Error(), "auto, on or off") {
+		t.Errorf("CheckBare with fast path sometimes: %v", err)
 	}
 }

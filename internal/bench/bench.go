@@ -63,6 +63,9 @@ type Options struct {
 	// filesystem the bare baseline runs (bare half).
 	RunscPath string
 	RootFS    string
+	// FastPath is the server's --systrap-fast-path (auto, on or off),
+	// which the bare baseline runs with too (empty: auto).
+	FastPath string
 	// CPUCount and MemoryMB size the bare containers' cgroups like the
 	// template's sandboxes (0: no limit).
 	CPUCount, MemoryMB int

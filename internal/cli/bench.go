@@ -238,6 +238,7 @@ one report.`,
 	f.IntVar(&opts.PauseCount, "pause-count", bench.DefaultPauseCount, "small sandboxes held paused together to measure the memory pausing frees (negative: skip)")
 	f.StringVar(&opts.CgroupParent, "cgroup-parent", bench.DefaultCgroupParent, "the server's --netns-tag: its sandboxes' memory cgroups are /sys/fs/cgroup/memory/<this>/<id>")
 	f.StringVar(&opts.Template, "template", bench.DefaultTemplate, "template to create sandboxes from")
+	f.StringVar(&opts.FastPath, "systrap-fast-path", "auto", "the server's --systrap-fast-path, which the bare baseline runs with too (auto, on or off)")
 	f.StringVar(&opts.RunscPath, "runsc", "", "runsc binary for the bare baseline, the one the server uses (default: from PATH)")
 	f.StringVar(&opts.EnvdPath, "envd", "", "envd binary the bare snapshot baseline runs, as the server's sandboxes do (default: beside aenv, then PATH; none: sleep)")
 	f.StringVar(&opts.RootFS, "rootfs", firstNonEmpty(os.Getenv("AENV_BASE_ROOTFS"), defaultBaseRootFS),
