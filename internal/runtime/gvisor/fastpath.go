@@ -1,9 +1,6 @@
 package gvisor
 
-import (
-	"fmt"
-	goruntime "runtime"
-)
+import "fmt"
 
 // FastPath says whether runsc's systrap platform may use its fast path:
 // stub threads that spin on a shared page waiting for the sentry, and
@@ -65,6 +62,3 @@ func (f FastPath) Flags(platform string, cpus int) []string {
 	}
 	return nil
 }
-
-// hostCPUs is how many CPUs this process may run on.
-func hostCPUs() int { return goruntime.NumCPU() }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -39,7 +40,7 @@ func TestFastPathSettings(t *testing.T) {
 			t.Errorf("ParseFastPath(%q) = %q, %v; want %q", in, got, err, want)
 		}
 	}
-	if _, err := ParseFastPath("yes"); err == nil || !bytes.Contains([]byte(err.Error()), []byte("auto, on or off")) {
+	if _, err := ParseFastPath("yes"); err == nil || !strings.Contains(err.Error(), "auto, on or off") {
 		t.Errorf("ParseFastPath(yes): %v, want an error naming the choices", err)
 	}
 }

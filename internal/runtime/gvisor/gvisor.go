@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	goruntime "runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -77,6 +78,8 @@ type Driver struct {
 	running map[string]int
 	// pumps copy the sandboxes' envd output into their logs.
 	pumps map[string]*logPump
+	// fastPathFlags are runsc's flags for cfg.FastPath on this host.
+	fastPathFlags []string
 	// filestores are where each sandbox's overlay filestores were found
 	// among its process's descriptors (see diskBytes).
 	filestores map[string]filestoreFDs
@@ -144,16 +147,18 @@ func New(cfg Config) (*Driver, error) {
 		log:     cfg.Logger.With("runtime", "gvisor"),
 		running: make(map[string]int),
 		pumps:   make(map[string]*logPump),
-
-		filestores: make(map[string]filestoreFDs),
-		exits:      make(chan runtime.Exit, 1024),
+		exits:   make(chan runtime.Exit, 1024),
+		// The host's CPUs are read once: sandboxes and build steps alike
+		// run with the flags they give.
+		fastPathFlags: cfg.FastPath.Flags(cfg.Platform, goruntime.NumCPU()),
+		filestores:    make(map[string]filestoreFDs),
 		runc: &runc.Runc{
 			Command: cfg.RunscPath,
 			Root:    filepath.Join(cfg.StateDir, "runsc"),
 			// The sandbox must not receive the signals of our process group
 			// (a Ctrl-C on the server would otherwise reach every sandbox).
 			Setpgid: true,
-			ExtraArgs: append([]string{
+			ExtraArgs: []string{
 				"--platform=" + cfg.Platform,
 				"--network=sandbox",
 				"--cpu-num-from-quota",
@@ -161,9 +166,10 @@ func New(cfg Config) (*Driver, error) {
 				// setuid binaries to elevate; root inside controls only its
 				// own sandbox.
 				"--allow-suid",
-			}, cfg.FastPath.Flags(cfg.Platform, hostCPUs())...),
+			},
 		},
 	}
+	d.runc.ExtraArgs = append(d.runc.ExtraArgs, d.fastPathFlags...)
 	ctx, cancel := context.WithCancel(context.Background())
 	d.stopWatch = cancel
 	d.watching.Add(1)

@@ -50,7 +50,7 @@ func (d *Driver) stepArgs(network bool, args ...string) []string {
 		"--overlay2=none",
 		// nproc inside is the step's CPU quota, as in sandboxes.
 		"--cpu-num-from-quota",
-	}, d.cfg.FastPath.Flags(d.cfg.Platform, hostCPUs())...)
+	}, d.fastPathFlags...)
 	return append(flags, args...)
 }
 
