@@ -30,4 +30,7 @@ type BareIdle struct {
 	AvailableDrop, Cgroup int64
 	// Available is MemAvailable before they started.
 	Available int64
+	// CPU is the host CPU one keeps busy while idle, in CPU-seconds per
+	// second (IdleResult.CPUPerSandbox's bare counterpart).
+	CPU float64
 }

@@ -27,6 +27,8 @@ func MeasureBareIdle(ctx context.Context, opts Options, count, conc int, settle 
 
 // bareIdle is MeasureBareIdle with r.
 func bareIdle(ctx context.Context, r *bareRunner, opts Options, count, conc int, settle time.Duration) (res BareIdle, err error) {
+	window := cpuWindow(settle)
+	busyBefore := busyCores(ctx, window)
 	before, err := readMeminfo(meminfoPath)
 	if err != nil {
 		return res, err
@@ -58,8 +60,9 @@ func bareIdle(ctx context.Context, r *bareRunner, opts Options, count, conc int,
 	select {
 	case <-ctx.Done():
 		return res, ctx.Err()
-	case <-time.After(settle):
+	case <-time.After(settle - window):
 	}
+	res.CPU = max(0, busyCores(ctx, window)-busyBefore) / float64(count)
 	after, err := readMeminfo(meminfoPath)
 	if err != nil {
 		return res, err

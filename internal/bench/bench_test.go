@@ -298,3 +298,56 @@ func TestMeasureAenvAsksForTheSizeTheCreateAnswerLacks(t *testing.T) {
 		t.Errorf("size = %d CPUs, %d MiB; want Get's 3, 768", res.CPUCount, res.MemoryMB)
 	}
 }
+
+// poolAfter is a node lister whose pool of "tpl" (sized to target) holds
+// nothing until ready, then one.
+type poolAfter struct {
+	ready  time.Time
+	target int
+	asked  atomic.Int32
+}
+
+func (p *poolAfter) Nodes(ctx context.Context) ([]client.Node, error) {
+	p.asked.Add(1)
+	n := 0
+	if time.Now().After(p.ready) {
+		n = 1
+	}
+	return []client.Node{{Pool: []client.PoolEntry{
+		{TemplateID: "tpl", Ready: 5, Target: 5, Prepared: true}, // prepared: not takeable
+		{TemplateID: "tpl", Ready: n, Target: p.target},
+	}}}, nil
+}
+
+// TestAwaitPooled: a c=1 create waits for the pool to hold a sandbox
+// again, no longer than it is given, and not at all for a pool sized to
+// nothing or an API that cannot list it.
+func TestAwaitPooled(t *testing.T) {
+	ctx := context.Background()
+	refill := &poolAfter{ready: time.Now().Add(300 * time.Millisecond), target: 2}
+	start := time.Now()
+	awaitPooled(ctx, refill, "tpl", 5*time.Second)
+	if d := time.Since(start); d < 300*time.Millisecond || d > 2*time.Second {
+		t.Errorf("waited %v for a pool refilled after 300ms", d)
+	}
+
+	never := &poolAfter{ready: time.Now().Add(time.Hour), target: 2}
+	start = time.Now()
+	awaitPooled(ctx, never, "tpl", 200*time.Millisecond)
+	if d := time.Since(start); d < 200*time.Millisecond || d > 2*time.Second {
+		t.Errorf("waited %v for a pool that never refills, want the 200ms bound", d)
+	}
+
+	unsized := &poolAfter{ready: time.Now().Add(time.Hour), target: 0}
+	start = time.Now()
+	awaitPooled(ctx, unsized, "tpl", 5*time.Second)
+	if d := time.Since(start); d > time.Second || unsized.asked.Load() != 1 {
+		t.Errorf("waited %v (%d listings) for a pool sized to nothing", d, unsized.asked.Load())
+	}
+
+	start = time.Now()
+	awaitPooled(ctx, nil, "tpl", 5*time.Second)
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("waited %v with no node listing", d)
+	}
+}

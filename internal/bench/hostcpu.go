@@ -3,12 +3,14 @@ package bench
 import (
 	"bufio"
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // userHZ is the unit of /proc/stat's counters. It is a kernel ABI
@@ -97,4 +99,26 @@ func medianOf[T cmp.Ordered](samples []T) T {
 	sorted := slices.Clone(samples)
 	slices.Sort(sorted)
 	return sorted[(len(sorted)-1)/2]
+}
+
+// idleCPUWindow is the longest span the host's busy CPU is read over
+// while sandboxes sit idle: long enough to take in their periodic
+// wake-ups (envd's, the sentry's timers, the server's 5 s stats).
+const idleCPUWindow = 10 * time.Second
+
+// cpuWindow is the span busyCores reads over: idleCPUWindow, or settle
+// when that is shorter (a test's).
+func cpuWindow(settle time.Duration) time.Duration { return min(settle, idleCPUWindow) }
+
+// busyCores is how many of the host's CPUs were busy, on average, over
+// the next window (0 when /proc/stat cannot be read, or ctx ends first).
+func busyCores(ctx context.Context, window time.Duration) float64 {
+	m := startCPU()
+	start := time.Now()
+	select {
+	case <-ctx.Done():
+		return 0
+	case <-time.After(window):
+	}
+	return m.per(1) / time.Since(start).Seconds()
 }

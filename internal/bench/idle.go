@@ -100,6 +100,25 @@ type IdleResult struct {
 	// the API cannot list them): what EstimateHeld needs.
 	MemoryMB int
 	Nodes    []client.Node
+	// OthersBefore and OthersAfter are the memory cgroup usage of the
+	// server's sandboxes other than these (its warm pool's, mostly), when
+	// Before and After were read: the pool grows from what the creates
+	// teach it, which is not what an idle sandbox costs.
+	OthersBefore, OthersAfter int64
+	// BusyBefore and BusyAfter are the host's busy CPUs (cores, averaged
+	// over a window of up to idleCPUWindow) before the first create and
+	// at the end of the settle.
+	BusyBefore, BusyAfter float64
+}
+
+// CPUPerSandbox is the host CPU an idle sandbox keeps busy, in
+// CPU-seconds per second: the busy cores it added, the server's own
+// share of its upkeep included.
+func (r *IdleResult) CPUPerSandbox() float64 {
+	if r.Sandboxes == 0 {
+		return 0
+	}
+	return max(0, r.BusyAfter-r.BusyBefore) / float64(r.Sandboxes)
 }
 
 // Held is how many idle sandboxes like these the cluster would hold
@@ -149,9 +168,12 @@ const guestScript = `for p in /proc/[0-9]*; do echo "${p#/proc/} $(cat $p/comm) 
 func MeasureIdle(ctx context.Context, api API, opts IdleOptions) (res *IdleResult, err error) {
 	opts = opts.withDefaults()
 	res = &IdleResult{Sandboxes: opts.Count, Settle: opts.Settle}
+	window := cpuWindow(opts.Settle)
+	res.BusyBefore = busyCores(ctx, window)
 	if res.Before, err = readMeminfo(opts.meminfo); err != nil {
 		return nil, err
 	}
+	res.OthersBefore = othersUsage(opts, nil)
 	var mu sync.Mutex
 	var sandboxes []*client.Sandbox
 	defer func() {
@@ -196,11 +218,17 @@ func MeasureIdle(ctx context.Context, api API, opts IdleOptions) (res *IdleResul
 	select {
 	case <-ctx.Done():
 		return res, ctx.Err()
-	case <-time.After(opts.Settle):
+	case <-time.After(opts.Settle - window):
 	}
+	res.BusyAfter = busyCores(ctx, window)
 	if res.After, err = readMeminfo(opts.meminfo); err != nil {
 		return res, err
 	}
+	mine := make(map[string]bool, len(sandboxes))
+	for _, sb := range sandboxes {
+		mine[sb.SandboxID] = true
+	}
+	res.OthersAfter = othersUsage(opts, mine)
 	if len(sandboxes) > 0 {
 		_, res.MemoryMB = sandboxSize(ctx, api, sandboxes[0])
 	}
@@ -220,6 +248,26 @@ func MeasureIdle(ctx context.Context, api API, opts IdleOptions) (res *IdleResul
 		p.update(i + 1)
 	}
 	return res, nil
+}
+
+// othersUsage sums the memory cgroup usage of the sandboxes under
+// opts.CgroupParent that are not mine; a cgroup that cannot be read (one
+// ending as it is listed) counts nothing.
+func othersUsage(opts IdleOptions, mine map[string]bool) int64 {
+	entries, err := os.ReadDir(filepath.Join(opts.cgroupRoot, opts.CgroupParent))
+	if err != nil {
+		return 0
+	}
+	var n int64
+	for _, e := range entries {
+		if !e.IsDir() || mine[e.Name()] {
+			continue
+		}
+		if u, err := cgroupMemory(opts.cgroupRoot, opts.CgroupParent, e.Name()); err == nil {
+			n += u
+		}
+	}
+	return n
 }
 
 // readIdleSandbox reads sb's cgroup, host processes and guest processes.
@@ -387,12 +435,14 @@ func parseGuestProcesses(s string) []GuestProcess {
 
 // AvailableDropPerSandbox is how much MemAvailable fell per sandbox: what
 // one idle sandbox costs the host, all told (the server's own share and
-// kernel memory outside the sandbox's cgroup included).
+// kernel memory outside the sandbox's cgroup included), less what the
+// server's other sandboxes (its warm pool) grew by meanwhile.
 func (r *IdleResult) AvailableDropPerSandbox() int64 {
 	if r.Sandboxes == 0 || r.Before == nil || r.After == nil {
 		return 0
 	}
-	return (r.Before["MemAvailable"] - r.After["MemAvailable"]) / int64(r.Sandboxes)
+	drop := r.Before["MemAvailable"] - r.After["MemAvailable"] - (r.OthersAfter - r.OthersBefore)
+	return drop / int64(r.Sandboxes)
 }
 
 // idleRow is one line of the breakdown: a name and how to read it off one
@@ -469,7 +519,10 @@ var meminfoRows = []string{"MemAvailable", "MemFree", "AnonPages", "Shmem", "Cac
 func (r *IdleResult) WriteTable(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(w, "idle sandboxes: %d\n", r.Sandboxes)
-	fmt.Fprintf(w, "host MemAvailable drop per sandbox: %s\n", mibText(r.AvailableDropPerSandbox()))
+	fmt.Fprintf(w, "host MemAvailable drop per sandbox: %s (the server's other sandboxes grew by %s MiB meanwhile, left out)\n",
+		mibText(r.AvailableDropPerSandbox()), mibText(r.OthersAfter-r.OthersBefore))
+	fmt.Fprintf(w, "host CPU per idle sandbox: %.2f CPU-ms/s (host busy %.3f cores before, %.3f idle)\n",
+		r.CPUPerSandbox()*1000, r.BusyBefore, r.BusyAfter)
 	if h := r.Held(); h.Overcommit > 0 {
 		fmt.Fprintf(w, "held before admission refuses: %d (memoryMB %d, overcommit %g, %s binds first)\n", h.Max, h.MemoryMB, h.Overcommit, h.Bound)
 	}

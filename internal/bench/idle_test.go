@@ -104,6 +104,9 @@ func TestMeasureIdle(t *testing.T) {
 		Count: 3, Concurrency: 2, Template: "tpl", Command: "sleep-in-background", CgroupParent: "tag",
 		Settle: time.Millisecond, meminfo: meminfo, cgroupRoot: api.cg, procRoot: api.proc,
 	}
+	// The server's warm pool holds one sandbox before; a second joins it
+	// as the creates teach it (dropOnStart), which is not theirs to pay.
+	write(t, filepath.Join(api.cg, "tag", "pool1", "memory.usage_in_bytes"), "4194304\n")
 	res, err := MeasureIdle(context.Background(), &dropOnStart{idleFakeAPI: api, meminfo: meminfo, t: t}, opts)
 	if err != nil {
 		t.Fatal(err)
@@ -146,12 +149,13 @@ func TestMeasureIdle(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
-		"host MemAvailable drop per sandbox: 10.00",
+		"host MemAvailable drop per sandbox: 10.00 (the server's other sandboxes grew by 6.00 MiB",
+		"host CPU per idle sandbox: ",
 		"cgroup usage   16.00",
 		"sentry private    4.00",
 		"page tables (VmPTE, all)    0.50",
 		"guest envd VmRSS   24.00",
-		"MemAvailable  -10.00",
+		"MemAvailable  -12.00",
 	} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, out.String())
@@ -159,8 +163,9 @@ func TestMeasureIdle(t *testing.T) {
 	}
 }
 
-// dropOnStart lowers the fake host's MemAvailable by 30 MiB, 10 MiB per
-// sandbox, when sb3 starts its idle command (before the settle ends).
+// dropOnStart lowers the fake host's MemAvailable by 36 MiB, 10 MiB per
+// sandbox and 6 MiB for a pooled sandbox that starts beside them, when
+// sb3 starts its idle command (before the settle ends).
 type dropOnStart struct {
 	*idleFakeAPI
 	t       *testing.T
@@ -170,7 +175,10 @@ type dropOnStart struct {
 
 func (d *dropOnStart) Run(ctx context.Context, id, cmd string, opts client.RunOptions) (int, error) {
 	if cmd == "sleep-in-background" && id == "sb3" {
-		d.once.Do(func() { write(d.t, d.meminfo, "MemAvailable: 1017856 kB\nShmem: 0 kB\n") })
+		d.once.Do(func() {
+			write(d.t, d.meminfo, "MemAvailable: 1011712 kB\nShmem: 0 kB\n")
+			write(d.t, filepath.Join(d.cg, "tag", "pool2", "memory.usage_in_bytes"), "6291456\n")
+		})
 	}
 	return d.idleFakeAPI.Run(ctx, id, cmd, opts)
 }
@@ -196,5 +204,21 @@ func TestParseGuestProcesses(t *testing.T) {
 	got := parseGuestProcesses("1 envd 100\nnot a line\n7 sh\n8 python3 20\n")
 	if len(got) != 2 || got[0] != (GuestProcess{PID: 1, Name: "envd", RSSBytes: 100 << 10}) || got[1].Name != "python3" {
 		t.Errorf("parseGuestProcesses = %+v", got)
+	}
+}
+
+// TestCPUPerSandbox: an idle sandbox's CPU is what the host's busy cores
+// grew by, shared out; a host busier before than after costs nothing.
+func TestCPUPerSandbox(t *testing.T) {
+	r := &IdleResult{Sandboxes: 50, BusyBefore: 0.05, BusyAfter: 0.20}
+	if got := r.CPUPerSandbox(); got < 0.00299 || got > 0.00301 {
+		t.Errorf("CPUPerSandbox = %v, want 0.003 (3 CPU-ms/s)", got)
+	}
+	r.BusyAfter = 0.01
+	if got := r.CPUPerSandbox(); got != 0 {
+		t.Errorf("CPUPerSandbox = %v with the host quieter after, want 0", got)
+	}
+	if got := (&IdleResult{}).CPUPerSandbox(); got != 0 {
+		t.Errorf("CPUPerSandbox of none = %v", got)
 	}
 }

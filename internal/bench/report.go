@@ -425,7 +425,9 @@ func (r *Report) AddIdle(res *IdleResult, bare BareIdle) {
 		newFigure("host memory per idle sandbox (MemAvailable drop, "+label+")", "MiB",
 			fmt.Sprintf("runsc run python3 asleep, %d detached", bare.Sandboxes), mib(drop), mib(bare.AvailableDrop)),
 		newFigure("memory cgroup per idle sandbox (median, "+label+")", "MiB",
-			"the same, its cgroup", mib(idleMedian(res.Each, cgroupKey("usage"))), mib(bare.Cgroup)))
+			"the same, its cgroup", mib(idleMedian(res.Each, cgroupKey("usage"))), mib(bare.Cgroup)),
+		newFigure("host CPU per idle sandbox ("+label+")", "CPU-ms/s",
+			"the same, bare", res.CPUPerSandbox()*1000, bare.CPU*1000))
 	fits := 0.0
 	if bare.AvailableDrop > 0 {
 		fits = float64(bare.Available / bare.AvailableDrop)
