@@ -126,7 +126,7 @@ func CheckBare(opts Options) error {
 	if _, err := gvisor.ParseFastPath(opts.FastPath); err != nil {
 		return fmt.Errorf("checking bare runsc: %w", err)
 	}
-	for _, p := range []string{opts.RunscPath, filepath.Join(opts.RootFS, "bin/true"), filepath.Join(opts.RootFS, "bin/bash")} {
+	for _, p := range []string{opts.RunscPath, opts.EnvdPath, filepath.Join(opts.RootFS, "bin/true"), filepath.Join(opts.RootFS, "bin/bash")} {
 		if p == "" {
 			continue
 		}
@@ -143,6 +143,20 @@ func newBareRunner(opts Options) (*bareRunner, error) {
 	}
 	if opts.RunscPath == "" {
 		opts.RunscPath, _ = exec.LookPath("runsc")
+	}
+	// runsc reads a bundle's relative paths (the root, a mount's source)
+	// from the bundle's directory, not from ours: `--envd bin/envd`
+	// failed every bare start with the sentry's "error reading mounts
+	// file".
+	for _, p := range []*string{&opts.RootFS, &opts.EnvdPath} {
+		if *p == "" {
+			continue
+		}
+		abs, err := filepath.Abs(*p)
+		if err != nil {
+			return nil, fmt.Errorf("checking bare runsc: %w", err)
+		}
+		*p = abs
 	}
 	dir, err := os.MkdirTemp("", "aenv-bench-")
 	if err != nil {

@@ -153,3 +153,36 @@ func TestBareArgsFollowTheServersFastPath(t *testing.T) {
 		t.Errorf("CheckBare with fast path sometimes: %v", err)
 	}
 }
+
+// TestMeasureBareRelativePaths: the root filesystem and envd given
+// relative to the working directory (`aenv bench --envd bin/envd`) reach
+// the bare sandboxes, whose runsc would read them from the bundle's
+// directory.
+func TestMeasureBareRelativePaths(t *testing.T) {
+	runsc, rootfs := bareEnv(t)
+	wd := t.TempDir()
+	t.Chdir(wd)
+	if err := os.MkdirAll("bin", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// Only mounted: the runs time /bin/true, not envd.
+	if err := os.WriteFile("bin/envd", []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	relRoot, err := filepath.Rel(wd, rootfs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := MeasureBare(ctx, Options{
+		Iterations: 1, Concurrency: 1, RunscPath: runsc, RootFS: relRoot, EnvdPath: "bin/envd",
+		CPUCount: 1, MemoryMB: 256,
+	})
+	if err != nil {
+		t.Fatalf("bare runs with relative paths: %v", err)
+	}
+	if len(res.RunSerial) != 1 {
+		t.Errorf("run c=1: %d samples, want 1", len(res.RunSerial))
+	}
+}
