@@ -166,6 +166,7 @@ func Start(ctx context.Context, cfg Config) (_ *Agent, err error) {
 	if a.registration, err = membership.RegisterNode(ctx, a.state, membership.TLSReporter(a.host.api, a.advertise, instance, a.creds != nil), log); err != nil {
 		return nil, err
 	}
+	a.host.node.OnPoolChange(a.registration.Nudge)
 	log.Info("aenv node ready", "node_id", cfg.NodeID, "listen", a.listener.Addr().String(), "advertise", a.advertise,
 		"etcd", strings.Join(cfg.EtcdEndpoints, ","), "runtime", a.host.driver.Name(), "runtime_version", a.host.runtimeVersion)
 	return a, nil

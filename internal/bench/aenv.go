@@ -78,9 +78,12 @@ func MeasureAenv(ctx context.Context, opts Options) (AenvResults, error) {
 	// series times whichever boot the last create's refill left half
 	// done, and swings from a pooled take to a cold boot.
 	nodes, _ := opts.API.(nodeLister)
+	var last time.Time
 	serial := func(ctx context.Context) (time.Duration, cleanup, error) {
-		awaitPooled(ctx, nodes, opts.Template, pooledWait)
-		return create(ctx)
+		awaitPooled(ctx, nodes, opts.Template, last, pooledWait)
+		d, c, err := create(ctx)
+		last = time.Now()
+		return d, c, err
 	}
 	cpu := startCPU()
 	if res.CreateSerial, err = series(ctx, p, "create c=1", 0, opts.Iterations, 1, serial); err != nil {
@@ -120,12 +123,15 @@ const poolWait = 2 * time.Minute
 const pooledWait = 5 * time.Second
 
 // awaitPooled waits, at most within, until the nodes hold a prestarted
-// sandbox of template; it returns at once when api cannot say.
-func awaitPooled(ctx context.Context, api nodeLister, template string, within time.Duration) {
+// sandbox of template by a report made after since (a node reports its
+// pool every few seconds: an older report may count a sandbox the last
+// create took); it returns at once when api cannot say.
+func awaitPooled(ctx context.Context, api nodeLister, template string, since time.Time, within time.Duration) {
 	deadline := time.Now().Add(within)
 	for {
-		ready, target := poolState(ctx, api, template)
-		if ready != 0 || target == 0 || time.Now().After(deadline) {
+		ready, target, at := poolReport(ctx, api, template)
+		fresh := !at.Before(since)
+		if ready < 0 || target == 0 || (fresh && ready > 0) || time.Now().After(deadline) {
 			return
 		}
 		select {
@@ -165,16 +171,26 @@ func pooled(ctx context.Context, api nodeLister, template string) int {
 }
 
 func poolState(ctx context.Context, api nodeLister, template string) (ready, target int) {
+	ready, target, _ = poolReport(ctx, api, template)
+	return ready, target
+}
+
+// poolReport is poolState with the time of the oldest node report it
+// read.
+func poolReport(ctx context.Context, api nodeLister, template string) (ready, target int, at time.Time) {
 	if api == nil {
-		return -1, 0
+		return -1, 0, time.Time{}
 	}
 	nodes, err := api.Nodes(ctx)
 	if err != nil {
-		return -1, 0
+		return -1, 0, time.Time{}
 	}
 	var all, mine, mineTarget, allTarget int
 	found := false
 	for _, n := range nodes {
+		if at.IsZero() || n.UpdatedAt.Before(at) {
+			at = n.UpdatedAt
+		}
 		for _, e := range n.Pool {
 			if e.Prepared {
 				continue
@@ -187,9 +203,9 @@ func poolState(ctx context.Context, api nodeLister, template string) (ready, tar
 		}
 	}
 	if !found {
-		return all, allTarget
+		return all, allTarget, at
 	}
-	return mine, mineTarget
+	return mine, mineTarget, at
 }
 
 // waitPool waits, at most poolWait, until the pool holds want sandboxes

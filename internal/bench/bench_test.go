@@ -300,20 +300,26 @@ func TestMeasureAenvAsksForTheSizeTheCreateAnswerLacks(t *testing.T) {
 }
 
 // poolAfter is a node lister whose pool of "tpl" (sized to target) holds
-// nothing until ready, then one.
+// nothing until ready, then one. Its node reports every 100ms, and until
+// staleUntil its report is one from before the last take, holding one.
 type poolAfter struct {
-	ready  time.Time
-	target int
-	asked  atomic.Int32
+	ready, staleUntil time.Time
+	target            int
+	asked             atomic.Int32
 }
 
 func (p *poolAfter) Nodes(ctx context.Context) ([]client.Node, error) {
 	p.asked.Add(1)
+	now := time.Now()
 	n := 0
-	if time.Now().After(p.ready) {
+	if now.After(p.ready) {
 		n = 1
 	}
-	return []client.Node{{Pool: []client.PoolEntry{
+	reported := now.Truncate(100 * time.Millisecond)
+	if now.Before(p.staleUntil) {
+		n, reported = 1, time.Time{}.Add(time.Hour)
+	}
+	return []client.Node{{UpdatedAt: reported, Pool: []client.PoolEntry{
 		{TemplateID: "tpl", Ready: 5, Target: 5, Prepared: true}, // prepared: not takeable
 		{TemplateID: "tpl", Ready: n, Target: p.target},
 	}}}, nil
@@ -326,27 +332,36 @@ func TestAwaitPooled(t *testing.T) {
 	ctx := context.Background()
 	refill := &poolAfter{ready: time.Now().Add(300 * time.Millisecond), target: 2}
 	start := time.Now()
-	awaitPooled(ctx, refill, "tpl", 5*time.Second)
+	awaitPooled(ctx, refill, "tpl", start, 5*time.Second)
 	if d := time.Since(start); d < 300*time.Millisecond || d > 2*time.Second {
 		t.Errorf("waited %v for a pool refilled after 300ms", d)
 	}
 
+	// A report from before the last create still counts the sandbox it
+	// took: not waited on.
+	stale := &poolAfter{ready: time.Now().Add(300 * time.Millisecond), staleUntil: time.Now().Add(200 * time.Millisecond), target: 2}
+	start = time.Now()
+	awaitPooled(ctx, stale, "tpl", start, 5*time.Second)
+	if d := time.Since(start); d < 300*time.Millisecond || d > 2*time.Second {
+		t.Errorf("waited %v for a pool refilled after 300ms behind a stale report", d)
+	}
+
 	never := &poolAfter{ready: time.Now().Add(time.Hour), target: 2}
 	start = time.Now()
-	awaitPooled(ctx, never, "tpl", 200*time.Millisecond)
+	awaitPooled(ctx, never, "tpl", start, 200*time.Millisecond)
 	if d := time.Since(start); d < 200*time.Millisecond || d > 2*time.Second {
 		t.Errorf("waited %v for a pool that never refills, want the 200ms bound", d)
 	}
 
 	unsized := &poolAfter{ready: time.Now().Add(time.Hour), target: 0}
 	start = time.Now()
-	awaitPooled(ctx, unsized, "tpl", 5*time.Second)
+	awaitPooled(ctx, unsized, "tpl", start, 5*time.Second)
 	if d := time.Since(start); d > time.Second || unsized.asked.Load() != 1 {
 		t.Errorf("waited %v (%d listings) for a pool sized to nothing", d, unsized.asked.Load())
 	}
 
 	start = time.Now()
-	awaitPooled(ctx, nil, "tpl", 5*time.Second)
+	awaitPooled(ctx, nil, "tpl", start, 5*time.Second)
 	if d := time.Since(start); d > time.Second {
 		t.Errorf("waited %v with no node listing", d)
 	}

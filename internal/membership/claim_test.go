@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -82,5 +83,41 @@ func TestDeadHolderReleasesID(t *testing.T) {
 	e, err := st.Get(ctx, LivePrefix+"n2")
 	if err != nil || !strings.Contains(string(e.Value), "cccc@host3") {
 		t.Fatalf("live record after the claim: %s, %v", e.Value, err)
+	}
+}
+
+// TestNudgeReportsAtOnce: a nudge (a node's warm pool ran out or filled)
+// brings its next report forward instead of leaving the cluster to read
+// a stale pool for up to ReportInterval; nudges in a burst coalesce.
+func TestNudgeReportsAtOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st := state.NewMemory()
+	var reports atomic.Int32
+	inner := InstanceReporter(idNode{id: "n9"}, "10.0.0.9:8100", "aaaa@host9")
+	reg, err := RegisterNode(ctx, st, func() NodeInfo { reports.Add(1); return inner() }, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Stop()
+	base := reports.Load()
+	reg.Nudge()
+	deadline := time.Now().Add(ReportInterval / 2)
+	for reports.Load() == base && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if reports.Load() == base {
+		t.Fatalf("no report within %v of a nudge", ReportInterval/2)
+	}
+	base = reports.Load()
+	for range 50 {
+		reg.Nudge()
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(time.Second)
+	// Two for the nudges at most (one pending while another waits out
+	// nudgeSpacing), and perhaps the interval's own.
+	if got := reports.Load() - base; got < 1 || got > 3 {
+		t.Errorf("50 nudges brought %d reports within a second, want 1 to 3 (coalesced)", got)
 	}
 }

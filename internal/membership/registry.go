@@ -195,10 +195,26 @@ const nodeLeaseTTL = 10 * time.Second
 // cluster bounds what it assumes between two reports by it).
 const ReportInterval = 3 * time.Second
 
+// nudgeSpacing is the least time between two reports a Nudge brings
+// forward: nudges in a burst of creates coalesce into a few writes.
+const nudgeSpacing = 250 * time.Millisecond
+
 // Registration keeps a node's record in the registry; Stop ends it.
 type Registration struct {
 	cancel context.CancelFunc
 	done   chan struct{}
+	nudge  chan struct{}
+}
+
+// Nudge asks for the node's next report now rather than at the next
+// interval (at most one per nudgeSpacing): for a change the cluster
+// schedules by, such as a template's warm pool running out or filling
+// again. It never blocks.
+func (r *Registration) Nudge() {
+	select {
+	case r.nudge <- struct{}{}:
+	default:
+	}
 }
 
 // RegisterNode puts report()'s record in the registry under a lease and
@@ -222,11 +238,11 @@ func RegisterNode(ctx context.Context, st state.Store, report func() NodeInfo, l
 		sess.Close(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("registering node %s: %w", info.ID, err)
 	}
-	r := &Registration{cancel: cancel, done: make(chan struct{})}
+	r := &Registration{cancel: cancel, done: make(chan struct{}), nudge: make(chan struct{}, 1)}
 	go func() {
 		defer close(r.done)
 		for {
-			keepNode(bg, st, sess, report, log)
+			keepNode(bg, st, sess, report, r.nudge, log)
 			if bg.Err() != nil {
 				return
 			}
@@ -246,11 +262,13 @@ func RegisterNode(ctx context.Context, st state.Store, report func() NodeInfo, l
 	return r, nil
 }
 
-// keepNode rewrites the node's record under sess until ctx ends or the
-// session is lost.
-func keepNode(ctx context.Context, st state.Store, sess state.Session, report func() NodeInfo, log *slog.Logger) {
+// keepNode rewrites the node's record under sess every ReportInterval,
+// and on a nudge no sooner than nudgeSpacing after the last, until ctx
+// ends or the session is lost.
+func keepNode(ctx context.Context, st state.Store, sess state.Session, report func() NodeInfo, nudge <-chan struct{}, log *slog.Logger) {
 	tick := time.NewTicker(ReportInterval)
 	defer tick.Stop()
+	var last time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -258,7 +276,16 @@ func keepNode(ctx context.Context, st state.Store, sess state.Session, report fu
 		case <-sess.Done():
 			return
 		case <-tick.C:
+		case <-nudge:
+			if wait := nudgeSpacing - time.Since(last); wait > 0 {
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(wait):
+				}
+			}
 		}
+		last = time.Now()
 		if info, err := putNode(ctx, st, sess, report, false); err != nil && ctx.Err() == nil {
 			log.Warn("reporting node", "node_id", info.ID, "err", err)
 		}

@@ -144,6 +144,19 @@ func (n *Node) OnIdle(fn func(Idle)) {
 	n.mu.Unlock()
 }
 
+// OnPoolChange has fn called when a template's (or snapshot's) warm pool
+// runs out or holds a sandbox again: the node's report to the cluster,
+// whose scheduler prefers a node with a pooled sandbox, is then stale.
+// fn is called with the pool's lock held and must not block.
+func (n *Node) OnPoolChange(fn func()) { n.onPoolChange.Store(&fn) }
+
+// poolChanged calls OnPoolChange's fn, if any.
+func (n *Node) poolChanged() {
+	if fn := n.onPoolChange.Load(); fn != nil {
+		(*fn)()
+	}
+}
+
 // packetCount reads sb's slot's packet count, if the network counts them
 // and the idle policy needs them (a netlink request per sandbox and
 // sample, not made for nothing).

@@ -21,6 +21,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/singleflight"
@@ -262,6 +263,9 @@ type Node struct {
 	boots  chan struct{}
 	onExit func(Exit)
 	onIdle func(Idle)
+	// onPoolChange is OnPoolChange's fn; atomic, as the pool calls it
+	// under its own lock.
+	onPoolChange atomic.Pointer[func()]
 	pool   *warmPool
 	// readying starts each template's service once at a time; ready
 	// holds the snapshots of started services by name.

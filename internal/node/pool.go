@@ -261,7 +261,12 @@ func (p *warmPool) untake(key PoolKey) {
 	p.mu.Unlock()
 }
 
+// setReadyLocked sets key's prestarted sandboxes, and tells the node's
+// OnPoolChange when key's ran out or came back.
 func (p *warmPool) setReadyLocked(key PoolKey, list []*pooled) {
+	if (len(p.ready[key]) == 0) != (len(list) == 0) {
+		p.n.poolChanged()
+	}
 	if len(list) == 0 {
 		delete(p.ready, key)
 		return
@@ -323,7 +328,7 @@ func (p *warmPool) remove(id string) *Sandbox {
 func (p *warmPool) forget(key PoolKey) {
 	p.mu.Lock()
 	list := p.ready[key]
-	delete(p.ready, key)
+	p.setReadyLocked(key, nil)
 	delete(p.targets, key)
 	p.demand.forget(key)
 	p.mu.Unlock()
@@ -448,7 +453,7 @@ func (p *warmPool) step(ctx context.Context) bool {
 	// Closed meanwhile (close has taken the list), or no longer wanted.
 	unwanted := p.ctx.Err() != nil || len(p.ready[key]) >= p.targets[key]
 	if !unwanted {
-		p.ready[key] = append(p.ready[key], e)
+		p.setReadyLocked(key, append(p.ready[key], e))
 		if e.memBytes > 0 {
 			p.cost[key] = e.memBytes
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -286,5 +287,35 @@ func TestWarmPoolClosedKeepingSandboxes(t *testing.T) {
 	}
 	if got := h.net.heldCount(); got != 1 {
 		t.Errorf("%d slots held, want the user's", got)
+	}
+}
+
+// TestPoolChangeReported: OnPoolChange hears when a template's pool runs
+// out and when it holds a sandbox again (what the cluster schedules by),
+// not every take and refill.
+func TestPoolChangeReported(t *testing.T) {
+	h := newHost(t)
+	n, _ := h.start(poolConfig(h, 1<<30, 2))
+	waitFor(t, func() bool { return poolReady(n) == 2 }, "the pool to fill to its floor")
+	var changes atomic.Int32
+	n.OnPoolChange(func() { changes.Add(1) })
+
+	// The refill's boots wait until both takes are done.
+	gate := make(chan struct{})
+	h.rt.set(func(r *fakeRuntime) { r.gate = gate })
+	ctx := context.Background()
+	for i := range 2 {
+		if _, err := n.Create(ctx, CreateRequest{TemplateID: testTemplate}); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := changes.Load(), int32(i); got != want {
+			t.Errorf("after take %d: %d changes reported, want %d", i+1, got, want)
+		}
+	}
+	h.rt.set(func(r *fakeRuntime) { r.gate = nil })
+	close(gate)
+	waitFor(t, func() bool { return poolReady(n) == 2 }, "the pool to refill")
+	if got := changes.Load(); got != 2 {
+		t.Errorf("%d changes reported after the pool ran out and refilled to 2, want 2", got)
 	}
 }

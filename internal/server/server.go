@@ -380,6 +380,7 @@ func Start(ctx context.Context, cfg Config) (srv *Server, err error) {
 		if s.registration, err = membership.RegisterNode(ctx, s.state, membership.TLSReporter(s.host.API(), advertise, instance, nodeTLS), log); err != nil {
 			return nil, err
 		}
+		s.host.Node().OnPoolChange(s.registration.Nudge)
 	}
 	if info := s.serverInfo(ccfg.Candidate); len(info.Addresses) > 0 {
 		if s.serverRegistration, err = membership.RegisterServer(ctx, s.state, info, log); err != nil {
