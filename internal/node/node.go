@@ -266,7 +266,7 @@ type Node struct {
 	// onPoolChange is OnPoolChange's fn; atomic, as the pool calls it
 	// under its own lock.
 	onPoolChange atomic.Pointer[func()]
-	pool   *warmPool
+	pool         *warmPool
 	// readying starts each template's service once at a time; ready
 	// holds the snapshots of started services by name.
 	readying singleflight.Group
