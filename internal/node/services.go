@@ -120,6 +120,11 @@ func (n *Node) startService(ctx context.Context, tpl *template.Template, name st
 		return nil, fmt.Errorf("starting template %s's service: %w", tpl.ID, err)
 	}
 	sb.TemplateID = tpl.ID
+	// Never registered nor pooled: its boot counts as pending until it is
+	// gone, snapshotted and stopped or destroyed. Left pending, it held
+	// every warm pool's refill back for good (the pool refills only while
+	// nothing boots) after a node's first start built the snapshot.
+	defer n.unpend(sb.ID)
 	fail := func(err error) (*snapshot.Snapshot, error) {
 		n.destroy(context.WithoutCancel(ctx), sb)
 		return nil, fmt.Errorf("starting template %s's service: %w", tpl.ID, err)

@@ -158,3 +158,35 @@ func copyInto(t *testing.T, root, src, dst string) {
 		t.Fatal(err)
 	}
 }
+
+// TestServiceSnapshotLeavesThePoolRefilling: the boot that makes a
+// template's ready snapshot (its first create) stops counting as a boot
+// in progress once the snapshot is made. It stayed counted, and the warm
+// pool refills only while nothing boots: after a node's first start built
+// the code interpreter's snapshot, no pool refilled again.
+func TestServiceSnapshotLeavesThePoolRefilling(t *testing.T) {
+	srv, c, _ := startServerWith(t, func(cfg *Config) { cfg.WarmPoolFloor, cfg.WarmPoolMemory = 1, 1<<30 })
+	commitInterpreterTemplate(t, srv)
+	ctx := context.Background()
+	sb := mustCreate(t, c, client.CreateOptions{TemplateID: "interp", Timeout: 120})
+	if err := c.Kill(ctx, sb.SandboxID); err != nil {
+		t.Fatal(err)
+	}
+	waitPooled := func(what string) {
+		t.Helper()
+		deadline := time.Now().Add(time.Minute)
+		for poolOf(srv, "base").Ready < 1 {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %+v after a minute", what, poolOf(srv, "base"))
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	waitPooled("the base pool filling to its floor")
+	b := mustCreate(t, c, client.CreateOptions{TemplateID: "base", Timeout: 120})
+	defer c.Kill(ctx, b.SandboxID)
+	if st := poolOf(srv, "base"); st.Served.Warm < 1 {
+		t.Fatalf("the create took no prestarted sandbox: %+v", st)
+	}
+	waitPooled("the base pool refilling after the service's snapshot")
+}
