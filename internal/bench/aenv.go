@@ -51,6 +51,9 @@ func MeasureAenv(ctx context.Context, opts Options) (AenvResults, error) {
 	var err error
 
 	var size sync.Once
+	// poolKey is the template's id, which the nodes list their pools by
+	// (opts.Template may be an alias).
+	poolKey := opts.Template
 	create := func(ctx context.Context) (time.Duration, cleanup, error) {
 		start := time.Now()
 		sb, err := opts.API.Create(ctx, client.CreateOptions{TemplateID: opts.Template, Timeout: sandboxTimeout})
@@ -62,7 +65,12 @@ func MeasureAenv(ctx context.Context, opts Options) (AenvResults, error) {
 			return 0, kill, err
 		}
 		d := time.Since(start)
-		size.Do(func() { res.CPUCount, res.MemoryMB = sandboxSize(ctx, opts.API, sb) })
+		size.Do(func() {
+			res.CPUCount, res.MemoryMB = sandboxSize(ctx, opts.API, sb)
+			if sb.TemplateID != "" {
+				poolKey = sb.TemplateID
+			}
+		})
 		return d, kill, nil
 	}
 	// The warm-up create is outside the CPU reading (series runs it
@@ -80,7 +88,7 @@ func MeasureAenv(ctx context.Context, opts Options) (AenvResults, error) {
 	nodes, _ := opts.API.(nodeLister)
 	var last time.Time
 	serial := func(ctx context.Context) (time.Duration, cleanup, error) {
-		awaitPooled(ctx, nodes, opts.Template, last, pooledWait)
+		awaitPooled(ctx, nodes, poolKey, last, pooledWait)
 		d, c, err := create(ctx)
 		last = time.Now()
 		return d, c, err

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -26,15 +27,20 @@ var _ InterpreterAPI = (*client.Client)(nil)
 type RunCodeResults struct {
 	// RunCode is the round trip of runCode('1+1') in a running sandbox.
 	RunCode []time.Duration
-	// FirstResult is create to the first runCode result, each create after
-	// a pause that lets the warm pool refill.
+	// FirstResult is create to the first runCode result, each create once
+	// the warm pool has refilled.
 	FirstResult []time.Duration
 }
 
 // firstResultSettle is the pause before each create-to-first-result
-// sample: a pooled sandbox is taken by each, and its replacement's boot
-// would otherwise be what the next one measures.
-const firstResultSettle = 3 * time.Second
+// sample when the server cannot list its pools: a pooled sandbox is taken
+// by each, and its replacement's boot would otherwise be what the next
+// one measures. A server that can is asked instead (awaitPooled, at most
+// firstResultWait: a code interpreter's restore is slower than a boot).
+const (
+	firstResultSettle = 3 * time.Second
+	firstResultWait   = 10 * time.Second
+)
 
 // MeasureRunCode times runCode('1+1') iterations times in one sandbox of
 // template (after warm-ups), then create to first result, firsts times.
@@ -77,14 +83,22 @@ func MeasureRunCode(ctx context.Context, api InterpreterAPI, template string, it
 	if res.RunCode, err = series(ctx, p, "runCode", 3, iterations, 1, round); err != nil {
 		return res, fmt.Errorf("runCode: %w", err)
 	}
+	nodes, _ := api.(nodeLister)
+	poolKey := cmp.Or(sb.TemplateID, template) // what the pools are listed by
+	last := time.Now()
 	first := func(ctx context.Context) (time.Duration, cleanup, error) {
-		select {
-		case <-ctx.Done():
-			return 0, nil, ctx.Err()
-		case <-time.After(firstResultSettle):
+		if nodes != nil {
+			awaitPooled(ctx, nodes, poolKey, last, firstResultWait)
+		} else {
+			select {
+			case <-ctx.Done():
+				return 0, nil, ctx.Err()
+			case <-time.After(firstResultSettle):
+			}
 		}
 		start := time.Now()
 		sb, kill, err := create(ctx)
+		last = time.Now()
 		if err != nil {
 			return 0, nil, err
 		}
