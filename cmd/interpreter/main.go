@@ -34,12 +34,12 @@ func main() {
 func run() error {
 	fs := flag.NewFlagSet("interpreter", flag.ContinueOnError)
 	port := fs.Int("port", Port, "port to serve on")
-	python := fs.String("python", interpreter.DefaultPython, "Python interpreter with ipykernel")
+	python := fs.String("python", interpreter.DefaultPython, "Python interpreter with IPython")
 	home, _ := os.UserHomeDir()
 	cwd := fs.String("cwd", home, "working directory of new contexts")
 	verbose := fs.Bool("verbose", false, "log debug messages (kernels' own output too)")
 	envdURL := fs.String("envd", "http://127.0.0.1:49983", "the sandbox's envd, whose environment (the create's envs) every execution gets and whose access token every request must carry; empty: none, and no token")
-	prestart := fs.Bool("prestart", true, "start the default Python kernel before the port opens (false: at the first Python execution, for trees without ipykernel)")
+	prestart := fs.Bool("prestart", true, "start the default Python kernel before the port opens (false: at the first Python execution, for trees without IPython)")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return err
 	}

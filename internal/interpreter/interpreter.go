@@ -1,14 +1,14 @@
 // Package interpreter is the code-interpreter service of the
 // code-interpreter template: the HTTP API on port 49999 that
 // @e2b/code-interpreter calls (POST /execute streaming newline-delimited
-// JSON, and /contexts), over Jupyter kernels.
+// JSON, and /contexts), over IPython.
 //
-// It speaks the kernel's own wire protocol (ZeroMQ, HMAC-signed messages)
-// to ipykernel directly rather than going through jupyter-server: one
-// static Go binary and one kernel process per context is all a sandbox
-// runs, nothing else to start, keep alive or snapshot, and interrupts,
-// restarts and output routing stay in this process, where a timeout or a
-// dropped request can act on them at once.
+// Each context is one Python process running IPython's shell, driven
+// over pipes (kernel.go) rather than through a Jupyter kernel or
+// jupyter-server: one static Go binary and one Python process per context
+// is all a sandbox runs, nothing else to start, keep alive or snapshot,
+// and interrupts, restarts and output routing stay in this process, where
+// a timeout or a dropped request can act on them at once.
 package interpreter
 
 import (
@@ -26,7 +26,7 @@ import (
 	"time"
 )
 
-// DefaultPython is Debian's interpreter, whose ipykernel the template's
+// DefaultPython is Debian's interpreter, whose IPython the template's
 // packages install (a python3 earlier in PATH may lack it).
 const DefaultPython = "/usr/bin/python3"
 

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -16,11 +17,11 @@ import (
 	"time"
 )
 
-// newTestServer starts the service over this host's ipykernel (installed
-// by `make deps`): a real kernel, spoken to over its real protocol.
+// newTestServer starts the service over this host's IPython (installed
+// with python3-ipykernel by `make deps`): real kernels.
 func newTestServer(t *testing.T) *httptest.Server {
 	t.Helper()
-	if out, err := exec.Command(DefaultPython, "-c", "import ipykernel, matplotlib_inline").CombinedOutput(); err != nil {
+	if out, err := exec.Command(DefaultPython, "-c", "import IPython, matplotlib_inline").CombinedOutput(); err != nil {
 		t.Fatalf("these tests need python3-ipykernel and python3-matplotlib (make deps): %v: %s", err, out)
 	}
 	s := New(Config{Cwd: t.TempDir(), Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
@@ -141,6 +142,72 @@ func TestPython(t *testing.T) {
 		}
 		if firstAt == 0 || endAt-firstAt < time.Second {
 			t.Fatalf("first line at %v, end at %v: output was not streamed", firstAt, endAt)
+		}
+	})
+
+	t.Run("a loop's lines arrive whole, in order, batched", func(t *testing.T) {
+		e := run(t, ts, map[string]any{"code": "for i in range(20000):\n    print(i)"})
+		var want strings.Builder
+		for i := range 20000 {
+			fmt.Fprintln(&want, i)
+		}
+		if e.stdout != want.String() {
+			t.Fatalf("stdout: %d bytes, want the %d of 20000 lines in order", len(e.stdout), want.Len())
+		}
+		n := 0
+		for _, ev := range e.events {
+			if ev["type"] == "stdout" {
+				n++
+			}
+		}
+		if n >= 20000 {
+			t.Errorf("%d stdout events for 20000 lines printed in a loop: not batched", n)
+		}
+	})
+
+	t.Run("a line held back by the batching still comes before a long pause ends", func(t *testing.T) {
+		b, _ := json.Marshal(map[string]any{"code": "import time\nprint('a')\nprint('b')\ntime.sleep(2)"})
+		res, err := http.Post(ts.URL+"/execute", "application/json", bytes.NewReader(b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		start := time.Now()
+		sc := bufio.NewScanner(res.Body)
+		var got string
+		var bAt, endAt time.Duration
+		for sc.Scan() {
+			var ev map[string]any
+			json.Unmarshal(sc.Bytes(), &ev)
+			if ev["type"] == "stdout" {
+				got += ev["text"].(string)
+				if strings.Contains(got, "b") && bAt == 0 {
+					bAt = time.Since(start)
+				}
+			}
+			if ev["type"] == "end_of_execution" {
+				endAt = time.Since(start)
+			}
+		}
+		if got != "a\nb\n" || bAt == 0 || endAt-bAt < time.Second {
+			t.Fatalf("stdout %q, second line at %v, end at %v: want both lines a second or more before the end", got, bAt, endAt)
+		}
+	})
+
+	t.Run("programs the code starts write to its stdout; input() reads nothing", func(t *testing.T) {
+		e := run(t, ts, map[string]any{"code": "import os\nos.system('echo from a child')\ntry:\n    input()\nexcept EOFError:\n    print('no stdin')"})
+		if !strings.Contains(e.stdout, "from a child\n") || !strings.Contains(e.stdout, "no stdin\n") || e.err != nil {
+			t.Fatalf("stdout %q, error %v", e.stdout, e.err)
+		}
+		// A NUL is output like any byte (the end-of-execution marker
+		// starts with two).
+		e = run(t, ts, map[string]any{"code": "import os\nos.system(\"printf 'a\\\\0b\\\\n'\")"})
+		if e.stdout != "a\x00b\n" {
+			t.Fatalf("a child's NUL byte: stdout %q", e.stdout)
+		}
+		e = run(t, ts, map[string]any{"code": "40 + 2"})
+		if len(e.results) != 1 || e.results[0]["text"] != "42" {
+			t.Fatalf("the kernel after a child's output and input(): results %v error %v", e.results, e.err)
 		}
 	})
 
