@@ -75,6 +75,11 @@ func MeasureRunCode(ctx context.Context, api InterpreterAPI, template string, it
 			err = errors.Join(err, fmt.Errorf("runCode: %w", kerr))
 		}
 	}()
+	nodes, _ := api.(nodeLister)
+	poolKey := cmp.Or(sb.TemplateID, template) // what the pools are listed by
+	// The pool's replacement for the sandbox just taken restores while
+	// nothing else runs; the round trips are timed after it.
+	awaitPooled(ctx, nodes, poolKey, time.Now(), firstResultWait)
 	round := func(ctx context.Context) (time.Duration, cleanup, error) {
 		start := time.Now()
 		err := runCode(ctx, sb)
@@ -83,8 +88,6 @@ func MeasureRunCode(ctx context.Context, api InterpreterAPI, template string, it
 	if res.RunCode, err = series(ctx, p, "runCode", 3, iterations, 1, round); err != nil {
 		return res, fmt.Errorf("runCode: %w", err)
 	}
-	nodes, _ := api.(nodeLister)
-	poolKey := cmp.Or(sb.TemplateID, template) // what the pools are listed by
 	last := time.Now()
 	first := func(ctx context.Context) (time.Duration, cleanup, error) {
 		if nodes != nil {
