@@ -86,6 +86,34 @@ func runCtx(t *testing.T, ctx context.Context, ts *httptest.Server, body map[str
 	return e
 }
 
+// streamed runs code and returns its stdout, when (since the request)
+// the stdout first held mark, and when the execution's end came.
+func streamed(t *testing.T, ts *httptest.Server, code, mark string) (stdout string, markAt, endAt time.Duration) {
+	t.Helper()
+	b, _ := json.Marshal(map[string]any{"code": code})
+	start := time.Now()
+	res, err := http.Post(ts.URL+"/execute", "application/json", bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	sc := bufio.NewScanner(res.Body)
+	for sc.Scan() {
+		var ev map[string]any
+		json.Unmarshal(sc.Bytes(), &ev)
+		switch ev["type"] {
+		case "stdout":
+			stdout += ev["text"].(string)
+			if markAt == 0 && strings.Contains(stdout, mark) {
+				markAt = time.Since(start)
+			}
+		case "end_of_execution":
+			endAt = time.Since(start)
+		}
+	}
+	return stdout, markAt, endAt
+}
+
 func call(t *testing.T, ts *httptest.Server, method, path string, body any) (int, []byte) {
 	t.Helper()
 	var r *bytes.Reader
@@ -121,25 +149,7 @@ func TestPython(t *testing.T) {
 	})
 
 	t.Run("stdout streams before the end", func(t *testing.T) {
-		b, _ := json.Marshal(map[string]any{"code": "import time\nprint('first', flush=True)\ntime.sleep(1.5)\nprint('second')"})
-		res, err := http.Post(ts.URL+"/execute", "application/json", bytes.NewReader(b))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer res.Body.Close()
-		start := time.Now()
-		sc := bufio.NewScanner(res.Body)
-		var firstAt, endAt time.Duration
-		for sc.Scan() {
-			var ev map[string]any
-			json.Unmarshal(sc.Bytes(), &ev)
-			if ev["type"] == "stdout" && strings.Contains(ev["text"].(string), "first") && firstAt == 0 {
-				firstAt = time.Since(start)
-			}
-			if ev["type"] == "end_of_execution" {
-				endAt = time.Since(start)
-			}
-		}
+		_, firstAt, endAt := streamed(t, ts, "import time\nprint('first', flush=True)\ntime.sleep(1.5)\nprint('second')", "first")
 		if firstAt == 0 || endAt-firstAt < time.Second {
 			t.Fatalf("first line at %v, end at %v: output was not streamed", firstAt, endAt)
 		}
@@ -166,29 +176,7 @@ func TestPython(t *testing.T) {
 	})
 
 	t.Run("a line held back by the batching still comes before a long pause ends", func(t *testing.T) {
-		b, _ := json.Marshal(map[string]any{"code": "import time\nprint('a')\nprint('b')\ntime.sleep(2)"})
-		res, err := http.Post(ts.URL+"/execute", "application/json", bytes.NewReader(b))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer res.Body.Close()
-		start := time.Now()
-		sc := bufio.NewScanner(res.Body)
-		var got string
-		var bAt, endAt time.Duration
-		for sc.Scan() {
-			var ev map[string]any
-			json.Unmarshal(sc.Bytes(), &ev)
-			if ev["type"] == "stdout" {
-				got += ev["text"].(string)
-				if strings.Contains(got, "b") && bAt == 0 {
-					bAt = time.Since(start)
-				}
-			}
-			if ev["type"] == "end_of_execution" {
-				endAt = time.Since(start)
-			}
-		}
+		got, bAt, endAt := streamed(t, ts, "import time\nprint('a')\nprint('b')\ntime.sleep(2)", "b")
 		if got != "a\nb\n" || bAt == 0 || endAt-bAt < time.Second {
 			t.Fatalf("stdout %q, second line at %v, end at %v: want both lines a second or more before the end", got, bAt, endAt)
 		}
