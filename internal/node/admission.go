@@ -155,8 +155,8 @@ func (n *Node) committedMBLocked(poolMB int) int {
 	for _, sb := range n.sandboxes {
 		total += sb.MemoryMB
 	}
-	for _, mb := range n.pending {
-		total += mb
+	for _, p := range n.pending {
+		total += p.mb
 	}
 	return total
 }

@@ -256,6 +256,10 @@ func (n *Node) sampleAll(ctx context.Context) {
 	}
 	n.reportIdle(running, time.Now())
 	n.sweepHistories(running, time.Now())
+	for _, id := range n.stuckBoots(time.Now()) {
+		n.log.Warn("a boot has counted as in progress for too long; the warm pool does not refill while one does",
+			"sandbox_id", id, "after", stuckBootAfter)
+	}
 }
 
 // sweepHistories ends the histories in memory of sandboxes that have not

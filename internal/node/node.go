@@ -251,8 +251,9 @@ type Node struct {
 	mu        sync.Mutex
 	sandboxes map[string]*Sandbox
 	// pending holds ids being created, so that a concurrent create or kill
-	// of the same id sees it, with the memory (MiB) admitted for each.
-	pending map[string]int
+	// of the same id sees it, with the memory admitted for each and since
+	// when.
+	pending map[string]pendingBoot
 	// releasing holds, by runtime name, the sandboxes a pause stopped
 	// whose processes, network and root filesystem are still being
 	// released: a pause answers once the state is saved, and a boot under
@@ -311,7 +312,7 @@ func New(cfg Config) (*Node, error) {
 		cfg:       cfg,
 		log:       cfg.Logger.With("node_id", cfg.ID),
 		sandboxes: make(map[string]*Sandbox),
-		pending:   make(map[string]int),
+		pending:   make(map[string]pendingBoot),
 		releasing: make(map[string]chan struct{}),
 		ready:     make(map[string]*snapshot.Snapshot),
 	}
@@ -820,6 +821,35 @@ func (n *Node) unpend(id string) {
 	n.pool.poke()
 }
 
+// pendingBoot is a boot admitted and not yet registered, pooled or gone.
+type pendingBoot struct {
+	mb     int // the memory admitted for it, MiB
+	since  time.Time
+	warned bool // stuckBoots has reported it
+}
+
+// stuckBootAfter is how long a boot may count as in progress before the
+// node warns of it: every boot is bounded far below it, and while one
+// counts, the warm pool does not refill (hostIdle), so one that never
+// ends (a path that forgot to unpend) would stop every pool silently.
+const stuckBootAfter = 10 * time.Minute
+
+// stuckBoots returns the ids of the boots that have counted as in
+// progress for stuckBootAfter as of now, each once.
+func (n *Node) stuckBoots(now time.Time) []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var ids []string
+	for id, p := range n.pending {
+		if !p.warned && now.Sub(p.since) > stuckBootAfter {
+			p.warned = true
+			n.pending[id] = p
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
 // admitBoot admits a boot of memMB and cpus under id, counting it as
 // pending. A boot that does not fit beside the warm pool's prestarted
 // sandboxes kills some to make room (unless it is the pool's own): a
@@ -841,7 +871,7 @@ func (n *Node) admitBoot(id string, memMB, cpus int, forPool bool) error {
 		committed := n.committedMBLocked(poolMB)
 		err := admit(n.cfg.Capacity, memMB, cpus, committed, used, disk)
 		if err == nil {
-			n.pending[id] = memMB
+			n.pending[id] = pendingBoot{mb: memMB, since: time.Now()}
 			n.mu.Unlock()
 			return nil
 		}
@@ -855,7 +885,7 @@ func (n *Node) admitBoot(id string, memMB, cpus int, forPool bool) error {
 		}
 		// The room it makes is its own: reserved, the refill neither
 		// boots nor is admitted into it meanwhile.
-		n.pending[id] = memMB
+		n.pending[id] = pendingBoot{mb: memMB, since: time.Now()}
 		n.mu.Unlock()
 		n.pool.evict(short)
 	}

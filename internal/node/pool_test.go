@@ -319,3 +319,23 @@ func TestPoolChangeReported(t *testing.T) {
 		t.Errorf("%d changes reported after the pool ran out and refilled to 2, want 2", got)
 	}
 }
+
+// TestStuckBootsReported: a boot that has counted as in progress for
+// longer than any boot takes (which holds every pool's refill back) is
+// reported, once; a recent one is not.
+func TestStuckBootsReported(t *testing.T) {
+	h := newHost(t)
+	n, _ := h.start(poolConfig(h, 0, 0))
+	now := time.Now()
+	n.mu.Lock()
+	n.pending["old"] = pendingBoot{mb: 1, since: now.Add(-stuckBootAfter - time.Second)}
+	n.pending["new"] = pendingBoot{mb: 1, since: now.Add(-time.Second)}
+	n.mu.Unlock()
+	defer func() { n.unpend("old"); n.unpend("new") }()
+	if got := n.stuckBoots(now); !slices.Equal(got, []string{"old"}) {
+		t.Errorf("stuck boots %v, want [old]", got)
+	}
+	if got := n.stuckBoots(now.Add(time.Minute)); len(got) != 0 {
+		t.Errorf("reported again: %v", got)
+	}
+}
