@@ -135,17 +135,25 @@ const pooledWait = 5 * time.Second
 // pool every few seconds: an older report may count a sandbox the last
 // create took); it returns at once when api cannot say.
 func awaitPooled(ctx context.Context, api nodeLister, template string, since time.Time, within time.Duration) {
+	watchPool(ctx, api, template, within, 50*time.Millisecond, func(ready, target int, at time.Time) bool {
+		return target == 0 || (!at.Before(since) && ready > 0)
+	})
+}
+
+// watchPool reads the nodes' pool of template every interval until done
+// says so, the API cannot say (ready -1), ctx ends or within has passed,
+// and returns the last count of ready sandboxes.
+func watchPool(ctx context.Context, api nodeLister, template string, within, every time.Duration, done func(ready, target int, at time.Time) bool) int {
 	deadline := time.Now().Add(within)
 	for {
 		ready, target, at := poolReport(ctx, api, template)
-		fresh := !at.Before(since)
-		if ready < 0 || target == 0 || (fresh && ready > 0) || time.Now().After(deadline) {
-			return
+		if ready < 0 || done(ready, target, at) || time.Now().After(deadline) {
+			return ready
 		}
 		select {
 		case <-ctx.Done():
-			return
-		case <-time.After(50 * time.Millisecond):
+			return ready
+		case <-time.After(every):
 		}
 	}
 }
@@ -174,17 +182,12 @@ type nodeLister interface {
 // templates' when none is listed under that name, as when it is an
 // alias); -1 when the API cannot say.
 func pooled(ctx context.Context, api nodeLister, template string) int {
-	ready, _ := poolState(ctx, api, template)
+	ready, _, _ := poolReport(ctx, api, template)
 	return ready
 }
 
-func poolState(ctx context.Context, api nodeLister, template string) (ready, target int) {
-	ready, target, _ = poolReport(ctx, api, template)
-	return ready, target
-}
-
-// poolReport is poolState with the time of the oldest node report it
-// read.
+// poolReport reads the nodes' pool of template as pooled does, with the
+// pool's target size and the time of the oldest node report it read.
 func poolReport(ctx context.Context, api nodeLister, template string) (ready, target int, at time.Time) {
 	if api == nil {
 		return -1, 0, time.Time{}
@@ -224,19 +227,10 @@ func waitPool(ctx context.Context, p *progress, api nodeLister, template string,
 	}
 	p.start("waiting for the pool", want)
 	defer p.end()
-	deadline := time.Now().Add(poolWait)
-	for {
-		ready, target := poolState(ctx, api, template)
-		p.update(max(ready, 0))
-		if ready < 0 || ready >= want || (target > 0 && ready >= target) || time.Now().After(deadline) {
-			return ready
-		}
-		select {
-		case <-ctx.Done():
-			return ready
-		case <-time.After(500 * time.Millisecond):
-		}
-	}
+	return watchPool(ctx, api, template, poolWait, 500*time.Millisecond, func(ready, target int, _ time.Time) bool {
+		p.update(ready)
+		return ready >= want || (target > 0 && ready >= target)
+	})
 }
 
 // sustain runs o in conc loops for d and counts the runs that finished
