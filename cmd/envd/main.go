@@ -62,6 +62,7 @@ func run() error {
 		DefaultUser: *defaultUser,
 		BaseEnv:     os.Environ(),
 		ReapAll:     pid1,
+		ReadyShell:  true,
 	})
 	if err != nil {
 		return fmt.Errorf("starting envd: %w", err)

@@ -63,6 +63,10 @@ type Options struct {
 	// outside the sandbox (see fromOutside): the node that started it,
 	// never a process inside it, which would otherwise make itself root.
 	InitFrom func(peer netip.Addr) bool
+	// ReadyShell keeps a login shell started ahead of time for the next
+	// `/bin/bash -l -c` command (see readyShells). It starts processes of
+	// its own, so only the sandbox's envd turns it on.
+	ReadyShell bool
 }
 
 // Server is an envd instance. Create it with New, serve Handler, and Close
@@ -79,6 +83,7 @@ type Server struct {
 	procs    *procTable
 	watchers *watcherTable
 	cpu      *cpuSampler
+	shells   *readyShells // nil unless Options.ReadyShell
 
 	warnedUser atomic.Bool // the missing default user was logged
 
@@ -120,6 +125,10 @@ func New(opts Options) (*Server, error) {
 	}
 	s.reaper = r
 	s.handler = s.routes()
+	if opts.ReadyShell {
+		s.shells = &readyShells{s: s}
+		s.shells.refill()
+	}
 	return s, nil
 }
 
@@ -132,6 +141,7 @@ func (s *Server) Close() error {
 	s.closeOnce.Do(func() {
 		s.cancel()
 		s.watchers.closeAll()
+		s.shells.close()
 	})
 	return nil
 }

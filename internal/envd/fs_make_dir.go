@@ -13,6 +13,8 @@ import (
 // MakeDir creates a directory and its missing parents, owned by the user.
 // An existing directory is already_exists (the SDK's makeDir returns false).
 func (fsvc *filesystemService) MakeDir(_ context.Context, req *connect.Request[filesystem.MakeDirRequest]) (*connect.Response[filesystem.MakeDirResponse], error) {
+	// A login shell's start-up may read what this changes.
+	defer fsvc.s.shells.changed(readyShellQuiet)
 	u, db, err := fsvc.requestContext(req.Header())
 	if err != nil {
 		return nil, connectError(err)

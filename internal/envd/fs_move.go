@@ -19,6 +19,8 @@ import (
 // Across filesystems (e.g. /tmp to the home directory) it copies and
 // deletes instead.
 func (fsvc *filesystemService) Move(_ context.Context, req *connect.Request[filesystem.MoveRequest]) (*connect.Response[filesystem.MoveResponse], error) {
+	// A login shell's start-up may read what this changes.
+	defer fsvc.s.shells.changed(readyShellQuiet)
 	u, db, err := fsvc.requestContext(req.Header())
 	if err != nil {
 		return nil, connectError(err)

@@ -12,6 +12,8 @@ import (
 
 // Remove deletes a file, or a directory with everything in it.
 func (fsvc *filesystemService) Remove(_ context.Context, req *connect.Request[filesystem.RemoveRequest]) (*connect.Response[filesystem.RemoveResponse], error) {
+	// A login shell's start-up may read what this changes.
+	defer fsvc.s.shells.changed(readyShellQuiet)
 	u, err := fsvc.s.userFromHeader(req.Header())
 	if err != nil {
 		return nil, connectError(err)

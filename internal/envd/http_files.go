@@ -122,6 +122,8 @@ func (d *deadlineWriter) Write(p []byte) (int, error) {
 // path parameter, or else its filename: that is how the SDK uploads several
 // files in one request. X-Metadata-<key> headers become file metadata.
 func (s *Server) handlePostFiles(w http.ResponseWriter, r *http.Request) {
+	// A login shell's start-up may read what this writes.
+	defer s.shells.changed(readyShellQuiet)
 	u, err := s.fileUser(r)
 	if err != nil {
 		writeHTTPError(w, err)

@@ -31,6 +31,7 @@ func (s *Server) handleInit(w http.ResponseWriter, r *http.Request) {
 	}
 	if s.cfg.apply(req) {
 		s.log.Info("initialized", "env_vars", len(req.EnvVars), "token_set", req.AccessToken != nil && *req.AccessToken != "")
+		s.shells.reconfigured()
 	} else {
 		s.log.Info("ignored stale init request", "timestamp", req.Timestamp)
 	}

@@ -115,7 +115,9 @@ func (p *proc) subscribers() []*subscriber {
 // run pumps the output and waits for the exit status, then removes the
 // process from the table and sends the end event. Subscribers must have
 // been registered before run starts if they are to see all output.
-func (p *proc) run(c *child, table *procTable) {
+// exited, if set, is called as soon as the process has exited, before the
+// end event goes out.
+func (p *proc) run(c *child, table *procTable, exited func()) {
 	var wg sync.WaitGroup
 	for _, o := range c.outputs {
 		wg.Add(1)
@@ -131,6 +133,9 @@ func (p *proc) run(c *child, table *procTable) {
 	}()
 
 	ws := <-c.status
+	if exited != nil {
+		exited()
+	}
 	p.awaitOutput(readersDone)
 
 	table.remove(p)

@@ -51,9 +51,11 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[proces
 		spec.pty = &ptySize{cols: clampU16(size.GetCols(), 80), rows: clampU16(size.GetRows(), 24)}
 	}
 
-	c, err := s.spawn(spec)
-	if err != nil {
-		return connectError(fmt.Errorf("starting process %s: %w", cfg.GetCmd(), err))
+	c, ready := s.shells.take(spec)
+	if !ready {
+		if c, err = s.spawn(spec); err != nil {
+			return connectError(fmt.Errorf("starting process %s: %w", cfg.GetCmd(), err))
+		}
 	}
 	recorded := proto.CloneOf(cfg)
 	recorded.Cwd = &dir
@@ -61,8 +63,11 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[proces
 	sub, _ := p.subscribe() // cannot fail before run
 	defer p.unsubscribe(sub)
 	s.procs.add(p)
-	go p.run(c, s.procs)
-	s.log.Info("process started", "pid", p.pid, "cmd", cfg.GetCmd(), "args", logArgs(cfg.GetArgs()), "user", u.Name, "pty", spec.pty != nil)
+	// What the process did may change what a login shell reads as it
+	// starts; the next command, sent once the end event arrives, must find
+	// the ready shell's replacement already starting.
+	go p.run(c, s.procs, func() { s.shells.ended(spec) })
+	s.log.Info("process started", "pid", p.pid, "cmd", cfg.GetCmd(), "args", logArgs(cfg.GetArgs()), "user", u.Name, "pty", spec.pty != nil, "ready_shell", ready)
 	// The node reads these two lines into the sandbox's log.
 	go func() {
 		<-p.done

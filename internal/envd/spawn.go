@@ -18,6 +18,9 @@ type spawnSpec struct {
 	switchUser bool
 	pty        *ptySize // nil: plain pipes
 	stdin      bool     // keep a stdin pipe open (ignored with a pty)
+	// script gives the child a pipe on descriptor 3 (ignored with a pty):
+	// a ready shell reads its command from it (see readyShells).
+	script bool
 }
 
 type ptySize struct{ cols, rows uint16 }
@@ -27,6 +30,7 @@ type child struct {
 	pid     int
 	status  <-chan syscall.WaitStatus
 	stdin   *os.File // stdin pipe, nil when stdin was not requested
+	script  *os.File // descriptor 3's pipe, nil unless spec.script
 	pty     *os.File // pty master, nil without a pty
 	outputs []output
 }

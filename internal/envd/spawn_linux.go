@@ -31,7 +31,7 @@ func (s *Server) spawn(spec spawnSpec) (*child, error) {
 		}
 	}()
 	fail := func(err error) (*child, error) {
-		for _, f := range []*os.File{c.stdin, c.pty} {
+		for _, f := range []*os.File{c.stdin, c.pty, c.script} {
 			if f != nil {
 				f.Close()
 			}
@@ -85,6 +85,15 @@ func (s *Server) spawn(spec spawnSpec) (*child, error) {
 			childFiles = append(childFiles, w)
 			c.outputs = append(c.outputs, output{kind: kind, f: r})
 			fds = append(fds, w.Fd())
+		}
+		if spec.script {
+			r, w, err := os.Pipe()
+			if err != nil {
+				return fail(fmt.Errorf("creating script pipe: %w", err))
+			}
+			childFiles = append(childFiles, r)
+			c.script = w
+			fds = append(fds, r.Fd())
 		}
 		// Its own process group, so that a signal reaches the whole job.
 		sys.Setpgid = true

@@ -1,0 +1,367 @@
+package envd
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// readyShells (nil: off) keeps one login shell started ahead of time for the command
+// the SDKs send for every commands.run: `/bin/bash -l -c CMD`, as the
+// default user, in the default directory, with the sandbox's environment
+// and no stdin. Under gVisor, forking bash, loading it and reading the
+// profile cost 8-12 ms of a ~14 ms `true` (measured in a sandbox on a
+// 2-core host); a shell that has done all that before the request only
+// reads its command and runs it.
+//
+// The shell must see what a shell started at the request would: the
+// profile it read must not have changed since. Every event after which a
+// login shell's start-up could read something else (a process envd
+// started ends, a file written or moved through envd, /init) makes the
+// shell stale; a stale one is killed and a new one started. Changes a
+// still-running process makes are not tracked: a command started after
+// them is only promised them once that process has ended, as with any
+// sequence of commands.
+//
+// The shell differs from a spawned one only where bash shows how it was
+// started: /proc/PID/cmdline is the bootstrap below, BASH_EXECUTION_STRING
+// too, a syntax error reads "bash: eval:" rather than "bash: -c:", and the
+// last command does not replace bash (bash -c execs a lone simple command).
+type readyShells struct {
+	s *Server
+
+	mu       sync.Mutex
+	gen      uint64         // bumped by every change (see changed)
+	sh       *preparedShell // the ready shell, nil when none is
+	starting chan struct{}  // closed when the start in progress ends; nil when none runs
+	next     *spawnSpec     // what the start in progress launches
+	// unwanted is set while the latest login-shell command could not have
+	// used a ready shell (it asked for other variables, a directory or a
+	// user): none is started until one could again, since each would be
+	// killed unused at the next change.
+	unwanted bool
+	later    *time.Timer // a refill after a quiet period (see changed)
+	closed   bool
+}
+
+// preparedShell is a started shell waiting on its script pipe.
+type preparedShell struct {
+	c    *child
+	spec spawnSpec
+	gen  uint64 // readyShells.gen when it started
+}
+
+// readyBootstrap is what the ready shell runs once its profile is read. It
+// reads a first line (a seed for RANDOM and the current host name: a
+// shell restored from a snapshot into another sandbox would repeat the
+// first sandbox's random numbers and name), then the command up to end of
+// file, closes the pipe so that nothing the command starts inherits it,
+// and evaluates the command. `read -N` reads a pipe in large chunks;
+// reading up to a NUL delimiter would take a byte per system call.
+const readyBootstrap = `read -r RANDOM HOSTNAME <&3; SECONDS=0; IFS= read -r -N 16777216 __aenv_cmd <&3; exec 3<&-; eval "unset __aenv_cmd; $__aenv_cmd"`
+
+// readyShellMaxScript bounds the commands the ready shell takes: what
+// readyBootstrap reads at most. Larger ones are spawned (bash -c itself
+// refuses a single argument over 128 KiB).
+const readyShellMaxScript = 16 << 20
+
+// readyShellQuiet is how long after a file change through envd the ready
+// shell is started again (see changed).
+const readyShellQuiet = 50 * time.Millisecond
+
+// readyShellWait bounds how long a request waits for a shell that is being
+// started for it, rather than spawning its own beside it.
+const readyShellWait = 200 * time.Millisecond
+
+// loginShell is the shell the SDKs run every command with.
+const loginShell = "/bin/bash"
+
+// take hands out the ready shell for spec, with spec's command written to
+// it, when spec is the launch it was started for; else it returns false and
+// the caller spawns spec.
+func (r *readyShells) take(spec spawnSpec) (*child, bool) {
+	script, ok := loginScript(spec)
+	if r == nil || !ok {
+		return nil, false
+	}
+	c, ok := r.takeReady(script, spec)
+	if !ok {
+		// Whether a ready shell would have served it is worth its cost
+		// (a passwd read) only where it is spawned anyway.
+		def, err := r.s.readySpec()
+		r.mu.Lock()
+		r.unwanted = err != nil || !sameLaunch(def, spec)
+		r.mu.Unlock()
+	}
+	return c, ok
+}
+
+// takeReady is take once spec is known to be a login shell's.
+func (r *readyShells) takeReady(script string, spec spawnSpec) (*child, bool) {
+	deadline := time.NewTimer(readyShellWait)
+	defer deadline.Stop()
+	r.mu.Lock()
+	// A start in progress is waited for unless it is known to launch
+	// something else.
+	for r.sh == nil && r.starting != nil && (r.next == nil || sameLaunch(*r.next, spec)) {
+		wait := r.starting
+		r.mu.Unlock()
+		select {
+		case <-wait:
+		case <-deadline.C:
+			return nil, false
+		}
+		r.mu.Lock()
+	}
+	sh := r.sh
+	if sh == nil || sh.gen != r.gen || !sameLaunch(sh.spec, spec) {
+		r.mu.Unlock()
+		return nil, false
+	}
+	r.sh = nil
+	r.mu.Unlock()
+	select {
+	case <-sh.c.status:
+		// It ended before it was asked (a profile that exits, a kill from
+		// inside the sandbox): spawn instead.
+		sh.close()
+		return nil, false
+	default:
+	}
+	seed := make([]byte, 4)
+	_, _ = rand.Read(seed)
+	host, _ := os.Hostname()
+	header := fmt.Sprintf("%d %s\n", binary.BigEndian.Uint32(seed)&0x7fffffff, host)
+	w := sh.c.script
+	sh.c.script = nil
+	// A command larger than the pipe's buffer is taken in as the shell
+	// reads it; the request does not wait for that.
+	go func() {
+		if _, err := w.WriteString(header + script); err != nil {
+			r.s.log.Debug("writing a command to the ready shell", "pid", sh.c.pid, "err", err)
+		}
+		w.Close()
+	}()
+	return sh.c, true
+}
+
+// loginScript returns spec's command when spec is a login shell's that
+// the ready shell could run: `/bin/bash -l -c CMD` with no more arguments,
+// no terminal and no stdin.
+func loginScript(spec spawnSpec) (string, bool) {
+	if len(spec.argv) != 4 || spec.argv[0] != loginShell || spec.argv[1] != "-l" || spec.argv[2] != "-c" ||
+		spec.pty != nil || spec.stdin || spec.script {
+		return "", false
+	}
+	script := spec.argv[3]
+	if len(script) > readyShellMaxScript || strings.IndexByte(script, 0) >= 0 {
+		return "", false
+	}
+	return script, true
+}
+
+// sameLaunch reports whether a shell started as ready would have started
+// as want does, argv aside.
+func sameLaunch(ready, want spawnSpec) bool {
+	return ready.dir == want.dir && ready.switchUser == want.switchUser &&
+		ready.user.UID == want.user.UID && ready.user.GID == want.user.GID &&
+		slices.Equal(ready.user.Groups, want.user.Groups) && slices.Equal(ready.env, want.env)
+}
+
+// changed records that a login shell started now could see something the
+// ready one did not: the ready shell is killed, and another started after
+// quiet (nil: now), unless the commands sent lately could not use it. A
+// process's end refills at once, as the next command of a sequence
+// follows it closely; file writes come in bursts, and each would kill the
+// shell the one before started.
+func (r *readyShells) changed(quiet time.Duration) {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	r.gen++
+	old := r.sh
+	// A start in progress will start again, maybe launching otherwise.
+	r.sh, r.next = nil, nil
+	refill := !r.unwanted && !r.closed
+	if refill && quiet > 0 {
+		if r.later == nil {
+			r.later = time.AfterFunc(quiet, r.refill)
+		} else {
+			r.later.Reset(quiet)
+		}
+		refill = false
+	}
+	r.mu.Unlock()
+	if old != nil {
+		old.kill(r.s.reaper)
+	}
+	if refill {
+		r.refill()
+	}
+}
+
+// reconfigured records that /init may have changed the default launch
+// (variables, user, directory): a ready shell started otherwise is
+// replaced. One that still matches stays, as after every restore from a
+// snapshot, whose /init changes only the token.
+func (r *readyShells) reconfigured() {
+	if r == nil {
+		return
+	}
+	spec, err := r.s.readySpec()
+	r.mu.Lock()
+	keep := err == nil && ((r.sh != nil && sameLaunch(r.sh.spec, spec)) ||
+		(r.sh == nil && r.next != nil && sameLaunch(*r.next, spec)))
+	if err == nil {
+		r.unwanted = false
+	}
+	r.mu.Unlock()
+	if !keep {
+		r.changed(0)
+	}
+}
+
+// ended records that a process started as spec has ended: a change (see
+// changed), followed at once by the next command when it was a login
+// shell's, else by a quiet period like a file change.
+func (r *readyShells) ended(spec spawnSpec) {
+	if _, ok := loginScript(spec); ok {
+		r.changed(0)
+		return
+	}
+	r.changed(readyShellQuiet)
+}
+
+// refill starts a ready shell in the background unless one is ready or
+// starting.
+func (r *readyShells) refill() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed || r.starting != nil || (r.sh != nil && r.sh.gen == r.gen) {
+		return
+	}
+	r.starting = make(chan struct{})
+	go r.prepare()
+}
+
+// prepare starts ready shells until one starts with no change during its
+// start-up, or one cannot start at all.
+func (r *readyShells) prepare() {
+	for {
+		r.mu.Lock()
+		gen := r.gen
+		r.mu.Unlock()
+		spec, err := r.s.readySpec()
+		r.mu.Lock()
+		if err == nil && !r.closed && gen != r.gen {
+			r.mu.Unlock()
+			continue // changed while reading the user's entry
+		}
+		if err == nil {
+			r.next = &spec
+		}
+		r.mu.Unlock()
+		var c *child
+		if err == nil {
+			c, err = r.s.spawn(spec)
+		}
+		r.mu.Lock()
+		if err != nil || r.closed {
+			r.finishLocked()
+			r.mu.Unlock()
+			if c != nil {
+				(&preparedShell{c: c}).kill(r.s.reaper)
+			}
+			if err != nil {
+				r.s.log.Debug("starting a ready shell", "err", err)
+			}
+			return
+		}
+		sh := &preparedShell{c: c, spec: spec, gen: gen}
+		if gen == r.gen {
+			r.sh = sh
+			r.finishLocked()
+			r.mu.Unlock()
+			return
+		}
+		r.mu.Unlock()
+		sh.kill(r.s.reaper)
+	}
+}
+
+func (r *readyShells) finishLocked() {
+	close(r.starting)
+	r.starting, r.next = nil, nil
+}
+
+// close kills the ready shell and starts no other.
+func (r *readyShells) close() {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	r.closed = true
+	old := r.sh
+	r.sh = nil
+	if r.later != nil {
+		r.later.Stop()
+	}
+	r.mu.Unlock()
+	if old != nil {
+		old.kill(r.s.reaper)
+	}
+}
+
+// readySpec is the launch a Start request naming no user, directory,
+// environment or stdin gets for `/bin/bash -l -c`, running readyBootstrap.
+func (s *Server) readySpec() (spawnSpec, error) {
+	if err := executable(loginShell); err != nil {
+		return spawnSpec{}, fmt.Errorf("no login shell: %w", err)
+	}
+	u, err := s.resolveUser("")
+	if err != nil {
+		return spawnSpec{}, err
+	}
+	switchUser, err := canSwitchUser(u)
+	if err != nil {
+		return spawnSpec{}, err
+	}
+	dir, err := s.workdir(u, "")
+	if err != nil {
+		return spawnSpec{}, err
+	}
+	return spawnSpec{
+		argv:       []string{loginShell, "-l", "-c", readyBootstrap},
+		env:        s.processEnv(u, nil, false),
+		dir:        dir,
+		user:       u,
+		switchUser: switchUser,
+		script:     true,
+	}, nil
+}
+
+// kill ends a shell nobody will use and closes envd's ends of its pipes.
+// The reaper still collects its status.
+func (sh *preparedShell) kill(r *reaper) {
+	// An error means it has ended already.
+	_ = r.signal(sh.c.pid, syscall.SIGKILL, true)
+	sh.close()
+}
+
+func (sh *preparedShell) close() {
+	for _, f := range []*os.File{sh.c.script, sh.c.stdin} {
+		if f != nil {
+			f.Close()
+		}
+	}
+	for _, o := range sh.c.outputs {
+		o.f.Close()
+	}
+}

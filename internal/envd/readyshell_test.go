@@ -1,0 +1,226 @@
+package envd_test
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/aenvhq/aenv/internal/envd"
+	"github.com/aenvhq/aenv/internal/envd/spec/process"
+)
+
+// readyMark is in the command line of a ready shell (its bootstrap) and
+// never in a spawned `bash -l -c CMD`'s, unless CMD names it.
+const readyMark = "__aenv_cmd"
+
+// selfCmdline prints the command line of the shell running the command,
+// spaces for NULs, on a line of its own after the command's output.
+const selfCmdline = `; echo; tr '\0' ' ' </proc/$$/cmdline`
+
+func withReadyShell(o *envd.Options) { o.ReadyShell = true }
+
+// runReady runs script as the SDKs do and reports its output (without the
+// command line selfCmdline adds) and whether a ready shell ran it.
+func (e *env) runReady(cfg *process.ProcessConfig, user string) (out string, ready bool, r *result) {
+	e.t.Helper()
+	if !strings.HasSuffix(cfg.Args[2], selfCmdline) {
+		cfg.Args[2] += selfCmdline
+	}
+	r = e.run(cfg, user)
+	all := r.stdout.String()
+	i := strings.LastIndex(strings.TrimSuffix(all, "\n"), "\n")
+	if i < 0 {
+		e.t.Fatalf("no command line in the output %q", all)
+	}
+	return all[:i], strings.Contains(all[i:], readyMark), r
+}
+
+func writeProfile(t *testing.T, e *env, content string) {
+	t.Helper()
+	path := filepath.Join(e.home, ".profile")
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if os.Geteuid() == 0 {
+		uid, gid := testIDs()
+		if err := os.Chown(path, uid, gid); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestReadyShellRunsCommandsAsBashDoes(t *testing.T) {
+	e := newEnv(t, withReadyShell)
+	// The shell New started may have read the profile before it was
+	// written; the one started after the first command ends has not.
+	writeProfile(t, e, "export FROM_PROFILE=yes\n")
+	e.run(bashCmd("true"), "")
+
+	out, ready, r := e.runReady(bashCmd(`echo "$FROM_PROFILE|$?|$0|$HOSTNAME|${__aenv_cmd-unset}|$(shopt login_shell)"; echo err >&2; ls /proc/self/fd/3 2>/dev/null || echo "no fd 3"; false`), "")
+	if !ready {
+		t.Fatal("a default login-shell command after an idle moment was not run by the ready shell")
+	}
+	host, _ := os.Hostname()
+	want := "yes|0|/bin/bash|" + host + "|unset|login_shell    \ton\nno fd 3\n"
+	if out != want {
+		t.Fatalf("stdout = %q, want %q", out, want)
+	}
+	if r.stderr.String() != "err\n" {
+		t.Fatalf("stderr = %q", r.stderr.String())
+	}
+	// The exit status is the command's, not the shell's bootstrap's.
+	if r.end.GetExitCode() != 0 {
+		t.Fatalf("exit code %d: the last command was `echo`", r.end.GetExitCode())
+	}
+	r = e.run(bashCmd("exit 7"), "")
+	if r.end.GetExitCode() != 7 {
+		t.Fatalf("exit 7 ended with %v", r.end)
+	}
+
+	// Each command gets its own random numbers, though every ready shell
+	// may come from one snapshot.
+	seen := map[string]bool{}
+	for range 4 {
+		out, ready, _ := e.runReady(bashCmd("echo $RANDOM$RANDOM$RANDOM"), "")
+		if !ready {
+			t.Fatal("a command in a sequence was not run by the ready shell")
+		}
+		seen[out] = true
+	}
+	if len(seen) != 4 {
+		t.Fatalf("4 commands printed %d different random sequences", len(seen))
+	}
+
+	// Large commands are read whole.
+	big := strings.Repeat("x", 300<<10)
+	out, ready, _ = e.runReady(bashCmd("v="+big+"; echo ${#v}"), "")
+	if !ready || out != strconv.Itoa(len(big))+"\n" {
+		t.Fatalf("a %d-byte command: ready %v, printed %q", len(big), ready, out)
+	}
+}
+
+func TestReadyShellSeesWhatEarlierCommandsChanged(t *testing.T) {
+	e := newEnv(t, withReadyShell)
+	writeProfile(t, e, `[ -d "$HOME/bin" ] && export HAS_BIN=1`+"\n")
+	e.run(bashCmd("true"), "")
+
+	// A command changes what the profile finds: the next command's shell
+	// must have started after it.
+	if r := e.run(bashCmd(`mkdir "$HOME/bin" && echo 'export APPENDED=1' >> "$HOME/.profile"`), ""); r.end.GetExitCode() != 0 {
+		t.Fatalf("changing the profile's world: %v %s", r.end, r.stderr.String())
+	}
+	out, ready, _ := e.runReady(bashCmd(`echo "${HAS_BIN-}|${APPENDED-}"`), "")
+	if out != "1|1\n" {
+		t.Fatalf("after a command changed the profile's world: %q, want %q", out, "1|1\n")
+	}
+	if !ready {
+		t.Fatal("the command after another ended was not run by a ready shell")
+	}
+
+	// So must a file written through envd.
+	res, body := e.httpDo("POST", "/files?path="+filepath.Join(e.home, ".profile"), strings.NewReader("export UPLOADED=1\n"),
+		map[string]string{"Content-Type": "application/octet-stream"})
+	if res.StatusCode != 200 {
+		t.Fatalf("upload: %d %s", res.StatusCode, body)
+	}
+	if out, _, _ := e.runReady(bashCmd(`echo "${UPLOADED-}|${APPENDED-}"`), ""); out != "1|\n" {
+		t.Fatalf("after an upload replaced the profile: %q, want %q", out, "1|\n")
+	}
+
+	// And /init's variables.
+	res, body = e.httpDo("POST", "/init", strings.NewReader(`{"envVars":{"FROM_INIT":"i"}}`), map[string]string{"Content-Type": "application/json"})
+	if res.StatusCode != 204 {
+		t.Fatalf("/init: %d %s", res.StatusCode, body)
+	}
+	out, ready, _ = e.runReady(bashCmd(`echo "${FROM_INIT-}"`), "")
+	if out != "i\n" || !ready {
+		t.Fatalf("after /init: %q (ready shell %v), want %q from a ready shell", out, ready, "i\n")
+	}
+}
+
+func TestReadyShellOnlyForTheDefaultLaunch(t *testing.T) {
+	e := newEnv(t, withReadyShell)
+	e.run(bashCmd("true"), "")
+	dir := t.TempDir()
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	withEnv := bashCmd(`echo "$ONLY_HERE"`)
+	withEnv.Envs = map[string]string{"ONLY_HERE": "req"}
+	withCwd := bashCmd("pwd")
+	withCwd.Cwd = &dir
+	for _, tc := range []struct {
+		name string
+		cfg  *process.ProcessConfig
+		user string
+		want string
+	}{
+		{"variables", withEnv, "", "req\n"},
+		{"directory", withCwd, "", dir + "\n"},
+		{"other user", bashCmd("id -u"), "root", "0\n"},
+		{"more arguments", &process.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-l", "-c", `echo "$1"` + selfCmdline, "x", "arg"}}, "", "arg\n"},
+	} {
+		if tc.user == "root" && os.Geteuid() != 0 {
+			continue
+		}
+		out, ready, _ := e.runReady(tc.cfg, tc.user)
+		if ready || out != tc.want {
+			t.Errorf("%s: printed %q (ready shell %v), want %q from a spawned shell", tc.name, out, ready, tc.want)
+		}
+	}
+	// After commands it could not serve, the default one gets it again.
+	e.run(bashCmd("true"), "")
+	if _, ready, _ := e.runReady(bashCmd("true"), ""); !ready {
+		t.Fatal("the ready shell did not come back for default commands")
+	}
+}
+
+func TestReadyShellKilledBeforeUseIsNotUsed(t *testing.T) {
+	e := newEnv(t, withReadyShell)
+	e.run(bashCmd("true"), "")
+	var pid int
+	waitFor(t, 10*time.Second, "the ready shell to start", func() bool {
+		pid = readyShellPid(e.home)
+		return pid != 0
+	})
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	out, ready, r := e.runReady(bashCmd("echo ok"), "")
+	if out != "ok\n" || ready || r.end.GetExitCode() != 0 {
+		t.Fatalf("after the ready shell was killed: %q (ready shell %v), %v", out, ready, r.end)
+	}
+
+	e.run(bashCmd("true"), "")
+	waitFor(t, 10*time.Second, "the ready shell to start again", func() bool { return readyShellPid(e.home) != 0 })
+	e.srv.Close()
+	waitFor(t, 10*time.Second, "Close to end the ready shell", func() bool { return readyShellPid(e.home) == 0 })
+}
+
+// readyShellPid finds the ready shell of the envd whose user lives in
+// home (0: none runs), by its command line and environment.
+func readyShellPid(home string) int {
+	dirs, _ := filepath.Glob("/proc/[0-9]*")
+	for _, d := range dirs {
+		cmdline, err := os.ReadFile(filepath.Join(d, "cmdline"))
+		if err != nil || !bytes.Contains(cmdline, []byte(readyMark)) {
+			continue
+		}
+		environ, err := os.ReadFile(filepath.Join(d, "environ"))
+		if err != nil || !bytes.Contains(append([]byte{0}, environ...), []byte("\x00HOME="+home+"\x00")) {
+			continue
+		}
+		if st, err := os.ReadFile(filepath.Join(d, "stat")); err == nil && bytes.Contains(st, []byte(") Z ")) {
+			continue // a zombie the reaper has yet to collect
+		}
+		pid, _ := strconv.Atoi(filepath.Base(d))
+		return pid
+	}
+	return 0
+}
