@@ -9,6 +9,7 @@
 package envd
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
@@ -16,6 +17,7 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -67,6 +69,9 @@ type Options struct {
 	// `/bin/bash -l -c` command (see readyShells). It starts processes of
 	// its own, so only the sandbox's envd turns it on.
 	ReadyShell bool
+	// ReadyShellIdle is how long the ready shell outlives the last process
+	// start or end (0: 20 s); see readyShells.
+	ReadyShellIdle time.Duration
 }
 
 // Server is an envd instance. Create it with New, serve Handler, and Close
@@ -126,7 +131,7 @@ func New(opts Options) (*Server, error) {
 	s.reaper = r
 	s.handler = s.routes()
 	if opts.ReadyShell {
-		s.shells = &readyShells{s: s}
+		s.shells = &readyShells{s: s, idleAfter: cmp.Or(opts.ReadyShellIdle, readyShellIdle)}
 		s.shells.refill()
 	}
 	return s, nil

@@ -47,7 +47,12 @@ type readyShells struct {
 	// killed unused at the next change.
 	unwanted bool
 	later    *time.Timer // a refill after a quiet period (see changed)
-	closed   bool
+	// dormant is set once no process has started or ended for
+	// readyShellIdle: the shell is dropped until the next command.
+	dormant   bool
+	idle      *time.Timer
+	idleAfter time.Duration // readyShellIdle, but in tests
+	closed    bool
 }
 
 // preparedShell is a started shell waiting on its script pipe.
@@ -75,6 +80,13 @@ const readyShellMaxScript = 16 << 20
 // shell is started again (see changed).
 const readyShellQuiet = 50 * time.Millisecond
 
+// readyShellIdle is how long, by default, a sandbox keeps its ready shell with no
+// process starting or ending. The shell holds ~1.2 MiB of the host's
+// memory (its own address space: under systrap, a stub process and page
+// tables on the host); an idle sandbox keeps none, and the first command
+// after the pause pays a full start, as without it.
+const readyShellIdle = 20 * time.Second
+
 // readyShellWait bounds how long a request waits for a shell that is being
 // started for it, rather than spawning its own beside it.
 const readyShellWait = 200 * time.Millisecond
@@ -86,8 +98,12 @@ const loginShell = "/bin/bash"
 // it, when spec is the launch it was started for; else it returns false and
 // the caller spawns spec.
 func (r *readyShells) take(spec spawnSpec) (*child, bool) {
+	if r == nil {
+		return nil, false
+	}
+	r.touch()
 	script, ok := loginScript(spec)
-	if r == nil || !ok {
+	if !ok {
 		return nil, false
 	}
 	c, ok := r.takeReady(script, spec)
@@ -232,6 +248,10 @@ func (r *readyShells) reconfigured() {
 // changed), followed at once by the next command when it was a login
 // shell's, else by a quiet period like a file change.
 func (r *readyShells) ended(spec spawnSpec) {
+	if r == nil {
+		return
+	}
+	r.touch()
 	if _, ok := loginScript(spec); ok {
 		r.changed(0)
 		return
@@ -239,12 +259,38 @@ func (r *readyShells) ended(spec spawnSpec) {
 	r.changed(readyShellQuiet)
 }
 
+// touch records a process starting or ending: the sandbox is in use.
+func (r *readyShells) touch() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.dormant = false
+	if r.idle == nil {
+		r.idle = time.AfterFunc(r.idleAfter, r.sleep)
+	} else {
+		r.idle.Reset(r.idleAfter)
+	}
+}
+
+// sleep drops the ready shell of a sandbox nobody has used for
+// readyShellIdle (see touch).
+func (r *readyShells) sleep() {
+	r.mu.Lock()
+	r.dormant = true
+	r.gen++ // a start in progress is dropped too
+	old := r.sh
+	r.sh, r.next = nil, nil
+	r.mu.Unlock()
+	if old != nil {
+		old.kill(r.s.reaper)
+	}
+}
+
 // refill starts a ready shell in the background unless one is ready or
 // starting.
 func (r *readyShells) refill() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.closed || r.starting != nil || (r.sh != nil && r.sh.gen == r.gen) {
+	if r.closed || r.dormant || r.starting != nil || (r.sh != nil && r.sh.gen == r.gen) {
 		return
 	}
 	r.starting = make(chan struct{})
@@ -257,6 +303,11 @@ func (r *readyShells) prepare() {
 	for {
 		r.mu.Lock()
 		gen := r.gen
+		if r.closed || r.dormant {
+			r.finishLocked()
+			r.mu.Unlock()
+			return
+		}
 		r.mu.Unlock()
 		spec, err := r.s.readySpec()
 		r.mu.Lock()
@@ -310,8 +361,10 @@ func (r *readyShells) close() {
 	r.closed = true
 	old := r.sh
 	r.sh = nil
-	if r.later != nil {
-		r.later.Stop()
+	for _, t := range []*time.Timer{r.later, r.idle} {
+		if t != nil {
+			t.Stop()
+		}
 	}
 	r.mu.Unlock()
 	if old != nil {

@@ -224,3 +224,27 @@ func readyShellPid(home string) int {
 	}
 	return 0
 }
+
+func TestReadyShellDroppedWhenIdle(t *testing.T) {
+	e := newEnv(t, withReadyShell, func(o *envd.Options) { o.ReadyShellIdle = 300 * time.Millisecond })
+	// Before any command, as in a template's snapshot, it stays.
+	waitFor(t, 10*time.Second, "the first ready shell to start", func() bool { return readyShellPid(e.home) != 0 })
+	time.Sleep(600 * time.Millisecond)
+	if readyShellPid(e.home) == 0 {
+		t.Fatal("the ready shell of a sandbox that never ran a command was dropped")
+	}
+	e.run(bashCmd("true"), "")
+	waitFor(t, 10*time.Second, "an idle sandbox to drop its ready shell", func() bool { return readyShellPid(e.home) == 0 })
+	time.Sleep(100 * time.Millisecond)
+	if readyShellPid(e.home) != 0 {
+		t.Fatal("a ready shell started again while nothing happened")
+	}
+	// The next command starts its own shell; the one after it has a ready
+	// one again.
+	if out, ready, _ := e.runReady(bashCmd("echo a"), ""); ready || out != "a\n" {
+		t.Fatalf("first command after the idle period: %q (ready shell %v)", out, ready)
+	}
+	if out, ready, _ := e.runReady(bashCmd("echo b"), ""); !ready || out != "b\n" {
+		t.Fatalf("second command after the idle period: %q (ready shell %v)", out, ready)
+	}
+}
