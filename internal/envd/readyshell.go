@@ -223,14 +223,17 @@ func (r *readyShells) changed(quiet time.Duration) {
 	}
 }
 
-// reconfigured records that /init may have changed the default launch
+// reconfigured records an /init: the sandbox is being handed out or
+// resumed, so a dormant one gets its ready shell back (a pooled sandbox
+// waits dormant), and /init may have changed the default launch
 // (variables, user, directory): a ready shell started otherwise is
-// replaced. One that still matches stays, as after every restore from a
-// snapshot, whose /init changes only the token.
+// replaced. One that still matches stays, as after a restore from a
+// snapshot whose /init changes only the token.
 func (r *readyShells) reconfigured() {
 	if r == nil {
 		return
 	}
+	r.touch()
 	spec, err := r.s.readySpec()
 	r.mu.Lock()
 	keep := err == nil && ((r.sh != nil && sameLaunch(r.sh.spec, spec)) ||

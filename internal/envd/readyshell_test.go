@@ -234,6 +234,7 @@ func TestReadyShellDroppedWhenIdle(t *testing.T) {
 		t.Fatal("the ready shell of a sandbox that never ran a command was dropped")
 	}
 	e.run(bashCmd("true"), "")
+	waitFor(t, 10*time.Second, "the command's end to start a ready shell", func() bool { return readyShellPid(e.home) != 0 })
 	waitFor(t, 10*time.Second, "an idle sandbox to drop its ready shell", func() bool { return readyShellPid(e.home) == 0 })
 	time.Sleep(100 * time.Millisecond)
 	if readyShellPid(e.home) != 0 {
@@ -246,5 +247,16 @@ func TestReadyShellDroppedWhenIdle(t *testing.T) {
 	}
 	if out, ready, _ := e.runReady(bashCmd("echo b"), ""); !ready || out != "b\n" {
 		t.Fatalf("second command after the idle period: %q (ready shell %v)", out, ready)
+	}
+
+	// A pooled sandbox waits dormant; its handout's /init brings the
+	// shell back for the first command.
+	waitFor(t, 10*time.Second, "the command's end to start a ready shell", func() bool { return readyShellPid(e.home) != 0 })
+	waitFor(t, 10*time.Second, "the ready shell to be dropped again", func() bool { return readyShellPid(e.home) == 0 })
+	if res, body := e.httpDo("POST", "/init", strings.NewReader(`{}`), map[string]string{"Content-Type": "application/json"}); res.StatusCode != 204 {
+		t.Fatalf("/init: %d %s", res.StatusCode, body)
+	}
+	if out, ready, _ := e.runReady(bashCmd("echo c"), ""); !ready || out != "c\n" {
+		t.Fatalf("first command after /init woke a dormant sandbox: %q (ready shell %v)", out, ready)
 	}
 }
