@@ -15,8 +15,9 @@ type AenvResults struct {
 	// CreateSerial and CreateConcurrent are create-to-first-command
 	// latencies, one sandbox at a time and Concurrency at once.
 	CreateSerial, CreateConcurrent []time.Duration
-	// Command is the round trip of `true` in a running sandbox.
-	Command []time.Duration
+	// Command is the round trip of `true` in a running sandbox, back to
+	// back; CommandSpaced the same, commandGap after the last one ended.
+	Command, CommandSpaced []time.Duration
 	// CPUCount and MemoryMB are the size the server gave the sandboxes, for
 	// sizing the bare baseline alike.
 	CPUCount, MemoryMB int
@@ -103,7 +104,7 @@ func MeasureAenv(ctx context.Context, opts Options) (AenvResults, error) {
 		return res, fmt.Errorf("measuring aenv: %w", err)
 	}
 
-	if res.Command, err = measureCommand(ctx, p, opts); err != nil {
+	if res.Command, res.CommandSpaced, err = measureCommand(ctx, p, opts); err != nil {
 		return res, fmt.Errorf("measuring aenv: %w", err)
 	}
 	if opts.BurstSize > 0 {
@@ -290,11 +291,12 @@ func sandboxSize(ctx context.Context, api API, sb *client.Sandbox) (cpus, memory
 	return sb.CPUCount, sb.MemoryMB
 }
 
-// measureCommand times `true` opts.Iterations times in one sandbox.
-func measureCommand(ctx context.Context, p *progress, opts Options) (_ []time.Duration, err error) {
+// measureCommand times `true` opts.Iterations times in one sandbox back to
+// back, then as many times commandGap apart.
+func measureCommand(ctx context.Context, p *progress, opts Options) (b2b, gapped []time.Duration, err error) {
 	sb, err := opts.API.Create(ctx, client.CreateOptions{TemplateID: opts.Template, Timeout: sandboxTimeout})
 	if err != nil {
-		return nil, fmt.Errorf("command: %w", err)
+		return nil, nil, fmt.Errorf("command: %w", err)
 	}
 	defer func() {
 		if kerr := runCleanups(ctx, func(ctx context.Context) error { return opts.API.Kill(ctx, sb.SandboxID) }); kerr != nil {
@@ -308,7 +310,11 @@ func measureCommand(ctx context.Context, p *progress, opts Options) (_ []time.Du
 		}
 		return time.Since(start), nil, nil
 	}
-	return series(ctx, p, "command", 1, opts.Iterations, 1, run)
+	if b2b, err = series(ctx, p, "command", 1, opts.Iterations, 1, run); err != nil {
+		return nil, nil, err
+	}
+	gapped, err = series(ctx, p, "command, spaced", 0, opts.Iterations, 1, spaced(commandGap, run))
+	return b2b, gapped, err
 }
 
 // runTrue runs `true` in sb the way the E2B SDKs run a command.

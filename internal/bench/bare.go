@@ -11,6 +11,9 @@ type BareResults struct {
 	// `runsc exec ID /bin/bash -l -c true`, the command line aenv's Run uses,
 	// so that the two round trips differ only by what aenv adds.
 	Exec, ExecShell []time.Duration
+	// ExecSpaced is Exec with commandGap before each, as aenv's spaced
+	// round trip.
+	ExecSpaced []time.Duration
 	// Burst is BurstSize `runsc run /bin/true` started at once.
 	Burst []time.Duration
 	// CPUPerRun is the host CPU-seconds one `runsc run /bin/true` of the

@@ -83,6 +83,9 @@ func MeasureBare(ctx context.Context, opts Options) (_ BareResults, err error) {
 	if res.ExecShell, err = series(ctx, p, "runsc exec bash -l", 1, opts.Iterations, 1, r.execer(id, "/bin/bash", "-l", "-c", "true")); err != nil {
 		return res, fmt.Errorf("measuring bare runsc: %w", err)
 	}
+	if res.ExecSpaced, err = series(ctx, p, "runsc exec, spaced", 0, opts.Iterations, 1, spaced(commandGap, r.execer(id, "/bin/true"))); err != nil {
+		return res, fmt.Errorf("measuring bare runsc: %w", err)
+	}
 	return res, nil
 }
 

@@ -168,6 +168,23 @@ var _ API = (*client.Client)(nil)
 // returned even with an error when there is something to clean up.
 type op func(ctx context.Context) (d time.Duration, cleanup cleanup, err error)
 
+// commandGap is the untimed pause before each command of the spaced
+// round trip: an agent's commands come between its model's turns, not
+// back to back, and envd prepares for the next command after each.
+const commandGap = 100 * time.Millisecond
+
+// spaced is o after an untimed pause of gap.
+func spaced(gap time.Duration, o op) op {
+	return func(ctx context.Context) (time.Duration, cleanup, error) {
+		select {
+		case <-time.After(gap):
+		case <-ctx.Done():
+			return 0, nil, ctx.Err()
+		}
+		return o(ctx)
+	}
+}
+
 // cleanup undoes what an op left running.
 type cleanup func(context.Context) error
 

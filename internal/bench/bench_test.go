@@ -245,7 +245,7 @@ func TestMeasureAenvCommandFailureKillsItsSandbox(t *testing.T) {
 	// The sandbox is created, then every Run in it fails.
 	p := newProgress(nil)
 	api.failRun = errors.New("proxy down")
-	if _, err := measureCommand(context.Background(), p, opts.withDefaults()); err == nil || !strings.Contains(err.Error(), "proxy down") {
+	if _, _, err := measureCommand(context.Background(), p, opts.withDefaults()); err == nil || !strings.Contains(err.Error(), "proxy down") {
 		t.Errorf("err = %v, want the run failure", err)
 	}
 	if l := api.leaked(); len(l) > 0 {

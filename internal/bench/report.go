@@ -143,6 +143,10 @@ func (r *Report) AddCreate(opts Options, a AenvResults, b BareResults) {
 		newRow("command round trip", "runsc exec /bin/true", a.Command, b.Exec),
 		newRow("command round trip", "runsc exec /bin/bash -l -c true", a.Command, b.ExecShell),
 	)
+	if len(a.CommandSpaced) > 0 {
+		gap := fmt.Sprintf("%d ms", commandGap.Milliseconds())
+		r.Rows = append(r.Rows, newRow("command round trip, "+gap+" apart", "runsc exec /bin/true, "+gap+" apart", a.CommandSpaced, b.ExecSpaced))
+	}
 	if len(a.Burst) > 0 {
 		n := len(a.Burst)
 		base := fmt.Sprintf("runsc run /bin/true, %d at once", n)

@@ -120,12 +120,14 @@ func testReport() Report {
 		CreateSerial:     ms(300, 310, 320, 400),
 		CreateConcurrent: ms(900, 1000),
 		Command:          ms(20, 22, 24),
+		CommandSpaced:    ms(8, 9, 10),
 	}
 	b := BareResults{
 		RunSerial: ms(200, 210, 220, 230),
 		// RunConcurrent missing: its ratio must show as missing.
-		Exec:      ms(10, 11, 12),
-		ExecShell: ms(16, 17, 18),
+		Exec:       ms(10, 11, 12),
+		ExecShell:  ms(16, 17, 18),
+		ExecSpaced: ms(12, 13, 14),
 	}
 	opts := Options{Iterations: 4, Concurrency: 2, RunscPath: "/usr/bin/runsc", RootFS: "/rootfs"}
 	r := NewReport(opts, 2)
@@ -146,6 +148,7 @@ func TestNewReportPairsOperations(t *testing.T) {
 		{"create to first command, c=2", "runsc run /bin/true, 2 at once", 0},
 		{"command round trip", "runsc exec /bin/true", 22.0 / 11},
 		{"command round trip", "runsc exec /bin/bash -l -c true", 22.0 / 17},
+		{"command round trip, 100 ms apart", "runsc exec /bin/true, 100 ms apart", 9.0 / 13},
 	}
 	if len(r.Rows) != len(want) {
 		t.Fatalf("got %d rows, want %d", len(r.Rows), len(want))
@@ -208,7 +211,7 @@ func TestWriteJSON(t *testing.T) {
 	if err := json.Unmarshal(buf.Bytes(), &got); err != nil {
 		t.Fatalf("decoding %s: %v", buf.String(), err)
 	}
-	if got.CPUs != 2 || len(got.Rows) != 4 {
+	if got.CPUs != 2 || len(got.Rows) != 5 {
 		t.Fatalf("decoded %+v", got)
 	}
 	if r := got.Rows[0]; r.Aenv["p50_ms"] != 310 || r.Bare["n"] != 4 || r.RatioP50 == nil {
