@@ -66,6 +66,10 @@ type initRequest struct {
 	DefaultUser    *string           `json:"defaultUser,omitempty"`
 	DefaultWorkdir *string           `json:"defaultWorkdir,omitempty"`
 	Timestamp      *time.Time        `json:"timestamp,omitempty"`
+	// DropAccessToken (aenv's own, not E2B's) removes the token: the node
+	// hands a prestarted sandbox, which the pool gave a token while it
+	// waited, to a create that asked for none.
+	DropAccessToken bool `json:"dropAccessToken,omitempty"`
 }
 
 // apply merges req into c. A request older than one already applied is
@@ -79,6 +83,9 @@ func (c *runtimeConfig) apply(req initRequest) bool {
 			return false
 		}
 		c.lastInit = *req.Timestamp
+	}
+	if req.DropAccessToken {
+		c.accessToken = ""
 	}
 	if req.AccessToken != nil && *req.AccessToken != "" {
 		c.accessToken = *req.AccessToken

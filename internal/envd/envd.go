@@ -69,8 +69,8 @@ type Options struct {
 	// `/bin/bash -l -c` command (see readyShells). It starts processes of
 	// its own, so only the sandbox's envd turns it on.
 	ReadyShell bool
-	// ReadyShellIdle is how long the ready shell outlives the last process
-	// start or end (0: 20 s); see readyShells.
+	// ReadyShellIdle is how long the ready shell outlives the last
+	// login-shell command's start or end (0: 20 s); see readyShells.
 	ReadyShellIdle time.Duration
 }
 

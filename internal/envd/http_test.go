@@ -357,6 +357,17 @@ func TestTokenSetByInit(t *testing.T) {
 	if res, _ := e.httpDo("GET", "/envs", nil, nil); res.StatusCode != 401 {
 		t.Fatalf("token from /init not enforced: %d", res.StatusCode)
 	}
+	// The node hands a sandbox the pool gave a token to a create that
+	// asked for none: dropping the token takes the token.
+	if res, _ := e.httpDo("POST", "/init", strings.NewReader(`{"dropAccessToken":true}`), nil); res.StatusCode != 401 {
+		t.Fatalf("/init dropping the token without it: %d, want 401", res.StatusCode)
+	}
+	if res, b := e.httpDo("POST", "/init", strings.NewReader(`{"dropAccessToken":true}`), map[string]string{"X-Access-Token": "fromInit"}); res.StatusCode != 204 {
+		t.Fatalf("/init dropping the token: %d %s", res.StatusCode, b)
+	}
+	if res, b := e.httpDo("GET", "/envs", nil, nil); res.StatusCode != 200 {
+		t.Fatalf("after the token was dropped: %d %s", res.StatusCode, b)
+	}
 }
 
 // TestInitOnlyFromOutside: by default /init refuses callers on loopback or

@@ -80,8 +80,8 @@ const readyShellMaxScript = 16 << 20
 // shell is started again (see changed).
 const readyShellQuiet = 50 * time.Millisecond
 
-// readyShellIdle is how long, by default, a sandbox keeps its ready shell with no
-// process starting or ending. The shell holds ~1.2 MiB of the host's
+// readyShellIdle is how long, by default, a sandbox keeps its ready shell
+// after its last login-shell command started or ended. The shell holds ~1.2 MiB of the host's
 // memory (its own address space: under systrap, a stub process and page
 // tables on the host); an idle sandbox keeps none, and the first command
 // after the pause pays a full start, as without it.
@@ -101,11 +101,11 @@ func (r *readyShells) take(spec spawnSpec) (*child, bool) {
 	if r == nil {
 		return nil, false
 	}
-	r.touch()
 	script, ok := loginScript(spec)
 	if !ok {
 		return nil, false
 	}
+	r.touch()
 	c, ok := r.takeReady(script, spec)
 	if !ok {
 		// Whether a ready shell would have served it is worth its cost
@@ -223,9 +223,9 @@ func (r *readyShells) changed(quiet time.Duration) {
 	}
 }
 
-// reconfigured records an /init: the sandbox is being handed out or
-// resumed, so a dormant one gets its ready shell back (a pooled sandbox
-// waits dormant), and /init may have changed the default launch
+// reconfigured records an /init: the sandbox is being handed out, given
+// its template's environment in the pool, or resumed, so a dormant one
+// gets its ready shell back, and /init may have changed the default launch
 // (variables, user, directory): a ready shell started otherwise is
 // replaced. One that still matches stays, as after a restore from a
 // snapshot whose /init changes only the token.
@@ -233,7 +233,9 @@ func (r *readyShells) reconfigured() {
 	if r == nil {
 		return
 	}
-	r.touch()
+	r.mu.Lock()
+	r.dormant = false
+	r.mu.Unlock()
 	spec, err := r.s.readySpec()
 	r.mu.Lock()
 	keep := err == nil && ((r.sh != nil && sameLaunch(r.sh.spec, spec)) ||
@@ -254,15 +256,17 @@ func (r *readyShells) ended(spec spawnSpec) {
 	if r == nil {
 		return
 	}
-	r.touch()
 	if _, ok := loginScript(spec); ok {
+		r.touch()
 		r.changed(0)
 		return
 	}
 	r.changed(readyShellQuiet)
 }
 
-// touch records a process starting or ending: the sandbox is in use.
+// touch records a login-shell command starting or ending: the sandbox is
+// in use. Other processes (the node's own, with stdin) do not count: a
+// prestarted sandbox keeps its shell while it waits in the pool.
 func (r *readyShells) touch() {
 	r.mu.Lock()
 	defer r.mu.Unlock()

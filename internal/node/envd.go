@@ -76,6 +76,8 @@ type initRequest struct {
 	// DefaultWorkdir is where commands start when they name no cwd.
 	DefaultWorkdir string    `json:"defaultWorkdir,omitempty"`
 	Timestamp      time.Time `json:"timestamp"`
+	// DropAccessToken makes envd demand no token any more.
+	DropAccessToken bool `json:"dropAccessToken,omitempty"`
 }
 
 func (c *envdClient) init(ctx context.Context, body initRequest) error {

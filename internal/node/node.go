@@ -232,6 +232,11 @@ type Sandbox struct {
 	// logFrom, when set, is when its user's log starts: what envd ran
 	// before (a prestarted sandbox's warm-up) is the node's, not theirs.
 	logFrom time.Time
+	// initialised is set on a prestarted sandbox whose envd the pool gave
+	// its template's /init and the access token EnvdAccessToken already
+	// (see warmPool.initialise): a create that adds nothing hands it out
+	// without a call into the sandbox.
+	initialised bool
 }
 
 // rt is sb's name to the runtime and the root filesystem provider.
@@ -903,15 +908,30 @@ func (n *Node) activate(ctx context.Context, sb *Sandbox, tpl *template.Template
 	if err := n.applyEgress(ctx, sb, req.Network); err != nil {
 		return err
 	}
-	if req.Secure {
-		sb.EnvdAccessToken = randomToken()
-	}
-	// The token goes in through /init rather than the sandbox's start-up
-	// environment, so that prestarted sandboxes can get theirs when taken.
 	sb.envVars = req.EnvVars
 	sb.logFrom = time.Now()
-	if err := newEnvdClient(sb.Addr, "").init(ctx, initFor(tpl, req.EnvVars, sb.EnvdAccessToken)); err != nil {
-		return fmt.Errorf("creating sandbox %s: initialising envd: %w", sb.ID, err)
+	switch {
+	case sb.initialised && req.Secure && len(req.EnvVars) == 0:
+		// The pool's /init gave it all such a create would.
+	case sb.initialised:
+		ireq := initFor(tpl, req.EnvVars, sb.EnvdAccessToken)
+		if !req.Secure {
+			ireq.AccessToken, ireq.DropAccessToken = "", true
+		}
+		if err := newEnvdClient(sb.Addr, sb.EnvdAccessToken).init(ctx, ireq); err != nil {
+			return fmt.Errorf("creating sandbox %s: initialising envd: %w", sb.ID, err)
+		}
+		sb.EnvdAccessToken = ireq.AccessToken
+	default:
+		if req.Secure {
+			sb.EnvdAccessToken = randomToken()
+		}
+		// The token goes in through /init rather than the sandbox's
+		// start-up environment, so that prestarted sandboxes can get
+		// theirs when taken.
+		if err := newEnvdClient(sb.Addr, "").init(ctx, initFor(tpl, req.EnvVars, sb.EnvdAccessToken)); err != nil {
+			return fmt.Errorf("creating sandbox %s: initialising envd: %w", sb.ID, err)
+		}
 	}
 	n.register(ctx, sb, req.TeamID)
 	return nil

@@ -339,3 +339,71 @@ func TestStuckBootsReported(t *testing.T) {
 		t.Errorf("reported again: %v", got)
 	}
 }
+
+// TestWarmPoolInitialisesAhead: a prestarted sandbox gets its /init (the
+// template's environment and a token) while it waits; a create that adds
+// nothing hands it out without one, a create with variables or without a
+// token sends its own.
+func TestWarmPoolInitialisesAhead(t *testing.T) {
+	h := newHost(t)
+	n, _ := h.start(poolConfig(h, 1<<30, 3))
+	ctx := context.Background()
+	waitFor(t, func() bool { return poolReady(n) == 3 }, "three prestarted sandboxes")
+	waitFor(t, func() bool {
+		for _, sb := range n.pool.list() {
+			if init := h.rt.envdOf(sb.ID).lastInit(); init == nil || init.AccessToken == "" {
+				return false
+			}
+		}
+		return true
+	}, "every prestarted sandbox to be initialised with a token")
+
+	for _, tc := range []struct {
+		name      string
+		req       CreateRequest
+		newInit   bool
+		wantToken bool
+	}{
+		{"secure, nothing added", CreateRequest{TemplateID: testTemplate, Secure: true}, false, true},
+		{"secure, with variables", CreateRequest{TemplateID: testTemplate, Secure: true, EnvVars: map[string]string{"V": "1"}}, true, true},
+		{"without a token", CreateRequest{TemplateID: testTemplate}, true, false},
+	} {
+		waitFor(t, func() bool { return poolReady(n) == 3 }, "the pool to refill")
+		pooled := map[string]*initRequest{}
+		for _, sb := range n.pool.list() {
+			pooled[sb.ID] = h.rt.envdOf(sb.ID).lastInit()
+		}
+		sb, err := n.Create(ctx, tc.req)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		before, ok := pooled[sb.ID]
+		if !ok {
+			t.Fatalf("%s: got %s, not a prestarted sandbox", tc.name, sb.ID)
+		}
+		after := h.rt.envdOf(sb.ID).lastInit()
+		if (after != before) != tc.newInit {
+			t.Errorf("%s: a new /init at the handout: %v, want %v", tc.name, after != before, tc.newInit)
+		}
+		if (sb.EnvdAccessToken != "") != tc.wantToken {
+			t.Errorf("%s: token %q", tc.name, sb.EnvdAccessToken)
+		}
+		switch {
+		case !tc.newInit:
+			if sb.EnvdAccessToken != before.AccessToken {
+				t.Errorf("%s: handed out with token %q, envd holds %q", tc.name, sb.EnvdAccessToken, before.AccessToken)
+			}
+		case tc.wantToken:
+			if after.AccessToken != before.AccessToken || after.EnvVars["V"] != "1" || after.DropAccessToken {
+				t.Errorf("%s: /init %+v after %+v", tc.name, after, before)
+			}
+		default:
+			if !after.DropAccessToken || after.AccessToken != "" {
+				t.Errorf("%s: /init %+v does not drop the pool's token", tc.name, after)
+			}
+		}
+	}
+	if err := n.Close(ctx, KillSandboxes); err != nil {
+		t.Fatal(err)
+	}
+}
