@@ -12,9 +12,9 @@ import (
 	"time"
 )
 
-// readyShells (nil: off) keeps one login shell started ahead of time for the command
-// the SDKs send for every commands.run: `/bin/bash -l -c CMD`, as the
-// default user, in the default directory, with the sandbox's environment
+// readyShells (nil: off) keeps one login shell started ahead of time for
+// the command the SDKs send for every commands.run: `/bin/bash -l -c CMD`,
+// as the default user, in the default directory, with the sandbox's environment
 // and no stdin. Under gVisor, forking bash, loading it and reading the
 // profile cost 8-12 ms of a ~14 ms `true` (measured in a sandbox on a
 // 2-core host); a shell that has done all that before the request only
@@ -47,8 +47,8 @@ type readyShells struct {
 	// killed unused at the next change.
 	unwanted bool
 	later    *time.Timer // a refill after a quiet period (see changed)
-	// dormant is set once no process has started or ended for
-	// readyShellIdle: the shell is dropped until the next command.
+	// dormant is set once no login-shell command has started or ended for
+	// idleAfter: the shell is dropped until the next command or /init.
 	dormant   bool
 	idle      *time.Timer
 	idleAfter time.Duration // readyShellIdle, but in tests
@@ -81,10 +81,10 @@ const readyShellMaxScript = 16 << 20
 const readyShellQuiet = 50 * time.Millisecond
 
 // readyShellIdle is how long, by default, a sandbox keeps its ready shell
-// after its last login-shell command started or ended. The shell holds ~1.2 MiB of the host's
-// memory (its own address space: under systrap, a stub process and page
-// tables on the host); an idle sandbox keeps none, and the first command
-// after the pause pays a full start, as without it.
+// after its last login-shell command started or ended. The shell holds
+// ~1.2 MiB of the host's memory (its own address space: under systrap, a
+// stub process and page tables on the host); an idle sandbox keeps none,
+// and the first command after the pause pays a full start, as without it.
 const readyShellIdle = 20 * time.Second
 
 // readyShellWait bounds how long a request waits for a shell that is being
@@ -192,7 +192,7 @@ func sameLaunch(ready, want spawnSpec) bool {
 
 // changed records that a login shell started now could see something the
 // ready one did not: the ready shell is killed, and another started after
-// quiet (nil: now), unless the commands sent lately could not use it. A
+// quiet (0: at once), unless the commands sent lately could not use it. A
 // process's end refills at once, as the next command of a sequence
 // follows it closely; file writes come in bursts, and each would kill the
 // shell the one before started.
