@@ -55,6 +55,9 @@ const (
 	// poolTick is how often the pool sizes itself unpoked (a create, a
 	// take and the end of a boot poke it).
 	poolTick = time.Second
+	// refillHold is how long after a take the refill waits (see
+	// warmPool.holdUntil): a command's round trip, a few times over.
+	refillHold = 50 * time.Millisecond
 	// poolCPUBusy: no refill while the host's CPUs were busier than this
 	// since the pool last looked.
 	poolCPUBusy = 0.8
@@ -138,6 +141,12 @@ type warmPool struct {
 	// measuredAt is when the prestarted sandboxes' memory was last read.
 	measuredAt time.Time
 
+	// holdUntil (wall clock) is when a refill may start after a take: a
+	// taken sandbox's first command comes right after its create, and a
+	// refill's boot beside it, on a small host, takes the CPUs it runs on.
+	holdUntil time.Time
+	holdFor   time.Duration // refillHold, but in tests
+
 	kick   chan struct{}
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -165,7 +174,7 @@ func newWarmPool(n *Node, sz poolSizing, now func() time.Time) *warmPool {
 	p := &warmPool{n: n, budget: max(sz.budget, 0), floor: max(sz.floor, 0), ceiling: max(sz.ceiling, 0), floors: sz.floors, now: now,
 		ready: map[PoolKey][]*pooled{}, demand: newDemand(), targets: map[PoolKey]int{},
 		cost: map[PoolKey]int64{}, retryAt: map[PoolKey]time.Time{}, served: map[PoolKey]*PoolCounts{},
-		kick: make(chan struct{}, 1), done: make(chan struct{})}
+		kick: make(chan struct{}, 1), done: make(chan struct{}), holdFor: refillHold}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	return p
 }
@@ -221,6 +230,11 @@ func (p *warmPool) take(key PoolKey, version string) *Sandbox {
 	}
 	p.mu.Lock()
 	p.demand.record(key, p.now())
+	// Not pushed further by later takes: under a steady stream of creates
+	// the refill still runs.
+	if now := time.Now(); now.After(p.holdUntil) {
+		p.holdUntil = now.Add(p.holdFor)
+	}
 	c := p.served[key]
 	if c == nil {
 		c = &PoolCounts{}
@@ -414,6 +428,7 @@ func (p *warmPool) step(ctx context.Context) bool {
 	now := p.now()
 
 	p.mu.Lock()
+	hold := time.Until(p.holdUntil)
 	p.sizeLocked(now, over)
 	var surplus []*pooled
 	for key, list := range p.ready {
@@ -429,6 +444,10 @@ func (p *warmPool) step(ctx context.Context) bool {
 		p.destroyAll(surplus)
 	}
 	if !short || !p.hostIdle(used, busy) {
+		return false
+	}
+	if hold > 0 {
+		time.AfterFunc(hold, p.poke)
 		return false
 	}
 	e, err := p.boot(ctx, key)

@@ -407,3 +407,31 @@ func TestWarmPoolInitialisesAhead(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestWarmPoolRefillWaitsAfterTake: the refill does not boot beside a
+// taken sandbox's first moments (its user's first command).
+func TestWarmPoolRefillWaitsAfterTake(t *testing.T) {
+	h := newHost(t)
+	n, _ := h.start(poolConfig(h, 1<<30, 1))
+	ctx := context.Background()
+	waitFor(t, func() bool { return poolReady(n) == 1 }, "a prestarted sandbox")
+	n.pool.mu.Lock()
+	n.pool.holdFor = time.Second
+	n.pool.mu.Unlock()
+	creates := h.rt.createCount()
+	start := time.Now()
+	if _, err := n.Create(ctx, CreateRequest{TemplateID: testTemplate, Secure: true}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if got := h.rt.createCount(); got != creates && time.Since(start) < time.Second {
+		t.Fatalf("the refill booted %d sandboxes within 300 ms of a take", got-creates)
+	}
+	waitFor(t, func() bool { return poolReady(n) == 1 }, "the pool to refill after the hold")
+	if held := time.Since(start); held < time.Second {
+		t.Errorf("refilled %v after the take, within the hold", held)
+	}
+	if err := n.Close(ctx, KillSandboxes); err != nil {
+		t.Fatal(err)
+	}
+}
