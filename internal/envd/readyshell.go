@@ -108,9 +108,20 @@ func (r *readyShells) take(spec spawnSpec) (*child, bool) {
 	r.touch()
 	c, ok := r.takeReady(script, spec)
 	if !ok {
-		// Whether a ready shell would have served it is worth its cost
-		// (a passwd read) only where it is spawned anyway.
-		def, err := r.s.readySpec()
+		// Would a ready shell have served it? The one waiting (current:
+		// /init replaces it otherwise) says; without one, the default
+		// launch is read again (a passwd read), on a path that spawns
+		// anyway.
+		r.mu.Lock()
+		waiting := r.sh
+		r.mu.Unlock()
+		var def spawnSpec
+		var err error
+		if waiting != nil {
+			def = waiting.spec
+		} else {
+			def, err = r.s.readySpec()
+		}
 		r.mu.Lock()
 		r.unwanted = err != nil || !sameLaunch(def, spec)
 		r.mu.Unlock()
@@ -416,10 +427,8 @@ func (sh *preparedShell) kill(r *reaper) {
 }
 
 func (sh *preparedShell) close() {
-	for _, f := range []*os.File{sh.c.script, sh.c.stdin} {
-		if f != nil {
-			f.Close()
-		}
+	if sh.c.script != nil {
+		sh.c.script.Close()
 	}
 	for _, o := range sh.c.outputs {
 		o.f.Close()

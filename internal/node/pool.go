@@ -690,9 +690,9 @@ func (n *Node) warmUp(ctx context.Context, sb *Sandbox) {
 // initialise gives prestarted sb, while it waits, the /init a create
 // without variables gives at its handout (the template's environment and
 // directory, and a fresh access token, which only the node knows until
-// the create returns it): the call into the sandbox, a third of a pooled
-// create's time (7-11 ms of ~25 on the 2-CPU test host, most of it
-// waking the idle sandbox), leaves the create's path. Failing, sb is
+// the create returns it): the call into the sandbox (a fresh connection
+// into its network stack), 7-11 ms of a pooled create's 10-15 on the
+// 2-CPU test host, leaves the create's path. Failing, sb is
 // pooled as it is and its handout initialises it.
 func (n *Node) initialise(ctx context.Context, sb *Sandbox, tpl *template.Template) {
 	token := randomToken()
