@@ -20,7 +20,7 @@ import (
 // what pausing opts.PauseCount small sandboxes frees. The bare half does
 // with runsc alone what the server does: `runsc checkpoint
 // --leave-running` (snapshot), `runsc checkpoint` + `runsc delete`
-// (pause), `runsc restore --direct --detach` (resume, and with `runsc exec
+// (pause), `runsc restore --detach` (resume, and with `runsc exec
 // true` the first command), a restore into a new container (create from a
 // snapshot) and one checkpoint followed by N restores, two at a time
 // (fork). Needs root. Every sandbox, snapshot, container, image, cgroup and
@@ -311,7 +311,7 @@ func (r *bareRunner) checkpoint(ctx context.Context, id, img string, flags ...st
 func (r *bareRunner) restore(ctx context.Context, id, img string) error {
 	dir := filepath.Join(r.dir, id)
 	return r.runsc(ctx, filepath.Join(dir, "runsc.log"),
-		"restore", "--direct", "--detach", "--image-path="+img, "--bundle="+dir, id)
+		"restore", "--detach", "--image-path="+img, "--bundle="+dir, id)
 }
 
 // execTrue runs /bin/true in container id.

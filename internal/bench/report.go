@@ -202,10 +202,10 @@ func (r *Report) AddSnapshot(opts Options, res SnapshotResults) {
 		r.Rows = append(r.Rows,
 			newRow("snapshot (leave running), "+name, "runsc checkpoint --leave-running", x.Snapshot, y.Snapshot),
 			newRow("pause, "+name, "runsc checkpoint + runsc delete", x.Pause, y.Pause),
-			newRow("resume, "+name, "runsc restore --direct --detach", x.Resume, y.Resume),
-			newRow("resume, "+name+", beside a prepared restore", "runsc create ahead (untimed), then runsc restore --direct into it", x.Resume, y.ResumePrepared),
-			newRow("resume + first command, "+name, "runsc restore --direct + runsc exec /bin/true", x.ResumeCommand, y.ResumeCommand),
-			newRow("create from snapshot to first command, "+name, "runsc restore --direct (new container) + exec", x.FromSnapshot, y.FromSnapshot),
+			newRow("resume, "+name, "runsc restore --detach", x.Resume, y.Resume),
+			newRow("resume, "+name+", beside a prepared restore", "runsc create ahead (untimed), then runsc restore into it", x.Resume, y.ResumePrepared),
+			newRow("resume + first command, "+name, "runsc restore + runsc exec /bin/true", x.ResumeCommand, y.ResumeCommand),
+			newRow("create from snapshot to first command, "+name, "runsc restore (new container) + exec", x.FromSnapshot, y.FromSnapshot),
 		)
 		for _, n := range slices.Sorted(maps.Keys(x.Fork)) {
 			base := fmt.Sprintf("runsc checkpoint --leave-running + %d restore", n)
@@ -222,7 +222,7 @@ func (r *Report) AddSnapshot(opts Options, res SnapshotResults) {
 			r.Figures = append(r.Figures,
 				newFigure("host CPU per pause, "+name+" (p50)", "CPU-ms", "runsc checkpoint + runsc delete",
 					medianOf(x.PauseCPU)*1000, medianOf(y.PauseCPU)*1000),
-				newFigure("host CPU per resume, "+name+" (p50)", "CPU-ms", "runsc restore --direct --detach",
+				newFigure("host CPU per resume, "+name+" (p50)", "CPU-ms", "runsc restore --detach",
 					medianOf(x.ResumeCPU)*1000, medianOf(y.ResumeCPU)*1000))
 		}
 		r.Sizes = append(r.Sizes, SizeInfo{

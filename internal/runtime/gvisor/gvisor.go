@@ -317,10 +317,14 @@ func (d *Driver) RestorePrepared(ctx context.Context, spec runtime.Spec, imageDi
 		return fmt.Errorf("restoring into prepared %s: %w", spec.ID, err)
 	}
 	r := d.runscIn(dir, spec.DiskMB)
+	// The pages file is read through the page cache, not with --direct
+	// (O_DIRECT): a resume soon after its pause finds the image there,
+	// still dirty, and O_DIRECT must first write it all back. Measured
+	// here on a 256 MiB image: 0.35 s through the cache, 1.1 s with
+	// --direct; from a cold cache 0.6-0.75 s and 0.6-1.0 s.
 	_, err = r.Restore(context.WithoutCancel(ctx), spec.ID, dir, &runc.RestoreOpts{
 		CheckpointOpts: runc.CheckpointOpts{ImagePath: imageDir},
 		Detach:         true,
-		ExtraArgs:      []string{"--direct"},
 	})
 	if err != nil {
 		return fmt.Errorf("restoring into prepared %s: %w%s", spec.ID, err, TailLog(r.Log))
@@ -473,14 +477,12 @@ func (d *Driver) start(ctx context.Context, spec runtime.Spec, mode startMode, i
 			PidFile: pidFile,
 		})
 	default:
-		// --direct reads the pages file with O_DIRECT: measured fastest
-		// for images on local disk.
+		// Without --direct: see RestorePrepared.
 		_, err = r.Restore(context.WithoutCancel(ctx), spec.ID, dir, &runc.RestoreOpts{
 			CheckpointOpts: runc.CheckpointOpts{ImagePath: imageDir},
 			Detach:         true,
 			IO:             &fileIO{f: logFile},
 			PidFile:        pidFile,
-			ExtraArgs:      []string{"--direct"},
 		})
 	}
 	if err != nil {
