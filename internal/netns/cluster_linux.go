@@ -53,7 +53,7 @@ func addClusterRules(c *nftables.Conn, cfg Config, t *nftables.Table, fwd *nftab
 	if err := c.AddSet(set, clusterElements(cfg.ClusterAddrs)); err != nil {
 		return fmt.Errorf("adding the cluster set: %w", err)
 	}
-	for _, r := range refuse() {
+	for _, r := range refuse(&expr.Counter{}) {
 		c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: cat(
 			ifPrefix(expr.MetaKeyIIFNAME, cfg.Tag, expr.CmpOpEq),
 			isIPv4(),

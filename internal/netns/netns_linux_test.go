@@ -92,7 +92,18 @@ func TestEgress(t *testing.T) {
 	if peer := <-peers; !strings.HasPrefix(peer, inet.hostAddr.String()+":") {
 		t.Errorf("internet saw %s, want %s", peer, inet.hostAddr)
 	}
+	before, err := m.RefusedCount(closed)
+	if err != nil {
+		t.Fatal(err)
+	}
 	mustBeRefused(t, closed.SandboxNSPath, target)
+	// The refusal is counted; the open slot refused nothing.
+	if after, err := m.RefusedCount(closed); err != nil || after <= before {
+		t.Errorf("closed slot's refusals: %d then %d (%v), want more after a refused connection", before, after, err)
+	}
+	if n, err := m.RefusedCount(open); err != nil || n != 0 {
+		t.Errorf("open slot's refusals: %d (%v), want 0", n, err)
+	}
 
 	// Inbound still works on the closed slot: replies are not egress.
 	listenIn(t, closed.SandboxNSPath, envdInside, "closed")

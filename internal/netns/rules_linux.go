@@ -144,6 +144,7 @@ func removeHostTable(tag string) error {
 // empty, i.e. no outbound connections):
 //
 //	table inet <tag> {
+//	  counter refused { }                                 # RefusedCount
 //	  chain prerouting { type nat hook prerouting priority dstnat
 //	    iifname "uplink" ip daddr <HostAddr> dnat ip to 169.254.0.21
 //	    iifname "sandbox" jump egressnat }
@@ -154,9 +155,9 @@ func removeHostTable(tag string) error {
 //	    ct state established,related accept
 //	    iifname "uplink" oifname "sandbox" ct status dnat accept
 //	    iifname "sandbox" ip saddr != 169.254.0.21 drop   # no spoofing
-//	    iifname "sandbox" ip daddr <blocked> counter reject
+//	    iifname "sandbox" ip daddr <blocked> counter name "refused" reject
 //	    iifname "sandbox" oifname "uplink" jump egress
-//	    iifname "sandbox" counter reject }                # what egress did not accept
+//	    iifname "sandbox" counter name "refused" reject } # what egress did not accept
 //	  chain egress { }                                    # see setEgress
 //	  chain input { type filter hook input priority filter; policy drop
 //	    ct state established,related accept
@@ -168,6 +169,7 @@ func removeHostTable(tag string) error {
 // rest, so that a refused connection fails at once.
 func installRouterTable(c *nftables.Conn, cfg Config, s *Slot) error {
 	t := c.AddTable(&nftables.Table{Name: cfg.Tag, Family: nftables.TableFamilyINet})
+	c.AddObj(&nftables.CounterObj{Table: t, Name: refusedCounter})
 
 	pre := c.AddChain(&nftables.Chain{Name: "prerouting", Table: t, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest})
@@ -224,7 +226,7 @@ func installRouterTable(c *nftables.Conn, cfg Config, s *Slot) error {
 		)})
 	}
 	for _, p := range cfg.blocked() {
-		for _, r := range refuse() {
+		for _, r := range refuse(countRefused()) {
 			c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: cat(
 				ifName(expr.MetaKeyIIFNAME, routerSandbox),
 				ipv4Addr(ipDst, p, expr.CmpOpEq),
@@ -239,7 +241,7 @@ func installRouterTable(c *nftables.Conn, cfg Config, s *Slot) error {
 	)})
 	// What the egress chain did not accept is refused at once (the
 	// policy's silent drop would leave the sandbox's connect to time out).
-	for _, r := range refuse() {
+	for _, r := range refuse(countRefused()) {
 		c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: cat(
 			ifName(expr.MetaKeyIIFNAME, routerSandbox),
 			r,
