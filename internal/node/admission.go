@@ -96,8 +96,8 @@ type hostLoad interface {
 	// memory is the host's memory in bytes and the fraction of it in use
 	// (-1: unknown).
 	memory() (totalBytes uint64, used float64)
-	// cpuBusy is how busy the host's CPUs are, from 0 to 1, since the
-	// previous call and right now (see busyFraction); -1 when unknown.
+	// cpuBusy is the fraction of the host's CPU time spent busy since the
+	// previous call (-1: unknown, as on the first call).
 	cpuBusy() float64
 }
 
@@ -131,34 +131,12 @@ func (l *procLoad) cpuBusy() float64 {
 	busy := total - idle
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	prev := cpuTimes{busy: l.busy, total: l.total}
-	had := l.haveCPUBaseline
+	prevBusy, prevTotal, had := l.busy, l.total, l.haveCPUBaseline
 	l.busy, l.total, l.haveCPUBaseline = busy, total, true
-	if !had {
-		prev = cpuTimes{}
+	if !had || total <= prevTotal {
+		return -1
 	}
-	return busyFraction(prev, cpuTimes{busy: busy, total: total}, st.ProcessesRunning, hostCPUs())
-}
-
-// cpuTimes are the host's busy and total CPU seconds, all CPUs summed.
-type cpuTimes struct{ busy, total float64 }
-
-// busyFraction is how busy the host's CPUs are: the share of CPU time
-// spent busy between prev and now, or the runnable tasks (besides the
-// reader) per CPU, whichever is larger. The counters advance in ticks of
-// 10 ms, and the warm pool looks at every take, milliseconds apart in a
-// burst: between two such looks they may not have moved at all, which
-// must not read as idle while the burst's tasks wait to run. A zero prev
-// (the first look) has only the runnable tasks to go by.
-func busyFraction(prev, now cpuTimes, running uint64, cpus int) float64 {
-	queued := 0.0
-	if running > 1 && cpus > 0 {
-		queued = min(1, float64(running-1)/float64(cpus))
-	}
-	if prev.total <= 0 || now.total <= prev.total {
-		return queued
-	}
-	return max(queued, (now.busy-prev.busy)/(now.total-prev.total))
+	return (busy - prevBusy) / (total - prevTotal)
 }
 
 // memoryUsed is the fraction of the host's memory in use, or -1.

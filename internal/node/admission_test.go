@@ -2,7 +2,6 @@ package node
 
 import (
 	"errors"
-	"math"
 	"testing"
 )
 
@@ -24,27 +23,5 @@ func TestAdmit(t *testing.T) {
 	}
 	if d := withHostDefaults(Capacity{}); d.MemoryMB <= 0 || d.CPUCount <= 0 || d.MemoryOvercommit != 4 || d.MemoryHighWater != 0.9 || d.DiskHighWater != 0.95 {
 		t.Errorf("defaults from the host: %+v", d)
-	}
-}
-
-func TestBusyFraction(t *testing.T) {
-	for _, tc := range []struct {
-		name      string
-		prev, now cpuTimes
-		running   uint64
-		cpus      int
-		want      float64
-	}{
-		{"busy half the time since the last look", cpuTimes{10, 100}, cpuTimes{11, 102}, 1, 2, 0.5},
-		{"counters not moved: only the runnable tasks tell", cpuTimes{10, 100}, cpuTimes{10, 100}, 1, 2, 0},
-		{"counters not moved in a burst", cpuTimes{10, 100}, cpuTimes{10, 100}, 40, 2, 1},
-		{"idle since the last look but tasks queue now", cpuTimes{10, 100}, cpuTimes{10.1, 102}, 3, 2, 1},
-		{"one task runs beside the reader on two CPUs", cpuTimes{10, 100}, cpuTimes{10.1, 102}, 2, 2, 0.5},
-		{"first look", cpuTimes{}, cpuTimes{10, 100}, 1, 2, 0},
-		{"first look in a burst", cpuTimes{}, cpuTimes{10, 100}, 9, 4, 1},
-	} {
-		if got := busyFraction(tc.prev, tc.now, tc.running, tc.cpus); math.Abs(got-tc.want) > 1e-9 {
-			t.Errorf("%s: busyFraction = %v, want %v", tc.name, got, tc.want)
-		}
 	}
 }

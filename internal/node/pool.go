@@ -59,8 +59,7 @@ const (
 	// warmPool.holdUntil): a command's round trip, a few times over.
 	refillHold = 50 * time.Millisecond
 	// poolCPUBusy: no refill while the host's CPUs were busier than this
-	// since the pool last looked, or have this many runnable tasks per CPU
-	// waiting now (busyFraction).
+	// since the pool last looked.
 	poolCPUBusy = 0.8
 	// poolMemoryMargin: no refill while the host's memory use is within
 	// this fraction of the node's high-water mark (above it the pool
