@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	vnetns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -465,6 +466,13 @@ func resetSlot(tag string, s *Slot) error {
 	}
 	if s.nft, err = nftAt(s.RouterNSPath); err != nil { // kept for the next Acquire
 		return fmt.Errorf("resetting slot %s: %w", s.Name, err)
+	}
+	// The next sandbox's refusals count from zero, not on from its
+	// predecessor's (which its history would report as its own). A router
+	// from before the named counter has none to reset.
+	t := &nftables.Table{Name: tag, Family: nftables.TableFamilyINet}
+	if _, err := s.nft.ResetObject(&nftables.CounterObj{Table: t, Name: refusedCounter}); err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("resetting slot %s: its count of refusals: %w", s.Name, err)
 	}
 	return setEgress(tag, s, SlotOptions{}, nil)
 }

@@ -260,6 +260,12 @@ func TestRecycle(t *testing.T) {
 	listenIn(t, s.SandboxNSPath, envdInside, "first")
 	mustReach(t, "", hostPort(s.HostAddr, envdPort), "first")
 	mustReach(t, s.SandboxNSPath, hostPort(inet.addr, 8080), "internet")
+	// A refusal (a private range is always refused) is counted, and the
+	// count does not follow the slot to its next sandbox.
+	mustBeRefused(t, s.SandboxNSPath, "10.0.0.1:80")
+	if n, err := m.RefusedCount(s); err != nil || n == 0 {
+		t.Fatalf("refusals after a refused connection: %d (%v), want some", n, err)
+	}
 	simulateRunsc(t, s)
 	mustNotReach(t, "", hostPort(s.HostAddr, envdPort))
 
@@ -272,6 +278,9 @@ func TestRecycle(t *testing.T) {
 	}
 	listenIn(t, r.SandboxNSPath, "169.254.0.21:8080", "second")
 	mustReach(t, "", hostPort(r.HostAddr, 8080), "second")
+	if n, err := m.RefusedCount(r); err != nil || n != 0 {
+		t.Errorf("refusals of the recycled slot: %d (%v), want 0", n, err)
+	}
 	// Egress was closed again.
 	mustNotReach(t, r.SandboxNSPath, hostPort(inet.addr, 8080))
 
