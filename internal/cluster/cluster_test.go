@@ -397,3 +397,41 @@ func TestPausedRetention(t *testing.T) {
 		t.Fatalf("a resumed sandbox keeps its pause time: %v", r.PausedAt)
 	}
 }
+
+// TestCreateWhoseRecordLandedLate: a record write that reports failure
+// (its caller gone) but was applied does not leave a record of the
+// sandbox the failed create killed.
+func TestCreateWhoseRecordLandedLate(t *testing.T) {
+	ctx := context.Background()
+	st := &lateStore{Store: state.NewMemory()}
+	n := nodetest.NewFake("n1")
+	c := openCluster(t, st, n)
+	defer c.Close(ctx, StopKeep)
+	st.late.Store(true)
+	if _, err := c.Create(ctx, CreateRequest{Spec: Spec{Timeout: time.Minute}, TemplateID: "base"}); err == nil {
+		t.Fatal("a create whose record write reported failure succeeded")
+	}
+	st.late.Store(false)
+	if l, _ := n.List(ctx, nil); len(l.Sandboxes) != 0 {
+		t.Fatalf("the failed create left %d sandboxes on the node", len(l.Sandboxes))
+	}
+	es, _, err := st.List(ctx, sandboxPrefix)
+	if err != nil || len(es) != 0 {
+		t.Fatalf("the failed create left %d records (%v)", len(es), err)
+	}
+}
+
+// lateStore applies sandbox record creates while late is set, then
+// reports them cancelled, as a write whose caller left mid-way can be.
+type lateStore struct {
+	state.Store
+	late atomic.Bool
+}
+
+func (s *lateStore) Create(ctx context.Context, key string, v []byte, o state.WriteOptions) (int64, error) {
+	rev, err := s.Store.Create(ctx, key, v, o)
+	if err == nil && s.late.Load() && strings.HasPrefix(key, sandboxPrefix) {
+		return 0, fmt.Errorf("late: %w", context.Canceled)
+	}
+	return rev, err
+}

@@ -206,6 +206,22 @@ func (c *Cluster) start(ctx context.Context, p placement, req *nodev1.CreateRequ
 	return nil, nil, err
 }
 
+// dropLandedRecord removes r's record if its write, reported failed, landed
+// all the same: a write whose answer was lost (the caller gone, as an
+// atomic batch's others are once one fails, or the store cut off
+// mid-write) may have been applied, and a record of the sandbox just
+// killed would stay listed. Only r's own record goes, not another of its
+// id.
+func (c *Cluster) dropLandedRecord(ctx context.Context, r record) {
+	ctx = context.WithoutCancel(ctx)
+	_, err := c.recs.removeIf(ctx, r.ID, "its create failed", func(got *record) bool {
+		return got.NodeID == r.NodeID && got.StartedAt.Equal(r.StartedAt)
+	})
+	if err != nil {
+		c.log.Warn("removing the record of a sandbox whose create failed", "sandbox_id", r.ID, "err", err)
+	}
+}
+
 // registration is what a new record takes beyond the node's description.
 type registration struct {
 	// spec is the sandbox's, whole (a create's, a fork's parent's).
@@ -262,6 +278,7 @@ func (c *Cluster) register(ctx context.Context, n nodeapi.Node, nsb *nodev1.Sand
 		if _, kerr := n.Kill(context.WithoutCancel(ctx), &nodev1.KillRequest{SandboxId: id}); kerr != nil {
 			c.log.Error("killing unrecorded sandbox", "sandbox_id", id, "node_id", n.ID(), "err", kerr)
 		}
+		c.dropLandedRecord(ctx, r)
 		return nil, fmt.Errorf("creating sandbox %s: %w", id, err)
 	}
 	out := r.Sandbox
