@@ -182,6 +182,12 @@ func refuse(count expr.Any) [][]expr.Any {
 // server's CPU with 100 sandboxes).
 const refusedCounter = "refused"
 
+// refusedCounterIn is refusedCounter in router table t, as it is added,
+// read and reset.
+func refusedCounterIn(t *nftables.Table) *nftables.CounterObj {
+	return &nftables.CounterObj{Table: t, Name: refusedCounter}
+}
+
 // countRefused is the expression that adds a packet to refusedCounter.
 func countRefused() expr.Any {
 	return &expr.Objref{Type: int(nftables.ObjTypeCounter), Name: refusedCounter}
@@ -196,7 +202,7 @@ func (m *Manager) RefusedCount(s *Slot) (uint64, error) {
 	}
 	defer c.CloseLasting()
 	t := &nftables.Table{Name: m.cfg.Tag, Family: nftables.TableFamilyINet}
-	o, err := c.GetObject(&nftables.CounterObj{Table: t, Name: refusedCounter})
+	o, err := c.GetObject(refusedCounterIn(t))
 	if ctr, ok := o.(*nftables.CounterObj); err == nil && ok {
 		return ctr.Packets, nil
 	}

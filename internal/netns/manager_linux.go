@@ -471,7 +471,7 @@ func resetSlot(tag string, s *Slot) error {
 	// predecessor's (which its history would report as its own). A router
 	// from before the named counter has none to reset.
 	t := &nftables.Table{Name: tag, Family: nftables.TableFamilyINet}
-	if _, err := s.nft.ResetObject(&nftables.CounterObj{Table: t, Name: refusedCounter}); err != nil && !errors.Is(err, unix.ENOENT) {
+	if _, err := s.nft.ResetObject(refusedCounterIn(t)); err != nil && !errors.Is(err, unix.ENOENT) {
 		return fmt.Errorf("resetting slot %s: its count of refusals: %w", s.Name, err)
 	}
 	return setEgress(tag, s, SlotOptions{}, nil)

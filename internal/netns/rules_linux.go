@@ -169,7 +169,7 @@ func removeHostTable(tag string) error {
 // rest, so that a refused connection fails at once.
 func installRouterTable(c *nftables.Conn, cfg Config, s *Slot) error {
 	t := c.AddTable(&nftables.Table{Name: cfg.Tag, Family: nftables.TableFamilyINet})
-	c.AddObj(&nftables.CounterObj{Table: t, Name: refusedCounter})
+	c.AddObj(refusedCounterIn(t))
 
 	pre := c.AddChain(&nftables.Chain{Name: "prerouting", Table: t, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest})
