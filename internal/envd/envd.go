@@ -72,6 +72,9 @@ type Options struct {
 	// ReadyShellIdle is how long the ready shell outlives the last
 	// login-shell command's start or end (0: 20 s); see readyShells.
 	ReadyShellIdle time.Duration
+	// ReadyShellLone is how long after a lone login-shell command's end
+	// the next ready shell starts (0: 1 s); see readyShells.ended.
+	ReadyShellLone time.Duration
 }
 
 // Server is an envd instance. Create it with New, serve Handler, and Close
@@ -131,7 +134,11 @@ func New(opts Options) (*Server, error) {
 	s.reaper = r
 	s.handler = s.routes()
 	if opts.ReadyShell {
-		s.shells = &readyShells{s: s, idleAfter: cmp.Or(opts.ReadyShellIdle, readyShellIdle)}
+		s.shells = &readyShells{
+			s:         s,
+			idleAfter: cmp.Or(opts.ReadyShellIdle, readyShellIdle),
+			loneAfter: cmp.Or(opts.ReadyShellLone, readyShellLone),
+		}
 		s.shells.refill()
 	}
 	return s, nil

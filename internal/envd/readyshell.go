@@ -52,7 +52,13 @@ type readyShells struct {
 	dormant   bool
 	idle      *time.Timer
 	idleAfter time.Duration // readyShellIdle, but in tests
-	closed    bool
+	loneAfter time.Duration // readyShellLone, but in tests
+	// lastEnd is when the last login-shell command ended, and inSequence
+	// whether the latest one started within readyShellSequence of it
+	// (see ended).
+	lastEnd    time.Time
+	inSequence bool
+	closed     bool
 }
 
 // preparedShell is a started shell waiting on its script pipe.
@@ -87,6 +93,21 @@ const readyShellQuiet = 50 * time.Millisecond
 // and the first command after the pause pays a full start, as without it.
 const readyShellIdle = 20 * time.Second
 
+// readyShellSequence is how soon after the last login-shell command's end
+// the next one must start for the two to be a sequence, whose commands
+// each leave a ready shell for the next at once (see ended).
+const readyShellSequence = 2 * time.Second
+
+// readyShellLone is how long after a lone command's end (the first after
+// a handout, or after a pause longer than readyShellSequence) the next
+// ready shell is started. Starting one costs the host 15-20 CPU-ms under
+// gVisor: a burst of sandboxes each running one command would otherwise
+// start as many shells beside the burst's own work, which 2 cores queue
+// (50 pooled creates at once spent a third of their CPU on them). The
+// cost of waiting: a second command within this time starts its own
+// shell, as it would without a ready one.
+const readyShellLone = time.Second
+
 // readyShellWait bounds how long a request waits for a shell that is being
 // started for it, rather than spawning its own beside it.
 const readyShellWait = 200 * time.Millisecond
@@ -106,6 +127,7 @@ func (r *readyShells) take(spec spawnSpec) (*child, bool) {
 		return nil, false
 	}
 	r.touch()
+	r.begin()
 	c, ok := r.takeReady(script, spec)
 	if !ok {
 		// Would a ready shell have served it? The one waiting (current:
@@ -261,18 +283,40 @@ func (r *readyShells) reconfigured() {
 }
 
 // ended records that a process started as spec has ended: a change (see
-// changed), followed at once by the next command when it was a login
-// shell's, else by a quiet period like a file change.
+// changed). When it was a login shell's command in a sequence, the next
+// command follows closely and the ready shell is started at once; after a
+// lone one, readyShellLone later. Other processes' ends are followed by a
+// quiet period like a file change.
 func (r *readyShells) ended(spec spawnSpec) {
 	if r == nil {
 		return
 	}
 	if _, ok := loginScript(spec); ok {
 		r.touch()
-		r.changed(0)
+		r.changed(r.end())
 		return
 	}
 	r.changed(readyShellQuiet)
+}
+
+// begin records a login-shell command starting: whether it is in a
+// sequence (see ended).
+func (r *readyShells) begin() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.inSequence = !r.lastEnd.IsZero() && time.Since(r.lastEnd) < readyShellSequence
+}
+
+// end records a login-shell command ending and returns how long to wait
+// before the next ready shell starts.
+func (r *readyShells) end() time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.lastEnd = time.Now()
+	if r.inSequence {
+		return 0
+	}
+	return r.loneAfter
 }
 
 // touch records a login-shell command starting or ending: the sandbox is

@@ -60,6 +60,7 @@ func TestReadyShellRunsCommandsAsBashDoes(t *testing.T) {
 	// written; the one started after the first command ends has not.
 	writeProfile(t, e, "export FROM_PROFILE=yes\n")
 	e.run(bashCmd("true"), "")
+	waitFor(t, 10*time.Second, "the ready shell to start again", func() bool { return readyShellPid(e.home) != 0 })
 
 	out, ready, r := e.runReady(bashCmd(`echo "$FROM_PROFILE|$?|$0|$HOSTNAME|${__aenv_cmd-unset}|$(shopt login_shell)"; echo err >&2; ls /proc/self/fd/3 2>/dev/null || echo "no fd 3"; false`), "")
 	if !ready {
@@ -226,7 +227,10 @@ func readyShellPid(home string) int {
 }
 
 func TestReadyShellDroppedWhenIdle(t *testing.T) {
-	e := newEnv(t, withReadyShell, func(o *envd.Options) { o.ReadyShellIdle = 300 * time.Millisecond })
+	e := newEnv(t, withReadyShell, func(o *envd.Options) {
+		o.ReadyShellIdle = 300 * time.Millisecond
+		o.ReadyShellLone = 50 * time.Millisecond
+	})
 	// Before any command, as in a template's snapshot, it stays.
 	waitFor(t, 10*time.Second, "the first ready shell to start", func() bool { return readyShellPid(e.home) != 0 })
 	time.Sleep(600 * time.Millisecond)
@@ -240,11 +244,12 @@ func TestReadyShellDroppedWhenIdle(t *testing.T) {
 	if readyShellPid(e.home) != 0 {
 		t.Fatal("a ready shell started again while nothing happened")
 	}
-	// The next command starts its own shell; the one after it has a ready
-	// one again.
+	// The next command starts its own shell; one a moment later has a
+	// ready one again.
 	if out, ready, _ := e.runReady(bashCmd("echo a"), ""); ready || out != "a\n" {
 		t.Fatalf("first command after the idle period: %q (ready shell %v)", out, ready)
 	}
+	waitFor(t, 10*time.Second, "the command's end to start a ready shell", func() bool { return readyShellPid(e.home) != 0 })
 	if out, ready, _ := e.runReady(bashCmd("echo b"), ""); !ready || out != "b\n" {
 		t.Fatalf("second command after the idle period: %q (ready shell %v)", out, ready)
 	}
@@ -258,5 +263,45 @@ func TestReadyShellDroppedWhenIdle(t *testing.T) {
 	}
 	if out, ready, _ := e.runReady(bashCmd("echo c"), ""); !ready || out != "c\n" {
 		t.Fatalf("first command after /init woke a dormant sandbox: %q (ready shell %v)", out, ready)
+	}
+}
+
+func TestReadyShellWaitsAfterALoneCommand(t *testing.T) {
+	const lone = 3 * time.Second
+	e := newEnv(t, withReadyShell, func(o *envd.Options) { o.ReadyShellLone = lone })
+	waitFor(t, 10*time.Second, "the first ready shell to start", func() bool { return readyShellPid(e.home) != 0 })
+	// The first command, as in a sandbox just taken from the pool, is
+	// lone: no shell starts beside whatever else the host is doing.
+	if _, ready, _ := e.runReady(bashCmd("true"), ""); !ready {
+		t.Fatal("the first command was not run by the ready shell started ahead")
+	}
+	time.Sleep(300 * time.Millisecond)
+	if readyShellPid(e.home) != 0 {
+		t.Fatalf("a ready shell started within 300ms of a lone command's end (want %v)", lone)
+	}
+	// A command soon after starts its own shell; it makes a sequence, so
+	// the next has a ready one at once.
+	if out, ready, _ := e.runReady(bashCmd("echo a"), ""); ready || out != "a\n" {
+		t.Fatalf("the command after a lone one: %q (ready shell %v), want a spawned shell", out, ready)
+	}
+	for _, word := range []string{"b", "c"} {
+		if out, ready, _ := e.runReady(bashCmd("echo "+word), ""); !ready || out != word+"\n" {
+			t.Fatalf("a command in a sequence: %q (ready shell %v), want it from a ready shell", out, ready)
+		}
+	}
+	// A pause longer than a sequence's makes the next command lone again;
+	// its shell comes, later.
+	time.Sleep(2100 * time.Millisecond)
+	if _, ready, _ := e.runReady(bashCmd("true"), ""); !ready {
+		t.Fatal("the command after a pause was not run by the ready shell the sequence left")
+	}
+	ended := time.Now()
+	time.Sleep(300 * time.Millisecond)
+	if readyShellPid(e.home) != 0 {
+		t.Fatal("a ready shell started at once after a command that came after a pause")
+	}
+	waitFor(t, 10*time.Second, "a ready shell after the lone command", func() bool { return readyShellPid(e.home) != 0 })
+	if waited := time.Since(ended); waited < lone-500*time.Millisecond {
+		t.Fatalf("the ready shell started %v after a lone command's end, want about %v", waited, lone)
 	}
 }
