@@ -28,6 +28,7 @@ import (
 // returns.
 func MeasureBare(ctx context.Context, opts Options) (_ BareResults, err error) {
 	opts = opts.withDefaults()
+	awaitQuiet(ctx, opts.Notes, opts.quietWithin, busyCores)
 	r, err := newBareRunner(opts)
 	if err != nil {
 		return BareResults{}, fmt.Errorf("measuring bare runsc: %w", err)

@@ -38,6 +38,7 @@ func TestMeasureBare(t *testing.T) {
 		RunscPath: runsc, RootFS: rootfs,
 		CPUCount: 2, MemoryMB: 512,
 		BurstSize: 3, SustainFor: time.Second,
+		quietWithin: time.Second, // the suite may run beside other packages
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -95,7 +96,7 @@ func TestMeasureBareIdleAndWall(t *testing.T) {
 	t.Setenv("TMPDIR", tmp)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	opts := Options{RunscPath: runsc, RootFS: rootfs, CPUCount: 1, MemoryMB: 256}
+	opts := Options{RunscPath: runsc, RootFS: rootfs, CPUCount: 1, MemoryMB: 256, quietWithin: time.Second}
 	idle, err := MeasureBareIdle(ctx, opts, 3, 3, time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -177,7 +178,7 @@ func TestMeasureBareRelativePaths(t *testing.T) {
 	defer cancel()
 	res, err := MeasureBare(ctx, Options{
 		Iterations: 1, Concurrency: 1, RunscPath: runsc, RootFS: relRoot, EnvdPath: "bin/envd",
-		CPUCount: 1, MemoryMB: 256,
+		CPUCount: 1, MemoryMB: 256, quietWithin: time.Second,
 	})
 	if err != nil {
 		t.Fatalf("bare runs with relative paths: %v", err)

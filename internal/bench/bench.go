@@ -98,12 +98,18 @@ type Options struct {
 	// Progress receives a progress line (rewritten with \r) while a
 	// measurement runs; nil means silent.
 	Progress io.Writer
+	// Notes receives, a line each, what a reader of the figures should
+	// know about how they were taken (a wait for the host to go quiet
+	// before a bare baseline, or a baseline read on a busy host); nil
+	// discards them.
+	Notes io.Writer
 
 	// settle is the pause before each memory reading (default
 	// memorySettle), cgroupRoot the memory cgroup hierarchy (default
 	// /sys/fs/cgroup/memory) and procRoot /proc; tests shorten and move
-	// them.
-	settle               time.Duration
+	// them. quietWithin bounds the wait for a quiet host before a bare
+	// baseline (default quietWait); tests on a busy host shorten it.
+	settle, quietWithin  time.Duration
 	cgroupRoot, procRoot string
 }
 
@@ -135,6 +141,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.settle == 0 {
 		o.settle = memorySettle
+	}
+	if o.quietWithin == 0 {
+		o.quietWithin = quietWait
 	}
 	if o.cgroupRoot == "" {
 		o.cgroupRoot = cgroupRoot

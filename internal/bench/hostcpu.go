@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"slices"
 	"strconv"
@@ -121,4 +122,44 @@ func busyCores(ctx context.Context, window time.Duration) float64 {
 	case <-time.After(window):
 	}
 	return m.per(1) / time.Since(start).Seconds()
+}
+
+// quietCores is the host's busy CPU, in cores, under which it is quiet
+// enough for a bare baseline: an idle server with a full warm pool uses a
+// few hundredths of a core, a pool refilling (one boot at a time) most of
+// one.
+const quietCores = 0.3
+
+// quietWait bounds the wait for a quiet host: a pool of a hundred refills
+// in well under it here.
+const quietWait = 3 * time.Minute
+
+// awaitQuiet waits, at most within, until busy (busyCores) reads the host
+// under quietCores over a second. A bare baseline follows the aenv half
+// of a suite, whose bursts and batches leave the server refilling its
+// warm pool; a baseline that shares the CPUs with those boots reads
+// slower than bare runsc is (here bare `runsc run` at c=1 read 163-177 ms
+// right after the create suite's bursts, 100 ms with no pool). It
+// reports on w (when not nil) what it waited for, and returns the last
+// reading.
+func awaitQuiet(ctx context.Context, w io.Writer, within time.Duration, busy func(context.Context, time.Duration) float64) float64 {
+	start := time.Now()
+	for {
+		cores := busy(ctx, time.Second)
+		waited := time.Since(start)
+		switch {
+		case cores < quietCores:
+			if w != nil && waited > 2*time.Second {
+				fmt.Fprintf(w, "waited %v for the host to go quiet (the server's warm pool refilling) before the bare runs\n", waited.Round(time.Second))
+			}
+			return cores
+		case ctx.Err() != nil:
+			return cores
+		case waited >= within:
+			if w != nil {
+				fmt.Fprintf(w, "the host stayed busy (%.2f cores) for %v: the bare runs share it\n", cores, waited.Round(time.Second))
+			}
+			return cores
+		}
+	}
 }

@@ -1,10 +1,13 @@
 package bench
 
 import (
+	"context"
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 )
 
 // TestHostCPUSeconds: busy time is every counter of the cpu line but idle,
@@ -44,5 +47,45 @@ func TestMedianOf(t *testing.T) {
 		if got := medianOf(c.in); got != c.want {
 			t.Errorf("medianOf(%v) = %v, want %v", c.in, got, c.want)
 		}
+	}
+}
+
+func TestAwaitQuiet(t *testing.T) {
+	// A host busy for three readings, then quiet: the wait ends at the
+	// first quiet one and says how long it took.
+	readings := []float64{1.2, 0.9, 0.5, 0.05, 1.5}
+	var n int
+	busy := func(ctx context.Context, window time.Duration) float64 {
+		if window != time.Second {
+			t.Errorf("read over %v, want 1s", window)
+		}
+		n++
+		if n == 3 {
+			time.Sleep(2100 * time.Millisecond) // past the silent wait
+		}
+		return readings[n-1]
+	}
+	var notes strings.Builder
+	if got := awaitQuiet(context.Background(), &notes, time.Minute, busy); got != 0.05 || n != 4 {
+		t.Fatalf("returned %.2f after %d readings, want 0.05 after 4", got, n)
+	}
+	if !strings.Contains(notes.String(), "for the host to go quiet") {
+		t.Errorf("notes %q do not say it waited", notes.String())
+	}
+
+	// A host that stays busy: the wait gives up at its bound and says so.
+	notes.Reset()
+	always := func(context.Context, time.Duration) float64 { time.Sleep(10 * time.Millisecond); return 0.8 }
+	if got := awaitQuiet(context.Background(), &notes, 50*time.Millisecond, always); got != 0.8 {
+		t.Fatalf("returned %.2f, want the last reading 0.8", got)
+	}
+	if !strings.Contains(notes.String(), "stayed busy (0.80 cores)") {
+		t.Errorf("notes %q do not say the host stayed busy", notes.String())
+	}
+
+	// A quiet host at once: no wait, nothing to say.
+	notes.Reset()
+	if got := awaitQuiet(context.Background(), &notes, time.Minute, func(context.Context, time.Duration) float64 { return 0.01 }); got != 0.01 || notes.Len() != 0 {
+		t.Fatalf("a quiet host: returned %.2f, notes %q", got, notes.String())
 	}
 }

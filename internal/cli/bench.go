@@ -106,7 +106,8 @@ one report.`,
 					return err
 				}
 				var progress io.Writer
-				if isTerminal(cmd.ErrOrStderr()) {
+				opts.Notes = cmd.ErrOrStderr()
+			if isTerminal(cmd.ErrOrStderr()) {
 					progress = cmd.ErrOrStderr()
 				}
 				res, err := bench.MeasureBatch(cmd.Context(), c, opts.Template, batchSize, batchRounds, progress)
@@ -125,7 +126,8 @@ one report.`,
 					return err
 				}
 				var progress io.Writer
-				if isTerminal(cmd.ErrOrStderr()) {
+				opts.Notes = cmd.ErrOrStderr()
+			if isTerminal(cmd.ErrOrStderr()) {
 					progress = cmd.ErrOrStderr()
 				}
 				res, err := bench.Soak(cmd.Context(), c, opts.Template,
@@ -165,6 +167,7 @@ one report.`,
 				return err
 			}
 			opts.API, opts.Snapshots = api, api
+			opts.Notes = cmd.ErrOrStderr()
 			if isTerminal(cmd.ErrOrStderr()) {
 				// A line rewritten with \r is noise in a log file.
 				opts.Progress = cmd.ErrOrStderr()
