@@ -106,8 +106,7 @@ one report.`,
 					return err
 				}
 				var progress io.Writer
-				opts.Notes = cmd.ErrOrStderr()
-			if isTerminal(cmd.ErrOrStderr()) {
+				if isTerminal(cmd.ErrOrStderr()) {
 					progress = cmd.ErrOrStderr()
 				}
 				res, err := bench.MeasureBatch(cmd.Context(), c, opts.Template, batchSize, batchRounds, progress)
@@ -126,8 +125,7 @@ one report.`,
 					return err
 				}
 				var progress io.Writer
-				opts.Notes = cmd.ErrOrStderr()
-			if isTerminal(cmd.ErrOrStderr()) {
+				if isTerminal(cmd.ErrOrStderr()) {
 					progress = cmd.ErrOrStderr()
 				}
 				res, err := bench.Soak(cmd.Context(), c, opts.Template,
