@@ -102,6 +102,9 @@ type Catalog struct {
 	// keys seal the environment variables and the envd token in the
 	// metadata (nil: stored in clear).
 	keys *sealed.Keyring
+	// sync flushes a file or directory to the disk (syncPath; tests
+	// watch it).
+	sync func(path string) error
 	mu   sync.Mutex
 }
 
@@ -124,7 +127,7 @@ func Open(dir string, remote *store.Repository, keys *sealed.Keyring) (*Catalog,
 			os.RemoveAll(filepath.Join(dir, e.Name()))
 		}
 	}
-	return &Catalog{dir: dir, remote: remote, keys: keys}, nil
+	return &Catalog{dir: dir, remote: remote, keys: keys, sync: syncPath}, nil
 }
 
 // Begin returns an empty staging directory for snapshot id's image.
@@ -173,23 +176,75 @@ func (c *Catalog) Commit(ctx context.Context, s *Snapshot) error {
 		}
 	}
 	c.mu.Unlock()
+	files, err := imageFiles(staging)
+	if err != nil {
+		return fmt.Errorf("committing snapshot %s: %w", s.ID, err)
+	}
 	if c.remote != nil {
-		files, err := imageFiles(staging)
-		if err != nil {
-			return fmt.Errorf("committing snapshot %s: %w", s.ID, err)
-		}
 		if _, _, err := c.remote.Save(ctx, s.ID, "", files, b); err != nil {
 			return fmt.Errorf("committing snapshot %s: %w", s.ID, err)
 		}
 	}
-	if err := writeSynced(filepath.Join(staging, metaFile), b); err != nil {
+	if err := c.publish(staging, s.ID, files, b); err != nil {
 		return fmt.Errorf("committing snapshot %s: %w", s.ID, err)
 	}
-	final := filepath.Join(c.dir, s.ID)
-	if err := os.Rename(staging, final); err != nil {
-		return fmt.Errorf("committing snapshot %s: %w", s.ID, err)
+	s.Dir = filepath.Join(c.dir, s.ID)
+	return nil
+}
+
+// publish makes the image files in staging durable, then writes their
+// metadata beside them and renames staging into place, durably too. The
+// runtime writes the images through the page cache: a crash after a
+// publish that did not wait for them could leave a snapshot whose
+// metadata is on disk but whose pages are not (a new file's blocks are
+// written back seconds later), and the sandbox it paused is gone by then.
+func (c *Catalog) publish(staging, id string, files map[string]string, meta []byte) error {
+	if err := c.syncFiles(files); err != nil {
+		return err
 	}
-	s.Dir = final
+	if err := writeSynced(filepath.Join(staging, metaFile), meta); err != nil {
+		return err
+	}
+	if err := c.sync(staging); err != nil {
+		return err
+	}
+	if err := os.Rename(staging, filepath.Join(c.dir, id)); err != nil {
+		return err
+	}
+	// The rename is done: failing now would report a snapshot as not
+	// taken while it is in place. A failed sync of the directory only
+	// leaves the rename to the next writeback.
+	_ = c.sync(c.dir)
+	return nil
+}
+
+// syncFiles flushes each of files to the disk, all at once: each waits
+// for its own writeback, which the disk serves side by side.
+func (c *Catalog) syncFiles(files map[string]string) error {
+	errs := make(chan error, len(files))
+	for _, path := range files {
+		go func() { errs <- c.sync(path) }()
+	}
+	var all []error
+	for range files {
+		all = append(all, <-errs)
+	}
+	return errors.Join(all...)
+}
+
+// syncPath flushes the file or directory at path to the disk.
+func syncPath(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	err = f.Sync()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("syncing %s: %w", path, err)
+	}
 	return nil
 }
 
@@ -298,17 +353,18 @@ func (c *Catalog) fetchLocked(ctx context.Context, s *Snapshot) (*Snapshot, erro
 		os.RemoveAll(staging)
 		return nil, fmt.Errorf("fetching snapshot %s: %w", s.ID, err)
 	}
-	if err := writeSynced(filepath.Join(staging, metaFile), b); err != nil {
-		os.RemoveAll(staging)
-		return nil, fmt.Errorf("fetching snapshot %s: %w", s.ID, err)
+	// A local copy is published as durably as a committed one: after a
+	// crash a torn copy would be restored instead of fetched again.
+	files, err := imageFiles(staging)
+	if err == nil {
+		err = c.publish(staging, s.ID, files, b)
 	}
-	final := filepath.Join(c.dir, s.ID)
-	if err := os.Rename(staging, final); err != nil {
+	if err != nil {
 		os.RemoveAll(staging)
 		return nil, fmt.Errorf("fetching snapshot %s: %w", s.ID, err)
 	}
 	out := *s
-	out.Dir = final
+	out.Dir = filepath.Join(c.dir, s.ID)
 	return &out, nil
 }
 

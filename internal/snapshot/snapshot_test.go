@@ -6,6 +6,9 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
 	"testing"
 
 	"github.com/aenvhq/aenv/internal/sealed"
@@ -76,6 +79,73 @@ func TestCatalogLifecycle(t *testing.T) {
 		if _, err := c.Get(ctx, bad); !errors.Is(err, ErrNotFound) {
 			t.Fatalf("Get(%q) = %v", bad, err)
 		}
+	}
+}
+
+// TestCommitIsDurable: the image files are on the disk before the
+// metadata that publishes them is written, and the directory before it is
+// renamed into place; a failed flush publishes nothing.
+func TestCommitIsDurable(t *testing.T) {
+	dir := t.TempDir()
+	c, err := Open(dir, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	staging := filepath.Join(dir, "s1"+partialSuffix)
+	var mu sync.Mutex
+	var synced []string
+	exists := func(p string) bool { _, err := os.Stat(p); return err == nil }
+	c.sync = func(path string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		rel, _ := filepath.Rel(dir, path)
+		switch {
+		case path == dir:
+			if !exists(filepath.Join(dir, "s1", metaFile)) {
+				t.Errorf("the catalog directory was synced before the rename")
+			}
+		case path == staging:
+			if !exists(filepath.Join(staging, metaFile)) {
+				t.Errorf("the staged snapshot was synced before its metadata was written")
+			}
+		default:
+			if exists(filepath.Join(staging, metaFile)) {
+				t.Errorf("%s was synced after the metadata was written", rel)
+			}
+		}
+		synced = append(synced, rel)
+		return nil
+	}
+	stage(t, c, "s1", "one")
+	if err := os.WriteFile(filepath.Join(staging, "pages.img"), []byte("pages"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Commit(ctx, &Snapshot{ID: "s1", Kind: KindPause}); err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(synced)
+	want := []string{".", "s1.partial", "s1.partial/checkpoint.img", "s1.partial/pages.img"}
+	if !slices.Equal(synced, want) {
+		t.Fatalf("synced %q, want %q", synced, want)
+	}
+
+	// A flush that fails (a disk error) fails the commit: nothing is
+	// published.
+	c.sync = func(path string) error {
+		if filepath.Base(path) == "pages.img" {
+			return errors.New("input/output error")
+		}
+		return nil
+	}
+	stage(t, c, "s2", "two")
+	if err := os.WriteFile(filepath.Join(dir, "s2"+partialSuffix, "pages.img"), []byte("pages"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Commit(ctx, &Snapshot{ID: "s2", Kind: KindPause}); err == nil || !strings.Contains(err.Error(), "input/output error") {
+		t.Fatalf("a commit whose pages could not be flushed: %v", err)
+	}
+	if _, err := c.Get(ctx, "s2"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("a snapshot whose pages could not be flushed was published: %v", err)
 	}
 }
 
