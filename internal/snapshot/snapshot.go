@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -193,17 +194,24 @@ func (c *Catalog) Commit(ctx context.Context, s *Snapshot) error {
 }
 
 // publish makes the image files in staging durable, then writes their
-// metadata beside them and renames staging into place, durably too. The
-// runtime writes the images through the page cache: a crash after a
-// publish that did not wait for them could leave a snapshot whose
-// metadata is on disk but whose pages are not (a new file's blocks are
-// written back seconds later), and the sandbox it paused is gone by then.
+// metadata beside them (nil: it is there already, and flushed with them)
+// and renames staging into place, durably too. The runtime writes the
+// images through the page cache: a crash after a publish that did not
+// wait for them could leave a snapshot whose metadata is on disk but
+// whose pages are not (a new file's blocks are written back seconds
+// later), and the sandbox it paused is gone by then.
 func (c *Catalog) publish(staging, id string, files map[string]string, meta []byte) error {
+	if meta == nil {
+		files = maps.Clone(files)
+		files[metaFile] = filepath.Join(staging, metaFile)
+	}
 	if err := c.syncFiles(files); err != nil {
 		return err
 	}
-	if err := writeSynced(filepath.Join(staging, metaFile), meta); err != nil {
-		return err
+	if meta != nil {
+		if err := writeSynced(filepath.Join(staging, metaFile), meta); err != nil {
+			return err
+		}
 	}
 	if err := c.sync(staging); err != nil {
 		return err
@@ -594,10 +602,13 @@ func (c *Catalog) Install(id, dir string) (*Snapshot, error) {
 		os.RemoveAll(dir)
 		return local, nil
 	}
-	final := filepath.Join(c.dir, id)
-	if err := os.Rename(dir, final); err != nil {
+	files, err := imageFiles(dir)
+	if err == nil {
+		err = c.publish(dir, id, files, nil)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("installing snapshot %s: %w", id, err)
 	}
-	s.Dir = final
+	s.Dir = filepath.Join(c.dir, id)
 	return s, nil
 }

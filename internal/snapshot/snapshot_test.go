@@ -147,6 +147,47 @@ func TestCommitIsDurable(t *testing.T) {
 	if _, err := c.Get(ctx, "s2"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("a snapshot whose pages could not be flushed was published: %v", err)
 	}
+
+	// A snapshot another node sent (a migration) is flushed whole, its
+	// metadata too, before it is installed.
+	other, err := Open(t.TempDir(), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stage(t, other, "s3", "three")
+	if err := other.Commit(ctx, &Snapshot{ID: "s3", Kind: KindPause}); err != nil {
+		t.Fatal(err)
+	}
+	in, err := c.Incoming("s3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"checkpoint.img", metaFile} {
+		b, err := os.ReadFile(filepath.Join(other.dir, "s3", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(in, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	synced = nil
+	c.sync = func(path string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		rel, _ := filepath.Rel(dir, path)
+		synced = append(synced, rel)
+		return nil
+	}
+	if _, err := c.Install("s3", in); err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(synced)
+	inRel, _ := filepath.Rel(dir, in)
+	want = []string{".", inRel, inRel + "/checkpoint.img", inRel + "/" + metaFile}
+	if !slices.Equal(synced, want) {
+		t.Fatalf("installing synced %q, want %q", synced, want)
+	}
 }
 
 // TestCrashMidSaveKeepsPrevious simulates a process killed while writing a
