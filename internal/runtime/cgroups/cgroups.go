@@ -85,7 +85,11 @@ type Hierarchy interface {
 	// Create makes cgroup name and its missing parents and sets lim on
 	// it. An existing cgroup is kept and lim set again.
 	Create(name string, lim Limits) error
-	// Memory is the memory charged to name now, in bytes.
+	// Memory is the memory charged to name now that the kernel cannot
+	// simply drop, in bytes: its usage less its inactive page cache (as
+	// kubelet counts a working set). A restore reads its image through
+	// the page cache, which is charged to the sandbox: a resumed 256 MiB
+	// sandbox would otherwise count twice its size until reclaim.
 	Memory(name string) (uint64, error)
 	// OOMKills counts the tasks of name the kernel killed for want of
 	// memory.
@@ -207,6 +211,16 @@ func readKey(file, key string) (uint64, error) {
 		return 0, err
 	}
 	return 0, fmt.Errorf("no %s in %s", key, file)
+}
+
+// workingSet is usage less inactive (the inactive page cache), never
+// below zero: the two are read one after the other, and the cache can
+// grow in between.
+func workingSet(usage, inactive uint64) uint64 {
+	if inactive > usage {
+		return 0
+	}
+	return usage - inactive
 }
 
 // readMax reads a limit that is a number or "max" (unlimited: 0).

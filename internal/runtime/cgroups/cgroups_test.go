@@ -93,12 +93,14 @@ func TestV1(t *testing.T) {
 	// What the kernel shows while tasks run.
 	files(t, root, map[string]string{
 		"memory/aenv/sb1/memory.usage_in_bytes": "123456\n",
+		"memory/aenv/sb1/memory.stat":           "cache 30000\nrss 90000\ninactive_file 999\nactive_file 4000\ntotal_cache 30000\ntotal_inactive_file 23456\n",
 		"memory/aenv/sb1/memory.oom_control":    "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n",
 		"cpuacct/aenv/sb1/cpuacct.usage":        "1500000000\n",
 		"pids/aenv/sb1/pids.current":            "42\n",
 	})
-	if m, err := h.Memory("/aenv/sb1"); err != nil || m != 123456 {
-		t.Fatalf("memory %d, %v; want 123456", m, err)
+	// Usage less the inactive page cache (the hierarchy's: total_).
+	if m, err := h.Memory("/aenv/sb1"); err != nil || m != 100000 {
+		t.Fatalf("memory %d, %v; want 123456 - 23456", m, err)
 	}
 	if n, err := h.OOMKills("/aenv/sb1"); err != nil || n != 2 {
 		t.Fatalf("OOM kills %d, %v; want 2", n, err)
@@ -210,12 +212,13 @@ func TestV2(t *testing.T) {
 
 	files(t, root, map[string]string{
 		svc + "aenv/step-1/memory.current": "654321\n",
+		svc + "aenv/step-1/memory.stat":    "anon 500000\nfile 154321\nactive_file 100000\ninactive_file 54321\n",
 		svc + "aenv/step-1/memory.events":  "low 0\nhigh 0\nmax 12\noom 1\noom_kill 1\noom_group_kill 0\n",
 		svc + "aenv/step-1/pids.current":   "17\n",
 		svc + "aenv/step-1/cpu.stat":       "usage_usec 2500000\nuser_usec 2000000\nsystem_usec 500000\n",
 	})
-	if m, err := h.Memory("/aenv/step-1"); err != nil || m != 654321 {
-		t.Fatalf("memory %d, %v; want memory.current's 654321", m, err)
+	if m, err := h.Memory("/aenv/step-1"); err != nil || m != 600000 {
+		t.Fatalf("memory %d, %v; want memory.current's 654321 less inactive_file's 54321", m, err)
 	}
 	if n, err := h.OOMKills("/aenv/step-1"); err != nil || n != 1 {
 		t.Fatalf("OOM kills %d, %v; want memory.events' oom_kill 1", n, err)
@@ -316,5 +319,17 @@ func TestOpenUnknown(t *testing.T) {
 	files(t, filepath.Dir(self), map[string]string{"cgroup": "4:memory:/x\n1:cpu:/\n"})
 	if _, err := Open(Options{Root: root, SelfCgroup: self}); err == nil {
 		t.Fatal("a v2 host with no v2 entry for this process was accepted")
+	}
+}
+
+// TestWorkingSet: a cache that grew between the two reads never makes
+// the working set wrap below zero.
+func TestWorkingSet(t *testing.T) {
+	for _, tc := range []struct{ usage, inactive, want uint64 }{
+		{100, 30, 70}, {100, 0, 100}, {100, 100, 0}, {100, 130, 0},
+	} {
+		if got := workingSet(tc.usage, tc.inactive); got != tc.want {
+			t.Errorf("workingSet(%d, %d) = %d, want %d", tc.usage, tc.inactive, got, tc.want)
+		}
 	}
 }

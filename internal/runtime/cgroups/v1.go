@@ -59,11 +59,16 @@ func (h *v1) Create(name string, lim Limits) error {
 }
 
 func (h *v1) Memory(name string) (uint64, error) {
-	n, err := readUint(filepath.Join(h.dir("memory", name), "memory.usage_in_bytes"))
+	dir := h.dir("memory", name)
+	n, err := readUint(filepath.Join(dir, "memory.usage_in_bytes"))
 	if err != nil {
 		return 0, fmt.Errorf("reading the memory of cgroup %s: %w", name, err)
 	}
-	return n, nil
+	inactive, err := readKey(filepath.Join(dir, "memory.stat"), "total_inactive_file")
+	if err != nil {
+		return 0, fmt.Errorf("reading the memory of cgroup %s: %w", name, err)
+	}
+	return workingSet(n, inactive), nil
 }
 
 func (h *v1) OOMKills(name string) (uint64, error) {

@@ -175,7 +175,11 @@ func (h *v2) Memory(name string) (uint64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("reading the memory of cgroup %s: %w", name, err)
 	}
-	return n, nil
+	inactive, err := readKey(filepath.Join(h.dir(name), "memory.stat"), "inactive_file")
+	if err != nil {
+		return 0, fmt.Errorf("reading the memory of cgroup %s: %w", name, err)
+	}
+	return workingSet(n, inactive), nil
 }
 
 func (h *v2) OOMKills(name string) (uint64, error) {

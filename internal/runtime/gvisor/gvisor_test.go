@@ -182,3 +182,58 @@ func TestDiskBytesFollowsWrites(t *testing.T) {
 		}
 	}
 }
+
+// TestStatsLeaveOutInactiveCache: page cache charged to a sandbox that
+// the kernel can drop at once (a restore's image, read once) is not
+// counted as its memory.
+func TestStatsLeaveOutInactiveCache(t *testing.T) {
+	f := setup(t)
+	ctx := context.Background()
+	spec, slot := f.spec(t, "gvcache")
+	if err := f.driver.Create(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.driver.Kill(context.Background(), "gvcache") })
+	waitHealth(t, slot.HostAddr)
+
+	// A file on the disk, out of the page cache.
+	const size = 64 << 20
+	path := filepath.Join(f.driver.cfg.StateDir, "cache-me")
+	if err := os.WriteFile(path, make([]byte, size), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("dd", "if="+path, "iflag=nocache", "count=0", "status=none").CombinedOutput(); err != nil {
+		t.Fatalf("dropping the file from the page cache: %v %s", err, out)
+	}
+	cg := "/sys/fs/cgroup/memory/aenvgvt/gvcache"
+	usage := func() int64 {
+		b, err := os.ReadFile(cg + "/memory.usage_in_bytes")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n int64
+		fmt.Sscan(string(b), &n)
+		return n
+	}
+	stats := func() int64 {
+		st, err := f.driver.Stats(ctx, "gvcache")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return int64(st.MemoryBytes)
+	}
+	u0, s0 := usage(), stats()
+	// Read once from within the sandbox's memory cgroup: the cache is
+	// charged to it, as a restore's image read is.
+	read := exec.Command("sh", "-c", `echo $$ > "$1/cgroup.procs" && cat "$2" > /dev/null`, "sh", cg, path)
+	if out, err := read.CombinedOutput(); err != nil {
+		t.Fatalf("reading the file in the sandbox's cgroup: %v %s", err, out)
+	}
+	u1, s1 := usage(), stats()
+	if u1-u0 < size/2 {
+		t.Fatalf("the cgroup's usage grew by %d bytes after reading %d: the read was not charged to it", u1-u0, size)
+	}
+	if s1-s0 > size/4 {
+		t.Fatalf("stats grew by %d bytes (usage by %d) after a %d-byte file was read once: the inactive cache was counted", s1-s0, u1-u0, size)
+	}
+}
