@@ -289,9 +289,9 @@ func TestReadyShellWaitsAfterALoneCommand(t *testing.T) {
 			t.Fatalf("a command in a sequence: %q (ready shell %v), want it from a ready shell", out, ready)
 		}
 	}
-	// A pause longer than a sequence's makes the next command lone again;
-	// its shell comes, later.
-	time.Sleep(2100 * time.Millisecond)
+	// A pause longer than a sequence's (2 s, with a margin for a slow
+	// host) makes the next command lone again; its shell comes, later.
+	time.Sleep(2500 * time.Millisecond)
 	if _, ready, _ := e.runReady(bashCmd("true"), ""); !ready {
 		t.Fatal("the command after a pause was not run by the ready shell the sequence left")
 	}
