@@ -160,10 +160,14 @@ func TestBuildBounds(t *testing.T) {
 		// The bounds reach the step, as host cgroups (read while it runs)
 		// and RLIMIT_NPROC, and a build within them is copied off its disk
 		// into the store.
+		want := map[string]string{"cpu.cfs_quota_us": "100000", "memory.limit_in_bytes": strconv.Itoa(256 << 20), "pids.max": strconv.Itoa(77 + gvisor.HostPidsOverhead)}
 		seen := make(chan map[string]string, 1)
 		go func() {
+			// The files read as the kernel's defaults between the
+			// cgroup's creation and its limits' writes (seen under load):
+			// they are read until they match or the step is long done.
 			got := map[string]string{}
-			for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline) && len(got) < 3; time.Sleep(50 * time.Millisecond) {
+			for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline) && fmt.Sprint(got) != fmt.Sprint(want); time.Sleep(50 * time.Millisecond) {
 				for _, f := range []string{"cpu/aenv/step-*/cpu.cfs_quota_us", "memory/aenv/step-*/memory.limit_in_bytes", "pids/aenv/step-*/pids.max"} {
 					if m, _ := filepath.Glob("/sys/fs/cgroup/" + f); len(m) == 1 {
 						if b, err := os.ReadFile(m[0]); err == nil {
@@ -181,7 +185,6 @@ func TestBuildBounds(t *testing.T) {
 		if err != nil {
 			t.Fatalf("build: %v\nlog:\n%s", err, log)
 		}
-		want := map[string]string{"cpu.cfs_quota_us": "100000", "memory.limit_in_bytes": strconv.Itoa(256 << 20), "pids.max": strconv.Itoa(77 + gvisor.HostPidsOverhead)}
 		if got := <-seen; fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Errorf("the step's cgroups: %v, want %v", got, want)
 		}
