@@ -2,6 +2,7 @@ package gvisor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -193,13 +194,22 @@ func TestStatsLeaveOutInactiveCache(t *testing.T) {
 	if err := f.driver.Create(ctx, spec); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { f.driver.Kill(context.Background(), "gvcache") })
+	t.Cleanup(func() {
+		f.driver.Kill(context.Background(), "gvcache")
+		f.driver.Close() // unmounts what runsc keeps under the state dir
+	})
 	waitHealth(t, slot.HostAddr)
 
 	// A file on the disk, out of the page cache.
 	const size = 64 << 20
 	path := filepath.Join(f.driver.cfg.StateDir, "cache-me")
 	if err := os.WriteFile(path, make([]byte, size), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// Dirty pages cannot be dropped: written back first.
+	if file, err := os.Open(path); err != nil {
+		t.Fatal(err)
+	} else if err := errors.Join(file.Sync(), file.Close()); err != nil {
 		t.Fatal(err)
 	}
 	if out, err := exec.Command("dd", "if="+path, "iflag=nocache", "count=0", "status=none").CombinedOutput(); err != nil {
