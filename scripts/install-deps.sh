@@ -40,15 +40,17 @@ fi
 # programs precompiled (scripts/runsc-seccomp: without them every sandbox
 # start and restore compiles them, ~50 ms of CPU each), from the main
 # package scripts/runsc-main (its sentry returns freed heap to the host:
-# 0.55 MiB less per idle sandbox). The build takes minutes, so the
-# result is cached per version and per source of both.
+# 0.55 MiB less per idle sandbox; and collects less often while its heap is
+# small), with scripts/runsc-patch.sh's edits. The build takes minutes, so
+# the result is cached per version and per source of all three.
 seccomp_gen=$here/scripts/runsc-seccomp/main.go
 runsc_main=$here/scripts/runsc-main/main.go
+runsc_patch=$here/scripts/runsc-patch.sh
 # gVisor's Bazel release stamps its version into runsc; `go build` leaves
 # VERSION_MISSING unless told, and the version is what snapshots record to
 # be restored only by the runsc that made them.
 runsc_ldflags="-X gvisor.dev/gvisor/runsc/version.version=$RUNSC_VERSION"
-runsc_bin=$CACHE/runsc-$RUNSC_VERSION-seccomp-$({ cat "$seccomp_gen" "$runsc_main" "$here/scripts/runsc-main/main_test.go"; echo "$runsc_ldflags"; } | sha256sum | cut -c1-12)/runsc
+runsc_bin=$CACHE/runsc-$RUNSC_VERSION-seccomp-$({ cat "$seccomp_gen" "$runsc_main" "$here/scripts/runsc-main/main_test.go" "$runsc_patch"; echo "$runsc_ldflags"; } | sha256sum | cut -c1-12)/runsc
 if [ ! -x "$runsc_bin" ]; then
   echo "install-deps: building runsc $RUNSC_VERSION (static, seccomp precompiled; a few minutes, once)"
   src=$(mktemp -d /tmp/aenv-gvisor-XXXXXX)
@@ -56,6 +58,7 @@ if [ ! -x "$runsc_bin" ]; then
   mod=$(cd /tmp && GOFLAGS=-mod=mod go mod download -json "gvisor.dev/gvisor@$RUNSC_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
   [ -d "$mod" ] || { echo "install-deps: downloading gvisor.dev/gvisor@$RUNSC_VERSION failed" >&2; exit 1; }
   cp -r "$mod/." "$src" && chmod -R u+w "$src"
+  "$runsc_patch" "$src"
   mkdir -p "$src/aenv-runsc-seccomp" && cp "$seccomp_gen" "$src/aenv-runsc-seccomp/"
   (cd "$src" && CGO_ENABLED=0 go run -tags aenv_runsc_seccomp ./aenv-runsc-seccomp)
   mkdir -p "$src/aenv-runsc" && cp "$runsc_main" "$here/scripts/runsc-main/main_test.go" "$src/aenv-runsc/"

@@ -2,7 +2,13 @@
 
 package main
 
-import "testing"
+import (
+	"runtime"
+	"runtime/debug"
+	"runtime/metrics"
+	"testing"
+	"time"
+)
 
 func TestIsSentry(t *testing.T) {
 	for _, tt := range []struct {
@@ -19,4 +25,58 @@ func TestIsSentry(t *testing.T) {
 			t.Errorf("isSentry(%q) = %v, want %v", tt.args, got, tt.want)
 		}
 	}
+}
+
+func TestGCPercent(t *testing.T) {
+	for _, tt := range []struct {
+		live uint64
+		want int
+	}{
+		{0, 1600},
+		{2 << 20, 800},
+		{4 << 20, 400},
+		{16 << 20, 100},
+		{200 << 20, 100},
+	} {
+		if got := gcPercent(tt.live); got != tt.want {
+			t.Errorf("gcPercent(%d) = %d, want %d", tt.live, got, tt.want)
+		}
+	}
+}
+
+// TestKeepHeadroom checks the percent follows the live heap across
+// collections: set from a small heap, back to 100 once the live heap
+// passes gcHeadroom.
+func TestKeepHeadroom(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	keepHeadroom()
+	if p := gogc(); p <= 100 {
+		t.Fatalf("GOGC with a small heap = %d, want above 100", p)
+	}
+	big := make([][]byte, 64)
+	for i := range big {
+		big[i] = make([]byte, 1<<20)
+	}
+	waitGOGC(t, func(p int) bool { return p == 100 })
+	runtime.KeepAlive(big)
+	big = nil
+	waitGOGC(t, func(p int) bool { return p > 100 })
+}
+
+func waitGOGC(t *testing.T, ok func(int) bool) {
+	t.Helper()
+	for range 50 {
+		runtime.GC()
+		time.Sleep(10 * time.Millisecond) // the finalizer runs on its own goroutine
+		if ok(gogc()) {
+			return
+		}
+	}
+	t.Fatalf("GOGC stayed %d", gogc())
+}
+
+func gogc() int {
+	s := []metrics.Sample{{Name: "/gc/gogc:percent"}}
+	metrics.Read(s)
+	return int(s[0].Value.Uint64())
 }
