@@ -186,26 +186,34 @@ func (c *Catalog) Commit(ctx context.Context, s *Snapshot) error {
 			return fmt.Errorf("committing snapshot %s: %w", s.ID, err)
 		}
 	}
-	if err := c.publish(staging, s.ID, files, b); err != nil {
+	// A fork's state lives for the seconds its children take to start,
+	// and a restart drops what a crash left of it (metadata that parses
+	// and pages that may not): its pages are not waited for. Flushing
+	// them took 0.6 s of a 256 MiB fork's 0.8 s snapshot here.
+	if err := c.publish(staging, s.ID, files, b, s.Kind != KindFork); err != nil {
 		return fmt.Errorf("committing snapshot %s: %w", s.ID, err)
 	}
 	s.Dir = filepath.Join(c.dir, s.ID)
 	return nil
 }
 
-// publish makes the image files in staging durable, then writes their
-// metadata beside them (nil: it is there already, and flushed with them)
-// and renames staging into place, durably too. The runtime writes the
+// publish makes the image files in staging durable (unless not
+// flushImages), then writes their metadata beside them (nil: it is there
+// already, and flushed with them) and renames staging into place, durably
+// too. The runtime writes the
 // images through the page cache: a crash after a publish that did not
 // wait for them could leave a snapshot whose metadata is on disk but
 // whose pages are not (a new file's blocks are written back seconds
 // later), and the sandbox it paused is gone by then.
-func (c *Catalog) publish(staging, id string, files map[string]string, meta []byte) error {
-	if meta == nil {
-		files = maps.Clone(files)
-		files[metaFile] = filepath.Join(staging, metaFile)
+func (c *Catalog) publish(staging, id string, files map[string]string, meta []byte, flushImages bool) error {
+	flush := map[string]string{}
+	if flushImages {
+		maps.Copy(flush, files)
 	}
-	if err := c.syncFiles(files); err != nil {
+	if meta == nil {
+		flush[metaFile] = filepath.Join(staging, metaFile)
+	}
+	if err := c.syncFiles(flush); err != nil {
 		return err
 	}
 	if meta != nil {
@@ -365,7 +373,7 @@ func (c *Catalog) fetchLocked(ctx context.Context, s *Snapshot) (*Snapshot, erro
 	// crash a torn copy would be restored instead of fetched again.
 	files, err := imageFiles(staging)
 	if err == nil {
-		err = c.publish(staging, s.ID, files, b)
+		err = c.publish(staging, s.ID, files, b, true)
 	}
 	if err != nil {
 		os.RemoveAll(staging)
@@ -604,7 +612,7 @@ func (c *Catalog) Install(id, dir string) (*Snapshot, error) {
 	}
 	files, err := imageFiles(dir)
 	if err == nil {
-		err = c.publish(dir, id, files, nil)
+		err = c.publish(dir, id, files, nil, true)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("installing snapshot %s: %w", id, err)

@@ -148,6 +148,28 @@ func TestCommitIsDurable(t *testing.T) {
 		t.Fatalf("a snapshot whose pages could not be flushed was published: %v", err)
 	}
 
+	// A fork's state is not waited for: only its metadata and the
+	// directories are flushed.
+	synced = nil
+	c.sync = func(path string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		rel, _ := filepath.Rel(dir, path)
+		synced = append(synced, rel)
+		return nil
+	}
+	stage(t, c, "f1", "fork")
+	if err := c.Commit(ctx, &Snapshot{ID: "f1", Kind: KindFork}); err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(synced)
+	if want := []string{".", "f1.partial"}; !slices.Equal(synced, want) {
+		t.Fatalf("a fork's commit synced %q, want %q", synced, want)
+	}
+	if _, err := c.Get(ctx, "f1"); err != nil {
+		t.Fatalf("the fork's snapshot was not published: %v", err)
+	}
+
 	// A snapshot another node sent (a migration) is flushed whole, its
 	// metadata too, before it is installed.
 	other, err := Open(t.TempDir(), nil, nil)
@@ -172,13 +194,6 @@ func TestCommitIsDurable(t *testing.T) {
 		}
 	}
 	synced = nil
-	c.sync = func(path string) error {
-		mu.Lock()
-		defer mu.Unlock()
-		rel, _ := filepath.Rel(dir, path)
-		synced = append(synced, rel)
-		return nil
-	}
 	if _, err := c.Install("s3", in); err != nil {
 		t.Fatal(err)
 	}
