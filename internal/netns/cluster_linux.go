@@ -83,7 +83,7 @@ func (m *Manager) SetClusterAddrs(addrs []netip.Addr) error {
 	if err != nil {
 		return fmt.Errorf("setting the cluster's addresses: opening nftables: %w", err)
 	}
-	set := clusterSetOf(&nftables.Table{Name: m.cfg.Tag, Family: nftables.TableFamilyINet})
+	set := clusterSetOf(hostTable(m.cfg.Tag))
 	c.FlushSet(set)
 	if els := clusterElements(addrs); len(els) > 0 {
 		if err := c.SetAddElements(set, els); err != nil {

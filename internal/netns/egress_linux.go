@@ -56,7 +56,7 @@ func (m *Manager) applyDomains(s *Slot, opts SlotOptions) error {
 		return fmt.Errorf("setting domain rules of %s: %w", s.Name, err)
 	}
 	defer c.CloseLasting()
-	t := &nftables.Table{Name: m.cfg.Tag, Family: nftables.TableFamilyINet}
+	t := hostTable(m.cfg.Tag)
 	ch := &nftables.Chain{Name: egressNATChain, Table: t}
 	c.FlushChain(ch)
 	if len(opts.AllowDomains) == 0 {
@@ -201,7 +201,7 @@ func (m *Manager) RefusedCount(s *Slot) (uint64, error) {
 		return 0, err
 	}
 	defer c.CloseLasting()
-	t := &nftables.Table{Name: m.cfg.Tag, Family: nftables.TableFamilyINet}
+	t := hostTable(m.cfg.Tag)
 	o, err := c.GetObject(refusedCounterIn(t))
 	if ctr, ok := o.(*nftables.CounterObj); err == nil && ok {
 		return ctr.Packets, nil

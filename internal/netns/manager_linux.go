@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	vnetns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -470,7 +469,7 @@ func resetSlot(tag string, s *Slot) error {
 	// The next sandbox's refusals count from zero, not on from its
 	// predecessor's (which its history would report as its own). A router
 	// from before the named counter has none to reset.
-	t := &nftables.Table{Name: tag, Family: nftables.TableFamilyINet}
+	t := hostTable(tag)
 	if _, err := s.nft.ResetObject(refusedCounterIn(t)); err != nil && !errors.Is(err, unix.ENOENT) {
 		return fmt.Errorf("resetting slot %s: its count of refusals: %w", s.Name, err)
 	}

@@ -32,6 +32,12 @@ func (s *Slot) dropNFT() {
 // nf_conntrack_common.h): the connection's destination was rewritten.
 const ipsDstNAT = 1 << 5
 
+// hostTable is the host's nftables table of the sandboxes tagged tag
+// (installHostTable writes it); its chains and sets are named within it.
+func hostTable(tag string) *nftables.Table {
+	return &nftables.Table{Name: tag, Family: nftables.TableFamilyINet}
+}
+
 // installHostTable replaces (atomically, in one batch) the host-side table:
 //
 //	table inet <tag> {
@@ -55,7 +61,7 @@ func installHostTable(cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("opening nftables: %w", err)
 	}
-	t := &nftables.Table{Name: cfg.Tag, Family: nftables.TableFamilyINet}
+	t := hostTable(cfg.Tag)
 	// add+delete+add: replace whatever an earlier run left, in one
 	// transaction, so the host is never without the rules.
 	c.AddTable(t)
@@ -131,7 +137,7 @@ func removeHostTable(tag string) error {
 	if err != nil {
 		return fmt.Errorf("opening nftables: %w", err)
 	}
-	t := &nftables.Table{Name: tag, Family: nftables.TableFamilyINet}
+	t := hostTable(tag)
 	c.AddTable(t) // so that deleting a missing table is not an error
 	c.DelTable(t)
 	if err := c.Flush(); err != nil {
@@ -168,7 +174,7 @@ func removeHostTable(tag string) error {
 // Rejects are a TCP reset, or ICMP "administratively prohibited" for the
 // rest, so that a refused connection fails at once.
 func installRouterTable(c *nftables.Conn, cfg Config, s *Slot) error {
-	t := c.AddTable(&nftables.Table{Name: cfg.Tag, Family: nftables.TableFamilyINet})
+	t := c.AddTable(hostTable(cfg.Tag))
 	c.AddObj(refusedCounterIn(t))
 
 	pre := c.AddChain(&nftables.Chain{Name: "prerouting", Table: t, Type: nftables.ChainTypeNAT,
@@ -296,7 +302,7 @@ func setEgress(tag string, s *Slot, opts SlotOptions, dns []netip.Addr) error {
 		}
 		defer c.CloseLasting()
 	}
-	t := &nftables.Table{Name: tag, Family: nftables.TableFamilyINet}
+	t := hostTable(tag)
 	ch := &nftables.Chain{Name: egressChain, Table: t}
 	c.FlushChain(ch)
 	if len(opts.AllowDomains) > 0 {
