@@ -28,7 +28,10 @@ type AenvResults struct {
 	Burst, BurstPooled     []time.Duration
 	PoolBefore, PoolTaught int
 	// CPUPerCreate is the host CPU-seconds one create of the c=1 series
-	// cost, its first command and its kill included (0: not measured).
+	// cost, its first command and its kill included, and the boot with
+	// which the warm pool replaced the sandbox it handed out (the series
+	// waits for it): what a pooled create costs the host in the end
+	// (0: not measured).
 	CPUPerCreate float64
 	// CreatesPerSecond is the rate of create, first command and kill that
 	// Concurrency clients kept up for SustainFor.
