@@ -200,11 +200,10 @@ func (c *Catalog) Commit(ctx context.Context, s *Snapshot) error {
 // publish makes the image files in staging durable (unless not
 // flushImages), then writes their metadata beside them (nil: it is there
 // already, and flushed with them) and renames staging into place, durably
-// too. The runtime writes the
-// images through the page cache: a crash after a publish that did not
-// wait for them could leave a snapshot whose metadata is on disk but
-// whose pages are not (a new file's blocks are written back seconds
-// later), and the sandbox it paused is gone by then.
+// too. The runtime writes the images through the page cache: a crash
+// after a publish that did not wait for them could leave a snapshot whose
+// metadata is on disk but whose pages are not (a new file's blocks are
+// written back seconds later), and the sandbox it paused is gone by then.
 func (c *Catalog) publish(staging, id string, files map[string]string, meta []byte, flushImages bool) error {
 	flush := map[string]string{}
 	if flushImages {

@@ -22,8 +22,10 @@
 // restore, which decodes the whole kernel state into new objects,
 // allocates far more than that: it ran several collections in its 100 ms.
 // Measured with 15-20 restores of a small sandbox into a prepared one,
-// alternating runsc builds (with the page reader's parallelism also cut,
-// see install-deps): host CPU per restore 99 -> 82 CPU-ms, p50 92 -> 86 ms.
+// alternating runsc builds that both cut the page reader's parallelism
+// (see install-deps), one with a fixed GOGC of 400 standing in for this
+// headroom (12 MiB over a 3 MiB heap): host CPU per restore 99 -> 82
+// CPU-ms, p50 92 -> 86 ms.
 // The cost is at most gcHeadroom of garbage per busy sentry, which the
 // next freeInterval returns once it idles. A sentry whose live heap is
 // large keeps Go's default.
