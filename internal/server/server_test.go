@@ -349,19 +349,47 @@ func TestKillLeavesNothingBehind(t *testing.T) {
 		}
 	}
 	cycle()
+	awaitPoolFull(t, srv)
 	before := stableCounts(t, srv)
 	for range 50 {
 		cycle()
 	}
 	// The netns and warm pools refill in the background; give them time.
 	var after hostCounts
-	for range 100 {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		awaitPoolFull(t, srv)
 		if after = countHost(t, srv); after == before {
 			return
+		}
+		if time.Now().After(deadline) {
+			break
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 	t.Fatalf("50 create/kill cycles leaked: before %+v, after %+v", before, after)
+}
+
+// awaitPoolFull waits until each key of srv's warm pool holds its target.
+// The pool boots only while the host is idle, which other tests beside
+// this one can put off for seconds: counts read before it filled would
+// take its refill for a leak.
+func awaitPoolFull(t *testing.T, srv *Server) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		full := true
+		for _, k := range srv.host.Node().WarmPool().Keys {
+			full = full && k.Ready >= k.Target
+		}
+		if full {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the warm pool never filled: %+v", srv.host.Node().WarmPool())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // stableCounts waits until background work (pool refills) has settled and
