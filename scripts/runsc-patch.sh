@@ -20,3 +20,29 @@ if ! grep -q '4\*runtime.GOMAXPROCS(0)' "$pf" || [ "$(grep -c '^	"runtime"$' "$p
   echo "runsc-patch: the pages reader's parallelism was not found in $pf" >&2
   exit 1
 fi
+
+# A root filesystem given as an EROFS image (the dev.gvisor.spec.rootfs
+# annotations) with no bind mounts runs without a gofer process, but
+# gVisor then gives the root's overlay no filestore: its writes land in
+# the sandbox's memory whatever --overlay2 says. Two edits create the
+# filestore there too (in --overlay2's directory, opened through / since
+# there is no gofer's mount namespace to open it through), so that a
+# goferless sandbox's files take disk, as a gofer-backed one's do.
+ct=$src/runsc/container/container.go
+perl -0pi -e 's|(\tgoferRootfs := fmt.Sprintf\("/proc/%d/root", c.GoferPid.Load\(\)\)\n)|$1\tif c.GoferPid.Load() == 0 {\n\t\tgoferRootfs = "/"\n\t}\n|' "$ct"
+perl -0pi -e 's|\t\tcu.Release\(\)\n\t\treturn ioFiles, nil, nil, nil, nil\n|\t\tfilestores, err := c.createGoferFilestores(conf.GetOverlay2(), mountHints)\n\t\tif err != nil {\n\t\t\treturn nil, nil, nil, nil, err\n\t\t}\n\t\tcu.Release()\n\t\treturn ioFiles, filestores, nil, nil, nil\n|' "$ct"
+if ! grep -q 'goferRootfs = "/"' "$ct" || ! grep -q 'return ioFiles, filestores, nil, nil, nil' "$ct"; then
+  echo "runsc-patch: the goferless root's filestore code was not found in $ct" >&2
+  exit 1
+fi
+
+# A restore checks that the gVisor annotations of the new spec match the
+# checkpoint's, sources of mounts excepted (a restore on another host or
+# under another sandbox's name finds its files elsewhere). The root's
+# image is such a source: its path is the host's, not the snapshot's.
+rs=$src/runsc/specutils/restore.go
+perl -0pi -e 's|(\tif strings.HasPrefix\(key, mntPrefix\) && strings.HasSuffix\(key, ".source"\) \{\n\t\treturn false\n\t\}\n)|$1\tif key == "dev.gvisor.spec.rootfs.source" {\n\t\treturn false\n\t}\n|' "$rs"
+if ! grep -q 'key == "dev.gvisor.spec.rootfs.source"' "$rs"; then
+  echo "runsc-patch: the restore's annotation check was not found in $rs" >&2
+  exit 1
+fi

@@ -48,6 +48,10 @@ func run() error {
 	if err := os.Unsetenv(envd.AccessTokenEnv); err != nil {
 		return fmt.Errorf("clearing %s: %w", envd.AccessTokenEnv, err)
 	}
+	hostsFile, err := envd.WriteEtcFiles("/")
+	if err != nil {
+		return err
+	}
 
 	level := slog.LevelInfo
 	if *verbose {
@@ -63,6 +67,7 @@ func run() error {
 		BaseEnv:     os.Environ(),
 		ReapAll:     pid1,
 		ReadyShell:  true,
+		HostsFile:   hostsFile,
 	})
 	if err != nil {
 		return fmt.Errorf("starting envd: %w", err)

@@ -55,6 +55,10 @@ type Config struct {
 	// FastPath says whether runsc's systrap platform spins for syscalls
 	// (gvisor.FastPath; empty: auto, off on hosts of few CPUs).
 	FastPath gvisor.FastPath
+	// RootImages runs sandboxes whose root is an image file on this host
+	// without a gofer (gvisor.Config.RootImages), and makes the base
+	// template's image at start.
+	RootImages bool
 	// WarmPoolMemory is the host memory in bytes the warm pool's
 	// prestarted sandboxes may take (what they use): each template's
 	// (and user snapshot's) pool is sized to its recent peak burst of

@@ -72,6 +72,9 @@ type Options struct {
 	// ReadyShellIdle is how long the ready shell outlives the last
 	// login-shell command's start or end (0: 20 s); see readyShells.
 	ReadyShellIdle time.Duration
+	// HostsFile is a hosts file envd wrote at start (WriteEtcFiles), whose
+	// line for the host's own name it keeps current (see hostsFollower).
+	HostsFile string
 	// ReadyShellLone is how long after a lone login-shell command's end
 	// the next ready shell starts (0: 1 s); see readyShells.ended.
 	ReadyShellLone time.Duration
@@ -91,7 +94,8 @@ type Server struct {
 	procs    *procTable
 	watchers *watcherTable
 	cpu      *cpuSampler
-	shells   *readyShells // nil unless Options.ReadyShell
+	shells   *readyShells   // nil unless Options.ReadyShell
+	hosts    *hostsFollower // nil without Options.HostsFile
 
 	warnedUser atomic.Bool // the missing default user was logged
 
@@ -124,6 +128,7 @@ func New(opts Options) (*Server, error) {
 		procs:    newProcTable(),
 		watchers: newWatcherTable(),
 		cpu:      &cpuSampler{},
+		hosts:    newHostsFollower(opts.HostsFile),
 		cancel:   cancel,
 	}
 	r, err := startReaper(ctx, opts.ReapAll, log)

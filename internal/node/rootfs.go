@@ -45,7 +45,7 @@ func (DirRootFS) Prepare(_ context.Context, tpl *template.Template, _ string, _ 
 	if tpl.RootFS == "" {
 		return runtime.RootFS{}, fmt.Errorf("template %s: its files are not on this node", tpl.ID)
 	}
-	return runtime.RootFS{Dir: tpl.RootFS}, nil
+	return runtime.RootFS{Dir: tpl.RootFS, Image: tpl.ImageFile}, nil
 }
 
 // Release implements RootFSProvider.

@@ -249,7 +249,28 @@ func (s *Catalog) base() (*Template, error) {
 		t = &Template{ID: BaseID, CPUCount: 2, MemoryMB: 512}
 	}
 	t.RootFS = root
+	t.ImageFile = FreshBaseImage(root)
 	return t, nil
+}
+
+// BaseImageFile is where the base template's tree at root is kept as an
+// EROFS image too (package template/erofs makes it): beside the tree,
+// which has no block image of its own (base is every host's own, built
+// in place, never published).
+func BaseImageFile(root string) string { return root + ".erofs" }
+
+// FreshBaseImage returns BaseImageFile(root) when it exists and is newer
+// than the tree's /bin (a tree rebuilt in place leaves it stale), else "".
+func FreshBaseImage(root string) string {
+	img, err := os.Stat(BaseImageFile(root))
+	if err != nil || !img.Mode().IsRegular() {
+		return ""
+	}
+	tree, err := os.Stat(filepath.Join(root, "bin"))
+	if err != nil || img.ModTime().Before(tree.ModTime()) {
+		return ""
+	}
+	return BaseImageFile(root)
 }
 
 // describeBase fills in what the base template's record lacks: the tree

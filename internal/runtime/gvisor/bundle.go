@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -34,12 +35,17 @@ var caps = []string{
 
 // writeBundle writes the OCI bundle of spec into dir: config.json plus the
 // per-sandbox files bound into the guest. The sandbox's cgroup is
-// cgroupPath.
-func writeBundle(dir string, spec runtime.Spec, cgroupPath string) error {
+// cgroupPath. With toolsImage set the sandbox runs without a gofer (see
+// withoutGofer), with /.aenv from that image.
+func writeBundle(dir string, spec runtime.Spec, cgroupPath, toolsImage string) error {
 	if err := WriteBundleFiles(dir, spec); err != nil {
 		return err
 	}
-	b, err := json.MarshalIndent(OCISpec(dir, spec, cgroupPath), "", "  ")
+	s := OCISpec(dir, spec, cgroupPath)
+	if toolsImage != "" {
+		withoutGofer(s, spec, toolsImage)
+	}
+	b, err := json.MarshalIndent(s, "", "  ")
 	if err != nil {
 		return err
 	}
@@ -49,20 +55,22 @@ func writeBundle(dir string, spec runtime.Spec, cgroupPath string) error {
 // WriteBundleFiles writes the per-sandbox files OCISpec binds into the
 // guest (resolv.conf, hosts) into dir.
 func WriteBundleFiles(dir string, spec runtime.Spec) error {
-	var resolv strings.Builder
-	for _, s := range spec.DNSServers {
-		fmt.Fprintf(&resolv, "nameserver %s\n", s)
-	}
-	files := map[string]string{
-		"resolv.conf": resolv.String(),
-		"hosts":       fmt.Sprintf("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t%s\n", hostname(spec)),
-	}
-	for name, content := range files {
+	hosts, resolv := bundleFiles(spec)
+	for name, content := range map[string]string{"resolv.conf": resolv, "hosts": hosts} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// bundleFiles are the contents of spec's /etc/hosts and /etc/resolv.conf.
+func bundleFiles(spec runtime.Spec) (hosts, resolv string) {
+	var b strings.Builder
+	for _, s := range spec.DNSServers {
+		fmt.Fprintf(&b, "nameserver %s\n", s)
+	}
+	return fmt.Sprintf("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t%s\n", hostname(spec)), b.String()
 }
 
 func hostname(spec runtime.Spec) string {
@@ -204,3 +212,70 @@ func hostPidsBackstop(limit int) int64 { return int64(limit + HostPidsOverhead) 
 // 294 of them. A fork bomb then fails with EAGAIN inside, within the host
 // bound, and the sandbox lives on.
 func guestNproc(limit int) uint64 { return uint64(max(limit*2/5, 1)) }
+
+// Annotations by which runsc mounts a sandbox's root from an image file
+// in the sandbox process itself, instead of serving a directory through
+// a gofer process (runsc's mount hints).
+const (
+	rootfsSourceAnnotation  = "dev.gvisor.spec.rootfs.source"
+	rootfsTypeAnnotation    = "dev.gvisor.spec.rootfs.type"
+	rootfsOverlayAnnotation = "dev.gvisor.spec.rootfs.overlay"
+	rootfsOptionsAnnotation = "dev.gvisor.spec.rootfs.options"
+)
+
+// Environment variables by which envd learns the contents of /etc/hosts
+// and /etc/resolv.conf when they cannot be bound in (envd.HostsEnv and
+// envd.ResolvConfEnv: spelled out here so that the driver does not link
+// envd's server).
+const (
+	hostsEnv      = "AENV_ETC_HOSTS"
+	resolvConfEnv = "AENV_ETC_RESOLV_CONF"
+)
+
+// withoutGofer turns s, spec's OCI spec, into one that runsc runs without
+// a gofer process: the root is spec.Root.Image (EROFS), mounted by the
+// sentry, its writes in a file in the sandbox's directory as before
+// (--overlay2's; our runsc build's patch, scripts/runsc-patch.sh, puts it
+// there); /.aenv is toolsImage, an EROFS image of envd and the node
+// binaries bound in; /etc/hosts and /etc/resolv.conf, which only a gofer
+// could bind, are written by envd as it starts. A gofer costs every idle
+// sandbox ~3.3 MiB of host memory and each start a process (measured:
+// ARCHITECTURE, "An idle sandbox").
+//
+// The overlay annotation names the medium only: runsc takes the
+// filestore's directory from --overlay2, which differs per sandbox,
+// whereas annotations must not differ between a checkpoint and its
+// restores.
+func withoutGofer(s *specs.Spec, spec runtime.Spec, toolsImage string) {
+	mounts := KernelMounts()
+	mounts = append(mounts, specs.Mount{Destination: path.Dir(EnvdGuestPath), Type: "erofs", Source: toolsImage, Options: []string{"ro"}})
+	s.Mounts = mounts
+	overlay := "memory"
+	if spec.DiskMB > 0 {
+		overlay = "dir=/"
+	}
+	s.Annotations = map[string]string{
+		rootfsSourceAnnotation:  spec.Root.Image,
+		rootfsTypeAnnotation:    "erofs",
+		rootfsOverlayAnnotation: overlay,
+	}
+	if spec.DiskMB > 0 {
+		s.Annotations[rootfsOptionsAnnotation] = fmt.Sprintf("size=%dm", spec.DiskMB)
+	}
+	hosts, resolv := bundleFiles(spec)
+	s.Process.Env = append(s.Process.Env, hostsEnv+"="+hosts, resolvConfEnv+"="+resolv)
+}
+
+// runsWithoutGofer reports whether the bundle in dir is one withoutGofer
+// made.
+func runsWithoutGofer(dir string) (bool, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		return false, err
+	}
+	var s specs.Spec
+	if err := json.Unmarshal(b, &s); err != nil {
+		return false, fmt.Errorf("reading %s: %w", filepath.Join(dir, "config.json"), err)
+	}
+	return s.Annotations[rootfsTypeAnnotation] == "erofs", nil
+}

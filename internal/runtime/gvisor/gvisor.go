@@ -53,6 +53,12 @@ type Config struct {
 	// Cgroups is the host's cgroup hierarchy; nil detects it (v1 or v2)
 	// under /sys/fs/cgroup.
 	Cgroups cgroups.Hierarchy
+	// RootImages runs sandboxes whose root is an EROFS image file on this
+	// host (runtime.RootFS.Image) without a gofer process when nothing
+	// writable is bound in (see withoutGofer). It needs aenv's runsc
+	// build (scripts/install-deps.sh), whose patch keeps their files on
+	// disk, and mkfs.erofs.
+	RootImages bool
 	// Logger receives the driver's logs.
 	Logger *slog.Logger
 }
@@ -83,6 +89,11 @@ type Driver struct {
 	// filestores are where each sandbox's overlay filestores were found
 	// among its process's descriptors (see diskBytes).
 	filestores map[string]filestoreFDs
+
+	// rootImages is cfg.RootImages where mkfs.erofs is installed.
+	rootImages bool
+	// imageMu serialises the making of /.aenv images (toolsImage).
+	imageMu sync.Mutex
 }
 
 // filestoreFDs are the /proc paths of the descriptors through which a
@@ -141,6 +152,11 @@ func New(cfg Config) (*Driver, error) {
 	if err := limitPidsTotal(cg, cfg.CgroupParent, cfg.PidsTotal, cfg.Logger); err != nil {
 		return nil, err
 	}
+	rootImages := cfg.RootImages
+	if _, err := exec.LookPath("mkfs.erofs"); rootImages && err != nil {
+		cfg.Logger.Warn("sandboxes run with a gofer: mkfs.erofs is not installed (apt-get install erofs-utils)")
+		rootImages = false
+	}
 	d := &Driver{
 		cfg:     cfg,
 		cg:      cg,
@@ -152,6 +168,7 @@ func New(cfg Config) (*Driver, error) {
 		// run with the flags they give.
 		fastPathFlags: cfg.FastPath.Flags(cfg.Platform, goruntime.NumCPU()),
 		filestores:    make(map[string]filestoreFDs),
+		rootImages:    rootImages,
 		runc: &runc.Runc{
 			Command: cfg.RunscPath,
 			Root:    filepath.Join(cfg.StateDir, "runsc"),
@@ -311,6 +328,13 @@ func (d *Driver) RestorePrepared(ctx context.Context, spec runtime.Spec, imageDi
 		}
 	}()
 	dir := d.sandboxDir(spec.ID)
+	withoutGofer, err := runsWithoutGofer(dir)
+	if err != nil {
+		return fmt.Errorf("restoring into prepared %s: %w", spec.ID, err)
+	}
+	if withoutGofer != hasRootImageMarker(imageDir) {
+		return fmt.Errorf("restoring into prepared %s: %w", spec.ID, errOtherRootMode)
+	}
 	// The files bound into the guest are read by path when the restore
 	// mounts them: the sandbox's own host name goes in now.
 	if err := WriteBundleFiles(dir, spec); err != nil {
@@ -369,6 +393,9 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts runti
 	if err == nil {
 		err = checkImage(imageDir)
 	}
+	if err == nil {
+		err = markRootMode(d.sandboxDir(id), imageDir)
+	}
 	if err != nil {
 		if opts.Freeze {
 			if terr := d.Thaw(ctx, id); terr != nil {
@@ -420,12 +447,19 @@ func (d *Driver) start(ctx context.Context, spec runtime.Spec, mode startMode, i
 		}
 	}()
 
+	// Before the sandbox's directory exists: a first start may make the
+	// /.aenv image, and a directory the running set does not name yet is
+	// a leftover to Leftovers.
+	toolsImage, err := d.rootMode(ctx, spec, mode, imageDir)
+	if err != nil {
+		return fmt.Errorf("starting %s: %w", spec.ID, err)
+	}
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return fmt.Errorf("creating sandbox dir %s: %w", spec.ID, err)
 	}
 	rollback.Push("removing sandbox dir", func(context.Context) error { return os.RemoveAll(dir) })
 
-	if err := writeBundle(dir, spec, d.cg.Path(d.cgroup(spec.ID))); err != nil {
+	if err := writeBundle(dir, spec, d.cg.Path(d.cgroup(spec.ID)), toolsImage); err != nil {
 		return fmt.Errorf("writing bundle for %s: %w", spec.ID, err)
 	}
 	logFile, err := makeEnvdPipe(dir)

@@ -46,3 +46,31 @@ func (Images) Extract(ctx context.Context, file, root string) error {
 	}
 	return nil
 }
+
+// EnsureBaseImage makes the EROFS image of the base template's tree at
+// root (template.BaseImageFile) unless a fresh one is there, and says
+// whether it made one. Servers sharing a tree may race to make it: each
+// writes a file of its own and renames it into place.
+func EnsureBaseImage(ctx context.Context, root string) (bool, error) {
+	if template.FreshBaseImage(root) != "" {
+		return false, nil
+	}
+	if _, err := exec.LookPath("mkfs.erofs"); err != nil {
+		return false, fmt.Errorf("%w: mkfs.erofs not installed (apt-get install erofs-utils)", template.ErrNoBlockImages)
+	}
+	out := template.BaseImageFile(root)
+	f, err := os.CreateTemp(filepath.Dir(out), filepath.Base(out)+".*")
+	if err != nil {
+		return false, fmt.Errorf("making the base template's image: %w", err)
+	}
+	tmp := f.Name()
+	f.Close()
+	defer os.Remove(tmp)
+	if err := blockimage.Build(ctx, root, tmp); err != nil {
+		return false, err
+	}
+	if err := os.Rename(tmp, out); err != nil {
+		return false, fmt.Errorf("making the base template's image: %w", err)
+	}
+	return true, nil
+}

@@ -1,0 +1,167 @@
+package gvisor
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/aenvhq/aenv/internal/runtime"
+)
+
+// rootImageMarker, in a checkpoint's directory, says that the sandbox ran
+// without a gofer: its restore must too, since runsc refuses a restore
+// whose mounts differ from the checkpoint's.
+const rootImageMarker = "aenv-root-image"
+
+// errOtherRootMode is a restore into a prepared sandbox that runs its root
+// the other way (with or without a gofer) than the snapshot's sandbox did.
+var errOtherRootMode = errors.New("the prepared sandbox mounts its root the other way than the snapshot's")
+
+// withoutGoferOK reports whether spec's sandbox can run without a gofer:
+// the driver is configured for it, the root is an image file on this
+// host, and everything bound in is a read-only node binary under /.aenv
+// (those go into the /.aenv image). Volumes need the gofer.
+func (d *Driver) withoutGoferOK(spec runtime.Spec) bool {
+	if !d.rootImages || spec.Root.Image == "" || spec.EnvdPath == "" {
+		return false
+	}
+	if fi, err := os.Stat(spec.Root.Image); err != nil || !fi.Mode().IsRegular() {
+		return false
+	}
+	for _, b := range spec.Binds {
+		if b.Writable || path.Dir(b.Destination) != path.Dir(EnvdGuestPath) {
+			return false
+		}
+	}
+	return true
+}
+
+// rootMode returns the /.aenv image spec's sandbox runs with, or "" when
+// it runs with a gofer. A restore runs the way its checkpoint's sandbox
+// ran (imageDir's marker); a new sandbox without a gofer when it can.
+func (d *Driver) rootMode(ctx context.Context, spec runtime.Spec, mode startMode, imageDir string) (string, error) {
+	if mode == startRestore {
+		if !hasRootImageMarker(imageDir) {
+			return "", nil
+		}
+		if !d.withoutGoferOK(spec) {
+			return "", fmt.Errorf("its snapshot ran its root from an image, and this host has no image of its template's files (or the sandbox has volumes)")
+		}
+		return d.toolsImage(ctx, spec)
+	}
+	if !d.withoutGoferOK(spec) {
+		return "", nil
+	}
+	img, err := d.toolsImage(ctx, spec)
+	if err != nil {
+		d.log.Warn("running the sandbox with a gofer: making the /.aenv image failed", "sandbox_id", spec.ID, "err", err)
+		return "", nil
+	}
+	return img, nil
+}
+
+func hasRootImageMarker(imageDir string) bool {
+	_, err := os.Stat(filepath.Join(imageDir, rootImageMarker))
+	return err == nil
+}
+
+// toolsImage returns an EROFS image holding envd and the node binaries
+// spec binds under /.aenv, made once per set of binaries (named by their
+// paths, sizes and times) under the driver's state directory.
+func (d *Driver) toolsImage(ctx context.Context, spec runtime.Spec) (string, error) {
+	files := map[string]string{path.Base(EnvdGuestPath): spec.EnvdPath}
+	for _, b := range spec.Binds {
+		files[path.Base(b.Destination)] = b.Source
+	}
+	names := make([]string, 0, len(files))
+	for n := range files {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	h := sha256.New()
+	for _, n := range names {
+		fi, err := os.Stat(files[n])
+		if err != nil {
+			return "", fmt.Errorf("making the /.aenv image: %w", err)
+		}
+		fmt.Fprintf(h, "%s\x00%s\x00%d\x00%d\x00", n, files[n], fi.Size(), fi.ModTime().UnixNano())
+	}
+	out := filepath.Join(d.imagesDir(), "aenv-"+hex.EncodeToString(h.Sum(nil))[:16]+".erofs")
+	d.imageMu.Lock()
+	defer d.imageMu.Unlock()
+	if _, err := os.Stat(out); err == nil {
+		return out, nil
+	}
+	tree := out + ".d"
+	defer os.RemoveAll(tree)
+	if err := os.RemoveAll(tree); err != nil {
+		return "", fmt.Errorf("making the /.aenv image: %w", err)
+	}
+	if err := os.MkdirAll(tree, 0o755); err != nil {
+		return "", fmt.Errorf("making the /.aenv image: %w", err)
+	}
+	for _, n := range names {
+		if err := linkOrCopy(files[n], filepath.Join(tree, n)); err != nil {
+			return "", fmt.Errorf("making the /.aenv image: %w", err)
+		}
+	}
+	// No Go library writes EROFS; mkfs.erofs is Debian's erofs-utils.
+	// gVisor's EROFS reads no inline data.
+	tmp := out + ".tmp"
+	if b, err := exec.CommandContext(ctx, "mkfs.erofs", "--quiet", "-Enoinline_data", tmp, tree).CombinedOutput(); err != nil {
+		os.Remove(tmp)
+		return "", fmt.Errorf("making the /.aenv image: mkfs.erofs: %w: %s", err, strings.TrimSpace(string(b)))
+	}
+	if err := os.Rename(tmp, out); err != nil {
+		return "", fmt.Errorf("making the /.aenv image: %w", err)
+	}
+	d.log.Info("made the /.aenv image of sandboxes without a gofer", "image", out, "files", strings.Join(names, ","))
+	return out, nil
+}
+
+func (d *Driver) imagesDir() string { return filepath.Join(d.cfg.StateDir, "images") }
+
+// linkOrCopy makes dst a hard link to src, or a copy where src is on
+// another file system.
+func linkOrCopy(src, dst string) error {
+	if err := os.Link(src, dst); err == nil {
+		return nil
+	}
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	fi, err := in.Stat()
+	if err != nil {
+		return err
+	}
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, fi.Mode().Perm())
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// markRootMode leaves rootImageMarker in imageDir when the sandbox whose
+// bundle is in dir runs without a gofer.
+func markRootMode(dir, imageDir string) error {
+	withoutGofer, err := runsWithoutGofer(dir)
+	if err != nil || !withoutGofer {
+		return err
+	}
+	return os.WriteFile(filepath.Join(imageDir, rootImageMarker), nil, 0o644)
+}
