@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"time"
 	"strings"
 	"testing"
 
@@ -165,5 +166,31 @@ func TestAptMirror(t *testing.T) {
 	}
 	if !strings.HasPrefix(m, "http") {
 		t.Fatalf("mirror %q is not a URL", m)
+	}
+}
+
+// TestFreshBaseImage: the base tree's image counts only while it is newer
+// than the tree.
+func TestFreshBaseImage(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "rootfs")
+	if err := os.MkdirAll(filepath.Join(root, "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got := FreshBaseImage(root); got != "" {
+		t.Fatalf("no image: got %q", got)
+	}
+	if err := os.WriteFile(BaseImageFile(root), []byte("erofs"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := FreshBaseImage(root); got != BaseImageFile(root) {
+		t.Fatalf("image made after the tree: got %q", got)
+	}
+	// The tree rebuilt in place after the image was made.
+	later := time.Now().Add(time.Minute)
+	if err := os.Chtimes(filepath.Join(root, "bin"), later, later); err != nil {
+		t.Fatal(err)
+	}
+	if got := FreshBaseImage(root); got != "" {
+		t.Fatalf("stale image: got %q", got)
 	}
 }

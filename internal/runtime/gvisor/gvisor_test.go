@@ -32,6 +32,13 @@ func setup(t *testing.T) *fixture {
 // setupWith is setup with the driver's systrap fast path set to fp.
 func setupWith(t *testing.T, fp FastPath) *fixture {
 	t.Helper()
+	return setupConfig(t, Config{FastPath: fp})
+}
+
+// setupConfig is setup with the driver configured as cfg says, its
+// runsc, state directory and cgroup parent aside.
+func setupConfig(t *testing.T, cfg Config) *fixture {
+	t.Helper()
 	testutil.RequireRoot(t)
 	runsc := testutil.RequireBinary(t, "runsc", "AENV_RUNSC")
 	rootfs := os.Getenv("AENV_BASE_ROOTFS")
@@ -40,7 +47,8 @@ func setupWith(t *testing.T, fp FastPath) *fixture {
 		testutil.Unavailable(t, "AENV_BASE_ROOTFS and AENV_BIN_DIR must be set (make build base)")
 	}
 	dir := t.TempDir()
-	d, err := New(Config{RunscPath: runsc, StateDir: filepath.Join(dir, "state"), CgroupParent: "/aenvgvt", FastPath: fp})
+	cfg.RunscPath, cfg.StateDir, cfg.CgroupParent = runsc, filepath.Join(dir, "state"), "/aenvgvt"
+	d, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,6 +73,16 @@ func (f *fixture) spec(t *testing.T, id string) (runtime.Spec, *netns.Slot) {
 		NetNSPath: slot.SandboxNSPath, HostAddr: slot.HostAddr,
 		CPUCount: 1, MemoryMB: 256,
 	}, slot
+}
+
+// run runs script in sandbox id with runsc exec and returns its output.
+func (f *fixture) run(t *testing.T, id, script string) string {
+	t.Helper()
+	out, err := exec.Command(f.driver.cfg.RunscPath, "--root", f.driver.runc.Root, "exec", id, "/bin/sh", "-c", script).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s: %v: %s", script, err, out)
+	}
+	return string(out)
 }
 
 func waitHealth(t *testing.T, addr netip.Addr) {
@@ -167,17 +185,10 @@ func TestDiskBytesFollowsWrites(t *testing.T) {
 		}
 		return st.DiskBytes
 	}
-	run := func(script string) {
-		t.Helper()
-		out, err := exec.Command(f.driver.cfg.RunscPath, "--root", f.driver.runc.Root, "exec", "gvdisk", "/bin/sh", "-c", script).CombinedOutput()
-		if err != nil {
-			t.Fatalf("%s: %v: %s", script, err, out)
-		}
-	}
 	// Not in /tmp, which runsc mounts as a tmpfs of the sandbox's memory.
 	before := disk()
 	for i := 1; i <= 2; i++ {
-		run(fmt.Sprintf("dd if=/dev/urandom of=/big%d bs=1M count=32 && sync", i))
+		f.run(t, "gvdisk", fmt.Sprintf("dd if=/dev/urandom of=/big%d bs=1M count=32 && sync", i))
 		if got := disk(); got < before+uint64(i)*30<<20 {
 			t.Fatalf("disk %d bytes after writing %d MiB, was %d", got, i*32, before)
 		}

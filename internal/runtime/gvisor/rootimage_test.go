@@ -1,0 +1,118 @@
+package gvisor
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/aenvhq/aenv/internal/runtime"
+	"github.com/aenvhq/aenv/internal/testutil"
+)
+
+// TestWithoutGofer: a sandbox whose root is an EROFS image runs with no
+// gofer process, its files on disk, /.aenv and /etc/hosts in place; its
+// checkpoint is marked so, a prepared sandbox with a gofer refuses it
+// (and is removed), one without takes it, with the files, and its hosts
+// file follows the new host name.
+func TestWithoutGofer(t *testing.T) {
+	f := setupConfig(t, Config{RootImages: true})
+	mkfs := testutil.RequireBinary(t, "mkfs.erofs", "")
+	ctx := context.Background()
+	t.Cleanup(func() { f.driver.Close() })
+	img := filepath.Join(t.TempDir(), "root.erofs")
+	if out, err := exec.Command(mkfs, "--quiet", "-Enoinline_data", img, f.rootfs).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs.erofs: %v: %s", err, out)
+	}
+	spec, slot := f.spec(t, "gvgl")
+	spec.Root.Image, spec.DiskMB, spec.Hostname = img, 256, "gvglparent"
+	if err := f.driver.Create(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.driver.Kill(context.Background(), spec.ID) })
+	waitHealth(t, slot.HostAddr)
+	if n := gofers(t, f.driver.runc.Root); n != 0 {
+		t.Fatalf("%d gofer processes run for a sandbox whose root is an image", n)
+	}
+	f.run(t, spec.ID, "dd if=/dev/urandom of=/big bs=1M count=32 2>/dev/null && sync")
+	if st, err := f.driver.Stats(ctx, spec.ID); err != nil || st.DiskBytes < 30<<20 {
+		t.Fatalf("disk %d bytes (%v) after writing 32 MiB: the root's writes are not in a file on disk", st.DiskBytes, err)
+	}
+	out := f.run(t, spec.ID, "cat /etc/hosts /etc/resolv.conf; ls /.aenv")
+	for _, want := range []string{"127.0.1.1\tgvglparent", "envd"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the sandbox lacks %q:\n%s", want, out)
+		}
+	}
+	// (runsc exec gives the spec's environment; envd's commands get envd's.)
+	if v := envdEnv(t, slot.HostAddr, hostsEnv); v != "" {
+		t.Errorf("envd's commands inherit %s=%q", hostsEnv, v)
+	}
+
+	saved := t.TempDir()
+	if err := f.driver.Checkpoint(ctx, spec.ID, saved, runtime.CheckpointOptions{LeaveRunning: true}); err != nil {
+		t.Fatal(err)
+	}
+	if !hasRootImageMarker(saved) {
+		t.Fatal("the checkpoint of a sandbox without a gofer is not marked so")
+	}
+
+	withGofer, _ := f.spec(t, "gvglg")
+	if err := f.driver.Prepare(ctx, withGofer); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.driver.RestorePrepared(ctx, withGofer, saved); !errors.Is(err, errOtherRootMode) {
+		t.Fatalf("restoring into a prepared sandbox with a gofer: %v, want %v", err, errOtherRootMode)
+	}
+	if _, err := os.Stat(f.driver.sandboxDir(withGofer.ID)); !os.IsNotExist(err) {
+		t.Errorf("the refused prepared sandbox is still there: %v", err)
+	}
+	if err := f.driver.Restore(ctx, withGofer, saved); err == nil || !strings.Contains(err.Error(), "image") {
+		t.Errorf("restoring without the root's image: %v, want an error naming the image", err)
+	}
+
+	child, cslot := f.spec(t, "gvglc")
+	child.Root.Image, child.DiskMB = img, spec.DiskMB
+	if err := f.driver.Prepare(ctx, child); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.driver.Kill(context.Background(), child.ID) })
+	if err := f.driver.RestorePrepared(ctx, child, saved); err != nil {
+		t.Fatal(err)
+	}
+	waitHealth(t, cslot.HostAddr)
+	if out := f.run(t, child.ID, "ls -l /big"); !strings.Contains(out, "33554432") {
+		t.Errorf("the restored sandbox lost the file written before its checkpoint: %s", out)
+	}
+	// The restored kernel keeps the prepared sandbox's host name; envd's
+	// hosts file must name it, not the saved sandbox's.
+	name := strings.TrimSpace(f.run(t, child.ID, "hostname"))
+	if hosts := f.run(t, child.ID, "cat /etc/hosts"); name == "gvglparent" || !strings.Contains(hosts, "127.0.1.1\t"+name+"\n") {
+		t.Errorf("host name %q, /etc/hosts:\n%s", name, hosts)
+	}
+}
+
+// gofers counts the gofer processes of the runsc whose root is root.
+func gofers(t *testing.T, root string) int {
+	t.Helper()
+	procs, err := filepath.Glob("/proc/[0-9]*/cmdline")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		// runsc names its processes by their part: runsc-gofer, runsc-sandbox.
+		if bytes.HasPrefix(b, []byte("runsc-gofer\x00")) && bytes.Contains(b, []byte(root)) {
+			n++
+		}
+	}
+	return n
+}
