@@ -5,9 +5,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"time"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/aenvhq/aenv/internal/testutil"
 )
