@@ -45,14 +45,17 @@ func WriteEtcFiles(root string) (hosts string, err error) {
 
 // replaceFile puts content at dst in place of what was there, a symbolic
 // link included (images often link resolv.conf to a resolver's file that
-// does not exist in a sandbox).
+// does not exist in a sandbox). It writes in place rather than renaming
+// a new file over dst: a rename would leave the temporary name's
+// whiteout in the root's upper layer, which a files-only snapshot
+// exports.
 func replaceFile(dst string, content []byte) error {
-	tmp := dst + ".aenv"
-	if err := os.WriteFile(tmp, content, 0o644); err != nil {
-		return fmt.Errorf("writing %s: %w", dst, err)
+	if fi, err := os.Lstat(dst); err == nil && !fi.Mode().IsRegular() {
+		if err := os.Remove(dst); err != nil {
+			return fmt.Errorf("writing %s: %w", dst, err)
+		}
 	}
-	if err := os.Rename(tmp, dst); err != nil {
-		os.Remove(tmp)
+	if err := os.WriteFile(dst, content, 0o644); err != nil {
 		return fmt.Errorf("writing %s: %w", dst, err)
 	}
 	return nil
