@@ -61,6 +61,11 @@ type ReaderAt interface {
 type Mounted struct {
 	// Dir is the image's root filesystem, read-only.
 	Dir string
+	// File is the image itself, as a file the loop device reads: the
+	// local file, or the FUSE file of an image served on demand. A
+	// runtime that mounts images itself (gVisor without a gofer) reads
+	// it.
+	File string
 
 	fuseDir string
 	server  *fuse.Server
@@ -96,7 +101,8 @@ func Mount(work string, r ReaderAt, log *slog.Logger) (_ *Mounted, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("mounting a block image: serving it over FUSE: %w", err)
 	}
-	if err := m.attach(filepath.Join(m.fuseDir, ImageName)); err != nil {
+	m.File = filepath.Join(m.fuseDir, ImageName)
+	if err := m.attach(m.File); err != nil {
 		return nil, err
 	}
 	return m, nil
@@ -108,7 +114,7 @@ func ptr[T any](v T) *T { return &v }
 // through a loop device: an image this node has whole (built here, or
 // fetched whole first).
 func MountFile(work, file string) (_ *Mounted, err error) {
-	m := &Mounted{Dir: filepath.Join(work, "root")}
+	m := &Mounted{Dir: filepath.Join(work, "root"), File: file}
 	defer func() {
 		if err != nil {
 			m.Close()

@@ -133,13 +133,14 @@ func (c *Client) CacheStats(ctx context.Context) (CacheStats, error) {
 }
 
 // Acquire mounts src (if the node has not yet) for holder and returns its
-// root filesystem's directory.
-func (c *Client) Acquire(ctx context.Context, src Source, holder string) (string, error) {
+// root filesystem's directory and the image's file (Mounted.File; empty
+// from an image server that predates it).
+func (c *Client) Acquire(ctx context.Context, src Source, holder string) (dir, file string, err error) {
 	var resp acquireResponse
 	if err := c.call(ctx, http.MethodPost, "/v1/acquire", acquireRequest{Source: src, Holder: holder}, &resp); err != nil {
-		return "", err
+		return "", "", err
 	}
-	return resp.Dir, nil
+	return resp.Dir, resp.File, nil
 }
 
 // Release lets go of holder's image.

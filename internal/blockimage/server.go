@@ -156,17 +156,28 @@ func Sweep(workDir string, log *slog.Logger) {
 }
 
 // Acquire mounts src's image if this node has not yet, records holder (a
-// sandbox) as using it, and returns the directory of its root filesystem.
+// sandbox) as using it, and returns the directory of its root filesystem
+// (AcquireImage: and the image's file).
 // Acquiring again for the same holder is a no-op; a holder holds one
 // image at a time.
 func (s *Server) Acquire(ctx context.Context, src Source, holder string) (string, error) {
+	m, err := s.AcquireImage(ctx, src, holder)
+	if err != nil {
+		return "", err
+	}
+	return m.Dir, nil
+}
+
+// AcquireImage is Acquire returning the mount: its root filesystem's
+// directory and the image's file.
+func (s *Server) AcquireImage(ctx context.Context, src Source, holder string) (*Mounted, error) {
 	if !validImage.MatchString(src.Image) {
-		return "", fmt.Errorf("acquiring image %q: invalid name", src.Image)
+		return nil, fmt.Errorf("acquiring image %q: invalid name", src.Image)
 	}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return "", errors.New("acquiring an image: the image server is stopping")
+		return nil, errors.New("acquiring an image: the image server is stopping")
 	}
 	img, ok := s.images[src.Image]
 	if !ok {
@@ -188,13 +199,13 @@ func (s *Server) Acquire(ctx context.Context, src Source, holder string) (string
 	case <-img.ready:
 	case <-ctx.Done():
 		s.Release(holder)
-		return "", fmt.Errorf("acquiring image %s: %w", src.Image, ctx.Err())
+		return nil, fmt.Errorf("acquiring image %s: %w", src.Image, ctx.Err())
 	}
 	if img.err != nil {
 		s.Release(holder)
-		return "", img.err
+		return nil, img.err
 	}
-	return img.mounted.Dir, nil
+	return img.mounted, nil
 }
 
 // mountTimeout bounds mounting one image (an eager one is fetched whole

@@ -625,3 +625,34 @@ func TestServeStopsWhenSocketGone(t *testing.T) {
 		t.Fatal("the image server outlived its socket")
 	}
 }
+
+// TestServerImageFile: an acquired image names its file, which reads as
+// the image itself, whether served on demand or from a file this node
+// has whole (gVisor without a gofer mounts it from there).
+func TestServerImageFile(t *testing.T) {
+	forBackends(t, func(t *testing.T, kind string) {
+		f := newImageFixture(t, kind, 4, 1<<20)
+		s := f.server(t, filepath.Join(f.work, "cache"), 1<<30, nil, time.Hour)
+		want, err := os.ReadFile(filepath.Join(f.work, "image.erofs"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		lazy, err := s.AcquireImage(context.Background(), Source{Image: f.image, Template: "t"}, "sb")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Release("sb")
+		if got, err := os.ReadFile(lazy.File); err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("the served image's file %q: %d bytes (%v), want the image's %d", lazy.File, len(got), err, len(want))
+		}
+		local := filepath.Join(f.work, "image.erofs")
+		whole, err := s.AcquireImage(context.Background(), Source{Image: f.image + "local", Template: "t", File: local}, "sb2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Release("sb2")
+		if whole.File != local {
+			t.Fatalf("an image this node has whole: file %q, want %q", whole.File, local)
+		}
+	})
+}

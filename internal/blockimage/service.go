@@ -42,6 +42,8 @@ type acquireRequest struct {
 
 type acquireResponse struct {
 	Dir string `json:"dir"`
+	// File is Mounted.File; an image server older than it leaves it out.
+	File string `json:"file,omitempty"`
 }
 
 type releaseRequest struct {
@@ -151,12 +153,12 @@ func (s *Server) handler(shutdown chan<- struct{}) http.Handler {
 			writeJSON(w, http.StatusBadRequest, errorResponse{"acquiring an image: no holder"})
 			return
 		}
-		dir, err := s.Acquire(r.Context(), req.Source, req.Holder)
+		m, err := s.AcquireImage(r.Context(), req.Source, req.Holder)
 		if err != nil {
 			writeJSON(w, http.StatusBadGateway, errorResponse{err.Error()})
 			return
 		}
-		writeJSON(w, http.StatusOK, acquireResponse{Dir: dir})
+		writeJSON(w, http.StatusOK, acquireResponse{Dir: m.Dir, File: m.File})
 	})
 	mux.HandleFunc("POST /v1/release", func(w http.ResponseWriter, r *http.Request) {
 		var req releaseRequest

@@ -77,7 +77,7 @@ func (p *ImageRootFS) Prepare(ctx context.Context, tpl *template.Template, id st
 		return DirRootFS{}.Prepare(ctx, tpl, id, binds)
 	}
 	src := blockimage.Source{Image: tpl.BlockImage, Template: tpl.ID, File: tpl.ImageFile, Eager: p.Eager}
-	dir, err := p.Client.Acquire(ctx, src, id)
+	dir, file, err := p.Client.Acquire(ctx, src, id)
 	if err != nil {
 		return runtime.RootFS{}, fmt.Errorf("preparing the root filesystem of template %s: %w", tpl.ID, err)
 	}
@@ -88,7 +88,7 @@ func (p *ImageRootFS) Prepare(ctx context.Context, tpl *template.Template, id st
 		}
 	}
 	if len(missing) == 0 {
-		return runtime.RootFS{Dir: dir, Image: tpl.ImageFile}, nil
+		return runtime.RootFS{Dir: dir, Image: file}, nil
 	}
 	defer func() {
 		if err != nil {
@@ -99,7 +99,7 @@ func (p *ImageRootFS) Prepare(ctx context.Context, tpl *template.Template, id st
 	if err != nil {
 		return runtime.RootFS{}, fmt.Errorf("preparing the root filesystem of template %s: %w", tpl.ID, err)
 	}
-	return runtime.RootFS{Dir: merged, Image: tpl.ImageFile}, nil
+	return runtime.RootFS{Dir: merged, Image: file}, nil
 }
 
 // overlay mounts a host overlay of the read-only image at lower with the
