@@ -109,7 +109,7 @@ func (h *Host) open(ctx context.Context, cfg Config, keys *sealed.Keyring, log *
 	if err := ensureBase(ctx, templates, log); err != nil {
 		return err
 	}
-	if cfg.RootImages {
+	if baseImage(cfg, h.remote) {
 		ensureBaseImage(ctx, templates.BaseRootFS(), log)
 	}
 	h.templates = templates
@@ -374,7 +374,7 @@ func OpenTemplates(cfg Config, remote, images *store.Repository, log *slog.Logge
 		builtins = append(builtins, t)
 	}
 	return template.NewCatalog(template.CatalogOptions{
-		Dir: filepath.Join(cfg.DataDir, "templates"), BaseRootFS: cfg.BaseRootFS, Builtins: builtins,
+		Dir: filepath.Join(cfg.DataDir, "templates"), BaseRootFS: cfg.BaseRootFS, BaseImage: baseImage(cfg, remote), Builtins: builtins,
 		Remote: remote, Images: images, Blocks: erofs.Images{}, Logger: log,
 	})
 }
@@ -439,6 +439,13 @@ func ensureBase(ctx context.Context, ts *template.Catalog, log *slog.Logger) err
 	}
 	log.Info("base template built", "dir", dest, "took", time.Since(start).Round(time.Second))
 	return nil
+}
+
+// baseImage says whether base's sandboxes run from its tree's image
+// (template.CatalogOptions.BaseImage): on a server of its own, without a
+// store, whose snapshots never leave the host.
+func baseImage(cfg Config, remote *store.Repository) bool {
+	return cfg.RootImages && cfg.Cluster == nil && remote == nil
 }
 
 // ensureBaseImage makes the base template's EROFS image, which lets its

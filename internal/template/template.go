@@ -95,6 +95,8 @@ type Catalog struct {
 	// baseRootFS, when set, is a prebuilt tree used for `base` instead of
 	// the one under dir.
 	baseRootFS string
+	// baseImage is CatalogOptions.BaseImage.
+	baseImage bool
 	// builtins are templates over prebuilt trees of this host.
 	builtins []*Template
 
@@ -128,6 +130,13 @@ type CatalogOptions struct {
 	// BaseRootFS optionally points `base` at a prebuilt root filesystem
 	// shared by several data directories (tests, benchmarks).
 	BaseRootFS string
+	// BaseImage gives `base` its tree's EROFS image (BaseImageFile) as
+	// its ImageFile when a fresh one is there. Only for a host whose
+	// snapshots never leave it: every host builds base itself, so two
+	// hosts' images differ, and a sandbox run from one host's image
+	// cannot be restored from another's (gVisor checks the image's
+	// superblock), where one run through a gofer can.
+	BaseImage bool
 	// Builtins are templates over trees this host already has (prebuilt
 	// caches, such as the code-interpreter one), each with RootFS set:
 	// found and listed like this host's own, never published (every host
@@ -160,7 +169,7 @@ func NewCatalog(opts CatalogOptions) (*Catalog, error) {
 	if opts.Images == nil {
 		opts.Images = opts.Remote
 	}
-	return &Catalog{dir: opts.Dir, baseRootFS: opts.BaseRootFS, builtins: opts.Builtins, remote: opts.Remote, images: opts.Images, blocks: opts.Blocks, log: opts.Logger}, nil
+	return &Catalog{dir: opts.Dir, baseRootFS: opts.BaseRootFS, baseImage: opts.BaseImage, builtins: opts.Builtins, remote: opts.Remote, images: opts.Images, blocks: opts.Blocks, log: opts.Logger}, nil
 }
 
 // remoteTimeout bounds a look at the remote store's catalog.
@@ -249,7 +258,9 @@ func (s *Catalog) base() (*Template, error) {
 		t = &Template{ID: BaseID, CPUCount: 2, MemoryMB: 512}
 	}
 	t.RootFS = root
-	t.ImageFile = FreshBaseImage(root)
+	if s.baseImage {
+		t.ImageFile = FreshBaseImage(root)
+	}
 	return t, nil
 }
 

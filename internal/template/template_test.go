@@ -170,10 +170,13 @@ func TestAptMirror(t *testing.T) {
 }
 
 // TestFreshBaseImage: the base tree's image counts only while it is newer
-// than the tree.
+// than the tree, and base carries it only where the catalog is told to.
 func TestFreshBaseImage(t *testing.T) {
 	root := filepath.Join(t.TempDir(), "rootfs")
 	if err := os.MkdirAll(filepath.Join(root, "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "bin", "bash"), nil, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	if got := FreshBaseImage(root); got != "" {
@@ -184,6 +187,19 @@ func TestFreshBaseImage(t *testing.T) {
 	}
 	if got := FreshBaseImage(root); got != BaseImageFile(root) {
 		t.Fatalf("image made after the tree: got %q", got)
+	}
+	for _, on := range []bool{false, true} {
+		c, err := NewCatalog(CatalogOptions{Dir: t.TempDir(), BaseRootFS: root, BaseImage: on})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := c.Get(BaseID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := b.ImageFile != ""; got != on {
+			t.Errorf("BaseImage %v: base's ImageFile %q", on, b.ImageFile)
+		}
 	}
 	// The tree rebuilt in place after the image was made.
 	later := time.Now().Add(time.Minute)

@@ -115,9 +115,12 @@ func (d *Driver) toolsImage(ctx context.Context, spec runtime.Spec) (string, err
 		}
 	}
 	// No Go library writes EROFS; mkfs.erofs is Debian's erofs-utils.
-	// gVisor's EROFS reads no inline data.
+	// gVisor cannot map inline tails. A restore checks the image's
+	// superblock against the checkpoint's: fixed times, owner and UUID
+	// make the image of the same binaries the same on every host.
 	tmp := out + ".tmp"
-	if b, err := exec.CommandContext(ctx, "mkfs.erofs", "--quiet", "-Enoinline_data", tmp, tree).CombinedOutput(); err != nil {
+	args := []string{"--quiet", "-Enoinline_data", "-T0", "--all-root", "-U" + toolsImageUUID, tmp, tree}
+	if b, err := exec.CommandContext(ctx, "mkfs.erofs", args...).CombinedOutput(); err != nil {
 		os.Remove(tmp)
 		return "", fmt.Errorf("making the /.aenv image: mkfs.erofs: %w: %s", err, strings.TrimSpace(string(b)))
 	}
@@ -127,6 +130,9 @@ func (d *Driver) toolsImage(ctx context.Context, spec runtime.Spec) (string, err
 	d.log.Info("made the /.aenv image of sandboxes without a gofer", "image", out, "files", strings.Join(names, ","))
 	return out, nil
 }
+
+// toolsImageUUID is every /.aenv image's UUID (see toolsImage).
+const toolsImageUUID = "ae7e0000-0000-4000-8000-00000000ae7e"
 
 func (d *Driver) imagesDir() string { return filepath.Join(d.cfg.StateDir, "images") }
 

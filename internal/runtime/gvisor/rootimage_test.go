@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/aenvhq/aenv/internal/runtime"
 	"github.com/aenvhq/aenv/internal/testutil"
@@ -115,4 +117,43 @@ func gofers(t *testing.T, root string) int {
 		}
 	}
 	return n
+}
+
+// TestToolsImageSameEverywhere: the /.aenv image of the same binaries is
+// the same bytes whatever their paths and times on the host, so that a
+// sandbox saved on one host restores on another (gVisor compares the
+// image's superblock), and it is made once per set of binaries.
+func TestToolsImageSameEverywhere(t *testing.T) {
+	testutil.RequireBinary(t, "mkfs.erofs", "")
+	image := func(stamp time.Time) string {
+		dir := t.TempDir()
+		envd := filepath.Join(dir, "envd")
+		if err := os.WriteFile(envd, []byte("#!/bin/true\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(envd, stamp, stamp); err != nil {
+			t.Fatal(err)
+		}
+		d := &Driver{cfg: Config{StateDir: filepath.Join(dir, "state")}, log: slog.Default()}
+		spec := runtime.Spec{EnvdPath: envd}
+		img, err := d.toolsImage(context.Background(), spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if again, err := d.toolsImage(context.Background(), spec); err != nil || again != img {
+			t.Fatalf("a second start made another image: %q (%v), first %q", again, err, img)
+		}
+		return img
+	}
+	a, err := os.ReadFile(image(time.Unix(1e9, 0)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(image(time.Unix(2e9, 0)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(a, b) {
+		t.Fatal("two hosts' /.aenv images of the same binary differ")
+	}
 }
