@@ -56,9 +56,14 @@ type Config struct {
 	// (gvisor.FastPath; empty: auto, off on hosts of few CPUs).
 	FastPath gvisor.FastPath
 	// RootImages runs sandboxes whose root is an image file on this host
-	// without a gofer (gvisor.Config.RootImages), and makes the base
-	// template's image at start.
+	// without a gofer (gvisor.Config.RootImages).
 	RootImages bool
+	// BaseRootImage runs base's sandboxes from an image of its tree too
+	// (made beside the tree at start). Every host builds its own base, so
+	// two hosts' images differ, and gVisor restores a sandbox only from
+	// the image it was saved with: only for hosts whose base sandboxes
+	// never move to another host, or that all share one base tree.
+	BaseRootImage bool
 	// WarmPoolMemory is the host memory in bytes the warm pool's
 	// prestarted sandboxes may take (what they use): each template's
 	// (and user snapshot's) pool is sized to its recent peak burst of

@@ -109,7 +109,7 @@ func (h *Host) open(ctx context.Context, cfg Config, keys *sealed.Keyring, log *
 	if err := ensureBase(ctx, templates, log); err != nil {
 		return err
 	}
-	if baseImage(cfg, h.remote) {
+	if baseImage(cfg) {
 		ensureBaseImage(ctx, templates.BaseRootFS(), log)
 	}
 	h.templates = templates
@@ -374,7 +374,7 @@ func OpenTemplates(cfg Config, remote, images *store.Repository, log *slog.Logge
 		builtins = append(builtins, t)
 	}
 	return template.NewCatalog(template.CatalogOptions{
-		Dir: filepath.Join(cfg.DataDir, "templates"), BaseRootFS: cfg.BaseRootFS, BaseImage: baseImage(cfg, remote), Builtins: builtins,
+		Dir: filepath.Join(cfg.DataDir, "templates"), BaseRootFS: cfg.BaseRootFS, BaseImage: baseImage(cfg), Builtins: builtins,
 		Remote: remote, Images: images, Blocks: erofs.Images{}, Logger: log,
 	})
 }
@@ -442,11 +442,8 @@ func ensureBase(ctx context.Context, ts *template.Catalog, log *slog.Logger) err
 }
 
 // baseImage says whether base's sandboxes run from its tree's image
-// (template.CatalogOptions.BaseImage): on a server of its own, without a
-// store, whose snapshots never leave the host.
-func baseImage(cfg Config, remote *store.Repository) bool {
-	return cfg.RootImages && cfg.Cluster == nil && remote == nil
-}
+// (template.CatalogOptions.BaseImage).
+func baseImage(cfg Config) bool { return cfg.RootImages && cfg.BaseRootImage }
 
 // ensureBaseImage makes the base template's EROFS image, which lets its
 // sandboxes run without a gofer, when the tree has none (once per tree:

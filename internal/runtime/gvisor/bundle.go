@@ -269,13 +269,22 @@ func withoutGofer(s *specs.Spec, spec runtime.Spec, toolsImage string) {
 // runsWithoutGofer reports whether the bundle in dir is one withoutGofer
 // made.
 func runsWithoutGofer(dir string) (bool, error) {
-	b, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	s, err := readBundle(dir)
 	if err != nil {
 		return false, err
 	}
+	return s.Annotations[rootfsTypeAnnotation] == "erofs", nil
+}
+
+// readBundle reads the OCI spec of the bundle in dir.
+func readBundle(dir string) (*specs.Spec, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		return nil, err
+	}
 	var s specs.Spec
 	if err := json.Unmarshal(b, &s); err != nil {
-		return false, fmt.Errorf("reading %s: %w", filepath.Join(dir, "config.json"), err)
+		return nil, fmt.Errorf("reading %s: %w", filepath.Join(dir, "config.json"), err)
 	}
-	return s.Annotations[rootfsTypeAnnotation] == "erofs", nil
+	return &s, nil
 }

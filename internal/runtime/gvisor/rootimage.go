@@ -19,7 +19,8 @@ import (
 
 // rootImageMarker, in a checkpoint's directory, says that the sandbox ran
 // without a gofer: its restore must too, since runsc refuses a restore
-// whose mounts differ from the checkpoint's.
+// whose mounts differ from the checkpoint's. It holds the identity of the
+// root's image (imageIdentity), which the restore's must match.
 const rootImageMarker = "aenv-root-image"
 
 // errOtherRootMode is a restore into a prepared sandbox that runs its root
@@ -55,6 +56,9 @@ func (d *Driver) rootMode(ctx context.Context, spec runtime.Spec, mode startMode
 		}
 		if !d.withoutGoferOK(spec) {
 			return "", fmt.Errorf("its snapshot ran its root from an image, and this host has no image of its template's files (or the sandbox has volumes)")
+		}
+		if err := sameRootImage(imageDir, spec.Root.Image); err != nil {
+			return "", err
 		}
 		return d.toolsImage(ctx, spec)
 	}
@@ -165,9 +169,54 @@ func linkOrCopy(src, dst string) error {
 // markRootMode leaves rootImageMarker in imageDir when the sandbox whose
 // bundle is in dir runs without a gofer.
 func markRootMode(dir, imageDir string) error {
-	withoutGofer, err := runsWithoutGofer(dir)
-	if err != nil || !withoutGofer {
+	s, err := readBundle(dir)
+	if err != nil || s.Annotations[rootfsTypeAnnotation] != "erofs" {
 		return err
 	}
-	return os.WriteFile(filepath.Join(imageDir, rootImageMarker), nil, 0o644)
+	id, err := imageIdentity(s.Annotations[rootfsSourceAnnotation])
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(imageDir, rootImageMarker), []byte(id+"\n"), 0o644)
+}
+
+// imageIdentity names an EROFS image by its superblock (128 bytes at
+// 1024: its UUID, build time and checksum among them), which is what
+// gVisor compares on restore; reading it costs one read, even of an image
+// served on demand.
+func imageIdentity(image string) (string, error) {
+	f, err := os.Open(image)
+	if err != nil {
+		return "", fmt.Errorf("reading the root image's superblock: %w", err)
+	}
+	defer f.Close()
+	sb := make([]byte, 128)
+	if _, err := f.ReadAt(sb, 1024); err != nil {
+		return "", fmt.Errorf("reading the root image's superblock: %w", err)
+	}
+	sum := sha256.Sum256(sb)
+	return hex.EncodeToString(sum[:]), nil
+}
+
+// sameRootImage checks that image is the root image the checkpoint in
+// imageDir was saved from, so that a restore from another (another
+// host's base tree) fails with a reason rather than in gVisor's loader.
+// A marker without an identity predates the check.
+func sameRootImage(imageDir, image string) error {
+	b, err := os.ReadFile(filepath.Join(imageDir, rootImageMarker))
+	if err != nil {
+		return err
+	}
+	want := strings.TrimSpace(string(b))
+	if want == "" {
+		return nil
+	}
+	got, err := imageIdentity(image)
+	if err != nil {
+		return err
+	}
+	if got != want {
+		return errors.New("its snapshot was saved from another image of its template's files than this host's (every host builds its own base: see --base-root-image)")
+	}
+	return nil
 }

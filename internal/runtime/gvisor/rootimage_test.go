@@ -76,6 +76,17 @@ func TestWithoutGofer(t *testing.T) {
 	if err := f.driver.Restore(ctx, withGofer, saved); err == nil || !strings.Contains(err.Error(), "image") {
 		t.Errorf("restoring without the root's image: %v, want an error naming the image", err)
 	}
+	// Another host's image of the same tree (its own mkfs: another UUID
+	// and build time) cannot take the saved state.
+	other := filepath.Join(t.TempDir(), "other.erofs")
+	if out, err := exec.Command(mkfs, "--quiet", "-Enoinline_data", other, f.rootfs).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs.erofs: %v: %s", err, out)
+	}
+	elsewhere, _ := f.spec(t, "gvglo")
+	elsewhere.Root.Image, elsewhere.DiskMB = other, spec.DiskMB
+	if err := f.driver.Restore(ctx, elsewhere, saved); err == nil || !strings.Contains(err.Error(), "another image") {
+		t.Errorf("restoring from another image of the tree: %v, want an error saying so", err)
+	}
 
 	child, cslot := f.spec(t, "gvglc")
 	child.Root.Image, child.DiskMB = img, spec.DiskMB
