@@ -28,11 +28,11 @@ const rootImageMarker = "aenv-root-image"
 var errOtherRootMode = errors.New("the prepared sandbox mounts its root the other way than the snapshot's")
 
 // withoutGoferOK reports whether spec's sandbox can run without a gofer:
-// the driver is configured for it, the root is an image file on this
-// host, and everything bound in is a read-only node binary under /.aenv
-// (those go into the /.aenv image). Volumes need the gofer.
-func (d *Driver) withoutGoferOK(spec runtime.Spec) bool {
-	if !d.rootImages || spec.Root.Image == "" || spec.EnvdPath == "" {
+// the root is an image file on this host, and everything bound in is a
+// read-only node binary under /.aenv (those go into the /.aenv image).
+// Volumes need the gofer.
+func withoutGoferOK(spec runtime.Spec) bool {
+	if spec.Root.Image == "" || spec.EnvdPath == "" {
 		return false
 	}
 	if fi, err := os.Stat(spec.Root.Image); err != nil || !fi.Mode().IsRegular() {
@@ -48,13 +48,15 @@ func (d *Driver) withoutGoferOK(spec runtime.Spec) bool {
 
 // rootMode returns the /.aenv image spec's sandbox runs with, or "" when
 // it runs with a gofer. A restore runs the way its checkpoint's sandbox
-// ran (imageDir's marker); a new sandbox without a gofer when it can.
+// ran (imageDir's marker), whatever Config.RootImages says now (a
+// template's snapshot of its started service outlives a change of it);
+// a new sandbox without a gofer when it can and the driver is told to.
 func (d *Driver) rootMode(ctx context.Context, spec runtime.Spec, mode startMode, imageDir string) (string, error) {
 	if mode == startRestore {
 		if !hasRootImageMarker(imageDir) {
 			return "", nil
 		}
-		if !d.withoutGoferOK(spec) {
+		if !withoutGoferOK(spec) {
 			return "", fmt.Errorf("its snapshot ran its root from an image, and this host has no image of its template's files (or the sandbox has volumes)")
 		}
 		if err := sameRootImage(imageDir, spec.Root.Image); err != nil {
@@ -62,7 +64,7 @@ func (d *Driver) rootMode(ctx context.Context, spec runtime.Spec, mode startMode
 		}
 		return d.toolsImage(ctx, spec)
 	}
-	if !d.withoutGoferOK(spec) {
+	if !d.rootImages || !withoutGoferOK(spec) {
 		return "", nil
 	}
 	img, err := d.toolsImage(ctx, spec)

@@ -107,6 +107,19 @@ func TestWithoutGofer(t *testing.T) {
 	if hosts := f.run(t, child.ID, "cat /etc/hosts"); name == "gvglparent" || !strings.Contains(hosts, "127.0.1.1\t"+name+"\n") {
 		t.Errorf("host name %q, /etc/hosts:\n%s", name, hosts)
 	}
+
+	// A driver no longer told to run new sandboxes without a gofer still
+	// restores a checkpoint that ran so, the way it ran.
+	f.driver.rootImages = false
+	later, _ := f.spec(t, "gvgll")
+	later.Root.Image, later.DiskMB = img, spec.DiskMB
+	if err := f.driver.Restore(ctx, later, saved); err != nil {
+		t.Fatalf("restoring with RootImages off: %v", err)
+	}
+	t.Cleanup(func() { f.driver.Kill(context.Background(), later.ID) })
+	if without, err := runsWithoutGofer(f.driver.sandboxDir(later.ID)); err != nil || !without {
+		t.Errorf("restored with RootImages off: without a gofer %v (%v), want true", without, err)
+	}
 }
 
 // gofers counts the gofer processes of the runsc whose root is root.
