@@ -332,7 +332,7 @@ func (d *Driver) RestorePrepared(ctx context.Context, spec runtime.Spec, imageDi
 	if err != nil {
 		return fmt.Errorf("restoring into prepared %s: %w", spec.ID, err)
 	}
-	if withoutGofer != hasRootImageMarker(imageDir) {
+	if withoutGofer != hasRootImageMarker(imageDir) || (withoutGofer && !markerMatches(imageDir, dir)) {
 		return fmt.Errorf("restoring into prepared %s: %w", spec.ID, errOtherRootMode)
 	}
 	// The files bound into the guest are read by path when the restore
@@ -461,6 +461,11 @@ func (d *Driver) start(ctx context.Context, spec runtime.Spec, mode startMode, i
 
 	if err := writeBundle(dir, spec, d.cg.Path(d.cgroup(spec.ID)), toolsImage); err != nil {
 		return fmt.Errorf("writing bundle for %s: %w", spec.ID, err)
+	}
+	if toolsImage != "" {
+		if err := noteRootImage(dir, spec); err != nil {
+			return fmt.Errorf("starting %s: %w", spec.ID, err)
+		}
 	}
 	logFile, err := makeEnvdPipe(dir)
 	if err != nil {

@@ -24,8 +24,9 @@ import (
 const rootImageMarker = "aenv-root-image"
 
 // errOtherRootMode is a restore into a prepared sandbox that runs its root
-// the other way (with or without a gofer) than the snapshot's sandbox did.
-var errOtherRootMode = errors.New("the prepared sandbox mounts its root the other way than the snapshot's")
+// the other way (with or without a gofer) than the snapshot's sandbox did,
+// or from another image.
+var errOtherRootMode = errors.New("the prepared sandbox mounts its root otherwise than the snapshot's")
 
 // withoutGoferOK reports whether spec's sandbox can run without a gofer:
 // the root is an image file on this host, and everything bound in is a
@@ -168,18 +169,45 @@ func linkOrCopy(src, dst string) error {
 	return out.Close()
 }
 
-// markRootMode leaves rootImageMarker in imageDir when the sandbox whose
-// bundle is in dir runs without a gofer.
-func markRootMode(dir, imageDir string) error {
-	s, err := readBundle(dir)
-	if err != nil || s.Annotations[rootfsTypeAnnotation] != "erofs" {
-		return err
-	}
-	id, err := imageIdentity(s.Annotations[rootfsSourceAnnotation])
+// rootImageID, in a sandbox's directory, is the identity of the image
+// its root runs from (imageIdentity), read as it started: a checkpoint
+// must not depend on the image file still being there.
+const rootImageID = "root-image-id"
+
+// noteRootImage records the identity of spec's root image in dir, the
+// directory of its sandbox, which runs without a gofer.
+func noteRootImage(dir string, spec runtime.Spec) error {
+	id, err := imageIdentity(spec.Root.Image)
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(filepath.Join(imageDir, rootImageMarker), []byte(id+"\n"), 0o644)
+	return os.WriteFile(filepath.Join(dir, rootImageID), []byte(id+"\n"), 0o644)
+}
+
+// markRootMode leaves rootImageMarker in imageDir when the sandbox whose
+// directory is dir runs without a gofer.
+func markRootMode(dir, imageDir string) error {
+	withoutGofer, err := runsWithoutGofer(dir)
+	if err != nil || !withoutGofer {
+		return err
+	}
+	id, err := os.ReadFile(filepath.Join(dir, rootImageID))
+	if err != nil {
+		return fmt.Errorf("marking the checkpoint: %w", err)
+	}
+	return os.WriteFile(filepath.Join(imageDir, rootImageMarker), id, 0o644)
+}
+
+// markerMatches reports whether the checkpoint in imageDir was saved
+// from the root image whose identity the sandbox directory dir records
+// (a marker without an identity predates the check and matches).
+func markerMatches(imageDir, dir string) bool {
+	want, err := os.ReadFile(filepath.Join(imageDir, rootImageMarker))
+	if err != nil {
+		return false
+	}
+	got, err := os.ReadFile(filepath.Join(dir, rootImageID))
+	return strings.TrimSpace(string(want)) == "" || (err == nil && strings.TrimSpace(string(got)) == strings.TrimSpace(string(want)))
 }
 
 // imageIdentity names an EROFS image by its superblock (128 bytes at

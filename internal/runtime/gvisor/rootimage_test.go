@@ -55,8 +55,18 @@ func TestWithoutGofer(t *testing.T) {
 		t.Errorf("envd's commands inherit %s=%q", hostsEnv, v)
 	}
 
+	// The checkpoint does not need the image file any more (a template
+	// removed while its sandbox runs).
+	moved := img + ".moved"
+	if err := os.Rename(img, moved); err != nil {
+		t.Fatal(err)
+	}
 	saved := t.TempDir()
-	if err := f.driver.Checkpoint(ctx, spec.ID, saved, runtime.CheckpointOptions{LeaveRunning: true}); err != nil {
+	err := f.driver.Checkpoint(ctx, spec.ID, saved, runtime.CheckpointOptions{LeaveRunning: true})
+	if rerr := os.Rename(moved, img); rerr != nil {
+		t.Fatal(rerr)
+	}
+	if err != nil {
 		t.Fatal(err)
 	}
 	if !hasRootImageMarker(saved) {
@@ -86,6 +96,14 @@ func TestWithoutGofer(t *testing.T) {
 	elsewhere.Root.Image, elsewhere.DiskMB = other, spec.DiskMB
 	if err := f.driver.Restore(ctx, elsewhere, saved); err == nil || !strings.Contains(err.Error(), "another image") {
 		t.Errorf("restoring from another image of the tree: %v, want an error saying so", err)
+	}
+	otherPrep, _ := f.spec(t, "gvglop")
+	otherPrep.Root.Image, otherPrep.DiskMB = other, spec.DiskMB
+	if err := f.driver.Prepare(ctx, otherPrep); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.driver.RestorePrepared(ctx, otherPrep, saved); !errors.Is(err, errOtherRootMode) {
+		t.Errorf("restoring into a prepared sandbox of another image: %v, want %v", err, errOtherRootMode)
 	}
 
 	child, cslot := f.spec(t, "gvglc")
