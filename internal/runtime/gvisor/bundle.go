@@ -36,14 +36,19 @@ var caps = []string{
 // writeBundle writes the OCI bundle of spec into dir: config.json plus the
 // per-sandbox files bound into the guest. The sandbox's cgroup is
 // cgroupPath. With toolsImage set the sandbox runs without a gofer (see
-// withoutGofer), with /.aenv from that image.
+// withoutGofer), with /.aenv from that image, and binds no files: the
+// root image's identity is recorded instead (noteRootImage).
 func writeBundle(dir string, spec runtime.Spec, cgroupPath, toolsImage string) error {
-	if err := WriteBundleFiles(dir, spec); err != nil {
-		return err
-	}
 	s := OCISpec(dir, spec, cgroupPath)
-	if toolsImage != "" {
+	if toolsImage == "" {
+		if err := WriteBundleFiles(dir, spec); err != nil {
+			return err
+		}
+	} else {
 		withoutGofer(s, spec, toolsImage)
+		if err := noteRootImage(dir, spec); err != nil {
+			return err
+		}
 	}
 	b, err := json.MarshalIndent(s, "", "  ")
 	if err != nil {
@@ -264,27 +269,4 @@ func withoutGofer(s *specs.Spec, spec runtime.Spec, toolsImage string) {
 	}
 	hosts, resolv := bundleFiles(spec)
 	s.Process.Env = append(s.Process.Env, hostsEnv+"="+hosts, resolvConfEnv+"="+resolv)
-}
-
-// runsWithoutGofer reports whether the bundle in dir is one withoutGofer
-// made.
-func runsWithoutGofer(dir string) (bool, error) {
-	s, err := readBundle(dir)
-	if err != nil {
-		return false, err
-	}
-	return s.Annotations[rootfsTypeAnnotation] == "erofs", nil
-}
-
-// readBundle reads the OCI spec of the bundle in dir.
-func readBundle(dir string) (*specs.Spec, error) {
-	b, err := os.ReadFile(filepath.Join(dir, "config.json"))
-	if err != nil {
-		return nil, err
-	}
-	var s specs.Spec
-	if err := json.Unmarshal(b, &s); err != nil {
-		return nil, fmt.Errorf("reading %s: %w", filepath.Join(dir, "config.json"), err)
-	}
-	return &s, nil
 }

@@ -328,17 +328,15 @@ func (d *Driver) RestorePrepared(ctx context.Context, spec runtime.Spec, imageDi
 		}
 	}()
 	dir := d.sandboxDir(spec.ID)
-	withoutGofer, err := runsWithoutGofer(dir)
-	if err != nil {
-		return fmt.Errorf("restoring into prepared %s: %w", spec.ID, err)
-	}
-	if withoutGofer != hasRootImageMarker(imageDir) || (withoutGofer && !markerMatches(imageDir, dir)) {
+	if !sameRootMode(dir, imageDir) {
 		return fmt.Errorf("restoring into prepared %s: %w", spec.ID, errOtherRootMode)
 	}
 	// The files bound into the guest are read by path when the restore
 	// mounts them: the sandbox's own host name goes in now.
-	if err := WriteBundleFiles(dir, spec); err != nil {
-		return fmt.Errorf("restoring into prepared %s: %w", spec.ID, err)
+	if !runsWithoutGofer(dir) {
+		if err := WriteBundleFiles(dir, spec); err != nil {
+			return fmt.Errorf("restoring into prepared %s: %w", spec.ID, err)
+		}
 	}
 	r := d.runscIn(dir, spec.DiskMB)
 	// The pages file is read through the page cache, not with --direct
@@ -461,11 +459,6 @@ func (d *Driver) start(ctx context.Context, spec runtime.Spec, mode startMode, i
 
 	if err := writeBundle(dir, spec, d.cg.Path(d.cgroup(spec.ID)), toolsImage); err != nil {
 		return fmt.Errorf("writing bundle for %s: %w", spec.ID, err)
-	}
-	if toolsImage != "" {
-		if err := noteRootImage(dir, spec); err != nil {
-			return fmt.Errorf("starting %s: %w", spec.ID, err)
-		}
 	}
 	logFile, err := makeEnvdPipe(dir)
 	if err != nil {

@@ -54,7 +54,7 @@ func withoutGoferOK(spec runtime.Spec) bool {
 // a new sandbox without a gofer when it can and the driver is told to.
 func (d *Driver) rootMode(ctx context.Context, spec runtime.Spec, mode startMode, imageDir string) (string, error) {
 	if mode == startRestore {
-		if !hasRootImageMarker(imageDir) {
+		if _, marked := markedImage(imageDir); !marked {
 			return "", nil
 		}
 		if !withoutGoferOK(spec) {
@@ -74,11 +74,6 @@ func (d *Driver) rootMode(ctx context.Context, spec runtime.Spec, mode startMode
 		return "", nil
 	}
 	return img, nil
-}
-
-func hasRootImageMarker(imageDir string) bool {
-	_, err := os.Stat(filepath.Join(imageDir, rootImageMarker))
-	return err == nil
 }
 
 // toolsImage returns an EROFS image holding envd and the node binaries
@@ -171,7 +166,8 @@ func linkOrCopy(src, dst string) error {
 
 // rootImageID, in a sandbox's directory, is the identity of the image
 // its root runs from (imageIdentity), read as it started: a checkpoint
-// must not depend on the image file still being there.
+// must not depend on the image file still being there. It is there only
+// for a sandbox without a gofer.
 const rootImageID = "root-image-id"
 
 // noteRootImage records the identity of spec's root image in dir, the
@@ -184,30 +180,45 @@ func noteRootImage(dir string, spec runtime.Spec) error {
 	return os.WriteFile(filepath.Join(dir, rootImageID), []byte(id+"\n"), 0o644)
 }
 
+// recordedImage is the root image identity the sandbox directory dir
+// records, "" for a sandbox with a gofer.
+func recordedImage(dir string) string {
+	b, _ := os.ReadFile(filepath.Join(dir, rootImageID))
+	return strings.TrimSpace(string(b))
+}
+
+// runsWithoutGofer reports whether the sandbox whose directory is dir
+// runs without a gofer.
+func runsWithoutGofer(dir string) bool { return recordedImage(dir) != "" }
+
+// markedImage is the root image identity the checkpoint in imageDir was
+// saved from, and whether it ran without a gofer at all (a marker without
+// an identity predates the identity).
+func markedImage(imageDir string) (id string, marked bool) {
+	b, err := os.ReadFile(filepath.Join(imageDir, rootImageMarker))
+	return strings.TrimSpace(string(b)), err == nil
+}
+
 // markRootMode leaves rootImageMarker in imageDir when the sandbox whose
 // directory is dir runs without a gofer.
 func markRootMode(dir, imageDir string) error {
-	withoutGofer, err := runsWithoutGofer(dir)
-	if err != nil || !withoutGofer {
-		return err
+	id := recordedImage(dir)
+	if id == "" {
+		return nil
 	}
-	id, err := os.ReadFile(filepath.Join(dir, rootImageID))
-	if err != nil {
-		return fmt.Errorf("marking the checkpoint: %w", err)
-	}
-	return os.WriteFile(filepath.Join(imageDir, rootImageMarker), id, 0o644)
+	return os.WriteFile(filepath.Join(imageDir, rootImageMarker), []byte(id+"\n"), 0o644)
 }
 
-// markerMatches reports whether the checkpoint in imageDir was saved
-// from the root image whose identity the sandbox directory dir records
-// (a marker without an identity predates the check and matches).
-func markerMatches(imageDir, dir string) bool {
-	want, err := os.ReadFile(filepath.Join(imageDir, rootImageMarker))
-	if err != nil {
-		return false
+// sameRootMode reports whether the prepared sandbox whose directory is
+// dir runs its root as the checkpoint in imageDir was saved: both with a
+// gofer, or both without one from the same image.
+func sameRootMode(dir, imageDir string) bool {
+	want, marked := markedImage(imageDir)
+	got := recordedImage(dir)
+	if !marked {
+		return got == ""
 	}
-	got, err := os.ReadFile(filepath.Join(dir, rootImageID))
-	return strings.TrimSpace(string(want)) == "" || (err == nil && strings.TrimSpace(string(got)) == strings.TrimSpace(string(want)))
+	return got != "" && (want == "" || want == got)
 }
 
 // imageIdentity names an EROFS image by its superblock (128 bytes at
@@ -231,13 +242,8 @@ func imageIdentity(image string) (string, error) {
 // sameRootImage checks that image is the root image the checkpoint in
 // imageDir was saved from, so that a restore from another (another
 // host's base tree) fails with a reason rather than in gVisor's loader.
-// A marker without an identity predates the check.
 func sameRootImage(imageDir, image string) error {
-	b, err := os.ReadFile(filepath.Join(imageDir, rootImageMarker))
-	if err != nil {
-		return err
-	}
-	want := strings.TrimSpace(string(b))
+	want, _ := markedImage(imageDir)
 	if want == "" {
 		return nil
 	}

@@ -69,7 +69,7 @@ func TestWithoutGofer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !hasRootImageMarker(saved) {
+	if _, marked := markedImage(saved); !marked {
 		t.Fatal("the checkpoint of a sandbox without a gofer is not marked so")
 	}
 
@@ -135,8 +135,8 @@ func TestWithoutGofer(t *testing.T) {
 		t.Fatalf("restoring with RootImages off: %v", err)
 	}
 	t.Cleanup(func() { f.driver.Kill(context.Background(), later.ID) })
-	if without, err := runsWithoutGofer(f.driver.sandboxDir(later.ID)); err != nil || !without {
-		t.Errorf("restored with RootImages off: without a gofer %v (%v), want true", without, err)
+	if without := runsWithoutGofer(f.driver.sandboxDir(later.ID)); !without {
+		t.Errorf("restored with RootImages off: without a gofer %v, want true", without)
 	}
 }
 
