@@ -8,12 +8,12 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path"
 	"path/filepath"
 	"slices"
 	"strings"
 
+	"github.com/aenvhq/aenv/internal/blockimage"
 	"github.com/aenvhq/aenv/internal/runtime"
 )
 
@@ -116,17 +116,10 @@ func (d *Driver) toolsImage(ctx context.Context, spec runtime.Spec) (string, err
 			return "", fmt.Errorf("making the /.aenv image: %w", err)
 		}
 	}
-	// No Go library writes EROFS; mkfs.erofs is Debian's erofs-utils.
-	// gVisor cannot map inline tails. A restore checks the image's
-	// superblock against the checkpoint's: fixed times, owner and UUID
-	// make the image of the same binaries the same on every host.
-	tmp := out + ".tmp"
-	args := []string{"--quiet", "-Enoinline_data", "-T0", "--all-root", "-U" + toolsImageUUID, tmp, tree}
-	if b, err := exec.CommandContext(ctx, "mkfs.erofs", args...).CombinedOutput(); err != nil {
-		os.Remove(tmp)
-		return "", fmt.Errorf("making the /.aenv image: mkfs.erofs: %w: %s", err, strings.TrimSpace(string(b)))
-	}
-	if err := os.Rename(tmp, out); err != nil {
+	// A restore checks the image's superblock against the checkpoint's:
+	// fixed times, owner and UUID make the image of the same binaries the
+	// same on every host.
+	if err := blockimage.Build(ctx, tree, out, "-T0", "--all-root", "-U"+toolsImageUUID); err != nil {
 		return "", fmt.Errorf("making the /.aenv image: %w", err)
 	}
 	d.log.Info("made the /.aenv image of sandboxes without a gofer", "image", out, "files", strings.Join(names, ","))
