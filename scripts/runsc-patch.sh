@@ -55,8 +55,10 @@ fi
 # sysmon, idle since the sandbox was prepared, sleeps 10 ms between
 # looks. One more P for the restore's first second lets them run at once.
 # Measured with pause/resume of a small sandbox on this 2-CPU host: first
-# connection to envd 10-18 -> 1-3 ms, resume p50 102 -> 79-86 ms. A
-# permanent extra P did the same but cost 0.3 MiB per idle sandbox.
+# connection to envd 10-18 -> 1-3 ms; resume p50 at the API right after
+# its pause 90 -> 71-77 ms, in `aenv bench --suite snapshot` 98-102 ->
+# 85-87 ms (alternating builds). A permanent extra P did the same but
+# cost 0.3 MiB per idle sandbox.
 rr=$src/runsc/boot/restore.go
 perl -0pi -e 's|(\n\tr.timer.Reached\("Starting sandbox"\)\n)|\n\tgomaxprocs.Add(1)\n\ttime2.AfterFunc(time2.Second, func() { gomaxprocs.Add(-1) })$1|' "$rr"
 perl -0pi -e 's|(\n\t"gvisor.dev/gvisor/pkg/fd"\n)|$1\t"gvisor.dev/gvisor/pkg/gomaxprocs"\n|' "$rr"
