@@ -328,12 +328,14 @@ func (d *Driver) RestorePrepared(ctx context.Context, spec runtime.Spec, imageDi
 		}
 	}()
 	dir := d.sandboxDir(spec.ID)
-	if !sameRootMode(dir, imageDir) {
+	recorded := recordedImage(dir)
+	if !sameRootMode(recorded, imageDir) {
 		return fmt.Errorf("restoring into prepared %s: %w", spec.ID, errOtherRootMode)
 	}
 	// The files bound into the guest are read by path when the restore
-	// mounts them: the sandbox's own host name goes in now.
-	if !runsWithoutGofer(dir) {
+	// mounts them: the sandbox's own host name goes in now (a sandbox
+	// without a gofer binds none).
+	if recorded == "" {
 		if err := WriteBundleFiles(dir, spec); err != nil {
 			return fmt.Errorf("restoring into prepared %s: %w", spec.ID, err)
 		}

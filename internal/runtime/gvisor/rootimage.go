@@ -170,14 +170,14 @@ func noteRootImage(dir string, spec runtime.Spec) error {
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(filepath.Join(dir, rootImageID), []byte(id+"\n"), 0o644)
+	return writeIdentity(filepath.Join(dir, rootImageID), id)
 }
 
 // recordedImage is the root image identity the sandbox directory dir
 // records, "" for a sandbox with a gofer.
 func recordedImage(dir string) string {
-	b, _ := os.ReadFile(filepath.Join(dir, rootImageID))
-	return strings.TrimSpace(string(b))
+	id, _ := readIdentity(filepath.Join(dir, rootImageID))
+	return id
 }
 
 // runsWithoutGofer reports whether the sandbox whose directory is dir
@@ -188,8 +188,19 @@ func runsWithoutGofer(dir string) bool { return recordedImage(dir) != "" }
 // saved from, and whether it ran without a gofer at all (a marker without
 // an identity predates the identity).
 func markedImage(imageDir string) (id string, marked bool) {
-	b, err := os.ReadFile(filepath.Join(imageDir, rootImageMarker))
+	return readIdentity(filepath.Join(imageDir, rootImageMarker))
+}
+
+// readIdentity returns the image identity file holds, and whether file
+// is there at all.
+func readIdentity(file string) (string, bool) {
+	b, err := os.ReadFile(file)
 	return strings.TrimSpace(string(b)), err == nil
+}
+
+// writeIdentity writes image identity id into file.
+func writeIdentity(file, id string) error {
+	return os.WriteFile(file, []byte(id+"\n"), 0o644)
 }
 
 // markRootMode leaves rootImageMarker in imageDir when the sandbox whose
@@ -199,15 +210,15 @@ func markRootMode(dir, imageDir string) error {
 	if id == "" {
 		return nil
 	}
-	return os.WriteFile(filepath.Join(imageDir, rootImageMarker), []byte(id+"\n"), 0o644)
+	return writeIdentity(filepath.Join(imageDir, rootImageMarker), id)
 }
 
-// sameRootMode reports whether the prepared sandbox whose directory is
-// dir runs its root as the checkpoint in imageDir was saved: both with a
-// gofer, or both without one from the same image.
-func sameRootMode(dir, imageDir string) bool {
+// sameRootMode reports whether a prepared sandbox whose directory
+// records root image identity got (recordedImage) runs its root as the
+// checkpoint in imageDir was saved: both with a gofer, or both without
+// one from the same image.
+func sameRootMode(got, imageDir string) bool {
 	want, marked := markedImage(imageDir)
-	got := recordedImage(dir)
 	if !marked {
 		return got == ""
 	}
