@@ -6,6 +6,12 @@
 set -euo pipefail
 src=$1
 
+# missing fails the build: what was not found, and where.
+missing() {
+  echo "runsc-patch: $1 was not found in ${*:2}" >&2
+  exit 1
+}
+
 # The sentry reads a snapshot's pages with up to 128 reads at once, and
 # raises GOMAXPROCS by as many for the length of the load (a stop of the
 # world each way, and the collector's share of 130 Ps on a 2-CPU host).
@@ -16,10 +22,8 @@ src=$1
 pf=$src/pkg/sentry/state/stateio/pagesfile.go
 sed -i -e '/^func NewPagesFileFDReaderDefault(/,/^}/ s/pagesFileFDDefaultMaxIOBytes, pagesFileFDDefaultMaxParallel)$/pagesFileFDDefaultMaxIOBytes, min(pagesFileFDDefaultMaxParallel, 4*runtime.GOMAXPROCS(0)))/' \
   -e 's|^\t"gvisor.dev/gvisor/pkg/hostarch"$|\t"runtime"\n\n&|' "$pf"
-if ! grep -q '4\*runtime.GOMAXPROCS(0)' "$pf" || [ "$(grep -c '^	"runtime"$' "$pf")" != 1 ]; then
-  echo "runsc-patch: the pages reader's parallelism was not found in $pf" >&2
-  exit 1
-fi
+{ grep -q '4\*runtime.GOMAXPROCS(0)' "$pf" && [ "$(grep -c '^	"runtime"$' "$pf")" = 1 ]; } ||
+  missing "the pages reader's parallelism" "$pf"
 
 # A root filesystem given as an EROFS image (the dev.gvisor.spec.rootfs
 # annotations) with no bind mounts runs without a gofer process, but
@@ -31,10 +35,8 @@ fi
 ct=$src/runsc/container/container.go
 perl -0pi -e 's|(\tgoferRootfs := fmt.Sprintf\("/proc/%d/root", c.GoferPid.Load\(\)\)\n)|$1\tif c.GoferPid.Load() == 0 {\n\t\tgoferRootfs = "/"\n\t}\n|' "$ct"
 perl -0pi -e 's|\t\tcu.Release\(\)\n\t\treturn ioFiles, nil, nil, nil, nil\n|\t\tfilestores, err := c.createGoferFilestores(conf.GetOverlay2(), mountHints)\n\t\tif err != nil {\n\t\t\treturn nil, nil, nil, nil, err\n\t\t}\n\t\tcu.Release()\n\t\treturn ioFiles, filestores, nil, nil, nil\n|' "$ct"
-if ! grep -q 'goferRootfs = "/"' "$ct" || ! grep -q 'return ioFiles, filestores, nil, nil, nil' "$ct"; then
-  echo "runsc-patch: the goferless root's filestore code was not found in $ct" >&2
-  exit 1
-fi
+{ grep -q 'goferRootfs = "/"' "$ct" && grep -q 'return ioFiles, filestores, nil, nil, nil' "$ct"; } ||
+  missing "the goferless root's filestore code" "$ct"
 
 # A restore checks that the gVisor annotations of the new spec match the
 # checkpoint's, sources of mounts excepted (a restore on another host or
@@ -42,10 +44,8 @@ fi
 # image is such a source: its path is the host's, not the snapshot's.
 rs=$src/runsc/specutils/restore.go
 perl -0pi -e 's|(\tif strings.HasPrefix\(key, mntPrefix\) && strings.HasSuffix\(key, ".source"\) \{\n\t\treturn false\n\t\}\n)|$1\tif key == "dev.gvisor.spec.rootfs.source" {\n\t\treturn false\n\t}\n|' "$rs"
-if ! grep -q 'key == "dev.gvisor.spec.rootfs.source"' "$rs"; then
-  echo "runsc-patch: the restore's annotation check was not found in $rs" >&2
-  exit 1
-fi
+grep -q 'key == "dev.gvisor.spec.rootfs.source"' "$rs" ||
+  missing "the restore's annotation check" "$rs"
 
 # A restored sandbox left its first request waiting 10-18 ms. The sentry
 # runs with as many Go Ps as the sandbox has CPUs (2 here). As a restore
@@ -62,10 +62,8 @@ fi
 rr=$src/runsc/boot/restore.go
 perl -0pi -e 's|(\n\tr.timer.Reached\("Starting sandbox"\)\n)|\n\tgomaxprocs.Add(1)\n\ttime2.AfterFunc(time2.Second, func() { gomaxprocs.Add(-1) })$1|' "$rr"
 perl -0pi -e 's|(\n\t"gvisor.dev/gvisor/pkg/fd"\n)|$1\t"gvisor.dev/gvisor/pkg/gomaxprocs"\n|' "$rr"
-if ! grep -q 'gomaxprocs.Add(1)' "$rr" || ! grep -q '"gvisor.dev/gvisor/pkg/gomaxprocs"' "$rr"; then
-  echo "runsc-patch: the restore's kernel start was not found in $rr" >&2
-  exit 1
-fi
+{ grep -q 'gomaxprocs.Add(1)' "$rr" && grep -q '"gvisor.dev/gvisor/pkg/gomaxprocs"' "$rr"; } ||
+  missing "the restore's kernel start" "$rr"
 
 # The sentry builds the descriptions of its ~400 trace points (a map of
 # fields per system call) at every boot and restore, for trace sessions
@@ -81,7 +79,5 @@ ld=$src/runsc/boot/loader.go
 sc=$src/pkg/sentry/seccheck/config.go
 perl -0pi -e 's|\n\t// Initialize seccheck points.\n\tseccheck.Initialize\(\)\n(\targs.StartupTimer.Reached\("seccheck initialized"\)\n)|\n$1|' "$ld"
 perl -0pi -e 's|(\nfunc findPointDesc\(name string\) \(PointDesc, error\) \{\n)|$1\tInitialize()\n|' "$sc"
-if grep -q 'seccheck.Initialize()' "$ld" || ! grep -Pzq 'func findPointDesc\(name string\) \(PointDesc, error\) \{\n\tInitialize\(\)' "$sc"; then
-  echo "runsc-patch: seccheck's initialisation was not found in $ld and $sc" >&2
-  exit 1
-fi
+{ ! grep -q 'seccheck.Initialize()' "$ld" && grep -Pzq 'func findPointDesc\(name string\) \(PointDesc, error\) \{\n\tInitialize\(\)' "$sc"; } ||
+  missing "seccheck's initialisation" "$ld" "$sc"
