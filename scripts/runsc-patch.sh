@@ -37,6 +37,16 @@ perl -0pi -e 's|(\tgoferRootfs := fmt.Sprintf\("/proc/%d/root", c.GoferPid.Load\
 perl -0pi -e 's|\t\tcu.Release\(\)\n\t\treturn ioFiles, nil, nil, nil, nil\n|\t\tfilestores, err := c.createGoferFilestores(conf.GetOverlay2(), mountHints)\n\t\tif err != nil {\n\t\t\treturn nil, nil, nil, nil, err\n\t\t}\n\t\tcu.Release()\n\t\treturn ioFiles, filestores, nil, nil, nil\n|' "$ct"
 { grep -q 'goferRootfs = "/"' "$ct" && grep -q 'return ioFiles, filestores, nil, nil, nil' "$ct"; } ||
   missing "the goferless root's filestore code" "$ct"
+# What aenv's driver asks a runsc for (`runsc aenv-edits`, served by
+# scripts/runsc-main) before it runs sandboxes without a gofer: a stock
+# runsc would keep their writes in memory, silently.
+cat > "$src/runsc/version/aenv_edits.go" <<'GO'
+package version
+
+// AenvEdits names the edits of aenv's scripts/runsc-patch.sh that aenv
+// relies on, separated by spaces.
+const AenvEdits = "goferless-filestore"
+GO
 
 # A restore checks that the gVisor annotations of the new spec match the
 # checkpoint's, sources of mounts excepted (a restore on another host or

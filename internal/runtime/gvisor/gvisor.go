@@ -157,6 +157,12 @@ func New(cfg Config) (*Driver, error) {
 		cfg.Logger.Warn("sandboxes run with a gofer: mkfs.erofs is not installed (apt-get install erofs-utils)")
 		rootImages = false
 	}
+	if rootImages {
+		if err := requireEdit(cfg.RunscPath, goferlessEdit); err != nil {
+			cfg.Logger.Warn("sandboxes run with a gofer: without one a stock runsc keeps a sandbox's files in its memory", "err", err)
+			rootImages = false
+		}
+	}
 	d := &Driver{
 		cfg:     cfg,
 		cg:      cg,

@@ -8,10 +8,12 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path"
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/aenvhq/aenv/internal/blockimage"
 	"github.com/aenvhq/aenv/internal/runtime"
@@ -27,6 +29,31 @@ const rootImageMarker = "aenv-root-image"
 // the other way (with or without a gofer) than the snapshot's sandbox did,
 // or from another image.
 var errOtherRootMode = errors.New("the prepared sandbox mounts its root otherwise than the snapshot's")
+
+// goferlessEdit is the edit of aenv's runsc build (scripts/runsc-patch.sh)
+// that a sandbox without a gofer needs: without it runsc gives the root's
+// overlay no file on disk, and the sandbox's writes stay in its memory,
+// beyond --disk and charged to the host's memory.
+const goferlessEdit = "goferless-filestore"
+
+// editsTimeout bounds `runsc aenv-edits`, a process start.
+const editsTimeout = 30 * time.Second
+
+// requireEdit checks that the runsc at path is aenv's build with edit:
+// `runsc aenv-edits` (scripts/runsc-main) lists its edits, and a stock
+// runsc refuses the command.
+func requireEdit(path, edit string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), editsTimeout)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, path, "aenv-edits").Output()
+	if err != nil {
+		return fmt.Errorf("%s is not aenv's runsc build (scripts/install-deps.sh builds it): runsc aenv-edits: %w", path, err)
+	}
+	if !slices.Contains(strings.Fields(string(out)), edit) {
+		return fmt.Errorf("%s lacks aenv's edit %q (it has %q): rebuild it with scripts/install-deps.sh", path, edit, strings.Fields(string(out)))
+	}
+	return nil
+}
 
 // withoutGoferOK reports whether spec's sandbox can run without a gofer:
 // the root is an image file on this host, and everything bound in is a

@@ -24,6 +24,9 @@ import (
 func TestWithoutGofer(t *testing.T) {
 	f := setupConfig(t, Config{RootImages: true})
 	mkfs := testutil.RequireBinary(t, "mkfs.erofs", "")
+	if err := requireEdit(f.driver.cfg.RunscPath, goferlessEdit); err != nil || !f.driver.rootImages {
+		t.Fatalf("the driver runs sandboxes without a gofer: %v (%v), want true with aenv's runsc build", f.driver.rootImages, err)
+	}
 	ctx := context.Background()
 	t.Cleanup(func() { f.driver.Close() })
 	img := filepath.Join(t.TempDir(), "root.erofs")
@@ -197,5 +200,33 @@ func TestToolsImageSameEverywhere(t *testing.T) {
 	}
 	if !bytes.Equal(a, b) {
 		t.Fatal("two hosts' /.aenv images of the same binary differ")
+	}
+}
+
+// TestRequireEdit: a runsc that refuses `aenv-edits` (as a stock runsc
+// does: its usage, exit status 128) or lists other edits fails the check,
+// naming the binary; aenv's build passes. (The real build is checked in
+// TestWithoutGofer.)
+func TestRequireEdit(t *testing.T) {
+	dir := t.TempDir()
+	for _, tt := range []struct {
+		name, script string
+		ok           bool
+	}{
+		{"stock", "echo 'Usage: runsc <flags> <subcommand> <subcommand args>' >&2; exit 128", false},
+		{"older", "echo other-edit", false},
+		{"aenv", "printf 'other-edit\\ngoferless-filestore\\n'", true},
+	} {
+		path := filepath.Join(dir, tt.name)
+		if err := os.WriteFile(path, []byte("#!/bin/sh\n[ \"$*\" = aenv-edits ] || exit 3\n"+tt.script+"\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		err := requireEdit(path, goferlessEdit)
+		if (err == nil) != tt.ok {
+			t.Errorf("%s: requireEdit = %v, want ok %v", tt.name, err, tt.ok)
+		}
+		if err != nil && !strings.Contains(err.Error(), path) {
+			t.Errorf("%s: the error does not name the binary: %v", tt.name, err)
+		}
 	}
 }
