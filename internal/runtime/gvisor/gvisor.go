@@ -193,6 +193,7 @@ func New(cfg Config) (*Driver, error) {
 		},
 	}
 	d.runc.ExtraArgs = append(d.runc.ExtraArgs, d.fastPathFlags...)
+	d.pruneToolsImages()
 	ctx, cancel := context.WithCancel(context.Background())
 	d.stopWatch = cancel
 	d.watching.Add(1)

@@ -4,9 +4,11 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path"
@@ -14,6 +16,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/aenvhq/aenv/internal/blockimage"
 	"github.com/aenvhq/aenv/internal/runtime"
@@ -151,6 +155,55 @@ func (d *Driver) toolsImage(ctx context.Context, spec runtime.Spec) (string, err
 	}
 	d.log.Info("made the /.aenv image of sandboxes without a gofer", "image", out, "files", strings.Join(names, ","))
 	return out, nil
+}
+
+// pruneToolsImages removes what the images directory holds that no
+// sandbox of the state directory names as a mount source: /.aenv images
+// of binaries replaced since (each set of binaries has its own, so every
+// upgrade or rebuild of envd left one more behind, 10-20 MB of the run
+// directory, a tmpfs by default, so of the host's memory) and the trees
+// of makings cut short. A restore makes the image of the binaries it runs
+// with, so only sandboxes that run (kept over a restart, their specs in
+// their directories) still need an older one. It runs in New, before
+// anything makes an image; a spec it cannot read keeps them all.
+func (d *Driver) pruneToolsImages() {
+	entries, err := os.ReadDir(d.imagesDir())
+	if err != nil {
+		return // none made yet
+	}
+	used := map[string]bool{}
+	files, err := filepath.Glob(filepath.Join(d.cfg.StateDir, "sandboxes", "*", "config.json"))
+	if err != nil {
+		return
+	}
+	for _, f := range files {
+		var s specs.Spec
+		b, err := os.ReadFile(f)
+		if err == nil {
+			err = json.Unmarshal(b, &s)
+		}
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // its sandbox was removed meanwhile
+		}
+		if err != nil {
+			d.log.Warn("keeping every /.aenv image: a sandbox's spec is unreadable", "spec", f, "err", err)
+			return
+		}
+		for _, m := range s.Mounts {
+			used[m.Source] = true
+		}
+	}
+	for _, e := range entries {
+		p := filepath.Join(d.imagesDir(), e.Name())
+		if used[p] {
+			continue
+		}
+		if err := os.RemoveAll(p); err != nil {
+			d.log.Warn("removing an unused /.aenv image", "image", p, "err", err)
+			continue
+		}
+		d.log.Info("removed a /.aenv image no sandbox uses", "image", p)
+	}
 }
 
 // toolsImageUUID is every /.aenv image's UUID (see toolsImage).

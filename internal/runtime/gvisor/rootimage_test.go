@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/aenvhq/aenv/internal/runtime"
+	"github.com/aenvhq/aenv/internal/runtime/cgroups"
 	"github.com/aenvhq/aenv/internal/testutil"
 )
 
@@ -228,5 +229,67 @@ func TestRequireEdit(t *testing.T) {
 		if err != nil && !strings.Contains(err.Error(), path) {
 			t.Errorf("%s: the error does not name the binary: %v", tt.name, err)
 		}
+	}
+}
+
+// TestNewPrunesToolsImages: a driver starting over a state directory
+// removes the /.aenv images no sandbox's spec mounts (and an image tree
+// left half made), keeps the one a sandbox kept over the restart runs
+// with, and keeps all of them when a spec cannot be read. It needs no
+// root: the driver runs over a fake cgroup tree and starts no sandbox.
+func TestNewPrunesToolsImages(t *testing.T) {
+	cgRoot := t.TempDir()
+	for _, c := range []string{"memory", "cpu", "cpuacct", "pids"} {
+		if err := os.Mkdir(filepath.Join(cgRoot, c), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cg, err := cgroups.Open(cgroups.Options{Root: cgRoot})
+	if err != nil {
+		t.Fatal(err)
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	state := t.TempDir()
+	images := filepath.Join(state, "images")
+	used, old, tree := filepath.Join(images, "aenv-used.erofs"), filepath.Join(images, "aenv-old.erofs"), filepath.Join(images, "aenv-half.erofs.d")
+	for _, dir := range []string{tree, filepath.Join(state, "sandboxes", "kept")} {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, f := range []string{used, old, filepath.Join(tree, "envd")} {
+		if err := os.WriteFile(f, []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	spec := filepath.Join(state, "sandboxes", "kept", "config.json")
+	start := func(specJSON string) {
+		t.Helper()
+		if err := os.WriteFile(spec, []byte(specJSON), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		d, err := New(Config{RunscPath: exe, StateDir: state, Cgroups: cg, PidsTotal: 100, CgroupParent: "/aenvprune", Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exists := func(p string) bool { _, err := os.Stat(p); return err == nil }
+
+	start(`{"mounts": [{"destination": "/.aenv", "type": "erofs", "source": "` + used + `"}`)
+	if !exists(used) || !exists(old) || !exists(tree) {
+		t.Fatalf("images removed though a spec could not be read: used %v, old %v, tree %v", exists(used), exists(old), exists(tree))
+	}
+	start(`{"mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}, {"destination": "/.aenv", "type": "erofs", "source": "` + used + `"}]}`)
+	if !exists(used) {
+		t.Error("the image a kept sandbox runs with was removed")
+	}
+	if exists(old) || exists(tree) {
+		t.Errorf("unused images kept: old %v, half-made tree %v", exists(old), exists(tree))
 	}
 }
