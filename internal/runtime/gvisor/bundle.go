@@ -46,7 +46,7 @@ func writeBundle(dir string, spec runtime.Spec, cgroupPath, toolsImage string) e
 		}
 	} else {
 		withoutGofer(s, spec, toolsImage)
-		if err := noteRootImage(dir, spec); err != nil {
+		if err := noteRootImage(dir, spec, toolsImage); err != nil {
 			return err
 		}
 	}

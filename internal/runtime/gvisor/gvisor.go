@@ -339,6 +339,11 @@ func (d *Driver) RestorePrepared(ctx context.Context, spec runtime.Spec, imageDi
 	if !sameRootMode(recorded, imageDir) {
 		return fmt.Errorf("restoring into prepared %s: %w", spec.ID, errOtherRootMode)
 	}
+	if tools, ok := readIdentity(filepath.Join(dir, toolsImageID)); ok {
+		if want, ok := readIdentity(filepath.Join(imageDir, toolsImageMarker)); ok && want != "" && want != tools {
+			return fmt.Errorf("restoring into prepared %s: %w", spec.ID, errOtherTools)
+		}
+	}
 	// The files bound into the guest are read by path when the restore
 	// mounts them: the sandbox's own host name goes in now (a sandbox
 	// without a gofer binds none).

@@ -94,7 +94,14 @@ func (d *Driver) rootMode(ctx context.Context, spec runtime.Spec, mode startMode
 		if err := sameRootImage(imageDir, spec.Root.Image); err != nil {
 			return "", err
 		}
-		return d.toolsImage(ctx, spec)
+		img, err := d.toolsImage(ctx, spec)
+		if err != nil {
+			return "", err
+		}
+		if err := sameToolsImage(imageDir, img); err != nil {
+			return "", err
+		}
+		return img, nil
 	}
 	if !d.rootImages || !withoutGoferOK(spec) {
 		return "", nil
@@ -243,11 +250,28 @@ func linkOrCopy(src, dst string) error {
 // for a sandbox without a gofer.
 const rootImageID = "root-image-id"
 
-// noteRootImage records the identity of spec's root image in dir, the
-// directory of its sandbox, which runs without a gofer.
-func noteRootImage(dir string, spec runtime.Spec) error {
+// toolsImageID, in a sandbox's directory, is the identity of its /.aenv
+// image, and toolsImageMarker the same in a checkpoint's: gVisor restores
+// /.aenv only from an image with the same superblock, and a restore makes
+// the image of the binaries it runs with (toolsImage).
+const (
+	toolsImageID     = "tools-image-id"
+	toolsImageMarker = "aenv-tools-image"
+)
+
+// noteRootImage records the identities of spec's root image and of the
+// /.aenv image toolsImage in dir, the directory of its sandbox, which runs
+// without a gofer.
+func noteRootImage(dir string, spec runtime.Spec, toolsImage string) error {
 	id, err := imageIdentity(spec.Root.Image)
 	if err != nil {
+		return err
+	}
+	tools, err := imageIdentity(toolsImage)
+	if err != nil {
+		return err
+	}
+	if err := writeIdentity(filepath.Join(dir, toolsImageID), tools); err != nil {
 		return err
 	}
 	return writeIdentity(filepath.Join(dir, rootImageID), id)
@@ -284,13 +308,43 @@ func writeIdentity(file, id string) error {
 }
 
 // markRootMode leaves rootImageMarker in imageDir when the sandbox whose
-// directory is dir runs without a gofer.
+// directory is dir runs without a gofer, and toolsImageMarker beside it.
 func markRootMode(dir, imageDir string) error {
 	id := recordedImage(dir)
 	if id == "" {
 		return nil
 	}
+	if tools, ok := readIdentity(filepath.Join(dir, toolsImageID)); ok {
+		if err := writeIdentity(filepath.Join(imageDir, toolsImageMarker), tools); err != nil {
+			return err
+		}
+	}
 	return writeIdentity(filepath.Join(imageDir, rootImageMarker), id)
+}
+
+// errOtherTools is a restore whose checkpoint ran envd (and the
+// template's tools) from another /.aenv image than this host makes of its
+// binaries: aenv was upgraded or rebuilt since the pause, or the node
+// restoring it runs another build. gVisor would refuse it too, with a
+// dump of its state; the saved memory cannot run against other binaries.
+var errOtherTools = errors.New("its snapshot was saved under another build of envd than this host runs (aenv was upgraded or rebuilt since): only a host running the build that saved it can restore it")
+
+// sameToolsImage checks that the /.aenv image tools is the one the
+// checkpoint in imageDir was saved with, where the checkpoint says (older
+// checkpoints do not).
+func sameToolsImage(imageDir, tools string) error {
+	want, ok := readIdentity(filepath.Join(imageDir, toolsImageMarker))
+	if !ok || want == "" {
+		return nil
+	}
+	got, err := imageIdentity(tools)
+	if err != nil {
+		return err
+	}
+	if got != want {
+		return errOtherTools
+	}
+	return nil
 }
 
 // sameRootMode reports whether a prepared sandbox whose directory

@@ -76,6 +76,9 @@ func TestWithoutGofer(t *testing.T) {
 	if _, marked := markedImage(saved); !marked {
 		t.Fatal("the checkpoint of a sandbox without a gofer is not marked so")
 	}
+	if tools, ok := readIdentity(filepath.Join(saved, toolsImageMarker)); !ok || tools == "" {
+		t.Fatal("the checkpoint does not record its /.aenv image")
+	}
 
 	withGofer, _ := f.spec(t, "gvglg")
 	if err := f.driver.Prepare(ctx, withGofer); err != nil {
@@ -291,5 +294,36 @@ func TestNewPrunesToolsImages(t *testing.T) {
 	}
 	if exists(old) || exists(tree) {
 		t.Errorf("unused images kept: old %v, half-made tree %v", exists(old), exists(tree))
+	}
+}
+
+// TestSameToolsImage: a checkpoint records the /.aenv image its sandbox
+// ran with; a restore against the same image passes, one against another
+// build's image fails with errOtherTools (before runsc dumps its state),
+// and a checkpoint that predates the record passes.
+func TestSameToolsImage(t *testing.T) {
+	dir, sandbox, saved := t.TempDir(), t.TempDir(), t.TempDir()
+	image := func(name string, b byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, bytes.Repeat([]byte{b}, 4096), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	root, tools, upgraded := image("root", 1), image("tools", 2), image("upgraded", 3)
+	if err := sameToolsImage(saved, upgraded); err != nil {
+		t.Fatalf("a checkpoint without the record: %v", err)
+	}
+	if err := noteRootImage(sandbox, runtime.Spec{Root: runtime.RootFS{Image: root}}, tools); err != nil {
+		t.Fatal(err)
+	}
+	if err := markRootMode(sandbox, saved); err != nil {
+		t.Fatal(err)
+	}
+	if err := sameToolsImage(saved, tools); err != nil {
+		t.Errorf("the same /.aenv image: %v", err)
+	}
+	if err := sameToolsImage(saved, upgraded); !errors.Is(err, errOtherTools) {
+		t.Errorf("another build's /.aenv image: %v, want errOtherTools", err)
 	}
 }
