@@ -19,21 +19,7 @@ import (
 // driver runs over a fake cgroup tree and starts no sandbox.
 func TestCloseStopsWatchingExits(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	root := t.TempDir()
-	for _, c := range []string{"memory", "cpu", "cpuacct", "pids"} {
-		if err := os.Mkdir(filepath.Join(root, c), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	cg, err := cgroups.Open(cgroups.Options{Root: root})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// New only checks that runsc is there: any file does.
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
+	cg, root, exe := fakeHost(t)
 	var logs strings.Builder
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	d, err := New(Config{RunscPath: exe, StateDir: t.TempDir(), Cgroups: cg, PidsTotal: 100, CgroupParent: "/aenvleak", Logger: log})
@@ -61,4 +47,25 @@ func TestCloseStopsWatchingExits(t *testing.T) {
 	if err := d.Close(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// fakeHost is what New needs of a host without root: a fake cgroup v1
+// tree (the hierarchy, and its root directory) and a file standing for
+// runsc (New only checks that it is there, unless RootImages asks it).
+func fakeHost(t *testing.T) (cg cgroups.Hierarchy, root, runsc string) {
+	t.Helper()
+	root = t.TempDir()
+	for _, c := range []string{"memory", "cpu", "cpuacct", "pids"} {
+		if err := os.Mkdir(filepath.Join(root, c), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cg, err := cgroups.Open(cgroups.Options{Root: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if runsc, err = os.Executable(); err != nil {
+		t.Fatal(err)
+	}
+	return cg, root, runsc
 }

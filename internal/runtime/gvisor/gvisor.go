@@ -340,8 +340,8 @@ func (d *Driver) RestorePrepared(ctx context.Context, spec runtime.Spec, imageDi
 		return fmt.Errorf("restoring into prepared %s: %w", spec.ID, errOtherRootMode)
 	}
 	if tools, ok := readIdentity(filepath.Join(dir, toolsImageID)); ok {
-		if want, ok := readIdentity(filepath.Join(imageDir, toolsImageMarker)); ok && want != "" && want != tools {
-			return fmt.Errorf("restoring into prepared %s: %w", spec.ID, errOtherTools)
+		if err := sameToolsImage(imageDir, tools); err != nil {
+			return fmt.Errorf("restoring into prepared %s: %w", spec.ID, err)
 		}
 	}
 	// The files bound into the guest are read by path when the restore

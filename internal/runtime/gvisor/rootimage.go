@@ -98,7 +98,11 @@ func (d *Driver) rootMode(ctx context.Context, spec runtime.Spec, mode startMode
 		if err != nil {
 			return "", err
 		}
-		if err := sameToolsImage(imageDir, img); err != nil {
+		id, err := imageIdentity(img)
+		if err != nil {
+			return "", err
+		}
+		if err := sameToolsImage(imageDir, id); err != nil {
 			return "", err
 		}
 		return img, nil
@@ -329,19 +333,11 @@ func markRootMode(dir, imageDir string) error {
 // dump of its state; the saved memory cannot run against other binaries.
 var errOtherTools = errors.New("its snapshot was saved under another build of envd than this host runs (aenv was upgraded or rebuilt since): only a host running the build that saved it can restore it")
 
-// sameToolsImage checks that the /.aenv image tools is the one the
-// checkpoint in imageDir was saved with, where the checkpoint says (older
-// checkpoints do not).
-func sameToolsImage(imageDir, tools string) error {
-	want, ok := readIdentity(filepath.Join(imageDir, toolsImageMarker))
-	if !ok || want == "" {
-		return nil
-	}
-	got, err := imageIdentity(tools)
-	if err != nil {
-		return err
-	}
-	if got != want {
+// sameToolsImage checks that the /.aenv image of identity got is the one
+// the checkpoint in imageDir was saved with, where the checkpoint says
+// (older checkpoints do not).
+func sameToolsImage(imageDir, got string) error {
+	if want, _ := readIdentity(filepath.Join(imageDir, toolsImageMarker)); want != "" && want != got {
 		return errOtherTools
 	}
 	return nil

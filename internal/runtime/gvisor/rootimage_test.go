@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/aenvhq/aenv/internal/runtime"
-	"github.com/aenvhq/aenv/internal/runtime/cgroups"
 	"github.com/aenvhq/aenv/internal/testutil"
 )
 
@@ -241,20 +240,7 @@ func TestRequireEdit(t *testing.T) {
 // with, and keeps all of them when a spec cannot be read. It needs no
 // root: the driver runs over a fake cgroup tree and starts no sandbox.
 func TestNewPrunesToolsImages(t *testing.T) {
-	cgRoot := t.TempDir()
-	for _, c := range []string{"memory", "cpu", "cpuacct", "pids"} {
-		if err := os.Mkdir(filepath.Join(cgRoot, c), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	cg, err := cgroups.Open(cgroups.Options{Root: cgRoot})
-	if err != nil {
-		t.Fatal(err)
-	}
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
+	cg, _, exe := fakeHost(t)
 	state := t.TempDir()
 	images := filepath.Join(state, "images")
 	used, old, tree := filepath.Join(images, "aenv-used.erofs"), filepath.Join(images, "aenv-old.erofs"), filepath.Join(images, "aenv-half.erofs.d")
@@ -311,7 +297,14 @@ func TestSameToolsImage(t *testing.T) {
 		return p
 	}
 	root, tools, upgraded := image("root", 1), image("tools", 2), image("upgraded", 3)
-	if err := sameToolsImage(saved, upgraded); err != nil {
+	identity := func(image string) string {
+		id, err := imageIdentity(image)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	if err := sameToolsImage(saved, identity(upgraded)); err != nil {
 		t.Fatalf("a checkpoint without the record: %v", err)
 	}
 	if err := noteRootImage(sandbox, runtime.Spec{Root: runtime.RootFS{Image: root}}, tools); err != nil {
@@ -320,10 +313,10 @@ func TestSameToolsImage(t *testing.T) {
 	if err := markRootMode(sandbox, saved); err != nil {
 		t.Fatal(err)
 	}
-	if err := sameToolsImage(saved, tools); err != nil {
+	if err := sameToolsImage(saved, identity(tools)); err != nil {
 		t.Errorf("the same /.aenv image: %v", err)
 	}
-	if err := sameToolsImage(saved, upgraded); !errors.Is(err, errOtherTools) {
+	if err := sameToolsImage(saved, identity(upgraded)); !errors.Is(err, errOtherTools) {
 		t.Errorf("another build's /.aenv image: %v, want errOtherTools", err)
 	}
 }
