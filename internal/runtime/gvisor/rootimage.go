@@ -288,10 +288,6 @@ func recordedImage(dir string) string {
 	return id
 }
 
-// runsWithoutGofer reports whether the sandbox whose directory is dir
-// runs without a gofer.
-func runsWithoutGofer(dir string) bool { return recordedImage(dir) != "" }
-
 // markedImage is the root image identity the checkpoint in imageDir was
 // saved from, and whether it ran without a gofer at all (a marker without
 // an identity predates the identity).

@@ -141,7 +141,7 @@ func TestWithoutGofer(t *testing.T) {
 		t.Fatalf("restoring with RootImages off: %v", err)
 	}
 	t.Cleanup(func() { f.driver.Kill(context.Background(), later.ID) })
-	if without := runsWithoutGofer(f.driver.sandboxDir(later.ID)); !without {
+	if without := recordedImage(f.driver.sandboxDir(later.ID)) != ""; !without {
 		t.Errorf("restored with RootImages off: without a gofer %v, want true", without)
 	}
 }
