@@ -199,11 +199,21 @@ func TestResumeDoesNotWaitForTheRelease(t *testing.T) {
 	// The paused sandbox dies on its own before its release ends: that is
 	// not the resumed one's death. A prestarted sandbox's death after it
 	// tells when the exits were handled.
-	waitFor(t, func() bool { return len(n.pool.listOf(false)) == 1 }, "the prestarted sandbox of the floor")
-	marker := n.pool.listOf(false)[0].ID
+	// Each condition reads the pool once: the pool changes between reads.
+	var marker string
+	waitFor(t, func() bool {
+		if l := n.pool.listOf(false); len(l) == 1 {
+			marker = l[0].ID
+			return true
+		}
+		return false
+	}, "the prestarted sandbox of the floor")
 	h.rt.crash(oldRT, false)
 	h.rt.crash(marker, false)
-	waitFor(t, func() bool { return len(n.pool.listOf(false)) == 0 || n.pool.listOf(false)[0].ID != marker }, "the prestarted sandbox's death")
+	waitFor(t, func() bool {
+		l := n.pool.listOf(false)
+		return len(l) == 0 || l[0].ID != marker
+	}, "the prestarted sandbox's death")
 	if got, err := n.Get(sb.ID); err != nil || got.rt() != resumed.rt() {
 		t.Fatalf("after the paused sandbox died: the resumed one is %v, %v", got, err)
 	}
