@@ -389,7 +389,9 @@ func gvisorConfig(cfg Config, log *slog.Logger) gvisor.Config {
 		CgroupParent: "/" + cfg.NetnsTag,
 		FastPath:     cfg.FastPath,
 		RootImages:   cfg.RootImages,
-		Logger:       log,
+		// Beside the snapshots, which keep hard links to them.
+		ImagesDir: filepath.Join(cfg.DataDir, "tools-images"),
+		Logger:    log,
 	}
 }
 

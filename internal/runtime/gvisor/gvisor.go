@@ -59,6 +59,12 @@ type Config struct {
 	// build (scripts/install-deps.sh), whose patch keeps their files on
 	// disk, and mkfs.erofs.
 	RootImages bool
+	// ImagesDir holds the /.aenv images of sandboxes without a gofer;
+	// empty means StateDir/images. It belongs on the file system of the
+	// snapshots: each checkpoint keeps a hard link to its sandbox's image
+	// (a copy across file systems), so that a later build of envd can
+	// still restore it.
+	ImagesDir string
 	// Logger receives the driver's logs.
 	Logger *slog.Logger
 }

@@ -102,7 +102,9 @@ func (d *Driver) rootMode(ctx context.Context, spec runtime.Spec, mode startMode
 		if err != nil {
 			return "", err
 		}
-		if err := sameToolsImage(imageDir, id); err != nil {
+		if err := sameToolsImage(imageDir, id); errors.Is(err, errOtherTools) {
+			return d.adoptSavedTools(imageDir, spec.ID)
+		} else if err != nil {
 			return "", err
 		}
 		return img, nil
@@ -171,21 +173,49 @@ func (d *Driver) toolsImage(ctx context.Context, spec runtime.Spec) (string, err
 // pruneToolsImages removes what the images directory holds that no
 // sandbox of the state directory names as a mount source: /.aenv images
 // of binaries replaced since (each set of binaries has its own, so every
-// upgrade or rebuild of envd left one more behind, 10-20 MB of the run
-// directory, a tmpfs by default, so of the host's memory) and the trees
-// of makings cut short. A restore makes the image of the binaries it runs
-// with, so only sandboxes that run (kept over a restart, their specs in
-// their directories) still need an older one. It runs in New, before
-// anything makes an image; a spec it cannot read keeps them all.
+// upgrade or rebuild of envd left one more behind, 10-20 MB each) and the
+// trees of makings cut short. A checkpoint keeps its own link to its
+// image, and a restore adopts it again (adoptSavedTools), so only
+// sandboxes that run (kept over a restart, their specs in their
+// directories) need one here. It runs in New, before anything makes an
+// image; a spec it cannot read keeps them all. The images directory of
+// builds before Config.ImagesDir, in the state directory, goes the same
+// way.
 func (d *Driver) pruneToolsImages() {
-	entries, err := os.ReadDir(d.imagesDir())
-	if err != nil {
-		return // none made yet
+	used, ok := d.mountedImages()
+	if !ok {
+		return
 	}
+	dirs := []string{d.imagesDir()}
+	if legacy := filepath.Join(d.cfg.StateDir, "images"); legacy != dirs[0] {
+		dirs = append(dirs, legacy)
+	}
+	for _, dir := range dirs {
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			continue // none made yet
+		}
+		for _, e := range entries {
+			p := filepath.Join(dir, e.Name())
+			if used[p] {
+				continue
+			}
+			if err := os.RemoveAll(p); err != nil {
+				d.log.Warn("removing an unused /.aenv image", "image", p, "err", err)
+				continue
+			}
+			d.log.Info("removed a /.aenv image no sandbox uses", "image", p)
+		}
+	}
+}
+
+// mountedImages is the set of the mount sources of the sandboxes in the
+// state directory, and false when a spec cannot be read.
+func (d *Driver) mountedImages() (map[string]bool, bool) {
 	used := map[string]bool{}
 	files, err := filepath.Glob(filepath.Join(d.cfg.StateDir, "sandboxes", "*", "config.json"))
 	if err != nil {
-		return
+		return nil, false
 	}
 	for _, f := range files {
 		var s specs.Spec
@@ -198,32 +228,62 @@ func (d *Driver) pruneToolsImages() {
 		}
 		if err != nil {
 			d.log.Warn("keeping every /.aenv image: a sandbox's spec is unreadable", "spec", f, "err", err)
-			return
+			return nil, false
 		}
 		for _, m := range s.Mounts {
 			used[m.Source] = true
 		}
 	}
-	for _, e := range entries {
-		p := filepath.Join(d.imagesDir(), e.Name())
-		if used[p] {
-			continue
-		}
-		if err := os.RemoveAll(p); err != nil {
-			d.log.Warn("removing an unused /.aenv image", "image", p, "err", err)
-			continue
-		}
-		d.log.Info("removed a /.aenv image no sandbox uses", "image", p)
+	return used, true
+}
+
+// adoptSavedTools returns the /.aenv image that the checkpoint in
+// imageDir keeps (savedToolsImage), made one of the driver's images: the
+// restore of sandbox id runs under the build of envd that saved it, whose
+// memory the checkpoint holds, rather than this host's. A checkpoint from
+// before checkpoints kept their image fails with errOtherTools.
+func (d *Driver) adoptSavedTools(imageDir, id string) (string, error) {
+	want, _ := readIdentity(filepath.Join(imageDir, toolsImageMarker))
+	saved := filepath.Join(imageDir, savedToolsImage)
+	if got, err := imageIdentity(saved); errors.Is(err, fs.ErrNotExist) {
+		return "", errOtherTools
+	} else if err != nil || got != want {
+		return "", fmt.Errorf("the /.aenv image its snapshot keeps is not the one it was saved with (%v)", err)
 	}
+	out := filepath.Join(d.imagesDir(), "saved-"+want[:16]+".erofs")
+	d.imageMu.Lock()
+	defer d.imageMu.Unlock()
+	if got, err := imageIdentity(out); err == nil && got == want {
+		return out, nil
+	}
+	if err := os.MkdirAll(d.imagesDir(), 0o755); err != nil {
+		return "", fmt.Errorf("adopting the /.aenv image of the snapshot: %w", err)
+	}
+	tmp := out + ".tmp"
+	os.Remove(tmp)
+	if err := linkOrCopy(saved, tmp); err != nil {
+		return "", fmt.Errorf("adopting the /.aenv image of the snapshot: %w", err)
+	}
+	if err := os.Rename(tmp, out); err != nil {
+		os.Remove(tmp)
+		return "", fmt.Errorf("adopting the /.aenv image of the snapshot: %w", err)
+	}
+	d.log.Info("restoring under the envd build its snapshot was saved with, not this host's", "sandbox_id", id, "image", out)
+	return out, nil
 }
 
 // toolsImageUUID is every /.aenv image's UUID (see toolsImage).
 const toolsImageUUID = "ae7e0000-0000-4000-8000-00000000ae7e"
 
-func (d *Driver) imagesDir() string { return filepath.Join(d.cfg.StateDir, "images") }
+func (d *Driver) imagesDir() string {
+	if d.cfg.ImagesDir != "" {
+		return d.cfg.ImagesDir
+	}
+	return filepath.Join(d.cfg.StateDir, "images")
+}
 
 // linkOrCopy makes dst a hard link to src, or a copy where src is on
-// another file system.
+// another file system (or may not be linked).
 func linkOrCopy(src, dst string) error {
 	if err := os.Link(src, dst); err == nil {
 		return nil
@@ -256,16 +316,21 @@ const rootImageID = "root-image-id"
 
 // toolsImageID, in a sandbox's directory, is the identity of its /.aenv
 // image, and toolsImageMarker the same in a checkpoint's: gVisor restores
-// /.aenv only from an image with the same superblock, and a restore makes
-// the image of the binaries it runs with (toolsImage).
+// /.aenv only from an image with the same superblock. toolsImagePath, in
+// the sandbox's directory, is the image's path, and savedToolsImage the
+// image itself in the checkpoint's: a restore under the build that saved
+// it uses the image of the binaries it runs with (toolsImage), one under
+// another build the checkpoint's own (adoptSavedTools).
 const (
 	toolsImageID     = "tools-image-id"
 	toolsImageMarker = "aenv-tools-image"
+	toolsImagePath   = "tools-image"
+	savedToolsImage  = "aenv-tools.erofs"
 )
 
 // noteRootImage records the identities of spec's root image and of the
 // /.aenv image toolsImage in dir, the directory of its sandbox, which runs
-// without a gofer.
+// without a gofer, and toolsImage's path.
 func noteRootImage(dir string, spec runtime.Spec, toolsImage string) error {
 	id, err := imageIdentity(spec.Root.Image)
 	if err != nil {
@@ -276,6 +341,9 @@ func noteRootImage(dir string, spec runtime.Spec, toolsImage string) error {
 		return err
 	}
 	if err := writeIdentity(filepath.Join(dir, toolsImageID), tools); err != nil {
+		return err
+	}
+	if err := writeIdentity(filepath.Join(dir, toolsImagePath), toolsImage); err != nil {
 		return err
 	}
 	return writeIdentity(filepath.Join(dir, rootImageID), id)
@@ -308,7 +376,10 @@ func writeIdentity(file, id string) error {
 }
 
 // markRootMode leaves rootImageMarker in imageDir when the sandbox whose
-// directory is dir runs without a gofer, and toolsImageMarker beside it.
+// directory is dir runs without a gofer, and toolsImageMarker and the
+// /.aenv image itself (savedToolsImage: a hard link on the same file
+// system, so a few microseconds of a pause, and the store uploads it once
+// per build since it keeps chunks by content) beside it.
 func markRootMode(dir, imageDir string) error {
 	id := recordedImage(dir)
 	if id == "" {
@@ -319,15 +390,23 @@ func markRootMode(dir, imageDir string) error {
 			return err
 		}
 	}
+	// A sandbox started by a build that did not record the path goes
+	// without: its checkpoint restores under the same build only.
+	if image, ok := readIdentity(filepath.Join(dir, toolsImagePath)); ok {
+		if err := linkOrCopy(image, filepath.Join(imageDir, savedToolsImage)); err != nil {
+			return fmt.Errorf("keeping the /.aenv image with the checkpoint: %w", err)
+		}
+	}
 	return writeIdentity(filepath.Join(imageDir, rootImageMarker), id)
 }
 
 // errOtherTools is a restore whose checkpoint ran envd (and the
 // template's tools) from another /.aenv image than this host makes of its
-// binaries: aenv was upgraded or rebuilt since the pause, or the node
-// restoring it runs another build. gVisor would refuse it too, with a
+// binaries (aenv was upgraded or rebuilt since the pause, or the node
+// restoring it runs another build) and does not keep that image, having
+// been saved before checkpoints did. gVisor would refuse it too, with a
 // dump of its state; the saved memory cannot run against other binaries.
-var errOtherTools = errors.New("its snapshot was saved under another build of envd than this host runs (aenv was upgraded or rebuilt since): only a host running the build that saved it can restore it")
+var errOtherTools = errors.New("its snapshot was saved under another build of envd than this host runs (aenv was upgraded or rebuilt since), by a build that did not keep its /.aenv image with its snapshots: only a host running the build that saved it can restore it")
 
 // sameToolsImage checks that the /.aenv image of identity got is the one
 // the checkpoint in imageDir was saved with, where the checkpoint says

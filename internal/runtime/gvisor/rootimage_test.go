@@ -132,6 +132,50 @@ func TestWithoutGofer(t *testing.T) {
 		t.Errorf("host name %q, /etc/hosts:\n%s", name, hosts)
 	}
 
+	// aenv upgraded (an envd of other bytes): a prepared sandbox, which
+	// mounts the new /.aenv image, refuses the checkpoint; a restore runs
+	// it under the image the checkpoint keeps, the envd it saved; its own
+	// checkpoint keeps that image again.
+	upgraded := filepath.Join(t.TempDir(), "envd")
+	b, err := os.ReadFile(f.envd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(upgraded, append(b, 0), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	newPrep, _ := f.spec(t, "gvglup")
+	newPrep.Root.Image, newPrep.DiskMB, newPrep.EnvdPath = img, spec.DiskMB, upgraded
+	if err := f.driver.Prepare(ctx, newPrep); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.driver.RestorePrepared(ctx, newPrep, saved); !errors.Is(err, errOtherTools) {
+		t.Errorf("restoring into a prepared sandbox of another envd build: %v, want %v", err, errOtherTools)
+	}
+	after, aslot := f.spec(t, "gvglu")
+	after.Root.Image, after.DiskMB, after.EnvdPath = img, spec.DiskMB, upgraded
+	if err := f.driver.Restore(ctx, after, saved); err != nil {
+		t.Fatalf("restoring under another envd build: %v", err)
+	}
+	t.Cleanup(func() { f.driver.Kill(context.Background(), after.ID) })
+	waitHealth(t, aslot.HostAddr)
+	if out := f.run(t, after.ID, "ls -l /big"); !strings.Contains(out, "33554432") {
+		t.Errorf("the sandbox restored under another envd build lost its file: %s", out)
+	}
+	if got, _ := readIdentity(filepath.Join(f.driver.sandboxDir(after.ID), toolsImagePath)); !strings.HasPrefix(filepath.Base(got), "saved-") {
+		t.Errorf("the sandbox restored under another envd build runs /.aenv from %q, want the checkpoint's image", got)
+	}
+	resaved := t.TempDir()
+	if err := f.driver.Checkpoint(ctx, after.ID, resaved, runtime.CheckpointOptions{LeaveRunning: true}); err != nil {
+		t.Fatal(err)
+	}
+	if a, b := readFileOr(t, filepath.Join(saved, toolsImageMarker)), readFileOr(t, filepath.Join(resaved, toolsImageMarker)); a != b {
+		t.Errorf("the checkpoint of the sandbox restored under another envd build records /.aenv %s, want %s", b, a)
+	}
+	if _, err := os.Stat(filepath.Join(resaved, savedToolsImage)); err != nil {
+		t.Errorf("the checkpoint of the sandbox restored under another envd build does not keep its image: %v", err)
+	}
+
 	// A driver no longer told to run new sandboxes without a gofer still
 	// restores a checkpoint that ran so, the way it ran.
 	f.driver.rootImages = false
@@ -144,6 +188,16 @@ func TestWithoutGofer(t *testing.T) {
 	if without := recordedImage(f.driver.sandboxDir(later.ID)) != ""; !without {
 		t.Errorf("restored with RootImages off: without a gofer %v, want true", without)
 	}
+}
+
+// readFileOr returns the contents of file, failing the test without it.
+func readFileOr(t *testing.T, file string) string {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
 
 // gofers counts the gofer processes of the runsc whose root is root.
@@ -255,12 +309,13 @@ func TestNewPrunesToolsImages(t *testing.T) {
 		}
 	}
 	spec := filepath.Join(state, "sandboxes", "kept", "config.json")
+	imagesDir := ""
 	start := func(specJSON string) {
 		t.Helper()
 		if err := os.WriteFile(spec, []byte(specJSON), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		d, err := New(Config{RunscPath: exe, StateDir: state, Cgroups: cg, PidsTotal: 100, CgroupParent: "/aenvprune", Logger: slog.New(slog.DiscardHandler)})
+		d, err := New(Config{RunscPath: exe, StateDir: state, ImagesDir: imagesDir, Cgroups: cg, PidsTotal: 100, CgroupParent: "/aenvprune", Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -281,12 +336,32 @@ func TestNewPrunesToolsImages(t *testing.T) {
 	if exists(old) || exists(tree) {
 		t.Errorf("unused images kept: old %v, half-made tree %v", exists(old), exists(tree))
 	}
+
+	// With an images directory of its own, the state directory's goes as
+	// its sandboxes stop using it.
+	imagesDir = filepath.Join(t.TempDir(), "tools-images")
+	unused := filepath.Join(imagesDir, "aenv-unused.erofs")
+	for _, f := range []string{old, unused} {
+		if err := os.MkdirAll(filepath.Dir(f), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(f, []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start(`{"mounts": [{"destination": "/.aenv", "type": "erofs", "source": "` + used + `"}]}`)
+	if !exists(used) || exists(old) || exists(unused) {
+		t.Errorf("with Config.ImagesDir: used %v (want true), unused in the state directory %v, in the images directory %v (want false)", exists(used), exists(old), exists(unused))
+	}
 }
 
 // TestSameToolsImage: a checkpoint records the /.aenv image its sandbox
-// ran with; a restore against the same image passes, one against another
-// build's image fails with errOtherTools (before runsc dumps its state),
-// and a checkpoint that predates the record passes.
+// ran with, and keeps it; a restore against the same image passes, one
+// against another build's image adopts the checkpoint's (one copy for
+// all its restores), a checkpoint that predates the record passes, and
+// one that records an image without keeping it fails with errOtherTools
+// (before runsc dumps its state), as does one whose kept image is not
+// the recorded one.
 func TestSameToolsImage(t *testing.T) {
 	dir, sandbox, saved := t.TempDir(), t.TempDir(), t.TempDir()
 	image := func(name string, b byte) string {
@@ -318,5 +393,46 @@ func TestSameToolsImage(t *testing.T) {
 	}
 	if err := sameToolsImage(saved, identity(upgraded)); !errors.Is(err, errOtherTools) {
 		t.Errorf("another build's /.aenv image: %v, want errOtherTools", err)
+	}
+	kept, err := os.ReadFile(filepath.Join(saved, savedToolsImage))
+	if err != nil || !bytes.Equal(kept, bytes.Repeat([]byte{2}, 4096)) {
+		t.Fatalf("the checkpoint does not keep its /.aenv image: %v", err)
+	}
+
+	d := &Driver{cfg: Config{ImagesDir: filepath.Join(dir, "images")}, log: slog.New(slog.DiscardHandler)}
+	adopted, err := d.adoptSavedTools(saved, "sb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if filepath.Dir(adopted) != d.imagesDir() || identity(adopted) != identity(tools) {
+		t.Errorf("adopted %s, want an image of the driver's of the checkpoint's identity", adopted)
+	}
+	// A second restore of it (a fork's sibling) takes the same image; a
+	// later sandbox's checkpoint keeps it again.
+	if again, err := d.adoptSavedTools(saved, "sb2"); err != nil || again != adopted {
+		t.Errorf("adopting again: %s, %v, want %s", again, err, adopted)
+	}
+	resumed, resaved := t.TempDir(), t.TempDir()
+	if err := noteRootImage(resumed, runtime.Spec{Root: runtime.RootFS{Image: root}}, adopted); err != nil {
+		t.Fatal(err)
+	}
+	if err := markRootMode(resumed, resaved); err != nil {
+		t.Fatal(err)
+	}
+	if got := identity(filepath.Join(resaved, savedToolsImage)); got != identity(tools) {
+		t.Error("the checkpoint of a sandbox restored under an adopted image does not keep it")
+	}
+
+	if err := os.Remove(filepath.Join(saved, savedToolsImage)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.adoptSavedTools(saved, "sb3"); !errors.Is(err, errOtherTools) {
+		t.Errorf("a checkpoint that does not keep its image: %v, want errOtherTools", err)
+	}
+	if err := os.Link(upgraded, filepath.Join(saved, savedToolsImage)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.adoptSavedTools(saved, "sb4"); err == nil || errors.Is(err, errOtherTools) {
+		t.Errorf("a checkpoint keeping another image than it records: %v, want an error saying so", err)
 	}
 }
