@@ -11,8 +11,10 @@ import (
 	"io"
 	"math"
 	"os"
+	"slices"
 	"sort"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -36,7 +38,7 @@ func (s *Repository) Save(ctx context.Context, id, parent string, files map[stri
 	}
 	s.log.Info("snapshot saved", "snapshot_id", id, "parent", parent, "store", s.b.String(),
 		"bytes", st.Bytes, "chunks", st.ChunksTotal, "chunks_uploaded", st.ChunksUploaded,
-		"bytes_uploaded", st.BytesUploaded, "duration", st.Duration)
+		"bytes_uploaded", st.BytesUploaded, "files_reused", st.FilesReused, "duration", st.Duration)
 	return m, st, nil
 }
 
@@ -44,6 +46,9 @@ func (s *Repository) Save(ctx context.Context, id, parent string, files map[stri
 type saveRun struct {
 	s      *Repository
 	parent map[string]struct{} // chunks the parent manifest references
+	// linked are the files of several links this Save read, by index in
+	// the manifest, to remember once their chunks are all stored.
+	linked map[int]fileKey
 
 	mu       sync.Mutex
 	inflight map[string]*chunkCall // one upload per hash within this Save
@@ -91,7 +96,7 @@ func (s *Repository) save(ctx context.Context, id, parent string, files map[stri
 		defer end()
 	}
 
-	run := &saveRun{s: s, parent: map[string]struct{}{}, inflight: map[string]*chunkCall{}, st: &st}
+	run := &saveRun{s: s, parent: map[string]struct{}{}, linked: map[int]fileKey{}, inflight: map[string]*chunkCall{}, st: &st}
 	if parent != "" {
 		pm, err := s.readManifest(ctx, parent)
 		if err != nil {
@@ -118,7 +123,7 @@ func (s *Repository) save(ctx context.Context, id, parent string, files map[stri
 	g.SetLimit(s.concurrency)
 	var readErr error
 	for i, name := range names {
-		if readErr = run.readFile(gctx, g, &m.Files[i], name, files[name]); readErr != nil {
+		if readErr = run.readFile(gctx, g, i, &m.Files[i], name, files[name]); readErr != nil {
 			break
 		}
 	}
@@ -128,6 +133,9 @@ func (s *Repository) save(ctx context.Context, id, parent string, files map[stri
 	}
 	if readErr != nil {
 		return nil, st, readErr
+	}
+	for i, key := range run.linked {
+		s.rememberLinked(key, m.Files[i].Chunks)
 	}
 	for _, f := range m.Files {
 		m.Size += f.Size
@@ -147,10 +155,11 @@ func (s *Repository) save(ctx context.Context, id, parent string, files map[stri
 	return m, st, nil
 }
 
-// readFile cuts one file into chunks and hands each to a worker of g,
-// which fills fe.Chunks[i]. It blocks while all workers are busy, which
-// bounds the buffers in flight.
-func (r *saveRun) readFile(ctx context.Context, g *errgroup.Group, fe *FileEntry, name, path string) error {
+// readFile cuts one file, the manifest's index-th, into chunks and hands
+// each to a worker of g, which fills fe.Chunks[i]. It blocks while all
+// workers are busy, which bounds the buffers in flight. A file of several
+// links saved before unchanged is not read (Repository.linked).
+func (r *saveRun) readFile(ctx context.Context, g *errgroup.Group, index int, fe *FileEntry, name, path string) error {
 	s := r.s
 	f, err := os.Open(path)
 	if err != nil {
@@ -166,6 +175,17 @@ func (r *saveRun) readFile(ctx context.Context, g *errgroup.Group, fe *FileEntry
 	}
 	size := fi.Size()
 	*fe = FileEntry{Name: name, Size: size, Mode: uint32(fi.Mode().Perm())}
+	if key, ok := linkedKey(fi); ok {
+		if refs, ok := s.reuseLinked(key); ok {
+			fe.Chunks = refs
+			r.mu.Lock()
+			r.st.ChunksTotal += len(refs)
+			r.st.FilesReused++
+			r.mu.Unlock()
+			return nil
+		}
+		r.linked[index] = key
+	}
 	// Workers fill refs by index; it has room for the most chunks the
 	// chunker can cut, and fe.Chunks is trimmed to the real count at the
 	// end (workers never touch fe.Chunks itself).
@@ -209,6 +229,53 @@ func (r *saveRun) readFile(ctx context.Context, g *errgroup.Group, fe *FileEntry
 	r.st.ChunksTotal += n
 	r.mu.Unlock()
 	return nil
+}
+
+// fileKey names a file's content as long as it is not rewritten: its
+// inode, size and modification time.
+type fileKey struct {
+	dev, ino    uint64
+	size, mtime int64
+}
+
+// linkedKey is fi's fileKey, where fi has several hard links.
+func linkedKey(fi os.FileInfo) (fileKey, bool) {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok || st.Nlink < 2 {
+		return fileKey{}, false
+	}
+	return fileKey{dev: uint64(st.Dev), ino: uint64(st.Ino), size: fi.Size(), mtime: fi.ModTime().UnixNano()}, true
+}
+
+// maxLinked bounds Repository.linked: a node's snapshots link a few
+// /.aenv images (one per build of envd), not hundreds.
+const maxLinked = 64
+
+// rememberLinked records the chunks of the file key names.
+func (s *Repository) rememberLinked(key fileKey, refs []ChunkRef) {
+	s.linkedMu.Lock()
+	defer s.linkedMu.Unlock()
+	if len(s.linked) >= maxLinked {
+		clear(s.linked)
+	}
+	s.linked[key] = slices.Clone(refs)
+}
+
+// reuseLinked returns the chunks of the file key names, if a Save read
+// it before and the backend is known to hold every one of them since.
+func (s *Repository) reuseLinked(key fileKey) ([]ChunkRef, bool) {
+	s.linkedMu.Lock()
+	refs, ok := s.linked[key]
+	s.linkedMu.Unlock()
+	if !ok {
+		return nil, false
+	}
+	for _, c := range refs {
+		if c.Hash != s.zeroHash(c.Size) && !s.isKnown(c.Hash) {
+			return nil, false
+		}
+	}
+	return slices.Clone(refs), true
 }
 
 // storeChunk makes sure data is in the backend (and the local cache) and

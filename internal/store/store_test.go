@@ -629,3 +629,81 @@ func TestChunkCacheLRU(t *testing.T) {
 		t.Fatal("cache did not recover after its directory was removed")
 	}
 }
+
+// TestSaveReusesLinkedFiles: a file of several hard links saved before
+// (each checkpoint's link to its build's /.aenv image) is not read again
+// while it is unchanged and its chunks are known in the backend; a file
+// of one link always is, a rewritten one is read again, and so is one
+// whose chunks a GC deleted since.
+func TestSaveReusesLinkedFiles(t *testing.T) {
+	backends(t, func(t *testing.T, b Backend) {
+		ctx := context.Background()
+		s := newStore(t, Options{Backend: b, ChunkSize: MiB, GCGrace: -1})
+		image := writeFiles(t, map[string][]byte{"tools": randomBytes(20, 3*MiB)})["tools"]
+		link := func() string {
+			p := filepath.Join(t.TempDir(), "tools")
+			if err := os.Link(image, p); err != nil {
+				t.Fatal(err)
+			}
+			return p
+		}
+		mem := randomBytes(21, MiB)
+		save := func(id string) SaveStats {
+			t.Helper()
+			files := writeFiles(t, map[string][]byte{"mem": mem})
+			files["tools"] = link()
+			_, st, err := s.Save(ctx, id, "", files, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return st
+		}
+		restored := func(id string) {
+			t.Helper()
+			want, err := os.ReadFile(image)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dest := t.TempDir()
+			if err := s.Restore(ctx, id, dest); err != nil {
+				t.Fatal(err)
+			}
+			checkDir(t, dest, map[string][]byte{"mem": mem, "tools": want})
+		}
+
+		if st := save("a"); st.FilesReused != 0 || st.ChunksTotal != 4 {
+			t.Fatalf("first save: %+v, want nothing reused, 4 chunks", st)
+		}
+		if st := save("b"); st.FilesReused != 1 || st.ChunksTotal != 4 {
+			t.Fatalf("second save: %+v, want the linked file reused (and the other read), 4 chunks", st)
+		}
+		restored("b")
+
+		// Rewritten in place, size kept: read again.
+		if err := os.WriteFile(image, randomBytes(22, 3*MiB), 0o640); err != nil {
+			t.Fatal(err)
+		}
+		later := time.Now().Add(time.Hour)
+		if err := os.Chtimes(image, later, later); err != nil {
+			t.Fatal(err)
+		}
+		if st := save("c"); st.FilesReused != 0 || st.ChunksUploaded != 3 {
+			t.Fatalf("after a rewrite: %+v, want the file read again, its 3 new chunks uploaded", st)
+		}
+		restored("c")
+
+		// Its chunks deleted by a GC: read again, and uploaded again.
+		for _, id := range []string{"a", "b", "c"} {
+			if err := s.Delete(ctx, id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := s.GC(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if st := save("d"); st.FilesReused != 0 || st.ChunksUploaded != 4 {
+			t.Fatalf("after a GC: %+v, want every chunk read and uploaded again", st)
+		}
+		restored("d")
+	})
+}
