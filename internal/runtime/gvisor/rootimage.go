@@ -245,11 +245,15 @@ func (d *Driver) mountedImages() (map[string]bool, bool) {
 func (d *Driver) adoptSavedTools(imageDir, id string) (string, error) {
 	want, _ := readIdentity(filepath.Join(imageDir, toolsImageMarker))
 	saved := filepath.Join(imageDir, savedToolsImage)
-	if got, err := imageIdentity(saved); errors.Is(err, fs.ErrNotExist) {
+	switch got, err := imageIdentity(saved); {
+	case errors.Is(err, fs.ErrNotExist):
 		return "", errOtherTools
-	} else if err != nil || got != want {
-		return "", fmt.Errorf("the /.aenv image its snapshot keeps is not the one it was saved with (%v)", err)
+	case err != nil:
+		return "", fmt.Errorf("reading the /.aenv image its snapshot keeps: %w", err)
+	case got != want:
+		return "", errors.New("the /.aenv image its snapshot keeps is not the one it was saved with")
 	}
+	d.log.Info("restoring under the envd build its snapshot was saved with, not this host's", "sandbox_id", id)
 	out := filepath.Join(d.imagesDir(), "saved-"+want[:16]+".erofs")
 	d.imageMu.Lock()
 	defer d.imageMu.Unlock()
@@ -268,7 +272,6 @@ func (d *Driver) adoptSavedTools(imageDir, id string) (string, error) {
 		os.Remove(tmp)
 		return "", fmt.Errorf("adopting the /.aenv image of the snapshot: %w", err)
 	}
-	d.log.Info("restoring under the envd build its snapshot was saved with, not this host's", "sandbox_id", id, "image", out)
 	return out, nil
 }
 
