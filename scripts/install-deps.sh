@@ -70,6 +70,14 @@ if [ ! -x "$runsc_bin" ]; then
   trap - EXIT
 fi
 install -m 0755 "$runsc_bin" /usr/local/bin/runsc
+# Builds of another version or of other sources are not used again once
+# this one is installed (/usr/local/bin/runsc is a copy): ~100 MB each.
+for old in "$CACHE"/runsc-*; do
+  if [ "$old" != "$(dirname "$runsc_bin")" ]; then
+    echo "install-deps: removing an earlier runsc build, $old"
+    rm -rf "$old"
+  fi
+done
 
 if [ -f "$here/e2e/package.json" ]; then
   (cd "$here/e2e" && npm ci --no-audit --no-fund --loglevel=error)
