@@ -237,9 +237,16 @@ func startEmbedded(ctx context.Context, cfg Config) (*embed.Etcd, []string, erro
 	}
 	c.InitialCluster = name + "=" + embeddedPeerURL
 	// A member without peers still waits out an election timeout before
-	// it leads and serves; with no network between members there is no
-	// jitter to allow for, so a short one shortens every server start.
-	c.TickMs, c.ElectionMs = 10, 100
+	// it leads and serves (etcd fast-forwards a lone member to its last
+	// tick, so it campaigns 1 to ElectionMs/TickMs ticks after it starts):
+	// with no network between members there is no jitter to allow for, so
+	// a short one shortens every server start. The tick is not shorter
+	// than it needs: raft ticks for the life of the server, and at 10 ms
+	// its two goroutines were the most frequent wakeups of an idle server.
+	// Measured here, 3 runs each of an idle server: 16.3 -> 11.7 CPU-ms/s
+	// (median) against 10 ms; the state store ready in 23-76 ms with
+	// either (with 100 ms ticks it took 430-520 ms).
+	c.TickMs, c.ElectionMs = 20, 100
 	c.InitialClusterToken = embeddedToken
 	c.ClusterState = embed.ClusterStateFlagNew
 	if len(cfg.PeerURLs) > 0 {
