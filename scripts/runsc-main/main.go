@@ -4,7 +4,8 @@
 // runsc from, in its copy of the gVisor module (with -tags
 // aenv_runsc_main): gVisor's runsc (maincli.Main), unchanged but for one
 // thing. Its sandbox process (the sentry) hands the Go heap it has freed
-// back to the host every freeInterval.
+// back to the host every freeInterval, if it has allocated since it last
+// did (releaseIfAllocated).
 //
 // Why: an idle sentry keeps about twice its live Go heap resident (the Go
 // runtime scavenges only down to its heap goal), and runsc starts the
@@ -47,9 +48,10 @@ import (
 	"gvisor.dev/gvisor/runsc/version"
 )
 
-// freeInterval is how often a sentry returns freed heap: each time is a
-// full collection (its cost grows with the live heap, a few MiB when idle)
-// and a busy sentry takes the released pages back on its next allocations.
+// freeInterval is how often a sentry that allocated since returns freed
+// heap: each time is a full collection (its cost grows with the live heap,
+// a few MiB when idle) and a busy sentry takes the released pages back on
+// its next allocations.
 const freeInterval = 30 * time.Second
 
 // gcHeadroom is the least a sentry's heap grows by between collections.
@@ -90,9 +92,31 @@ func isSentry(args []string) bool {
 func releaseFreedHeap() {
 	t := time.NewTicker(freeInterval)
 	defer t.Stop()
+	allocs := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}}
+	var released uint64
 	for range t.C {
-		debug.FreeOSMemory()
+		released = releaseIfAllocated(allocs, released, debug.FreeOSMemory)
 	}
+}
+
+// releaseIfAllocated calls free (a full collection that returns the freed
+// heap) unless the process has allocated nothing since the last call
+// that freed, when the heap had allocs bytes allocated in all (allocs
+// reads /gc/heap/allocs:bytes); it returns the count to pass next time.
+//
+// Why: an idle sentry allocates nothing, so after the first release each
+// later one only marked the same live heap again and faulted pages back.
+// Measured with 10 idle sandboxes (python3 asleep), 60 s after 45 s of
+// rest, alternating builds, 2 runs each: CPU per idle sandbox 0.46-0.70
+// -> 0.24-0.26 CPU-ms/s; sentry anon 8.38-8.40 -> 8.10-8.12 MiB.
+func releaseIfAllocated(allocs []metrics.Sample, released uint64, free func()) uint64 {
+	metrics.Read(allocs)
+	if allocs[0].Value.Uint64() == released {
+		return released
+	}
+	free()
+	metrics.Read(allocs)
+	return allocs[0].Value.Uint64()
 }
 
 // gcPercent is the GOGC that lets a heap of live bytes grow by at least

@@ -80,3 +80,36 @@ func gogc() int {
 	metrics.Read(s)
 	return int(s[0].Value.Uint64())
 }
+
+// TestReleaseIfAllocated: the heap is released after allocations, and not
+// again while nothing is allocated (retried: the test binary's own
+// goroutines may allocate between two calls).
+func TestReleaseIfAllocated(t *testing.T) {
+	allocs := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}}
+	frees := 0
+	free := func() { frees++ }
+	released := releaseIfAllocated(allocs, 0, free)
+	if frees != 1 || released == 0 {
+		t.Fatalf("first call: %d frees, released at %d bytes, want 1 free", frees, released)
+	}
+	skipped := false
+	for range 10 {
+		before := frees
+		released = releaseIfAllocated(allocs, released, free)
+		if frees == before {
+			skipped = true
+			break
+		}
+	}
+	if !skipped {
+		t.Fatal("released again every time though nothing was allocated")
+	}
+	sink = make([]byte, 1<<20)
+	before := frees
+	if releaseIfAllocated(allocs, released, free); frees != before+1 {
+		t.Fatal("not released after an allocation of 1 MiB")
+	}
+}
+
+// sink keeps the test's allocation from being optimised away.
+var sink []byte
