@@ -345,7 +345,9 @@ func (d *Driver) RestorePrepared(ctx context.Context, spec runtime.Spec, imageDi
 	if !sameRootMode(recorded, imageDir) {
 		return fmt.Errorf("restoring into prepared %s: %w", spec.ID, errOtherRootMode)
 	}
-	if tools, ok := readIdentity(filepath.Join(dir, toolsImageID)); ok {
+	if image, tools, err := recordedTools(dir); err != nil {
+		return fmt.Errorf("restoring into prepared %s: %w", spec.ID, err)
+	} else if image != "" {
 		if err := sameToolsImage(imageDir, tools); err != nil {
 			return fmt.Errorf("restoring into prepared %s: %w", spec.ID, err)
 		}

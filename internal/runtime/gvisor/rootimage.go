@@ -317,39 +317,44 @@ func linkOrCopy(src, dst string) error {
 // for a sandbox without a gofer.
 const rootImageID = "root-image-id"
 
-// toolsImageID, in a sandbox's directory, is the identity of its /.aenv
-// image, and toolsImageMarker the same in a checkpoint's: gVisor restores
-// /.aenv only from an image with the same superblock. toolsImagePath, in
-// the sandbox's directory, is the image's path, and savedToolsImage the
-// image itself in the checkpoint's: a restore under the build that saved
-// it uses the image of the binaries it runs with (toolsImage), one under
-// another build the checkpoint's own (adoptSavedTools).
+// toolsImagePath, in a sandbox's directory, is the path of its /.aenv
+// image (which stays while a sandbox mounts it: pruneToolsImages), and
+// toolsImageMarker, in a checkpoint's, the image's identity: gVisor
+// restores /.aenv only from an image with the same superblock.
+// savedToolsImage is the image itself in the checkpoint's directory: a
+// restore under the build that saved it uses the image of the binaries it
+// runs with (toolsImage), one under another build the checkpoint's own
+// (adoptSavedTools).
 const (
-	toolsImageID     = "tools-image-id"
-	toolsImageMarker = "aenv-tools-image"
 	toolsImagePath   = "tools-image"
+	toolsImageMarker = "aenv-tools-image"
 	savedToolsImage  = "aenv-tools.erofs"
 )
 
-// noteRootImage records the identities of spec's root image and of the
-// /.aenv image toolsImage in dir, the directory of its sandbox, which runs
-// without a gofer, and toolsImage's path.
+// noteRootImage records the identity of spec's root image and the path of
+// the /.aenv image toolsImage in dir, the directory of its sandbox, which
+// runs without a gofer.
 func noteRootImage(dir string, spec runtime.Spec, toolsImage string) error {
 	id, err := imageIdentity(spec.Root.Image)
 	if err != nil {
-		return err
-	}
-	tools, err := imageIdentity(toolsImage)
-	if err != nil {
-		return err
-	}
-	if err := writeIdentity(filepath.Join(dir, toolsImageID), tools); err != nil {
 		return err
 	}
 	if err := writeIdentity(filepath.Join(dir, toolsImagePath), toolsImage); err != nil {
 		return err
 	}
 	return writeIdentity(filepath.Join(dir, rootImageID), id)
+}
+
+// recordedTools is the path of the /.aenv image of the sandbox whose
+// directory is dir, and its identity; "" for a sandbox with a gofer (or
+// one started by a build that did not record the path).
+func recordedTools(dir string) (image, id string, err error) {
+	image, ok := readIdentity(filepath.Join(dir, toolsImagePath))
+	if !ok {
+		return "", "", nil
+	}
+	id, err = imageIdentity(image)
+	return image, id, err
 }
 
 // recordedImage is the root image identity the sandbox directory dir
@@ -388,14 +393,14 @@ func markRootMode(dir, imageDir string) error {
 	if id == "" {
 		return nil
 	}
-	if tools, ok := readIdentity(filepath.Join(dir, toolsImageID)); ok {
+	image, tools, err := recordedTools(dir)
+	if err != nil {
+		return err
+	}
+	if image != "" {
 		if err := writeIdentity(filepath.Join(imageDir, toolsImageMarker), tools); err != nil {
 			return err
 		}
-	}
-	// A sandbox started by a build that did not record the path goes
-	// without: its checkpoint restores under the same build only.
-	if image, ok := readIdentity(filepath.Join(dir, toolsImagePath)); ok {
 		if err := linkOrCopy(image, filepath.Join(imageDir, savedToolsImage)); err != nil {
 			return fmt.Errorf("keeping the /.aenv image with the checkpoint: %w", err)
 		}
