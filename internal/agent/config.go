@@ -61,8 +61,10 @@ type Config struct {
 	// BaseRootImage runs base's sandboxes from an image of its tree too
 	// (made beside the tree at start). Every host builds its own base, so
 	// two hosts' images differ, and gVisor restores a sandbox only from
-	// the image it was saved with: only for hosts whose base sandboxes
-	// never move to another host, or that all share one base tree.
+	// the image it was saved with: a snapshot of one names it, and goes
+	// with it to the store (template.Catalog.PublishBaseImage), where
+	// another host reads it. With several hosts and no store, a live
+	// migration of one to a host with another base fails.
 	BaseRootImage bool
 	// WarmPoolMemory is the host memory in bytes the warm pool's
 	// prestarted sandboxes may take (what they use): each template's

@@ -699,7 +699,7 @@ func (n *Node) provision(ctx context.Context, sb *Sandbox, tpl *template.Templat
 		return runtime.Spec{}, err
 	}
 	rollback.Push("releasing the root filesystem", func(ctx context.Context) error { return n.cfg.RootFS.Release(ctx, rtID) })
-	sb.RootImage = tpl.BlockImage
+	sb.RootImage = tpl.RootImage()
 	return runtime.Spec{
 		Binds:      binds,
 		ID:         rtID,

@@ -75,6 +75,13 @@ func (n *Node) snapshotSandbox(ctx context.Context, sb *Sandbox, opts SnapshotOp
 		snap.EnvVars = maps.Clone(sb.envVars)
 		n.mu.Unlock()
 	}
+	if sb.TemplateID == template.BaseID && snap.RootImage != "" {
+		// Before the sandbox is frozen: the first publish reads the
+		// whole image.
+		if err := n.cfg.Templates.PublishBaseImage(ctx, snap.RootImage); err != nil {
+			return nil, fmt.Errorf("snapshotting sandbox %s: %w", id, err)
+		}
+	}
 	dir, err := n.cfg.Snapshots.Begin(snap.ID)
 	if err != nil {
 		return nil, fmt.Errorf("snapshotting sandbox %s: %w", id, err)
@@ -174,12 +181,15 @@ func (n *Node) restoreTarget(ctx context.Context, snap *snapshot.Snapshot, req C
 	if err != nil {
 		return nil, "", fmt.Errorf("restoring snapshot %s: its template: %w", snap.ID, err)
 	}
-	if snap.RootImage != "" && snap.RootImage != tpl.BlockImage && n.cfg.RootFS.Serves(tpl) {
-		// The template changed since: the state goes back on the image
-		// it was saved on, which the store keeps.
+	if snap.RootImage != "" && snap.RootImage != tpl.RootImage() {
+		// The template changed since, or the snapshot was saved on
+		// another host's base: the state goes back on the image it was
+		// saved on, which the store keeps.
 		old := *tpl
-		old.BlockImage, old.ImageFile = snap.RootImage, ""
-		tpl = &old
+		old.BlockImage, old.ImageFile, old.BaseImage = snap.RootImage, "", ""
+		if n.cfg.RootFS.Serves(&old) {
+			tpl = &old
+		}
 	}
 	id := req.SandboxID
 	if id == "" {

@@ -9,7 +9,10 @@
 package template
 
 import (
+	"cmp"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -83,6 +86,13 @@ type Template struct {
 	// ImageFile is the host path of the block image, when this host has
 	// it whole (not stored).
 	ImageFile string `json:"-"`
+	// BaseImage is, for base run from its tree's image (ImageFile), the
+	// id that image has in the store (BaseImageID). Base has no
+	// BlockImage: every host builds and serves its own tree. But a
+	// snapshot names the image it was saved on, and another host, whose
+	// own base image differs, restores it from the store, where
+	// PublishBaseImage puts it (not stored).
+	BaseImage string `json:"-"`
 	// Remote marks a template known only from the remote store: its files
 	// are not on this host (Fetch brings them).
 	Remote bool `json:"-"`
@@ -117,6 +127,11 @@ type Catalog struct {
 	stageMu sync.Mutex
 
 	mu sync.Mutex
+	// baseIDs memoizes BaseImageID by the image's path, size and time:
+	// base is looked up on every create of it.
+	baseIDs map[baseImageKey]string
+	// basePublished holds the base images known to be in the store.
+	basePublished map[string]bool
 	// baseSize and baseTime describe the base tree, measured once.
 	baseMeasured bool
 	baseSize     int64
@@ -131,11 +146,11 @@ type CatalogOptions struct {
 	// shared by several data directories (tests, benchmarks).
 	BaseRootFS string
 	// BaseImage gives `base` its tree's EROFS image (BaseImageFile) as
-	// its ImageFile when a fresh one is there. Only for a host whose
-	// snapshots never leave it: every host builds base itself, so two
-	// hosts' images differ, and a sandbox run from one host's image
-	// cannot be restored from another's (gVisor checks the image's
-	// superblock), where one run through a gofer can.
+	// its ImageFile when a fresh one is there, and names it (BaseImage).
+	// Every host builds base itself, so two hosts' images differ, and a
+	// sandbox run from one host's image restores only from that image
+	// (gVisor checks its superblock): another host fetches it from
+	// Images, which PublishBaseImage fills.
 	BaseImage bool
 	// Builtins are templates over trees this host already has (prebuilt
 	// caches, such as the code-interpreter one), each with RootFS set:
@@ -261,13 +276,123 @@ func (s *Catalog) base() (*Template, error) {
 	if s.baseImage {
 		t.ImageFile = FreshBaseImage(root)
 	}
+	if t.ImageFile != "" {
+		if t.BaseImage, err = s.baseImageID(t.ImageFile); err != nil {
+			// Without an id a snapshot could not say which image it needs:
+			// the sandboxes run with a gofer instead.
+			s.log.Warn("base sandboxes run with a gofer: reading the base template's image", "err", err)
+			t.ImageFile = ""
+		}
+	}
 	return t, nil
+}
+
+// RootImage is the block image t's sandboxes run on, which their
+// snapshots name: its BlockImage, or base's image (BaseImage).
+func (t *Template) RootImage() string { return cmp.Or(t.BlockImage, t.BaseImage) }
+
+// baseImageKey tells one base image file from its rebuilds.
+type baseImageKey struct {
+	path  string
+	size  int64
+	mtime time.Time
+}
+
+// baseImageID is BaseImageID(file), memoized.
+func (s *Catalog) baseImageID(file string) (string, error) {
+	fi, err := os.Stat(file)
+	if err != nil {
+		return "", err
+	}
+	key := baseImageKey{file, fi.Size(), fi.ModTime()}
+	s.mu.Lock()
+	id, ok := s.baseIDs[key]
+	s.mu.Unlock()
+	if ok {
+		return id, nil
+	}
+	if id, err = BaseImageID(file); err != nil {
+		return "", err
+	}
+	s.mu.Lock()
+	if s.baseIDs == nil {
+		s.baseIDs = map[baseImageKey]string{}
+	}
+	s.baseIDs[key] = id
+	s.mu.Unlock()
+	return id, nil
+}
+
+// BaseImageID names base's image at file in the store by its EROFS
+// superblock (its UUID, build time and checksum), which is also what
+// gVisor checks a restore's image by. Hashing the whole 200 MB, as a
+// template's image is named, would cost every server start a second of
+// CPU for the same answer: no two builds share a superblock.
+func BaseImageID(file string) (string, error) {
+	f, err := os.Open(file)
+	if err != nil {
+		return "", fmt.Errorf("naming the base template's image: %w", err)
+	}
+	defer f.Close()
+	sb := make([]byte, 128)
+	if _, err := f.ReadAt(sb, 1024); err != nil {
+		return "", fmt.Errorf("naming the base template's image %s: reading its superblock: %w", file, err)
+	}
+	sum := sha256.Sum256(sb)
+	return ImagePrefix + "base-" + hex.EncodeToString(sum[:])[:32], nil
+}
+
+// PublishBaseImage puts base's image, id (its BaseImage), into the store
+// unless it is there, once per process: a snapshot of a sandbox run on it
+// names it, and another host restores the snapshot from it. Without a
+// store no other host can reach the snapshot: nothing to do. The first
+// publish of an image reads and uploads its ~200 MB; later ones, here or
+// after a restart, find it there.
+func (s *Catalog) PublishBaseImage(ctx context.Context, id string) error {
+	if s.images == nil {
+		return nil
+	}
+	s.mu.Lock()
+	done := s.basePublished[id]
+	s.mu.Unlock()
+	if done {
+		return nil
+	}
+	_, err, _ := s.fetching.Do("publish "+id, func() (any, error) {
+		t, err := s.base()
+		if err != nil {
+			return nil, fmt.Errorf("publishing the base template's image %s: %w", id, err)
+		}
+		if t.BaseImage != id {
+			return nil, fmt.Errorf("publishing the base template's image %s: this host's base runs on %q now (rebuilt?)", id, t.BaseImage)
+		}
+		start := time.Now()
+		_, st, err := s.images.Save(ctx, id, "", map[string]string{ImageManifestFile: t.ImageFile}, nil)
+		switch {
+		case errors.Is(err, store.ErrExists):
+		case err != nil:
+			return nil, fmt.Errorf("publishing the base template's image %s: %w", id, err)
+		default:
+			s.log.Info("base template's image published, for its snapshots to restore on other hosts", "image", id,
+				"chunks", st.ChunksTotal, "chunks_uploaded", st.ChunksUploaded, "bytes_uploaded", st.BytesUploaded,
+				"took_ms", time.Since(start).Milliseconds())
+		}
+		s.mu.Lock()
+		if s.basePublished == nil {
+			s.basePublished = map[string]bool{}
+		}
+		s.basePublished[id] = true
+		s.mu.Unlock()
+		return nil, nil
+	})
+	return err
 }
 
 // BaseImageFile is where the base template's tree at root is kept as an
 // EROFS image too (package template/erofs makes it): beside the tree,
 // which has no block image of its own (base is every host's own, built
-// in place, never published).
+// in place; only its image goes to the store, for snapshots of its
+// sandboxes: PublishBaseImage).
 func BaseImageFile(root string) string { return root + ".erofs" }
 
 // FreshBaseImage returns BaseImageFile(root) when it exists and is newer

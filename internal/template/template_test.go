@@ -2,6 +2,9 @@ package template
 
 import (
 	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aenvhq/aenv/internal/store"
 	"github.com/aenvhq/aenv/internal/testutil"
 )
 
@@ -182,9 +186,7 @@ func TestFreshBaseImage(t *testing.T) {
 	if got := FreshBaseImage(root); got != "" {
 		t.Fatalf("no image: got %q", got)
 	}
-	if err := os.WriteFile(BaseImageFile(root), []byte("erofs"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeFakeImage(t, BaseImageFile(root))
 	if got := FreshBaseImage(root); got != BaseImageFile(root) {
 		t.Fatalf("image made after the tree: got %q", got)
 	}
@@ -200,6 +202,9 @@ func TestFreshBaseImage(t *testing.T) {
 		if got := b.ImageFile != ""; got != on {
 			t.Errorf("BaseImage %v: base's ImageFile %q", on, b.ImageFile)
 		}
+		if got := b.RootImage() != ""; got != on {
+			t.Errorf("BaseImage %v: base's RootImage %q", on, b.RootImage())
+		}
 	}
 	// The tree rebuilt in place after the image was made.
 	later := time.Now().Add(time.Minute)
@@ -208,5 +213,103 @@ func TestFreshBaseImage(t *testing.T) {
 	}
 	if got := FreshBaseImage(root); got != "" {
 		t.Fatalf("stale image: got %q", got)
+	}
+}
+
+// writeFakeImage writes a file that stands for an EROFS image where only
+// its superblock (bytes 1024-1151) is read: random, as a build's UUID is.
+func writeFakeImage(t *testing.T, file string) {
+	t.Helper()
+	b := make([]byte, 8192)
+	rand.Read(b)
+	if err := os.WriteFile(file, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestBaseImagePublished: base run from its image names it by its
+// superblock, a rebuilt image gets another name, and PublishBaseImage
+// puts the image into the store under that name, where another host's
+// catalog reads it back whole; publishing again is a no-op, a name this
+// host's base no longer has is refused, and without a store nothing is
+// done.
+func TestBaseImagePublished(t *testing.T) {
+	dir := t.TempDir()
+	root := filepath.Join(dir, "rootfs")
+	if err := os.MkdirAll(filepath.Join(root, "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "bin", "bash"), nil, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeFakeImage(t, BaseImageFile(root))
+	backend, err := store.NewLocal(filepath.Join(dir, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	images, err := store.New(store.Options{Backend: backend})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := NewCatalog(CatalogOptions{Dir: filepath.Join(dir, "templates"), BaseRootFS: root, BaseImage: true, Remote: images})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, err := c.Get(BaseID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := base.RootImage()
+	if want, err := BaseImageID(BaseImageFile(root)); err != nil || id != want || !strings.HasPrefix(id, ImagePrefix) {
+		t.Fatalf("base's RootImage %q, want BaseImageID %q (%v) under %q", id, want, err, ImagePrefix)
+	}
+	if base.BlockImage != "" {
+		t.Fatalf("base got a BlockImage %q: it is served from its tree", base.BlockImage)
+	}
+	ctx := context.Background()
+	if err := c.PublishBaseImage(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	got := filepath.Join(dir, "fetched")
+	if err := images.Restore(ctx, id, got); err != nil {
+		t.Fatalf("the published image: %v", err)
+	}
+	want, _ := os.ReadFile(BaseImageFile(root))
+	if b, err := os.ReadFile(filepath.Join(got, ImageManifestFile)); err != nil || !bytes.Equal(b, want) {
+		t.Fatalf("the image read back from the store differs (%d bytes, %v)", len(b), err)
+	}
+	// Once published, it is not read again for the next snapshot (nor is
+	// the store asked): even with the file gone, publishing succeeds.
+	if err := os.Remove(BaseImageFile(root)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.PublishBaseImage(ctx, id); err != nil {
+		t.Fatalf("publishing again: %v", err)
+	}
+
+	// The image rebuilt: a new name, and the old one can no longer be
+	// published from here.
+	writeFakeImage(t, BaseImageFile(root))
+	later := time.Now().Add(time.Minute)
+	if err := os.Chtimes(BaseImageFile(root), later, later); err != nil {
+		t.Fatal(err)
+	}
+	rebuilt, err := c.Get(BaseID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rebuilt.RootImage() == id || rebuilt.RootImage() == "" {
+		t.Fatalf("rebuilt image named %q, was %q", rebuilt.RootImage(), id)
+	}
+	if err := c.PublishBaseImage(ctx, "image-base-0123456789abcdef0123456789abcdef"); err == nil || !strings.Contains(err.Error(), rebuilt.RootImage()) {
+		t.Fatalf("publishing an image base no longer runs on: %v", err)
+	}
+
+	local, err := NewCatalog(CatalogOptions{Dir: filepath.Join(dir, "local"), BaseRootFS: root, BaseImage: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := local.PublishBaseImage(ctx, rebuilt.RootImage()); err != nil {
+		t.Fatalf("without a store: %v", err)
 	}
 }
