@@ -37,6 +37,11 @@ type agentSetup struct {
 	noStore bool
 	// wrapNode wraps the server's calls to the agent (Config.wrapNode).
 	wrapNode func(nodeapi.Node) nodeapi.Node
+	// rootImages runs both nodes' sandboxes without a gofer, base's too
+	// (agent.Config.RootImages, BaseRootImage).
+	rootImages bool
+	// agentBase, when set, is the agent's base tree.
+	agentBase string
 }
 
 // startAgent is startWithAgent as setup says, returning the agent too.
@@ -63,6 +68,7 @@ func startAgent(tb testing.TB, name string, setup agentSetup) (*Server, *client.
 			RunscPath: runsc, EnvdPath: filepath.Join(binDir, "envd"), BaseRootFS: base,
 			SandboxCIDR: fmt.Sprintf("10.23%d.0.0/16", 2+n%7), NetnsTag: name + string(rune('a'+n%26)),
 			NetnsPoolSize: 1, StoreURL: store, OnStop: cluster.StopKill, Logger: log,
+			RootImages: setup.rootImages, BaseRootImage: setup.rootImages,
 		}
 	}
 	cfg := Config{Config: nodeCfg(name + "a"), NoLocalNode: !localNode, wrapNode: setup.wrapNode}
@@ -79,6 +85,9 @@ func startAgent(tb testing.TB, name string, setup agentSetup) (*Server, *client.
 	}
 	agentCfg := nodeCfg(name + "b")
 	agentCfg.Join, agentCfg.ClusterToken = url, strings.TrimSpace(string(token))
+	if setup.agentBase != "" {
+		agentCfg.BaseRootFS = setup.agentBase
+	}
 	nodeAgent, err := agent.Start(ctx, agentCfg)
 	if err != nil {
 		tb.Fatal(err)

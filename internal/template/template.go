@@ -359,23 +359,8 @@ func (s *Catalog) PublishBaseImage(ctx context.Context, id string) error {
 		return nil
 	}
 	_, err, _ := s.fetching.Do("publish "+id, func() (any, error) {
-		t, err := s.base()
-		if err != nil {
+		if err := s.publishBaseImage(ctx, id); err != nil {
 			return nil, fmt.Errorf("publishing the base template's image %s: %w", id, err)
-		}
-		if t.BaseImage != id {
-			return nil, fmt.Errorf("publishing the base template's image %s: this host's base runs on %q now (rebuilt?)", id, t.BaseImage)
-		}
-		start := time.Now()
-		_, st, err := s.images.Save(ctx, id, "", map[string]string{ImageManifestFile: t.ImageFile}, nil)
-		switch {
-		case errors.Is(err, store.ErrExists):
-		case err != nil:
-			return nil, fmt.Errorf("publishing the base template's image %s: %w", id, err)
-		default:
-			s.log.Info("base template's image published, for its snapshots to restore on other hosts", "image", id,
-				"chunks", st.ChunksTotal, "chunks_uploaded", st.ChunksUploaded, "bytes_uploaded", st.BytesUploaded,
-				"took_ms", time.Since(start).Milliseconds())
 		}
 		s.mu.Lock()
 		if s.basePublished == nil {
@@ -386,6 +371,34 @@ func (s *Catalog) PublishBaseImage(ctx context.Context, id string) error {
 		return nil, nil
 	})
 	return err
+}
+
+// publishBaseImage is PublishBaseImage's work.
+func (s *Catalog) publishBaseImage(ctx context.Context, id string) error {
+	t, err := s.base()
+	if err != nil {
+		return err
+	}
+	if t.BaseImage != id {
+		// Not this host's base: a sandbox restored here from another
+		// host's snapshot runs on that host's image, from the store.
+		if _, err := s.images.Get(ctx, id); err != nil {
+			return fmt.Errorf("this host's base runs on %q (rebuilt?), and the store lacks it: %w", t.BaseImage, err)
+		}
+		return nil
+	}
+	start := time.Now()
+	_, st, err := s.images.Save(ctx, id, "", map[string]string{ImageManifestFile: t.ImageFile}, nil)
+	if errors.Is(err, store.ErrExists) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	s.log.Info("base template's image published, for its snapshots to restore on other hosts", "image", id,
+		"chunks", st.ChunksTotal, "chunks_uploaded", st.ChunksUploaded, "bytes_uploaded", st.BytesUploaded,
+		"took_ms", time.Since(start).Milliseconds())
+	return nil
 }
 
 // BaseImageFile is where the base template's tree at root is kept as an

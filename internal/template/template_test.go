@@ -302,7 +302,16 @@ func TestBaseImagePublished(t *testing.T) {
 		t.Fatalf("rebuilt image named %q, was %q", rebuilt.RootImage(), id)
 	}
 	if err := c.PublishBaseImage(ctx, "image-base-0123456789abcdef0123456789abcdef"); err == nil || !strings.Contains(err.Error(), rebuilt.RootImage()) {
-		t.Fatalf("publishing an image base no longer runs on: %v", err)
+		t.Fatalf("publishing an image base does not run on, and the store lacks: %v", err)
+	}
+	// Another host's (or this one's before a restart): in the store, so
+	// a sandbox restored from it can be snapshotted here.
+	restarted, err := NewCatalog(CatalogOptions{Dir: filepath.Join(dir, "templates"), BaseRootFS: root, BaseImage: true, Remote: images})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := restarted.PublishBaseImage(ctx, id); err != nil {
+		t.Fatalf("an image in the store, not this host's base: %v", err)
 	}
 
 	local, err := NewCatalog(CatalogOptions{Dir: filepath.Join(dir, "local"), BaseRootFS: root, BaseImage: true})

@@ -1,0 +1,144 @@
+package server
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aenvhq/aenv/internal/client"
+	"github.com/aenvhq/aenv/internal/template"
+	"github.com/aenvhq/aenv/internal/testutil"
+)
+
+// TestBaseSandboxMovesBetweenBases: base's sandboxes run without a
+// gofer, from their host's image of base. Two nodes share a store, and
+// the agent's base was imaged apart (another superblock, as every host's
+// own build has). A base sandbox migrates to the other node: its
+// snapshot names its node's image and puts it into the store, and the
+// other node restores it from that image, read from the store. Paused
+// there, it resumes back on the first node (the other draining), on that
+// node's own image again. Each time it runs without a gofer, its files
+// and processes intact.
+func TestBaseSandboxMovesBetweenBases(t *testing.T) {
+	base := os.Getenv("AENV_BASE_ROOTFS")
+	if base == "" {
+		testutil.Unavailable(t, "AENV_BASE_ROOTFS not set (make base builds it)")
+	}
+	// The agent's base: the same files (hard links), imaged at its start.
+	other := filepath.Join(t.TempDir(), "other-base")
+	if out, err := exec.Command("cp", "-al", base, other).CombinedOutput(); err != nil {
+		t.Fatalf("copying base: %v: %s", err, out)
+	}
+	srv, c, _ := startAgent(t, "bimg", agentSetup{localNode: true, rootImages: true, agentBase: other})
+	ctx := context.Background()
+	images := map[string]string{}
+	for node, root := range map[string]string{"bimga": base, "bimgb": other} {
+		id, err := template.BaseImageID(template.BaseImageFile(root))
+		if err != nil {
+			t.Fatalf("node %s made no image of its base: %v", node, err)
+		}
+		images[node] = id
+	}
+	if images["bimga"] == images["bimgb"] {
+		t.Fatalf("both nodes' base images are %s: the test needs two", images["bimga"])
+	}
+	// startAgent puts both nodes' directories side by side.
+	runDirs := map[string]string{"bimga": srv.cfg.RunDir, "bimgb": filepath.Join(filepath.Dir(srv.cfg.DataDir), "bimgb-run")}
+	sb, err := c.Create(ctx, client.CreateOptions{Timeout: 300})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := sb.SandboxID
+	t.Cleanup(func() { c.Kill(context.Background(), id) })
+	runWithin(t, c, id, "echo kept > /home/user/state.txt && "+busyboxCounter, 20*time.Second)
+	info, err := c.Get(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	from := info.NodeID
+	to := map[string]string{"bimga": "bimgb", "bimgb": "bimga"}[from]
+	withoutGofer := func(node, when string) {
+		t.Helper()
+		if n := gofers(t, runDirs[node]); n != 0 {
+			t.Fatalf("%s node %s runs %d gofers, want none", when, node, n)
+		}
+	}
+	withoutGofer(from, "at first")
+	count := func(when string) int {
+		t.Helper()
+		n, err := strconv.Atoi(runWithin(t, c, id, "cat /tmp/counter", 30*time.Second))
+		if err != nil {
+			t.Fatalf("reading the counter %s: %v", when, err)
+		}
+		return n
+	}
+	carriesOn := func(when string, before int) int {
+		t.Helper()
+		time.Sleep(300 * time.Millisecond)
+		after := count(when)
+		if after <= before {
+			t.Fatalf("%s the counter went from %d to %d: the sandbox's memory did not come along", when, before, after)
+		}
+		if got := runWithin(t, c, id, "cat /home/user/state.txt", 20*time.Second); got != "kept" {
+			t.Fatalf("%s its file: %q", when, got)
+		}
+		return after
+	}
+	published := func(node string) {
+		t.Helper()
+		if _, err := os.Stat(filepath.Join(filepath.Dir(srv.cfg.DataDir), "shared-store", "snapshots", images[node], "manifest.json")); err != nil {
+			t.Fatalf("node %s's base image %s is not in the store: %v", node, images[node], err)
+		}
+	}
+	before := count("before the migration")
+
+	mctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	m, err := c.Migrate(mctx, id, to)
+	cancel()
+	if err != nil {
+		t.Fatalf("migrating to the node with another base: %v", err)
+	}
+	if m.NodeID != to {
+		t.Fatalf("migration: %+v", m)
+	}
+	published(from)
+	before = carriesOn("after the migration", before)
+	withoutGofer(to, "after the migration")
+
+	must(t, c.Pause(ctx, id))
+	if _, err := c.Drain(ctx, to, true); err != nil {
+		t.Fatal(err)
+	}
+	got, resumed, err := c.Connect(ctx, id, 5*time.Minute)
+	if err != nil || !resumed || got.NodeID != from {
+		t.Fatalf("resuming on the first node: %+v resumed=%v %v", got, resumed, err)
+	}
+	carriesOn("after the resume on the first node", before)
+	withoutGofer(from, "after the resume")
+}
+
+// gofers counts the gVisor gofer processes of sandboxes under runDir.
+func gofers(t *testing.T, runDir string) int {
+	t.Helper()
+	procs, err := filepath.Glob("/proc/[0-9]*/cmdline")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(b), "\x00")
+		if strings.HasSuffix(args[0], "gofer") && strings.Contains(string(b), runDir) {
+			n++
+		}
+	}
+	return n
+}
