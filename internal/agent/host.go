@@ -47,6 +47,9 @@ type Host struct {
 	volumes        *volume.Dir
 	runtimeVersion string
 	log            *slog.Logger
+	// publishing is the start's publish of base's image, which stopWatch
+	// cancels too.
+	publishing sync.WaitGroup
 	// nodeMux is what NodeHandler and TLSNodeHandler serve, made once.
 	nodeMuxOnce sync.Once
 	nodeMux     http.Handler
@@ -167,6 +170,13 @@ func (h *Host) open(ctx context.Context, cfg Config, keys *sealed.Keyring, log *
 	log.Info("sandboxes are kept off the host's networks", "networks", hostNets, "exempt", cfg.EgressAllow)
 	watchCtx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
 	h.stopWatch = stopWatch
+	if baseImage(cfg) && h.images != nil {
+		h.publishing.Add(1)
+		go func() {
+			defer h.publishing.Done()
+			h.publishBaseImage(watchCtx)
+		}()
+	}
 	if err := netns.WatchHostNetworks(watchCtx, cfg.NetnsTag, func(ps []netip.Prefix) {
 		if err := h.net.SetHostNetworks(ps); err != nil {
 			log.Error("updating the host networks kept from sandboxes", "err", err)
@@ -257,6 +267,7 @@ func (h *Host) Close(ctx context.Context, stop membership.StopMode) error {
 	if h.stopWatch != nil {
 		h.stopWatch()
 	}
+	h.publishing.Wait()
 	if h.members != nil {
 		h.members.wait()
 	}
@@ -458,6 +469,19 @@ func ensureBaseImage(ctx context.Context, root string, log *slog.Logger) {
 		log.Warn("base sandboxes run with a gofer: making the base template's image failed", "err", err)
 	case made:
 		log.Info("made the base template's image", "image", template.BaseImageFile(root), "took", time.Since(start).Round(time.Millisecond))
+	}
+}
+
+// publishBaseImage puts base's image into the store ahead of the first
+// snapshot of a base sandbox, which would otherwise wait for it (~200 MB
+// the first time; a check after that).
+func (h *Host) publishBaseImage(ctx context.Context) {
+	base, err := h.templates.Get(template.BaseID)
+	if err != nil || base.BaseImage == "" {
+		return
+	}
+	if err := h.templates.PublishBaseImage(ctx, base.BaseImage); err != nil && ctx.Err() == nil {
+		h.log.Warn("publishing the base template's image ahead of its sandboxes' snapshots (the first snapshot tries again)", "err", err)
 	}
 }
 

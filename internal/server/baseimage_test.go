@@ -18,9 +18,10 @@ import (
 // TestBaseSandboxMovesBetweenBases: base's sandboxes run without a
 // gofer, from their host's image of base. Two nodes share a store, and
 // the agent's base was imaged apart (another superblock, as every host's
-// own build has). A base sandbox migrates to the other node: its
-// snapshot names its node's image and puts it into the store, and the
-// other node restores it from that image, read from the store. Paused
+// own build has); each puts its image into the store as it starts. A
+// base sandbox migrates to the other node: its snapshot names its node's
+// image, and the other node restores it from that image, read from the
+// store. Paused
 // there, it resumes back on the first node (the other draining), on that
 // node's own image again. Each time it runs without a gofer, its files
 // and processes intact.
@@ -46,6 +47,22 @@ func TestBaseSandboxMovesBetweenBases(t *testing.T) {
 	}
 	if images["bimga"] == images["bimgb"] {
 		t.Fatalf("both nodes' base images are %s: the test needs two", images["bimga"])
+	}
+	// Each node publishes its base's image as it starts, ahead of any
+	// snapshot.
+	storeDir := filepath.Join(filepath.Dir(srv.cfg.DataDir), "shared-store")
+	published := func(node string) error {
+		_, err := os.Stat(filepath.Join(storeDir, "snapshots", images[node], "manifest.json"))
+		return err
+	}
+	deadline := time.Now().Add(time.Minute)
+	for node := range images {
+		for published(node) != nil && time.Now().Before(deadline) {
+			time.Sleep(100 * time.Millisecond)
+		}
+		if err := published(node); err != nil {
+			t.Fatalf("node %s did not publish its base's image %s: %v", node, images[node], err)
+		}
 	}
 	// startAgent puts both nodes' directories side by side.
 	runDirs := map[string]string{"bimga": srv.cfg.RunDir, "bimgb": filepath.Join(filepath.Dir(srv.cfg.DataDir), "bimgb-run")}
@@ -89,12 +106,6 @@ func TestBaseSandboxMovesBetweenBases(t *testing.T) {
 		}
 		return after
 	}
-	published := func(node string) {
-		t.Helper()
-		if _, err := os.Stat(filepath.Join(filepath.Dir(srv.cfg.DataDir), "shared-store", "snapshots", images[node], "manifest.json")); err != nil {
-			t.Fatalf("node %s's base image %s is not in the store: %v", node, images[node], err)
-		}
-	}
 	before := count("before the migration")
 
 	mctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
@@ -106,7 +117,6 @@ func TestBaseSandboxMovesBetweenBases(t *testing.T) {
 	if m.NodeID != to {
 		t.Fatalf("migration: %+v", m)
 	}
-	published(from)
 	before = carriesOn("after the migration", before)
 	withoutGofer(to, "after the migration")
 
