@@ -110,8 +110,15 @@ func (n *Node) putFiles(ctx context.Context, sb *Sandbox, tarPath string) error 
 				if err != nil {
 					return fmt.Errorf("reading the tar: %w", err)
 				}
+				name := path.Clean("/" + h.Name)
+				if name == runtime.ToolsDir || strings.HasPrefix(name, runtime.ToolsDir+"/") {
+					// Its mount point, which a sandbox without a gofer
+					// makes in its root's upper layer: extracted onto
+					// the read-only mount, it failed the whole restore.
+					continue
+				}
 				if h.Typeflag == tar.TypeChar && h.Devmajor == 0 && h.Devminor == 0 {
-					whiteouts.WriteString("/" + strings.TrimPrefix(path.Clean("/"+h.Name), "/") + "\x00")
+					whiteouts.WriteString(name + "\x00")
 					continue
 				}
 				if err := tw.WriteHeader(h); err != nil {

@@ -29,7 +29,7 @@ func (n *Node) toolBinds(tpl *template.Template) ([]runtime.Bind, error) {
 		if _, err := os.Stat(src); err != nil {
 			return nil, fmt.Errorf("template %s needs the node's %s binary next to envd: %w", tpl.ID, name, err)
 		}
-		binds = append(binds, runtime.Bind{Source: src, Destination: "/.aenv/" + name})
+		binds = append(binds, runtime.Bind{Source: src, Destination: runtime.ToolsDir + "/" + name})
 	}
 	return binds, nil
 }

@@ -177,6 +177,10 @@ type StepSpec struct {
 	MemoryMB, CPUCount, PidsLimit int
 }
 
+// ToolsDir is where a sandbox finds envd and the node's tools: the node's
+// own, read-only, never part of the sandbox's files.
+const ToolsDir = "/.aenv"
+
 // Bind is a host path bound read-only at Destination (absolute, inside
 // the root filesystem).
 type Bind struct {

@@ -152,3 +152,34 @@ func gofers(t *testing.T, runDir string) int {
 	}
 	return n
 }
+
+// TestFilesOnlyPauseWithoutGofer: a base sandbox without a gofer, paused
+// with its files only, resumes by booting afresh with them, deletions
+// too. Its root's upper layer holds the mount point of /.aenv, the
+// node's read-only tools, which the files put back must leave alone.
+func TestFilesOnlyPauseWithoutGofer(t *testing.T) {
+	srv, c, url := startServerWith(t, func(cfg *Config) { cfg.RootImages, cfg.BaseRootImage = true, true })
+	ctx := context.Background()
+	sb, err := c.Create(ctx, client.CreateOptions{Timeout: 120})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := sb.SandboxID
+	defer c.Kill(ctx, id)
+	if n := gofers(t, srv.cfg.RunDir); n != 0 {
+		t.Fatalf("a base sandbox runs with %d gofers, want none", n)
+	}
+	runOut(t, c, id, "echo kept > /home/user/kept && rm /home/user/.bash_logout")
+	if status, body := rawRequest(t, srv, "POST", url+"/sandboxes/"+id+"/pause", `{"memory":false}`); status != 204 {
+		t.Fatalf("pause with files only: %d %v", status, body)
+	}
+	if status, body := rawRequest(t, srv, "POST", url+"/sandboxes/"+id+"/connect", `{"timeout":60}`); status != 201 {
+		t.Fatalf("resume from files: %d %v", status, body)
+	}
+	if got := runOut(t, c, id, "cat /home/user/kept; test -e /home/user/.bash_logout && echo deletion-lost; /.aenv/envd --version >/dev/null && echo envd-ok"); got != "kept\nenvd-ok" {
+		t.Fatalf("after the resume: %q", got)
+	}
+	if n := gofers(t, srv.cfg.RunDir); n != 0 {
+		t.Fatalf("the resumed sandbox runs with %d gofers, want none", n)
+	}
+}

@@ -17,7 +17,7 @@ import (
 )
 
 // EnvdGuestPath is where the envd binary appears inside every sandbox.
-const EnvdGuestPath = "/.aenv/envd"
+const EnvdGuestPath = runtime.ToolsDir + "/envd"
 
 // cpuPeriod is the CFS period used to express CPU counts as a quota, in
 // microseconds.
