@@ -76,21 +76,34 @@ func (s *Server) handleGetFiles(w http.ResponseWriter, r *http.Request) {
 	h.Set("Cache-Control", "no-store")
 	h.Add("Vary", "Accept-Encoding")
 	dw := &deadlineWriter{ResponseWriter: w, rc: http.NewResponseController(w)}
-	if fi.Size() > 0 && acceptsGzip(r) && r.Header.Get("Range") == "" {
-		h.Set("Content-Encoding", "gzip")
-		w.WriteHeader(http.StatusOK)
-		if r.Method == http.MethodHead {
-			return
-		}
-		gz, _ := gzip.NewWriterLevel(dw, gzip.BestSpeed)
-		if _, err := io.Copy(gz, f); err != nil {
-			s.log.Debug("sending file", "path", p, "err", err)
-			return
-		}
-		_ = gz.Close()
+	gzipped := acceptsGzip(r) && r.Header.Get("Range") == ""
+	if fi.Size() > 0 && !gzipped {
+		http.ServeContent(dw, r, "", fi.ModTime(), f)
 		return
 	}
-	http.ServeContent(dw, r, "", fi.ModTime(), f)
+	// Sent as read, without ranges: compressed, or a file that says it
+	// is empty, which it may not be (/proc's are made as they are read,
+	// and cannot seek to their end, which ranges need: that was a 500).
+	var out io.Writer = dw
+	if gzipped {
+		h.Set("Content-Encoding", "gzip")
+	}
+	w.WriteHeader(http.StatusOK)
+	if r.Method == http.MethodHead {
+		return
+	}
+	var gz *gzip.Writer
+	if gzipped {
+		gz, _ = gzip.NewWriterLevel(dw, gzip.BestSpeed)
+		out = gz
+	}
+	if _, err := io.Copy(out, f); err != nil {
+		s.log.Debug("sending file", "path", p, "err", err)
+		return
+	}
+	if gz != nil {
+		_ = gz.Close()
+	}
 }
 
 func acceptsGzip(r *http.Request) bool {

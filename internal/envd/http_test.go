@@ -133,6 +133,41 @@ func TestFilesRoundTrip(t *testing.T) {
 	check(out[0].Path)
 }
 
+// TestFilesOfNoSize: a file that says it is empty is sent as read, with
+// or without gzip: /proc's have content all the same (and cannot seek to
+// their end, which ranges need), and an empty file is an empty body.
+func TestFilesOfNoSize(t *testing.T) {
+	e := newEnv(t)
+	empty := filepath.Join(e.home, "empty")
+	must(t, os.WriteFile(empty, nil, 0o644))
+	for _, tc := range []struct {
+		path, want string
+	}{
+		{"/proc/self/status", "Name:"},
+		{"/proc/meminfo", "MemTotal:"},
+		{empty, ""},
+	} {
+		for _, enc := range []string{"", "gzip"} {
+			r, err := http.NewRequest("GET", e.baseURL+"/files?"+url.Values{"path": {tc.path}}.Encode(), nil)
+			must(t, err)
+			r.Header.Set("Accept-Encoding", enc)
+			res, err := e.ts.Client().Do(r)
+			must(t, err)
+			body := io.Reader(res.Body)
+			if res.Header.Get("Content-Encoding") == "gzip" {
+				gz, err := gzip.NewReader(res.Body)
+				must(t, err)
+				body = gz
+			}
+			got, err := io.ReadAll(body)
+			res.Body.Close()
+			if err != nil || res.StatusCode != 200 || !strings.Contains(string(got), tc.want) || (tc.want == "" && len(got) != 0) {
+				t.Fatalf("download (%q) of %s: %d, %v, %.80q", enc, tc.path, res.StatusCode, err, got)
+			}
+		}
+	}
+}
+
 func TestFilesMultipleFilesInOneUpload(t *testing.T) {
 	e := newEnv(t)
 	abs := filepath.Join(t.TempDir(), "abs", "two.txt")
