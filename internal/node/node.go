@@ -55,6 +55,11 @@ var ErrInvalid = errors.New("invalid request")
 // runtime version than this node's.
 var ErrIncompatible = errors.New("snapshot saved by a different runtime")
 
+// ErrNoRootImage is returned for a snapshot saved on an image of its
+// template's files that this node cannot read: another host's base, with
+// no store the nodes share.
+var ErrNoRootImage = errors.New("the image the snapshot was saved on is not on this node")
+
 // Network hands out and takes back per-sandbox network slots.
 type Network interface {
 	Acquire(ctx context.Context, opts netns.SlotOptions) (*netns.Slot, error)

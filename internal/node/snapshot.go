@@ -185,10 +185,19 @@ func (n *Node) restoreTarget(ctx context.Context, snap *snapshot.Snapshot, req C
 		// The template changed since, or the snapshot was saved on
 		// another host's base: the state goes back on the image it was
 		// saved on, which the store keeps.
-		old := *tpl
-		old.BlockImage, old.ImageFile, old.BaseImage = snap.RootImage, "", ""
-		if n.cfg.RootFS.Serves(&old) {
-			tpl = &old
+		switch stored := n.cfg.Templates.Stored(); {
+		case tpl.ID == template.BaseID && !stored && len(snap.Mounts) > 0:
+			// With volumes it ran with a gofer, which reads this
+			// host's tree as well as its own.
+		case tpl.ID == template.BaseID && !stored:
+			return nil, "", fmt.Errorf("restoring snapshot %s: %w: it was saved on an image of base this host lacks (%s, another host's or one rebuilt since; this host's is %q), and this node has no store to read it from: give the nodes a store they share (--store), or run base with a gofer (--base-root-image=false)",
+				snap.ID, ErrNoRootImage, snap.RootImage, tpl.BaseImage)
+		default:
+			old := *tpl
+			old.BlockImage, old.ImageFile, old.BaseImage = snap.RootImage, "", ""
+			if n.cfg.RootFS.Serves(&old) {
+				tpl = &old
+			}
 		}
 	}
 	id := req.SandboxID

@@ -26,15 +26,8 @@ import (
 // node's own image again. Each time it runs without a gofer, its files
 // and processes intact.
 func TestBaseSandboxMovesBetweenBases(t *testing.T) {
+	other := otherBase(t)
 	base := os.Getenv("AENV_BASE_ROOTFS")
-	if base == "" {
-		testutil.Unavailable(t, "AENV_BASE_ROOTFS not set (make base builds it)")
-	}
-	// The agent's base: the same files (hard links), imaged at its start.
-	other := filepath.Join(t.TempDir(), "other-base")
-	if out, err := exec.Command("cp", "-al", base, other).CombinedOutput(); err != nil {
-		t.Fatalf("copying base: %v: %s", err, out)
-	}
 	srv, c, _ := startAgent(t, "bimg", agentSetup{localNode: true, rootImages: true, agentBase: other})
 	ctx := context.Background()
 	images := map[string]string{}
@@ -130,6 +123,56 @@ func TestBaseSandboxMovesBetweenBases(t *testing.T) {
 	}
 	carriesOn("after the resume on the first node", before)
 	withoutGofer(from, "after the resume")
+}
+
+// TestBaseSandboxStaysWithoutStore: two nodes share no store, and their
+// bases were imaged apart. A base sandbox cannot move to the other node,
+// which has no way to read its image: the migration is refused with a
+// 409 that says what to do, and the sandbox runs on where it was.
+func TestBaseSandboxStaysWithoutStore(t *testing.T) {
+	other := otherBase(t)
+	_, c, _ := startAgent(t, "bnst", agentSetup{localNode: true, noStore: true, rootImages: true, agentBase: other})
+	ctx := context.Background()
+	sb, err := c.Create(ctx, client.CreateOptions{Timeout: 300})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := sb.SandboxID
+	t.Cleanup(func() { c.Kill(context.Background(), id) })
+	runWithin(t, c, id, "echo kept > /home/user/state.txt", 20*time.Second)
+	info, err := c.Get(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	to := map[string]string{"bnsta": "bnstb", "bnstb": "bnsta"}[info.NodeID]
+	mctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	_, err = c.Migrate(mctx, id, to)
+	cancel()
+	if !isStatus(err, 409) || !strings.Contains(err.Error(), "--store") {
+		t.Fatalf("migrating to a node with another base and no store: %v, want a 409 that names --store", err)
+	}
+	t.Logf("refused: %v", err)
+	if got, err := c.Get(ctx, id); err != nil || got.State != "running" || got.NodeID != info.NodeID {
+		t.Fatalf("after the refused migration: %+v %v, want it running on %s", got, err, info.NodeID)
+	}
+	if got := runWithin(t, c, id, "cat /home/user/state.txt", 20*time.Second); got != "kept" {
+		t.Fatalf("its file after the refused migration: %q", got)
+	}
+}
+
+// otherBase is another host's base: the same files as AENV_BASE_ROOTFS
+// (hard links), which its server images apart as it starts.
+func otherBase(t *testing.T) string {
+	t.Helper()
+	base := os.Getenv("AENV_BASE_ROOTFS")
+	if base == "" {
+		testutil.Unavailable(t, "AENV_BASE_ROOTFS not set (make base builds it)")
+	}
+	other := filepath.Join(t.TempDir(), "other-base")
+	if out, err := exec.Command("cp", "-al", base, other).CombinedOutput(); err != nil {
+		t.Fatalf("copying base: %v: %s", err, out)
+	}
+	return other
 }
 
 // gofers counts the gVisor gofer processes of sandboxes under runDir.

@@ -287,6 +287,10 @@ func (s *Catalog) base() (*Template, error) {
 	return t, nil
 }
 
+// Stored says whether the catalog has a store beyond this host, where
+// block images are published and read.
+func (s *Catalog) Stored() bool { return s.images != nil }
+
 // RootImage is the block image t's sandboxes run on, which their
 // snapshots name: its BlockImage, or base's image (BaseImage).
 func (t *Template) RootImage() string { return cmp.Or(t.BlockImage, t.BaseImage) }

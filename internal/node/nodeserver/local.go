@@ -422,7 +422,7 @@ func wireError(err error) error {
 		code = connect.CodeResourceExhausted
 	case errors.Is(err, node.ErrExists):
 		code = connect.CodeAlreadyExists
-	case errors.Is(err, node.ErrIncompatible):
+	case errors.Is(err, node.ErrIncompatible), errors.Is(err, node.ErrNoRootImage):
 		code = connect.CodeFailedPrecondition
 	case errors.Is(err, node.ErrUnsupported):
 		code = connect.CodeUnimplemented
