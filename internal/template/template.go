@@ -130,8 +130,6 @@ type Catalog struct {
 	// baseIDs memoizes BaseImageID by the image's path, size and time:
 	// base is looked up on every create of it.
 	baseIDs map[baseImageKey]string
-	// basePublished holds the base images known to be in the store.
-	basePublished map[string]bool
 	// baseSize and baseTime describe the base tree, measured once.
 	baseMeasured bool
 	baseSize     int64
@@ -347,31 +345,20 @@ func BaseImageID(file string) (string, error) {
 }
 
 // PublishBaseImage puts base's image, id (its BaseImage), into the store
-// unless it is there, once per process: a snapshot of a sandbox run on it
-// names it, and another host restores the snapshot from it. Without a
-// store no other host can reach the snapshot: nothing to do. The first
-// publish of an image reads and uploads its ~200 MB; later ones, here or
-// after a restart, find it there.
+// unless it is there: a snapshot of a sandbox run on it names it, and
+// another host restores the snapshot from it. The first publish of an
+// image reads and uploads its ~200 MB; later ones find it there, at the
+// cost of a look (not remembered here: the store's collector deletes an
+// image no sandbox or snapshot has used for a while). Without a store no
+// other host can reach the snapshot: nothing to do.
 func (s *Catalog) PublishBaseImage(ctx context.Context, id string) error {
 	if s.images == nil {
-		return nil
-	}
-	s.mu.Lock()
-	done := s.basePublished[id]
-	s.mu.Unlock()
-	if done {
 		return nil
 	}
 	_, err, _ := s.fetching.Do("publish "+id, func() (any, error) {
 		if err := s.publishBaseImage(ctx, id); err != nil {
 			return nil, fmt.Errorf("publishing the base template's image %s: %w", id, err)
 		}
-		s.mu.Lock()
-		if s.basePublished == nil {
-			s.basePublished = map[string]bool{}
-		}
-		s.basePublished[id] = true
-		s.mu.Unlock()
 		return nil, nil
 	})
 	return err

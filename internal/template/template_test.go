@@ -230,9 +230,10 @@ func writeFakeImage(t *testing.T, file string) {
 // TestBaseImagePublished: base run from its image names it by its
 // superblock, a rebuilt image gets another name, and PublishBaseImage
 // puts the image into the store under that name, where another host's
-// catalog reads it back whole; publishing again is a no-op, a name this
-// host's base no longer has is refused, and without a store nothing is
-// done.
+// catalog reads it back whole; publishing again finds it there, and puts it
+// back once the store's collector deleted it; a name this host's base no
+// longer has is refused unless the store has it, and without a store
+// nothing is done.
 func TestBaseImagePublished(t *testing.T) {
 	dir := t.TempDir()
 	root := filepath.Join(dir, "rootfs")
@@ -278,13 +279,19 @@ func TestBaseImagePublished(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(got, ImageManifestFile)); err != nil || !bytes.Equal(b, want) {
 		t.Fatalf("the image read back from the store differs (%d bytes, %v)", len(b), err)
 	}
-	// Once published, it is not read again for the next snapshot (nor is
-	// the store asked): even with the file gone, publishing succeeds.
-	if err := os.Remove(BaseImageFile(root)); err != nil {
+	if err := c.PublishBaseImage(ctx, id); err != nil {
+		t.Fatalf("publishing again: %v", err)
+	}
+	// The store's collector deleted it (no sandbox used it for a while):
+	// the next publish puts it back.
+	if err := images.Delete(ctx, id); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.PublishBaseImage(ctx, id); err != nil {
-		t.Fatalf("publishing again: %v", err)
+		t.Fatalf("publishing after a collection: %v", err)
+	}
+	if err := images.Restore(ctx, id, filepath.Join(dir, "back")); err != nil {
+		t.Fatalf("the image was not published again after a collection: %v", err)
 	}
 
 	// The image rebuilt: a new name, and the old one can no longer be
