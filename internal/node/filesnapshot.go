@@ -177,7 +177,7 @@ func (n *Node) reboot(ctx context.Context, snap *snapshot.Snapshot, req CreateRe
 	}
 	defer os.RemoveAll(dir)
 	scratch, err := n.boot(ctx, NewID(), tpl, bootOptions{CPUCount: snap.CPUCount, MemoryMB: snap.MemoryMB,
-		ImageDir: snap.Dir, DiskMB: snap.WritableMB, Mounts: snap.Mounts})
+		ImageDir: snap.Dir, DiskMB: snap.WritableMB, RootImage: snap.RootImage, Mounts: snap.Mounts})
 	if err != nil {
 		return nil, fmt.Errorf("rebooting from snapshot %s: restoring it to read its files: %w", snap.ID, err)
 	}

@@ -551,9 +551,11 @@ type bootOptions struct {
 	CPUCount, MemoryMB int
 	Network            netns.SlotOptions
 	// ImageDir, when set, restores the saved state there instead of
-	// booting; DiskMB is then the saved sandbox's disk.
-	ImageDir string
-	DiskMB   int
+	// booting; DiskMB is then the saved sandbox's disk, and RootImage the
+	// image its root ran on.
+	ImageDir  string
+	DiskMB    int
+	RootImage string
 	// Mounts are volumes to bind read-write.
 	Mounts []snapshot.Mount
 	// ForPool boots a sandbox for the warm pool: one that never makes
@@ -735,6 +737,13 @@ const preparedMB = 16
 // differs. The pool's own restores take none.
 func (n *Node) preparedKey(tpl *template.Template, sb *Sandbox, opts bootOptions) (PoolKey, bool) {
 	if _, ok := n.cfg.Runtime.(runtime.Preparer); !ok || opts.ImageDir == "" || opts.ForPool || len(opts.Mounts) > 0 {
+		return PoolKey{}, false
+	}
+	if opts.RootImage != tpl.RootImage() {
+		// The prepared sandboxes mount the template's image (or its tree
+		// through a gofer), and a restore must mount its root as it was
+		// saved: the runtime would refuse, after the prepared sandbox
+		// was spent (a snapshot from before base ran from its image).
 		return PoolKey{}, false
 	}
 	key := PoolKey{TemplateID: tpl.ID, Restores: true}

@@ -310,3 +310,43 @@ func TestPoolPerTemplate(t *testing.T) {
 		t.Fatalf("PerTemplate =\n%+v\nwant\n%+v", got, want)
 	}
 }
+
+// TestPreparedOnlyOnTheSameImage: a snapshot saved on another image than
+// the template's now (base's before it ran from its image, an older
+// version of a template) restores without a prepared sandbox, which
+// mounts the template's: the runtime would refuse it after taking it.
+func TestPreparedOnlyOnTheSameImage(t *testing.T) {
+	h := newHost(t)
+	n, saver := preparingNode(t, h)
+	ctx := context.Background()
+	own := PoolKey{TemplateID: testTemplate, Restores: true}
+	waitFor(t, func() bool { return poolStatus(t, n, own).Ready == 1 }, "a prepared sandbox")
+	resume := func(rootImage string) {
+		t.Helper()
+		sb, err := n.Create(ctx, CreateRequest{TemplateID: testTemplate, TeamID: "t1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.mu.Lock()
+		n.sandboxes[sb.ID].RootImage = rootImage
+		n.mu.Unlock()
+		snap, err := n.Snapshot(ctx, sb.ID, SnapshotOptions{Kind: snapshot.KindPause, Stop: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := n.Create(ctx, CreateRequest{SnapshotID: snap.ID, SandboxID: sb.ID, TeamID: "t1"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resume("image-saved-on-another")
+	if saver.restoredInto != 0 {
+		t.Fatalf("a snapshot of another image was restored into a prepared sandbox")
+	}
+	if got := poolStatus(t, n, own).Ready; got != 1 {
+		t.Fatalf("prepared sandboxes after it: %d, want the 1 untouched", got)
+	}
+	resume("")
+	if saver.restoredInto != 1 {
+		t.Fatalf("a snapshot of the template's own image: %d restores into prepared sandboxes, want 1", saver.restoredInto)
+	}
+}

@@ -198,7 +198,7 @@ func (n *Node) bootService(ctx context.Context, id string, tpl *template.Templat
 		return nil, err
 	}
 	sb, err := n.boot(ctx, id, tpl, bootOptions{
-		CPUCount: snap.CPUCount, MemoryMB: snap.MemoryMB, Network: opts.Network, ImageDir: snap.Dir, DiskMB: snap.WritableMB,
+		CPUCount: snap.CPUCount, MemoryMB: snap.MemoryMB, Network: opts.Network, ImageDir: snap.Dir, DiskMB: snap.WritableMB, RootImage: snap.RootImage,
 		ForPool: opts.ForPool,
 	})
 	if err != nil {

@@ -148,7 +148,7 @@ func (n *Node) restore(ctx context.Context, snap *snapshot.Snapshot, req CreateR
 	}
 	start := time.Now()
 	sb, err := n.boot(ctx, id, tpl, bootOptions{
-		CPUCount: snap.CPUCount, MemoryMB: snap.MemoryMB, Network: req.Network, ImageDir: snap.Dir,
+		CPUCount: snap.CPUCount, MemoryMB: snap.MemoryMB, Network: req.Network, ImageDir: snap.Dir, RootImage: snap.RootImage,
 		DiskMB: snap.WritableMB, Mounts: snap.Mounts,
 	})
 	if err != nil {
