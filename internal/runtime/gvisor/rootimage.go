@@ -98,7 +98,7 @@ func (d *Driver) rootMode(ctx context.Context, spec runtime.Spec, mode startMode
 		if err != nil {
 			return "", err
 		}
-		id, err := imageIdentity(img)
+		id, err := blockimage.Identity(img)
 		if err != nil {
 			return "", err
 		}
@@ -245,7 +245,7 @@ func (d *Driver) mountedImages() (map[string]bool, bool) {
 func (d *Driver) adoptSavedTools(imageDir, id string) (string, error) {
 	want, _ := readIdentity(filepath.Join(imageDir, toolsImageMarker))
 	saved := filepath.Join(imageDir, savedToolsImage)
-	switch got, err := imageIdentity(saved); {
+	switch got, err := blockimage.Identity(saved); {
 	case errors.Is(err, fs.ErrNotExist):
 		return "", errOtherTools
 	case err != nil:
@@ -257,7 +257,7 @@ func (d *Driver) adoptSavedTools(imageDir, id string) (string, error) {
 	out := filepath.Join(d.imagesDir(), "saved-"+want[:16]+".erofs")
 	d.imageMu.Lock()
 	defer d.imageMu.Unlock()
-	if got, err := imageIdentity(out); err == nil && got == want {
+	if got, err := blockimage.Identity(out); err == nil && got == want {
 		return out, nil
 	}
 	if err := os.MkdirAll(d.imagesDir(), 0o755); err != nil {
@@ -335,7 +335,7 @@ const (
 // the /.aenv image toolsImage in dir, the directory of its sandbox, which
 // runs without a gofer.
 func noteRootImage(dir string, spec runtime.Spec, toolsImage string) error {
-	id, err := imageIdentity(spec.Root.Image)
+	id, err := blockimage.Identity(spec.Root.Image)
 	if err != nil {
 		return err
 	}
@@ -353,7 +353,7 @@ func recordedTools(dir string) (image, id string, err error) {
 	if !ok {
 		return "", "", nil
 	}
-	id, err = imageIdentity(image)
+	id, err = blockimage.Identity(image)
 	return image, id, err
 }
 
@@ -438,24 +438,6 @@ func sameRootMode(got, imageDir string) bool {
 	return got != "" && (want == "" || want == got)
 }
 
-// imageIdentity names an EROFS image by its superblock (128 bytes at
-// 1024: its UUID, build time and checksum among them), which is what
-// gVisor compares on restore; reading it costs one read, even of an image
-// served on demand.
-func imageIdentity(image string) (string, error) {
-	f, err := os.Open(image)
-	if err != nil {
-		return "", fmt.Errorf("reading the root image's superblock: %w", err)
-	}
-	defer f.Close()
-	sb := make([]byte, 128)
-	if _, err := f.ReadAt(sb, 1024); err != nil {
-		return "", fmt.Errorf("reading the root image's superblock: %w", err)
-	}
-	sum := sha256.Sum256(sb)
-	return hex.EncodeToString(sum[:]), nil
-}
-
 // sameRootImage checks that image is the root image the checkpoint in
 // imageDir was saved from, so that a restore from another (another
 // host's base tree) fails with a reason rather than in gVisor's loader.
@@ -464,7 +446,7 @@ func sameRootImage(imageDir, image string) error {
 	if want == "" {
 		return nil
 	}
-	got, err := imageIdentity(image)
+	got, err := blockimage.Identity(image)
 	if err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aenvhq/aenv/internal/blockimage"
 	"github.com/aenvhq/aenv/internal/runtime"
 	"github.com/aenvhq/aenv/internal/testutil"
 )
@@ -373,7 +374,7 @@ func TestSameToolsImage(t *testing.T) {
 	}
 	root, tools, upgraded := image("root", 1), image("tools", 2), image("upgraded", 3)
 	identity := func(image string) string {
-		id, err := imageIdentity(image)
+		id, err := blockimage.Identity(image)
 		if err != nil {
 			t.Fatal(err)
 		}
