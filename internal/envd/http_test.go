@@ -84,26 +84,9 @@ func TestFilesRoundTrip(t *testing.T) {
 			t.Fatalf("%s owned by %d:%d, want %d:%d", path, st.Uid, st.Gid, uid, gid)
 		}
 		for _, enc := range []string{"", "gzip"} {
-			q := url.Values{"path": {path}}
-			r, err := http.NewRequest("GET", e.baseURL+"/files?"+q.Encode(), nil)
-			must(t, err)
-			// Set explicitly, so that the transport does not decode for us.
-			r.Header.Set("Accept-Encoding", enc)
-			res, err := e.ts.Client().Do(r)
-			must(t, err)
-			body := io.Reader(res.Body)
-			if res.Header.Get("Content-Encoding") == "gzip" {
-				gz, err := gzip.NewReader(res.Body)
-				must(t, err)
-				body = gz
-			} else if enc == "gzip" {
-				t.Fatal("gzip was asked for but not used")
-			}
-			got, err := io.ReadAll(body)
-			res.Body.Close()
-			must(t, err)
-			if res.StatusCode != 200 || !bytes.Equal(got, data) {
-				t.Fatalf("download (%q) of %s: %d, %d bytes", enc, path, res.StatusCode, len(got))
+			status, got := e.download(path, enc)
+			if status != 200 || !bytes.Equal(got, data) {
+				t.Fatalf("download (%q) of %s: %d, %d bytes", enc, path, status, len(got))
 			}
 		}
 	}
@@ -148,24 +131,37 @@ func TestFilesOfNoSize(t *testing.T) {
 		{empty, ""},
 	} {
 		for _, enc := range []string{"", "gzip"} {
-			r, err := http.NewRequest("GET", e.baseURL+"/files?"+url.Values{"path": {tc.path}}.Encode(), nil)
-			must(t, err)
-			r.Header.Set("Accept-Encoding", enc)
-			res, err := e.ts.Client().Do(r)
-			must(t, err)
-			body := io.Reader(res.Body)
-			if res.Header.Get("Content-Encoding") == "gzip" {
-				gz, err := gzip.NewReader(res.Body)
-				must(t, err)
-				body = gz
-			}
-			got, err := io.ReadAll(body)
-			res.Body.Close()
-			if err != nil || res.StatusCode != 200 || !strings.Contains(string(got), tc.want) || (tc.want == "" && len(got) != 0) {
-				t.Fatalf("download (%q) of %s: %d, %v, %.80q", enc, tc.path, res.StatusCode, err, got)
+			status, got := e.download(tc.path, enc)
+			if status != 200 || !strings.Contains(string(got), tc.want) || (tc.want == "" && len(got) != 0) {
+				t.Fatalf("download (%q) of %s: %d, %.80q", enc, tc.path, status, got)
 			}
 		}
 	}
+}
+
+// download GETs path through /files asking for encoding enc ("" or
+// "gzip", which it then must get) and returns the status and the body,
+// decoded.
+func (e *env) download(path, enc string) (int, []byte) {
+	e.t.Helper()
+	r, err := http.NewRequest("GET", e.baseURL+"/files?"+url.Values{"path": {path}}.Encode(), nil)
+	must(e.t, err)
+	// Set explicitly, so that the transport does not decode for us.
+	r.Header.Set("Accept-Encoding", enc)
+	res, err := e.ts.Client().Do(r)
+	must(e.t, err)
+	defer res.Body.Close()
+	body := io.Reader(res.Body)
+	if res.Header.Get("Content-Encoding") == "gzip" {
+		gz, err := gzip.NewReader(res.Body)
+		must(e.t, err)
+		body = gz
+	} else if enc == "gzip" && res.StatusCode == 200 {
+		e.t.Fatalf("download of %s: gzip was asked for but not used", path)
+	}
+	got, err := io.ReadAll(body)
+	must(e.t, err)
+	return res.StatusCode, got
 }
 
 func TestFilesMultipleFilesInOneUpload(t *testing.T) {

@@ -5,7 +5,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -74,32 +73,13 @@ func TestBaseSandboxMovesBetweenBases(t *testing.T) {
 	to := map[string]string{"bimga": "bimgb", "bimgb": "bimga"}[from]
 	withoutGofer := func(node, when string) {
 		t.Helper()
-		if n := gofers(t, runDirs[node]); n != 0 {
+		if n := testutil.Gofers(t, runDirs[node]); n != 0 {
 			t.Fatalf("%s node %s runs %d gofers, want none", when, node, n)
 		}
 	}
 	withoutGofer(from, "at first")
-	count := func(when string) int {
-		t.Helper()
-		n, err := strconv.Atoi(runWithin(t, c, id, "cat /tmp/counter", 30*time.Second))
-		if err != nil {
-			t.Fatalf("reading the counter %s: %v", when, err)
-		}
-		return n
-	}
-	carriesOn := func(when string, before int) int {
-		t.Helper()
-		time.Sleep(300 * time.Millisecond)
-		after := count(when)
-		if after <= before {
-			t.Fatalf("%s the counter went from %d to %d: the sandbox's memory did not come along", when, before, after)
-		}
-		if got := runWithin(t, c, id, "cat /home/user/state.txt", 20*time.Second); got != "kept" {
-			t.Fatalf("%s its file: %q", when, got)
-		}
-		return after
-	}
-	before := count("before the migration")
+	moved := movedSandbox{t: t, c: c, id: id, check: "cat /home/user/state.txt", want: "kept"}
+	before := moved.count("before the migration")
 
 	mctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	m, err := c.Migrate(mctx, id, to)
@@ -110,7 +90,7 @@ func TestBaseSandboxMovesBetweenBases(t *testing.T) {
 	if m.NodeID != to {
 		t.Fatalf("migration: %+v", m)
 	}
-	before = carriesOn("after the migration", before)
+	before = moved.carriesOn("after the migration", before)
 	withoutGofer(to, "after the migration")
 
 	must(t, c.Pause(ctx, id))
@@ -121,7 +101,7 @@ func TestBaseSandboxMovesBetweenBases(t *testing.T) {
 	if err != nil || !resumed || got.NodeID != from {
 		t.Fatalf("resuming on the first node: %+v resumed=%v %v", got, resumed, err)
 	}
-	carriesOn("after the resume on the first node", before)
+	moved.carriesOn("after the resume on the first node", before)
 	withoutGofer(from, "after the resume")
 }
 
@@ -175,27 +155,6 @@ func otherBase(t *testing.T) string {
 	return other
 }
 
-// gofers counts the gVisor gofer processes of sandboxes under runDir.
-func gofers(t *testing.T, runDir string) int {
-	t.Helper()
-	procs, err := filepath.Glob("/proc/[0-9]*/cmdline")
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for _, p := range procs {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			continue
-		}
-		args := strings.Split(string(b), "\x00")
-		if strings.HasSuffix(args[0], "gofer") && strings.Contains(string(b), runDir) {
-			n++
-		}
-	}
-	return n
-}
-
 // TestFilesOnlyPauseWithoutGofer: a base sandbox without a gofer, paused
 // with its files only, resumes by booting afresh with them, deletions
 // too. Its root's upper layer holds the mount point of /.aenv, the
@@ -209,7 +168,7 @@ func TestFilesOnlyPauseWithoutGofer(t *testing.T) {
 	}
 	id := sb.SandboxID
 	defer c.Kill(ctx, id)
-	if n := gofers(t, srv.cfg.RunDir); n != 0 {
+	if n := testutil.Gofers(t, srv.cfg.RunDir); n != 0 {
 		t.Fatalf("a base sandbox runs with %d gofers, want none", n)
 	}
 	runOut(t, c, id, "echo kept > /home/user/kept && rm /home/user/.bash_logout")
@@ -222,7 +181,7 @@ func TestFilesOnlyPauseWithoutGofer(t *testing.T) {
 	if got := runOut(t, c, id, "cat /home/user/kept; test -e /home/user/.bash_logout && echo deletion-lost; /.aenv/envd --version >/dev/null && echo envd-ok"); got != "kept\nenvd-ok" {
 		t.Fatalf("after the resume: %q", got)
 	}
-	if n := gofers(t, srv.cfg.RunDir); n != 0 {
+	if n := testutil.Gofers(t, srv.cfg.RunDir); n != 0 {
 		t.Fatalf("the resumed sandbox runs with %d gofers, want none", n)
 	}
 }

@@ -77,6 +77,41 @@ func (n *cuttingNode) ExportSnapshot(ctx context.Context, req *nodev1.ExportSnap
 // busyboxCounter starts, in a sandbox of the busybox template, a
 // background count in a shell's memory written to /tmp/counter: were its
 // memory lost, the count would start over.
+// movedSandbox checks that sandbox id, running busyboxCounter, carries
+// on after a move: its counter went on from where it was (its memory came
+// along), and check prints want (its files did).
+type movedSandbox struct {
+	t           *testing.T
+	c           *client.Client
+	id          string
+	check, want string
+}
+
+// count reads the counter, when says at which point of the test.
+func (m movedSandbox) count(when string) int {
+	m.t.Helper()
+	n, err := strconv.Atoi(runWithin(m.t, m.c, m.id, "cat /tmp/counter", 30*time.Second))
+	if err != nil {
+		m.t.Fatalf("reading the counter %s: %v", when, err)
+	}
+	return n
+}
+
+// carriesOn checks the counter went past before, and the files, and
+// returns the counter.
+func (m movedSandbox) carriesOn(when string, before int) int {
+	m.t.Helper()
+	time.Sleep(300 * time.Millisecond)
+	after := m.count(when)
+	if after <= before {
+		m.t.Fatalf("%s the counter went from %d to %d: the sandbox's memory did not come along", when, before, after)
+	}
+	if got := runWithin(m.t, m.c, m.id, m.check, 20*time.Second); got != m.want {
+		m.t.Fatalf("%s its files: %q", when, got)
+	}
+	return after
+}
+
 const busyboxCounter = `i=0; while true; do i=$((i+1)); echo $i > /tmp/counter.tmp; mv /tmp/counter.tmp /tmp/counter; sleep 0.05; done >/dev/null 2>&1 &
 sleep 0.3`
 
@@ -139,27 +174,8 @@ func TestMoveWithoutStore(t *testing.T) {
 		t.Fatalf("placed on %+v %v, want %s", info, err, local)
 	}
 	runWithin(t, c, id, "echo kept > /home/user/state.txt && "+busyboxCounter, 20*time.Second)
-	count := func(when string) int {
-		t.Helper()
-		n, err := strconv.Atoi(runWithin(t, c, id, "cat /tmp/counter", 30*time.Second))
-		if err != nil {
-			t.Fatalf("reading the counter %s: %v", when, err)
-		}
-		return n
-	}
-	carriesOn := func(when string, before int) int {
-		t.Helper()
-		time.Sleep(300 * time.Millisecond)
-		after := count(when)
-		if after <= before {
-			t.Fatalf("%s the counter went from %d to %d: the sandbox's memory did not come along", when, before, after)
-		}
-		if got := runWithin(t, c, id, "cat /home/user/state.txt /etc/marker", 20*time.Second); got != "kept\nfrom the server's node" {
-			t.Fatalf("%s its files: %q", when, got)
-		}
-		return after
-	}
-	before := count("before the migration")
+	moved := movedSandbox{t: t, c: c, id: id, check: "cat /home/user/state.txt /etc/marker", want: "kept\nfrom the server's node"}
+	before := moved.count("before the migration")
 
 	// Migrated: the snapshot and the template go to the agent.
 	mctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
@@ -172,7 +188,7 @@ func TestMoveWithoutStore(t *testing.T) {
 		t.Fatalf("migration: %+v", m)
 	}
 	// Its template's marker, read there, says the template came along.
-	before = carriesOn("after the migration", before)
+	before = moved.carriesOn("after the migration", before)
 
 	// Paused on the agent, resumed on the server's node through a relay
 	// cut midway.
@@ -189,7 +205,7 @@ func TestMoveWithoutStore(t *testing.T) {
 		t.Fatalf("exports from the agent: %d cuts after %d bytes, starting at %v bytes; want one cut, then a resume from what went through",
 			cuts, passed, offsets)
 	}
-	before = carriesOn("after the resume elsewhere", before)
+	before = moved.carriesOn("after the resume elsewhere", before)
 	if _, err := c.Drain(ctx, remote, false); err != nil {
 		t.Fatal(err)
 	}

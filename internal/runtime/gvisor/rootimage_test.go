@@ -41,7 +41,7 @@ func TestWithoutGofer(t *testing.T) {
 	}
 	t.Cleanup(func() { f.driver.Kill(context.Background(), spec.ID) })
 	waitHealth(t, slot.HostAddr)
-	if n := gofers(t, f.driver.runc.Root); n != 0 {
+	if n := testutil.Gofers(t, f.driver.runc.Root); n != 0 {
 		t.Fatalf("%d gofer processes run for a sandbox whose root is an image", n)
 	}
 	f.run(t, spec.ID, "dd if=/dev/urandom of=/big bs=1M count=32 2>/dev/null && sync")
@@ -199,27 +199,6 @@ func readFileOr(t *testing.T, file string) string {
 		t.Fatal(err)
 	}
 	return string(b)
-}
-
-// gofers counts the gofer processes of the runsc whose root is root.
-func gofers(t *testing.T, root string) int {
-	t.Helper()
-	procs, err := filepath.Glob("/proc/[0-9]*/cmdline")
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for _, p := range procs {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			continue
-		}
-		// runsc names its processes by their part: runsc-gofer, runsc-sandbox.
-		if bytes.HasPrefix(b, []byte("runsc-gofer\x00")) && bytes.Contains(b, []byte(root)) {
-			n++
-		}
-	}
-	return n
 }
 
 // TestToolsImageSameEverywhere: the /.aenv image of the same binaries is
