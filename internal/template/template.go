@@ -11,6 +11,8 @@ package template
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -26,7 +28,6 @@ import (
 
 	"golang.org/x/sync/singleflight"
 
-	"github.com/aenvhq/aenv/internal/blockimage"
 	"github.com/aenvhq/aenv/internal/store"
 )
 
@@ -324,17 +325,25 @@ func (s *Catalog) baseImageID(file string) (string, error) {
 	return id, nil
 }
 
-// BaseImageID names base's image at file in the store by its superblock
-// (blockimage.Identity), which is also what gVisor checks a restore's
-// image by. Hashing the whole 200 MB, as a template's image is named,
-// would cost every server start a second of CPU for the same answer: no
-// two builds share a superblock.
+// BaseImageID names base's image at file in the store by a digest of its
+// EROFS superblock (its UUID, build time and checksum). Hashing the whole
+// 200 MB, as a template's image is named, would cost every server start a
+// second of CPU for the same answer: no two builds share a superblock.
+// It is read here rather than with blockimage.Identity, which the gVisor
+// driver checks restores by: the control plane links this package, and
+// must not link block images' FUSE and mounts.
 func BaseImageID(file string) (string, error) {
-	id, err := blockimage.Identity(file)
+	f, err := os.Open(file)
 	if err != nil {
 		return "", fmt.Errorf("naming the base template's image: %w", err)
 	}
-	return ImagePrefix + "base-" + id[:32], nil
+	defer f.Close()
+	sb := make([]byte, 128)
+	if _, err := f.ReadAt(sb, 1024); err != nil {
+		return "", fmt.Errorf("naming the base template's image %s: reading its superblock: %w", file, err)
+	}
+	sum := sha256.Sum256(sb)
+	return ImagePrefix + "base-" + hex.EncodeToString(sum[:16]), nil
 }
 
 // PublishBaseImage puts base's image, id (its BaseImage), into the store
