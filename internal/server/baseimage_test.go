@@ -58,12 +58,7 @@ func TestBaseSandboxMovesBetweenBases(t *testing.T) {
 	}
 	// startAgent puts both nodes' directories side by side.
 	runDirs := map[string]string{"bimga": srv.cfg.RunDir, "bimgb": filepath.Join(filepath.Dir(srv.cfg.DataDir), "bimgb-run")}
-	sb, err := c.Create(ctx, client.CreateOptions{Timeout: 300})
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := sb.SandboxID
-	t.Cleanup(func() { c.Kill(context.Background(), id) })
+	id := mustCreate(t, c, client.CreateOptions{Timeout: 300}).SandboxID
 	runWithin(t, c, id, "echo kept > /home/user/state.txt && "+busyboxCounter, 20*time.Second)
 	info, err := c.Get(ctx, id)
 	if err != nil {
@@ -113,12 +108,7 @@ func TestBaseSandboxStaysWithoutStore(t *testing.T) {
 	other := otherBase(t)
 	_, c, _ := startAgent(t, "bnst", agentSetup{localNode: true, noStore: true, rootImages: true, agentBase: other})
 	ctx := context.Background()
-	sb, err := c.Create(ctx, client.CreateOptions{Timeout: 300})
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := sb.SandboxID
-	t.Cleanup(func() { c.Kill(context.Background(), id) })
+	id := mustCreate(t, c, client.CreateOptions{Timeout: 300}).SandboxID
 	runWithin(t, c, id, "echo kept > /home/user/state.txt", 20*time.Second)
 	info, err := c.Get(ctx, id)
 	if err != nil {
@@ -168,13 +158,7 @@ func otherBase(t *testing.T) string {
 // node's read-only tools, which the files put back must leave alone.
 func TestFilesOnlyPauseWithoutGofer(t *testing.T) {
 	srv, c, url := startServerWith(t, func(cfg *Config) { cfg.RootImages, cfg.BaseRootImage = true, true })
-	ctx := context.Background()
-	sb, err := c.Create(ctx, client.CreateOptions{Timeout: 120})
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := sb.SandboxID
-	defer c.Kill(ctx, id)
+	id := mustCreate(t, c, client.CreateOptions{Timeout: 120}).SandboxID
 	if n := testutil.Gofers(t, srv.cfg.RunDir); n != 0 {
 		t.Fatalf("a base sandbox runs with %d gofers, want none", n)
 	}
