@@ -91,7 +91,10 @@ func (n *Node) snapshotSandbox(ctx context.Context, sb *Sandbox, opts SnapshotOp
 	}
 	// A pause freezes the sandbox rather than stopping it, and ends it
 	// only once its state is committed: a failed save leaves it running.
-	if err := cp.Checkpoint(ctx, sb.rt(), dir, runtime.CheckpointOptions{LeaveRunning: !opts.Stop, Freeze: opts.Stop}); err != nil {
+	stopWriteback := n.cfg.Snapshots.StartWriteback(snap)
+	err = cp.Checkpoint(ctx, sb.rt(), dir, runtime.CheckpointOptions{LeaveRunning: !opts.Stop, Freeze: opts.Stop})
+	stopWriteback()
+	if err != nil {
 		n.cfg.Snapshots.Abort(snap.ID)
 		return nil, fmt.Errorf("snapshotting sandbox %s: %w", id, err)
 	}
