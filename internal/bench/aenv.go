@@ -27,6 +27,10 @@ type AenvResults struct {
 	// refilled from what the first taught it (PoolTaught prestarted).
 	Burst, BurstPooled     []time.Duration
 	PoolBefore, PoolTaught int
+	// CPUPerCommand is the host CPU-seconds one command of the back to
+	// back series cost, the ready shell envd starts after it included (0:
+	// not measured).
+	CPUPerCommand float64
 	// CPUPerCreate is the host CPU-seconds one create of the c=1 series
 	// cost, its first command and its kill included, and the boot with
 	// which the warm pool replaced the sandbox it handed out (the series
@@ -107,7 +111,7 @@ func MeasureAenv(ctx context.Context, opts Options) (AenvResults, error) {
 		return res, fmt.Errorf("measuring aenv: %w", err)
 	}
 
-	if res.Command, res.CommandSpaced, err = measureCommand(ctx, p, opts); err != nil {
+	if res.Command, res.CommandSpaced, res.CPUPerCommand, err = measureCommand(ctx, p, opts); err != nil {
 		return res, fmt.Errorf("measuring aenv: %w", err)
 	}
 	if opts.BurstSize > 0 {
@@ -296,10 +300,10 @@ func sandboxSize(ctx context.Context, api API, sb *client.Sandbox) (cpus, memory
 
 // measureCommand times `true` opts.Iterations times in one sandbox back to
 // back, then as many times commandGap apart.
-func measureCommand(ctx context.Context, p *progress, opts Options) (b2b, gapped []time.Duration, err error) {
+func measureCommand(ctx context.Context, p *progress, opts Options) (b2b, gapped []time.Duration, cpu float64, err error) {
 	sb, err := opts.API.Create(ctx, client.CreateOptions{TemplateID: opts.Template, Timeout: sandboxTimeout})
 	if err != nil {
-		return nil, nil, fmt.Errorf("command: %w", err)
+		return nil, nil, 0, fmt.Errorf("command: %w", err)
 	}
 	defer func() {
 		if kerr := runCleanups(ctx, func(ctx context.Context) error { return opts.API.Kill(ctx, sb.SandboxID) }); kerr != nil {
@@ -313,11 +317,14 @@ func measureCommand(ctx context.Context, p *progress, opts Options) (b2b, gapped
 		}
 		return time.Since(start), nil, nil
 	}
-	if b2b, err = series(ctx, p, "command", 1, opts.Iterations, 1, run); err != nil {
-		return nil, nil, err
+	// The creates before leave the warm pool refilling, whose boots the
+	// reading would count.
+	awaitQuiet(ctx, opts.Notes, opts.quietWithin, busyCores, "the commands' CPU reading")
+	if b2b, cpu, err = cpuSeries(ctx, p, "command", 1, opts.Iterations, commandSettle, run); err != nil {
+		return nil, nil, 0, err
 	}
 	gapped, err = series(ctx, p, "command, spaced", 0, opts.Iterations, 1, spaced(commandGap, run))
-	return b2b, gapped, err
+	return b2b, gapped, cpu, err
 }
 
 // runTrue runs `true` in sb the way the E2B SDKs run a command.

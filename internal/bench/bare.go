@@ -16,6 +16,9 @@ type BareResults struct {
 	ExecSpaced []time.Duration
 	// Burst is BurstSize `runsc run /bin/true` started at once.
 	Burst []time.Duration
+	// CPUPerExecShell is the host CPU-seconds one ExecShell sample cost
+	// (0: not measured).
+	CPUPerExecShell float64
 	// CPUPerRun is the host CPU-seconds one `runsc run /bin/true` of the
 	// c=1 series cost, its delete included (0: not measured).
 	CPUPerRun float64

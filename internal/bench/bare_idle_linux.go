@@ -87,7 +87,7 @@ func bareIdle(ctx context.Context, r *bareRunner, opts Options, count, conc int,
 // batch create.
 func MeasureBareWall(ctx context.Context, opts Options, size, rounds int) (_ []time.Duration, err error) {
 	opts = opts.withDefaults()
-	awaitQuiet(ctx, opts.Notes, opts.quietWithin, busyCores)
+	awaitQuiet(ctx, opts.Notes, opts.quietWithin, busyCores, "the bare runs")
 	var out []time.Duration
 	err = withBareRunner(ctx, opts, "measuring bare runsc", func(r *bareRunner) error {
 		out, err = bareWall(ctx, r, opts, size, rounds)

@@ -28,7 +28,7 @@ import (
 // returns.
 func MeasureBare(ctx context.Context, opts Options) (_ BareResults, err error) {
 	opts = opts.withDefaults()
-	awaitQuiet(ctx, opts.Notes, opts.quietWithin, busyCores)
+	awaitQuiet(ctx, opts.Notes, opts.quietWithin, busyCores, "the bare runs")
 	r, err := newBareRunner(opts)
 	if err != nil {
 		return BareResults{}, fmt.Errorf("measuring bare runsc: %w", err)
@@ -81,7 +81,7 @@ func MeasureBare(ctx context.Context, opts Options) (_ BareResults, err error) {
 	if res.Exec, err = series(ctx, p, "runsc exec", 1, opts.Iterations, 1, r.execer(id, "/bin/true")); err != nil {
 		return res, fmt.Errorf("measuring bare runsc: %w", err)
 	}
-	if res.ExecShell, err = series(ctx, p, "runsc exec bash -l", 1, opts.Iterations, 1, r.execer(id, "/bin/bash", "-l", "-c", "true")); err != nil {
+	if res.ExecShell, res.CPUPerExecShell, err = cpuSeries(ctx, p, "runsc exec bash -l", 1, opts.Iterations, commandSettle, r.execer(id, "/bin/bash", "-l", "-c", "true")); err != nil {
 		return res, fmt.Errorf("measuring bare runsc: %w", err)
 	}
 	if res.ExecSpaced, err = series(ctx, p, "runsc exec, spaced", 0, opts.Iterations, 1, spaced(commandGap, r.execer(id, "/bin/true"))); err != nil {

@@ -59,8 +59,9 @@ func TestMeasureBare(t *testing.T) {
 
 	// A runsc run takes well under a second here: a second of two loops
 	// does at least one; each costs some CPU.
-	if res.RunsPerSecond < 1 || res.CPUPerRun <= 0 {
-		t.Errorf("sustained %.1f runs/s, %.3f CPU-s per run; want >= 1 and > 0", res.RunsPerSecond, res.CPUPerRun)
+	if res.RunsPerSecond < 1 || res.CPUPerRun <= 0 || res.CPUPerExecShell <= 0 {
+		t.Errorf("sustained %.1f runs/s, %.3f CPU-s per run, %.3f per exec of bash; want >= 1, > 0 and > 0",
+			res.RunsPerSecond, res.CPUPerRun, res.CPUPerExecShell)
 	}
 
 	left, _ := os.ReadDir(tmp)

@@ -201,6 +201,38 @@ type cleanup func(context.Context) error
 // benchmark's context is cancelled.
 const cleanupTimeout = time.Minute
 
+// commandSettle is how long a command series waits after its last sample
+// before it reads the host's CPU: envd starts the next ready shell as a
+// command ends (a third of a command's cost here), and that work is the
+// last command's.
+const commandSettle = 500 * time.Millisecond
+
+// cpuSeries is series of n samples one at a time, which also returns the
+// host CPU-seconds a sample cost: read from the first timed sample's start
+// to settle after the last one, so that work a sample leaves running is
+// counted (the host must be otherwise idle).
+func cpuSeries(ctx context.Context, p *progress, label string, warmup, n int, settle time.Duration, o op) ([]time.Duration, float64, error) {
+	var cpu cpuMeter
+	calls := 0
+	counted := func(ctx context.Context) (time.Duration, cleanup, error) {
+		if calls == warmup {
+			cpu = startCPU()
+		}
+		calls++
+		return o(ctx)
+	}
+	durs, err := series(ctx, p, label, warmup, n, 1, counted)
+	if err != nil {
+		return nil, 0, err
+	}
+	select {
+	case <-ctx.Done():
+		return nil, 0, fmt.Errorf("%s: %w", label, ctx.Err())
+	case <-time.After(settle):
+	}
+	return durs, cpu.per(len(durs)), nil
+}
+
 // series runs o rounds times, conc at once, after warmup untimed runs, and
 // returns the rounds*conc durations. The first error ends the series once
 // the round it happened in is cleaned up.

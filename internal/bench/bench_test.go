@@ -176,7 +176,7 @@ func (f *fakeAPI) leaked() []string {
 
 func TestMeasureAenv(t *testing.T) {
 	api := newFakeAPI()
-	res, err := MeasureAenv(context.Background(), Options{API: api, Template: "tpl", Iterations: 6, Concurrency: 3})
+	res, err := MeasureAenv(context.Background(), Options{API: api, Template: "tpl", Iterations: 6, Concurrency: 3, quietWithin: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,7 +207,7 @@ func TestMeasureAenv(t *testing.T) {
 func TestMeasureAenvBurstsAndRate(t *testing.T) {
 	api := newFakeAPI()
 	res, err := MeasureAenv(context.Background(), Options{API: api, Template: "tpl", Iterations: 2, Concurrency: 2,
-		BurstSize: 5, SustainFor: 200 * time.Millisecond})
+		BurstSize: 5, SustainFor: 200 * time.Millisecond, quietWithin: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -230,7 +230,7 @@ func TestMeasureAenvBurstsAndRate(t *testing.T) {
 func TestMeasureAenvFailsOnNonZeroExitAndKillsEverything(t *testing.T) {
 	api := newFakeAPI()
 	api.exitCode = 1
-	_, err := MeasureAenv(context.Background(), Options{API: api, Template: "tpl", Iterations: 2, Concurrency: 2})
+	_, err := MeasureAenv(context.Background(), Options{API: api, Template: "tpl", Iterations: 2, Concurrency: 2, quietWithin: time.Second})
 	if !errors.Is(err, errNonZero) {
 		t.Errorf("err = %v, want a non-zero exit error", err)
 	}
@@ -241,11 +241,11 @@ func TestMeasureAenvFailsOnNonZeroExitAndKillsEverything(t *testing.T) {
 
 func TestMeasureAenvCommandFailureKillsItsSandbox(t *testing.T) {
 	api := newFakeAPI()
-	opts := Options{API: api, Template: "tpl", Iterations: 2, Concurrency: 2}
+	opts := Options{API: api, Template: "tpl", Iterations: 2, Concurrency: 2, quietWithin: time.Second}
 	// The sandbox is created, then every Run in it fails.
 	p := newProgress(nil)
 	api.failRun = errors.New("proxy down")
-	if _, _, err := measureCommand(context.Background(), p, opts.withDefaults()); err == nil || !strings.Contains(err.Error(), "proxy down") {
+	if _, _, _, err := measureCommand(context.Background(), p, opts.withDefaults()); err == nil || !strings.Contains(err.Error(), "proxy down") {
 		t.Errorf("err = %v, want the run failure", err)
 	}
 	if l := api.leaked(); len(l) > 0 {
@@ -263,7 +263,7 @@ func TestMeasureAenvCancelledStillKills(t *testing.T) {
 			cancel()
 		}
 	}
-	_, err := MeasureAenv(ctx, Options{API: api, Template: "tpl", Iterations: 10, Concurrency: 5})
+	_, err := MeasureAenv(ctx, Options{API: api, Template: "tpl", Iterations: 10, Concurrency: 5, quietWithin: time.Second})
 	if !errors.Is(err, context.Canceled) {
 		t.Errorf("err = %v, want context.Canceled", err)
 	}
@@ -290,7 +290,7 @@ func (s sizelessAPI) Get(ctx context.Context, id string) (*client.Sandbox, error
 
 func TestMeasureAenvAsksForTheSizeTheCreateAnswerLacks(t *testing.T) {
 	api := sizelessAPI{newFakeAPI()}
-	res, err := MeasureAenv(context.Background(), Options{API: api, Template: "tpl", Iterations: 1, Concurrency: 1})
+	res, err := MeasureAenv(context.Background(), Options{API: api, Template: "tpl", Iterations: 1, Concurrency: 1, quietWithin: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -364,5 +364,31 @@ func TestAwaitPooled(t *testing.T) {
 	awaitPooled(ctx, nil, "tpl", start, 5*time.Second)
 	if d := time.Since(start); d > time.Second {
 		t.Errorf("waited %v with no node listing", d)
+	}
+}
+
+// TestCPUSeriesCountsWorkLeftRunning: the host CPU a sample leaves running
+// after it returns (a command's ready-shell refill) is the sample's.
+func TestCPUSeriesCountsWorkLeftRunning(t *testing.T) {
+	const burn = 200 * time.Millisecond
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	leaveBusy := func(ctx context.Context) (time.Duration, cleanup, error) {
+		wg.Go(func() {
+			for end := time.Now().Add(burn); time.Now().Before(end); {
+			}
+		})
+		return time.Millisecond, nil, nil
+	}
+	durs, cpu, err := cpuSeries(context.Background(), newProgress(nil), "busy", 0, 1, burn+300*time.Millisecond, leaveBusy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(durs) != 1 {
+		t.Fatalf("%d samples, want 1", len(durs))
+	}
+	// The spin is wall time on one CPU; allow for a host that preempts it.
+	if cpu < burn.Seconds()/2 {
+		t.Errorf("CPU per sample %.3f s; want at least %.3f s: the work the sample left running was not counted", cpu, burn.Seconds()/2)
 	}
 }

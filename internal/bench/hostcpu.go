@@ -135,14 +135,15 @@ const quietCores = 0.3
 const quietWait = 3 * time.Minute
 
 // awaitQuiet waits, at most within, until busy (busyCores) reads the host
-// under quietCores over a second. A bare baseline follows the aenv half
-// of a suite, whose bursts and batches leave the server refilling its
-// warm pool; a baseline that shares the CPUs with those boots reads
-// slower than bare runsc is (here bare `runsc run` at c=1 read 163-177 ms
-// right after the create suite's bursts, 100 ms with no pool). It
+// under quietCores over a second, before what (say, "the bare runs"). A
+// bare baseline follows the aenv half of a suite, whose bursts and batches
+// leave the server refilling its warm pool; a baseline that shares the
+// CPUs with those boots reads slower than bare runsc is (here bare `runsc
+// run` at c=1 read 163-177 ms right after the create suite's bursts, 100
+// ms with no pool), and a reading of the host's CPU counts those boots. It
 // reports on w (when not nil) what it waited for, and returns the last
 // reading.
-func awaitQuiet(ctx context.Context, w io.Writer, within time.Duration, busy func(context.Context, time.Duration) float64) float64 {
+func awaitQuiet(ctx context.Context, w io.Writer, within time.Duration, busy func(context.Context, time.Duration) float64, what string) float64 {
 	start := time.Now()
 	for {
 		cores := busy(ctx, time.Second)
@@ -150,14 +151,14 @@ func awaitQuiet(ctx context.Context, w io.Writer, within time.Duration, busy fun
 		switch {
 		case cores < quietCores:
 			if w != nil && waited > 2*time.Second {
-				fmt.Fprintf(w, "waited %v for the host to go quiet (the server's warm pool refilling) before the bare runs\n", waited.Round(time.Second))
+				fmt.Fprintf(w, "waited %v for the host to go quiet (the server's warm pool refilling) before %s\n", waited.Round(time.Second), what)
 			}
 			return cores
 		case ctx.Err() != nil:
 			return cores
 		case waited >= within:
 			if w != nil {
-				fmt.Fprintf(w, "the host stayed busy (%.2f cores) for %v: the bare runs share it\n", cores, waited.Round(time.Second))
+				fmt.Fprintf(w, "the host stayed busy (%.2f cores) for %v: %s share it\n", cores, waited.Round(time.Second), what)
 			}
 			return cores
 		}

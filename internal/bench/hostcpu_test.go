@@ -66,26 +66,26 @@ func TestAwaitQuiet(t *testing.T) {
 		return readings[n-1]
 	}
 	var notes strings.Builder
-	if got := awaitQuiet(context.Background(), &notes, time.Minute, busy); got != 0.05 || n != 4 {
+	if got := awaitQuiet(context.Background(), &notes, time.Minute, busy, "the bare runs"); got != 0.05 || n != 4 {
 		t.Fatalf("returned %.2f after %d readings, want 0.05 after 4", got, n)
 	}
-	if !strings.Contains(notes.String(), "for the host to go quiet") {
+	if !strings.Contains(notes.String(), "for the host to go quiet (the server's warm pool refilling) before the bare runs") {
 		t.Errorf("notes %q do not say it waited", notes.String())
 	}
 
 	// A host that stays busy: the wait gives up at its bound and says so.
 	notes.Reset()
 	always := func(context.Context, time.Duration) float64 { time.Sleep(10 * time.Millisecond); return 0.8 }
-	if got := awaitQuiet(context.Background(), &notes, 50*time.Millisecond, always); got != 0.8 {
+	if got := awaitQuiet(context.Background(), &notes, 50*time.Millisecond, always, "the bare runs"); got != 0.8 {
 		t.Fatalf("returned %.2f, want the last reading 0.8", got)
 	}
-	if !strings.Contains(notes.String(), "stayed busy (0.80 cores)") {
+	if !strings.Contains(notes.String(), "stayed busy (0.80 cores) for 0s: the bare runs share it") {
 		t.Errorf("notes %q do not say the host stayed busy", notes.String())
 	}
 
 	// A quiet host at once: no wait, nothing to say.
 	notes.Reset()
-	if got := awaitQuiet(context.Background(), &notes, time.Minute, func(context.Context, time.Duration) float64 { return 0.01 }); got != 0.01 || notes.Len() != 0 {
+	if got := awaitQuiet(context.Background(), &notes, time.Minute, func(context.Context, time.Duration) float64 { return 0.01 }, "the bare runs"); got != 0.01 || notes.Len() != 0 {
 		t.Fatalf("a quiet host: returned %.2f, notes %q", got, notes.String())
 	}
 }

@@ -173,6 +173,10 @@ func (r *Report) AddCreate(opts Options, a AenvResults, b BareResults) {
 		r.Figures = append(r.Figures, newFigure("host CPU per create, c=1 (its command, its kill and the pool's refill)", "CPU-ms",
 			"runsc run /bin/true (delete included)", a.CPUPerCreate*1000, b.CPUPerRun*1000))
 	}
+	if a.CPUPerCommand > 0 || b.CPUPerExecShell > 0 {
+		r.Figures = append(r.Figures, newFigure("host CPU per command, back to back (the ready shell started after it included)", "CPU-ms",
+			"runsc exec /bin/bash -l -c true", a.CPUPerCommand*1000, b.CPUPerExecShell*1000))
+	}
 	if a.CreatesPerSecond > 0 || b.RunsPerSecond > 0 {
 		r.Figures = append(r.Figures, newFigure(fmt.Sprintf("sustained creates/s, %d clients (create, command, kill)", c), "/s",
 			fmt.Sprintf("runsc run /bin/true and delete, %d at a time", c), a.CreatesPerSecond, b.RunsPerSecond))

@@ -230,9 +230,9 @@ func TestReportBurstsAndFigures(t *testing.T) {
 	a := AenvResults{
 		CreateSerial: ms(20), Command: ms(12),
 		Burst: ms(800, 900, 1000), BurstPooled: ms(100, 200, 1200), PoolBefore: 2, PoolTaught: 3,
-		CPUPerCreate: 0.05, CreatesPerSecond: 30,
+		CPUPerCreate: 0.05, CPUPerCommand: 0.03, CreatesPerSecond: 30,
 	}
-	b := BareResults{RunSerial: ms(80), Exec: ms(9), Burst: ms(1000, 1100, 1200), CPUPerRun: 0.025, RunsPerSecond: 20}
+	b := BareResults{RunSerial: ms(80), Exec: ms(9), Burst: ms(1000, 1100, 1200), CPUPerRun: 0.025, CPUPerExecShell: 0.04, RunsPerSecond: 20}
 	opts := Options{Iterations: 1, Concurrency: 2}
 	r := NewReport(opts, 2)
 	r.AddCreate(opts, a, b)
@@ -264,8 +264,9 @@ func TestReportBurstsAndFigures(t *testing.T) {
 			t.Errorf("target %q: met %v (present %v), want %v", name, got, ok, want)
 		}
 	}
-	if len(r.Figures) != 2 || r.Figures[0].Aenv != 50 || r.Figures[0].Bare != 25 || r.Figures[0].Ratio != 2 ||
-		r.Figures[1].Aenv != 30 || r.Figures[1].Ratio != 1.5 {
+	if len(r.Figures) != 3 || r.Figures[0].Aenv != 50 || r.Figures[0].Bare != 25 || r.Figures[0].Ratio != 2 ||
+		r.Figures[1].Aenv != 30 || r.Figures[1].Bare != 40 || r.Figures[1].Ratio != 0.75 ||
+		r.Figures[2].Aenv != 30 || r.Figures[2].Ratio != 1.5 {
 		t.Errorf("figures = %+v", r.Figures)
 	}
 	var buf bytes.Buffer
