@@ -234,8 +234,8 @@ type Sandbox struct {
 	// cpuBase and cpuAt are the previous CPU reading, for Usage.
 	cpuBase uint64
 	cpuAt   time.Time
-	// logFrom, when set, is when its user's log starts: what envd ran
-	// before (a prestarted sandbox's warm-up) is the node's, not theirs.
+	// logFrom, when set, is when its user's log starts: what envd logged
+	// before (a prestarted sandbox's /init) is the node's, not theirs.
 	logFrom time.Time
 	// initialised is set on a prestarted sandbox whose envd the pool gave
 	// its template's /init and the access token EnvdAccessToken already

@@ -642,7 +642,15 @@ func (p *warmPool) boot(ctx context.Context, key PoolKey) (*pooled, error) {
 		if n.hasService(tpl) {
 			sb, err = n.bootService(ctx, NewID(), tpl, opts)
 		} else if sb, err = n.boot(ctx, NewID(), tpl, opts); err == nil {
-			n.warmUp(ctx, sb)
+			// No command runs ahead of the user's first: the login shell
+			// envd starts and keeps ready loads bash, the C library and
+			// the profile, which is what made a first command slow. A
+			// command run here as well (`bash -l -c true`) cost the host
+			// ~110 CPU-ms more per prestarted sandbox (its own shell, and
+			// the ready shell its end made envd replace: a quarter of the
+			// boot) for 3 ms of the first command's p50 (17 -> 20 ms, 20
+			// handouts each way on this 2-CPU host; the mean was the same).
+			//
 			// Not a service's: its envd is restored from a snapshot that
 			// may predate /init's dropAccessToken.
 			n.initialise(ctx, sb, tpl)
@@ -659,32 +667,6 @@ func (p *warmPool) boot(ctx context.Context, key PoolKey) (*pooled, error) {
 		e.memBytes = int64(st.MemoryBytes)
 	}
 	return e, nil
-}
-
-// warmUpTimeout bounds a prestarted sandbox's warm-up: a template whose
-// shell hangs must not hold up the pool.
-const warmUpTimeout = 10 * time.Second
-
-// warmUp runs what the first command of a sandbox's user will run (the
-// SDK's login shell) once in prestarted sb, so that the sandbox's memory
-// already holds bash, the C library and the profile scripts, and its gofer
-// has opened them, when the user's first command comes. In a fresh gVisor
-// sandbox that first command costs several times a later one (page faults
-// served by the sentry, files opened through the gofer), and in a burst
-// of pooled creates those costs, all at once, were the burst's wall time.
-// A template without bash (or a shell that fails) is left as it is: the
-// warm-up is a saving, not a check.
-func (n *Node) warmUp(ctx context.Context, sb *Sandbox) {
-	ctx, cancel := context.WithTimeout(ctx, warmUpTimeout)
-	defer cancel()
-	start := time.Now()
-	code, out, err := newProcessClient(sb).runAs(ctx, "user", "true", false)
-	if err != nil || code != 0 {
-		n.log.Debug("warming up a prestarted sandbox failed; it is pooled as it is",
-			"sandbox_id", sb.ID, "template_id", sb.TemplateID, "code", code, "output", out, "err", err)
-		return
-	}
-	n.log.Debug("prestarted sandbox warmed up", "sandbox_id", sb.ID, "template_id", sb.TemplateID, "took_ms", time.Since(start).Milliseconds())
 }
 
 // initialise gives prestarted sb, while it waits, the /init a create

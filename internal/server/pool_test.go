@@ -252,11 +252,11 @@ func TestWarmPoolSnapshot(t *testing.T) {
 	}
 }
 
-// TestPrestartedSandboxWarmedUp: a prestarted base sandbox has run the
-// SDK's login shell once as the default user before it is taken (its envd
-// log says so), and the log its user sees of it starts at the create: the
-// warm-up is not in it, the user's own command is.
-func TestPrestartedSandboxWarmedUp(t *testing.T) {
+// TestPrestartedSandboxShellReady: a prestarted base sandbox runs no
+// command before it is taken, yet waits with a login shell ready (envd's,
+// as the SDKs' commands run), which its user's first command takes; the
+// log its user sees of it starts at the create.
+func TestPrestartedSandboxShellReady(t *testing.T) {
 	srv, c, _ := startServer(t)
 	ctx := context.Background()
 	deadline := time.Now().Add(2 * time.Minute)
@@ -266,31 +266,20 @@ func TestPrestartedSandboxWarmedUp(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	warmUps := func(entries []node.LogEntry) int {
-		n := 0
-		for _, e := range entries {
-			if e.Message == "process started" && e.Fields["args"] == "-l -c true" && e.Fields["user"] == "user" {
-				n++
-			}
-		}
-		return n
+	envdLog := func(id string) string {
+		b, _ := os.ReadFile(filepath.Join(srv.cfg.RunDir, "gvisor", "sandboxes", id, "envd.log"))
+		return string(b)
 	}
 	// The prestarted sandboxes' envd logs, as the runtime keeps them
 	// (the node shows no log of a sandbox not handed out).
 	var pooled []string
 	for _, id := range runscSandboxes(t, srv.cfg.RunDir) {
-		b, err := os.ReadFile(filepath.Join(srv.cfg.RunDir, "gvisor", "sandboxes", id, "envd.log"))
-		if err != nil || len(b) == 0 {
+		log := envdLog(id)
+		if log == "" {
 			continue // a prepared sandbox, whose envd has not started
 		}
-		n := 0
-		for _, line := range strings.Split(string(b), "\n") {
-			if strings.Contains(line, `msg="process started"`) && strings.Contains(line, `args="-l -c true"`) && strings.Contains(line, "user=user") {
-				n++
-			}
-		}
-		if n != 1 {
-			t.Fatalf("prestarted sandbox %s ran %d warm-ups, want 1; its envd log:\n%s", id, n, b)
+		if strings.Contains(log, `msg="process started"`) {
+			t.Fatalf("prestarted sandbox %s ran a command before it was taken; its envd log:\n%s", id, log)
 		}
 		pooled = append(pooled, id)
 	}
@@ -304,14 +293,21 @@ func TestPrestartedSandboxWarmedUp(t *testing.T) {
 	if !slices.Contains(pooled, sb.SandboxID) {
 		t.Fatalf("sandbox %s was not one of the prestarted %v", sb.SandboxID, pooled)
 	}
-	runOut(t, c, sb.SandboxID, "echo mine")
+	if out := runOut(t, c, sb.SandboxID, "echo mine"); out != "mine" {
+		t.Fatalf("the first command printed %q", out)
+	}
+	if log := envdLog(sb.SandboxID); !strings.Contains(log, `args="-l -c echo mine" user=user pty=false ready_shell=true`) {
+		t.Errorf("the first command did not take the ready shell; envd's log:\n%s", log)
+	}
 	entries, err := srv.host.Node().Logs(sb.SandboxID)
 	must(t, err)
-	mine := false
+	var started []string
 	for _, e := range entries {
-		mine = mine || (e.Message == "process started" && e.Fields["args"] == "-l -c echo mine")
+		if e.Message == "process started" || e.Message == "initialized" {
+			started = append(started, e.Message+" "+e.Fields["args"])
+		}
 	}
-	if n := warmUps(entries); n != 0 || !mine {
-		t.Fatalf("the user's log of sandbox %s: %+v; want its command and not the warm-up", sb.SandboxID, entries)
+	if !slices.Equal(started, []string{"process started -l -c echo mine"}) {
+		t.Fatalf("the user's log of sandbox %s: %+v; want its own command only", sb.SandboxID, entries)
 	}
 }
