@@ -36,6 +36,10 @@ type fleet struct {
 	mu      sync.Mutex
 	members map[string]*member
 	drained map[string]bool
+	// wrote holds the drain marks this server wrote whose own watch
+	// events have not come back yet: until then an older event of that
+	// mark (a drain just before an undrain) must not undo it.
+	wrote map[string]drainWrite
 	// loadedAt is when the registry was first read: a node named by a
 	// record but never seen since counts as lost from then.
 	loadedAt time.Time
@@ -95,7 +99,7 @@ func (m *member) unsubscribe() {
 }
 
 func newFleet(st state.Store, local nodeapi.Node, dial func(id, address string) nodeapi.Node, log *slog.Logger) *fleet {
-	f := &fleet{st: st, log: log, local: local, dial: dial, members: map[string]*member{}, drained: map[string]bool{},
+	f := &fleet{st: st, log: log, local: local, dial: dial, members: map[string]*member{}, drained: map[string]bool{}, wrote: map[string]drainWrite{},
 		alg: sched.NewBestOfK(sched.DefaultK, nil), evacuating: map[string]bool{}}
 	return f
 }
@@ -152,6 +156,7 @@ func (f *fleet) load(ctx context.Context) (int64, error) {
 		f.loadedAt = time.Now()
 	}
 	f.drained = drained
+	clear(f.wrote) // the registry as read is as new as they are
 	f.snap = nil
 	for id, m := range f.members {
 		if _, ok := live[id]; !ok && m.live {
@@ -182,7 +187,15 @@ func (f *fleet) apply(ev state.Event) {
 			f.liveLocked(id, n)
 		}
 	case strings.HasPrefix(key, nodeDrainPrefix):
-		f.drained[strings.TrimPrefix(key, nodeDrainPrefix)] = ev.Type == state.EventPut
+		id := strings.TrimPrefix(key, nodeDrainPrefix)
+		drained := ev.Type == state.EventPut
+		if w, ok := f.wrote[id]; ok && time.Now().Before(w.until) {
+			if drained != w.drained {
+				return // older than the mark this server wrote
+			}
+			delete(f.wrote, id)
+		}
+		f.drained[id] = drained
 		f.snap = nil
 	}
 }
@@ -268,10 +281,33 @@ func (f *fleet) follow(ctx context.Context, id string, api nodeapi.Node) {
 	}
 }
 
-// setDrained records a drain mark this server wrote.
+// setDrained marks node id drained or not here, at once.
 func (f *fleet) setDrained(id string, drained bool) {
 	f.mu.Lock()
 	f.drained[id] = drained
+	f.snap = nil
+	f.mu.Unlock()
+}
+
+// drainWrite is a drain mark this server wrote (see fleet.wrote).
+type drainWrite struct {
+	drained bool
+	// until bounds how long its event may take to come back: a watch
+	// that lost it (and did not reload) must not freeze the mark.
+	until time.Time
+}
+
+// drainEventWait is how long the fleet waits for the event of a drain
+// mark it wrote before it takes the watch's word again.
+const drainEventWait = 10 * time.Second
+
+// wroteDrain is setDrained for a mark this server has just written to the
+// store, whose watch event will follow: events that still say otherwise
+// are older, and are ignored until it comes.
+func (f *fleet) wroteDrain(id string, drained bool) {
+	f.mu.Lock()
+	f.drained[id] = drained
+	f.wrote[id] = drainWrite{drained: drained, until: time.Now().Add(drainEventWait)}
 	f.snap = nil
 	f.mu.Unlock()
 }

@@ -297,3 +297,45 @@ func TestMigrate(t *testing.T) {
 		t.Fatalf("after a failed migration: %+v", got)
 	}
 }
+
+// TestDrainMarkOutlivesOlderEvents: a drain mark this server wrote holds
+// against the watch's older events of that mark (a drain's event that
+// arrives after the undrain), until the write's own event comes back or
+// drainEventWait passes; from then on events rule again.
+func TestDrainMarkOutlivesOlderEvents(t *testing.T) {
+	f := newFleet(state.NewMemory(), nil, nil, slog.New(slog.DiscardHandler))
+	put := state.Event{Type: state.EventPut, Entry: state.Entry{Key: nodeDrainPrefix + "n1"}}
+	del := state.Event{Type: state.EventDelete, Entry: state.Entry{Key: nodeDrainPrefix + "n1"}}
+	drained := func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return f.drained["n1"]
+	}
+
+	f.wroteDrain("n1", true)
+	f.wroteDrain("n1", false) // undrained before the drain's event came
+	f.apply(put)              // the drain's event, late
+	if drained() {
+		t.Fatal("the drain's late event undid the undrain written after it")
+	}
+	f.apply(del) // the undrain's own event
+	if drained() {
+		t.Fatal("the undrain's event left the node drained")
+	}
+	f.apply(put) // another server drains it
+	if !drained() {
+		t.Fatal("a drain after the undrain's event was ignored")
+	}
+
+	// A write whose event never comes binds only for drainEventWait.
+	f.wroteDrain("n1", false)
+	f.mu.Lock()
+	w := f.wrote["n1"]
+	w.until = time.Now().Add(-time.Millisecond)
+	f.wrote["n1"] = w
+	f.mu.Unlock()
+	f.apply(put)
+	if !drained() {
+		t.Fatal("an event after drainEventWait was still ignored")
+	}
+}

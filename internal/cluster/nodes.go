@@ -122,15 +122,21 @@ func (c *Cluster) SetDraining(ctx context.Context, id string, draining bool) (*N
 		return nil, err
 	}
 	var err error
+	wrote := true
 	if draining {
 		_, err = c.cfg.State.Put(ctx, nodeDrainPrefix+id, []byte(time.Now().UTC().Format(time.RFC3339)), state.WriteOptions{})
 		c.log.Info("node draining: it takes no new sandboxes", "node_id", id)
 	} else if err = c.cfg.State.Delete(ctx, nodeDrainPrefix+id, 0); errors.Is(err, state.ErrNotFound) {
-		err = nil
+		err, wrote = nil, false // no event will follow
 	}
 	if err != nil {
 		return nil, fmt.Errorf("draining node %s: %w", id, err)
 	}
-	c.nodes.setDrained(id, draining) // placement here sees it at once
+	// Placement here sees it at once.
+	if wrote {
+		c.nodes.wroteDrain(id, draining)
+	} else {
+		c.nodes.setDrained(id, draining)
+	}
 	return c.GetNode(ctx, id)
 }
