@@ -319,7 +319,7 @@ func measureCommand(ctx context.Context, p *progress, opts Options) (b2b, gapped
 	}
 	// The creates before leave the warm pool refilling, whose boots the
 	// reading would count.
-	awaitQuiet(ctx, opts.Notes, opts.quietWithin, busyCores, "the commands' CPU reading")
+	awaitQuiet(ctx, opts.Notes, opts.quietWithin, busyCores, "the command series")
 	if b2b, cpu, err = cpuSeries(ctx, p, "command", 1, opts.Iterations, commandSettle, run); err != nil {
 		return nil, nil, 0, err
 	}

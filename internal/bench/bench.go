@@ -203,8 +203,8 @@ const cleanupTimeout = time.Minute
 
 // commandSettle is how long a command series waits after its last sample
 // before it reads the host's CPU: envd starts the next ready shell as a
-// command ends (a third of a command's cost here), and that work is the
-// last command's.
+// command ends (two thirds of a command's cost here), and that work is
+// the last command's.
 const commandSettle = 500 * time.Millisecond
 
 // cpuSeries is series of n samples one at a time, which also returns the

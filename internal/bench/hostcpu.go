@@ -158,7 +158,7 @@ func awaitQuiet(ctx context.Context, w io.Writer, within time.Duration, busy fun
 			return cores
 		case waited >= within:
 			if w != nil {
-				fmt.Fprintf(w, "the host stayed busy (%.2f cores) for %v: %s share it\n", cores, waited.Round(time.Second), what)
+				fmt.Fprintf(w, "the host stayed busy (%.2f cores) for %v; %s went ahead beside that\n", cores, waited.Round(time.Second), what)
 			}
 			return cores
 		}

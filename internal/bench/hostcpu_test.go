@@ -79,7 +79,7 @@ func TestAwaitQuiet(t *testing.T) {
 	if got := awaitQuiet(context.Background(), &notes, 50*time.Millisecond, always, "the bare runs"); got != 0.8 {
 		t.Fatalf("returned %.2f, want the last reading 0.8", got)
 	}
-	if !strings.Contains(notes.String(), "stayed busy (0.80 cores) for 0s: the bare runs share it") {
+	if !strings.Contains(notes.String(), "stayed busy (0.80 cores) for 0s; the bare runs went ahead beside that") {
 		t.Errorf("notes %q do not say the host stayed busy", notes.String())
 	}
 
