@@ -130,6 +130,19 @@ func preparingNode(t *testing.T, h *host) (*Node, *fakeSaver) {
 	return n, saver
 }
 
+// ownSizePrepared is the pool key of the test template's prepared sandboxes
+// at its own size.
+var ownSizePrepared = PoolKey{TemplateID: testTemplate, Restores: true}
+
+// nodeWithPrepared is preparingNode once its pool holds a prepared
+// sandbox of the test template's own size.
+func nodeWithPrepared(t *testing.T, h *host) (*Node, *fakeSaver) {
+	t.Helper()
+	n, saver := preparingNode(t, h)
+	waitFor(t, func() bool { return poolStatus(t, n, ownSizePrepared).Ready == 1 }, "a prepared sandbox of the template's size")
+	return n, saver
+}
+
 // The pool's floor holds prepared sandboxes too, without a restore
 // having asked for one: the first resume of a node's life is warm.
 func TestWarmPoolFloorPrepares(t *testing.T) {
@@ -148,10 +161,8 @@ func TestWarmPoolFloorPrepares(t *testing.T) {
 // resumed sandbox's local record alone.
 func TestResumeDoesNotWaitForTheRelease(t *testing.T) {
 	h := newHost(t)
-	n, saver := preparingNode(t, h)
+	n, saver := nodeWithPrepared(t, h)
 	ctx := context.Background()
-	restores := PoolKey{TemplateID: testTemplate, Restores: true}
-	waitFor(t, func() bool { return poolStatus(t, n, restores).Ready == 1 }, "a prepared sandbox")
 
 	sb, err := n.Create(ctx, CreateRequest{TemplateID: testTemplate, TeamID: "t1"})
 	if err != nil {
@@ -246,10 +257,9 @@ func TestResumeDoesNotWaitForTheRelease(t *testing.T) {
 // and one of the template's own is never loaded with a larger state.
 func TestPreparedPerSize(t *testing.T) {
 	h := newHost(t)
-	n, saver := preparingNode(t, h)
+	n, saver := nodeWithPrepared(t, h)
 	ctx := context.Background()
-	own := PoolKey{TemplateID: testTemplate, Restores: true}
-	waitFor(t, func() bool { return poolStatus(t, n, own).Ready == 1 }, "a prepared sandbox of the template's size")
+	own := ownSizePrepared
 
 	sb, err := n.Create(ctx, CreateRequest{TemplateID: testTemplate, CPUCount: 2, MemoryMB: 512, TeamID: "t1"})
 	if err != nil {
@@ -316,11 +326,9 @@ func TestPoolPerTemplate(t *testing.T) {
 // version of a template) restores without a prepared sandbox, which
 // mounts the template's: the runtime would refuse it after taking it.
 func TestPreparedOnlyOnTheSameImage(t *testing.T) {
-	h := newHost(t)
-	n, saver := preparingNode(t, h)
+	n, saver := nodeWithPrepared(t, newHost(t))
 	ctx := context.Background()
-	own := PoolKey{TemplateID: testTemplate, Restores: true}
-	waitFor(t, func() bool { return poolStatus(t, n, own).Ready == 1 }, "a prepared sandbox")
+	own := ownSizePrepared
 	resume := func(rootImage string) {
 		t.Helper()
 		sb, err := n.Create(ctx, CreateRequest{TemplateID: testTemplate, TeamID: "t1"})
