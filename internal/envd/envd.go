@@ -86,7 +86,7 @@ type Server struct {
 	// initFrom admits /init's callers (Options.InitFrom).
 	initFrom func(netip.Addr) bool
 	log      *slog.Logger
-	etcDir   string
+	users    *userDBCache // Options.EtcDir's passwd and group
 	baseEnv  []string
 
 	cfg      *runtimeConfig
@@ -121,7 +121,7 @@ func New(opts Options) (*Server, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{
 		log:      log,
-		etcDir:   etc,
+		users:    &userDBCache{etc: etc},
 		baseEnv:  opts.BaseEnv,
 		cfg:      newRuntimeConfig(opts.AccessToken, defUser),
 		initFrom: opts.InitFrom,

@@ -22,7 +22,7 @@ func (fsvc *filesystemService) requestContext(h http.Header) (*sysUser, *userDB,
 	if err != nil {
 		return nil, nil, err
 	}
-	db, err := loadUserDB(fsvc.s.etcDir)
+	db, err := fsvc.s.users.load()
 	if err != nil {
 		return nil, nil, err
 	}
