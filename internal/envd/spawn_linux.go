@@ -64,21 +64,22 @@ func (s *Server) spawn(spec spawnSpec) (*child, error) {
 	} else {
 		var in *os.File
 		if spec.stdin {
-			r, w, err := os.Pipe()
+			w, r, err := childPipe(false)
 			if err != nil {
 				return fail(fmt.Errorf("creating stdin pipe: %w", err))
 			}
 			c.stdin, in = w, r
 		} else {
-			in, err = os.Open(os.DevNull)
+			fd, err := unix.Open(os.DevNull, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 			if err != nil {
 				return fail(fmt.Errorf("opening %s: %w", os.DevNull, err))
 			}
+			in = os.NewFile(uintptr(fd), os.DevNull)
 		}
 		childFiles = append(childFiles, in)
 		fds = []uintptr{in.Fd()}
 		for _, kind := range []outputKind{outputStdout, outputStderr} {
-			r, w, err := os.Pipe()
+			r, w, err := childPipe(true)
 			if err != nil {
 				return fail(fmt.Errorf("creating output pipe: %w", err))
 			}
@@ -87,7 +88,7 @@ func (s *Server) spawn(spec spawnSpec) (*child, error) {
 			fds = append(fds, w.Fd())
 		}
 		if spec.script {
-			r, w, err := os.Pipe()
+			w, r, err := childPipe(false)
 			if err != nil {
 				return fail(fmt.Errorf("creating script pipe: %w", err))
 			}
@@ -109,6 +110,34 @@ func (s *Server) spawn(spec spawnSpec) (*child, error) {
 	}
 	c.pid, c.status = pid, status
 	return c, nil
+}
+
+// childPipe returns a pipe's two ends: envd's, non-blocking and read
+// through the runtime poller, and the child's, a plain blocking
+// descriptor; envd reads from it when parentReads, else writes to it.
+//
+// Why not os.Pipe: it makes both ends non-blocking and adds both to the
+// poller, and Fd on the child's end then makes it blocking again, and its
+// Close removes it from the poller: ~8 system calls per pipe that the
+// child's end never needed, each ~40 µs of host CPU under gVisor.
+func childPipe(parentReads bool) (parent, child *os.File, err error) {
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		return nil, nil, err
+	}
+	mine, theirs := p[1], p[0]
+	if parentReads {
+		mine, theirs = p[0], p[1]
+	}
+	// A new pipe's status flags are empty: no need to read them first.
+	if _, err := unix.FcntlInt(uintptr(mine), unix.F_SETFL, unix.O_NONBLOCK); err != nil {
+		unix.Close(p[0])
+		unix.Close(p[1])
+		return nil, nil, err
+	}
+	// os.NewFile sees O_NONBLOCK on envd's end and polls it; the child's
+	// end stays blocking and out of the poller.
+	return os.NewFile(uintptr(mine), "|envd"), os.NewFile(uintptr(theirs), "|child"), nil
 }
 
 // openPty opens a pty pair. creack/pty leaves the master in blocking mode
