@@ -88,6 +88,11 @@ type Proxy struct {
 	// ended holds why sandboxes that died on their own ended, for the
 	// streams their death cut (see endStream).
 	ended map[string]endReason
+
+	// starts admits process starts to this host's sandboxes (startGate).
+	starts *startGate
+	// envdPort is the port starts are gated on: DefaultPort, but in tests.
+	envdPort uint16
 }
 
 type endReason struct {
@@ -160,7 +165,8 @@ func New(r Resolver, via http.Header, log *slog.Logger) *Proxy {
 	if log == nil {
 		log = slog.Default()
 	}
-	p := &Proxy{resolve: r, log: log, conns: map[string]map[*trackedConn]struct{}{}, ended: map[string]endReason{}}
+	p := &Proxy{resolve: r, log: log, conns: map[string]map[*trackedConn]struct{}{}, ended: map[string]endReason{},
+		starts: newStartGate(startSlots(), startHoldMax), envdPort: DefaultPort}
 	transport := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			t := ctx.Value(targetKey{}).(target)
@@ -223,6 +229,9 @@ func New(r Resolver, via http.Header, log *slog.Logger) *Proxy {
 		},
 		Transport: transport,
 		ModifyResponse: func(resp *http.Response) error {
+			if release, ok := resp.Request.Context().Value(startKey{}).(func()); ok {
+				release() // envd answered: the process has started
+			}
 			if strings.HasPrefix(resp.Header.Get("Content-Type"), "application/connect+") {
 				t := resp.Request.Context().Value(targetKey{}).(target)
 				resp.Body = &connectStream{body: resp.Body, p: p, id: t.id}
@@ -315,7 +324,16 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// the request body is still being copied upstream. Full duplex keeps
 	// both directions open, as a proxy needs.
 	_ = http.NewResponseController(w).EnableFullDuplex()
-	p.rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, t)))
+	ctx := context.WithValue(r.Context(), targetKey{}, t)
+	if t.via == "" && t.addr.Port() == p.envdPort && r.Method == http.MethodPost && r.URL.Path == processStartPath {
+		release, err := p.starts.enter(ctx)
+		if err != nil {
+			return // the client went while it waited
+		}
+		defer release()
+		ctx = context.WithValue(ctx, startKey{}, release)
+	}
+	p.rp.ServeHTTP(w, r.WithContext(ctx))
 }
 
 func writeError(w http.ResponseWriter, code int, msg string) {
