@@ -13,7 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // sysUser is a user processes and file operations run as.
@@ -104,15 +105,15 @@ type fileStamp struct {
 	ok           bool // the stat succeeded; without it nothing is cached
 	dev, ino     uint64
 	size         int64
-	mtime, ctime syscall.Timespec
+	mtime, ctime unix.Timespec
 }
 
 func stampOf(path string) fileStamp {
-	var st syscall.Stat_t
-	if err := syscall.Stat(path, &st); err != nil {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
 		return fileStamp{}
 	}
-	return fileStamp{ok: true, dev: st.Dev, ino: st.Ino, size: st.Size, mtime: st.Mtim, ctime: st.Ctim}
+	return fileStamp{ok: true, dev: uint64(st.Dev), ino: st.Ino, size: st.Size, mtime: st.Mtim, ctime: st.Ctim}
 }
 
 // load returns the user database, read again when either file changed
