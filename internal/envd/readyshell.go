@@ -85,7 +85,8 @@ const readyBootstrap = `IFS= read -r -N ` + readyReadMax + ` -u 3 __aenv_cmd; ex
 // readyHeaderMax.
 const readyReadMax = "16777728"
 
-// readyHeaderMax bounds readyHeader's length.
+// readyHeaderMax bounds readyHeader's length: what the longest host name
+// a kernel allows (64 bytes) makes, with room to spare.
 const readyHeaderMax = 512
 
 // readyHeader is what envd writes before a command to the ready shell: a
@@ -172,15 +173,6 @@ func (r *readyShells) take(spec spawnSpec) (*child, bool) {
 
 // takeReady is take once spec is known to be a login shell's.
 func (r *readyShells) takeReady(script string, spec spawnSpec) (*child, bool) {
-	seed := make([]byte, 4)
-	_, _ = rand.Read(seed)
-	host, _ := os.Hostname()
-	header := readyHeader(binary.BigEndian.Uint32(seed), host)
-	if len(header) > readyHeaderMax {
-		// A kernel's host name is at most 64 bytes: never, but the shell
-		// would run the command cut short.
-		return nil, false
-	}
 	deadline := time.NewTimer(readyShellWait)
 	defer deadline.Stop()
 	r.mu.Lock()
@@ -211,6 +203,12 @@ func (r *readyShells) takeReady(script string, spec spawnSpec) (*child, bool) {
 		return nil, false
 	default:
 	}
+	// A kernel's host name is at most 64 bytes, so the header fits
+	// readyHeaderMax (TestReadyReadMaxHoldsHeaderAndScript).
+	seed := make([]byte, 4)
+	_, _ = rand.Read(seed)
+	host, _ := os.Hostname()
+	header := readyHeader(binary.BigEndian.Uint32(seed), host)
 	w := sh.c.script
 	sh.c.script = nil
 	// A command larger than the pipe's buffer is taken in as the shell
