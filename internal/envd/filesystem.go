@@ -18,13 +18,9 @@ var _ filesystemconnect.FilesystemHandler = (*filesystemService)(nil)
 // requestContext resolves the user of an RPC and loads the user database
 // used to name owners.
 func (fsvc *filesystemService) requestContext(h http.Header) (*sysUser, *userDB, error) {
-	u, err := fsvc.s.userFromHeader(h)
+	name, err := basicAuthUser(h)
 	if err != nil {
 		return nil, nil, err
 	}
-	db, err := fsvc.s.users.load()
-	if err != nil {
-		return nil, nil, err
-	}
-	return u, db, nil
+	return fsvc.s.resolveUserIn(name)
 }

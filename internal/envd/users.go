@@ -203,16 +203,23 @@ func (db *userDB) groupName(gid uint32) string {
 // default user when name is empty. A default user that does not exist falls
 // back to root, so that images without the conventional "user" still work.
 func (s *Server) resolveUser(name string) (*sysUser, error) {
+	u, _, err := s.resolveUserIn(name)
+	return u, err
+}
+
+// resolveUserIn is resolveUser that also returns the user database it
+// looked in, for callers that name owners with it too.
+func (s *Server) resolveUserIn(name string) (*sysUser, *userDB, error) {
 	explicit := name != ""
 	if !explicit {
 		name = s.cfg.user()
 	}
 	db, err := s.users.load()
 	if err != nil {
-		return nil, fmt.Errorf("looking up user %q: %w", name, err)
+		return nil, nil, fmt.Errorf("looking up user %q: %w", name, err)
 	}
 	if u, ok := db.user(name); ok {
-		return u, nil
+		return u, db, nil
 	}
 	if name == "root" || !explicit {
 		if !explicit && s.warnedUser.Swap(true) == false {
@@ -220,9 +227,9 @@ func (s *Server) resolveUser(name string) (*sysUser, error) {
 		}
 		u := rootUser
 		u.Groups = slices.Clone(rootUser.Groups)
-		return &u, nil
+		return &u, db, nil
 	}
-	return nil, fmt.Errorf("looking up user %q: %w", name, errUnknownUser)
+	return nil, nil, fmt.Errorf("looking up user %q: %w", name, errUnknownUser)
 }
 
 // basicAuthUser extracts the user name from `Authorization: Basic
