@@ -189,11 +189,11 @@ func (f *fleet) apply(ev state.Event) {
 	case strings.HasPrefix(key, nodeDrainPrefix):
 		id := strings.TrimPrefix(key, nodeDrainPrefix)
 		drained := ev.Type == state.EventPut
-		if w, ok := f.wrote[id]; ok && time.Now().Before(w.until) {
-			if drained != w.drained {
+		if w, ok := f.wrote[id]; ok {
+			if drained != w.drained && time.Now().Before(w.until) {
 				return // older than the mark this server wrote
 			}
-			delete(f.wrote, id)
+			delete(f.wrote, id) // its own event, or it waited long enough
 		}
 		f.drained[id] = drained
 		f.snap = nil
