@@ -69,8 +69,9 @@ type Options struct {
 	// `/bin/bash -l -c` command (see readyShells). It starts processes of
 	// its own, so only the sandbox's envd turns it on.
 	ReadyShell bool
-	// ReadyShellIdle is how long the ready shell outlives the last
-	// login-shell command's start or end (0: 20 s); see readyShells.
+	// ReadyShellIdle is how long at least the ready shell outlives the
+	// last login-shell command's start or end (0: 20 s); longer when the
+	// commands' recent pauses were (see readyKeep).
 	ReadyShellIdle time.Duration
 	// HostsFile is a hosts file envd wrote at start (WriteEtcFiles), whose
 	// line for the host's own name it keeps current (see hostsFollower).

@@ -48,7 +48,7 @@ type readyShells struct {
 	unwanted bool
 	later    *time.Timer // a refill after a quiet period (see changed)
 	// dormant is set once no login-shell command has started or ended for
-	// idleAfter: the shell is dropped until the next command or /init.
+	// readyKeep: the shell is dropped until the next command or /init.
 	dormant   bool
 	idle      *time.Timer
 	idleAfter time.Duration // readyShellIdle, but in tests
@@ -58,7 +58,11 @@ type readyShells struct {
 	// (see ended).
 	lastEnd    time.Time
 	inSequence bool
-	closed     bool
+	// pauses are the latest pauses between a login-shell command's end
+	// and the next one's start, pauseAt the one the next replaces.
+	pauses  [readyShellPauses]time.Duration
+	pauseAt int
+	closed  bool
 }
 
 // preparedShell is a started shell waiting on its script pipe.
@@ -107,11 +111,20 @@ const readyShellMaxScript = 16 << 20
 const readyShellQuiet = 50 * time.Millisecond
 
 // readyShellIdle is how long, by default, a sandbox keeps its ready shell
-// after its last login-shell command started or ended. The shell holds
-// ~1.2 MiB of the host's memory (its own address space: under systrap, a
-// stub process and page tables on the host); an idle sandbox keeps none,
-// and the first command after the pause pays a full start, as without it.
+// after its last login-shell command started or ended, unless its recent
+// pauses were longer (see readyKeep). The shell holds ~1.2 MiB of the
+// host's memory (its own address space: under systrap, a stub process and
+// page tables on the host); an idle sandbox keeps none, and the first
+// command after the pause pays a full start, as without it.
 const readyShellIdle = 20 * time.Second
+
+// readyShellPauses is how many of the latest pauses between login-shell
+// commands readyKeep learns from, and readyShellKeepMax how many times
+// the idle period it may keep a shell for (5 minutes by default).
+const (
+	readyShellPauses  = 4
+	readyShellKeepMax = 15
+)
 
 // readyShellSequence is how soon after the last login-shell command's end
 // the next one must start for the two to be a sequence, whose commands
@@ -146,8 +159,8 @@ func (r *readyShells) take(spec spawnSpec) (*child, bool) {
 	if !ok {
 		return nil, false
 	}
-	r.touch()
 	r.begin()
+	r.touch()
 	c, ok := r.takeReady(script, spec)
 	if !ok {
 		// Would a ready shell have served it? The one waiting (current:
@@ -322,11 +335,18 @@ func (r *readyShells) ended(spec spawnSpec) {
 }
 
 // begin records a login-shell command starting: whether it is in a
-// sequence (see ended).
+// sequence (see ended), and the pause since the last one ended.
 func (r *readyShells) begin() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.inSequence = !r.lastEnd.IsZero() && time.Since(r.lastEnd) < readyShellSequence
+	if r.lastEnd.IsZero() {
+		r.inSequence = false
+		return
+	}
+	pause := time.Since(r.lastEnd)
+	r.inSequence = pause < readyShellSequence
+	r.pauses[r.pauseAt] = pause
+	r.pauseAt = (r.pauseAt + 1) % readyShellPauses
 }
 
 // end records a login-shell command ending and returns how long to wait
@@ -348,15 +368,33 @@ func (r *readyShells) touch() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.dormant = false
+	keep := readyKeep(r.idleAfter, r.pauses[:])
 	if r.idle == nil {
-		r.idle = time.AfterFunc(r.idleAfter, r.sleep)
+		r.idle = time.AfterFunc(keep, r.sleep)
 	} else {
-		r.idle.Reset(r.idleAfter)
+		r.idle.Reset(keep)
 	}
 }
 
-// sleep drops the ready shell of a sandbox nobody has used for
-// readyShellIdle (see touch).
+// readyKeep is how long after a login-shell command's start or end the
+// ready shell is kept: idle, or twice the longest of the latest pauses
+// between commands when that is longer, up to readyShellKeepMax times idle.
+//
+// Why: an agent's commands come between its model's turns, 5 to 60 s
+// apart, past a fixed idle period: each then found no shell and paid a
+// full start (45-55 ms against 12-15 ms with one, on the 2-core test
+// host). A sandbox that pauses that long once pays it once; one nobody
+// uses keeps the shell no longer than its pauses say it might be used.
+func readyKeep(idle time.Duration, pauses []time.Duration) time.Duration {
+	keep := idle
+	for _, p := range pauses {
+		keep = max(keep, 2*p)
+	}
+	return min(keep, readyShellKeepMax*idle)
+}
+
+// sleep drops the ready shell of a sandbox nobody has used for readyKeep
+// (see touch).
 func (r *readyShells) sleep() {
 	r.mu.Lock()
 	r.dormant = true

@@ -266,6 +266,34 @@ func TestReadyShellDroppedWhenIdle(t *testing.T) {
 	}
 }
 
+func TestReadyShellKeptThroughLearnedPauses(t *testing.T) {
+	const idle = 300 * time.Millisecond
+	e := newEnv(t, withReadyShell, func(o *envd.Options) {
+		o.ReadyShellIdle = idle
+		o.ReadyShellLone = 50 * time.Millisecond
+	})
+	waitFor(t, 10*time.Second, "the first ready shell to start", func() bool { return readyShellPid(e.home) != 0 })
+	e.run(bashCmd("true"), "")
+	waitFor(t, 10*time.Second, "the command's end to start a ready shell", func() bool { return readyShellPid(e.home) != 0 })
+	// A pause past the idle period drops the shell once, as an agent's
+	// first long turn does...
+	const pause = 4 * idle
+	time.Sleep(pause)
+	if out, ready, _ := e.runReady(bashCmd("echo a"), ""); ready || out != "a\n" {
+		t.Fatalf("first command after a pause past the idle period: %q (ready shell %v)", out, ready)
+	}
+	// ...and the same pause again finds one: the shell is kept for twice
+	// the pauses seen.
+	waitFor(t, 10*time.Second, "the command's end to start a ready shell", func() bool { return readyShellPid(e.home) != 0 })
+	time.Sleep(pause)
+	if out, ready, _ := e.runReady(bashCmd("echo b"), ""); !ready || out != "b\n" {
+		t.Fatalf("command after a pause like the one before: %q (ready shell %v)", out, ready)
+	}
+	// Nobody coming back, it is still dropped.
+	waitFor(t, 10*time.Second, "the command's end to start a ready shell", func() bool { return readyShellPid(e.home) != 0 })
+	waitFor(t, 10*time.Second, "an idle sandbox to drop its ready shell", func() bool { return readyShellPid(e.home) == 0 })
+}
+
 func TestReadyShellWaitsAfterALoneCommand(t *testing.T) {
 	const lone = 3 * time.Second
 	e := newEnv(t, withReadyShell, func(o *envd.Options) { o.ReadyShellLone = lone })
