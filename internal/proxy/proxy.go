@@ -150,6 +150,14 @@ func (p *Proxy) Forget(id, reason string) {
 	}
 }
 
+// idleConnTimeout is how long a connection to a sandbox (or a node that
+// forwards to one) waits idle for its next request. An agent's commands
+// come between its model's turns, often more than 30 s apart: a shorter
+// wait closed the connection in each pause (a wake-up of the idle
+// sandbox) and gave the next command a fresh one into the sandbox's
+// network stack. envd closes its side after 5 minutes idle.
+const idleConnTimeout = 2 * time.Minute
+
 type target struct {
 	id   string
 	addr netip.AddrPort
@@ -174,6 +182,12 @@ func New(r Resolver, via http.Header, log *slog.Logger) *Proxy {
 			dest := t.addr.String()
 			if t.via != "" {
 				dest = t.via
+			} else {
+				// A sandbox is on this host, behind its veth, and Forget
+				// closes its connections when it goes: keep-alive probes
+				// would find nothing, and each woke an idle sandbox (~9
+				// host CPU-ms under gVisor on the 2-core test host).
+				d.KeepAlive = -1
 			}
 			var c net.Conn
 			var err error
@@ -195,7 +209,7 @@ func New(r Resolver, via http.Header, log *slog.Logger) *Proxy {
 			return tc, nil
 		},
 		MaxIdleConnsPerHost: 32,
-		IdleConnTimeout:     30 * time.Second,
+		IdleConnTimeout:     idleConnTimeout,
 		// Sandboxes' bodies pass through untouched.
 		DisableCompression: true,
 	}
