@@ -303,6 +303,11 @@ func (r *readyShells) reconfigured() {
 	}
 	r.mu.Lock()
 	r.dormant = false
+	// Until its next command it waits as one never used does: a pooled
+	// sandbox whose pool ran a command in it keeps its shell.
+	if r.idle != nil {
+		r.idle.Stop()
+	}
 	r.mu.Unlock()
 	spec, err := r.s.readySpec()
 	r.mu.Lock()

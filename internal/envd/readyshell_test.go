@@ -294,6 +294,27 @@ func TestReadyShellKeptThroughLearnedPauses(t *testing.T) {
 	waitFor(t, 10*time.Second, "an idle sandbox to drop its ready shell", func() bool { return readyShellPid(e.home) == 0 })
 }
 
+func TestReadyShellKeptAfterInitUntilTheNextCommand(t *testing.T) {
+	const idle = 300 * time.Millisecond
+	e := newEnv(t, withReadyShell, func(o *envd.Options) {
+		o.ReadyShellIdle = idle
+		o.ReadyShellLone = 50 * time.Millisecond
+	})
+	// The pool runs a command in a prestarted sandbox, then gives it its
+	// /init: it waits with a shell, however long, as an unused one does.
+	e.run(bashCmd("true"), "")
+	if res, body := e.httpDo("POST", "/init", strings.NewReader(`{}`), map[string]string{"Content-Type": "application/json"}); res.StatusCode != 204 {
+		t.Fatalf("/init: %d %s", res.StatusCode, body)
+	}
+	waitFor(t, 10*time.Second, "a ready shell after /init", func() bool { return readyShellPid(e.home) != 0 })
+	time.Sleep(4 * idle)
+	if out, ready, _ := e.runReady(bashCmd("echo a"), ""); !ready || out != "a\n" {
+		t.Fatalf("first command after /init and a pause: %q (ready shell %v)", out, ready)
+	}
+	// From that command on, the idle period counts again.
+	waitFor(t, 10*time.Second, "an idle sandbox to drop its ready shell", func() bool { return readyShellPid(e.home) == 0 })
+}
+
 func TestReadyShellWaitsAfterALoneCommand(t *testing.T) {
 	const lone = 3 * time.Second
 	e := newEnv(t, withReadyShell, func(o *envd.Options) { o.ReadyShellLone = lone })

@@ -15,12 +15,16 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
 	"go.uber.org/goleak"
 
+	"github.com/aenvhq/aenv/internal/envd/spec/process"
+	"github.com/aenvhq/aenv/internal/envd/spec/process/processconnect"
 	"github.com/aenvhq/aenv/internal/netns"
 	"github.com/aenvhq/aenv/internal/runtime"
 	"github.com/aenvhq/aenv/internal/template"
@@ -33,7 +37,8 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // The fakes below stand in for the runtime driver and sandbox networking,
 // so that the node's own logic (rollback, the warm pool, admission,
 // recovery) runs without root. A fake sandbox is a real HTTP server
-// answering envd's /health, /init and /envs at its slot's address: every
+// answering envd's /health, /init, /envs and process starts (through
+// envd's own Connect handler) at its slot's address: every
 // address of 127.0.0.0/8 is the loopback, so each slot gets one of its
 // own and envd's fixed port never collides.
 
@@ -43,8 +48,24 @@ type fakeEnvd struct {
 	// failInit makes /init answer 500.
 	failInit bool
 
-	mu   sync.Mutex
-	init *initRequest // the last /init
+	mu    sync.Mutex
+	init  *initRequest // the last /init
+	calls []string     // "init", and "start CMD ARGS..." for each process started
+}
+
+// fakeProcesses answers process starts: each ends at once, exit code 0.
+type fakeProcesses struct {
+	processconnect.UnimplementedProcessHandler
+	e *fakeEnvd
+}
+
+func (p fakeProcesses) Start(ctx context.Context, req *connect.Request[process.StartRequest], st *connect.ServerStream[process.StartResponse]) error {
+	cfg := req.Msg.GetProcess()
+	p.e.record("start " + strings.Join(append([]string{cfg.GetCmd()}, cfg.GetArgs()...), " "))
+	if err := st.Send(&process.StartResponse{Event: &process.ProcessEvent{Event: &process.ProcessEvent_Start{Start: &process.ProcessEvent_StartEvent{Pid: 2}}}}); err != nil {
+		return err
+	}
+	return st.Send(&process.StartResponse{Event: &process.ProcessEvent{Event: &process.ProcessEvent_End{End: &process.ProcessEvent_EndEvent{Exited: true, Status: "exit status 0"}}}})
 }
 
 func startEnvd(addr netip.Addr, failInit bool) (*fakeEnvd, error) {
@@ -64,8 +85,10 @@ func startEnvd(addr netip.Addr, failInit bool) (*fakeEnvd, error) {
 		e.mu.Lock()
 		e.init = &req
 		e.mu.Unlock()
+		e.record("init")
 		w.WriteHeader(http.StatusNoContent)
 	})
+	mux.Handle(processconnect.NewProcessHandler(fakeProcesses{e: e}))
 	e.srv = &http.Server{Handler: mux}
 	go e.srv.Serve(l)
 	return e, nil
@@ -75,6 +98,19 @@ func (e *fakeEnvd) lastInit() *initRequest {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.init
+}
+
+func (e *fakeEnvd) record(call string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.calls = append(e.calls, call)
+}
+
+// history is what the node asked of this envd, in order.
+func (e *fakeEnvd) history() []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return slices.Clone(e.calls)
 }
 
 func (e *fakeEnvd) stop() { e.srv.Close() }

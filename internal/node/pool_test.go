@@ -358,6 +358,14 @@ func TestWarmPoolInitialisesAhead(t *testing.T) {
 		return true
 	}, "every prestarted sandbox to be initialised with a token")
 
+	// Each ran one command as the SDKs do, before its /init: its first
+	// command's paths through envd are warm (warmFirstCommand).
+	for _, sb := range n.pool.list() {
+		if got, want := h.rt.envdOf(sb.ID).history(), []string{"start /bin/bash -l -c true", "init"}; !slices.Equal(got, want) {
+			t.Errorf("prestarted %s: envd was asked %q, want %q", sb.ID, got, want)
+		}
+	}
+
 	for _, tc := range []struct {
 		name      string
 		req       CreateRequest

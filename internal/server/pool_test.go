@@ -278,8 +278,18 @@ func TestPrestartedSandboxShellReady(t *testing.T) {
 		if log == "" {
 			continue // a prepared sandbox, whose envd has not started
 		}
-		if strings.Contains(log, `msg="process started"`) {
-			t.Fatalf("prestarted sandbox %s ran a command before it was taken; its envd log:\n%s", id, log)
+		// The pool warms each one's first command (warmFirstCommand):
+		// one `true` as the SDKs run it, and nothing else. One without it
+		// yet is still being prestarted.
+		switch strings.Count(log, `msg="process started"`) {
+		case 0:
+			continue
+		case 1:
+			if !strings.Contains(log, `args="-l -c true" user=user`) {
+				t.Fatalf("prestarted sandbox %s ran another command than the pool's `true`; its envd log:\n%s", id, log)
+			}
+		default:
+			t.Fatalf("prestarted sandbox %s ran more than the pool's `true` before it was taken; its envd log:\n%s", id, log)
 		}
 		pooled = append(pooled, id)
 	}
