@@ -235,7 +235,8 @@ type Sandbox struct {
 	cpuBase uint64
 	cpuAt   time.Time
 	// logFrom, when set, is when its user's log starts: what envd logged
-	// before (a prestarted sandbox's /init) is the node's, not theirs.
+	// before (a prestarted sandbox's warming command and /init) is the
+	// node's, not theirs.
 	logFrom time.Time
 	// initialised is set on a prestarted sandbox whose envd the pool gave
 	// its template's /init and the access token EnvdAccessToken already

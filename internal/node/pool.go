@@ -676,8 +676,11 @@ const poolWarmTimeout = 10 * time.Second
 //
 // Measured with pools of 10 left idle 150 s, 16 handouts each way on the
 // 2-core test host: the first command's host CPU 35 -> 29 CPU-ms, wall
-// 26.9 -> 24.4 ms (medians); the pool pays ~30 CPU-ms for the command and
-// as much for the ready shell its end replaces, off the create's path.
+// 26.9 -> 24.4 ms (medians); the pool pays 55-90 CPU-ms more per
+// prestarted sandbox (the command, and the ready shell its end replaces),
+// off the create's path. (A warm-up removed on stop 43 had shown no gain:
+// it armed envd's 20 s idle timer, which dropped the ready shell before
+// the handout; /init now disarms it.)
 func (n *Node) warmFirstCommand(ctx context.Context, sb *Sandbox) {
 	ctx, cancel := context.WithTimeout(ctx, poolWarmTimeout)
 	defer cancel()
