@@ -22,3 +22,21 @@ func TestReadyKeepFollowsPauses(t *testing.T) {
 		}
 	}
 }
+
+func TestReadySleepIgnoresAStaleTimer(t *testing.T) {
+	r := &readyShells{idleAfter: time.Hour}
+	defer r.close()
+	r.touch()
+	stale := r.idleGen
+	// A command since (or an /init) moved the idle timer on: the one armed
+	// before, firing late, must not drop the shell.
+	r.touch()
+	r.sleep(stale)
+	if r.dormant {
+		t.Fatal("a stale idle timer made the sandbox dormant")
+	}
+	r.sleep(r.idleGen)
+	if !r.dormant {
+		t.Fatal("the current idle timer did not make the sandbox dormant")
+	}
+}

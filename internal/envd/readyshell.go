@@ -49,8 +49,11 @@ type readyShells struct {
 	later    *time.Timer // a refill after a quiet period (see changed)
 	// dormant is set once no login-shell command has started or ended for
 	// readyKeep: the shell is dropped until the next command or /init.
-	dormant   bool
-	idle      *time.Timer
+	dormant bool
+	idle    *time.Timer
+	// idleGen counts the idle timers armed and disarmed: a timer that
+	// fires after a later touch or /init finds it moved on (see sleep).
+	idleGen   uint64
 	idleAfter time.Duration // readyShellIdle, but in tests
 	loneAfter time.Duration // readyShellLone, but in tests
 	// lastEnd is when the last login-shell command ended, and inSequence
@@ -305,6 +308,7 @@ func (r *readyShells) reconfigured() {
 	r.dormant = false
 	// Until its next command it waits as one never used does: a pooled
 	// sandbox whose pool ran a command in it keeps its shell.
+	r.idleGen++
 	if r.idle != nil {
 		r.idle.Stop()
 	}
@@ -374,11 +378,12 @@ func (r *readyShells) touch() {
 	defer r.mu.Unlock()
 	r.dormant = false
 	keep := readyKeep(r.idleAfter, r.pauses[:])
-	if r.idle == nil {
-		r.idle = time.AfterFunc(keep, r.sleep)
-	} else {
-		r.idle.Reset(keep)
+	r.idleGen++
+	gen := r.idleGen
+	if r.idle != nil {
+		r.idle.Stop()
 	}
+	r.idle = time.AfterFunc(keep, func() { r.sleep(gen) })
 }
 
 // readyKeep is how long after a login-shell command's start or end the
@@ -399,9 +404,14 @@ func readyKeep(idle time.Duration, pauses []time.Duration) time.Duration {
 }
 
 // sleep drops the ready shell of a sandbox nobody has used for readyKeep
-// (see touch).
-func (r *readyShells) sleep() {
+// since the touch that armed idle timer gen (see touch); a command or an
+// /init since then keeps it.
+func (r *readyShells) sleep(gen uint64) {
 	r.mu.Lock()
+	if gen != r.idleGen {
+		r.mu.Unlock()
+		return
+	}
 	r.dormant = true
 	r.gen++ // a start in progress is dropped too
 	old := r.sh
