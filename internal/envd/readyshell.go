@@ -308,10 +308,7 @@ func (r *readyShells) reconfigured() {
 	r.dormant = false
 	// Until its next command it waits as one never used does: a pooled
 	// sandbox whose pool ran a command in it keeps its shell.
-	r.idleGen++
-	if r.idle != nil {
-		r.idle.Stop()
-	}
+	r.disarmIdleLocked()
 	r.mu.Unlock()
 	spec, err := r.s.readySpec()
 	r.mu.Lock()
@@ -378,12 +375,18 @@ func (r *readyShells) touch() {
 	defer r.mu.Unlock()
 	r.dormant = false
 	keep := readyKeep(r.idleAfter, r.pauses[:])
+	gen := r.disarmIdleLocked()
+	r.idle = time.AfterFunc(keep, func() { r.sleep(gen) })
+}
+
+// disarmIdleLocked stops the idle timer, and makes one that is firing
+// already do nothing (see sleep); it returns the generation of the next.
+func (r *readyShells) disarmIdleLocked() uint64 {
 	r.idleGen++
-	gen := r.idleGen
 	if r.idle != nil {
 		r.idle.Stop()
 	}
-	r.idle = time.AfterFunc(keep, func() { r.sleep(gen) })
+	return r.idleGen
 }
 
 // readyKeep is how long after a login-shell command's start or end the
