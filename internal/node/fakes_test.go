@@ -161,6 +161,13 @@ func (r *fakeRuntime) Name() string                       { return "fake" }
 func (r *fakeRuntime) Capabilities() runtime.Capabilities { return runtime.Capabilities{} }
 func (r *fakeRuntime) Exits() <-chan runtime.Exit         { return r.exits }
 
+// spec returns the spec sandbox id was created with.
+func (r *fakeRuntime) spec(id string) runtime.Spec {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.specs[id]
+}
+
 func (r *fakeRuntime) Create(ctx context.Context, spec runtime.Spec) error {
 	r.mu.Lock()
 	gate := r.gate

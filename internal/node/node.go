@@ -722,6 +722,7 @@ func (n *Node) provision(ctx context.Context, sb *Sandbox, tpl *template.Templat
 		PidsLimit:  pick(tpl.PidsLimit, n.cfg.PidsLimit),
 		DiskMB:     max(sb.DiskMB, 0),
 		DNSServers: n.cfg.DNSServers,
+		Prestarted: opts.ForPool,
 	}, nil
 }
 

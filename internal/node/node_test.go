@@ -31,7 +31,7 @@ func TestCreateKill(t *testing.T) {
 		t.Errorf("created %+v", sb)
 	}
 	spec := h.rt.specs["sb1"]
-	if spec.CPUCount != 2 || spec.MemoryMB != 512 || spec.HostAddr != sb.Addr || spec.EnvdPort != EnvdPort {
+	if spec.CPUCount != 2 || spec.MemoryMB != 512 || spec.HostAddr != sb.Addr || spec.EnvdPort != EnvdPort || spec.Prestarted {
 		t.Errorf("the runtime was given %+v", spec)
 	}
 	init := h.rt.envdOf("sb1").lastInit()

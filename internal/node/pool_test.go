@@ -364,6 +364,10 @@ func TestWarmPoolInitialisesAhead(t *testing.T) {
 		if got, want := h.rt.envdOf(sb.ID).history(), []string{"start /bin/bash -l -c true", "init"}; !slices.Equal(got, want) {
 			t.Errorf("prestarted %s: envd was asked %q, want %q", sb.ID, got, want)
 		}
+		// Its runtime may keep what the boot warmed until the handout.
+		if !h.rt.spec(sb.rt()).Prestarted {
+			t.Errorf("prestarted %s was booted with a spec not marked prestarted", sb.ID)
+		}
 	}
 
 	for _, tc := range []struct {

@@ -77,6 +77,11 @@ type Spec struct {
 	Hostname string
 	// DNSServers go into the sandbox's /etc/resolv.conf.
 	DNSServers []string
+	// Prestarted marks a sandbox booted for the warm pool, before anyone
+	// has asked for it: a runtime may keep what its boot warmed (gvisor:
+	// the sentry's freed heap, see PrestartedAnnotation) until its first
+	// use.
+	Prestarted bool
 	// Binds are host paths bound into the sandbox: the node's own services
 	// a template runs (the code interpreter, read-only), which must match
 	// the node rather than the template's tree, and volumes (writable). A

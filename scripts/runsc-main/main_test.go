@@ -3,9 +3,12 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
+	"slices"
 	"testing"
 	"time"
 )
@@ -113,3 +116,100 @@ func TestReleaseIfAllocated(t *testing.T) {
 
 // sink keeps the test's allocation from being optimised away.
 var sink []byte
+
+// TestPrestarted reads the pool's annotation from the spec of the bundle
+// the sentry's arguments name, and takes anything else as not prestarted.
+func TestPrestarted(t *testing.T) {
+	bundle := func(config string) string {
+		dir := t.TempDir()
+		if config != "" {
+			if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(config), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return dir
+	}
+	pooled := bundle(`{"ociVersion":"1.0.0","annotations":{"dev.gvisor.spec.rootfs.type":"erofs","dev.aenv.prestarted":"true"}}`)
+	for _, tt := range []struct {
+		what string
+		args []string
+		want bool
+	}{
+		{"a pooled sandbox's spec", []string{"--root=/r", "boot", "--bundle=" + pooled, "--io-fds=4", "id"}, true},
+		{"a spec without the annotation", []string{"boot", "--bundle=" + bundle(`{"annotations":{"dev.gvisor.spec.rootfs.type":"erofs"}}`)}, false},
+		{"a spec with no annotations", []string{"boot", "--bundle=" + bundle(`{"ociVersion":"1.0.0"}`)}, false},
+		{"the annotation not true", []string{"boot", "--bundle=" + bundle(`{"annotations":{"dev.aenv.prestarted":"false"}}`)}, false},
+		{"an unreadable spec", []string{"boot", "--bundle=" + bundle(`{"annotations":`)}, false},
+		{"no spec", []string{"boot", "--bundle=" + bundle("")}, false},
+		{"no bundle", []string{"boot", "id"}, false},
+	} {
+		if got := prestarted(tt.args); got != tt.want {
+			t.Errorf("%s: prestarted = %v, want %v", tt.what, got, tt.want)
+		}
+	}
+}
+
+// TestKeepUntilUsed: a prestarted sentry collects once its boot has gone
+// a tick without allocating, not before, and returns at its first use,
+// with the count from after its collection; a collection's crumbs are not
+// a use.
+func TestKeepUntilUsed(t *testing.T) {
+	const mib = 1 << 20
+	counts := []uint64{
+		1 * mib,          // at the start
+		9 * mib,          // tick 1: the warm-up
+		10 * mib,         // tick 2: the /init
+		10 * mib,         // tick 3: quiet: the collection follows
+		10*mib + 4<<10,   // after the collection (what it flushed into the count)
+		10*mib + 4<<10,   // tick 4: idle in the pool
+		10*mib + 12<<10,  // tick 5: Go's forced collection flushing a finalizer's crumbs
+		10*mib + 300<<10, // tick 6: the handout's first command
+	}
+	reads := 0
+	read := func() uint64 {
+		if reads == len(counts) {
+			t.Fatal("read after the use")
+		}
+		reads++
+		return counts[reads-1]
+	}
+	var collectedAfter []int
+	collect := func() { collectedAfter = append(collectedAfter, reads) }
+	ticks := make(chan time.Time, 8)
+	for range cap(ticks) {
+		ticks <- time.Time{}
+	}
+	close(ticks)
+	got := keepUntilUsed(ticks, read, collect)
+	if !slices.Equal(collectedAfter, []int{4}) {
+		t.Fatalf("collected after reads %v, want once, after the quiet tick's (4)", collectedAfter)
+	}
+	if left := len(ticks); left != 2 {
+		t.Fatalf("returned with %d ticks left, want 2: at the use (tick 6)", left)
+	}
+	if got != 10*mib+4<<10 {
+		t.Fatalf("returned count %d, want %d (after the collection)", got, 10*mib+4<<10)
+	}
+}
+
+// TestKeepUntilUsedBusyGuest: a sentry whose guest never stops
+// allocating is collected after bootTicks and counts as used at once.
+func TestKeepUntilUsedBusyGuest(t *testing.T) {
+	var count uint64
+	read := func() uint64 {
+		count += 1 << 20
+		return count
+	}
+	collects := 0
+	ticks := make(chan time.Time, 2*bootTicks)
+	for range cap(ticks) {
+		ticks <- time.Time{}
+	}
+	keepUntilUsed(ticks, read, func() { collects++ })
+	if collects != 1 {
+		t.Fatalf("%d collections, want 1", collects)
+	}
+	if left := len(ticks); left != bootTicks-1 {
+		t.Fatalf("returned with %d ticks left, want %d: collected after bootTicks, used at the next", left, bootTicks-1)
+	}
+}

@@ -50,12 +50,28 @@ func writeBundle(dir string, spec runtime.Spec, cgroupPath, toolsImage string) e
 			return err
 		}
 	}
+	if spec.Prestarted {
+		if s.Annotations == nil {
+			s.Annotations = map[string]string{}
+		}
+		s.Annotations[PrestartedAnnotation] = "true"
+	}
 	b, err := json.MarshalIndent(s, "", "  ")
 	if err != nil {
 		return err
 	}
 	return os.WriteFile(filepath.Join(dir, "config.json"), b, 0o600)
 }
+
+// PrestartedAnnotation marks the spec of a sandbox booted for the warm
+// pool (runtime.Spec.Prestarted). aenv's runsc build (scripts/runsc-main)
+// reads it as its sentry starts: such a sentry keeps the heap its boot
+// freed until it is first used (keepUntilUsed there), where any other
+// returns it to the host at its first 30 s tick: a pooled sandbox's
+// first command after its handout faulted that heap back in. Its name is
+// outside gVisor's dev.gvisor. prefix, which a restore compares with the
+// checkpoint's: a pooled sandbox's snapshot restores without it.
+const PrestartedAnnotation = "dev.aenv.prestarted"
 
 // WriteBundleFiles writes the per-sandbox files OCISpec binds into the
 // guest (resolv.conf, hosts) into dir.
