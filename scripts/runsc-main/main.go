@@ -5,7 +5,8 @@
 // aenv_runsc_main): gVisor's runsc (maincli.Main), unchanged but for one
 // thing. Its sandbox process (the sentry) hands the Go heap it has freed
 // back to the host every freeInterval, if it has allocated since it last
-// did (releaseIfAllocated).
+// did (releaseIfAllocated); one booted for the warm pool keeps its boot's
+// until it is used (keepUntilUsed).
 //
 // Why: an idle sentry keeps about twice its live Go heap resident (the Go
 // runtime scavenges only down to its heap goal), and runsc starts the
@@ -139,10 +140,10 @@ func releaseFreedHeap(prestarted bool) {
 
 // keepUntilUsed waits, a tick at a time, for the boot of a prestarted
 // sentry (its warm-up and its /init included) to allocate nothing for a
-// tick (at most bootTicks), then collects without returning the freed heap, then waits for
-// the sandbox's first use (usedBytes allocated), and returns the
-// allocation count from before it: releaseIfAllocated takes it as a
-// release already made, so the next one follows the use.
+// tick (at most bootTicks), then collects without returning the freed
+// heap, then waits for the sandbox's first use (usedBytes allocated),
+// and returns the allocation count from before it: releaseIfAllocated
+// takes it as a release already made, so the next one follows the use.
 //
 // Why: a pooled sandbox's first command after its handout faulted back
 // in the heap its boot had freed and the first tick had returned.
@@ -152,10 +153,11 @@ func releaseFreedHeap(prestarted bool) {
 // 27.0 -> 24.0 CPU-ms, wall 20.9 -> 19.2 ms, its spread 20-40 -> 19-29
 // CPU-ms. (With no release at all, in another sitting: 34.5 -> 26.0.)
 // The collection is what lets the next command reuse the garbage's pages
-// (without it, it grows into new ones), and it makes the count exact: Go
-// counts a small object once its span leaves its P's cache, which a
-// collection (Go forces one every 2 minutes) makes every span do, so an
-// idle sentry's first forced collection would otherwise read as a use.
+// (without it, it grows into new ones), and it brings the count up to
+// date: Go counts a small object once its span leaves its P's cache,
+// which a collection makes every span do, so what the boot left in the
+// caches would otherwise be counted at Go's next forced collection and
+// read as a use.
 // The cost, the boot's freed heap kept resident while the sandbox waits
 // in the pool, is counted in the pool's memory budget.
 func keepUntilUsed(ticks <-chan time.Time, read func() uint64, collect func()) uint64 {
