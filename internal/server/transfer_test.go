@@ -74,9 +74,6 @@ func (n *cuttingNode) ExportSnapshot(ctx context.Context, req *nodev1.ExportSnap
 	})
 }
 
-// busyboxCounter starts, in a sandbox of the busybox template, a
-// background count in a shell's memory written to /tmp/counter: were its
-// memory lost, the count would start over.
 // movedSandbox checks that sandbox id, running busyboxCounter, carries
 // on after a move: its counter went on from where it was (its memory came
 // along), and check prints want (its files did).
@@ -98,20 +95,32 @@ func (m movedSandbox) count(when string) int {
 }
 
 // carriesOn checks the counter went past before, and the files, and
-// returns the counter.
+// returns the counter. It waits for the count to move rather than for a
+// fixed time: a sandbox just restored on a loaded host (CI) can take
+// longer than a few of the loop's 50 ms turns to fault its pages back
+// in, and a lost loop never moves however long the wait.
 func (m movedSandbox) carriesOn(when string, before int) int {
 	m.t.Helper()
-	time.Sleep(300 * time.Millisecond)
+	start := time.Now()
+	deadline := start.Add(15 * time.Second)
 	after := m.count(when)
-	if after <= before {
-		m.t.Fatalf("%s the counter went from %d to %d: the sandbox's memory did not come along", when, before, after)
+	for after <= before && time.Now().Before(deadline) {
+		time.Sleep(200 * time.Millisecond)
+		after = m.count(when)
 	}
+	if after <= before {
+		m.t.Fatalf("%s the counter went from %d to %d in %v: the sandbox's memory did not come along", when, before, after, time.Since(start).Round(time.Millisecond))
+	}
+	m.t.Logf("%s the counter went from %d to %d within %v", when, before, after, time.Since(start).Round(time.Millisecond))
 	if got := runWithin(m.t, m.c, m.id, m.check, 20*time.Second); got != m.want {
 		m.t.Fatalf("%s its files: %q", when, got)
 	}
 	return after
 }
 
+// busyboxCounter starts, in a sandbox of the busybox template, a
+// background count in a shell's memory written to /tmp/counter: were its
+// memory lost, the count would stop.
 const busyboxCounter = `i=0; while true; do i=$((i+1)); echo $i > /tmp/counter.tmp; mv /tmp/counter.tmp /tmp/counter; sleep 0.05; done >/dev/null 2>&1 &
 sleep 0.3`
 
