@@ -135,16 +135,22 @@ type fakeRuntime struct {
 	inFlight, maxInFlight int
 	// cpu is CPU time each sandbox used, on top of a constant start.
 	cpu map[string]time.Duration
+	// foregrounded counts Foreground's calls by sandbox; failForeground
+	// fails them.
+	foregrounded   map[string]int
+	failForeground bool
 }
 
 var (
 	_ runtime.Runtime      = (*fakeRuntime)(nil)
 	_ runtime.Recoverer    = (*fakeRuntime)(nil)
 	_ runtime.ExitNotifier = (*fakeRuntime)(nil)
+	_ runtime.Foregrounder = (*fakeRuntime)(nil)
 )
 
 func newFakeRuntime(t *testing.T) *fakeRuntime {
-	r := &fakeRuntime{exits: make(chan runtime.Exit, 16), running: map[string]*fakeEnvd{}, specs: map[string]runtime.Spec{}}
+	r := &fakeRuntime{exits: make(chan runtime.Exit, 16), running: map[string]*fakeEnvd{}, specs: map[string]runtime.Spec{},
+		foregrounded: map[string]int{}}
 	t.Cleanup(func() {
 		r.mu.Lock()
 		defer r.mu.Unlock()
@@ -214,6 +220,34 @@ func (r *fakeRuntime) Kill(ctx context.Context, id string) error {
 	}
 	delete(r.running, id)
 	return nil
+}
+
+func (r *fakeRuntime) Foreground(ctx context.Context, id string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.running[id]; !ok {
+		return fmt.Errorf("fake runtime: foregrounding %s: %w", id, runtime.ErrNotFound)
+	}
+	if r.failForeground {
+		return fmt.Errorf("fake runtime: foregrounding %s: failing as told", id)
+	}
+	r.foregrounded[id]++
+	return nil
+}
+
+// isRunning says whether sandbox id runs.
+func (r *fakeRuntime) isRunning(id string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.running[id]
+	return ok
+}
+
+// foregrounds is how many times sandbox id was foregrounded.
+func (r *fakeRuntime) foregrounds(id string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.foregrounded[id]
 }
 
 func (r *fakeRuntime) Stats(ctx context.Context, id string) (runtime.Stats, error) {

@@ -243,6 +243,10 @@ type Sandbox struct {
 	// (see warmPool.initialise): a create that adds nothing hands it out
 	// without a call into the sandbox.
 	initialised bool
+	// prestarted is set on a sandbox booted for the warm pool until its
+	// handout, which gives it the CPU priority of a sandbox in use (see
+	// runtime.Foregrounder).
+	prestarted bool
 }
 
 // rt is sb's name to the runtime and the root filesystem provider.
@@ -594,6 +598,7 @@ func (n *Node) boot(ctx context.Context, id string, tpl *template.Template, opts
 		DiskMB:      pick(tpl.DiskMB, n.cfg.DiskMB),
 		EnvdVersion: n.cfg.EnvdVersion,
 		Mounts:      opts.Mounts,
+		prestarted:  opts.ForPool,
 	}
 	if opts.ImageDir != "" {
 		sb.DiskMB = opts.DiskMB // the saved state's layout, whatever the template says now
@@ -920,6 +925,9 @@ func (n *Node) activate(ctx context.Context, sb *Sandbox, tpl *template.Template
 			n.destroy(context.WithoutCancel(ctx), sb)
 		}
 	}()
+	if err := n.foreground(ctx, sb); err != nil {
+		return err
+	}
 	// Prestarted sandboxes were booted with the pool's egress rules.
 	if err := n.applyEgress(ctx, sb, req.Network); err != nil {
 		return err
@@ -953,6 +961,21 @@ func (n *Node) activate(ctx context.Context, sb *Sandbox, tpl *template.Template
 	return nil
 }
 
+// foreground gives prestarted sb, as it is handed out, the CPU priority
+// of a sandbox in use, where the runtime ran it behind them.
+func (n *Node) foreground(ctx context.Context, sb *Sandbox) error {
+	if !sb.prestarted {
+		return nil
+	}
+	if f, ok := n.cfg.Runtime.(runtime.Foregrounder); ok {
+		if err := f.Foreground(ctx, sb.rt()); err != nil {
+			return fmt.Errorf("creating sandbox %s: %w", sb.ID, err)
+		}
+	}
+	sb.prestarted = false
+	return nil
+}
+
 // applyEgress gives a prestarted sandbox the create's egress rules where
 // they differ from those it was booted with.
 func (n *Node) applyEgress(ctx context.Context, sb *Sandbox, rules netns.SlotOptions) error {
@@ -976,6 +999,9 @@ func (n *Node) activateRestored(ctx context.Context, sb *Sandbox, req CreateRequ
 			n.destroy(context.WithoutCancel(ctx), sb)
 		}
 	}()
+	if err := n.foreground(ctx, sb); err != nil {
+		return err
+	}
 	if err := n.applyEgress(ctx, sb, req.Network); err != nil {
 		return err
 	}

@@ -34,6 +34,9 @@ func TestCreateKill(t *testing.T) {
 	if spec.CPUCount != 2 || spec.MemoryMB != 512 || spec.HostAddr != sb.Addr || spec.EnvdPort != EnvdPort || spec.Prestarted {
 		t.Errorf("the runtime was given %+v", spec)
 	}
+	if n := h.rt.foregrounds("sb1"); n != 0 {
+		t.Errorf("a fresh boot, never in the background, was foregrounded %d times", n)
+	}
 	init := h.rt.envdOf("sb1").lastInit()
 	if init == nil || init.EnvVars["A"] != "1" || init.AccessToken != sb.EnvdAccessToken || init.DefaultUser != "user" {
 		t.Errorf("envd's /init: %+v", init)
@@ -230,6 +233,27 @@ func TestWarmPool(t *testing.T) {
 		t.Errorf("a prestarted sandbox's death was reported: %+v", ex)
 	default:
 	}
+
+	// A prestarted sandbox the runtime cannot bring to the foreground is
+	// not handed out behind the others: it goes, and the create boots.
+	pooled := map[string]bool{}
+	for _, sb := range n.pool.list() {
+		pooled[sb.ID] = true
+	}
+	h.rt.set(func(r *fakeRuntime) { r.failForeground = true })
+	sb, err = n.Create(ctx, CreateRequest{TemplateID: testTemplate})
+	if err != nil {
+		t.Fatalf("a create whose prestarted sandbox cannot be foregrounded: %v", err)
+	}
+	if pooled[sb.ID] || h.rt.foregrounds(sb.ID) != 0 {
+		t.Errorf("got %s (pooled: %v), want a fresh boot", sb.ID, pooled[sb.ID])
+	}
+	for id := range pooled {
+		if !slices.ContainsFunc(n.pool.list(), func(sb *Sandbox) bool { return sb.ID == id }) && h.rt.isRunning(id) {
+			t.Errorf("the prestarted sandbox %s taken and not foregrounded still runs", id)
+		}
+	}
+	h.rt.set(func(r *fakeRuntime) { r.failForeground = false })
 
 	if err := n.Close(ctx, KillSandboxes); err != nil {
 		t.Fatal(err)

@@ -364,9 +364,13 @@ func TestWarmPoolInitialisesAhead(t *testing.T) {
 		if got, want := h.rt.envdOf(sb.ID).history(), []string{"start /bin/bash -l -c true", "init"}; !slices.Equal(got, want) {
 			t.Errorf("prestarted %s: envd was asked %q, want %q", sb.ID, got, want)
 		}
-		// Its runtime may keep what the boot warmed until the handout.
+		// Its runtime may keep what the boot warmed until the handout,
+		// and run it behind the sandboxes in use.
 		if !h.rt.spec(sb.rt()).Prestarted {
 			t.Errorf("prestarted %s was booted with a spec not marked prestarted", sb.ID)
+		}
+		if n := h.rt.foregrounds(sb.rt()); n != 0 {
+			t.Errorf("prestarted %s was foregrounded %d times before its handout", sb.ID, n)
 		}
 	}
 
@@ -392,6 +396,9 @@ func TestWarmPoolInitialisesAhead(t *testing.T) {
 		before, ok := pooled[sb.ID]
 		if !ok {
 			t.Fatalf("%s: got %s, not a prestarted sandbox", tc.name, sb.ID)
+		}
+		if n := h.rt.foregrounds(sb.rt()); n != 1 {
+			t.Errorf("%s: handed out foregrounded %d times, want once", tc.name, n)
 		}
 		after := h.rt.envdOf(sb.ID).lastInit()
 		if (after != before) != tc.newInit {

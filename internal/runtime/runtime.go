@@ -80,7 +80,8 @@ type Spec struct {
 	// Prestarted marks a sandbox booted for the warm pool, before anyone
 	// has asked for it: a runtime may keep what its boot warmed (gvisor:
 	// the sentry's freed heap, see PrestartedAnnotation) until its first
-	// use.
+	// use, and run it behind the sandboxes in use until its handout (see
+	// Foregrounder).
 	Prestarted bool
 	// Binds are host paths bound into the sandbox: the node's own services
 	// a template runs (the code interpreter, read-only), which must match
@@ -118,6 +119,17 @@ type Stats struct {
 // writable layer, deletions as overlay whiteouts (character devices 0/0).
 type FilesExporter interface {
 	ExportFiles(ctx context.Context, id, path string) error
+}
+
+// Foregrounder is implemented by drivers that run prestarted sandboxes
+// (Spec.Prestarted) at a background CPU priority: the pool's boots, its
+// refills above all, then take only the CPU that the sandboxes in use
+// leave idle, and a create's first command does not queue behind the
+// refill its own handout started.
+type Foregrounder interface {
+	// Foreground gives prestarted sandbox id the CPU priority of a
+	// sandbox in use; the node calls it as it hands the sandbox out.
+	Foreground(ctx context.Context, id string) error
 }
 
 // LogReader is implemented by drivers that keep envd's own log of a

@@ -50,6 +50,18 @@ type Limits struct {
 	Pids int64
 }
 
+// CPU weights on cgroup v2's cpu.weight scale. cgroup v1's cpu.shares
+// is 1024 for each DefaultCPUWeight (see v1Shares).
+const (
+	// DefaultCPUWeight is every cgroup's weight unless set.
+	DefaultCPUWeight = 100
+	// MinCPUWeight is the lowest weight: such a cgroup's tasks get the
+	// CPU only when its siblings leave it idle.
+	MinCPUWeight = 1
+	// maxCPUWeight is cgroup v2's highest.
+	maxCPUWeight = 10000
+)
+
 // Pids is a cgroup's task count and its bound.
 type Pids struct {
 	// Current is how many tasks (threads) the cgroup and its children hold.
@@ -98,6 +110,10 @@ type Hierarchy interface {
 	Pids(name string) (Pids, error)
 	// CPU is name's CPU usage and quota.
 	CPU(name string) (CPU, error)
+	// SetCPUWeight sets the share of contended CPU name's tasks get
+	// against its siblings', on cgroup v2's cpu.weight scale (clamped to
+	// MinCPUWeight-10000; DefaultCPUWeight is what a cgroup starts with).
+	SetCPUWeight(name string, weight uint64) error
 	// Remove removes cgroup name, waiting a moment for the tasks of a
 	// sandbox that just ended to leave it; a missing cgroup is no error.
 	Remove(name string) error

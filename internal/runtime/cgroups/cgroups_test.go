@@ -119,6 +119,17 @@ func TestV1(t *testing.T) {
 	if p, err := h.Pids("/aenv/sb1"); err != nil || p.Max != 0 {
 		t.Fatalf("pids %+v, %v; want no bound for max", p, err)
 	}
+	// Weights on v2's scale become shares, 1024 for the default, within
+	// the kernel's bounds.
+	for _, w := range []struct {
+		weight uint64
+		shares string
+	}{{DefaultCPUWeight, "1024"}, {MinCPUWeight, "10"}, {0, "2"}, {50, "512"}, {1 << 20, "262144"}} {
+		if err := h.SetCPUWeight("/aenv/sb1", w.weight); err != nil {
+			t.Fatal(err)
+		}
+		wantFile(t, root, "cpu/aenv/sb1/cpu.shares", w.shares)
+	}
 	if _, err := h.Memory("/aenv/missing"); err == nil || !strings.Contains(err.Error(), "/aenv/missing") {
 		t.Fatalf("reading a missing cgroup: %v, want an error naming it", err)
 	}
@@ -229,6 +240,15 @@ func TestV2(t *testing.T) {
 	c, err := h.CPU("/aenv/step-1")
 	if err != nil || c != (CPU{Usage: 2500 * time.Millisecond, Quota: 100 * time.Millisecond, Period: 100 * time.Millisecond}) {
 		t.Fatalf("CPU %+v, %v; want 2.5s used of 100ms per 100ms", c, err)
+	}
+	for _, w := range []struct {
+		weight uint64
+		want   string
+	}{{DefaultCPUWeight, "100"}, {MinCPUWeight, "1"}, {0, "1"}, {1 << 20, "10000"}} {
+		if err := h.SetCPUWeight("/aenv/step-1", w.weight); err != nil {
+			t.Fatal(err)
+		}
+		wantFile(t, root, svc+"aenv/step-1/cpu.weight", w.want)
 	}
 	files(t, root, map[string]string{svc + "aenv/step-1/cpu.max": "max 100000\n"})
 	if c, err := h.CPU("/aenv/step-1"); err != nil || c.Quota != 0 || c.Usage != 2500*time.Millisecond {

@@ -113,6 +113,19 @@ func (h *v1) CPU(name string) (CPU, error) {
 	return out, nil
 }
 
+func (h *v1) SetCPUWeight(name string, weight uint64) error {
+	if err := write(filepath.Join(h.dir("cpu", name), "cpu.shares"), strconv.FormatUint(v1Shares(weight), 10)); err != nil {
+		return fmt.Errorf("setting the CPU weight of cgroup %s: %w", name, err)
+	}
+	return nil
+}
+
+// v1Shares is cpu.shares for a weight on v2's scale: 1024 per
+// DefaultCPUWeight, within the kernel's 2-262144.
+func v1Shares(weight uint64) uint64 {
+	return min(max(weight*1024/DefaultCPUWeight, 2), 262144)
+}
+
 func (h *v1) Remove(name string) error {
 	var errs []error
 	for _, c := range v1Controllers {

@@ -230,6 +230,14 @@ func (h *v2) CPU(name string) (CPU, error) {
 	return out, nil
 }
 
+func (h *v2) SetCPUWeight(name string, weight uint64) error {
+	weight = min(max(weight, MinCPUWeight), maxCPUWeight)
+	if err := write(filepath.Join(h.dir(name), "cpu.weight"), strconv.FormatUint(weight, 10)); err != nil {
+		return fmt.Errorf("setting the CPU weight of cgroup %s: %w", name, err)
+	}
+	return nil
+}
+
 func (h *v2) Remove(name string) error {
 	if clean(name) == "/" {
 		return fmt.Errorf("removing cgroup %s: it is the service's own", name)

@@ -191,6 +191,15 @@ func resources(spec runtime.Spec) *specs.LinuxResources {
 	if lim.Pids > 0 {
 		r.Pids = &specs.LinuxPids{Limit: &lim.Pids}
 	}
+	if spec.Prestarted {
+		// The lowest weight until the handout (Driver.Foreground). The
+		// OCI spec gives it as v1's shares, which runsc converts on v2.
+		shares := uint64(2)
+		if r.CPU == nil {
+			r.CPU = &specs.LinuxCPU{}
+		}
+		r.CPU.Shares = &shares
+	}
 	return r
 }
 

@@ -14,8 +14,9 @@ import (
 )
 
 // TestBundleMarksPrestarted: the spec of a sandbox booted for the warm
-// pool carries PrestartedAnnotation, with a gofer or without one (where
-// the root's annotations are written too), and no other spec does.
+// pool carries PrestartedAnnotation and the lowest CPU shares, with a
+// gofer or without one (where the root's annotations are written too),
+// and no other spec does.
 func TestBundleMarksPrestarted(t *testing.T) {
 	mkfs := testutil.RequireBinary(t, "mkfs.erofs", "")
 	img := filepath.Join(t.TempDir(), "root.erofs")
@@ -51,6 +52,13 @@ func TestBundleMarksPrestarted(t *testing.T) {
 		}
 		if _, ok := s.Annotations[rootfsSourceAnnotation]; ok != (tc.tools != "") {
 			t.Errorf("%s: the root's annotations %v lost or added", tc.name, s.Annotations)
+		}
+		// Prestarted, it boots at the lowest CPU weight, beside its quota.
+		cpu := s.Linux.Resources.CPU
+		if cpu == nil || cpu.Quota == nil || *cpu.Quota != 100000 {
+			t.Errorf("%s: CPU resources %+v lost the quota of 1 CPU", tc.name, cpu)
+		} else if got := cpu.Shares != nil && *cpu.Shares == 2; got != tc.prestarted {
+			t.Errorf("%s: CPU shares %v, want the lowest (2) only when prestarted", tc.name, cpu.Shares)
 		}
 	}
 }

@@ -518,26 +518,34 @@ func (d *Driver) start(ctx context.Context, spec runtime.Spec, mode startMode, i
 	// The rollback removes a finished start instead.
 	// The pid file saves a `runsc state` (a process start) per sandbox.
 	pidFile := filepath.Join(dir, "pid")
-	switch mode {
-	case startBoot:
-		_, err = r.Run(context.WithoutCancel(ctx), spec.ID, dir, &runc.CreateOpts{
-			Detach:  true,
-			IO:      &fileIO{f: logFile},
-			PidFile: pidFile,
-		})
-	case startPrepare:
-		err = r.Create(context.WithoutCancel(ctx), spec.ID, dir, &runc.CreateOpts{
-			IO:      &fileIO{f: logFile},
-			PidFile: pidFile,
-		})
-	default:
-		// Without --direct: see RestorePrepared.
-		_, err = r.Restore(context.WithoutCancel(ctx), spec.ID, dir, &runc.RestoreOpts{
-			CheckpointOpts: runc.CheckpointOpts{ImagePath: imageDir},
-			Detach:         true,
-			IO:             &fileIO{f: logFile},
-			PidFile:        pidFile,
-		})
+	run := func() (err error) {
+		switch mode {
+		case startBoot:
+			_, err = r.Run(context.WithoutCancel(ctx), spec.ID, dir, &runc.CreateOpts{
+				Detach:  true,
+				IO:      &fileIO{f: logFile},
+				PidFile: pidFile,
+			})
+		case startPrepare:
+			err = r.Create(context.WithoutCancel(ctx), spec.ID, dir, &runc.CreateOpts{
+				IO:      &fileIO{f: logFile},
+				PidFile: pidFile,
+			})
+		default:
+			// Without --direct: see RestorePrepared.
+			_, err = r.Restore(context.WithoutCancel(ctx), spec.ID, dir, &runc.RestoreOpts{
+				CheckpointOpts: runc.CheckpointOpts{ImagePath: imageDir},
+				Detach:         true,
+				IO:             &fileIO{f: logFile},
+				PidFile:        pidFile,
+			})
+		}
+		return err
+	}
+	if spec.Prestarted {
+		err = niced(run)
+	} else {
+		err = run()
 	}
 	if err != nil {
 		return fmt.Errorf("starting runsc for %s: %w%s", spec.ID, err, TailLog(r.Log))
@@ -608,6 +616,16 @@ func (d *Driver) deleteContainer(ctx context.Context, id string) error {
 		return nil
 	}
 	return err
+}
+
+// Foreground implements runtime.Foregrounder: a prestarted sandbox's
+// cgroup, made by runsc at the lowest CPU weight (see resources), gets the
+// default one, that of every sandbox in use.
+func (d *Driver) Foreground(ctx context.Context, id string) error {
+	if err := d.cg.SetCPUWeight(d.cgroup(id), cgroups.DefaultCPUWeight); err != nil {
+		return fmt.Errorf("foregrounding sandbox %s: %w", id, err)
+	}
+	return nil
 }
 
 // Stats implements runtime.Runtime. It reads the sandbox's cgroup files
