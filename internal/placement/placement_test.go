@@ -242,9 +242,9 @@ func TestWarm(t *testing.T) {
 	}
 }
 
-// TestBestOfK: each choice is the one with the most headroom of K drawn
-// from the seeded source, the first drawn on a tie, and the same seed
-// makes the same choices.
+// TestBestOfK: each choice is the one with the most headroom of K
+// distinct nodes drawn from the seeded source, the first drawn on a tie,
+// and the same seed makes the same choices.
 func TestBestOfK(t *testing.T) {
 	var nodes []*Node
 	for i := range 10 {
@@ -256,8 +256,14 @@ func TestBestOfK(t *testing.T) {
 		var got []string
 		for range 200 {
 			want := -1
-			for range k {
-				if i := draws.IntN(len(nodes)); want < 0 || nodes[i].Load.CommittedMB < nodes[want].Load.CommittedMB {
+			var drawn []int
+			for len(drawn) < k {
+				i := draws.IntN(len(nodes))
+				if slices.Contains(drawn, i) {
+					continue // distinct nodes
+				}
+				drawn = append(drawn, i)
+				if want < 0 || nodes[i].Load.CommittedMB < nodes[want].Load.CommittedMB {
 					want = i
 				}
 			}
@@ -273,6 +279,23 @@ func TestBestOfK(t *testing.T) {
 				t.Fatalf("k=%d: the same seed chose %s, then %s", k, got[i], n.ID)
 			}
 		}
+	}
+	// Two nodes, two choices: both are compared every time, so the
+	// emptier always wins, and a tie goes either way.
+	pair := []*Node{node("a", 4000), node("b", 2000)}
+	b2 := NewBestOfK(DefaultK, rand.New(rand.NewPCG(5, 6)))
+	for range 200 {
+		if n, err := b2.Place(Request{}, pair); err != nil || n.ID != "b" {
+			t.Fatalf("best of two of two nodes: placed on %v, %v; want the emptier, b", n, err)
+		}
+	}
+	tied := map[string]int{}
+	for range 200 {
+		n, _ := b2.Place(Request{}, []*Node{node("a", 0), node("b", 0)})
+		tied[n.ID]++
+	}
+	if tied["a"] == 0 || tied["b"] == 0 {
+		t.Errorf("two equal nodes: placed %v, want both used", tied)
 	}
 	if b := NewBestOfK(0, nil); b.k != 1 {
 		t.Errorf("k below 1: %d", b.k)
