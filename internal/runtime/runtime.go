@@ -122,10 +122,8 @@ type FilesExporter interface {
 }
 
 // Foregrounder is implemented by drivers that run prestarted sandboxes
-// (Spec.Prestarted) at a background CPU priority: the pool's boots, its
-// refills above all, then take only the CPU that the sandboxes in use
-// leave idle, and a create's first command does not queue behind the
-// refill its own handout started.
+// (Spec.Prestarted) at a background CPU priority: a pool's boot that has
+// begun yields to the sandboxes in use when they want the CPU back.
 type Foregrounder interface {
 	// Foreground gives prestarted sandbox id the CPU priority of a
 	// sandbox in use; the node calls it as it hands the sandbox out.

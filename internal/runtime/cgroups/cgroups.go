@@ -55,8 +55,8 @@ type Limits struct {
 const (
 	// DefaultCPUWeight is every cgroup's weight unless set.
 	DefaultCPUWeight = 100
-	// MinCPUWeight is the lowest weight: such a cgroup's tasks get the
-	// CPU only when its siblings leave it idle.
+	// MinCPUWeight is the lowest weight: against a sibling of the
+	// default weight that wants the CPU too, a hundredth of it.
 	MinCPUWeight = 1
 	// maxCPUWeight is cgroup v2's highest.
 	maxCPUWeight = 10000
