@@ -13,7 +13,9 @@ const backgroundNice = 19
 // niced runs fn on an OS thread of its own at backgroundNice, so that the
 // processes fn starts run behind the host's other work: Linux gives a
 // forked process the nice value of the thread that forked it, and
-// go-runc forks runsc on the calling goroutine's thread. A prestarted
+// go-runc forks runsc on the calling goroutine's thread (as long as its
+// PdeathSignal is unset, which the driver never sets: with it, go-runc
+// forks from a thread of its own). A prestarted
 // sandbox's boot is the pool's refill, which must not slow the commands
 // of sandboxes in use (its sandbox and gofer processes, which runsc
 // forks, inherit the value too, but their cgroup holds nothing else:
