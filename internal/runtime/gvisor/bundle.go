@@ -192,9 +192,8 @@ func resources(spec runtime.Spec) *specs.LinuxResources {
 		r.Pids = &specs.LinuxPids{Limit: &lim.Pids}
 	}
 	if spec.Prestarted {
-		// The lowest weight until the handout (Driver.Foreground). The
-		// OCI spec gives it as v1's shares, which runsc converts on v2.
-		shares := uint64(2)
+		// The lowest weight until the handout (Driver.Foreground).
+		shares := uint64(backgroundShares)
 		if r.CPU == nil {
 			r.CPU = &specs.LinuxCPU{}
 		}
@@ -202,6 +201,11 @@ func resources(spec runtime.Spec) *specs.LinuxResources {
 	}
 	return r
 }
+
+// backgroundShares is the CPU weight a prestarted sandbox's cgroup is
+// made with: cgroup v1's lowest cpu.shares, as the OCI spec gives it
+// (runsc turns it into v2's lowest cpu.weight, 1).
+const backgroundShares = 2
 
 // hostLimits are the host cgroup limits of a sandbox or step of the
 // given memory, CPUs and pids limit; zero fields are unlimited.
