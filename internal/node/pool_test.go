@@ -454,3 +454,56 @@ func TestWarmPoolRefillWaitsAfterTake(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestWarmPoolRefillWaitsForALull: while the pool keeps a reserve (a
+// quarter of its target), the refill waits until creates pause for the
+// lull, however long they keep coming; a create that takes the pool below
+// the reserve cuts the wait to the short hold.
+func TestWarmPoolRefillWaitsForALull(t *testing.T) {
+	h := newHost(t)
+	n, _ := h.start(poolConfig(h, 1<<30, 8))
+	ctx := context.Background()
+	waitFor(t, func() bool { return poolReady(n) == 8 }, "8 prestarted sandboxes")
+	const lull = time.Second
+	n.pool.mu.Lock()
+	n.pool.holdFor, n.pool.lullFor = 100*time.Millisecond, lull
+	n.pool.mu.Unlock()
+	create := func() time.Time {
+		t.Helper()
+		if _, err := n.Create(ctx, CreateRequest{TemplateID: testTemplate, Secure: true}); err != nil {
+			t.Fatal(err)
+		}
+		return time.Now()
+	}
+	creates := h.rt.createCount()
+	// Four creates 300 ms apart, 1.2 s in all, each leaving 4 or more of
+	// 8 (reserve 2).
+	var last time.Time
+	for i := range 4 {
+		if i > 0 {
+			time.Sleep(300 * time.Millisecond)
+		}
+		last = create()
+	}
+	if got := h.rt.createCount(); got != creates {
+		t.Fatalf("the refill booted %d sandboxes during a stream of creates, the pool above its reserve", got-creates)
+	}
+	waitFor(t, func() bool { return poolReady(n) == 8 }, "the pool to refill once creates paused")
+	if waited := time.Since(last); waited < lull {
+		t.Errorf("refilled %v after the last create of a stream, within the lull", waited)
+	}
+
+	// Below the reserve: 7 takes leave 1 of 8.
+	n.pool.mu.Lock()
+	n.pool.lullFor = time.Minute
+	n.pool.mu.Unlock()
+	creates = h.rt.createCount()
+	for range 7 {
+		create()
+	}
+	// Within waitFor's 5 s, not the minute's lull.
+	waitFor(t, func() bool { return h.rt.createCount() > creates }, "the refill to boot below the reserve")
+	if err := n.Close(ctx, KillSandboxes); err != nil {
+		t.Fatal(err)
+	}
+}
