@@ -15,6 +15,11 @@ type AenvResults struct {
 	// CreateSerial and CreateConcurrent are create-to-first-command
 	// latencies, one sandbox at a time and Concurrency at once.
 	CreateSerial, CreateConcurrent []time.Duration
+	// CreateBackToBack is the same one at a time, each create right after
+	// the last one's kill, from a pool that held PoolBackToBack (-1:
+	// unknown) when they began.
+	CreateBackToBack []time.Duration
+	PoolBackToBack   int
 	// Command is the round trip of `true` in a running sandbox, back to
 	// back; CommandSpaced the same, commandGap after the last one ended.
 	Command, CommandSpaced []time.Duration
@@ -89,10 +94,12 @@ func MeasureAenv(ctx context.Context, opts Options) (AenvResults, error) {
 		}
 	}
 	// A create at c=1 is what one user sees from a pool that has caught
-	// up: each waits (untimed) for the pool to hold a sandbox again, as
-	// it would between one user's creates seconds apart. Without it the
-	// series times whichever boot the last create's refill left half
-	// done, and swings from a pooled take to a cold boot.
+	// up: each waits (untimed) for the pool to hold what it is sized to
+	// again, as it would between one user's creates seconds apart.
+	// Without it the series times whichever boot the last create's refill
+	// left half done, and swings from a pooled take to a cold boot. The
+	// creates of a stream, one right after another, are the back to back
+	// series (measureBackToBack).
 	nodes, _ := opts.API.(nodeLister)
 	var last time.Time
 	serial := func(ctx context.Context) (time.Duration, cleanup, error) {
@@ -119,6 +126,9 @@ func MeasureAenv(ctx context.Context, opts Options) (AenvResults, error) {
 			return res, fmt.Errorf("measuring aenv: %w", err)
 		}
 	}
+	if err := measureBackToBack(ctx, p, opts, create, &res); err != nil {
+		return res, fmt.Errorf("measuring aenv: %w", err)
+	}
 	if opts.SustainFor > 0 {
 		n, err := sustain(ctx, p, "sustained creates", opts.Concurrency, opts.SustainFor, create)
 		if err != nil {
@@ -133,18 +143,20 @@ func MeasureAenv(ctx context.Context, opts Options) (AenvResults, error) {
 // bursts; a pool that is still short then is reported as it was.
 const poolWait = 2 * time.Minute
 
-// pooledWait bounds the wait for one pooled sandbox before a c=1 create:
-// a pool that does not refill in that time (sized to 0, or a host out of
-// memory) is timed as it is.
+// pooledWait bounds the wait for the pool to catch up before a c=1
+// create: a pool that does not refill in that time (a host out of memory,
+// or one growing by several boots into the series' demand) is timed as it
+// is.
 const pooledWait = 5 * time.Second
 
-// awaitPooled waits, at most within, until the nodes hold a prestarted
-// sandbox of template by a report made after since (a node reports its
-// pool every few seconds: an older report may count a sandbox the last
-// create took); it returns at once when api cannot say.
+// awaitPooled waits, at most within, until the nodes hold as many
+// prestarted sandboxes of template as their pools are sized to, by a
+// report made after since (a node reports its pool every few seconds: an
+// older report may count a sandbox the last create took); it returns at
+// once for a pool sized to nothing, or when api cannot say.
 func awaitPooled(ctx context.Context, api nodeLister, template string, since time.Time, within time.Duration) {
 	watchPool(ctx, api, template, within, 50*time.Millisecond, func(ready, target int, at time.Time) bool {
-		return target == 0 || (!at.Before(since) && ready > 0)
+		return target == 0 || (!at.Before(since) && ready >= target)
 	})
 }
 
@@ -178,6 +190,18 @@ func measureBursts(ctx context.Context, p *progress, opts Options, create op, re
 	}
 	res.PoolTaught = waitPool(ctx, p, nodes, opts.Template, opts.BurstSize)
 	res.BurstPooled, err = series(ctx, p, label+", pooled", 0, 1, opts.BurstSize, create)
+	return err
+}
+
+// measureBackToBack times Iterations creates one at a time, each right
+// after the last one's kill, as one client creating sandboxes in a loop
+// does: from a pool that has caught up, after the bursts when there are
+// any (the pool then holds what they taught it).
+func measureBackToBack(ctx context.Context, p *progress, opts Options, create op, res *AenvResults) error {
+	nodes, _ := opts.API.(nodeLister)
+	res.PoolBackToBack = waitPool(ctx, p, nodes, opts.Template, opts.Iterations)
+	var err error
+	res.CreateBackToBack, err = series(ctx, p, "create c=1, back to back", 0, opts.Iterations, 1, create)
 	return err
 }
 

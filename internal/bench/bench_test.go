@@ -180,11 +180,11 @@ func TestMeasureAenv(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(res.CreateSerial) != 6 || len(res.CreateConcurrent) != 6 || len(res.Command) != 6 {
-		t.Errorf("samples: serial %d, concurrent %d, command %d; want 6 each",
-			len(res.CreateSerial), len(res.CreateConcurrent), len(res.Command))
+	if len(res.CreateSerial) != 6 || len(res.CreateConcurrent) != 6 || len(res.CreateBackToBack) != 6 || len(res.Command) != 6 {
+		t.Errorf("samples: serial %d, concurrent %d, back to back %d, command %d; want 6 each",
+			len(res.CreateSerial), len(res.CreateConcurrent), len(res.CreateBackToBack), len(res.Command))
 	}
-	for _, d := range slices.Concat(res.CreateSerial, res.CreateConcurrent) {
+	for _, d := range slices.Concat(res.CreateSerial, res.CreateConcurrent, res.CreateBackToBack) {
 		if d < 2*time.Millisecond {
 			t.Errorf("create sample %v shorter than the create itself", d)
 		}
@@ -192,9 +192,10 @@ func TestMeasureAenv(t *testing.T) {
 	if res.CPUCount != 2 || res.MemoryMB != 512 {
 		t.Errorf("size = %d CPUs, %d MiB; want the server's 2, 512", res.CPUCount, res.MemoryMB)
 	}
-	// 1 warm-up + 6 serial + 6 concurrent + 1 for the command series.
-	if api.created != 14 {
-		t.Errorf("created %d sandboxes, want 14", api.created)
+	// 1 warm-up + 6 serial + 6 concurrent + 1 for the command series + 6
+	// back to back.
+	if api.created != 20 {
+		t.Errorf("created %d sandboxes, want 20", api.created)
 	}
 	if l := api.leaked(); len(l) > 0 {
 		t.Errorf("sandboxes left running: %v", l)
@@ -300,24 +301,28 @@ func TestMeasureAenvAsksForTheSizeTheCreateAnswerLacks(t *testing.T) {
 }
 
 // poolAfter is a node lister whose pool of "tpl" (sized to target) holds
-// nothing until ready, then one. Its node reports every 100ms, and until
-// staleUntil its report is one from before the last take, holding one.
+// nothing until partly, then one, and target from ready. Its node reports
+// every 100ms, and until staleUntil its report is one from before the
+// last take, holding target.
 type poolAfter struct {
-	ready, staleUntil time.Time
-	target            int
-	asked             atomic.Int32
+	partly, ready, staleUntil time.Time
+	target                    int
+	asked                     atomic.Int32
 }
 
 func (p *poolAfter) Nodes(ctx context.Context) ([]client.Node, error) {
 	p.asked.Add(1)
 	now := time.Now()
 	n := 0
-	if now.After(p.ready) {
+	switch {
+	case now.After(p.ready):
+		n = p.target
+	case now.After(p.partly):
 		n = 1
 	}
 	reported := now.Truncate(100 * time.Millisecond)
 	if now.Before(p.staleUntil) {
-		n, reported = 1, time.Time{}.Add(time.Hour)
+		n, reported = p.target, time.Time{}.Add(time.Hour)
 	}
 	return []client.Node{{UpdatedAt: reported, Pool: []client.PoolEntry{
 		{TemplateID: "tpl", Ready: 5, Target: 5, Prepared: true}, // prepared: not takeable
@@ -325,12 +330,12 @@ func (p *poolAfter) Nodes(ctx context.Context) ([]client.Node, error) {
 	}}}, nil
 }
 
-// TestAwaitPooled: a c=1 create waits for the pool to hold a sandbox
-// again, no longer than it is given, and not at all for a pool sized to
-// nothing or an API that cannot list it.
+// TestAwaitPooled: a c=1 create waits for the pool to hold what it is
+// sized to again (not only a sandbox), no longer than it is given, and
+// not at all for a pool sized to nothing or an API that cannot list it.
 func TestAwaitPooled(t *testing.T) {
 	ctx := context.Background()
-	refill := &poolAfter{ready: time.Now().Add(300 * time.Millisecond), target: 2}
+	refill := &poolAfter{partly: time.Now().Add(100 * time.Millisecond), ready: time.Now().Add(300 * time.Millisecond), target: 2}
 	start := time.Now()
 	awaitPooled(ctx, refill, "tpl", start, 5*time.Second)
 	if d := time.Since(start); d < 300*time.Millisecond || d > 2*time.Second {
@@ -339,21 +344,21 @@ func TestAwaitPooled(t *testing.T) {
 
 	// A report from before the last create still counts the sandbox it
 	// took: not waited on.
-	stale := &poolAfter{ready: time.Now().Add(300 * time.Millisecond), staleUntil: time.Now().Add(200 * time.Millisecond), target: 2}
+	stale := &poolAfter{partly: time.Now().Add(300 * time.Millisecond), ready: time.Now().Add(300 * time.Millisecond), staleUntil: time.Now().Add(200 * time.Millisecond), target: 2}
 	start = time.Now()
 	awaitPooled(ctx, stale, "tpl", start, 5*time.Second)
 	if d := time.Since(start); d < 300*time.Millisecond || d > 2*time.Second {
 		t.Errorf("waited %v for a pool refilled after 300ms behind a stale report", d)
 	}
 
-	never := &poolAfter{ready: time.Now().Add(time.Hour), target: 2}
+	never := &poolAfter{partly: time.Now(), ready: time.Now().Add(time.Hour), target: 2}
 	start = time.Now()
 	awaitPooled(ctx, never, "tpl", start, 200*time.Millisecond)
 	if d := time.Since(start); d < 200*time.Millisecond || d > 2*time.Second {
 		t.Errorf("waited %v for a pool that never refills, want the 200ms bound", d)
 	}
 
-	unsized := &poolAfter{ready: time.Now().Add(time.Hour), target: 0}
+	unsized := &poolAfter{partly: time.Now().Add(time.Hour), ready: time.Now().Add(time.Hour), target: 0}
 	start = time.Now()
 	awaitPooled(ctx, unsized, "tpl", start, 5*time.Second)
 	if d := time.Since(start); d > time.Second || unsized.asked.Load() != 1 {

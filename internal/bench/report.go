@@ -137,8 +137,11 @@ func (r *Report) AddCreate(opts Options, a AenvResults, b BareResults) {
 	opts = opts.withDefaults()
 	c := opts.Concurrency
 	r.Iterations, r.Concurrency = opts.Iterations, c
+	r.Rows = append(r.Rows, newRow("create to first command, c=1", "runsc run /bin/true", a.CreateSerial, b.RunSerial))
+	if len(a.CreateBackToBack) > 0 {
+		r.Rows = append(r.Rows, newRow("create to first command, c=1, back to back, "+poolLabel(a.PoolBackToBack), "runsc run /bin/true", a.CreateBackToBack, b.RunSerial))
+	}
 	r.Rows = append(r.Rows,
-		newRow("create to first command, c=1", "runsc run /bin/true", a.CreateSerial, b.RunSerial),
 		newRow(fmt.Sprintf("create to first command, c=%d", c), fmt.Sprintf("runsc run /bin/true, %d at once", c), a.CreateConcurrent, b.RunConcurrent),
 		newRow("command round trip", "runsc exec /bin/true", a.Command, b.Exec),
 		newRow("command round trip", "runsc exec /bin/bash -l -c true", a.Command, b.ExecShell),
@@ -164,7 +167,7 @@ func (r *Report) AddCreate(opts Options, a AenvResults, b BareResults) {
 	cmd := Summarize(a.Command)
 	cmdRatio := Ratio(cmd.P50, Summarize(b.Exec).P50)
 	r.Targets = append(r.Targets,
-		Target{Name: "create to first command, c=1: p50 <= 25ms", Value: FormatDuration(serial.P50),
+		Target{Name: "create to first command, c=1, the pool caught up between creates: p50 <= 25ms", Value: FormatDuration(serial.P50),
 			Met: serial.N > 0 && serial.P50 <= 25*time.Millisecond},
 		Target{Name: "command round trip: p50 <= 15ms or <= 1.2x bare runsc exec",
 			Value: fmt.Sprintf("%s, %s", FormatDuration(cmd.P50), FormatRatio(cmdRatio)),

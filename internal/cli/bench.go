@@ -46,10 +46,13 @@ on this host, on the template's root filesystem and with the server's runsc
 flags, and print both with their ratio. Run it as root on the server's host,
 with the server idle.
 
-The create suite: create to first command one at a time and --concurrency at
-once, the round trip of a command in a running sandbox, two bursts of --burst
-creates at once (as the warm pool stands, then once it has refilled from what
-the first taught it, waiting at most 2 minutes), and the creates per second
+The create suite: create to first command one at a time (each once the warm
+pool has caught up, as for one user's creates seconds apart) and --concurrency
+at once, the round trip of a command in a running sandbox, two bursts of
+--burst creates at once (as the warm pool stands, then once it has refilled
+from what the first taught it, waiting at most 2 minutes), one at a time again
+but back to back (each create right after the last one's kill, as a client
+creating sandboxes in a loop does), and the creates per second
 --concurrency clients sustain for --sustain; beside bare runsc doing the same,
 with the host CPU-seconds one create costs (read from /proc/stat: keep the host
 otherwise idle).
