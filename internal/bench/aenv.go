@@ -36,11 +36,11 @@ type AenvResults struct {
 	// back series cost, the ready shell envd starts after it included (0:
 	// not measured).
 	CPUPerCommand float64
-	// CPUPerCreate is the host CPU-seconds one create of the c=1 series
-	// cost, its first command and its kill included, and the boot with
-	// which the warm pool replaced the sandbox it handed out (the series
-	// waits for it): what a pooled create costs the host in the end
-	// (0: not measured).
+	// CPUPerCreate is the host CPU-seconds one create of the back to back
+	// series cost, its first command and its kill included, and the boot
+	// with which the warm pool replaced the sandbox it handed out (waited
+	// for after the series): what a pooled create costs the host in the
+	// end (0: not measured).
 	CPUPerCreate float64
 	// CreatesPerSecond is the rate of create, first command and kill that
 	// Concurrency clients kept up for SustainFor.
@@ -108,11 +108,9 @@ func MeasureAenv(ctx context.Context, opts Options) (AenvResults, error) {
 		last = time.Now()
 		return d, c, err
 	}
-	cpu := startCPU()
 	if res.CreateSerial, err = series(ctx, p, "create c=1", 0, opts.Iterations, 1, serial); err != nil {
 		return res, fmt.Errorf("measuring aenv: %w", err)
 	}
-	res.CPUPerCreate = cpu.per(len(res.CreateSerial))
 	label := fmt.Sprintf("create c=%d", opts.Concurrency)
 	if res.CreateConcurrent, err = series(ctx, p, label, 0, opts.rounds(), opts.Concurrency, create); err != nil {
 		return res, fmt.Errorf("measuring aenv: %w", err)
@@ -200,9 +198,17 @@ func measureBursts(ctx context.Context, p *progress, opts Options, create op, re
 func measureBackToBack(ctx context.Context, p *progress, opts Options, create op, res *AenvResults) error {
 	nodes, _ := opts.API.(nodeLister)
 	res.PoolBackToBack = waitPool(ctx, p, nodes, opts.Template, opts.Iterations)
+	cpu := startCPU()
 	var err error
-	res.CreateBackToBack, err = series(ctx, p, "create c=1, back to back", 0, opts.Iterations, 1, create)
-	return err
+	if res.CreateBackToBack, err = series(ctx, p, "create c=1, back to back", 0, opts.Iterations, 1, create); err != nil {
+		return err
+	}
+	// Unlike the c=1 series, whose waits also cover the pool growing into
+	// its demand, this one hands out sandboxes of a pool sized already:
+	// refilled to what it held, it has booted one for each.
+	waitPool(ctx, p, nodes, opts.Template, res.PoolBackToBack)
+	res.CPUPerCreate = cpu.per(len(res.CreateBackToBack))
+	return nil
 }
 
 // nodeLister is an API that can list the nodes and their warm pools.

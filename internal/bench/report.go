@@ -173,7 +173,7 @@ func (r *Report) AddCreate(opts Options, a AenvResults, b BareResults) {
 			Value: fmt.Sprintf("%s, %s", FormatDuration(cmd.P50), FormatRatio(cmdRatio)),
 			Met:   cmd.N > 0 && (cmd.P50 <= 15*time.Millisecond || (cmdRatio > 0 && cmdRatio <= 1.2))})
 	if a.CPUPerCreate > 0 || b.CPUPerRun > 0 {
-		r.Figures = append(r.Figures, newFigure("host CPU per create, c=1 (its command, its kill and the pool's refill)", "CPU-ms",
+		r.Figures = append(r.Figures, newFigure("host CPU per create, c=1 back to back (its command, its kill and the pool's refill)", "CPU-ms",
 			"runsc run /bin/true (delete included)", a.CPUPerCreate*1000, b.CPUPerRun*1000))
 	}
 	if a.CPUPerCommand > 0 || b.CPUPerExecShell > 0 {
