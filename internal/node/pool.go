@@ -59,8 +59,7 @@ const (
 	// warmPool.holdUntil): a command's round trip, a few times over.
 	refillHold = 50 * time.Millisecond
 	// refillLull is how long creates must pause before the refill boots
-	// while the pool still holds a reserve (streamReserve) of what was
-	// taken: a stream of creates one after another otherwise has a boot
+	// a key that still holds its reserve (streamReserve): a stream of creates one after another otherwise has a boot
 	// (~300-600 ms of wall time on 2 cores) beside every create it
 	// spans, which measured 20-23 ms to first command without a refill
 	// and 30-50 ms beside one. Deferring loses the stream nothing: a
@@ -153,7 +152,9 @@ type warmPool struct {
 	// holdUntil (wall clock) is when a refill may start after a take: a
 	// taken sandbox's first command comes right after its create, and a
 	// refill's boot beside it, on a small host, takes the CPUs it runs on.
-	holdUntil time.Time
+	// lullUntil is when creates will have paused for lullFor; a key that
+	// still holds its reserve (streamReserve) is refilled only then.
+	holdUntil, lullUntil time.Time
 	// holdFor and lullFor are refillHold and refillLull, but in tests.
 	holdFor, lullFor time.Duration
 
@@ -258,7 +259,13 @@ func (p *warmPool) take(key PoolKey, version string) *Sandbox {
 		}
 	}
 	p.setReadyLocked(key, list)
-	p.holdLocked(len(list) >= streamReserve(p.targets[key]))
+	// Not pushed further by later takes: under a steady stream of creates
+	// a pool below its reserve still refills.
+	now := time.Now()
+	if now.After(p.holdUntil) {
+		p.holdUntil = now.Add(p.holdFor)
+	}
+	p.lullUntil = now.Add(p.lullFor)
 	if got != nil {
 		c.Warm++
 	} else {
@@ -268,22 +275,6 @@ func (p *warmPool) take(key PoolKey, version string) *Sandbox {
 	p.poke()
 	p.destroyAll(stale)
 	return got
-}
-
-// holdLocked holds the refill back after a take: until creates pause
-// for lullFor while the pool keeps a reserve of the key taken from, else
-// for holdFor from the first take, not pushed further by later ones (a
-// pool running dry refills under a steady stream of creates).
-func (p *warmPool) holdLocked(reserve bool) {
-	now := time.Now()
-	switch {
-	case reserve:
-		if lull := now.Add(p.lullFor); lull.After(p.holdUntil) {
-			p.holdUntil = lull
-		}
-	case now.After(p.holdUntil), p.holdUntil.After(now.Add(p.holdFor)):
-		p.holdUntil = now.Add(p.holdFor)
-	}
 }
 
 // streamReserve is the stock of a key, sized to target, below which its
@@ -464,6 +455,9 @@ func (p *warmPool) step(ctx context.Context) bool {
 		}
 	}
 	key, short := p.neediestLocked(now)
+	if len(p.ready[key]) >= streamReserve(p.targets[key]) && p.lullUntil.After(p.holdUntil) {
+		hold = time.Until(p.lullUntil)
+	}
 	p.mu.Unlock()
 	if len(surplus) > 0 {
 		p.n.log.Debug("prestarted sandboxes past the pool's targets killed", "count", len(surplus), "memory_over_bytes", over)
