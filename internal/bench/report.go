@@ -186,6 +186,14 @@ func (r *Report) AddCreate(opts Options, a AenvResults, b BareResults) {
 	}
 }
 
+// preparedLabel says how many prepared sandboxes the pool held.
+func preparedLabel(n int) string {
+	if n < 0 {
+		return "unknown"
+	}
+	return fmt.Sprint(n)
+}
+
 // poolLabel says what the warm pool held before a burst.
 func poolLabel(n int) string {
 	if n < 0 {
@@ -220,6 +228,9 @@ func (r *Report) AddSnapshot(opts Options, res SnapshotResults) {
 				base += fmt.Sprintf("s, %d at a time", forkParallelism(n))
 			}
 			r.Rows = append(r.Rows, newRow(fmt.Sprintf("fork %d, %s: wall", n, name), base, x.Fork[n], y.Fork[n]))
+			if taught := x.ForkTaught[n]; len(taught) > 0 {
+				r.Rows = append(r.Rows, newRow(fmt.Sprintf("fork %d, %s, pool taught (%s prepared): wall", n, name, preparedLabel(x.TaughtPrepared)), base, taught, y.Fork[n]))
+			}
 			if n > 1 {
 				r.Rows = append(r.Rows, newRow(fmt.Sprintf("fork %d, %s: per child", n, name), "the same, per restore",
 					perChild(x.Fork[n], n), perChild(y.Fork[n], n)))

@@ -14,7 +14,8 @@ func snapshotReport() Report {
 		Aenv: []SizeSamples{{Size: Size{Name: "small"}, Samples: SnapshotSamples{
 			Snapshot: ms(100, 110, 120), Pause: ms(130, 140, 150),
 			Resume: ms(400, 410, 420), ResumeCommand: ms(450, 460, 470), FromSnapshot: ms(500, 510, 520),
-			Fork:        map[int][]time.Duration{1: ms(600, 610, 620), 4: ms(1600)},
+			Fork:       map[int][]time.Duration{1: ms(600, 610, 620), 4: ms(1600)},
+			ForkTaught: map[int][]time.Duration{4: ms(900)}, TaughtPrepared: 4,
 			MemoryBytes: 16 << 20, ImageBytes: 2 << 20,
 		}}, {Size: Size{Name: "dirty"}, Samples: SnapshotSamples{
 			Resume: ms(1000),
@@ -49,16 +50,17 @@ func TestAddSnapshotRows(t *testing.T) {
 		rows[row.Operation] = row
 	}
 	for op, want := range map[string]float64{
-		"snapshot (leave running), small":              110.0 / 100,
-		"pause, small":                                 140.0 / 130,
-		"resume, small":                                410.0 / 360,
-		"resume + first command, small":                460.0 / 380,
-		"create from snapshot to first command, small": 510.0 / 400,
-		"fork 1, small: wall":                          610.0 / 500,
-		"fork 4, small: wall":                          1600.0 / 1200,
-		"fork 4, small: per child":                     400.0 / 300,
-		"resume, dirty":                                2,
-		"snapshot (leave running), dirty":              0,
+		"snapshot (leave running), small":               110.0 / 100,
+		"pause, small":                                  140.0 / 130,
+		"resume, small":                                 410.0 / 360,
+		"resume + first command, small":                 460.0 / 380,
+		"create from snapshot to first command, small":  510.0 / 400,
+		"fork 1, small: wall":                           610.0 / 500,
+		"fork 4, small: wall":                           1600.0 / 1200,
+		"fork 4, small: per child":                      400.0 / 300,
+		"fork 4, small, pool taught (4 prepared): wall": 900.0 / 1200,
+		"resume, dirty":                                 2,
+		"snapshot (leave running), dirty":               0,
 	} {
 		row, ok := rows[op]
 		if !ok {

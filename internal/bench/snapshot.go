@@ -1,11 +1,13 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"path/filepath"
 	goruntime "runtime"
+	"slices"
 	"strconv"
 	"time"
 
@@ -125,7 +127,12 @@ type SnapshotSamples struct {
 	// command.
 	FromSnapshot []time.Duration
 	// Fork is the wall time of a fork, by number of children.
-	Fork map[int][]time.Duration
+	// ForkTaught (aenv only) is the same for the largest fork once the
+	// server's warm pool has prepared sandboxes for its children, as it
+	// does after a fork that size (TaughtPrepared is what it held then;
+	// -1: unknown): what a loop forking that many each step sees.
+	Fork, ForkTaught map[int][]time.Duration
+	TaughtPrepared   int
 	// MemoryBytes is the running sandbox's memory cgroup usage before
 	// the first sample (0 when unknown); ImageBytes the size of a saved
 	// image of it.
@@ -163,7 +170,7 @@ type side interface {
 func measureSides(ctx context.Context, p *progress, opts Options, size Size, sides []side) ([]SnapshotSamples, error) {
 	out := make([]SnapshotSamples, len(sides))
 	for i := range out {
-		out[i].Fork = map[int][]time.Duration{}
+		out[i].Fork, out[i].ForkTaught = map[int][]time.Duration{}, map[int][]time.Duration{}
 	}
 	each := func(i int, f func(side, *SnapshotSamples) error) error {
 		for k := range sides {
@@ -200,7 +207,25 @@ func measureSides(ctx context.Context, p *progress, opts Options, size Size, sid
 			return out, fmt.Errorf("%s: %w", st.label, err)
 		}
 	}
+	if count := slices.Max(append([]int{0}, opts.ForkCounts...)); count > 1 {
+		for i, sd := range sides {
+			if t, ok := sd.(taughtForker); ok {
+				if err := t.forkTaught(ctx, p, count, &out[i]); err != nil {
+					return out, fmt.Errorf("fork %d, pool taught: %w", count, err)
+				}
+			}
+		}
+	}
 	return out, nil
+}
+
+// taughtForker is a side with a warm pool that prepares sandboxes for
+// restores (aenv's; bare runsc has none).
+type taughtForker interface {
+	// forkTaught waits for the pool to have prepared for count children
+	// (the fork samples taught it), then takes one fork sample into
+	// s.ForkTaught.
+	forkTaught(ctx context.Context, p *progress, count int, s *SnapshotSamples) error
 }
 
 // MeasureAenvSnapshot measures, through the server alone, snapshot,
@@ -421,6 +446,59 @@ func (a *aenvSide) fork(ctx context.Context, count int, res *SnapshotSamples) er
 		res.Fork[count] = append(res.Fork[count], d)
 	}
 	return errors.Join(err, runCleanups(ctx, kills...))
+}
+
+// forkTaught implements taughtForker. The wait is untimed and bounded by
+// poolWait; a pool that has not caught up by then is forked from as it
+// is, and TaughtPrepared says what it held.
+func (a *aenvSide) forkTaught(ctx context.Context, p *progress, count int, res *SnapshotSamples) error {
+	nodes, _ := a.opts.Snapshots.(nodeLister)
+	// The nodes list pools by template id; opts.Template may be an alias.
+	template := cmp.Or(a.sb.TemplateID, a.opts.Template)
+	res.TaughtPrepared = waitPrepared(ctx, p, nodes, template, count)
+	forked := SnapshotSamples{Fork: map[int][]time.Duration{}}
+	if err := a.fork(ctx, count, &forked); err != nil {
+		return err
+	}
+	res.ForkTaught[count] = forked.Fork[count]
+	return nil
+}
+
+// waitPrepared waits, at most poolWait, until the nodes hold want
+// prepared sandboxes of template and every pool of them (one per size)
+// holds what it is sized to, and returns how many they hold (-1: the API
+// cannot say).
+func waitPrepared(ctx context.Context, p *progress, api nodeLister, template string, want int) int {
+	if api == nil {
+		return -1
+	}
+	p.start("waiting for the pool to prepare", want)
+	defer p.end()
+	deadline := time.Now().Add(poolWait)
+	for {
+		held, caughtUp := 0, true
+		nodes, err := api.Nodes(ctx)
+		if err != nil {
+			return -1
+		}
+		for _, n := range nodes {
+			for _, e := range n.Pool {
+				if e.Prepared && e.TemplateID == template {
+					held += e.Ready
+					caughtUp = caughtUp && e.Ready >= e.Target
+				}
+			}
+		}
+		p.update(held)
+		if (held >= want && caughtUp) || time.Now().After(deadline) {
+			return held
+		}
+		select {
+		case <-ctx.Done():
+			return held
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
 }
 
 // repeat runs f n times, one after another, showing progress, and stops at

@@ -258,6 +258,11 @@ func TestMeasureAenvSnapshot(t *testing.T) {
 				t.Errorf("%s %s: %d samples, want %d", s.Size.Name, name, got, want)
 			}
 		}
+		// The largest fork once more, the pool taught; an API without
+		// nodes cannot say what it held.
+		if len(x.ForkTaught[4]) != 1 || len(x.ForkTaught) != 1 || x.TaughtPrepared != -1 {
+			t.Errorf("%s: taught forks %v, prepared %d; want one of 4, unknown", s.Size.Name, x.ForkTaught, x.TaughtPrepared)
+		}
 		for i := range x.Resume {
 			if x.ResumeCommand[i] < x.Resume[i] {
 				t.Errorf("%s: resume + command %v shorter than resume %v", s.Size.Name, x.ResumeCommand[i], x.Resume[i])
@@ -482,5 +487,40 @@ func TestMeasureSidesStopsAtTheFirstFailure(t *testing.T) {
 	}
 	if last := log[len(log)-1]; last != "a pause" {
 		t.Errorf("went on after the failure: %q", log)
+	}
+}
+
+// preparedAfter lists a node whose prepared pools of "tpl" (two sizes)
+// hold 3 of 3 and 1 of 2 until caughtUp, then 3 and 2; another
+// template's prepared pool and tpl's prestarted one hold plenty all along.
+type preparedAfter struct{ caughtUp time.Time }
+
+func (p preparedAfter) Nodes(ctx context.Context) ([]client.Node, error) {
+	second := 1
+	if time.Now().After(p.caughtUp) {
+		second = 2
+	}
+	return []client.Node{{Pool: []client.PoolEntry{
+		{TemplateID: "tpl", Ready: 3, Target: 3, Prepared: true},
+		{TemplateID: "tpl", Ready: second, Target: 2, Prepared: true},
+		{TemplateID: "other", Ready: 50, Target: 50, Prepared: true},
+		{TemplateID: "tpl", Ready: 50, Target: 50},
+	}}}, nil
+}
+
+// TestWaitPrepared: the taught fork waits until the template's prepared
+// pools hold the children and each holds what it is sized to, counting
+// neither another template's nor the prestarted sandboxes.
+func TestWaitPrepared(t *testing.T) {
+	ctx := context.Background()
+	start := time.Now()
+	if got := waitPrepared(ctx, newProgress(nil), preparedAfter{caughtUp: start.Add(700 * time.Millisecond)}, "tpl", 4); got != 5 {
+		t.Errorf("held %d, want 5", got)
+	}
+	if d := time.Since(start); d < 700*time.Millisecond || d > 10*time.Second {
+		t.Errorf("waited %v for pools caught up after 700ms", d)
+	}
+	if got := waitPrepared(ctx, newProgress(nil), nil, "tpl", 4); got != -1 {
+		t.Errorf("without a node listing: %d, want -1", got)
 	}
 }

@@ -59,7 +59,9 @@ otherwise idle).
 
 The snapshot suite, for a fresh sandbox and one holding 256 MiB of written
 memory: snapshot (leaving it running), pause, resume (and its first
-command), create from a snapshot, and fork of 1, 4 and 16 children; then
+command), create from a snapshot, and fork of 1, 4 and 16 children, and 16
+once more after the warm pool has prepared sandboxes for them (as it does for
+a loop that forks 16 each step; waiting at most 2 minutes); then
 what pausing --pause-count sandboxes frees, read from /proc/meminfo and the
 sandboxes' memory cgroups under --cgroup-parent (the server's --netns-tag).
 Its aenv and bare samples alternate, so that both see the same load on the
