@@ -205,7 +205,8 @@ func measureBackToBack(ctx context.Context, p *progress, opts Options, create op
 	}
 	// Unlike the c=1 series, whose waits also cover the pool growing into
 	// its demand, this one hands out sandboxes of a pool sized already:
-	// refilled to what it held, it has booted one for each.
+	// refilled to what it held, it has booted one for each. (Through an
+	// API that cannot list the pool, the refill is not waited for.)
 	waitPool(ctx, p, nodes, opts.Template, res.PoolBackToBack)
 	res.CPUPerCreate = cpu.per(len(res.CreateBackToBack))
 	return nil

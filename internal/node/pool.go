@@ -59,12 +59,13 @@ const (
 	// warmPool.holdUntil): a command's round trip, a few times over.
 	refillHold = 50 * time.Millisecond
 	// refillLull is how long creates must pause before the refill boots
-	// a key that still holds its reserve (streamReserve): a stream of creates one after another otherwise has a boot
-	// (~300-600 ms of wall time on 2 cores) beside every create it
-	// spans, which measured 20-23 ms to first command without a refill
-	// and 30-50 ms beside one. Deferring loses the stream nothing: a
-	// refill one boot at a time falls behind it either way, and what it
-	// defers it boots in the pause.
+	// a key that still holds its reserve (streamReserve): a stream of
+	// creates one after another otherwise has a boot (~300-600 ms of
+	// wall time on 2 cores) beside every create it spans, which measured
+	// 20-23 ms to first command without a refill and 30-50 ms beside
+	// one. Deferring loses the stream nothing: a refill one boot at a
+	// time falls behind it either way, and what it defers it boots in
+	// the pause.
 	refillLull = 500 * time.Millisecond
 	// poolCPUBusy: no refill while the host's CPUs were busier than this
 	// since the pool last looked.
@@ -241,6 +242,13 @@ func (p *warmPool) take(key PoolKey, version string) *Sandbox {
 	}
 	p.mu.Lock()
 	p.demand.record(key, p.now())
+	// Not pushed further by later takes: under a steady stream of creates
+	// a pool below its reserve still refills.
+	now := time.Now()
+	if now.After(p.holdUntil) {
+		p.holdUntil = now.Add(p.holdFor)
+	}
+	p.lullUntil = now.Add(p.lullFor)
 	c := p.served[key]
 	if c == nil {
 		c = &PoolCounts{}
@@ -259,13 +267,6 @@ func (p *warmPool) take(key PoolKey, version string) *Sandbox {
 		}
 	}
 	p.setReadyLocked(key, list)
-	// Not pushed further by later takes: under a steady stream of creates
-	// a pool below its reserve still refills.
-	now := time.Now()
-	if now.After(p.holdUntil) {
-		p.holdUntil = now.Add(p.holdFor)
-	}
-	p.lullUntil = now.Add(p.lullFor)
 	if got != nil {
 		c.Warm++
 	} else {
