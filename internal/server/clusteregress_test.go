@@ -149,12 +149,10 @@ func (p *peerHost) startEtcd(t *testing.T) string {
 	}
 	defer logf.Close()
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	done, err := testutil.StartTied(cmd)
+	if err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
 	t.Cleanup(func() {
 		cmd.Process.Signal(syscall.SIGKILL)
 		<-done

@@ -264,7 +264,7 @@ func deleteRecord(t *testing.T, dataDir string, extra []string, id string) {
 type etcdProc struct {
 	cmd   *exec.Cmd
 	url   string
-	waitc chan struct{}
+	waitc <-chan struct{}
 	args  []string
 }
 
@@ -304,12 +304,9 @@ func (m *etcdProc) start(t *testing.T, logPath string) {
 	defer logf.Close()
 	m.cmd = exec.Command(filepath.Join(os.Getenv("AENV_BIN_DIR"), "aenv"), m.args...)
 	m.cmd.Stdout, m.cmd.Stderr = logf, logf
-	m.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := m.cmd.Start(); err != nil {
+	if m.waitc, err = testutil.StartTied(m.cmd); err != nil {
 		t.Fatal(err)
 	}
-	m.waitc = make(chan struct{})
-	go func() { m.cmd.Wait(); close(m.waitc) }()
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
 		if resp, err := http.Get(m.url + "/health"); err == nil {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/aenvhq/aenv/internal/state"
 	"github.com/aenvhq/aenv/internal/state/statetest"
+	"github.com/aenvhq/aenv/internal/testutil"
 )
 
 // memberEnv makes the test binary, re-executed, run an etcd member
@@ -78,7 +79,7 @@ type member struct {
 	endpoint string
 	cmd      *exec.Cmd
 	out      *syncBuffer
-	exited   chan struct{}
+	exited   <-chan struct{}
 }
 
 // startMember runs an etcd member in a child process on free loopback
@@ -97,18 +98,13 @@ func startMember(t *testing.T) *member {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := &member{endpoint: client, out: &syncBuffer{}, exited: make(chan struct{})}
+	m := &member{endpoint: client, out: &syncBuffer{}}
 	m.cmd = exec.Command(os.Args[0], "-test.run=^$")
 	m.cmd.Env = append(os.Environ(), memberEnv+"="+string(spec))
 	m.cmd.Stdout, m.cmd.Stderr = m.out, m.out
-	m.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := m.cmd.Start(); err != nil {
+	if m.exited, err = testutil.StartTied(m.cmd); err != nil {
 		t.Fatal(err)
 	}
-	go func() {
-		m.cmd.Wait()
-		close(m.exited)
-	}()
 	t.Cleanup(func() {
 		m.stop(t)
 		if t.Failed() {

@@ -18,6 +18,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/aenvhq/aenv/internal/testutil"
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
@@ -100,7 +101,7 @@ type Gateway struct {
 	LogPath string
 
 	cmd  *exec.Cmd
-	done chan struct{}
+	done <-chan struct{}
 }
 
 // Start runs versitygw over dataDir on a free loopback port and
@@ -134,7 +135,6 @@ func tryStart(bin, dataDir string, readonly bool) (*Gateway, error) {
 		AccessKey: "aenvtest",
 		SecretKey: "aenvtest-secret-" + fmt.Sprint(time.Now().UnixNano()),
 		LogPath:   filepath.Join(filepath.Dir(dataDir), "versitygw-"+strings.ReplaceAll(addr, ":", "_")+".log"),
-		done:      make(chan struct{}),
 	}
 	logf, err := os.Create(g.LogPath)
 	if err != nil {
@@ -149,11 +149,9 @@ func tryStart(bin, dataDir string, readonly bool) (*Gateway, error) {
 	g.cmd = exec.Command(bin, args...)
 	g.cmd.Dir = dataDir
 	g.cmd.Stdout, g.cmd.Stderr = logf, logf
-	setPdeathsig(g.cmd)
-	if err := g.cmd.Start(); err != nil {
+	if g.done, err = testutil.StartTied(g.cmd); err != nil {
 		return nil, fmt.Errorf("starting versitygw: %w", err)
 	}
-	go func() { g.cmd.Wait(); close(g.done) }()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		resp, err := http.Get(g.Endpoint + "/health")
