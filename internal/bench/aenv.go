@@ -153,18 +153,19 @@ const pooledWait = 5 * time.Second
 // older report may count a sandbox the last create took); it returns at
 // once for a pool sized to nothing, or when api cannot say.
 func awaitPooled(ctx context.Context, api nodeLister, template string, since time.Time, within time.Duration) {
-	watchPool(ctx, api, template, within, 50*time.Millisecond, func(ready, target int, at time.Time) bool {
+	watchPool(ctx, api, template, false, within, 50*time.Millisecond, func(ready, target int, at time.Time) bool {
 		return target == 0 || (!at.Before(since) && ready >= target)
 	})
 }
 
-// watchPool reads the nodes' pool of template every interval until done
-// says so, the API cannot say (ready -1), ctx ends or within has passed,
-// and returns the last count of ready sandboxes.
-func watchPool(ctx context.Context, api nodeLister, template string, within, every time.Duration, done func(ready, target int, at time.Time) bool) int {
+// watchPool reads the nodes' pool of template (its prepared sandboxes
+// if prepared) every interval until done says so, the API cannot say
+// (ready -1), ctx ends or within has passed, and returns the last count
+// of ready sandboxes.
+func watchPool(ctx context.Context, api nodeLister, template string, prepared bool, within, every time.Duration, done func(ready, target int, at time.Time) bool) int {
 	deadline := time.Now().Add(within)
 	for {
-		ready, target, at := poolReport(ctx, api, template)
+		ready, target, at := poolReport(ctx, api, template, prepared)
 		if ready < 0 || done(ready, target, at) || time.Now().After(deadline) {
 			return ready
 		}
@@ -221,13 +222,14 @@ type nodeLister interface {
 // templates' when none is listed under that name, as when it is an
 // alias); -1 when the API cannot say.
 func pooled(ctx context.Context, api nodeLister, template string) int {
-	ready, _, _ := poolReport(ctx, api, template)
+	ready, _, _ := poolReport(ctx, api, template, false)
 	return ready
 }
 
 // poolReport reads the nodes' pool of template as pooled does, with the
-// pool's target size and the time of the oldest node report it read.
-func poolReport(ctx context.Context, api nodeLister, template string) (ready, target int, at time.Time) {
+// pool's target size and the time of the oldest node report it read; with
+// prepared, the pools of its prepared sandboxes (one per size) instead.
+func poolReport(ctx context.Context, api nodeLister, template string, prepared bool) (ready, target int, at time.Time) {
 	if api == nil {
 		return -1, 0, time.Time{}
 	}
@@ -242,7 +244,7 @@ func poolReport(ctx context.Context, api nodeLister, template string) (ready, ta
 			at = n.UpdatedAt
 		}
 		for _, e := range n.Pool {
-			if e.Prepared {
+			if e.Prepared != prepared {
 				continue
 			}
 			all, allTarget = all+e.Ready, allTarget+e.Target
@@ -266,7 +268,7 @@ func waitPool(ctx context.Context, p *progress, api nodeLister, template string,
 	}
 	p.start("waiting for the pool", want)
 	defer p.end()
-	return watchPool(ctx, api, template, poolWait, 500*time.Millisecond, func(ready, target int, _ time.Time) bool {
+	return watchPool(ctx, api, template, false, poolWait, 500*time.Millisecond, func(ready, target int, _ time.Time) bool {
 		p.update(ready)
 		return ready >= want || (target > 0 && ready >= target)
 	})

@@ -465,8 +465,8 @@ func (a *aenvSide) forkTaught(ctx context.Context, p *progress, count int, res *
 }
 
 // waitPrepared waits, at most poolWait, until the nodes hold want
-// prepared sandboxes of template and every pool of them (one per size)
-// holds what it is sized to, and returns how many they hold (-1: the API
+// prepared sandboxes of template and as many as their pools of them (one
+// per size) are sized to, and returns how many they hold (-1: the API
 // cannot say).
 func waitPrepared(ctx context.Context, p *progress, api nodeLister, template string, want int) int {
 	if api == nil {
@@ -474,31 +474,10 @@ func waitPrepared(ctx context.Context, p *progress, api nodeLister, template str
 	}
 	p.start("waiting for the pool to prepare", want)
 	defer p.end()
-	deadline := time.Now().Add(poolWait)
-	for {
-		held, caughtUp := 0, true
-		nodes, err := api.Nodes(ctx)
-		if err != nil {
-			return -1
-		}
-		for _, n := range nodes {
-			for _, e := range n.Pool {
-				if e.Prepared && e.TemplateID == template {
-					held += e.Ready
-					caughtUp = caughtUp && e.Ready >= e.Target
-				}
-			}
-		}
-		p.update(held)
-		if (held >= want && caughtUp) || time.Now().After(deadline) {
-			return held
-		}
-		select {
-		case <-ctx.Done():
-			return held
-		case <-time.After(500 * time.Millisecond):
-		}
-	}
+	return watchPool(ctx, api, template, true, poolWait, 500*time.Millisecond, func(ready, target int, _ time.Time) bool {
+		p.update(ready)
+		return ready >= want && ready >= target
+	})
 }
 
 // repeat runs f n times, one after another, showing progress, and stops at
