@@ -263,14 +263,24 @@ func poolReport(ctx context.Context, api nodeLister, template string, prepared b
 // waitPool waits, at most poolWait, until the pool holds want sandboxes
 // of template or as many as it is sized to, and returns what it holds.
 func waitPool(ctx context.Context, p *progress, api nodeLister, template string, want int) int {
+	return waitPoolUntil(ctx, p, api, template, false, "waiting for the pool", want, func(ready, target int) bool {
+		return ready >= want || (target > 0 && ready >= target)
+	})
+}
+
+// waitPoolUntil waits, at most poolWait and showing label and a count
+// towards want, until done says the nodes' pool of template (its prepared
+// sandboxes if prepared) is ready, and returns what it holds (-1: the API
+// cannot say).
+func waitPoolUntil(ctx context.Context, p *progress, api nodeLister, template string, prepared bool, label string, want int, done func(ready, target int) bool) int {
 	if api == nil {
 		return -1
 	}
-	p.start("waiting for the pool", want)
+	p.start(label, want)
 	defer p.end()
-	return watchPool(ctx, api, template, false, poolWait, 500*time.Millisecond, func(ready, target int, _ time.Time) bool {
+	return watchPool(ctx, api, template, prepared, poolWait, 500*time.Millisecond, func(ready, target int, _ time.Time) bool {
 		p.update(ready)
-		return ready >= want || (target > 0 && ready >= target)
+		return done(ready, target)
 	})
 }
 

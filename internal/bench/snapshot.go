@@ -469,13 +469,7 @@ func (a *aenvSide) forkTaught(ctx context.Context, p *progress, count int, res *
 // per size) are sized to, and returns how many they hold (-1: the API
 // cannot say).
 func waitPrepared(ctx context.Context, p *progress, api nodeLister, template string, want int) int {
-	if api == nil {
-		return -1
-	}
-	p.start("waiting for the pool to prepare", want)
-	defer p.end()
-	return watchPool(ctx, api, template, true, poolWait, 500*time.Millisecond, func(ready, target int, _ time.Time) bool {
-		p.update(ready)
+	return waitPoolUntil(ctx, p, api, template, true, "waiting for the pool to prepare", want, func(ready, target int) bool {
 		return ready >= want && ready >= target
 	})
 }
