@@ -24,7 +24,10 @@ const backgroundNice = 19
 //
 // The thread is never unlocked: it ends with the goroutine, and so never
 // runs other goroutines at that priority. Were the priority refused, fn
-// runs at the caller's.
+// runs at the caller's. Ending a thread is what Linux sends a parent-death
+// signal on (to children forked from that thread, not the process): aenv
+// sets none, but a process embedding the driver that does must fork such
+// children from a thread it keeps (as testutil.StartTied does).
 func niced(fn func() error) error {
 	done := make(chan error, 1)
 	go func() {
