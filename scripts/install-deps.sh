@@ -44,13 +44,13 @@ fi
 # small), with scripts/runsc-patch.sh's edits. The build takes minutes, so
 # the result is cached per version and per source of all three.
 seccomp_gen=$here/scripts/runsc-seccomp/main.go
-runsc_main=$here/scripts/runsc-main/main.go
+runsc_main=("$here"/scripts/runsc-main/*.go)
 runsc_patch=$here/scripts/runsc-patch.sh
 # gVisor's Bazel release stamps its version into runsc; `go build` leaves
 # VERSION_MISSING unless told, and the version is what snapshots record to
 # be restored only by the runsc that made them.
 runsc_ldflags="-X gvisor.dev/gvisor/runsc/version.version=$RUNSC_VERSION"
-runsc_bin=$CACHE/runsc-$RUNSC_VERSION-seccomp-$({ cat "$seccomp_gen" "$runsc_main" "$here/scripts/runsc-main/main_test.go" "$runsc_patch"; echo "$runsc_ldflags"; } | sha256sum | cut -c1-12)/runsc
+runsc_bin=$CACHE/runsc-$RUNSC_VERSION-seccomp-$({ cat "$seccomp_gen" "${runsc_main[@]}" "$runsc_patch"; echo "$runsc_ldflags"; } | sha256sum | cut -c1-12)/runsc
 if [ ! -x "$runsc_bin" ]; then
   echo "install-deps: building runsc $RUNSC_VERSION (static, seccomp precompiled; a few minutes, once)"
   src=$(mktemp -d /tmp/aenv-gvisor-XXXXXX)
@@ -61,7 +61,7 @@ if [ ! -x "$runsc_bin" ]; then
   "$runsc_patch" "$src"
   mkdir -p "$src/aenv-runsc-seccomp" && cp "$seccomp_gen" "$src/aenv-runsc-seccomp/"
   (cd "$src" && CGO_ENABLED=0 go run -tags aenv_runsc_seccomp ./aenv-runsc-seccomp)
-  mkdir -p "$src/aenv-runsc" && cp "$runsc_main" "$here/scripts/runsc-main/main_test.go" "$src/aenv-runsc/"
+  mkdir -p "$src/aenv-runsc" && cp "${runsc_main[@]}" "$src/aenv-runsc/"
   # Its test needs the gVisor module, so it runs here, with the build.
   (cd "$src" && CGO_ENABLED=0 go test -tags aenv_runsc_main ./aenv-runsc)
   mkdir -p "$(dirname "$runsc_bin")"

@@ -2,10 +2,12 @@
 
 // Command runsc-main is the main package scripts/install-deps.sh builds
 // runsc from, in its copy of the gVisor module (with -tags
-// aenv_runsc_main): gVisor's runsc (maincli.Main), unchanged but for one
-// thing. Its sandbox process (the sentry) hands the Go heap it has freed
-// back to the host every freeInterval, if it has allocated since it last
-// did (releaseIfAllocated); one booted for the warm pool keeps its boot's
+// aenv_runsc_main): gVisor's runsc (maincli.Main), unchanged but for two
+// things. It serves restores and deletes from one long-lived process for
+// aenv's driver (serveCommand, serve.go). Its sandbox process (the
+// sentry) hands the Go heap it has freed back to the host every
+// freeInterval, if it has allocated since it last did
+// (releaseIfAllocated); one booted for the warm pool keeps its boot's
 // until it is used (keepUntilUsed).
 //
 // Why: an idle sentry keeps about twice its live Go heap resident (the Go
@@ -62,13 +64,21 @@ const gcHeadroom = 16 << 20
 
 // editsCommand, runsc's only argument, prints the edits of
 // scripts/runsc-patch.sh this build carries (version.AenvEdits, which
-// that script writes), one per line. A stock runsc refuses it as an
-// unknown command: aenv's driver tells the two apart with it.
+// that script writes), and serveEdit, one per line. A stock runsc
+// refuses it as an unknown command: aenv's driver tells the two apart
+// with it.
 const editsCommand = "aenv-edits"
 
 func main() {
 	if len(os.Args) == 2 && os.Args[1] == editsCommand {
-		fmt.Println(strings.Join(strings.Fields(version.AenvEdits), "\n"))
+		fmt.Println(strings.Join(append(strings.Fields(version.AenvEdits), serveEdit), "\n"))
+		return
+	}
+	if len(os.Args) >= 2 && os.Args[1] == serveCommand {
+		if err := serve(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
 		return
 	}
 	if isSentry(os.Args[1:]) {

@@ -213,3 +213,35 @@ func TestKeepUntilUsedBusyGuest(t *testing.T) {
 		t.Fatalf("returned with %d ticks left, want %d: collected after bootTicks, used at the next", left, bootTicks-1)
 	}
 }
+
+func TestNewConfig(t *testing.T) {
+	conf, err := newConfig([]string{"--root=/run/x", "--platform=systrap"}, []string{"--overlay2=root:memory"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if conf.RootDir != "/run/x" || conf.Platform != "systrap" || conf.GetOverlay2().String() != "root:memory" {
+		t.Errorf("newConfig = root %q, platform %q, overlay2 %q", conf.RootDir, conf.Platform, conf.GetOverlay2())
+	}
+	if _, err := newConfig([]string{"--root=/run/x", "restore"}, nil); err == nil {
+		t.Error("newConfig took a positional argument")
+	}
+	if _, err := newConfig([]string{"--no-such-flag"}, nil); err == nil {
+		t.Error("newConfig took an unknown flag")
+	}
+}
+
+// TestHandleMissingContainer: a forced delete of what is not there
+// succeeds, as `runsc delete --force` does; a restore of it, or an
+// unknown request, fails.
+func TestHandleMissingContainer(t *testing.T) {
+	args := []string{"--root=" + t.TempDir()}
+	if err := handle(args, serveRequest{Op: "delete", ID: "nope"}); err != nil {
+		t.Errorf("delete of a missing container: %v", err)
+	}
+	if err := handle(args, serveRequest{Op: "restore", ID: "nope", ImagePath: t.TempDir()}); err == nil {
+		t.Error("restore of a missing container succeeded")
+	}
+	if err := handle(args, serveRequest{Op: "pause", ID: "nope"}); err == nil {
+		t.Error("an unknown request succeeded")
+	}
+}

@@ -96,6 +96,10 @@ type Driver struct {
 	// among its process's descriptors (see diskBytes).
 	filestores map[string]filestoreFDs
 
+	// serve runs restores and deletes without a runsc process each; nil
+	// when runsc is not aenv's build with it (serveEdit).
+	serve *runscServer
+
 	// rootImages is cfg.RootImages where mkfs.erofs is installed.
 	rootImages bool
 	// imageMu serialises the making of /.aenv images (toolsImage).
@@ -163,8 +167,9 @@ func New(cfg Config) (*Driver, error) {
 		cfg.Logger.Warn("sandboxes run with a gofer: mkfs.erofs is not installed (apt-get install erofs-utils)")
 		rootImages = false
 	}
+	edits, editsErr := runscEdits(cfg.RunscPath)
 	if rootImages {
-		if err := requireEdit(cfg.RunscPath, goferlessEdit); err != nil {
+		if err := hasEdit(cfg.RunscPath, edits, editsErr, goferlessEdit); err != nil {
 			cfg.Logger.Warn("sandboxes run with a gofer: without one a stock runsc keeps a sandbox's files in its memory", "err", err)
 			rootImages = false
 		}
@@ -199,6 +204,11 @@ func New(cfg Config) (*Driver, error) {
 		},
 	}
 	d.runc.ExtraArgs = append(d.runc.ExtraArgs, d.fastPathFlags...)
+	if err := hasEdit(cfg.RunscPath, edits, editsErr, serveEdit); err == nil {
+		d.serve = newRunscServer(cfg.RunscPath, append([]string{"--root=" + d.runc.Root}, d.runc.ExtraArgs...), cfg.StateDir, d.log)
+	} else {
+		d.log.Info("each restore and delete starts a runsc process", "err", err)
+	}
 	d.pruneToolsImages()
 	ctx, cancel := context.WithCancel(context.Background())
 	d.stopWatch = cancel
@@ -360,18 +370,25 @@ func (d *Driver) RestorePrepared(ctx context.Context, spec runtime.Spec, imageDi
 			return fmt.Errorf("restoring into prepared %s: %w", spec.ID, err)
 		}
 	}
-	r := d.runscIn(dir, spec.DiskMB)
 	// The pages file is read through the page cache, not with --direct
 	// (O_DIRECT): a resume soon after its pause finds the image there,
 	// still dirty, and O_DIRECT must first write it all back. Measured
 	// here on a 256 MiB image: 0.35 s through the cache, 1.1 s with
-	// --direct; from a cold cache 0.6-0.75 s and 0.6-1.0 s.
-	_, err = r.Restore(context.WithoutCancel(ctx), spec.ID, dir, &runc.RestoreOpts{
-		CheckpointOpts: runc.CheckpointOpts{ImagePath: imageDir},
-		Detach:         true,
-	})
+	// --direct; from a cold cache 0.6-0.75 s and 0.6-1.0 s. (The
+	// server's restores are without it too.)
+	err = d.served(serveRequest{Op: "restore", ID: spec.ID, ImagePath: imageDir, Flags: []string{overlayFlag(dir, spec.DiskMB)}})
+	if errors.Is(err, errNotSent) {
+		r := d.runscIn(dir, spec.DiskMB)
+		_, err = r.Restore(context.WithoutCancel(ctx), spec.ID, dir, &runc.RestoreOpts{
+			CheckpointOpts: runc.CheckpointOpts{ImagePath: imageDir},
+			Detach:         true,
+		})
+		if err != nil {
+			err = fmt.Errorf("%w%s", err, TailLog(r.Log))
+		}
+	}
 	if err != nil {
-		return fmt.Errorf("restoring into prepared %s: %w%s", spec.ID, err, TailLog(r.Log))
+		return fmt.Errorf("restoring into prepared %s: %w", spec.ID, err)
 	}
 	d.log.Debug("sandbox restored into a prepared one", "sandbox_id", spec.ID, "hostname", hostname(spec))
 	return nil
@@ -610,8 +627,15 @@ func (d *Driver) Kill(ctx context.Context, id string) error {
 	return nil
 }
 
+// deleteContainer is `runsc delete --force id`, through the runsc server
+// when there is one. A delete that server did not finish is run again by
+// a runsc process: deleting what is half deleted is what --force does.
 func (d *Driver) deleteContainer(ctx context.Context, id string) error {
-	err := d.runc.Delete(ctx, id, &runc.DeleteOpts{Force: true})
+	err := d.served(serveRequest{Op: "delete", ID: id})
+	if !errors.Is(err, errNotSent) && !errors.Is(err, errNoAnswer) {
+		return err
+	}
+	err = d.runc.Delete(ctx, id, &runc.DeleteOpts{Force: true})
 	if err != nil && strings.Contains(err.Error(), "does not exist") {
 		return nil
 	}
@@ -844,7 +868,8 @@ func (d *Driver) Cleanup(ctx context.Context) error {
 }
 
 // Close stops watching for exits (Exits gets no more) and copying the
-// sandboxes' envd output (their FIFOs hold it for the next process), and
+// sandboxes' envd output (their FIFOs hold it for the next process), ends
+// the runsc server once it has finished what it serves, and
 // releases what runsc keeps for all sandboxes of the driver's root: it
 // leaves a "null-netns" namespace mount there. While sandboxes still run
 // (they outlive the process on a restart) it leaves that mount, which
@@ -853,6 +878,9 @@ func (d *Driver) Close() error {
 	d.stopWatch()
 	d.watching.Wait()
 	d.closeExits.Do(func() { close(d.exits) })
+	if d.serve != nil {
+		d.serve.close()
+	}
 	d.mu.Lock()
 	n := len(d.running)
 	var pumps []string

@@ -19,9 +19,28 @@ import (
 // restored into it; then the saved envd answers in the prepared
 // sandbox's network, with what it held when it was saved, under the host
 // name the restore gave. A restore that fails removes the prepared
-// sandbox, and Kill removes one never used.
+// sandbox, and Kill removes one never used. All of it through the runsc
+// server (aenv's runsc build), and again with a runsc process each.
 func TestRestorePrepared(t *testing.T) {
-	f := setup(t)
+	t.Run("server", func(t *testing.T) {
+		f := setup(t)
+		if f.driver.serve == nil {
+			t.Fatalf("the driver has no runsc server: %v", requireEdit(f.driver.cfg.RunscPath, serveEdit))
+		}
+		testRestorePrepared(t, f)
+		// Two restores (one failing) and four deletes.
+		if n := f.driver.serve.answered.Load(); n < 6 {
+			t.Errorf("the runsc server answered %d requests, want at least 6", n)
+		}
+	})
+	t.Run("cli", func(t *testing.T) {
+		f := setup(t)
+		f.driver.serve = nil
+		testRestorePrepared(t, f)
+	})
+}
+
+func testRestorePrepared(t *testing.T, f *fixture) {
 	ctx := context.Background()
 	t.Cleanup(func() { f.driver.Close() })
 
@@ -121,4 +140,79 @@ func envdEnv(t *testing.T, addr netip.Addr, name string) string {
 		t.Fatal(err)
 	}
 	return envs[name]
+}
+
+// TestRunscServerRestarts: a runsc server that died is started again by
+// the next request, and while none can start the driver deletes with a
+// runsc process of its own; either way the container is gone.
+func TestRunscServerRestarts(t *testing.T) {
+	f := setup(t)
+	ctx := context.Background()
+	t.Cleanup(func() { f.driver.Close() })
+	if f.driver.serve == nil {
+		t.Fatalf("the driver has no runsc server: %v", requireEdit(f.driver.cfg.RunscPath, serveEdit))
+	}
+	srv := f.driver.serve
+	createKill := func(name string) {
+		t.Helper()
+		spec, _ := f.spec(t, name)
+		if err := f.driver.Create(ctx, spec); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.driver.Kill(ctx, spec.ID); err != nil {
+			t.Fatal(err)
+		}
+		list, err := f.driver.runc.List(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(list) != 0 {
+			t.Fatalf("runsc still knows containers after %s was killed: %+v", name, list)
+		}
+	}
+	killServer := func() {
+		t.Helper()
+		srv.mu.Lock()
+		proc, exited := srv.proc, srv.exited
+		srv.mu.Unlock()
+		if err := proc.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		<-exited
+	}
+
+	createKill("gvtestsa")
+	if n := srv.answered.Load(); n != 1 {
+		t.Fatalf("the runsc server answered %d requests, want 1", n)
+	}
+	pid := func() int {
+		srv.mu.Lock()
+		defer srv.mu.Unlock()
+		return srv.proc.Pid
+	}
+	first := pid()
+	killServer()
+	createKill("gvtestsb")
+	if n := srv.answered.Load(); n != 2 {
+		t.Errorf("after its death the runsc server answered %d requests in all, want 2", n)
+	}
+	if pid() == first {
+		t.Errorf("the runsc server was not started again (pid %d)", first)
+	}
+
+	// A server that cannot start: the driver runs runsc itself.
+	killServer()
+	srv.mu.Lock()
+	srv.path = filepath.Join(t.TempDir(), "runsc-missing")
+	srv.mu.Unlock()
+	createKill("gvtestsc")
+	if n := srv.answered.Load(); n != 2 {
+		t.Errorf("the runsc server answered %d requests in all, want still 2", n)
+	}
+	srv.mu.Lock()
+	failed := srv.failedAt
+	srv.mu.Unlock()
+	if failed.IsZero() {
+		t.Error("a server that failed to start is not held off (failedAt unset)")
+	}
 }

@@ -43,18 +43,33 @@ const goferlessEdit = "goferless-filestore"
 // editsTimeout bounds `runsc aenv-edits`, a process start.
 const editsTimeout = 30 * time.Second
 
-// requireEdit checks that the runsc at path is aenv's build with edit:
-// `runsc aenv-edits` (scripts/runsc-main) lists its edits, and a stock
-// runsc refuses the command.
+// requireEdit checks that the runsc at path is aenv's build with edit.
 func requireEdit(path, edit string) error {
+	edits, err := runscEdits(path)
+	return hasEdit(path, edits, err, edit)
+}
+
+// runscEdits lists the edits of the runsc at path: `runsc aenv-edits`
+// (scripts/runsc-main) prints them, and a stock runsc refuses the
+// command.
+func runscEdits(path string) ([]string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), editsTimeout)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, path, "aenv-edits").Output()
 	if err != nil {
-		return fmt.Errorf("%s is not aenv's runsc build (scripts/install-deps.sh builds it): runsc aenv-edits: %w", path, err)
+		return nil, fmt.Errorf("%s is not aenv's runsc build (scripts/install-deps.sh builds it): runsc aenv-edits: %w", path, err)
 	}
-	if !slices.Contains(strings.Fields(string(out)), edit) {
-		return fmt.Errorf("%s lacks aenv's edit %q (it has %q): rebuild it with scripts/install-deps.sh", path, edit, strings.Fields(string(out)))
+	return strings.Fields(string(out)), nil
+}
+
+// hasEdit checks that edits, what runscEdits returned for the runsc at
+// path with err, include edit.
+func hasEdit(path string, edits []string, err error, edit string) error {
+	if err != nil {
+		return err
+	}
+	if !slices.Contains(edits, edit) {
+		return fmt.Errorf("%s lacks aenv's edit %q (it has %q): rebuild it with scripts/install-deps.sh", path, edit, edits)
 	}
 	return nil
 }
