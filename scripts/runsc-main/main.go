@@ -3,8 +3,8 @@
 // Command runsc-main is the main package scripts/install-deps.sh builds
 // runsc from, in its copy of the gVisor module (with -tags
 // aenv_runsc_main): gVisor's runsc (maincli.Main), unchanged but for two
-// things. It serves restores and deletes from one long-lived process for
-// aenv's driver (serveCommand, serve.go). Its sandbox process (the
+// things. It serves restores, checkpoints and deletes from one
+// long-lived process for aenv's driver (serveCommand, serve.go). Its sandbox process (the
 // sentry) hands the Go heap it has freed back to the host every
 // freeInterval, if it has allocated since it last did
 // (releaseIfAllocated); one booted for the warm pool keeps its boot's

@@ -231,8 +231,8 @@ func TestNewConfig(t *testing.T) {
 }
 
 // TestHandleMissingContainer: a forced delete of what is not there
-// succeeds, as `runsc delete --force` does; a restore of it, or an
-// unknown request, fails.
+// succeeds, as `runsc delete --force` does; a restore or checkpoint of
+// it, or an unknown request, fails.
 func TestHandleMissingContainer(t *testing.T) {
 	args := []string{"--root=" + t.TempDir()}
 	if err := handle(args, serveRequest{Op: "delete", ID: "nope"}); err != nil {
@@ -240,6 +240,9 @@ func TestHandleMissingContainer(t *testing.T) {
 	}
 	if err := handle(args, serveRequest{Op: "restore", ID: "nope", ImagePath: t.TempDir()}); err == nil {
 		t.Error("restore of a missing container succeeded")
+	}
+	if err := handle(args, serveRequest{Op: "checkpoint", ID: "nope", ImagePath: t.TempDir()}); err == nil {
+		t.Error("checkpoint of a missing container succeeded")
 	}
 	if err := handle(args, serveRequest{Op: "pause", ID: "nope"}); err == nil {
 		t.Error("an unknown request succeeded")

@@ -12,15 +12,18 @@ import (
 	"sync"
 
 	"gvisor.dev/gvisor/pkg/log"
+	"gvisor.dev/gvisor/pkg/sentry/control"
+	"gvisor.dev/gvisor/pkg/state/statefile"
 	"gvisor.dev/gvisor/runsc/config"
 	"gvisor.dev/gvisor/runsc/container"
 	"gvisor.dev/gvisor/runsc/flag"
+	"gvisor.dev/gvisor/runsc/sandbox"
 	"gvisor.dev/gvisor/runsc/specutils"
 )
 
 // serveCommand, runsc's first argument, makes the process a server of
-// restores into created containers and of forced deletes, for aenv's
-// gVisor driver: `runsc aenv-serve FLAGS...`, where FLAGS are runsc's
+// restores into created containers, checkpoints and forced deletes, for
+// aenv's gVisor driver: `runsc aenv-serve FLAGS...`, where FLAGS are runsc's
 // global flags (--root and the rest). It serves requests on the unix
 // listener it is given as descriptor 3, one request and one reply per
 // connection (serveRequest, serveReply), and ends once descriptor 4, a
@@ -28,11 +31,12 @@ import (
 // the server outlives neither a Close nor a crash of the driver's
 // process. What it is serving when that comes is finished first.
 //
-// Why: every `runsc restore` and `runsc delete` is a start of this 100 MB
-// static binary, ~21 CPU-ms and ~1,000 page faults here before it does
-// anything, on a resume's critical path and on every fork child's. The
-// server runs the code of those commands (container.Load, then Restore or
-// Destroy) in one process that has already started.
+// Why: every `runsc restore`, `runsc checkpoint` and `runsc delete` is a
+// start of this 100 MB static binary, ~21 CPU-ms and ~1,000 page faults
+// here before it does anything, on the critical path of a resume, a
+// pause, a fork and each of its children. The server runs the code of
+// those commands (container.Load, then Restore, Checkpoint or Destroy) in
+// one process that has already started.
 const serveCommand = "aenv-serve"
 
 // serveEdit is what `runsc aenv-edits` lists for this command.
@@ -44,16 +48,18 @@ const (
 	serveParentFD   = 4
 )
 
-// serveRequest is one request: Op is "restore" (of container ID, created
-// and not started, from the checkpoint in ImagePath) or "delete" (of
-// container ID, as `runsc delete --force`: a container that is not there
-// is no error). Flags are runsc's global flags for this request, after
-// the server's own, as the same command line would carry them.
+// serveRequest is one request, on container ID: Op is "restore" (of a
+// created container, from the checkpoint in ImagePath), "checkpoint"
+// (into ImagePath, the container left running if LeaveRunning) or
+// "delete" (as `runsc delete --force`: a container that is not there is
+// no error). Flags are runsc's global flags for this request, after the
+// server's own, as the same command line would carry them.
 type serveRequest struct {
-	Op        string   `json:"op"`
-	ID        string   `json:"id"`
-	ImagePath string   `json:"imagePath,omitempty"`
-	Flags     []string `json:"flags,omitempty"`
+	Op           string   `json:"op"`
+	ID           string   `json:"id"`
+	ImagePath    string   `json:"imagePath,omitempty"`
+	LeaveRunning bool     `json:"leaveRunning,omitempty"`
+	Flags        []string `json:"flags,omitempty"`
 }
 
 // serveReply is the answer: Err is empty on success.
@@ -121,27 +127,32 @@ func newConfig(args, extra []string) (*config.Config, error) {
 }
 
 // handle does what `runsc restore --image-path=P ID` of a created
-// container, or `runsc delete --force ID`, does once it has parsed its
-// command line (runsc/cmd's Restore and Delete, and cli.Run before them:
-// the configuration fixed by the container's spec). A panic in them ends
-// the server rather than being recovered: a container's state file lock
-// it held would otherwise stay held by the server for good.
+// container, `runsc checkpoint --image-path=P [--leave-running] ID` or
+// `runsc delete --force ID` does once it has parsed its command line
+// (runsc/cmd's Restore, Checkpoint and Delete, and cli.Run before them:
+// the configuration fixed by the container's spec), with those commands'
+// defaults for every flag aenv's driver does not pass. A panic in them
+// ends the server rather than being recovered: a container's state file
+// lock it held would otherwise stay held by the server for good.
 func handle(args []string, req serveRequest) error {
 	conf, err := newConfig(args, req.Flags)
 	if err != nil {
 		return err
 	}
 	c, err := container.Load(conf.RootDir, container.FullID{ContainerID: req.ID}, container.LoadOpts{})
+	if req.Op == "delete" && errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("loading container %q: %w", req.ID, err)
+	}
+	if err := specutils.FixConfig(conf, c.Spec); err != nil {
+		return fmt.Errorf("applying the spec's annotations to the configuration: %w", err)
+	}
 	switch req.Op {
 	case "restore":
-		if err != nil {
-			return fmt.Errorf("loading container %q: %w", req.ID, err)
-		}
 		if req.ImagePath == "" {
 			return errors.New("restore: no image path")
-		}
-		if err := specutils.FixConfig(conf, c.Spec); err != nil {
-			return fmt.Errorf("applying the spec's annotations to the configuration: %w", err)
 		}
 		// Without --direct and in the foreground, as aenv's driver runs
 		// `runsc restore`.
@@ -149,13 +160,24 @@ func handle(args []string, req serveRequest) error {
 			return fmt.Errorf("starting container: %w", err)
 		}
 		return nil
+	case "checkpoint":
+		if req.ImagePath == "" {
+			return errors.New("checkpoint: no image path")
+		}
+		if err := os.MkdirAll(req.ImagePath, 0o755); err != nil {
+			return fmt.Errorf("making directories at path provided: %w", err)
+		}
+		opts := sandbox.CheckpointOpts{
+			Compression:                statefile.CompressionLevelDefault,
+			Resume:                     req.LeaveRunning,
+			SaveRestoreExecTimeout:     control.DefaultSaveRestoreExecTimeout,
+			SaveRestoreExecContainerID: c.ID,
+		}
+		if err := c.Checkpoint(conf, req.ImagePath, opts); err != nil {
+			return fmt.Errorf("checkpoint failed: %w", err)
+		}
+		return nil
 	case "delete":
-		if errors.Is(err, os.ErrNotExist) {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("loading container %q: %w", req.ID, err)
-		}
 		if err := c.Destroy(); err != nil {
 			return fmt.Errorf("destroying container: %w", err)
 		}

@@ -96,8 +96,9 @@ type Driver struct {
 	// among its process's descriptors (see diskBytes).
 	filestores map[string]filestoreFDs
 
-	// serve runs restores and deletes without a runsc process each; nil
-	// when runsc is not aenv's build with it (serveEdit).
+	// serve runs restores, checkpoints and deletes without a runsc
+	// process each; nil when runsc is not aenv's build with it
+	// (serveEdit).
 	serve *runscServer
 
 	// rootImages is cfg.RootImages where mkfs.erofs is installed.
@@ -426,7 +427,10 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, opts runti
 			return fmt.Errorf("checkpointing %s: %w%s", id, err, TailLog(filepath.Join(d.sandboxDir(id), "runsc.log")))
 		}
 	}
-	err := d.runc.Checkpoint(context.WithoutCancel(ctx), id, &runc.CheckpointOpts{ImagePath: imageDir}, actions...)
+	err := d.served(serveRequest{Op: "checkpoint", ID: id, ImagePath: imageDir, LeaveRunning: opts.LeaveRunning})
+	if errors.Is(err, errNotSent) {
+		err = d.runc.Checkpoint(context.WithoutCancel(ctx), id, &runc.CheckpointOpts{ImagePath: imageDir}, actions...)
+	}
 	if err == nil {
 		err = checkImage(imageDir)
 	}

@@ -28,9 +28,9 @@ func TestRestorePrepared(t *testing.T) {
 			t.Fatalf("the driver has no runsc server: %v", requireEdit(f.driver.cfg.RunscPath, serveEdit))
 		}
 		testRestorePrepared(t, f)
-		// Two restores (one failing) and four deletes.
-		if n := f.driver.serve.answered.Load(); n < 6 {
-			t.Errorf("the runsc server answered %d requests, want at least 6", n)
+		// A checkpoint, two restores (one failing) and four deletes.
+		if n := f.driver.serve.answered.Load(); n < 7 {
+			t.Errorf("the runsc server answered %d requests, want at least 7", n)
 		}
 	})
 	t.Run("cli", func(t *testing.T) {

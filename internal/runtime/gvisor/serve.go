@@ -38,10 +38,11 @@ const serveStopTimeout = 30 * time.Second
 // serveRequest and serveReply are scripts/runsc-main/serve.go's: one of
 // each per connection, as JSON.
 type serveRequest struct {
-	Op        string   `json:"op"`
-	ID        string   `json:"id"`
-	ImagePath string   `json:"imagePath,omitempty"`
-	Flags     []string `json:"flags,omitempty"`
+	Op           string   `json:"op"`
+	ID           string   `json:"id"`
+	ImagePath    string   `json:"imagePath,omitempty"`
+	LeaveRunning bool     `json:"leaveRunning,omitempty"`
+	Flags        []string `json:"flags,omitempty"`
 }
 
 type serveReply struct {
@@ -49,11 +50,11 @@ type serveReply struct {
 }
 
 // runscServer is a long-lived `runsc aenv-serve`: it restores checkpoints
-// into created containers and deletes containers, each as the runsc
-// command would, without starting the 100 MB runsc binary for it (~21
-// CPU-ms and ~1,000 page faults here before the command does anything;
-// one per resume and per fork child, on their critical path, and one per
-// kill). It is started on first use and again after it ends; while it
+// into created containers, checkpoints containers and deletes them, each
+// as the runsc command would, without starting the 100 MB runsc binary
+// for it (~21 CPU-ms and ~1,000 page faults here before the command does
+// anything; on the critical path of every resume, pause and fork and of
+// each fork child, and one per kill). It is started on first use and again after it ends; while it
 // cannot start, the driver runs the commands itself.
 type runscServer struct {
 	path string
