@@ -231,20 +231,25 @@ func TestNewConfig(t *testing.T) {
 }
 
 // TestHandleMissingContainer: a forced delete of what is not there
-// succeeds, as `runsc delete --force` does; a restore or checkpoint of
-// it, or an unknown request, fails.
+// succeeds, as `runsc delete --force` does, unless it was meant for
+// another runsc root; a restore or checkpoint of it, or an unknown
+// request, fails.
 func TestHandleMissingContainer(t *testing.T) {
-	args := []string{"--root=" + t.TempDir()}
-	if err := handle(args, serveRequest{Op: "delete", ID: "nope"}); err != nil {
+	root := t.TempDir()
+	args := []string{"--root=" + root}
+	if err := handle(args, serveRequest{Op: "delete", Root: root, ID: "nope"}); err != nil {
 		t.Errorf("delete of a missing container: %v", err)
 	}
-	if err := handle(args, serveRequest{Op: "restore", ID: "nope", ImagePath: t.TempDir()}); err == nil {
+	if err := handle(args, serveRequest{Op: "delete", Root: t.TempDir(), ID: "nope"}); err == nil {
+		t.Error("a delete meant for another runsc root succeeded")
+	}
+	if err := handle(args, serveRequest{Op: "restore", Root: root, ID: "nope", ImagePath: t.TempDir()}); err == nil {
 		t.Error("restore of a missing container succeeded")
 	}
-	if err := handle(args, serveRequest{Op: "checkpoint", ID: "nope", ImagePath: t.TempDir()}); err == nil {
+	if err := handle(args, serveRequest{Op: "checkpoint", Root: root, ID: "nope", ImagePath: t.TempDir()}); err == nil {
 		t.Error("checkpoint of a missing container succeeded")
 	}
-	if err := handle(args, serveRequest{Op: "pause", ID: "nope"}); err == nil {
+	if err := handle(args, serveRequest{Op: "pause", Root: root, ID: "nope"}); err == nil {
 		t.Error("an unknown request succeeded")
 	}
 }

@@ -52,10 +52,13 @@ const (
 // created container, from the checkpoint in ImagePath), "checkpoint"
 // (into ImagePath, the container left running if LeaveRunning) or
 // "delete" (as `runsc delete --force`: a container that is not there is
-// no error). Flags are runsc's global flags for this request, after the
-// server's own, as the same command line would carry them.
+// no error). Root is the runsc root the sender means, which must be the
+// server's: a delete sent to another root's server would find nothing to
+// delete and succeed. Flags are runsc's global flags for this request,
+// after the server's own, as the same command line would carry them.
 type serveRequest struct {
 	Op           string   `json:"op"`
+	Root         string   `json:"root"`
 	ID           string   `json:"id"`
 	ImagePath    string   `json:"imagePath,omitempty"`
 	LeaveRunning bool     `json:"leaveRunning,omitempty"`
@@ -138,6 +141,9 @@ func handle(args []string, req serveRequest) error {
 	conf, err := newConfig(args, req.Flags)
 	if err != nil {
 		return err
+	}
+	if req.Root != conf.RootDir {
+		return fmt.Errorf("this server serves runsc root %q, not %q", conf.RootDir, req.Root)
 	}
 	c, err := container.Load(conf.RootDir, container.FullID{ContainerID: req.ID}, container.LoadOpts{})
 	if req.Op == "delete" && errors.Is(err, os.ErrNotExist) {

@@ -39,6 +39,7 @@ const serveStopTimeout = 30 * time.Second
 // each per connection, as JSON.
 type serveRequest struct {
 	Op           string   `json:"op"`
+	Root         string   `json:"root"`
 	ID           string   `json:"id"`
 	ImagePath    string   `json:"imagePath,omitempty"`
 	LeaveRunning bool     `json:"leaveRunning,omitempty"`
@@ -64,10 +65,6 @@ type runscServer struct {
 	log  *slog.Logger
 
 	mu sync.Mutex
-	// dirFD is an O_PATH descriptor of dir: the socket is named through
-	// it (/proc/self/fd/N/...), as a state directory's path may not fit
-	// in a unix address.
-	dirFD int
 	// alive is the write end of the pipe the server reads for the
 	// driver's end; nil while no server runs.
 	alive *os.File
@@ -85,17 +82,29 @@ type runscServer struct {
 }
 
 func newRunscServer(path string, args []string, dir string, log *slog.Logger) *runscServer {
-	return &runscServer{path: path, args: args, dir: dir, log: log, dirFD: -1}
+	return &runscServer{path: path, args: args, dir: dir, log: log}
 }
 
-// addr is the socket's address, through dirFD.
-func (s *runscServer) addr() string {
-	return fmt.Sprintf("/proc/self/fd/%d/%s", s.dirFD, serveSocketName)
+// withAddr calls fn with the socket's address: its path, or where that
+// does not fit in a unix address (a test's state directory), a path
+// through a descriptor of its directory, held only while fn runs. (A
+// descriptor number kept longer would name whatever file reuses it once
+// anything closes it.)
+func (s *runscServer) withAddr(fn func(addr string) error) error {
+	p := filepath.Join(s.dir, serveSocketName)
+	if len(p) < unixPathMax {
+		return fn(p)
+	}
+	fd, err := unix.Open(s.dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return fn(fmt.Sprintf("/proc/self/fd/%d/%s", fd, serveSocketName))
 }
 
-// running returns the address of a running server, starting one if none
-// runs.
-func (s *runscServer) running() (string, error) {
+// running makes sure that a server runs, starting one if none does.
+func (s *runscServer) running() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.alive != nil {
@@ -104,37 +113,34 @@ func (s *runscServer) running() (string, error) {
 			s.alive.Close()
 			s.alive = nil
 		default:
-			return s.addr(), nil
+			return nil
 		}
 	}
 	if s.closed {
-		return "", errors.New("the driver is closed")
+		return errors.New("the driver is closed")
 	}
 	if time.Since(s.failedAt) < serveRetry {
-		return "", errors.New("the runsc server failed to start a moment ago")
+		return errors.New("the runsc server failed to start a moment ago")
 	}
 	if err := s.start(); err != nil {
 		s.failedAt = time.Now()
 		s.log.Warn("runsc's commands run one process each: the runsc server did not start", "err", err)
-		return "", err
+		return err
 	}
-	return s.addr(), nil
+	return nil
 }
 
 // start starts a server; s.mu is held.
 func (s *runscServer) start() error {
-	if s.dirFD < 0 {
-		fd, err := unix.Open(s.dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return fmt.Errorf("starting the runsc server: %w", err)
+	var l *net.UnixListener
+	err := s.withAddr(func(addr string) error {
+		if err := os.Remove(addr); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
 		}
-		s.dirFD = fd
-	}
-	addr := s.addr()
-	if err := os.Remove(addr); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("starting the runsc server: %w", err)
-	}
-	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: addr, Net: "unix"})
+		var err error
+		l, err = net.ListenUnix("unix", &net.UnixAddr{Name: addr, Net: "unix"})
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("starting the runsc server: %w", err)
 	}
@@ -217,12 +223,16 @@ func (s *runscServer) call(req serveRequest) error {
 func (s *runscServer) dial() (net.Conn, error) {
 	var err error
 	for range 2 {
-		var addr string
-		if addr, err = s.running(); err != nil {
+		if err = s.running(); err != nil {
 			return nil, err
 		}
 		var conn net.Conn
-		if conn, err = net.Dial("unix", addr); err == nil {
+		err = s.withAddr(func(addr string) error {
+			var err error
+			conn, err = net.Dial("unix", addr)
+			return err
+		})
+		if err == nil {
 			return conn, nil
 		}
 		s.mu.Lock()
@@ -250,10 +260,6 @@ func (s *runscServer) close() {
 	s.mu.Lock()
 	alive, exited, proc := s.alive, s.exited, s.proc
 	s.alive, s.closed = nil, true
-	if s.dirFD >= 0 {
-		unix.Close(s.dirFD)
-		s.dirFD = -1
-	}
 	s.mu.Unlock()
 	if alive == nil {
 		return
@@ -275,5 +281,6 @@ func (d *Driver) served(req serveRequest) error {
 	if d.serve == nil {
 		return errNotSent
 	}
+	req.Root = d.runc.Root
 	return d.serve.call(req)
 }
