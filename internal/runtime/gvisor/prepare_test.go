@@ -1,6 +1,7 @@
 package gvisor
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -92,9 +93,7 @@ func testRestorePrepared(t *testing.T, f *fixture) {
 	if _, err := f.driver.Stats(ctx, prep.ID); err != nil {
 		t.Errorf("stats of the restored sandbox: %v", err)
 	}
-	if err := f.driver.Kill(ctx, prep.ID); err != nil {
-		t.Fatal(err)
-	}
+	killGone(t, f, prep.ID)
 
 	// A state that cannot load leaves nothing of the prepared sandbox.
 	bad, _ := f.spec(t, "gvtestpb")
@@ -115,15 +114,37 @@ func testRestorePrepared(t *testing.T, f *fixture) {
 	if err := f.driver.Prepare(ctx, unused); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.driver.Kill(ctx, unused.ID); err != nil {
+	killGone(t, f, unused.ID)
+}
+
+// isZombie says whether stat, a /proc/PID/stat, is a process that has
+// ended and waits to be reaped (its parent, init here, reaps it later).
+func isZombie(stat []byte) bool {
+	f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+	return len(f) > 0 && f[0] == "Z"
+}
+
+// killGone kills sandbox id, the last the driver runs, and checks that
+// nothing of it is left: its sandbox process has ended and runsc knows
+// no container.
+func killGone(t *testing.T, f *fixture, id string) {
+	t.Helper()
+	pid, err := readPid(filepath.Join(f.driver.sandboxDir(id), "pid"))
+	if err != nil {
 		t.Fatal(err)
 	}
-	list, err := f.driver.runc.List(ctx)
+	if err := f.driver.Kill(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil && !isZombie(st) {
+		t.Errorf("the sandbox process of %s (pid %d) still runs after its kill", id, pid)
+	}
+	list, err := f.driver.runc.List(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(list) != 0 {
-		t.Fatalf("runsc still knows containers after every sandbox was killed: %+v", list)
+		t.Fatalf("runsc still knows containers after %s was killed: %+v", id, list)
 	}
 }
 
@@ -159,16 +180,7 @@ func TestRunscServerRestarts(t *testing.T) {
 		if err := f.driver.Create(ctx, spec); err != nil {
 			t.Fatal(err)
 		}
-		if err := f.driver.Kill(ctx, spec.ID); err != nil {
-			t.Fatal(err)
-		}
-		list, err := f.driver.runc.List(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(list) != 0 {
-			t.Fatalf("runsc still knows containers after %s was killed: %+v", name, list)
-		}
+		killGone(t, f, spec.ID)
 	}
 	killServer := func() {
 		t.Helper()
