@@ -208,7 +208,7 @@ func New(cfg Config) (*Driver, error) {
 	if err := hasEdit(cfg.RunscPath, edits, editsErr, serveEdit); err == nil {
 		d.serve = newRunscServer(cfg.RunscPath, append([]string{"--root=" + d.runc.Root}, d.runc.ExtraArgs...), cfg.StateDir, d.log)
 	} else {
-		d.log.Info("each restore and delete starts a runsc process", "err", err)
+		d.log.Info("each restore, checkpoint and delete starts a runsc process", "err", err)
 	}
 	d.pruneToolsImages()
 	ctx, cancel := context.WithCancel(context.Background())
