@@ -50,8 +50,11 @@ func TestCloseStopsWatchingExits(t *testing.T) {
 }
 
 // fakeHost is what New needs of a host without root: a fake cgroup v1
-// tree (the hierarchy, and its root directory) and a file standing for
-// runsc (New only checks that it is there, unless RootImages asks it).
+// tree (the hierarchy, and its root directory) and a runsc that refuses
+// every command, as a stock runsc refuses `runsc aenv-edits`, the one
+// command New runs. (The test binary itself once stood for it: asked
+// for aenv-edits, it ran this package's tests again, each of which
+// asked it again.)
 func fakeHost(t *testing.T) (cg cgroups.Hierarchy, root, runsc string) {
 	t.Helper()
 	root = t.TempDir()
@@ -64,7 +67,8 @@ func fakeHost(t *testing.T) (cg cgroups.Hierarchy, root, runsc string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if runsc, err = os.Executable(); err != nil {
+	runsc = filepath.Join(t.TempDir(), "runsc")
+	if err := os.WriteFile(runsc, []byte("#!/bin/sh\nexit 1\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	return cg, root, runsc
