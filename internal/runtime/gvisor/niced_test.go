@@ -70,13 +70,10 @@ func TestPrestartedRunsBehind(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		fields, err := procStat(pid)
 		if err != nil {
 			t.Fatal(err)
 		}
-		// The fields after the command's closing parenthesis: nice is
-		// the 19th field of the line, the 17th of these.
-		fields := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
 		return fields[16]
 	}
 

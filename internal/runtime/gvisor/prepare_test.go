@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -117,11 +118,15 @@ func testRestorePrepared(t *testing.T, f *fixture) {
 	killGone(t, f, unused.ID)
 }
 
-// isZombie says whether stat, a /proc/PID/stat, is a process that has
-// ended and waits to be reaped (its parent, init here, reaps it later).
-func isZombie(stat []byte) bool {
-	f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
-	return len(f) > 0 && f[0] == "Z"
+// procStat returns the fields of /proc/PID/stat after the command's
+// closing parenthesis (the state first, nice the 17th), or an error when
+// there is no such process.
+func procStat(pid int) ([]string, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return nil, err
+	}
+	return strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:])), nil
 }
 
 // killGone kills sandbox id, the last the driver runs, and checks that
@@ -136,7 +141,8 @@ func killGone(t *testing.T, f *fixture, id string) {
 	if err := f.driver.Kill(context.Background(), id); err != nil {
 		t.Fatal(err)
 	}
-	if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil && !isZombie(st) {
+	// A zombie has ended: its parent, init here, reaps it later.
+	if st, err := procStat(pid); err == nil && len(st) > 0 && st[0] != "Z" {
 		t.Errorf("the sandbox process of %s (pid %d) still runs after its kill", id, pid)
 	}
 	list, err := f.driver.runc.List(context.Background())
