@@ -218,14 +218,53 @@ func TestRunscServerRestarts(t *testing.T) {
 		t.Errorf("the runsc server was not started again (pid %d)", first)
 	}
 
+	// runsc replaced under the driver, as an upgrade does: the next request
+	// goes to a server of the new binary, and the old server ends.
+	bin := filepath.Join(t.TempDir(), "runsc")
+	data, err := os.ReadFile(srv.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	data = nil
+	srv.mu.Lock()
+	srv.path = bin
+	srv.mu.Unlock()
+	for i, name := range []string{"gvtestsr", "gvtestss"} {
+		srv.mu.Lock()
+		old, oldExited := srv.proc.Pid, srv.exited
+		srv.mu.Unlock()
+		if i == 1 {
+			// Rewritten in place: the same file, a new time.
+			later := time.Now().Add(time.Minute)
+			if err := os.Chtimes(bin, later, later); err != nil {
+				t.Fatal(err)
+			}
+		}
+		createKill(name)
+		if pid() == old {
+			t.Fatalf("replacement %d: the request went to the old runsc server (pid %d)", i, old)
+		}
+		select {
+		case <-oldExited:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("replacement %d: the old runsc server (pid %d) still runs 10 s after its binary was replaced", i, old)
+		}
+	}
+	if n := srv.answered.Load(); n != 4 {
+		t.Errorf("after two replacements the runsc servers answered %d requests in all, want 4", n)
+	}
+
 	// A server that cannot start: the driver runs runsc itself.
 	killServer()
 	srv.mu.Lock()
 	srv.path = filepath.Join(t.TempDir(), "runsc-missing")
 	srv.mu.Unlock()
 	createKill("gvtestsc")
-	if n := srv.answered.Load(); n != 2 {
-		t.Errorf("the runsc server answered %d requests in all, want still 2", n)
+	if n := srv.answered.Load(); n != 4 {
+		t.Errorf("the runsc server answered %d requests in all, want still 4", n)
 	}
 	srv.mu.Lock()
 	failed := srv.failedAt

@@ -55,7 +55,8 @@ type serveReply struct {
 // as the runsc command would, without starting the 100 MB runsc binary
 // for it (~21 CPU-ms and ~1,000 page faults here before the command does
 // anything; on the critical path of every resume, pause and fork and of
-// each fork child, and one per kill). It is started on first use and again after it ends; while it
+// each fork child, and one per kill). It is started on first use, again
+// after it ends, and again once runsc is replaced (an upgrade); while it
 // cannot start, the driver runs the commands itself.
 type runscServer struct {
 	path string
@@ -72,6 +73,8 @@ type runscServer struct {
 	// ended.
 	proc   *os.Process
 	exited chan struct{}
+	// bin is the identity of the binary proc was started from.
+	bin binaryID
 	// closed is set by close: no server starts after it.
 	closed bool
 	// failedAt is when a start last failed.
@@ -113,7 +116,18 @@ func (s *runscServer) running() error {
 			s.alive.Close()
 			s.alive = nil
 		default:
-			return nil
+			// An upgrade replaces runsc under a running aenv server: the
+			// commands it still starts run the new binary, so its server
+			// must too (a restore by one build of a container another
+			// created is not promised to work). The old one finishes what
+			// it serves and ends; the new one takes the socket's name.
+			id, err := statBinary(s.path)
+			if err != nil || id == s.bin {
+				return nil
+			}
+			s.log.Info("runsc was replaced: starting its server again", "path", s.path, "old_pid", s.proc.Pid)
+			s.alive.Close()
+			s.alive = nil
 		}
 	}
 	if s.closed {
@@ -163,6 +177,13 @@ func (s *runscServer) start() error {
 		return fmt.Errorf("starting the runsc server: %w", err)
 	}
 	defer logFile.Close()
+	// Read before the start: a binary replaced in between is noticed at
+	// the next request, and its server started again.
+	bin, err := statBinary(s.path)
+	if err != nil {
+		parentW.Close()
+		return fmt.Errorf("starting the runsc server: %w", err)
+	}
 	cmd := exec.Command(s.path, append([]string{"aenv-serve"}, s.args...)...)
 	// Descriptors 3 and 4, as serve.go expects them.
 	cmd.ExtraFiles = []*os.File{lf, parentR}
@@ -185,9 +206,25 @@ func (s *runscServer) start() error {
 			s.log.Warn("the runsc server ended", "pid", cmd.Process.Pid, "err", err, "log", filepath.Join(s.dir, serveLogName))
 		}
 	}()
-	s.alive, s.exited, s.proc = parentW, exited, cmd.Process
+	s.alive, s.exited, s.proc, s.bin = parentW, exited, cmd.Process, bin
 	s.log.Debug("runsc server started", "pid", cmd.Process.Pid)
 	return nil
+}
+
+// binaryID tells one file at a path from another put there later, or
+// from itself rewritten in place.
+type binaryID struct {
+	dev, ino uint64
+	size     int64
+	mtime    unix.Timespec
+}
+
+func statBinary(path string) (binaryID, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return binaryID{}, fmt.Errorf("stat %s: %w", path, err)
+	}
+	return binaryID{dev: st.Dev, ino: st.Ino, size: st.Size, mtime: st.Mtim}, nil
 }
 
 // errNoAnswer is a request the runsc server took and ended without
