@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/aenvhq/aenv/internal/envd"
+	"github.com/aenvhq/aenv/internal/runtime"
 )
 
 func main() {
@@ -91,7 +92,8 @@ func run() error {
 	defer stop()
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
-	log.Info("envd serving", "addr", ln.Addr().String(), "version", envd.Version, "pid1", pid1, "access_token", *token != "")
+	// The driver reads this line from envd's log (runtime.EnvdWatcher).
+	log.Info(runtime.EnvdServingMessage, "addr", ln.Addr().String(), "version", envd.Version, "pid1", pid1, "access_token", *token != "")
 
 	select {
 	case err := <-errc:

@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -58,5 +61,73 @@ func TestEnvdInitDialsAgain(t *testing.T) {
 	defer cancel()
 	if err := dead.init(ctx, initRequest{}); err == nil || ctx.Err() == nil {
 		t.Fatalf("init to nothing: %v before its deadline", err)
+	}
+}
+
+// TestWaitReadyWaitsForServing: with the driver's notice pending, envd is
+// not polled until the notice comes (or envdServingPoll passes, here an
+// hour); once it comes the first poll answers. Without a notice the poll
+// is tight from the start, and a notice that comes while envd does not
+// answer yet falls back to the tight poll.
+func TestWaitReadyWaitsForServing(t *testing.T) {
+	var polls atomic.Int64
+	var up atomic.Bool
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		polls.Add(1)
+		if up.Load() {
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	defer srv.Close()
+	c := &envdClient{base: srv.URL, http: srv.Client(), servingEvery: time.Hour}
+
+	serving := make(chan struct{})
+	done := make(chan error, 1)
+	go func() { done <- c.waitReady(context.Background(), serving) }()
+	time.Sleep(100 * time.Millisecond)
+	if n := polls.Load(); n != 0 {
+		t.Fatalf("envd was polled %d times before it said it serves", n)
+	}
+	up.Store(true)
+	close(serving)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("waitReady did not end after the notice")
+	}
+	if n := polls.Load(); n != 1 {
+		t.Errorf("envd was polled %d times after its notice, want 1", n)
+	}
+
+	// The notice before envd answers (a slow handler): tight polls after it.
+	polls.Store(0)
+	up.Store(false)
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		up.Store(true)
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.waitReady(ctx, serving); err != nil {
+		t.Fatalf("waitReady after the notice: %v", err)
+	}
+	if n := polls.Load(); n < 2 {
+		t.Errorf("envd was polled %d times, want the polls that met 503 and the one that met 204", n)
+	}
+
+	// No notice ever, and envd never answers: ctx ends it, saying so.
+	never := make(chan struct{})
+	c.servingEvery = 10 * time.Millisecond
+	up.Store(false)
+	ctx, cancel = context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	err := c.waitReady(ctx, never)
+	if err == nil || !strings.Contains(err.Error(), "has not said it serves") || !strings.Contains(err.Error(), "503") {
+		t.Fatalf("waitReady with no notice and no envd: %v", err)
 	}
 }

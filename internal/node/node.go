@@ -669,9 +669,13 @@ func (n *Node) bootOnce(ctx context.Context, sb *Sandbox, tpl *template.Template
 	rollback.Push("killing sandbox", func(ctx context.Context) error { return n.cfg.Runtime.Kill(ctx, rtID) })
 	started := time.Now()
 
+	var serving <-chan struct{}
+	if w, ok := n.cfg.Runtime.(runtime.EnvdWatcher); ok && opts.ImageDir == "" {
+		serving = w.EnvdServing(rtID)
+	}
 	readyCtx, cancel := context.WithTimeout(ctx, n.cfg.ReadyTimeout)
 	defer cancel()
-	if err := newEnvdClient(sb.Addr, "").waitReady(readyCtx); err != nil {
+	if err := newEnvdClient(sb.Addr, "").waitReady(readyCtx, serving); err != nil {
 		return fmt.Errorf("creating sandbox %s: waiting for envd: %w", sb.ID, err)
 	}
 	log.Debug("sandbox booted", "template_id", tpl.ID, "runtime_id", sb.rt(), "addr", sb.Addr, "queued_ms", start.Sub(queued).Milliseconds(),

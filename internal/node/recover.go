@@ -220,7 +220,7 @@ func (n *Node) recoverOne(ctx context.Context, rec runtime.Recoverer, id string,
 	}
 	pctx, cancel := context.WithTimeout(ctx, recoverProbeTimeout)
 	defer cancel()
-	if err := newEnvdClient(slot.HostAddr, "").waitReady(pctx); err != nil {
+	if err := newEnvdClient(slot.HostAddr, "").waitReady(pctx, nil); err != nil {
 		return nil, fmt.Errorf("envd does not answer: %w", err)
 	}
 	sb := &Sandbox{

@@ -139,6 +139,22 @@ type LogReader interface {
 	EnvdLog(id string) ([]*os.File, error)
 }
 
+// EnvdServingMessage is the message of the line envd logs once it
+// accepts connections (see EnvdWatcher).
+const EnvdServingMessage = "envd serving"
+
+// EnvdWatcher is implemented by drivers that read envd's log as envd
+// writes it: a node waits for envd to say it serves instead of polling it
+// from the moment the sandbox starts (each refused poll costs the sentry's
+// network stack host CPU, ~130 µs here, beside the boot it waits for).
+type EnvdWatcher interface {
+	// EnvdServing returns a channel closed once envd in sandbox id has
+	// logged EnvdServingMessage, or its log has ended; nil when the
+	// driver cannot tell. Only a boot logs it: a restored envd serves
+	// already.
+	EnvdServing(id string) <-chan struct{}
+}
+
 // ExitNotifier is implemented by drivers that notice when a sandbox dies on
 // its own (a host OOM kill, a crash), so that the node can clean up after it
 // and tell the control plane.

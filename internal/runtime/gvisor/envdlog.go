@@ -2,12 +2,15 @@ package gvisor
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -46,7 +49,19 @@ const (
 type logPump struct {
 	r    *os.File
 	done chan struct{}
+	// serving is closed once envd logs that it serves, or the pump ends
+	// (see EnvdServing).
+	serving     chan struct{}
+	servingOnce sync.Once
 }
+
+func (p *logPump) served() { p.servingOnce.Do(func() { close(p.serving) }) }
+
+// servingLine is what a line of envd's log (slog's text format) holds
+// from its level on when envd says it serves. Matched with the level, a
+// quoted value elsewhere in a line (a command's arguments) cannot pass
+// for it: slog escapes the quotes inside one.
+var servingLine = []byte(" level=INFO msg=" + strconv.Quote(runtime.EnvdServingMessage) + " ")
 
 // makeEnvdPipe makes the FIFO in dir and returns the end the sandbox
 // gets (read-write, blocking) and the driver's (read-only, non-blocking,
@@ -83,14 +98,15 @@ func (d *Driver) startPump(id string) error {
 		unix.Close(fd)
 		return fmt.Errorf("opening envd's log of %s: %w", id, err)
 	}
-	p := &logPump{r: os.NewFile(uintptr(fd), envdPipeName), done: make(chan struct{})}
+	p := &logPump{r: os.NewFile(uintptr(fd), envdPipeName), done: make(chan struct{}), serving: make(chan struct{})}
 	d.mu.Lock()
 	d.pumps[id] = p
 	d.mu.Unlock()
 	log := d.log.With("sandbox_id", id)
 	go func() {
 		defer close(p.done)
-		copyLog(w, p.r, log)
+		defer p.served()
+		copyLog(w, p.r, log, p.served)
 		p.r.Close()
 		if err := w.Close(); err != nil {
 			log.Warn("closing envd's log", "err", err)
@@ -122,15 +138,29 @@ func (d *Driver) stopPump(id string, wait time.Duration) {
 	<-p.done
 }
 
-// copyLog copies r's lines into w until r ends. A line too long is cut
-// (so that the log stays lines a reader can take one at a time), and
-// what w refuses is dropped: envd must never wait on the host's disk.
-func copyLog(w io.Writer, r io.Reader, log *slog.Logger) {
+// EnvdServing implements runtime.EnvdWatcher.
+func (d *Driver) EnvdServing(id string) <-chan struct{} {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if p := d.pumps[id]; p != nil {
+		return p.serving
+	}
+	return nil
+}
+
+// copyLog copies r's lines into w until r ends, calling serving at each
+// line in which envd says it serves. A line too long is cut (so that the
+// log stays lines a reader can take one at a time), and what w refuses is
+// dropped: envd must never wait on the host's disk.
+func copyLog(w io.Writer, r io.Reader, log *slog.Logger, serving func()) {
 	br := bufio.NewReaderSize(r, maxLogLine)
 	failed := false
 	for {
 		line, err := br.ReadSlice('\n')
 		if len(line) > 0 {
+			if bytes.Contains(line, servingLine) {
+				serving()
+			}
 			if line[len(line)-1] != '\n' {
 				line = append(line, '\n')
 			}

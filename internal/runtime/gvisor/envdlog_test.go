@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/aenvhq/aenv/internal/runtime"
 )
 
 func testDriver(t *testing.T) *Driver {
@@ -138,5 +140,68 @@ func TestEnvdLogCapped(t *testing.T) {
 	}
 	if sc.Err() != nil || last != "the last line" {
 		t.Fatalf("the log ends with %q (%v)", last, sc.Err())
+	}
+}
+
+// TestEnvdServingNotice: the channel of EnvdServing closes at the line
+// in which envd says it serves, written as envd writes it (slog's text),
+// not at a line that only quotes it; and when the log ends without it.
+func TestEnvdServingNotice(t *testing.T) {
+	d := testDriver(t)
+	if ch := d.EnvdServing("none"); ch != nil {
+		t.Fatal("a notice for a sandbox the driver does not know")
+	}
+	start := func(id string) (*os.File, *slog.Logger, <-chan struct{}) {
+		dir := d.sandboxDir(id)
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		w, err := makeEnvdPipe(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.startPump(id); err != nil {
+			t.Fatal(err)
+		}
+		ch := d.EnvdServing(id)
+		if ch == nil {
+			t.Fatalf("no notice for %s, whose log the driver reads", id)
+		}
+		return w, slog.New(slog.NewTextHandler(w, nil)), ch
+	}
+	closed := func(ch <-chan struct{}) bool {
+		select {
+		case <-ch:
+			return true
+		default:
+			return false
+		}
+	}
+
+	w, log, serving := start("sb1")
+	defer w.Close()
+	log.Info("process started", "cmd", "/bin/echo", "args", `msg="envd serving" level=INFO msg="envd serving" `)
+	log.Debug(runtime.EnvdServingMessage)
+	log.Info("initialized")
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(readLog(t, d, "sb1"), "initialized") && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if closed(serving) {
+		t.Fatalf("the notice came from lines quoting it:\n%s", readLog(t, d, "sb1"))
+	}
+	log.Info(runtime.EnvdServingMessage, "addr", "[::]:49983", "pid1", true)
+	select {
+	case <-serving:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("no notice after envd said it serves:\n%s", readLog(t, d, "sb1"))
+	}
+
+	// A sandbox gone before envd served: the waiter is let go.
+	w2, _, serving2 := start("sb2")
+	w2.Close()
+	waitPump(t, d, "sb2")
+	if !closed(serving2) {
+		t.Fatal("the notice stays pending after envd's log ended")
 	}
 }

@@ -104,7 +104,19 @@ func TestCreateStatsKill(t *testing.T) {
 	if err := f.driver.Create(ctx, spec); err != nil {
 		t.Fatal(err)
 	}
-	waitHealth(t, slot.HostAddr)
+	// envd's own line says when it serves: it answers from then on.
+	serving := f.driver.EnvdServing("gvtest1")
+	if serving == nil {
+		t.Fatal("the driver gives no notice of envd serving in a sandbox it booted")
+	}
+	select {
+	case <-serving:
+	case <-time.After(10 * time.Second):
+		t.Fatal("envd never said it serves")
+	}
+	if !answers(slot.HostAddr) {
+		t.Fatal("envd said it serves but does not answer")
+	}
 
 	limit, err := os.ReadFile("/sys/fs/cgroup/memory/aenvgvt/gvtest1/memory.limit_in_bytes")
 	if err != nil {
