@@ -53,27 +53,17 @@ const envdServingPoll = 25 * time.Millisecond
 
 // waitReady polls /health until envd answers 204 or ctx ends. The poll is
 // tight because it sits on the create path: envd is usually up within
-// milliseconds of runsc returning. With serving (runtime.EnvdWatcher) it
-// waits for that channel to close before polling tightly, and until then
-// polls only every envdServingPoll: a refused poll costs the sandbox's
-// network stack host CPU that its boot wants (on 2 CPUs, 10 creates at
-// once each waited 20-190 ms for envd, 7 to 60 polls).
+// milliseconds of runsc returning. With serving (runtime.EnvdWatcher),
+// after a first poll it waits for that channel to close before polling
+// tightly, and until then polls only every envdServingPoll: a refused poll
+// costs the sandbox's network stack host CPU that its boot wants (on 2
+// CPUs, 10 creates at once each waited 20-190 ms for envd, up to 60
+// polls). The first poll is sent at once all the same: an envd that
+// serves before the driver has read its line answers it.
 func (c *envdClient) waitReady(ctx context.Context, serving <-chan struct{}) error {
 	const delay = 3 * time.Millisecond
 	var lastErr error
 	for {
-		if serving != nil {
-			t := time.NewTimer(c.servingPoll())
-			select {
-			case <-serving:
-				serving = nil
-			case <-t.C:
-			case <-ctx.Done():
-				t.Stop()
-				return fmt.Errorf("%w (envd has not said it serves; last error: %v)", ctx.Err(), lastErr)
-			}
-			t.Stop()
-		}
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/health", nil)
 		resp, err := c.http.Do(req)
 		if err == nil {
@@ -84,14 +74,23 @@ func (c *envdClient) waitReady(ctx context.Context, serving <-chan struct{}) err
 			err = fmt.Errorf("health answered %s", resp.Status)
 		}
 		lastErr = err
+		d := delay
 		if serving != nil {
-			continue
+			d = c.servingPoll()
 		}
+		wait := time.NewTimer(d)
 		select {
+		case <-serving:
+			serving = nil
+		case <-wait.C:
 		case <-ctx.Done():
+			wait.Stop()
+			if serving != nil {
+				return fmt.Errorf("%w (envd has not said it serves; last error: %v)", ctx.Err(), lastErr)
+			}
 			return fmt.Errorf("%w (last error: %v)", ctx.Err(), lastErr)
-		case <-time.After(delay):
 		}
+		wait.Stop()
 	}
 }
 

@@ -65,8 +65,8 @@ func TestEnvdInitDialsAgain(t *testing.T) {
 }
 
 // TestWaitReadyWaitsForServing: with the driver's notice pending, envd is
-// not polled until the notice comes (or envdServingPoll passes, here an
-// hour); once it comes the first poll answers. Without a notice the poll
+// polled once and then not until the notice comes (or envdServingPoll
+// passes, here an hour); once it comes the next poll answers. Without a notice the poll
 // is tight from the start, and a notice that comes while envd does not
 // answer yet falls back to the tight poll.
 func TestWaitReadyWaitsForServing(t *testing.T) {
@@ -87,8 +87,8 @@ func TestWaitReadyWaitsForServing(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- c.waitReady(context.Background(), serving) }()
 	time.Sleep(100 * time.Millisecond)
-	if n := polls.Load(); n != 0 {
-		t.Fatalf("envd was polled %d times before it said it serves", n)
+	if n := polls.Load(); n != 1 {
+		t.Fatalf("envd was polled %d times before it said it serves, want 1", n)
 	}
 	up.Store(true)
 	close(serving)
@@ -100,8 +100,8 @@ func TestWaitReadyWaitsForServing(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("waitReady did not end after the notice")
 	}
-	if n := polls.Load(); n != 1 {
-		t.Errorf("envd was polled %d times after its notice, want 1", n)
+	if n := polls.Load(); n != 2 {
+		t.Errorf("envd was polled %d times in all, want 2: one before its notice, one after", n)
 	}
 
 	// The notice before envd answers (a slow handler): tight polls after it.
