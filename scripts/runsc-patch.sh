@@ -75,6 +75,15 @@ perl -0pi -e 's|(\n\t"gvisor.dev/gvisor/pkg/fd"\n)|$1\t"gvisor.dev/gvisor/pkg/go
 { grep -q 'gomaxprocs.Add(1)' "$rr" && grep -q '"gvisor.dev/gvisor/pkg/gomaxprocs"' "$rr"; } ||
   missing "the restore's kernel start" "$rr"
 
+# A booted sandbox's first requests waited the same way: envd, the ready
+# shell it starts and the guest's first process hold both Ps as envd
+# begins to serve, and the NIC's goroutine, back from its host read with a
+# packet, waits for one. The same extra P for the boot's first second.
+lr=$src/runsc/boot/loader.go
+perl -0pi -e 's|(\n\tlog.Infof\("Process should have started..."\)\n)|$1\tif l.state == created {\n\t\tgomaxprocs.Add(1)\n\t\tgtime.AfterFunc(gtime.Second, func() { gomaxprocs.Add(-1) })\n\t}\n|' "$lr"
+{ grep -q 'gomaxprocs.Add(1)' "$lr" && grep -q '^	gtime "time"$' "$lr" && grep -q '^	"gvisor.dev/gvisor/pkg/gomaxprocs"$' "$lr"; } ||
+  missing "the boot's kernel start" "$lr"
+
 # The sentry builds the descriptions of its ~400 trace points (a map of
 # fields per system call) at every boot and restore, for trace sessions
 # that aenv never configures: ~8 ms of a boot's ~50 CPU-ms in the sentry
