@@ -66,9 +66,9 @@ func TestEnvdInitDialsAgain(t *testing.T) {
 
 // TestWaitReadyWaitsForServing: with the driver's notice pending, envd is
 // polled once and then not until the notice comes (or envdServingPoll
-// passes, here an hour); once it comes the next poll answers. Without a notice the poll
-// is tight from the start, and a notice that comes while envd does not
-// answer yet falls back to the tight poll.
+// passes, here an hour); once it comes the next poll answers. A notice
+// that comes while envd does not answer yet falls back to the tight poll,
+// and a wait for a notice that never comes ends with ctx, saying so.
 func TestWaitReadyWaitsForServing(t *testing.T) {
 	var polls atomic.Int64
 	var up atomic.Bool
