@@ -113,8 +113,6 @@ func (s *runscServer) running() error {
 	if s.alive != nil {
 		select {
 		case <-s.exited:
-			s.alive.Close()
-			s.alive = nil
 		default:
 			// An upgrade replaces runsc under a running aenv server: the
 			// commands it still starts run the new binary, so its server
@@ -126,9 +124,9 @@ func (s *runscServer) running() error {
 				return nil
 			}
 			s.log.Info("runsc was replaced: starting its server again", "path", s.path, "old_pid", s.proc.Pid)
-			s.alive.Close()
-			s.alive = nil
 		}
+		s.alive.Close()
+		s.alive = nil
 	}
 	if s.closed {
 		return errors.New("the driver is closed")
@@ -146,8 +144,14 @@ func (s *runscServer) running() error {
 
 // start starts a server; s.mu is held.
 func (s *runscServer) start() error {
+	// Read before the start: a binary replaced in between is noticed at
+	// the next request, and its server started again.
+	bin, err := statBinary(s.path)
+	if err != nil {
+		return fmt.Errorf("starting the runsc server: %w", err)
+	}
 	var l *net.UnixListener
-	err := s.withAddr(func(addr string) error {
+	err = s.withAddr(func(addr string) error {
 		if err := os.Remove(addr); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return err
 		}
@@ -177,13 +181,6 @@ func (s *runscServer) start() error {
 		return fmt.Errorf("starting the runsc server: %w", err)
 	}
 	defer logFile.Close()
-	// Read before the start: a binary replaced in between is noticed at
-	// the next request, and its server started again.
-	bin, err := statBinary(s.path)
-	if err != nil {
-		parentW.Close()
-		return fmt.Errorf("starting the runsc server: %w", err)
-	}
 	cmd := exec.Command(s.path, append([]string{"aenv-serve"}, s.args...)...)
 	// Descriptors 3 and 4, as serve.go expects them.
 	cmd.ExtraFiles = []*os.File{lf, parentR}
