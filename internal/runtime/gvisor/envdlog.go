@@ -49,13 +49,11 @@ const (
 type logPump struct {
 	r    *os.File
 	done chan struct{}
-	// serving is closed once envd logs that it serves, or the pump ends
-	// (see EnvdServing).
-	serving     chan struct{}
-	servingOnce sync.Once
+	// serving is closed, by served, once envd logs that it serves or
+	// the pump ends (see EnvdServing).
+	serving chan struct{}
+	served  func()
 }
-
-func (p *logPump) served() { p.servingOnce.Do(func() { close(p.serving) }) }
 
 // servingLine is what a line of envd's log (slog's text format) holds
 // from its level on when envd says it serves. Matched with the level, a
@@ -99,6 +97,7 @@ func (d *Driver) startPump(id string) error {
 		return fmt.Errorf("opening envd's log of %s: %w", id, err)
 	}
 	p := &logPump{r: os.NewFile(uintptr(fd), envdPipeName), done: make(chan struct{}), serving: make(chan struct{})}
+	p.served = sync.OnceFunc(func() { close(p.serving) })
 	d.mu.Lock()
 	d.pumps[id] = p
 	d.mu.Unlock()
