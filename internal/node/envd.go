@@ -2,7 +2,6 @@ package node
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -29,7 +28,8 @@ type envdClient struct {
 	base  string
 	token string
 	http  *http.Client
-	// servingEvery replaces envdServingPoll in tests.
+	// servingEvery is how far apart waitReady polls while it waits for
+	// envd's notice: envdServingPoll, but in tests.
 	servingEvery time.Duration
 }
 
@@ -43,6 +43,7 @@ func newEnvdClient(addr netip.Addr, token string) *envdClient {
 			DisableKeepAlives: true,
 			DialContext:       (&net.Dialer{Timeout: time.Second}).DialContext,
 		}},
+		servingEvery: envdServingPoll,
 	}
 }
 
@@ -76,7 +77,7 @@ func (c *envdClient) waitReady(ctx context.Context, serving <-chan struct{}) err
 		lastErr = err
 		d := delay
 		if serving != nil {
-			d = c.servingPoll()
+			d = c.servingEvery
 		}
 		wait := time.NewTimer(d)
 		select {
@@ -92,10 +93,6 @@ func (c *envdClient) waitReady(ctx context.Context, serving <-chan struct{}) err
 		}
 		wait.Stop()
 	}
-}
-
-func (c *envdClient) servingPoll() time.Duration {
-	return cmp.Or(c.servingEvery, envdServingPoll)
 }
 
 // initRequest is envd's POST /init body.
