@@ -277,13 +277,18 @@ func (r *readyShells) changed(quiet time.Duration) {
 	// A start in progress will start again, maybe launching otherwise.
 	r.sh, r.next = nil, nil
 	refill := !r.unwanted && !r.closed
-	if refill && quiet > 0 {
+	switch {
+	case refill && quiet > 0:
 		if r.later == nil {
 			r.later = time.AfterFunc(quiet, r.refill)
 		} else {
 			r.later.Reset(quiet)
 		}
 		refill = false
+	case r.later != nil:
+		// A refill still to come, armed by a lone command's end, would
+		// start a shell while a later command runs, for its end to kill.
+		r.later.Stop()
 	}
 	r.mu.Unlock()
 	if old != nil {

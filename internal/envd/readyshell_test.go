@@ -354,3 +354,34 @@ func TestReadyShellWaitsAfterALoneCommand(t *testing.T) {
 		t.Fatalf("the ready shell started %v after a lone command's end, want about %v", waited, lone)
 	}
 }
+
+// A lone command's delayed refill is called off by the sequence that
+// follows it: no shell starts, to be killed unused, while a command of
+// the sequence runs.
+func TestReadyShellLoneRefillCalledOffBySequence(t *testing.T) {
+	const lone = 500 * time.Millisecond
+	e := newEnv(t, withReadyShell, func(o *envd.Options) { o.ReadyShellLone = lone })
+	waitFor(t, 10*time.Second, "the first ready shell to start", func() bool { return readyShellPid(e.home) != 0 })
+	writeProfile(t, e, `echo $$ >> "$HOME/profile-reads"`+"\n")
+	reads := func() int {
+		b, _ := os.ReadFile(filepath.Join(e.home, "profile-reads"))
+		return bytes.Count(b, []byte("\n"))
+	}
+	e.run(bashCmd("true"), "") // lone: its refill comes 500 ms after its end
+	e.run(bashCmd("true"), "") // a sequence: its end refills at once
+	// The first shell may have read the profile after writeProfile, or not.
+	var before int
+	waitFor(t, 10*time.Second, "the sequence's ready shell", func() bool {
+		n := reads()
+		time.Sleep(100 * time.Millisecond)
+		before = reads()
+		return before >= 2 && n == before
+	})
+	out, ready, _ := e.runReady(bashCmd("sleep 1; echo slept"), "")
+	if !ready || out != "slept\n" {
+		t.Fatalf("the sequence's next command: %q (ready shell %v)", out, ready)
+	}
+	if n := reads(); n != before {
+		t.Fatalf("%d shells started while the sequence's command ran, past the lone command's refill", n-before)
+	}
+}
