@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -43,12 +44,19 @@ const (
 	maxLogLine = 64 << 10
 	// pumpDrainTimeout is how long Kill waits for envd's last lines.
 	pumpDrainTimeout = 2 * time.Second
+	// pumpCatchUp bounds how long EnvdLog waits for the pump to copy what
+	// envd has written (see logPump.caughtUp).
+	pumpCatchUp = 250 * time.Millisecond
 )
 
 // logPump copies one sandbox's FIFO into its log file.
 type logPump struct {
 	r    *os.File
 	done chan struct{}
+	// taken counts the bytes read from the FIFO, handled those of them
+	// copied into the log (or dropped): a line still in the pump's buffer
+	// is taken, not handled.
+	taken, handled atomic.Int64
 	// serving is closed, by served, once envd logs that it serves or
 	// the pump ends (see EnvdServing).
 	serving chan struct{}
@@ -105,7 +113,7 @@ func (d *Driver) startPump(id string) error {
 	go func() {
 		defer close(p.done)
 		defer p.served()
-		copyLog(w, p.r, log, p.served)
+		copyLog(w, countingReader{p.r, &p.taken}, log, p.served, func(n int) { p.handled.Add(int64(n)) })
 		p.r.Close()
 		if err := w.Close(); err != nil {
 			log.Warn("closing envd's log", "err", err)
@@ -137,6 +145,56 @@ func (d *Driver) stopPump(id string, wait time.Duration) {
 	<-p.done
 }
 
+// caughtUp reports whether the pump has copied all envd has written: the
+// FIFO holds nothing (TIOCINQ, Linux's FIONREAD, on a pipe), and every
+// byte read from it is in the log. A line envd has half written (no
+// newline yet) keeps it false.
+func (p *logPump) caughtUp() bool {
+	rc, err := p.r.SyscallConn()
+	if err != nil {
+		return true // closed: nothing more will come
+	}
+	unread := 0
+	var ioErr error
+	if err := rc.Control(func(fd uintptr) { unread, ioErr = unix.IoctlGetInt(int(fd), unix.TIOCINQ) }); err != nil || ioErr != nil {
+		return true
+	}
+	return unread == 0 && p.taken.Load() == p.handled.Load()
+}
+
+// catchUp waits, up to wait, for sandbox id's pump to copy what envd has
+// written so far: a read of the log right after a command ends then holds
+// the command's lines, though the pump may lag behind a flood of output
+// (root inside writing to /proc/1/fd/1).
+func (d *Driver) catchUp(id string, wait time.Duration) {
+	d.mu.Lock()
+	p := d.pumps[id]
+	d.mu.Unlock()
+	if p == nil {
+		return
+	}
+	deadline := time.Now().Add(wait)
+	for !p.caughtUp() && time.Now().Before(deadline) {
+		select {
+		case <-p.done:
+			return
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+// countingReader adds what it reads from r to n.
+type countingReader struct {
+	r io.Reader
+	n *atomic.Int64
+}
+
+func (c countingReader) Read(p []byte) (int, error) {
+	k, err := c.r.Read(p)
+	c.n.Add(int64(k))
+	return k, err
+}
+
 // EnvdServing implements runtime.EnvdWatcher.
 func (d *Driver) EnvdServing(id string) <-chan struct{} {
 	d.mu.Lock()
@@ -148,10 +206,11 @@ func (d *Driver) EnvdServing(id string) <-chan struct{} {
 }
 
 // copyLog copies r's lines into w until r ends, calling serving at each
-// line in which envd says it serves. A line too long is cut (so that the
-// log stays lines a reader can take one at a time), and what w refuses is
+// line in which envd says it serves, and handled with the bytes of r each
+// line took once it is written. A line too long is cut (so that the log
+// stays lines a reader can take one at a time), and what w refuses is
 // dropped: envd must never wait on the host's disk.
-func copyLog(w io.Writer, r io.Reader, log *slog.Logger, serving func()) {
+func copyLog(w io.Writer, r io.Reader, log *slog.Logger, serving func(), handled func(int)) {
 	br := bufio.NewReaderSize(r, maxLogLine)
 	failed := false
 	for {
@@ -160,7 +219,8 @@ func copyLog(w io.Writer, r io.Reader, log *slog.Logger, serving func()) {
 			if bytes.Contains(line, servingLine) {
 				serving()
 			}
-			if line[len(line)-1] != '\n' {
+			n := len(line)
+			if line[n-1] != '\n' {
 				line = append(line, '\n')
 			}
 			if _, werr := w.Write(line); werr != nil && !failed {
@@ -169,6 +229,7 @@ func copyLog(w io.Writer, r io.Reader, log *slog.Logger, serving func()) {
 			} else if werr == nil {
 				failed = false
 			}
+			handled(n)
 		}
 		if err != nil && !errors.Is(err, bufio.ErrBufferFull) {
 			return
@@ -260,9 +321,11 @@ func (w *rotatingFile) Close() error {
 }
 
 // EnvdLog implements runtime.LogReader: the rotated part first, then the
-// current file. The current one is opened first: a rotation in between
-// then shows the same file twice, which is given once.
+// current file, once the pump has copied what envd wrote before the call
+// (or pumpCatchUp has passed). The current one is opened first: a
+// rotation in between then shows the same file twice, which is given once.
 func (d *Driver) EnvdLog(id string) ([]*os.File, error) {
+	d.catchUp(id, pumpCatchUp)
 	p := filepath.Join(d.sandboxDir(id), envdLogName)
 	cur, err := os.Open(p)
 	if errors.Is(err, os.ErrNotExist) {

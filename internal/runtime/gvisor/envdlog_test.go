@@ -143,6 +143,40 @@ func TestEnvdLogCapped(t *testing.T) {
 	}
 }
 
+// TestEnvdLogCatchesUp: a read of the log right after envd wrote a line
+// holds it, though a flood of output before it (a pipe's worth left
+// unread) still had to be copied.
+func TestEnvdLogCatchesUp(t *testing.T) {
+	d := testDriver(t)
+	dir := d.sandboxDir("sb4")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	w, err := makeEnvdPipe(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if err := d.startPump("sb4"); err != nil {
+		t.Fatal(err)
+	}
+	junk := make([]byte, 1<<20) // zeros, no newline: cat /dev/zero
+	for round := range 5 {
+		for range 2 {
+			if _, err := w.Write(junk); err != nil {
+				t.Fatal(err)
+			}
+		}
+		marker := fmt.Sprintf("\nthe line after the flood, round %d\n", round)
+		if _, err := io.WriteString(w, marker); err != nil {
+			t.Fatal(err)
+		}
+		if got := readLog(t, d, "sb4"); !strings.HasSuffix(got, marker) {
+			t.Fatalf("round %d: the log read right after a line ends with %q, not the line", round, got[max(0, len(got)-80):])
+		}
+	}
+}
+
 // TestEnvdServingNotice: the channel of EnvdServing closes at the line
 // in which envd says it serves, written as envd writes it (slog's text),
 // not at a line that only quotes it; and when the log ends without it.
