@@ -13,8 +13,12 @@ import (
 // AenvResults are the samples measured through an aenv server.
 type AenvResults struct {
 	// CreateSerial and CreateConcurrent are create-to-first-command
-	// latencies, one sandbox at a time and Concurrency at once.
+	// latencies, one sandbox at a time and Concurrency at once, the latter
+	// from a pool that held PoolConcurrent (-1: unknown) when they began:
+	// a pool taught a burst of Concurrency within the last minutes (an
+	// earlier run of the bench) serves them prestarted, not booted.
 	CreateSerial, CreateConcurrent []time.Duration
+	PoolConcurrent                 int
 	// CreateBackToBack is the same one at a time, each create right after
 	// the last one's kill, from a pool that held PoolBackToBack (-1:
 	// unknown) when they began.
@@ -111,6 +115,7 @@ func MeasureAenv(ctx context.Context, opts Options) (AenvResults, error) {
 	if res.CreateSerial, err = series(ctx, p, "create c=1", 0, opts.Iterations, 1, serial); err != nil {
 		return res, fmt.Errorf("measuring aenv: %w", err)
 	}
+	res.PoolConcurrent = pooled(ctx, nodes, poolKey)
 	label := fmt.Sprintf("create c=%d", opts.Concurrency)
 	if res.CreateConcurrent, err = series(ctx, p, label, 0, opts.rounds(), opts.Concurrency, create); err != nil {
 		return res, fmt.Errorf("measuring aenv: %w", err)

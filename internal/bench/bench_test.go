@@ -215,8 +215,8 @@ func TestMeasureAenvBurstsAndRate(t *testing.T) {
 	if len(res.Burst) != 5 || len(res.BurstPooled) != 5 {
 		t.Errorf("bursts of %d and %d samples, want 5 each", len(res.Burst), len(res.BurstPooled))
 	}
-	if res.PoolBefore != -1 || res.PoolTaught != -1 {
-		t.Errorf("pool %d then %d through an API that lists no nodes, want -1 (unknown)", res.PoolBefore, res.PoolTaught)
+	if res.PoolBefore != -1 || res.PoolTaught != -1 || res.PoolConcurrent != -1 {
+		t.Errorf("pool %d, %d then %d through an API that lists no nodes, want -1 (unknown)", res.PoolConcurrent, res.PoolBefore, res.PoolTaught)
 	}
 	// A create takes 2 ms on the fake: two clients do at most 1,000 a
 	// second.
@@ -297,6 +297,23 @@ func TestMeasureAenvAsksForTheSizeTheCreateAnswerLacks(t *testing.T) {
 	}
 	if res.CPUCount != 3 || res.MemoryMB != 768 {
 		t.Errorf("size = %d CPUs, %d MiB; want Get's 3, 768", res.CPUCount, res.MemoryMB)
+	}
+}
+
+// TestMeasureAenvSaysWhatThePoolHeld: the concurrent series records how
+// many sandboxes the pool held prestarted when it began (an earlier run's
+// burst may have taught it to hold that many).
+func TestMeasureAenvSaysWhatThePoolHeld(t *testing.T) {
+	api := struct {
+		*fakeAPI
+		*poolAfter
+	}{newFakeAPI(), &poolAfter{target: 3}}
+	res, err := MeasureAenv(context.Background(), Options{API: api, Template: "tpl", Iterations: 2, Concurrency: 2, quietWithin: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.PoolConcurrent != 3 {
+		t.Errorf("pool before the concurrent series = %d, want the node's 3", res.PoolConcurrent)
 	}
 }
 

@@ -142,7 +142,7 @@ func (r *Report) AddCreate(opts Options, a AenvResults, b BareResults) {
 		r.Rows = append(r.Rows, newRow("create to first command, c=1, back to back, "+poolLabel(a.PoolBackToBack), "runsc run /bin/true", a.CreateBackToBack, b.RunSerial))
 	}
 	r.Rows = append(r.Rows,
-		newRow(fmt.Sprintf("create to first command, c=%d", c), fmt.Sprintf("runsc run /bin/true, %d at once", c), a.CreateConcurrent, b.RunConcurrent),
+		newRow(fmt.Sprintf("create to first command, c=%d, %s", c, poolLabel(a.PoolConcurrent)), fmt.Sprintf("runsc run /bin/true, %d at once", c), a.CreateConcurrent, b.RunConcurrent),
 		newRow("command round trip", "runsc exec /bin/true", a.Command, b.Exec),
 		newRow("command round trip", "runsc exec /bin/bash -l -c true", a.Command, b.ExecShell),
 	)
