@@ -49,6 +49,7 @@ import (
 	"strings"
 	"time"
 
+	"gvisor.dev/gvisor/runsc/boot"
 	"gvisor.dev/gvisor/runsc/cli/maincli"
 	"gvisor.dev/gvisor/runsc/version"
 )
@@ -82,8 +83,12 @@ func main() {
 		return
 	}
 	if isSentry(os.Args[1:]) {
+		pooled := prestarted(os.Args[1:])
+		// Nobody waits on a pooled sandbox's first second; the extra P
+		// would cost it heap for good (see scripts/runsc-patch.sh).
+		boot.BootExtraP = !pooled
 		keepHeadroom()
-		go releaseFreedHeap(prestarted(os.Args[1:]))
+		go releaseFreedHeap(pooled)
 	}
 	maincli.Main()
 }
