@@ -127,12 +127,17 @@ func (d *Driver) startPump(id string) error {
 	return nil
 }
 
+// pump is sandbox id's pump, nil when none runs.
+func (d *Driver) pump(id string) *logPump {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.pumps[id]
+}
+
 // stopPump waits up to wait for sandbox id's pump to copy what is left
 // (its sandbox gone), then stops it.
 func (d *Driver) stopPump(id string, wait time.Duration) {
-	d.mu.Lock()
-	p := d.pumps[id]
-	d.mu.Unlock()
+	p := d.pump(id)
 	if p == nil {
 		return
 	}
@@ -167,9 +172,7 @@ func (p *logPump) caughtUp() bool {
 // the command's lines, though the pump may lag behind a flood of output
 // (root inside writing to /proc/1/fd/1).
 func (d *Driver) catchUp(id string, wait time.Duration) {
-	d.mu.Lock()
-	p := d.pumps[id]
-	d.mu.Unlock()
+	p := d.pump(id)
 	if p == nil {
 		return
 	}
@@ -197,9 +200,7 @@ func (c countingReader) Read(p []byte) (int, error) {
 
 // EnvdServing implements runtime.EnvdWatcher.
 func (d *Driver) EnvdServing(id string) <-chan struct{} {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if p := d.pumps[id]; p != nil {
+	if p := d.pump(id); p != nil {
 		return p.serving
 	}
 	return nil

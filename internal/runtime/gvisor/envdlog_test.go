@@ -35,6 +35,23 @@ func readLog(t *testing.T, d *Driver, id string) string {
 	return b.String()
 }
 
+// pumped makes sandbox id's directory and FIFO and starts its pump; it
+// returns the sandbox's end of the FIFO, which stands for envd's output.
+func pumped(t *testing.T, d *Driver, id string) *os.File {
+	t.Helper()
+	if err := os.MkdirAll(d.sandboxDir(id), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	w, err := makeEnvdPipe(d.sandboxDir(id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.startPump(id); err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
 func waitPump(t *testing.T, d *Driver, id string) {
 	t.Helper()
 	d.mu.Lock()
@@ -55,17 +72,7 @@ func waitPump(t *testing.T, d *Driver, id string) {
 // the log once the next one reads; the pump ends with the sandbox.
 func TestEnvdLogSurvivesRestart(t *testing.T) {
 	d := testDriver(t)
-	dir := d.sandboxDir("sb1")
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	w, err := makeEnvdPipe(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.startPump("sb1"); err != nil {
-		t.Fatal(err)
-	}
+	w := pumped(t, d, "sb1")
 	fmt.Fprintln(w, "before the restart")
 	deadline := time.Now().Add(5 * time.Second)
 	for !strings.Contains(readLog(t, d, "sb1"), "before") && time.Now().Before(deadline) {
@@ -93,16 +100,7 @@ func TestEnvdLogSurvivesRestart(t *testing.T) {
 func TestEnvdLogCapped(t *testing.T) {
 	d := testDriver(t)
 	dir := d.sandboxDir("sb2")
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	w, err := makeEnvdPipe(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.startPump("sb2"); err != nil {
-		t.Fatal(err)
-	}
+	w := pumped(t, d, "sb2")
 	junk := make([]byte, 1<<20) // zeros, no newline: cat /dev/zero
 	for range 3 * envdLogMax / len(junk) {
 		if _, err := w.Write(junk); err != nil {
@@ -148,18 +146,8 @@ func TestEnvdLogCapped(t *testing.T) {
 // unread) still had to be copied.
 func TestEnvdLogCatchesUp(t *testing.T) {
 	d := testDriver(t)
-	dir := d.sandboxDir("sb4")
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	w, err := makeEnvdPipe(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	w := pumped(t, d, "sb4")
 	defer w.Close()
-	if err := d.startPump("sb4"); err != nil {
-		t.Fatal(err)
-	}
 	junk := make([]byte, 1<<20) // zeros, no newline: cat /dev/zero
 	for round := range 5 {
 		for range 2 {
@@ -186,17 +174,7 @@ func TestEnvdServingNotice(t *testing.T) {
 		t.Fatal("a notice for a sandbox the driver does not know")
 	}
 	start := func(id string) (*os.File, *slog.Logger, <-chan struct{}) {
-		dir := d.sandboxDir(id)
-		if err := os.MkdirAll(dir, 0o700); err != nil {
-			t.Fatal(err)
-		}
-		w, err := makeEnvdPipe(dir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := d.startPump(id); err != nil {
-			t.Fatal(err)
-		}
+		w := pumped(t, d, id)
 		ch := d.EnvdServing(id)
 		if ch == nil {
 			t.Fatalf("no notice for %s, whose log the driver reads", id)
