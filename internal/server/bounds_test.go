@@ -75,8 +75,9 @@ func TestSandboxWritesAreBounded(t *testing.T) {
 	}
 	// envd lives on, its log of processes still read. The driver copies
 	// envd's output into the log as it comes, behind up to a pipe's worth
-	// (1 MiB) of the zeros: a command's lines reach the log a moment after
-	// it ends (under -race beside other packages, more than one call).
+	// (1 MiB) of the zeros; a logs call waits up to 250 ms for that copy
+	// to catch up, and under -race beside other packages it may not:
+	// the lines are looked for again, for up to 5 s.
 	runOut(t, c, sb.SandboxID, "true")
 	var logs []client.LogEntry
 	started := 0
