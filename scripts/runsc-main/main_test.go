@@ -192,6 +192,50 @@ func TestKeepUntilUsed(t *testing.T) {
 	}
 }
 
+// TestReleaseLoopAtTheUse: a prestarted sentry returns its freed heap
+// at the tick that sees its first use, not one tick later, and then as
+// any sentry does; one booted at its create never keeps its boot's heap.
+func TestReleaseLoopAtTheUse(t *testing.T) {
+	const mib = 1 << 20
+	counts := []uint64{
+		1 * mib,          // at the start
+		9 * mib,          // tick 1: the warm-up
+		9 * mib,          // tick 2: quiet: the collection follows
+		9*mib + 4<<10,    // after the collection
+		9*mib + 4<<10,    // tick 3: idle in the pool
+		9*mib + 300<<10,  // tick 4: the handout's first command
+		9*mib + 300<<10,  // the release's look
+		9*mib + 301<<10,  // after the release
+		9*mib + 301<<10,  // tick 5: idle
+		10*mib + 301<<10, // tick 6: a command
+		10*mib + 302<<10, // after the release
+	}
+	run := func(prestarted bool) (collects, freedAtTicksLeft []int) {
+		reads := 0
+		read := func() uint64 {
+			reads++
+			return counts[min(reads, len(counts))-1]
+		}
+		ticks := make(chan time.Time, 6)
+		for range cap(ticks) {
+			ticks <- time.Time{}
+		}
+		close(ticks)
+		releaseLoop(ticks, read, prestarted, func() { collects = append(collects, len(ticks)) }, func() { freedAtTicksLeft = append(freedAtTicksLeft, len(ticks)) })
+		return collects, freedAtTicksLeft
+	}
+	collects, freed := run(true)
+	if !slices.Equal(collects, []int{4}) {
+		t.Errorf("prestarted: collected with %v ticks left, want [4] (at the quiet tick 2)", collects)
+	}
+	if !slices.Equal(freed, []int{2, 0}) {
+		t.Errorf("prestarted: released with %v ticks left, want [2 0] (at the use, tick 4, and the command at tick 6)", freed)
+	}
+	if collects, _ := run(false); len(collects) != 0 {
+		t.Errorf("booted at its create: collected %d times without releasing, want never", len(collects))
+	}
+}
+
 // TestKeepUntilUsedBusyGuest: a sentry whose guest never stops
 // allocating is collected after bootTicks and counts as used at once.
 func TestKeepUntilUsedBusyGuest(t *testing.T) {
