@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -49,9 +50,9 @@ type IdleOptions struct {
 	// Progress receives a progress line; nil is silent.
 	Progress io.Writer
 
-	// meminfo, cgroupRoot and procRoot are where the readings come from;
-	// tests move them.
-	meminfo, cgroupRoot, procRoot string
+	// meminfo, cgroupRoot, cpuRoot and procRoot are where the readings
+	// come from; tests move them.
+	meminfo, cgroupRoot, cpuRoot, procRoot string
 }
 
 func (o IdleOptions) withDefaults() IdleOptions {
@@ -78,6 +79,9 @@ func (o IdleOptions) withDefaults() IdleOptions {
 	}
 	if o.cgroupRoot == "" {
 		o.cgroupRoot = cgroupRoot
+	}
+	if o.cpuRoot == "" {
+		o.cpuRoot = cpuRoot
 	}
 	if o.procRoot == "" {
 		o.procRoot = procRoot
@@ -109,6 +113,14 @@ type IdleResult struct {
 	// over a window of up to idleCPUWindow) before the first create and
 	// at the end of the settle.
 	BusyBefore, BusyAfter float64
+	// OwnCPU is the median, over the sandboxes whose cpuacct cgroup
+	// could be read (OwnCPURead of them), of the CPU-seconds per second
+	// each used in its own cgroup over BusyAfter's window: the sandbox's
+	// processes alone, which the host's figure mixes with the server's
+	// and the warm pool's (a pool taught by the creates boots its
+	// sandboxes during the settle).
+	OwnCPU     float64
+	OwnCPURead int
 }
 
 // CPUPerSandbox is the host CPU an idle sandbox keeps busy, in
@@ -220,7 +232,14 @@ func MeasureIdle(ctx context.Context, api API, opts IdleOptions) (res *IdleResul
 		return res, ctx.Err()
 	case <-time.After(opts.Settle - window):
 	}
+	ids := make([]string, len(sandboxes))
+	for i, sb := range sandboxes {
+		ids[i] = sb.SandboxID
+	}
+	cpuDir := filepath.Join(opts.cpuRoot, opts.CgroupParent)
+	before, start := readCPUUsage(cpuDir, ids), time.Now()
 	res.BusyAfter = busyCores(ctx, window)
+	res.OwnCPU, res.OwnCPURead = ownCPU(before, readCPUUsage(cpuDir, ids), time.Since(start))
 	if res.After, err = readMeminfo(opts.meminfo); err != nil {
 		return res, err
 	}
@@ -248,6 +267,41 @@ func MeasureIdle(ctx context.Context, api API, opts IdleOptions) (res *IdleResul
 		p.update(i + 1)
 	}
 	return res, nil
+}
+
+// readCPUUsage reads the CPU time, in nanoseconds, each of ids has used
+// in all, from its cgroup's cpuacct.usage under dir; one that cannot be
+// read is left out.
+func readCPUUsage(dir string, ids []string) map[string]uint64 {
+	out := make(map[string]uint64, len(ids))
+	for _, id := range ids {
+		b, err := os.ReadFile(filepath.Join(dir, id, "cpuacct.usage"))
+		if err != nil {
+			continue
+		}
+		if v, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64); err == nil {
+			out[id] = v
+		}
+	}
+	return out
+}
+
+// ownCPU is the median of the CPU-seconds per second that the cgroups
+// read both before and after used over d, and how many there were.
+func ownCPU(before, after map[string]uint64, d time.Duration) (float64, int) {
+	var per []float64
+	for id, b := range before {
+		a, ok := after[id]
+		if !ok || a < b || d <= 0 {
+			continue
+		}
+		per = append(per, float64(a-b)/float64(d))
+	}
+	if len(per) == 0 {
+		return 0, 0
+	}
+	slices.Sort(per)
+	return per[(len(per)-1)/2], len(per)
 }
 
 // othersUsage sums the memory cgroup usage of the sandboxes under
@@ -523,6 +577,10 @@ func (r *IdleResult) WriteTable(w io.Writer) error {
 		mibText(r.AvailableDropPerSandbox()), mibText(r.OthersAfter-r.OthersBefore))
 	fmt.Fprintf(w, "host CPU per idle sandbox: %.2f CPU-ms/s (host busy %.3f cores before, %.3f idle)\n",
 		r.CPUPerSandbox()*1000, r.BusyBefore, r.BusyAfter)
+	if r.OwnCPURead > 0 {
+		fmt.Fprintf(w, "CPU per idle sandbox in its own cgroup: %.2f CPU-ms/s (median of %d; without the server's and the warm pool's)\n",
+			r.OwnCPU*1000, r.OwnCPURead)
+	}
 	if h := r.Held(); h.Overcommit > 0 {
 		fmt.Fprintf(w, "held before admission refuses: %d (memoryMB %d, overcommit %g, %s binds first)\n", h.Max, h.MemoryMB, h.Overcommit, h.Bound)
 	}

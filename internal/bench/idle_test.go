@@ -42,6 +42,7 @@ func (f *idleFakeAPI) Create(ctx context.Context, opts client.CreateOptions) (*c
 	dir := filepath.Join(f.cg, "tag", id)
 	write(f.t, filepath.Join(dir, "memory.stat"), "rss 10485760\nshmem 4194304\ncache 4194304\n")
 	write(f.t, filepath.Join(dir, "memory.usage_in_bytes"), "16777216\n")
+	write(f.t, filepath.Join(dir, "cpuacct.usage"), "5000000\n")
 	write(f.t, filepath.Join(dir, "memory.kmem.usage_in_bytes"), "2097152\n")
 	// A process that ended after the listing is skipped.
 	write(f.t, filepath.Join(dir, "cgroup.procs"), fmt.Sprintf("%d\n%d\n99999\n", sentry, gofer))
@@ -102,7 +103,7 @@ func TestMeasureIdle(t *testing.T) {
 	write(t, meminfo, "MemAvailable: 1048576 kB\nShmem: 0 kB\n")
 	opts := IdleOptions{
 		Count: 3, Concurrency: 2, Template: "tpl", Command: "sleep-in-background", CgroupParent: "tag",
-		Settle: time.Millisecond, meminfo: meminfo, cgroupRoot: api.cg, procRoot: api.proc,
+		Settle: time.Millisecond, meminfo: meminfo, cgroupRoot: api.cg, cpuRoot: api.cg, procRoot: api.proc,
 	}
 	// The server's warm pool holds one sandbox before; a second joins it
 	// as the creates teach it (dropOnStart), which is not theirs to pay.
@@ -144,6 +145,11 @@ func TestMeasureIdle(t *testing.T) {
 		t.Errorf("guest processes = %+v, want envd (24 MiB) and python3", s.Guest)
 	}
 
+	// The fake's cgroups use no CPU: all three are read, at nothing.
+	if res.OwnCPURead != 3 || res.OwnCPU != 0 {
+		t.Errorf("own CPU read as %v CPU-s/s from %d cgroups, want 0 from 3", res.OwnCPU, res.OwnCPURead)
+	}
+
 	var out bytes.Buffer
 	if err := res.WriteTable(&out); err != nil {
 		t.Fatal(err)
@@ -151,6 +157,7 @@ func TestMeasureIdle(t *testing.T) {
 	for _, want := range []string{
 		"host MemAvailable drop per sandbox: 10.00 (the server's other sandboxes grew by 6.00 MiB",
 		"host CPU per idle sandbox: ",
+		"CPU per idle sandbox in its own cgroup: 0.00 CPU-ms/s (median of 3;",
 		"cgroup usage   16.00",
 		"sentry private    4.00",
 		"page tables (VmPTE, all)    0.50",
@@ -204,6 +211,30 @@ func TestParseGuestProcesses(t *testing.T) {
 	got := parseGuestProcesses("1 envd 100\nnot a line\n7 sh\n8 python3 20\n")
 	if len(got) != 2 || got[0] != (GuestProcess{PID: 1, Name: "envd", RSSBytes: 100 << 10}) || got[1].Name != "python3" {
 		t.Errorf("parseGuestProcesses = %+v", got)
+	}
+}
+
+// TestOwnCPU: a sandbox's own CPU is its cgroup's usage over the
+// window; the median is taken over those read at both ends, and a counter
+// that went back (a cgroup made again under the same name) is left out.
+func TestOwnCPU(t *testing.T) {
+	dir := t.TempDir()
+	for id, v := range map[string]string{"a": "1000000\n", "b": "3000000\n", "c": "junk\n"} {
+		write(t, filepath.Join(dir, id, "cpuacct.usage"), v)
+	}
+	before := readCPUUsage(dir, []string{"a", "b", "c", "gone"})
+	if len(before) != 2 || before["a"] != 1e6 || before["b"] != 3e6 {
+		t.Fatalf("readCPUUsage = %v, want a and b only", before)
+	}
+	before["d"], before["e"] = 0, 9e6
+	// Over 2 s: a used 2 ms, b 6 ms, d 20 ms; e went back; c never read.
+	after := map[string]uint64{"a": 3e6, "b": 9e6, "d": 20e6, "e": 1e6}
+	got, n := ownCPU(before, after, 2*time.Second)
+	if n != 3 || got < 0.00299 || got > 0.00301 {
+		t.Errorf("ownCPU = %v from %d, want 0.003 (b's 3 CPU-ms/s, the median) from 3", got, n)
+	}
+	if got, n := ownCPU(before, nil, time.Second); got != 0 || n != 0 {
+		t.Errorf("ownCPU with nothing read after = %v from %d, want 0 from 0", got, n)
 	}
 }
 

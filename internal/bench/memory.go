@@ -55,11 +55,12 @@ func (m MemoryResults) CgroupPerSandbox() int64 {
 	return m.Running.CgroupBytes / int64(m.Running.Cgroups)
 }
 
-// meminfoPath, cgroupRoot and procRoot are the files the memory readings
-// come from.
+// meminfoPath, cgroupRoot, cpuRoot and procRoot are the files the
+// memory and idle readings come from.
 const (
 	meminfoPath = "/proc/meminfo"
 	cgroupRoot  = "/sys/fs/cgroup/memory"
+	cpuRoot     = "/sys/fs/cgroup/cpuacct"
 	procRoot    = "/proc"
 )
 

@@ -88,9 +88,12 @@ The idle suite holds --idle-count sandboxes, each running a sleeping
 python3, and prints what one costs the host: the drop of MemAvailable per
 sandbox, and the median of each part of it (the sandbox's memory cgroup
 under --cgroup-parent, the sentry, gofer and stub processes' RSS, PSS and
-private memory, page tables, the guest's envd), and how many the cluster
-would hold before admission refused one, by the nodes' rules. In all,
-beside as many bare runsc sandboxes with a sleeping python3.
+private memory, page tables, the guest's envd), the CPU one keeps busy
+(the host's busy cores it adds, and the median of what each uses in its
+own cpuacct cgroup, which leaves out a warm pool booting meanwhile), and
+how many the cluster would hold before admission refused one, by the
+nodes' rules. In all, beside as many bare runsc sandboxes with a sleeping
+python3.
 
 All runs create, interpreter, batch, snapshot and idle, in that order, into
 one report.`,
