@@ -289,10 +289,13 @@ func readCPUUsage(dir string, ids []string) map[string]uint64 {
 // ownCPU is the median of the CPU-seconds per second that the cgroups
 // read both before and after used over d, and how many there were.
 func ownCPU(before, after map[string]uint64, d time.Duration) (float64, int) {
+	if d <= 0 {
+		return 0, 0
+	}
 	var per []float64
 	for id, b := range before {
 		a, ok := after[id]
-		if !ok || a < b || d <= 0 {
+		if !ok || a < b {
 			continue
 		}
 		per = append(per, float64(a-b)/float64(d))
