@@ -149,6 +149,9 @@ type warmPool struct {
 	served map[PoolKey]*PoolCounts
 	// measuredAt is when the prestarted sandboxes' memory was last read.
 	measuredAt time.Time
+	// shortOf is, for each key the budget holds below its demand, the
+	// demand that was logged (logShortLocked).
+	shortOf map[PoolKey]int
 
 	// holdUntil (wall clock) is when a refill may start after a take: a
 	// taken sandbox's first command comes right after its create, and a
@@ -185,7 +188,7 @@ type poolSizing struct {
 func newWarmPool(n *Node, sz poolSizing, now func() time.Time) *warmPool {
 	p := &warmPool{n: n, budget: max(sz.budget, 0), floor: max(sz.floor, 0), ceiling: max(sz.ceiling, 0), floors: sz.floors, now: now,
 		ready: map[PoolKey][]*pooled{}, demand: newDemand(), targets: map[PoolKey]int{},
-		cost: map[PoolKey]int64{}, retryAt: map[PoolKey]time.Time{}, served: map[PoolKey]*PoolCounts{},
+		cost: map[PoolKey]int64{}, retryAt: map[PoolKey]time.Time{}, served: map[PoolKey]*PoolCounts{}, shortOf: map[PoolKey]int{},
 		kick: make(chan struct{}, 1), done: make(chan struct{}), holdFor: refillHold, lullFor: refillLull}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	return p
@@ -554,6 +557,35 @@ func (p *warmPool) sizeLocked(now time.Time, overBytes int64) {
 		add(k, 0)
 	}
 	p.targets = poolTargets(wants, p.budget, held, overBytes)
+	if overBytes == 0 {
+		p.logShortLocked(wants)
+	}
+}
+
+// logShortLocked says where the budget holds a key's pool below its
+// demand, once per key and level of demand (a target that moves by one
+// as the sandboxes' measured memory moves would otherwise log every few
+// seconds). Why: a burst past the pool boots cold, and the operator sees
+// only slow creates; the budget's default (5% of memory, at most 1 GiB)
+// holds at most ~50 base sandboxes (~20 MiB each), whatever the host.
+func (p *warmPool) logShortLocked(wants []poolWant) {
+	for _, w := range wants {
+		want := max(w.Peak, w.Floor)
+		if w.Ceiling > 0 {
+			want = min(want, w.Ceiling)
+		}
+		if want == 0 {
+			delete(p.shortOf, w.Key)
+			continue
+		}
+		target := p.targets[w.Key]
+		if target >= want || p.shortOf[w.Key] >= want {
+			continue
+		}
+		p.shortOf[w.Key] = want
+		p.n.log.Info("the warm pool's memory budget holds fewer prestarted sandboxes than their demand: creates past them boot (raise --warm-pool-memory)",
+			"pool_key", w.Key.String(), "target", target, "demand", want, "budget_mb", p.budget>>20, "each_mb", w.CostBytes>>20)
+	}
 }
 
 // costLocked is the host memory one prestarted sandbox of key takes: the

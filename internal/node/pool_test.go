@@ -1,9 +1,12 @@
 package node
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -97,6 +100,73 @@ func TestWarmPoolFollowsDemand(t *testing.T) {
 	}
 	if st := poolStatus(t, n, key); st.Target != 0 || st.Peak != 0 {
 		t.Errorf("the unused template's pool: %+v", st)
+	}
+}
+
+// lockedLog is a log the node writes from its goroutines and the test
+// reads.
+type lockedLog struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *lockedLog) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(b)
+}
+
+// lines are the logged lines that contain s.
+func (l *lockedLog) lines(s string) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for _, line := range strings.Split(l.buf.String(), "\n") {
+		if strings.Contains(line, s) {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
+// TestWarmPoolSaysWhenTheBudgetIsShort: a burst of 3 teaches a pool whose
+// budget holds 2 (the fake's sandboxes take 64 MiB): the node says so
+// once, with the figures, not at every sizing after.
+func TestWarmPoolSaysWhenTheBudgetIsShort(t *testing.T) {
+	h := newHost(t)
+	cfg := poolConfig(h, 150<<20, 0)
+	var log lockedLog
+	cfg.Logger = slog.New(slog.NewTextHandler(&log, nil))
+	n, _ := h.start(cfg)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := n.Create(ctx, CreateRequest{TemplateID: testTemplate}); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	waitFor(t, func() bool { return poolReady(n) == 2 }, "the pool to fill its budget")
+	for range 5 {
+		n.pool.poke()
+		time.Sleep(20 * time.Millisecond)
+	}
+	const msg = "budget holds fewer prestarted sandboxes than their demand"
+	got := log.lines(msg)
+	if len(got) != 1 {
+		t.Fatalf("%d lines say the budget is short, want 1:\n%s", len(got), strings.Join(got, "\n"))
+	}
+	for _, want := range []string{"target=2", "demand=3", "budget_mb=150", "each_mb=64"} {
+		if !strings.Contains(got[0], want) {
+			t.Errorf("the line lacks %s: %s", want, got[0])
+		}
+	}
+	if st := poolStatus(t, n, PoolKey{TemplateID: testTemplate}); st.Target != 2 {
+		t.Errorf("the pool's target is %d, want 2", st.Target)
 	}
 }
 
