@@ -182,7 +182,7 @@ func must(t *testing.T, err error) {
 
 // server starts an image server over the fixture's store with its own
 // cache directory (bounded by cacheMax) and log.
-func (f *imageFixture) server(t *testing.T, cacheDir string, cacheMax int64, log *syncWriter, traceWindow time.Duration) *Server {
+func (f *imageFixture) server(t *testing.T, cacheDir string, cacheMax int64, log *testutil.SyncBuffer, traceWindow time.Duration) *Server {
 	t.Helper()
 	st, err := store.New(store.Options{Backend: f.backend, CacheDir: cacheDir, CacheMaxBytes: cacheMax})
 	if err != nil {
@@ -199,24 +199,6 @@ func (f *imageFixture) server(t *testing.T, cacheDir string, cacheMax int64, log
 	}
 	t.Cleanup(func() { s.Close(); st.Close() })
 	return s
-}
-
-// syncWriter is a log the server writes while the test reads it.
-type syncWriter struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (w *syncWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *syncWriter) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
 }
 
 // compareTree reads every file of the fixture's tree through dir and
@@ -402,7 +384,7 @@ func dirSize(dir string) int64 {
 func TestServerStoreOutage(t *testing.T) {
 	forBackends(t, func(t *testing.T, kind string) {
 		f := newImageFixture(t, kind, 8, 1<<20)
-		var log syncWriter
+		var log testutil.SyncBuffer
 		s := f.server(t, filepath.Join(f.work, "cache"), 1<<30, &log, time.Hour)
 		dir, err := s.Acquire(context.Background(), Source{Image: f.image, Template: "t"}, "sb")
 		if err != nil {
@@ -434,7 +416,7 @@ func TestServerStoreOutage(t *testing.T) {
 func TestServerCorruptChunk(t *testing.T) {
 	forBackends(t, func(t *testing.T, kind string) {
 		f := newImageFixture(t, kind, 8, 1<<20)
-		var log syncWriter
+		var log testutil.SyncBuffer
 		s := f.server(t, filepath.Join(f.work, "cache"), 1<<30, &log, time.Hour)
 		// Every chunk past the first few (the file system's own metadata)
 		// is damaged.

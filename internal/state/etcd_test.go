@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/aenvhq/aenv/internal/state"
+	"github.com/aenvhq/aenv/internal/testutil"
 )
 
 func TestBackupRestore(t *testing.T) {
@@ -159,7 +160,7 @@ func TestEmbeddedClientURLs(t *testing.T) {
 }
 
 func TestWaitReadyNothingListens(t *testing.T) {
-	logs := &syncBuffer{}
+	logs := &testutil.SyncBuffer{}
 	e, err := state.Open(context.Background(), state.Config{
 		Endpoints: []string{fmt.Sprintf("http://127.0.0.1:%d", freePort(t))},
 		OpTimeout: 500 * time.Millisecond,

@@ -1,7 +1,6 @@
 package state_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -11,7 +10,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -78,7 +76,7 @@ func shortDir(t testing.TB) string {
 type member struct {
 	endpoint string
 	cmd      *exec.Cmd
-	out      *syncBuffer
+	out      *testutil.SyncBuffer
 	exited   <-chan struct{}
 }
 
@@ -98,7 +96,7 @@ func startMember(t *testing.T) *member {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := &member{endpoint: client, out: &syncBuffer{}}
+	m := &member{endpoint: client, out: &testutil.SyncBuffer{}}
 	m.cmd = exec.Command(os.Args[0], "-test.run=^$")
 	m.cmd.Env = append(os.Environ(), memberEnv+"="+string(spec))
 	m.cmd.Stdout, m.cmd.Stderr = m.out, m.out
@@ -124,23 +122,6 @@ func (m *member) stop(t *testing.T) {
 		m.cmd.Process.Kill()
 		<-m.exited
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
 
 func openEtcd(t testing.TB, cfg state.Config) *state.Etcd {
