@@ -1,7 +1,6 @@
 package node
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -11,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/aenvhq/aenv/internal/testutil"
 )
 
 // poolConfig is h's node with a warm pool of budget bytes, floor
@@ -34,6 +35,22 @@ func poolStatus(t *testing.T, n *Node, key PoolKey) PoolStatus {
 	return PoolStatus{Key: key}
 }
 
+// createAtOnce starts count creates of the test template at once and
+// returns a wait for their ends.
+func createAtOnce(t *testing.T, n *Node, count int) (wait func()) {
+	var wg sync.WaitGroup
+	for range count {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := n.Create(context.Background(), CreateRequest{TemplateID: testTemplate}); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	return wg.Wait
+}
+
 // TestWarmPoolFollowsDemand: a template without a floor has no pool until
 // creates come; a burst of creates sizes its pool to the burst, so that
 // the next burst is served warm; once nobody has created it for the
@@ -52,20 +69,11 @@ func TestWarmPoolFollowsDemand(t *testing.T) {
 	// Three creates at once, held in the runtime until all three boot.
 	gate := make(chan struct{})
 	h.rt.set(func(r *fakeRuntime) { r.gate = gate })
-	var wg sync.WaitGroup
-	for range 3 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if _, err := n.Create(ctx, CreateRequest{TemplateID: testTemplate}); err != nil {
-				t.Error(err)
-			}
-		}()
-	}
+	wait := createAtOnce(t, n, 3)
 	waitFor(t, func() bool { h.rt.mu.Lock(); defer h.rt.mu.Unlock(); return h.rt.inFlight == 3 }, "the burst to boot")
 	h.rt.set(func(r *fakeRuntime) { r.gate = nil })
 	close(gate)
-	wg.Wait()
+	wait()
 	if st := poolStatus(t, n, key); st.Served.Cold != 3 || st.Served.Warm != 0 || st.Peak != 3 {
 		t.Errorf("after a cold burst of 3: %+v", st)
 	}
@@ -103,25 +111,10 @@ func TestWarmPoolFollowsDemand(t *testing.T) {
 	}
 }
 
-// lockedLog is a log the node writes from its goroutines and the test
-// reads.
-type lockedLog struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *lockedLog) Write(b []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(b)
-}
-
-// lines are the logged lines that contain s.
-func (l *lockedLog) lines(s string) []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+// linesWith are the lines of log that contain s.
+func linesWith(log string, s string) []string {
 	var out []string
-	for _, line := range strings.Split(l.buf.String(), "\n") {
+	for _, line := range strings.Split(log, "\n") {
 		if strings.Contains(line, s) {
 			out = append(out, line)
 		}
@@ -135,28 +128,17 @@ func (l *lockedLog) lines(s string) []string {
 func TestWarmPoolSaysWhenTheBudgetIsShort(t *testing.T) {
 	h := newHost(t)
 	cfg := poolConfig(h, 150<<20, 0)
-	var log lockedLog
+	var log testutil.SyncBuffer
 	cfg.Logger = slog.New(slog.NewTextHandler(&log, nil))
 	n, _ := h.start(cfg)
-	ctx := context.Background()
-	var wg sync.WaitGroup
-	for range 3 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if _, err := n.Create(ctx, CreateRequest{TemplateID: testTemplate}); err != nil {
-				t.Error(err)
-			}
-		}()
-	}
-	wg.Wait()
+	createAtOnce(t, n, 3)()
 	waitFor(t, func() bool { return poolReady(n) == 2 }, "the pool to fill its budget")
 	for range 5 {
 		n.pool.poke()
 		time.Sleep(20 * time.Millisecond)
 	}
 	const msg = "budget holds fewer prestarted sandboxes than their demand"
-	got := log.lines(msg)
+	got := linesWith(log.String(), msg)
 	if len(got) != 1 {
 		t.Fatalf("%d lines say the budget is short, want 1:\n%s", len(got), strings.Join(got, "\n"))
 	}
