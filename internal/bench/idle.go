@@ -9,7 +9,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -272,14 +271,10 @@ func MeasureIdle(ctx context.Context, api API, opts IdleOptions) (res *IdleResul
 // readCPUUsage reads the CPU time, in nanoseconds, each of ids has used
 // in all, from its cgroup's cpuacct.usage under dir; one that cannot be
 // read is left out.
-func readCPUUsage(dir string, ids []string) map[string]uint64 {
-	out := make(map[string]uint64, len(ids))
+func readCPUUsage(dir string, ids []string) map[string]int64 {
+	out := make(map[string]int64, len(ids))
 	for _, id := range ids {
-		b, err := os.ReadFile(filepath.Join(dir, id, "cpuacct.usage"))
-		if err != nil {
-			continue
-		}
-		if v, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64); err == nil {
+		if v, err := readNumber(filepath.Join(dir, id, "cpuacct.usage")); err == nil {
 			out[id] = v
 		}
 	}
@@ -288,23 +283,20 @@ func readCPUUsage(dir string, ids []string) map[string]uint64 {
 
 // ownCPU is the median of the CPU-seconds per second that the cgroups
 // read both before and after used over d, and how many there were.
-func ownCPU(before, after map[string]uint64, d time.Duration) (float64, int) {
+func ownCPU(before, after map[string]int64, d time.Duration) (float64, int) {
 	if d <= 0 {
 		return 0, 0
 	}
-	var per []float64
+	var used []int64
 	for id, b := range before {
-		a, ok := after[id]
-		if !ok || a < b {
-			continue
+		if a, ok := after[id]; ok && a >= b {
+			used = append(used, a-b)
 		}
-		per = append(per, float64(a-b)/float64(d))
 	}
-	if len(per) == 0 {
+	if len(used) == 0 {
 		return 0, 0
 	}
-	slices.Sort(per)
-	return per[(len(per)-1)/2], len(per)
+	return float64(medianOf(used)) / float64(d), len(used)
 }
 
 // othersUsage sums the memory cgroup usage of the sandboxes under
@@ -388,13 +380,9 @@ func readCgroupStat(dir string) (map[string]int64, error) {
 		}
 	}
 	for key, file := range map[string]string{"usage": "memory.usage_in_bytes", "kmem": "memory.kmem.usage_in_bytes"} {
-		b, err := os.ReadFile(filepath.Join(dir, file))
+		n, err := readNumber(filepath.Join(dir, file))
 		if err != nil {
 			return nil, err
-		}
-		n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-		if err != nil {
-			return nil, fmt.Errorf("parsing %s: %w", file, err)
 		}
 		out[key] = n
 	}

@@ -228,7 +228,7 @@ func TestOwnCPU(t *testing.T) {
 	}
 	before["d"], before["e"] = 0, 9e6
 	// Over 2 s: a used 2 ms, b 6 ms, d 20 ms; e went back; c never read.
-	after := map[string]uint64{"a": 3e6, "b": 9e6, "d": 20e6, "e": 1e6}
+	after := map[string]int64{"a": 3e6, "b": 9e6, "d": 20e6, "e": 1e6}
 	got, n := ownCPU(before, after, 2*time.Second)
 	if n != 3 || got < 0.00299 || got > 0.00301 {
 		t.Errorf("ownCPU = %v from %d, want 0.003 (b's 3 CPU-ms/s, the median) from 3", got, n)

@@ -182,14 +182,23 @@ func parseMeminfo(r io.Reader) (map[string]int64, error) {
 // the cgroup v1 memory hierarchy root; an error wrapping fs.ErrNotExist
 // means it has none.
 func cgroupMemory(root, parent, id string) (int64, error) {
-	p := filepath.Join(root, parent, id, "memory.usage_in_bytes")
-	b, err := os.ReadFile(p)
+	v, err := readNumber(filepath.Join(root, parent, id, "memory.usage_in_bytes"))
 	if err != nil {
 		return 0, fmt.Errorf("reading cgroup of %s: %w", id, err)
 	}
+	return v, nil
+}
+
+// readNumber reads a file that holds one integer, as a cgroup's counters
+// do.
+func readNumber(path string) (int64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
 	v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
 	if err != nil {
-		return 0, fmt.Errorf("reading cgroup of %s: %w", id, err)
+		return 0, fmt.Errorf("parsing %s: %w", filepath.Base(path), err)
 	}
 	return v, nil
 }
