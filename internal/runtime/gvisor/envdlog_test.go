@@ -54,9 +54,7 @@ func pumped(t *testing.T, d *Driver, id string) *os.File {
 
 func waitPump(t *testing.T, d *Driver, id string) {
 	t.Helper()
-	d.mu.Lock()
-	p := d.pumps[id]
-	d.mu.Unlock()
+	p := d.pump(id)
 	if p == nil {
 		return
 	}
