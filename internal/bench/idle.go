@@ -490,6 +490,20 @@ func (r *IdleResult) AvailableDropPerSandbox() int64 {
 	return drop / int64(r.Sandboxes)
 }
 
+// AvailableDropBelowCgroup reports whether the MemAvailable drop per
+// sandbox is below the median of the sandboxes' own cgroup usage, and that
+// median. A sandbox cannot cost the host less than its cgroup holds, so
+// such a drop means memory was freed elsewhere during the run (the last
+// server's sandboxes ending, say), and the figure, and the estimate of
+// sandboxes held that is made from it, read low.
+func (r *IdleResult) AvailableDropBelowCgroup() (cgroup int64, low bool) {
+	if len(r.Each) == 0 {
+		return 0, false
+	}
+	cgroup = idleMedian(r.Each, cgroupKey("usage"))
+	return cgroup, r.AvailableDropPerSandbox() < cgroup
+}
+
 // idleRow is one line of the breakdown: a name and how to read it off one
 // sandbox.
 type idleRow struct {
@@ -566,6 +580,10 @@ func (r *IdleResult) WriteTable(w io.Writer) error {
 	fmt.Fprintf(w, "idle sandboxes: %d\n", r.Sandboxes)
 	fmt.Fprintf(w, "host MemAvailable drop per sandbox: %s (the server's other sandboxes grew by %s MiB meanwhile, left out)\n",
 		mibText(r.AvailableDropPerSandbox()), mibText(r.OthersAfter-r.OthersBefore))
+	if own, low := r.AvailableDropBelowCgroup(); low {
+		fmt.Fprintf(w, "  LOW: below what a sandbox's own cgroup holds (%s MiB): the host freed memory elsewhere during the run (a server or sandboxes stopped just before it); read the cgroup line, or run again on a quiet host\n",
+			mibText(own))
+	}
 	fmt.Fprintf(w, "host CPU per idle sandbox: %.2f CPU-ms/s (host busy %.3f cores before, %.3f idle)\n",
 		r.CPUPerSandbox()*1000, r.BusyBefore, r.BusyAfter)
 	if r.OwnCPURead > 0 {

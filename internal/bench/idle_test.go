@@ -163,10 +163,45 @@ func TestMeasureIdle(t *testing.T) {
 		"page tables (VmPTE, all)    0.50",
 		"guest envd VmRSS   24.00",
 		"MemAvailable  -12.00",
+		// The fake's drop, 10 MiB a sandbox, is below its cgroups' 16.
+		"LOW: below what a sandbox's own cgroup holds (16.00 MiB)",
 	} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, out.String())
 		}
+	}
+}
+
+// TestAvailableDropBelowCgroup: the table flags a MemAvailable drop below
+// the sandboxes' own cgroups (memory freed elsewhere during the run), and
+// only such a drop.
+func TestAvailableDropBelowCgroup(t *testing.T) {
+	each := []IdleSandbox{{Cgroup: map[string]int64{"usage": 14 << 20}}, {Cgroup: map[string]int64{"usage": 15 << 20}}, {Cgroup: map[string]int64{"usage": 30 << 20}}}
+	for _, c := range []struct {
+		name    string
+		dropMiB int64
+		low     bool
+	}{
+		{"below the median cgroup", 8, true},
+		{"at it", 15, false},
+		{"above it (the server's share, kernel memory outside the cgroup)", 16, false},
+	} {
+		r := &IdleResult{Sandboxes: 3, Each: each,
+			Before: map[string]int64{"MemAvailable": 1 << 30}, After: map[string]int64{"MemAvailable": 1<<30 - 3*c.dropMiB<<20}}
+		own, low := r.AvailableDropBelowCgroup()
+		if own != 15<<20 || low != c.low {
+			t.Errorf("%s: AvailableDropBelowCgroup() = %d, %v; want 15 MiB, %v", c.name, own, low, c.low)
+		}
+		var out bytes.Buffer
+		if err := r.WriteTable(&out); err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Contains(out.String(), "LOW: below"); got != c.low {
+			t.Errorf("%s: table flags the drop as low: %v, want %v:\n%s", c.name, got, c.low, out.String())
+		}
+	}
+	if _, low := (&IdleResult{Sandboxes: 3}).AvailableDropBelowCgroup(); low {
+		t.Error("no sandbox read: flagged low")
 	}
 }
 
