@@ -87,8 +87,9 @@ template.
 The idle suite holds --idle-count sandboxes, each running a sleeping
 python3, and prints what one costs the host: the drop of MemAvailable per
 sandbox (flagged LOW when below a sandbox's own cgroup: memory freed
-elsewhere during the run, such as a server stopped just before), and the median of each part of it (the sandbox's memory cgroup
-under --cgroup-parent, the sentry, gofer and stub processes' RSS, PSS and
+elsewhere during the run, such as a server stopped just before), and the
+median of each part of it (the sandbox's memory cgroup under
+--cgroup-parent, the sentry, gofer and stub processes' RSS, PSS and
 private memory, page tables, the guest's envd), the CPU one keeps busy
 (the host's busy cores it adds, and the median of what each uses in its
 own cpuacct cgroup, which leaves out a warm pool booting meanwhile), and
